@@ -1,0 +1,137 @@
+"""Core layer: the GPU ledger, who holds which GPU now.
+
+The ledger only records and answers "what fits"; policies choose. A
+:class:`Draft` is a scratch copy a policy edits while it builds a plan, so
+the ledger itself changes only when a validated plan is applied.
+"""
+
+from __future__ import annotations
+
+from rlix.core.types import (
+    Expand,
+    GangHolder,
+    Gpus,
+    Grant,
+    Holder,
+    Plan,
+    RolloutWorker,
+    Shrink,
+    ShrinkReason,
+    Stage,
+)
+
+
+class Ledger:
+    """Owner of every GPU, plus indexes by pipeline."""
+
+    def __init__(self, num_gpus: int) -> None:
+        self.num_gpus = num_gpus
+        self.owner: list[Holder | None] = [None] * num_gpus
+        # pipeline id -> first GPU of the bundle -> worker
+        self.workers: dict[str, dict[int, RolloutWorker]] = {}
+        self.placed_at: dict[RolloutWorker, float] = {}
+        self.gangs: dict[tuple[str, Stage], Gpus] = {}
+        self.free_count = num_gpus
+
+    def workers_of(self, pipeline_id: str) -> dict[int, RolloutWorker]:
+        return self.workers.get(pipeline_id, {})
+
+    def release_gang(self, pipeline_id: str, stage: Stage) -> None:
+        gpus = self.gangs.pop((pipeline_id, stage))
+        for g in gpus:
+            self.owner[g] = None
+        self.free_count += len(gpus)
+
+    def apply(self, plan: Plan) -> None:
+        for shrink in plan.shrinks:
+            w = shrink.worker
+            for g in w.gpus:
+                self.owner[g] = None
+            del self.workers[w.pipeline_id][w.gpus[0]]
+            del self.placed_at[w]
+            self.free_count += len(w.gpus)
+        for grant in plan.grants:
+            holder = GangHolder(pipeline_id=grant.pipeline_id, stage=grant.stage)
+            for g in grant.gpus:
+                self.owner[g] = holder
+            self.gangs[(grant.pipeline_id, grant.stage)] = grant.gpus
+            self.free_count -= len(grant.gpus)
+        for expand in plan.expands:
+            w = expand.worker
+            for g in w.gpus:
+                self.owner[g] = w
+            self.workers.setdefault(w.pipeline_id, {})[w.gpus[0]] = w
+            self.placed_at[w] = plan.now
+            self.free_count -= len(w.gpus)
+
+
+class Draft:
+    """A policy's working copy of GPU ownership while it builds one plan."""
+
+    def __init__(self, ledger: Ledger, now: float) -> None:
+        self.ledger = ledger
+        self.now = now
+        self.owner = list(ledger.owner)
+        self.free_count = ledger.free_count
+        self.counts = {pid: len(ws) for pid, ws in ledger.workers.items()}
+        self.shrinks: list[Shrink] = []
+        self.grants: list[Grant] = []
+        self.expands: list[Expand] = []
+        self.shrunk: set[RolloutWorker] = set()
+        self._free: list[int] | None = None
+        self._standing: list[RolloutWorker] | None = None
+
+    def is_free(self, gpus: Gpus) -> bool:
+        owner = self.owner
+        return all(owner[g] is None for g in gpus)
+
+    def free_gpus(self) -> list[int]:
+        """Free GPU ids, ascending (recomputed only after the draft changed)."""
+        if self._free is None:
+            self._free = [g for g, o in enumerate(self.owner) if o is None] if self.free_count else []
+        return self._free
+
+    def standing_workers(self) -> list[RolloutWorker]:
+        """Workers that held GPUs before this plan and still do, by first GPU."""
+        if self._standing is None:
+            self._standing = sorted(self.ledger.placed_at, key=lambda w: w.gpus[0])
+        return [w for w in self._standing if w not in self.shrunk]
+
+    def worker_count(self, pipeline_id: str) -> int:
+        return self.counts.get(pipeline_id, 0)
+
+    def live_workers(self, pipeline_id: str) -> list[RolloutWorker]:
+        """Workers the pipeline still holds in this draft, sorted by first GPU."""
+        placed = [w for w in self.ledger.workers_of(pipeline_id).values() if w not in self.shrunk]
+        placed += [e.worker for e in self.expands if e.worker.pipeline_id == pipeline_id]
+        return sorted(placed, key=lambda w: w.gpus[0])
+
+    def shrink(self, worker: RolloutWorker, reason: ShrinkReason) -> None:
+        self._free = None
+        for g in worker.gpus:
+            self.owner[g] = None
+        self.free_count += len(worker.gpus)
+        self.counts[worker.pipeline_id] -= 1
+        self.shrunk.add(worker)
+        self.shrinks.append(Shrink(worker=worker, reason=reason))
+
+    def grant(self, pipeline_id: str, stage: Stage, gpus: Gpus) -> None:
+        self._free = None
+        holder = GangHolder(pipeline_id=pipeline_id, stage=stage)
+        for g in gpus:
+            self.owner[g] = holder
+        self.free_count -= len(gpus)
+        self.grants.append(Grant(pipeline_id=pipeline_id, stage=stage, gpus=gpus))
+
+    def expand(self, pipeline_id: str, gpus: Gpus) -> RolloutWorker:
+        self._free = None
+        worker = RolloutWorker(pipeline_id=pipeline_id, gpus=gpus)
+        for g in gpus:
+            self.owner[g] = worker
+        self.free_count -= len(gpus)
+        self.counts[pipeline_id] = self.counts.get(pipeline_id, 0) + 1
+        self.expands.append(Expand(worker=worker))
+        return worker
+
+    def to_plan(self) -> Plan:
+        return Plan(now=self.now, shrinks=tuple(self.shrinks), grants=tuple(self.grants), expands=tuple(self.expands))

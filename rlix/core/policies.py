@@ -1,0 +1,103 @@
+"""Core layer: the scheduling policies, one interface, chosen by name.
+
+A policy says where a pipeline's rollout workers may go and composes the
+passes of :mod:`rlix.core.passes` into a plan. Baselines sit beside ``rlix``
+so a single replay compares them all.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+from rlix.core import passes
+from rlix.core.errors import SchedulingError
+from rlix.core.ledger import Draft
+from rlix.core.state import View
+from rlix.core.types import Gpus, PipelineSpec, Role
+
+
+class Policy(abc.ABC):
+    """Decides one plan from a view of the scheduler."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    @abc.abstractmethod
+    def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
+        """Bundles the pipeline's rollout workers may occupy, in preference order."""
+
+    @abc.abstractmethod
+    def plan(self, view: View, draft: Draft) -> None:
+        """Fill ``draft`` with this round's shrinks, grants and expands."""
+
+
+class StaticPolicy(Policy):
+    """Dedicated partitions: a job's stages take turns on its own GPUs."""
+
+    name = "static"
+    summary = "each job alone on its own GPUs; its stages take turns"
+
+    def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
+        return _inside_home(spec)
+
+    def plan(self, view: View, draft: Draft) -> None:
+        passes.shrink_departed(view, draft)
+        passes.gang_pass(view, draft, stop_own_rollout=True)
+        busy = {pid for pid, _ in view.ledger.gangs} | {g.pipeline_id for g in draft.grants}
+        needs = passes.rollout_needs(view, blocked=busy)
+        passes.fill_idle(view, draft, needs)
+
+
+class PartialOverlapPolicy(Policy):
+    """ROLL-style: inside one job, rollout keeps the GPUs training does not use."""
+
+    name = "partial_overlap"
+    summary = "each job on its own GPUs; rollout shrinks onto the non-training ones"
+
+    def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
+        return _inside_home(spec)
+
+    def plan(self, view: View, draft: Draft) -> None:
+        passes.shrink_departed(view, draft)
+        passes.gang_pass(view, draft, stop_own_rollout=False)
+        needs = passes.rollout_needs(view, blocked=set())
+        passes.fill_idle(view, draft, needs)
+
+
+class RlixPolicy(Policy):
+    """Shared cluster: rollout split across jobs by demand, preempted by stages."""
+
+    name = "rlix"
+    summary = "rollout workers of all jobs share idle GPUs, split by demand"
+
+    def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
+        # Home bundles first: a worker there is rarely in another job's way.
+        home = set(spec.home_gpus)
+        bundles = spec.role(Role.ACTOR_INFER).bundles
+        return tuple(sorted(bundles, key=lambda b: (not home.issuperset(b), b[0])))
+
+    def plan(self, view: View, draft: Draft) -> None:
+        passes.shrink_departed(view, draft)
+        passes.gang_pass(view, draft, stop_own_rollout=False)
+        needs = passes.rollout_needs(view, blocked=set())
+        capacity = draft.ledger.num_gpus - sum(len(g) for g in view.ledger.gangs.values()) - sum(len(g.gpus) for g in draft.grants)
+        shares = passes.proportional_shares(needs, capacity)
+        passes.place_on_idle(view, draft, needs, shares)
+        passes.rebalance(view, draft, needs, shares)
+        passes.fill_idle(view, draft, needs)
+
+
+def _inside_home(spec: PipelineSpec) -> tuple[Gpus, ...]:
+    home = set(spec.home_gpus)
+    return tuple(b for b in spec.role(Role.ACTOR_INFER).bundles if home.issuperset(b))
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (StaticPolicy, PartialOverlapPolicy, RlixPolicy)}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise SchedulingError(f"policy '{name}' is unknown; choose one of: {', '.join(POLICIES)}") from None

@@ -1,0 +1,200 @@
+"""Core layer: the scheduler, state + events -> validated plan.
+
+Both shells drive exactly this object: they :meth:`Scheduler.submit` events
+as they happen and call :meth:`Scheduler.plan` with the current time; the
+returned :class:`Plan` has already been checked against the invariants and
+recorded in the ledger, so the shell's only job is to carry it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rlix.core.errors import SchedulingError
+from rlix.core.ledger import Draft, Ledger
+from rlix.core.lifecycle import (
+    PIPELINE_TRANSITIONS,
+    REQUEST_TRANSITIONS,
+    PipelineState,
+    RequestState,
+    check_transition,
+)
+from rlix.core.policies import Policy, make_policy
+from rlix.core.state import GangRequest, PipelineEntry, View
+from rlix.core.topology import validate_pipeline
+from rlix.core.types import (
+    DEFAULT_CONFIG,
+    DEFAULT_STAGE_ROLE,
+    ClusterSpec,
+    Event,
+    Gpus,
+    Plan,
+    Register,
+    ReleaseStage,
+    ReportDemand,
+    RequestStage,
+    RolloutWorker,
+    SchedulerConfig,
+    Stage,
+    Unregister,
+)
+from rlix.core.validate import validate_plan
+
+
+class Scheduler:
+    """The policy core. Pure: no clock, no I/O; ``now`` is always passed in."""
+
+    def __init__(self, cluster: ClusterSpec, policy: str | Policy = "rlix", config: SchedulerConfig = DEFAULT_CONFIG) -> None:
+        if cluster.nodes < 1 or cluster.gpus_per_node < 1:
+            raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
+        self.cluster = cluster
+        self.config = config
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.ledger = Ledger(cluster.num_gpus)
+        self._view = View(cluster=cluster, config=config, ledger=self.ledger, now=0.0)
+        self._requests: dict[tuple[str, Stage], GangRequest] = {}
+        self._seq = 0
+        self.plans_made = 0
+
+    # ------------------------------------------------------------ events
+
+    def submit(self, event: Event, now: float) -> None:
+        """Record one event. Raises :class:`SchedulingError` and changes nothing if it is invalid."""
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise SchedulingError(f"event {type(event).__name__} is not a scheduler event")
+        handler(self, event, now)
+
+    def step(self, now: float, events: Iterable[Event] = ()) -> Plan:
+        """Submit ``events`` in order, then plan."""
+        for event in events:
+            self.submit(event, now)
+        return self.plan(now)
+
+    def _register(self, event: Register, now: float) -> None:
+        spec = event.spec
+        pid = spec.pipeline_id
+        validate_pipeline(self.cluster, spec)
+        entry = self._view.pipelines.get(pid)
+        if entry is not None:
+            raise SchedulingError(f"pipeline '{pid}' is already registered; pipeline ids must be unique")
+        check_transition(PIPELINE_TRANSITIONS, None, PipelineState.ACTIVE, f"pipeline '{pid}'")
+        bundles = self.policy.rollout_bundles(spec)
+        if not bundles:
+            raise SchedulingError(
+                f"pipeline '{pid}': no actor_infer bundle lies inside its home GPUs under policy "
+                f"'{self.policy.name}'; map actor_infer onto at least one home bundle"
+            )
+        bundle_of: dict[int, Gpus] = {g: b for b in bundles for g in b}
+        self._seq += 1
+        self._view.pipelines[pid] = PipelineEntry(
+            spec=spec,
+            order=self._seq,
+            rollout_bundles=bundles,
+            bundle_of=bundle_of,
+            bundle_rank={b: i for i, b in enumerate(bundles)},
+        )
+
+    def _unregister(self, event: Unregister, now: float) -> None:
+        entry = self._active(event.pipeline_id)
+        check_transition(PIPELINE_TRANSITIONS, entry.state, PipelineState.GONE, f"pipeline '{event.pipeline_id}'")
+        entry.state = PipelineState.GONE
+        for key in [k for k in self._requests if k[0] == event.pipeline_id]:
+            if self._requests.pop(key).state is RequestState.GRANTED:
+                self.ledger.release_gang(*key)
+        self._view.departed.append(event.pipeline_id)
+
+    def _request(self, event: RequestStage, now: float) -> None:
+        entry = self._active(event.pipeline_id)
+        if event.stage is Stage.ROLLOUT:
+            raise SchedulingError("stage rollout is not requested; report rollout demand with ReportDemand instead")
+        key = (event.pipeline_id, event.stage)
+        where = f"pipeline '{event.pipeline_id}' stage {event.stage.value}"
+        prior = self._requests.get(key)
+        if prior is not None:
+            raise SchedulingError(f"{where}: duplicate request (already {prior.state.value}); release it before asking again")
+        check_transition(REQUEST_TRANSITIONS, None, RequestState.PENDING, where)
+        gpus = self._stage_gpus(entry, event)
+        self._seq += 1
+        self._requests[key] = GangRequest(pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq)
+
+    def _release(self, event: ReleaseStage, now: float) -> None:
+        self._active(event.pipeline_id)
+        key = (event.pipeline_id, event.stage)
+        req = self._requests.get(key)
+        where = f"pipeline '{event.pipeline_id}' stage {event.stage.value}"
+        if req is None:
+            raise SchedulingError(f"{where}: released without a request; request the stage first")
+        check_transition(REQUEST_TRANSITIONS, req.state, RequestState.RELEASED, where)
+        if req.state is RequestState.GRANTED:
+            self.ledger.release_gang(*key)
+        del self._requests[key]
+
+    def _report(self, event: ReportDemand, now: float) -> None:
+        entry = self._active(event.pipeline_id)
+        if event.pending < 0 or any(load.active < 0 for load in event.loads):
+            raise SchedulingError(f"pipeline '{event.pipeline_id}': demand counts must be >= 0")
+        entry.demand = event
+        entry.reported_at = now
+
+    def _active(self, pipeline_id: str) -> PipelineEntry:
+        entry = self._view.pipelines.get(pipeline_id)
+        if entry is None:
+            raise SchedulingError(f"pipeline '{pipeline_id}' is not registered; register it first")
+        if entry.state is not PipelineState.ACTIVE:
+            raise SchedulingError(f"pipeline '{pipeline_id}' is {entry.state.value}; register a new pipeline id")
+        return entry
+
+    def _stage_gpus(self, entry: PipelineEntry, event: RequestStage) -> Gpus:
+        spec = entry.spec
+        if event.stage is Stage.INIT and event.role is None:
+            return spec.init_gpus
+        role = event.role or DEFAULT_STAGE_ROLE[event.stage]
+        if not spec.has_role(role):
+            raise SchedulingError(
+                f"pipeline '{spec.pipeline_id}' stage {event.stage.value}: role {role.value} is not mapped; "
+                f"add a {role.value} mapping or name another role in the request"
+            )
+        return spec.role(role).gpus
+
+    # ------------------------------------------------------------ planning
+
+    def plan(self, now: float) -> Plan:
+        """Decide, validate and record the plan for time ``now`` (seconds)."""
+        view = self._view
+        view.now = now
+        view.pending = sorted((r for r in self._requests.values() if r.state is RequestState.PENDING), key=lambda r: r.sort_key)
+        draft = Draft(self.ledger, now)
+        self.policy.plan(view, draft)
+        plan = draft.to_plan()
+        validate_plan(plan, self.ledger, view)
+        self.ledger.apply(plan)
+        for grant in plan.grants:
+            self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
+        view.departed.clear()
+        self.plans_made += 1
+        return plan
+
+    # ------------------------------------------------------------ queries
+
+    def workers(self, pipeline_id: str) -> list[RolloutWorker]:
+        return sorted(self.ledger.workers_of(pipeline_id).values(), key=lambda w: w.gpus[0])
+
+    def granted(self, pipeline_id: str, stage: Stage) -> bool:
+        req = self._requests.get((pipeline_id, stage))
+        return req is not None and req.state is RequestState.GRANTED
+
+    def pending_requests(self) -> list[tuple[str, Stage]]:
+        return [(r.pipeline_id, r.stage) for r in sorted(self._requests.values(), key=lambda r: r.sort_key) if r.state is RequestState.PENDING]
+
+    def pipelines(self) -> list[str]:
+        return [e.spec.pipeline_id for e in self._view.active()]
+
+
+_HANDLERS = {
+    Register: Scheduler._register,
+    Unregister: Scheduler._unregister,
+    RequestStage: Scheduler._request,
+    ReleaseStage: Scheduler._release,
+    ReportDemand: Scheduler._report,
+}

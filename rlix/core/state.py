@@ -1,0 +1,61 @@
+"""Core layer: what the scheduler remembers between plans.
+
+Plain containers owned by :class:`rlix.core.Scheduler`; policies read them
+through :class:`View` and write only to a :class:`rlix.core.ledger.Draft`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlix.core.ledger import Ledger
+from rlix.core.lifecycle import PipelineState, RequestState
+from rlix.core.types import ClusterSpec, Gpus, PipelineSpec, ReportDemand, SchedulerConfig, Stage
+
+
+@dataclass(kw_only=True)
+class PipelineEntry:
+    spec: PipelineSpec
+    order: int  # registration sequence number: the tie-breaker between pipelines
+    rollout_bundles: tuple[Gpus, ...]  # where the policy lets its rollout workers go
+    bundle_of: dict[int, Gpus]  # GPU -> the candidate bundle containing it
+    bundle_rank: dict[Gpus, int]  # candidate bundle -> preference (lower first)
+    state: PipelineState = PipelineState.ACTIVE
+    demand: ReportDemand | None = None
+    reported_at: float = float("-inf")
+
+
+@dataclass(kw_only=True)
+class GangRequest:
+    pipeline_id: str
+    stage: Stage
+    gpus: Gpus
+    seq: int  # arrival sequence number: FIFO among equal priorities
+    state: RequestState = RequestState.PENDING
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (self.stage.priority, self.seq)
+
+
+@dataclass(kw_only=True)
+class View:
+    """Read-only picture of the scheduler handed to a policy."""
+
+    cluster: ClusterSpec
+    config: SchedulerConfig
+    ledger: Ledger
+    now: float
+    pipelines: dict[str, PipelineEntry] = field(default_factory=dict)
+    pending: list[GangRequest] = field(default_factory=list)  # sorted by sort_key
+    departed: list[str] = field(default_factory=list)  # unregistered since the last plan
+
+    def active(self) -> list[PipelineEntry]:
+        """Active pipelines in registration order."""
+        return sorted(
+            (e for e in self.pipelines.values() if e.state is PipelineState.ACTIVE),
+            key=lambda e: e.order,
+        )
+
+    def holds_gang(self, pipeline_id: str) -> bool:
+        return any(pid == pipeline_id for pid, _ in self.ledger.gangs)

@@ -1,0 +1,296 @@
+"""Core layer: the value types the policy core speaks in.
+
+Everything here is a frozen, keyword-only dataclass or an Enum. The shells
+(``rlix.sim`` and ``rlix.exec``) build these, hand them to
+:class:`rlix.core.Scheduler`, and carry out the :class:`Plan` it returns.
+Times are seconds (floats) supplied by the caller; GPUs are integer ids
+``0 .. nodes * gpus_per_node - 1``, node-major.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+Gpus = tuple[int, ...]
+
+
+class Role(enum.Enum):
+    """A cluster of workers inside one pipeline."""
+
+    ACTOR_TRAIN = "actor_train"
+    ACTOR_INFER = "actor_infer"
+    CRITIC = "critic"
+    REFERENCE = "reference"
+
+
+class Stage(enum.Enum):
+    """A unit of work that asks the scheduler for GPUs.
+
+    ``value`` is the stage's name; :attr:`priority` orders stages (lower runs
+    first). Only :attr:`ROLLOUT` is preemptable and allocated per worker;
+    every other stage is gang-allocated over its role's whole mapping.
+    """
+
+    INIT = "init"
+    ACTOR_TRAIN = "actor_train"
+    CRITIC_TRAIN = "critic_train"
+    OLD_LOGPROBS = "old_logprobs"
+    REF_LOGPROBS = "ref_logprobs"
+    VALUE_COMPUTE = "value_compute"
+    ROLLOUT = "rollout"
+
+    @property
+    def priority(self) -> int:
+        return _PRIORITY[self]
+
+    @property
+    def preemptable(self) -> bool:
+        return self is Stage.ROLLOUT
+
+
+_PRIORITY = {
+    Stage.INIT: 0,
+    Stage.ACTOR_TRAIN: 1,
+    Stage.CRITIC_TRAIN: 2,
+    Stage.OLD_LOGPROBS: 3,
+    Stage.REF_LOGPROBS: 4,
+    Stage.VALUE_COMPUTE: 5,
+    Stage.ROLLOUT: 6,
+}
+
+# The role whose mapping a gang stage occupies unless the request names one.
+# INIT has no entry: model load occupies the union of the pipeline's
+# non-rollout mappings (see PipelineSpec.init_gpus).
+DEFAULT_STAGE_ROLE = {
+    Stage.ACTOR_TRAIN: Role.ACTOR_TRAIN,
+    Stage.OLD_LOGPROBS: Role.ACTOR_TRAIN,
+    Stage.CRITIC_TRAIN: Role.CRITIC,
+    Stage.VALUE_COMPUTE: Role.CRITIC,
+    Stage.REF_LOGPROBS: Role.REFERENCE,
+    Stage.ROLLOUT: Role.ACTOR_INFER,
+}
+
+
+class JobKind(enum.Enum):
+    FULL_FINETUNE = "full_finetune"
+    MULTI_LORA = "multi_lora"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """``nodes`` machines of ``gpus_per_node`` GPUs each."""
+
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleSpec:
+    """The GPUs a role *may* use, cut into TP-sized worker bundles.
+
+    ``gpus`` is sorted; consecutive runs of ``gpus_per_worker`` ids form the
+    role's bundles, each of which must be contiguous and inside one node.
+    """
+
+    role: Role
+    gpus: Gpus
+    gpus_per_worker: int = 1
+
+    @property
+    def bundles(self) -> tuple[Gpus, ...]:
+        tp = self.gpus_per_worker
+        return tuple(self.gpus[i : i + tp] for i in range(0, len(self.gpus), tp))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineSpec:
+    """A registered RL job's GPU topology.
+
+    ``home`` is the job's dedicated partition, used by the baselines that
+    confine each job to its own GPUs; when empty it defaults to the union of
+    the non-rollout role mappings. ``slots_per_worker`` is how many
+    trajectories one rollout worker runs concurrently.
+    """
+
+    pipeline_id: str
+    roles: tuple[RoleSpec, ...]
+    kind: JobKind = JobKind.FULL_FINETUNE
+    slots_per_worker: int = 1
+    home: Gpus = ()
+
+    def role(self, role: Role) -> RoleSpec:
+        for spec in self.roles:
+            if spec.role is role:
+                return spec
+        raise KeyError(role)
+
+    def has_role(self, role: Role) -> bool:
+        return any(spec.role is role for spec in self.roles)
+
+    @property
+    def rollout_tp(self) -> int:
+        return self.role(Role.ACTOR_INFER).gpus_per_worker
+
+    @property
+    def init_gpus(self) -> Gpus:
+        return tuple(sorted({g for s in self.roles if s.role is not Role.ACTOR_INFER for g in s.gpus}))
+
+    @property
+    def home_gpus(self) -> Gpus:
+        return self.home or self.init_gpus
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutWorker:
+    """One rollout worker: a pipeline's TP-sized bundle of GPUs."""
+
+    pipeline_id: str
+    gpus: Gpus
+
+    @property
+    def sort_key(self) -> tuple[str, int]:
+        return (self.pipeline_id, self.gpus[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class GangHolder:
+    """A granted non-rollout stage; never preempted."""
+
+    pipeline_id: str
+    stage: Stage
+
+
+Holder = Union[GangHolder, RolloutWorker]
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, kw_only=True)
+class Register:
+    spec: PipelineSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unregister:
+    """The pipeline is gone (finished, crashed or killed): free everything."""
+
+    pipeline_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestStage:
+    """Ask for a gang stage over ``role``'s mapping (default: the stage's)."""
+
+    pipeline_id: str
+    stage: Stage
+    role: Role | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseStage:
+    pipeline_id: str
+    stage: Stage
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerLoad:
+    """Trajectories running now on the worker whose bundle starts at ``first_gpu``."""
+
+    first_gpu: int
+    active: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportDemand:
+    """A pipeline's rollout progress: the planner's only view of its demand.
+
+    ``pending`` trajectories wait for a slot; ``loads`` gives the running
+    ones per worker; ``batch_size`` is the rollout batch they belong to (used
+    to protect nearly finished batches). ``pending == 0`` and no load means
+    the pipeline wants no rollout GPUs now.
+    """
+
+    pipeline_id: str
+    pending: int
+    loads: tuple[WorkerLoad, ...] = ()
+    batch_size: int = 0
+
+
+Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand]
+
+
+# ------------------------------------------------------------------ plan
+
+
+class ShrinkReason(enum.Enum):
+    GANG = "gang"  # a non-rollout stage needs the GPUs
+    REBALANCE = "rebalance"  # another pipeline's share
+    UNREGISTER = "unregister"  # the pipeline left
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grant:
+    """Start gang stage ``stage`` of ``pipeline_id`` on ``gpus``."""
+
+    pipeline_id: str
+    stage: Stage
+    gpus: Gpus
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shrink:
+    worker: RolloutWorker
+    reason: ShrinkReason
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expand:
+    worker: RolloutWorker
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What to do now, in this order: shrinks, then grants, then expands."""
+
+    now: float
+    shrinks: tuple[Shrink, ...] = ()
+    grants: tuple[Grant, ...] = ()
+    expands: tuple[Expand, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.shrinks or self.grants or self.expands)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """Knobs of the rollout split (shared by every policy).
+
+    - ``report_ttl_s``: a demand report older than this is stale; the
+      pipeline's workers then count as lendable capacity.
+    - ``protect_fraction``: a rollout batch with at most this fraction of its
+      trajectories left is nearly done; its busy workers are not shrunk to
+      rebalance.
+    - ``min_residency_s``: a worker is not shrunk to rebalance until it has
+      held its GPUs this long (hysteresis against thrashing).
+    - ``rebalance_margin_workers``: a donor gives a worker away only while it
+      stays at least this far above its share afterwards.
+    """
+
+    report_ttl_s: float = 600.0
+    protect_fraction: float = 0.1
+    min_residency_s: float = 30.0
+    rebalance_margin_workers: float = 0.5
+
+
+DEFAULT_CONFIG = SchedulerConfig()

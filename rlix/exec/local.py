@@ -1,0 +1,61 @@
+"""Executor layer: one job end to end in this process, without Ray.
+
+The same recipe, backend and learner the Ray executor uses, called in a
+plain loop: useful to check a task/model/learning-rate choice quickly and to
+test the RL path on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rlix.exec.config import JobConfig
+from rlix.exec.grpo import GrpoLearner
+from rlix.exec.recipe import Recipe
+from rlix.exec.rollout import Emulation, TorchRolloutBackend
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalStep:
+    step: int
+    mean_reward: float
+    mean_tokens: float
+    loss: float
+
+
+def materialize_model(job: JobConfig, workdir: str | Path) -> Path:
+    """The job's model directory: its checkpoint, or a built random model."""
+    if job.model.path is not None:
+        return Path(job.model.path)
+    from rlix.exec.model import build_model
+
+    size = job.model.size.value()
+    tag = f"{size.arch}-h{size.hidden_size}-l{size.num_layers}-s{size.seed}"
+    return build_model(size, Path(workdir) / "models" / tag)
+
+
+def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> list[LocalStep]:
+    import torch
+
+    torch.set_num_threads(1)
+    model_dir = materialize_model(job, workdir)
+    recipe = Recipe.for_job(job, model_dir)
+    backend = TorchRolloutBackend(emulation)
+    backend.load(str(model_dir), "cpu", None)
+    learner = GrpoLearner(str(model_dir), "cpu", job.algo.value(job.seed), emulation)
+    out = []
+    for step in range(job.steps):
+        trajs = recipe.trajectories(step)
+        results = {t.request.traj_id: backend.generate(t.request) for t in trajs}
+        scored = recipe.score(trajs, results)
+        old = learner.logprobs(list(scored.samples))
+        samples = [replace(s, old_logprobs=o) for s, o in zip(scored.samples, old)]
+        if learner.ref is not None:
+            ref = learner.logprobs(samples, reference=True)
+            samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref)]
+        stats = learner.train(samples)
+        backend.update_weights(learner.snapshot())
+        tokens = sum(len(s.completion_ids) for s in samples) / len(samples)
+        out.append(LocalStep(step=step, mean_reward=scored.mean_reward, mean_tokens=tokens, loss=stats.loss))
+    return out

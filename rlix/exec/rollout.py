@@ -1,0 +1,245 @@
+"""Executor layer: the rollout backend interface and its torch implementation.
+
+A :class:`RolloutBackend` owns one rollout worker's engine on the GPUs the
+plan gave the worker's process. Its life: ``load`` (cold start) ->
+``generate``/``update_weights`` while awake -> ``abort`` + ``sleep`` when the
+plan shrinks it (weights dropped) -> ``wake`` with the newest CPU weights when
+the plan expands it again. The torch backend here runs without a GPU; a vLLM
+backend (sleep levels, batched engine) slots in behind the same interface and
+is imported only when a config asks for it.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rlix.exec.weights import WeightSnapshot
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenRequest:
+    """Generate one trajectory; ``prefix_*`` continues one aborted mid-way."""
+
+    traj_id: int
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 1.0
+    seed: int = 0
+    prefix_ids: tuple[int, ...] = ()
+    prefix_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenResult:
+    """What a worker produced for a request (prefix included)."""
+
+    traj_id: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # behaviour log-probs, one per token
+    finished: bool  # hit EOS or the token budget
+    aborted: bool  # stopped early by abort/sleep; continue it elsewhere
+    weight_version: int  # the oldest policy version that produced any token
+    gen_s: float  # seconds this segment spent generating
+
+
+@dataclass(frozen=True, kw_only=True)
+class Emulation:
+    """Pacing that lets a logical GPU on a CPU host behave like a device.
+
+    Each decode step of a trajectory takes at least ``decode_step_s`` seconds
+    (sleeping, not computing), so N logical GPUs give N-fold rollout
+    capacity even on two CPU cores. 0 disables pacing (real devices).
+    """
+
+    decode_step_s: float = 0.0
+    train_token_s: float = 0.0  # seconds per trained/scored token in gang stages
+
+
+class RolloutBackend(abc.ABC):
+    """One rollout worker's inference engine."""
+
+    @abc.abstractmethod
+    def load(self, model_path: str, device: str, snapshot: WeightSnapshot | None) -> None:
+        """Cold start: build the engine from a checkpoint, optionally with newer weights."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenRequest) -> GenResult:
+        """Generate one trajectory; returns early with ``aborted`` after :meth:`abort`."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Stop every in-flight ``generate`` and wait until they have returned."""
+
+    @abc.abstractmethod
+    def sleep(self) -> None:
+        """Drop the weights (and caches) so the GPUs can be given away."""
+
+    @abc.abstractmethod
+    def wake(self, snapshot: WeightSnapshot | None) -> None:
+        """Rebuild the engine, loading ``snapshot`` if newer than what it had."""
+
+    @abc.abstractmethod
+    def update_weights(self, snapshot: WeightSnapshot) -> None:
+        """Load newer weights into an awake engine."""
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def awake(self) -> bool: ...
+
+
+@dataclass(kw_only=True)
+class _Flight:
+    """Book-keeping of in-flight generations (guarded by the condition)."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    epoch: int = 0  # bumped by abort: generations of an older epoch stop
+    active: int = 0
+
+
+class TorchRolloutBackend(RolloutBackend):
+    """HF transformers model, token-by-token sampling with a KV cache."""
+
+    def __init__(self, emulation: Emulation = Emulation()) -> None:
+        self.emulation = emulation
+        self.model = None
+        self.config = None
+        self.device = "cpu"
+        self.eos_id = -1
+        self._version = -1
+        self._flight = _Flight()
+
+    # ---------------------------------------------------------- lifecycle
+
+    def load(self, model_path: str, device: str, snapshot: WeightSnapshot | None) -> None:
+        from rlix.exec.model import load_model
+
+        self.device = device
+        self.model = load_model(model_path, device).eval()
+        self.config = self.model.config
+        self.eos_id = int(self.config.eos_token_id)
+        self._version = 0
+        if snapshot is not None:
+            self.update_weights(snapshot)
+
+    def sleep(self) -> None:
+        self.abort()
+        self.model = None  # weights dropped; the trainer's CPU cache is the copy
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def wake(self, snapshot: WeightSnapshot | None) -> None:
+        if self.model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            with torch.device(self.device):
+                self.model = AutoModelForCausalLM.from_config(self.config).eval()
+            self._version = -1  # fresh skeleton: must take the snapshot
+        if snapshot is not None and snapshot.version != self._version:
+            self.update_weights(snapshot)
+
+    def update_weights(self, snapshot: WeightSnapshot) -> None:
+        with self._flight.cond:
+            self.model.load_state_dict(snapshot.tensors, strict=True)
+            self._version = snapshot.version
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def awake(self) -> bool:
+        return self.model is not None
+
+    def abort(self) -> None:
+        f = self._flight
+        with f.cond:
+            f.epoch += 1
+            while f.active:
+                f.cond.wait(timeout=1.0)
+
+    # ---------------------------------------------------------- generation
+
+    def generate(self, request: GenRequest) -> GenResult:
+        f = self._flight
+        with f.cond:
+            if self.model is None:
+                return _unchanged(request, self._version)
+            f.active += 1
+            epoch = f.epoch
+            version = self._version
+        try:
+            return self._decode(request, epoch, version)
+        finally:
+            with f.cond:
+                f.active -= 1
+                f.cond.notify_all()
+
+    def _decode(self, req: GenRequest, epoch: int, version: int) -> GenResult:
+        import torch
+
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(req.seed * 1_000_003 + len(req.prefix_ids))
+        ids = list(req.prefix_ids)
+        lps = list(req.prefix_logprobs)
+        budget = req.max_new_tokens - len(ids)
+        finished = bool(ids) and ids[-1] == self.eos_id
+        aborted = False
+        step_s = self.emulation.decode_step_s
+        with torch.inference_mode():
+            x = torch.tensor([list(req.prompt_ids) + ids], device=self.device)
+            past = None
+            while not finished and budget > 0:
+                if self._flight.epoch != epoch:
+                    aborted = True
+                    break
+                t_step = time.perf_counter()
+                out = self.model(input_ids=x, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = out.logits[0, -1].float().cpu() / max(req.temperature, 1e-4)
+                logp = torch.log_softmax(logits, dim=-1)
+                tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                ids.append(tok)
+                lps.append(float(logp[tok]))
+                budget -= 1
+                finished = tok == self.eos_id or budget == 0
+                x = torch.tensor([[tok]], device=self.device)
+                _pace(step_s, t_step)
+        return GenResult(
+            traj_id=req.traj_id,
+            token_ids=tuple(ids),
+            logprobs=tuple(lps),
+            finished=finished,
+            aborted=aborted,
+            weight_version=version,
+            gen_s=time.perf_counter() - t0,
+        )
+
+
+def _pace(step_s: float, started: float) -> None:
+    """Sleep until ``step_s`` seconds have passed since ``started`` (emulated device)."""
+    if step_s > 0:
+        left = step_s - (time.perf_counter() - started)
+        if left > 0:
+            time.sleep(left)
+
+
+def _unchanged(req: GenRequest, version: int) -> GenResult:
+    return GenResult(
+        traj_id=req.traj_id,
+        token_ids=req.prefix_ids,
+        logprobs=req.prefix_logprobs,
+        finished=False,
+        aborted=True,
+        weight_version=version,
+        gen_s=0.0,
+    )

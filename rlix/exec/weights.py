@@ -1,0 +1,28 @@
+"""Executor layer: the trainer's versioned CPU weight cache.
+
+After every training step the trainer publishes a :class:`WeightSnapshot` (a
+CPU copy of its weights, tagged with the policy version). Rollout workers
+that wake up after a shrink, or are awake when a new version appears, load
+the newest snapshot; sleeping workers are never synced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSnapshot:
+    """Policy weights at ``version`` (0 = initial), tensors on the CPU."""
+
+    version: int
+    tensors: Any  # mapping parameter name -> CPU torch.Tensor (a state dict)
+    nbytes: int
+
+
+def snapshot_of(model, version: int) -> WeightSnapshot:
+    """A detached CPU copy of ``model``'s weights."""
+    tensors = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    return WeightSnapshot(version=version, tensors=tensors, nbytes=nbytes)

@@ -62,8 +62,13 @@ class RolloutBackend(abc.ABC):
     """One rollout worker's inference engine."""
 
     @abc.abstractmethod
+    def prepare(self, model_path: str, device: str) -> None:
+        """Process start-up without touching the device: imports, config, tokenizer."""
+
     def load(self, model_path: str, device: str, snapshot: WeightSnapshot | None) -> None:
-        """Cold start: build the engine from a checkpoint, optionally with newer weights."""
+        """Cold start: prepare, then build the engine (checkpoint weights or ``snapshot``)."""
+        self.prepare(model_path, device)
+        self.wake(snapshot)
 
     @abc.abstractmethod
     def generate(self, request: GenRequest) -> GenResult:
@@ -109,6 +114,7 @@ class TorchRolloutBackend(RolloutBackend):
     def __init__(self, emulation: Emulation = Emulation()) -> None:
         self.emulation = emulation
         self.model = None
+        self.model_path = ""
         self.config = None
         self.device = "cpu"
         self.eos_id = -1
@@ -117,16 +123,17 @@ class TorchRolloutBackend(RolloutBackend):
 
     # ---------------------------------------------------------- lifecycle
 
-    def load(self, model_path: str, device: str, snapshot: WeightSnapshot | None) -> None:
-        from rlix.exec.model import load_model
+    def prepare(self, model_path: str, device: str) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401 (pay the import now)
 
+        from rlix.exec.model import quiet_transformers
+
+        quiet_transformers()
+        self.model_path = model_path
         self.device = device
-        self.model = load_model(model_path, device).eval()
-        self.config = self.model.config
-        self.eos_id = int(self.config.eos_token_id)
-        self._version = 0
-        if snapshot is not None:
-            self.update_weights(snapshot)
+        self.config = AutoConfig.from_pretrained(model_path)
+        eos = self.config.eos_token_id
+        self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
 
     def sleep(self) -> None:
         self.abort()
@@ -137,7 +144,12 @@ class TorchRolloutBackend(RolloutBackend):
             torch.cuda.empty_cache()
 
     def wake(self, snapshot: WeightSnapshot | None) -> None:
-        if self.model is None:
+        if self.model is None and snapshot is None:
+            from rlix.exec.model import load_model
+
+            self.model = load_model(self.model_path, self.device).eval()  # the checkpoint is version 0
+            self._version = 0
+        elif self.model is None:
             import torch
             from transformers import AutoModelForCausalLM
 

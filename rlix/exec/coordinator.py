@@ -1,0 +1,455 @@
+"""Executor layer: one pipeline's coordinator (a light async Ray actor).
+
+It runs the job's steps (rollout -> old/reference log-probs -> training ->
+weight update), asking the scheduler actor for each gang stage and
+releasing it after, and reports rollout demand so the plan gives it rollout
+workers. It carries out the scheduler's ``expand``/``shrink`` calls on its
+own workers: a shrunk worker's in-flight trajectories come back aborted and
+are continued elsewhere from where they stopped (never lost); a woken worker
+loads the newest weights from the trainer's CPU cache. No torch here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+
+import ray
+
+from rlix.core import ClusterSpec, ReportDemand, Role, Stage, WorkerLoad
+from rlix.core.types import Gpus
+from rlix.exec.config import JobConfig
+from rlix.exec.placement import actor_options
+from rlix.exec.recipe import Recipe, Trajectory, continuation
+from rlix.exec.records import (
+    ActivityChange,
+    GrantReply,
+    JobProgress,
+    JobResult,
+    JobStatus,
+    StepRecord,
+    SwitchKind,
+    SwitchRecord,
+    TrajRecord,
+)
+from rlix.exec.rollout import Emulation, GenResult
+from rlix.metrics import Activity
+
+
+class SlotState(enum.Enum):
+    ASLEEP = "asleep"  # no GPUs (never started, or shrunk)
+    STARTING = "starting"  # loading / waking
+    AWAKE = "awake"  # running trajectories
+    DRAINING = "draining"  # being shrunk
+
+
+@dataclass(kw_only=True)
+class WorkerSlot:
+    """A rollout worker of this pipeline on one bundle (its process outlives shrinks)."""
+
+    gpus: Gpus
+    actor: object | None = None
+    state: SlotState = SlotState.ASLEEP
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    inflight: dict[int, asyncio.Task] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Queued:
+    """A trajectory waiting for a slot (possibly the rest of an aborted one)."""
+
+    traj: Trajectory
+    request: object  # GenRequest to send next
+    gen_s: float = 0.0
+    segments: int = 0
+    min_version: int = 1 << 30
+
+
+class FaultInjected(RuntimeError):
+    pass
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class PipelineCoordinator:
+    def __init__(self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler, emulation: Emulation, t0: float) -> None:
+        self.pid = pipeline_id
+        self.job = job
+        self.model_dir = model_dir
+        self.cluster = cluster
+        self.nodes = nodes
+        self.sched = scheduler
+        self.emulation = emulation
+        self.t0 = t0
+        self.spec = job.pipeline_spec(pipeline_id)
+        self.recipe = Recipe.for_job(job, model_dir)
+        self.slots: dict[int, WorkerSlot] = {}
+        self.queue: collections.deque[Queued] = collections.deque()
+        self.results: dict[int, dict[int, GenResult]] = {}
+        self.traj_records: dict[int, TrajRecord] = {}
+        self.step_trajs: dict[int, list[Trajectory]] = {}
+        self.step_started: dict[int, float] = {}
+        self.step_done: dict[int, asyncio.Event] = {}
+        self.trainer = None
+        self.version = 0
+        self.snapshot_ref = None
+        self.version_changed: asyncio.Condition | None = None
+        self.demand_dirty: asyncio.Event | None = None
+        self.status = JobStatus.PENDING
+        self.steps: list[StepRecord] = []
+        self.switches: list[SwitchRecord] = []
+        self.events: list[ActivityChange] = []
+        self.gang_gpus: dict[Stage, Gpus] = {}
+        self.requeued = 0
+        self.preemptions = 0
+        self.overhead_s = 0.0
+        self.calls = 0
+        self.gpu_wait_s = 0.0
+        self.arrival_s = 0.0
+        self.init_s = 0.0
+        self.tasks: list[asyncio.Task] = []
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    # ================================================================ main
+
+    async def run(self) -> JobResult:
+        self.arrival_s = self.now()
+        self.version_changed = asyncio.Condition()
+        self.demand_dirty = asyncio.Event()
+        self.status = JobStatus.RUNNING
+        error = ""
+        try:
+            me = ray.get_runtime_context().current_actor
+            await self._control(self.sched.register.remote(self.spec, me))
+            await self._init()
+            loop = asyncio.get_running_loop()
+            self.tasks = [loop.create_task(self._report_loop()), loop.create_task(self._produce())]
+            for step in range(self.job.steps):
+                await self._train_step(step)
+            self.status = JobStatus.FINISHED
+        except Exception as exc:  # one job's failure never reaches the others
+            self.status = JobStatus.FAILED
+            error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        finally:
+            await self._teardown()
+        return self._result(error)
+
+    async def _init(self) -> None:
+        t0 = self.now()
+        gpus = await self._acquire(Stage.INIT)
+        opts = actor_options(self.cluster, self.spec.role(Role.ACTOR_TRAIN).gpus, self.nodes, f"{self.pid}/trainer")
+        self._mark(gpus, Activity.SWITCH, "init")
+        from rlix.exec.workers import TrainerActor
+
+        self.trainer = TrainerActor.options(**opts).remote(self.model_dir, self.job.algo.value(self.job.seed), self.emulation)
+        self.snapshot_ref = self.trainer.snapshot.remote()
+        # Rollout processes start now, asleep (imports and config only, no GPU memory);
+        # a plan's expand then only builds the engine and loads the newest weights.
+        bundles = await self._control(self.sched.rollout_bundles.remote(self.pid))
+        prepared = [self._start_worker(tuple(b)) for b in bundles]
+        await asyncio.gather(self.snapshot_ref, *prepared)  # the trainer is up and v0 is cached on the CPU
+        await self._release(Stage.INIT, gpus)
+        self.init_s = self.now() - t0
+
+    async def _start_worker(self, gpus: Gpus) -> None:
+        from rlix.exec.workers import RolloutWorkerActor
+
+        slot = self.slots.setdefault(gpus[0], WorkerSlot(gpus=gpus))
+        async with slot.lock:
+            if slot.actor is None:
+                opts = actor_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}")
+                slot.actor = RolloutWorkerActor.options(**opts).remote(self.emulation)
+                t = self.now()
+                await slot.actor.prepare.remote(self.model_dir)
+                self.switches.append(SwitchRecord(kind=SwitchKind.COLD_START, t=t, seconds=self.now() - t))
+
+    async def _teardown(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        try:
+            await self.sched.unregister.remote(self.pid)  # shrinks our workers through the plan
+        except Exception:
+            pass
+        for slot in self.slots.values():
+            if slot.actor is not None:
+                ray.kill(slot.actor)
+        if self.trainer is not None:
+            ray.kill(self.trainer)
+        held = tuple(sorted({g for s in self.slots.values() if s.state is not SlotState.ASLEEP for g in s.gpus} | {g for gp in self.gang_gpus.values() for g in gp}))
+        if held:
+            self._mark(held, Activity.FREE, "")
+
+    # ================================================================ steps
+
+    async def _produce(self) -> None:
+        """Queue each step's trajectories once the staleness bound allows."""
+        for step in range(self.job.steps):
+            async with self.version_changed:
+                await self.version_changed.wait_for(lambda: self.version >= step - self.job.staleness)
+            trajs = self.recipe.trajectories(step)
+            self.step_trajs[step] = trajs
+            self.results[step] = {}
+            self.step_started[step] = self.now()
+            self.step_done.setdefault(step, asyncio.Event())
+            self.queue.extend(Queued(traj=t, request=t.request) for t in trajs)
+            self.demand_dirty.set()
+            self._dispatch()
+
+    async def _train_step(self, step: int) -> None:
+        if self.job.fault.crash_at_step == step:
+            raise FaultInjected(f"fault.crash_at_step={step}")
+        await self.step_done.setdefault(step, asyncio.Event()).wait()
+        trajs = self.step_trajs[step]
+        results = self.results.pop(step)
+        scored = self.recipe.score(trajs, results)
+        samples = list(scored.samples)
+        stages: list[tuple[str, float]] = []
+        old, secs = await self._gang(Stage.OLD_LOGPROBS, None, lambda: self.trainer.logprobs.remote(samples, False))
+        stages.append((Stage.OLD_LOGPROBS.value, secs))
+        samples = [replace(s, old_logprobs=o) for s, o in zip(samples, old)]
+        if self.job.algo.kl_coef > 0:
+            role = Role.REFERENCE if "reference" in self.job.roles else Role.ACTOR_TRAIN
+            ref, secs = await self._gang(Stage.REF_LOGPROBS, role, lambda: self.trainer.logprobs.remote(samples, True))
+            stages.append((Stage.REF_LOGPROBS.value, secs))
+            samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref)]
+        _, secs = await self._gang(Stage.ACTOR_TRAIN, None, lambda: self.trainer.train.remote(samples))
+        stages.append((Stage.ACTOR_TRAIN.value, secs))
+        self.snapshot_ref = self.trainer.snapshot.remote()
+        await self.snapshot_ref
+        async with self.version_changed:
+            self.version = step + 1
+            self.version_changed.notify_all()
+        await self._sync_live_workers()
+        recs = [self.traj_records[t.request.traj_id] for t in trajs]
+        self.steps.append(
+            StepRecord(
+                step=step,
+                started_s=self.step_started[step],
+                finished_s=self.now(),
+                mean_reward=scored.mean_reward,
+                mean_tokens=sum(r.tokens for r in recs) / len(recs),
+                stages=tuple(stages),
+                min_weight_version=min(r.weight_version for r in recs),
+            )
+        )
+
+    async def _gang(self, stage: Stage, role: Role | None, work):
+        """Run ``work`` on the trainer while ``stage`` holds its GPUs; returns (value, compute s)."""
+        gpus = await self._acquire(stage, role)
+        self._mark(gpus, Activity.SWITCH, stage.value)
+        t = self.now()
+        reload_s = await self.trainer.reload.remote()
+        self.switches.append(SwitchRecord(kind=SwitchKind.STAGE_LOAD, t=t, seconds=self.now() - t))
+        self._mark(gpus, Activity.WORK, stage.value)
+        t_work = self.now()
+        value = await work()
+        secs = self.now() - t_work
+        self._mark(gpus, Activity.SWITCH, stage.value)
+        t = self.now()
+        await self.trainer.offload.remote()
+        self.switches.append(SwitchRecord(kind=SwitchKind.STAGE_OFFLOAD, t=t, seconds=self.now() - t))
+        await self._release(stage, gpus)
+        del reload_s
+        return value, secs
+
+    async def _acquire(self, stage: Stage, role: Role | None = None) -> Gpus:
+        t = self.now()
+        reply: GrantReply = await self.sched.request.remote(self.pid, stage, role)
+        waited = self.now() - t
+        self.overhead_s += max(0.0, waited - reply.queued_s)
+        self.gpu_wait_s += reply.queued_s
+        self.calls += 1
+        self.gang_gpus[stage] = reply.gpus
+        return reply.gpus
+
+    async def _release(self, stage: Stage, gpus: Gpus) -> None:
+        self._mark(gpus, Activity.FREE, "")  # before the call: the next holder may start right after
+        self.gang_gpus.pop(stage, None)
+        await self._control(self.sched.release.remote(self.pid, stage))
+
+    async def _control(self, ref) -> object:
+        """A blocking control-plane call; all of its time counts as overhead."""
+        t = self.now()
+        value = await ref
+        self.overhead_s += self.now() - t
+        self.calls += 1
+        return value
+
+    # ================================================================ rollout
+
+    def _dispatch(self) -> None:
+        slots_per = self.job.slots_per_worker
+        for first in sorted(self.slots):
+            slot = self.slots[first]
+            while slot.state is SlotState.AWAKE and self.queue and len(slot.inflight) < slots_per:
+                q = self.queue.popleft()
+                if not slot.inflight:
+                    self._mark(slot.gpus, Activity.WORK, Stage.ROLLOUT.value)
+                task = asyncio.get_running_loop().create_task(self._run_traj(slot, q))
+                slot.inflight[q.traj.request.traj_id] = task
+        self.demand_dirty.set()
+
+    async def _run_traj(self, slot: WorkerSlot, q: Queued) -> None:
+        traj_id = q.traj.request.traj_id
+        try:
+            result: GenResult = await slot.actor.generate.remote(q.request)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            result = None  # worker died: continue the trajectory elsewhere, as it was
+        slot.inflight.pop(traj_id, None)
+        if not slot.inflight and slot.state is SlotState.AWAKE:
+            self._mark(slot.gpus, Activity.HELD, Stage.ROLLOUT.value)
+        if result is None or result.aborted or not result.finished:
+            if result is not None and result.token_ids:
+                q.request = continuation(q.traj.request, result)
+                q.gen_s += result.gen_s
+                q.segments += 1
+                q.min_version = min(q.min_version, result.weight_version)
+            self.requeued += 1
+            self.queue.appendleft(q)
+        else:
+            self._finish(q, result)
+        self._dispatch()
+
+    def _finish(self, q: Queued, result: GenResult) -> None:
+        step = q.traj.step
+        traj_id = q.traj.request.traj_id
+        self.results[step][traj_id] = result
+        self.traj_records[traj_id] = TrajRecord(
+            traj_id=traj_id,
+            step=step,
+            gen_s=q.gen_s + result.gen_s,
+            segments=q.segments + 1,
+            tokens=len(result.token_ids),
+            weight_version=min(q.min_version, result.weight_version),
+        )
+        if len(self.results[step]) == len(self.step_trajs[step]):
+            self.step_done.setdefault(step, asyncio.Event()).set()
+
+    async def _report_loop(self) -> None:
+        """Send demand when it changes (coalesced), and a heartbeat every second."""
+        last = None
+        while True:
+            try:
+                await asyncio.wait_for(self.demand_dirty.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                last = None  # heartbeat: resend even if unchanged
+            self.demand_dirty.clear()
+            loads = tuple(WorkerLoad(first_gpu=f, active=len(s.inflight)) for f, s in sorted(self.slots.items()) if s.state is SlotState.AWAKE)
+            report = ReportDemand(pipeline_id=self.pid, pending=len(self.queue), loads=loads, batch_size=self.recipe.batch_size)
+            if report != last:
+                await self.sched.report.remote(report)
+                last = report
+            await asyncio.sleep(0.02)  # coalesce bursts of changes
+
+    # ================================================================ plan calls
+
+    async def expand(self, gpus: Gpus) -> None:
+        """The plan gave us a rollout worker on ``gpus``: start or wake it."""
+        slot = self.slots.setdefault(gpus[0], WorkerSlot(gpus=gpus))
+        async with slot.lock:
+            if self.status is not JobStatus.RUNNING:
+                return
+            slot.state = SlotState.STARTING
+            self._mark(gpus, Activity.SWITCH, Stage.ROLLOUT.value)
+            t = self.now()
+            if slot.actor is None:  # not pre-started (a bundle the policy did not list)
+                from rlix.exec.workers import RolloutWorkerActor
+
+                opts = actor_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}")
+                slot.actor = RolloutWorkerActor.options(**opts).remote(self.emulation)
+                await slot.actor.prepare.remote(self.model_dir)
+                self.switches.append(SwitchRecord(kind=SwitchKind.COLD_START, t=t, seconds=self.now() - t))
+                t = self.now()
+            timing = await slot.actor.wake.remote(self.snapshot_ref)
+            self.switches.append(SwitchRecord(kind=SwitchKind.WAKE, t=t, seconds=self.now() - t, synced_bytes=timing.synced_bytes))
+            slot.state = SlotState.AWAKE
+            self._mark(gpus, Activity.HELD, Stage.ROLLOUT.value)
+            self._dispatch()
+
+    async def shrink(self, gpus: Gpus, reason: str) -> None:
+        """The plan takes ``gpus`` back: abort, drop weights, re-queue what was running."""
+        slot = self.slots.get(gpus[0])
+        if slot is None:
+            return
+        async with slot.lock:
+            if slot.state is SlotState.ASLEEP:
+                return
+            slot.state = SlotState.DRAINING
+            self._mark(gpus, Activity.SWITCH, Stage.ROLLOUT.value)
+            t = self.now()
+            if slot.inflight:
+                self.preemptions += 1
+            try:
+                await slot.actor.sleep.remote()  # aborts in-flight generations first
+            except ray.exceptions.RayActorError:
+                slot.actor = None
+            if slot.inflight:
+                await asyncio.gather(*slot.inflight.values(), return_exceptions=True)
+            self.switches.append(SwitchRecord(kind=SwitchKind.SLEEP, t=t, seconds=self.now() - t))
+            slot.state = SlotState.ASLEEP
+            self._mark(gpus, Activity.FREE, "")
+            self.demand_dirty.set()
+
+    async def _sync_live_workers(self) -> None:
+        """Push the new version to awake workers only (sleeping ones get it on wake)."""
+        live = [s for s in self.slots.values() if s.state is SlotState.AWAKE]
+        await asyncio.gather(*(self._sync(s) for s in live), return_exceptions=True)
+
+    async def _sync(self, slot: WorkerSlot) -> None:
+        async with slot.lock:
+            if slot.state is not SlotState.AWAKE:
+                return
+            t = self.now()
+            timing = await slot.actor.update_weights.remote(self.snapshot_ref)
+            if timing.synced_bytes:
+                self.switches.append(SwitchRecord(kind=SwitchKind.SYNC, t=t, seconds=self.now() - t, synced_bytes=timing.synced_bytes))
+
+    # ================================================================ reporting
+
+    def _mark(self, gpus: Gpus, activity: Activity, stage: str) -> None:
+        self.events.append(ActivityChange(t=self.now(), gpus=tuple(gpus), activity=activity, pipeline_id=self.pid if activity is not Activity.FREE else "", stage=stage))
+
+    async def progress(self) -> JobProgress:
+        events, self.events = self.events, []
+        held = sum(len(s.gpus) for s in self.slots.values() if s.state is not SlotState.ASLEEP) + sum(len(g) for g in self.gang_gpus.values())
+        return JobProgress(
+            pipeline_id=self.pid,
+            status=self.status,
+            step=len(self.steps),
+            steps=self.job.steps,
+            last_reward=self.steps[-1].mean_reward if self.steps else None,
+            gpus_held=held,
+            requeued=self.requeued,
+            events=tuple(events),
+        )
+
+    def _result(self, error: str) -> JobResult:
+        lost = 0
+        if self.status is JobStatus.FINISHED:
+            planned = sum(len(v) for v in self.step_trajs.values())
+            lost = planned - len(self.traj_records)
+        events, self.events = self.events, []
+        return JobResult(
+            pipeline_id=self.pid,
+            status=self.status,
+            error=error,
+            arrival_s=self.arrival_s,
+            init_s=self.init_s,
+            finish_s=self.now(),
+            steps=tuple(self.steps),
+            trajectories=tuple(sorted(self.traj_records.values(), key=lambda r: r.traj_id)),
+            switches=tuple(self.switches),
+            requeued=self.requeued,
+            lost=lost,
+            preemptions=self.preemptions,
+            control_overhead_s=self.overhead_s,
+            control_calls=self.calls,
+            gpu_wait_s=self.gpu_wait_s,
+            events=tuple(events),
+        )

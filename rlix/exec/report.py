@@ -1,0 +1,174 @@
+"""Executor layer: turns a finished run's records into its outputs.
+
+- ``timeline.json``: Chrome/Perfetto trace events, one track per GPU;
+- ``trace.json``: what really happened, in the rlix-trace format (explicit
+  steps from measured durations), which ``rlix-sim replay`` accepts;
+- ``metrics.json``: the brief's metrics, via :mod:`rlix.metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlix.exec.config import RunConfig
+from rlix.exec.records import ActivityChange, JobResult, JobStatus, SchedulerStats, SwitchKind
+from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutputs:
+    metrics: RunMetrics
+    wall_s: float
+    control_overhead_fraction: float  # job time blocked on control-plane calls beyond GPU waits / job wall time
+    results: dict[str, JobResult]
+    files: dict[str, str]
+
+
+def usage_from_events(num_gpus: int, events: list[ActivityChange], unmet: tuple[tuple[float, bool], ...], end: float) -> UsageRecorder:
+    rec = UsageRecorder(num_gpus, start=0.0)
+    stream = [(e.t, 0, e) for e in events] + [(t, 1, u) for t, u in unmet]
+    for t, kind, item in sorted(stream, key=lambda x: (x[0], x[1])):
+        t = min(t, end)
+        if kind == 0:
+            rec.set(item.gpus, t, item.activity, item.pipeline_id, item.stage)
+        else:
+            rec.set_unmet_demand(t, item)
+    rec.close(end)
+    return rec
+
+
+def timeline_json(rec: UsageRecorder, results: dict[str, JobResult]) -> dict:
+    """Chrome trace events: process 'GPUs' with one thread per GPU, plus per-job step spans."""
+    ev: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "GPUs"}}]
+    for g in range(rec.num_gpus):
+        ev.append({"ph": "M", "pid": 0, "tid": g, "name": "thread_name", "args": {"name": f"GPU {g}"}})
+    for seg in rec.iter_segments():
+        name = f"{seg.pipeline_id}:{seg.stage or seg.activity.value}" if seg.activity is not Activity.HELD else f"{seg.pipeline_id}:held"
+        ev.append({"ph": "X", "pid": 0, "tid": seg.gpu, "ts": seg.start * 1e6, "dur": (seg.end - seg.start) * 1e6, "name": name, "cat": seg.activity.value})
+    ev.append({"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "jobs"}})
+    for i, (pid, res) in enumerate(sorted(results.items())):
+        ev.append({"ph": "M", "pid": 1, "tid": i, "name": "thread_name", "args": {"name": pid}})
+        for s in res.steps:
+            ev.append({"ph": "X", "pid": 1, "tid": i, "ts": s.started_s * 1e6, "dur": (s.finished_s - s.started_s) * 1e6, "name": f"step {s.step}", "args": {"reward": s.mean_reward}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def _mean(xs: list[float], default: float) -> float:
+    return statistics.fmean(xs) if xs else default
+
+
+def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str]) -> dict:
+    """The run as an explicit rlix-trace (measured durations only)."""
+    pipelines = []
+    for pid, res in sorted(results.items()):
+        job = next(j for j in cfg.jobs if j.name == names[pid])
+        if not res.steps:
+            continue
+        by_step: dict[int, list[float]] = {}
+        for t in res.trajectories:
+            by_step.setdefault(t.step, []).append(max(t.gen_s, 1e-4))
+        sw = {k: [s.seconds for s in res.switches if s.kind is k] for k in SwitchKind}
+        pipelines.append(
+            {
+                "id": pid,
+                "kind": job.kind,
+                "arrival_s": round(res.arrival_s, 4),
+                "roles": {name: {"gpus": sorted(r.gpus), "gpus_per_worker": r.gpus_per_worker} for name, r in sorted(job.roles.items())},
+                "home": sorted(job.home),
+                "staleness": job.staleness,
+                "slots_per_worker": job.slots_per_worker,
+                "preempt": "continue",
+                "init_s": round(res.init_s, 4),
+                "switch": {
+                    "offload_s": round(_mean(sw[SwitchKind.SLEEP] + sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),
+                    "load_s": round(_mean(sw[SwitchKind.WAKE] + sw[SwitchKind.STAGE_LOAD], 0.0), 4),
+                    "weight_sync_s": round(_mean(sw[SwitchKind.SYNC], 0.0), 4),
+                },
+                "steps": [
+                    {"trajectories": [round(x, 4) for x in by_step.get(s.step, [1e-4])], "stages": {k: round(v, 4) for k, v in s.stages}}
+                    for s in res.steps
+                ],
+            }
+        )
+    return {
+        "format": "rlix-trace",
+        "version": 1,
+        "name": "rlix-run",
+        "description": f"measured by rlix-run under policy {cfg.policy}",
+        "cluster": {"nodes": cfg.cluster.nodes, "gpus_per_node": cfg.cluster.gpus_per_node},
+        "scheduler": {
+            "report_ttl_s": cfg.scheduler.report_ttl_s,
+            "protect_fraction": cfg.scheduler.protect_fraction,
+            "min_residency_s": cfg.scheduler.min_residency_s,
+            "rebalance_margin_workers": cfg.scheduler.rebalance_margin_workers,
+        },
+        "pipelines": pipelines,
+    }
+
+
+def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str], events: list[ActivityChange], stats: SchedulerStats, end: float, out_dir: Path) -> RunOutputs:
+    num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    rec = usage_from_events(num_gpus, events, stats.unmet, end)
+    tallies = {}
+    work = 0.0
+    crit = 0.0
+    for pid, res in results.items():
+        tally = PipelineTally(arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None)
+        tally.step_latencies = [s.finished_s - s.started_s for s in res.steps]
+        tally.trajectories = len(res.trajectories)
+        tally.preemptions = res.preemptions
+        tallies[pid] = tally
+        stage_s = sum(v for s in res.steps for _, v in s.stages)
+        job = next(j for j in cfg.jobs if j.name == names[pid])
+        train_gpus = len(job.roles["actor_train"].gpus)
+        work += sum(t.gen_s / job.slots_per_worker for t in res.trajectories) + stage_s * train_gpus
+        path = res.init_s + sum(max((t.gen_s for t in res.trajectories if t.step == s.step), default=0.0) for s in res.steps) + stage_s
+        crit = max(crit, res.arrival_s + path)
+    metrics = summarize(
+        policy=cfg.policy,
+        usage=rec,
+        start=0.0,
+        end=end,
+        tallies=tallies,
+        lower_bound_work_s=work / num_gpus,
+        lower_bound_critical_path_s=crit,
+        trajectories_requeued=sum(r.requeued for r in results.values()),
+        trajectories_lost=sum(r.lost for r in results.values()),
+        plans=stats.plans,
+    )
+    job_wall = sum(max(r.finish_s - r.arrival_s, 1e-9) for r in results.values())
+    overhead = sum(r.control_overhead_s for r in results.values()) / max(job_wall, 1e-9)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "timeline": out_dir / "timeline.json",
+        "trace": out_dir / "trace.json",
+        "metrics": out_dir / "metrics.json",
+    }
+    files["timeline"].write_text(json.dumps(timeline_json(rec, results)))
+    files["trace"].write_text(json.dumps(trace_json(cfg, results, names), indent=1) + "\n")
+    extra = {
+        "wall_s": end,
+        "control_overhead_fraction": overhead,
+        "scheduler_plan_s": stats.plan_s,
+        "scheduler_errors": list(stats.errors),
+        "jobs": {
+            pid: {
+                "status": r.status.value,
+                "error": r.error,
+                "reward_first": r.steps[0].mean_reward if r.steps else None,
+                "reward_last": r.steps[-1].mean_reward if r.steps else None,
+                "rewards": [round(s.mean_reward, 4) for s in r.steps],
+                "requeued": r.requeued,
+                "lost": r.lost,
+                "control_overhead_s": r.control_overhead_s,
+                "gpu_wait_s": r.gpu_wait_s,
+                "switch_s": {k.value: round(sum(s.seconds for s in r.switches if s.kind is k), 4) for k in SwitchKind},
+            }
+            for pid, r in sorted(results.items())
+        },
+    }
+    files["metrics"].write_text(json.dumps({**metrics.to_json(), "executor": extra}, indent=1) + "\n")
+    return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files={k: str(v) for k, v in files.items()})

@@ -1,0 +1,191 @@
+"""Executor layer: the scheduler actor, a thin Ray shell around :mod:`rlix.core`.
+
+It owns the one :class:`rlix.core.Scheduler`, turns calls from pipeline
+coordinators into core events, re-plans after every event (and every
+``replan_interval_s`` for demand, TTLs and residency), and carries each plan
+out in order: shrinks (awaited, so GPUs are really free), then grants (the
+waiting ``request`` calls return), then expands. It makes no decision of its
+own. A coordinator that cannot be reached is treated as gone: its pipeline
+is unregistered and the others carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import ray
+
+from rlix.core import (
+    ClusterSpec,
+    PipelineSpec,
+    Plan,
+    Register,
+    ReleaseStage,
+    ReportDemand,
+    RequestStage,
+    Role,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingError,
+    Stage,
+    Unregister,
+)
+from rlix.exec.records import GrantReply, SchedulerStats
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class SchedulerActor:
+    def __init__(self, cluster: ClusterSpec, policy: str, config: SchedulerConfig, t0: float, replan_interval_s: float) -> None:
+        self.core = Scheduler(cluster, policy=policy, config=config)
+        self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
+        self.replan_interval_s = replan_interval_s
+        self.coordinators: dict[str, ray.actor.ActorHandle] = {}
+        self.waiting: dict[tuple[str, Stage], tuple[asyncio.Future, float]] = {}
+        self.lock = asyncio.Lock()
+        self.plan_s = 0.0
+        self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
+        self.unmet: list[tuple[float, bool]] = []
+        self.errors: list[str] = []
+        self._specs: list[PipelineSpec] = []
+        self.pending: dict[str, int] = {}  # last reported queued trajectories per pipeline
+        self.background: set[asyncio.Task] = set()
+        self.ticker: asyncio.Task | None = None
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    # ------------------------------------------------------------ public calls
+
+    async def start(self) -> None:
+        if self.ticker is None:
+            self.ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def register(self, spec: PipelineSpec, coordinator) -> None:
+        await self._event(Register(spec=spec))
+        self.coordinators[spec.pipeline_id] = coordinator
+        self._specs.append(spec)
+
+    async def unregister(self, pipeline_id: str) -> None:
+        if pipeline_id not in self.core.pipelines():
+            return  # already gone (idempotent: a killed job may be unregistered twice)
+        await self._event(Unregister(pipeline_id=pipeline_id))
+        self.coordinators.pop(pipeline_id, None)
+        self._fail_waiting(pipeline_id)
+        self.pending.pop(pipeline_id, None)
+        self._note_unmet()
+
+    async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None) -> GrantReply:
+        """Ask for a gang stage; returns once the plan grants it."""
+        fut = asyncio.get_running_loop().create_future()
+        key = (pipeline_id, stage)
+        self.waiting[key] = (fut, self.now())
+        try:
+            await self._event(RequestStage(pipeline_id=pipeline_id, stage=stage, role=role))
+        except SchedulingError:
+            self.waiting.pop(key, None)
+            raise
+        return await fut
+
+    async def release(self, pipeline_id: str, stage: Stage) -> None:
+        await self._event(ReleaseStage(pipeline_id=pipeline_id, stage=stage))
+
+    async def report(self, report: ReportDemand) -> None:
+        await self._event(report)
+        self.pending[report.pipeline_id] = report.pending
+        self._note_unmet()
+
+    async def rollout_bundles(self, pipeline_id: str) -> tuple[tuple[int, ...], ...]:
+        """Bundles the policy may ever give this pipeline's rollout workers (to pre-start them)."""
+        spec = next(s for s in self._specs if s.pipeline_id == pipeline_id)
+        return self.core.policy.rollout_bundles(spec)
+
+    async def stats(self) -> SchedulerStats:
+        return SchedulerStats(plans=self.core.plans_made, plan_s=self.plan_s, unmet=tuple(self.unmet), errors=tuple(self.errors), **self.counts)
+
+    async def holdings(self) -> dict[str, tuple[int, ...]]:
+        """GPUs each pipeline holds now (rollout workers and gang stages), for tests and the console."""
+        out: dict[str, list[int]] = {}
+        for g, holder in enumerate(self.core.ledger.owner):
+            if holder is not None:
+                out.setdefault(holder.pipeline_id, []).append(g)
+        return {k: tuple(v) for k, v in sorted(out.items())}
+
+    async def stop(self) -> None:
+        if self.ticker is not None:
+            self.ticker.cancel()
+
+    # ------------------------------------------------------------ planning
+
+    async def _event(self, event) -> None:
+        async with self.lock:
+            self.core.submit(event, self.now())
+            await self._plan_and_execute()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.replan_interval_s)
+            async with self.lock:
+                await self._plan_and_execute()
+
+    async def _plan_and_execute(self) -> None:
+        """Plan, carry it out; unregister pipelines found dead and plan again."""
+        while True:
+            t0 = time.perf_counter()
+            plan = self.core.plan(self.now())
+            self.plan_s += time.perf_counter() - t0
+            dead = await self._execute(plan)
+            if not dead:
+                return
+            for pid in sorted(dead):
+                self.coordinators.pop(pid, None)
+                self._fail_waiting(pid)
+                self.pending.pop(pid, None)
+                if pid in self.core.pipelines():
+                    self.errors.append(f"pipeline '{pid}' unreachable; unregistered")
+                    self.core.submit(Unregister(pipeline_id=pid), self.now())
+
+    async def _execute(self, plan: Plan) -> set[str]:
+        dead: set[str] = set()
+        if plan.shrinks:
+            calls = [(s.worker.pipeline_id, self._call(s.worker.pipeline_id, "shrink", s.worker.gpus, s.reason.value)) for s in plan.shrinks]
+            results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+            dead.update(pid for (pid, _), r in zip(calls, results) if isinstance(r, Exception))
+            self.counts["shrinks"] += len(plan.shrinks)
+        for grant in plan.grants:
+            entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
+            self.counts["grants"] += 1
+        for e in plan.expands:
+            task = asyncio.get_running_loop().create_task(self._call(e.worker.pipeline_id, "expand", e.worker.gpus, ""))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+            self.counts["expands"] += 1
+        return dead
+
+    async def _call(self, pipeline_id: str, method: str, gpus, reason: str) -> None:
+        coord = self.coordinators.get(pipeline_id)
+        if coord is None:
+            return  # pipeline already gone: nothing runs there
+        try:
+            if method == "shrink":
+                await coord.shrink.remote(gpus, reason)
+            else:
+                await coord.expand.remote(gpus)
+        except Exception as exc:  # the pipeline died; its GPUs are freed by unregistering it
+            if method == "expand":
+                self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
+                asyncio.get_running_loop().create_task(self.unregister(pipeline_id))
+            raise
+
+    def _fail_waiting(self, pipeline_id: str) -> None:
+        for key in [k for k in self.waiting if k[0] == pipeline_id]:
+            fut, _ = self.waiting.pop(key)
+            if not fut.done():
+                fut.set_exception(SchedulingError(f"pipeline '{pipeline_id}' was unregistered while waiting"))
+
+    def _note_unmet(self) -> None:
+        unmet = any(n > 0 for n in self.pending.values())
+        if not self.unmet or self.unmet[-1][1] != unmet:
+            self.unmet.append((self.now(), unmet))

@@ -1,0 +1,112 @@
+"""Executor layer: the Ray worker actors (rollout workers and trainers).
+
+Both are created with :func:`rlix.exec.placement.actor_options`, so each
+process sees only its planned GPUs. They hold the torch state; everything
+else (queues, versions, scheduling calls) lives in the pipeline coordinator.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import ray
+
+from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample, TrainStats
+from rlix.exec.rollout import Emulation, GenRequest, GenResult, TorchRolloutBackend
+from rlix.exec.weights import WeightSnapshot
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwitchTiming:
+    """Seconds a worker spent switching, and the weights it moved (bytes)."""
+
+    seconds: float
+    synced_bytes: int = 0
+    version: int = -1
+
+
+def _setup_process() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@ray.remote(max_concurrency=64)
+class RolloutWorkerActor:
+    """One rollout worker (a TP-sized GPU bundle) of one pipeline."""
+
+    def __init__(self, emulation: Emulation) -> None:
+        _setup_process()
+        self.backend = TorchRolloutBackend(emulation)  # vLLM backend: next issue, same interface
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    def prepare(self, model_path: str) -> float:
+        """Start-up that needs no GPU (imports, config): done at the job's init."""
+        from rlix.exec.placement import device_for_worker
+
+        t0 = time.perf_counter()
+        self.backend.prepare(model_path, device_for_worker())
+        return time.perf_counter() - t0
+
+    def wake(self, snapshot: WeightSnapshot | None) -> SwitchTiming:
+        t0 = time.perf_counter()
+        before = self.backend.weight_version if self.backend.awake else -1
+        self.backend.wake(snapshot)
+        synced = snapshot.nbytes if snapshot is not None and snapshot.version != before else 0
+        return SwitchTiming(seconds=time.perf_counter() - t0, synced_bytes=synced, version=self.backend.weight_version)
+
+    def sleep(self) -> SwitchTiming:
+        t0 = time.perf_counter()
+        self.backend.sleep()
+        return SwitchTiming(seconds=time.perf_counter() - t0)
+
+    def update_weights(self, snapshot: WeightSnapshot) -> SwitchTiming:
+        t0 = time.perf_counter()
+        if not self.backend.awake or snapshot.version <= self.backend.weight_version:
+            return SwitchTiming(seconds=0.0, version=self.backend.weight_version)
+        self.backend.update_weights(snapshot)
+        return SwitchTiming(seconds=time.perf_counter() - t0, synced_bytes=snapshot.nbytes, version=snapshot.version)
+
+    def generate(self, request: GenRequest) -> GenResult:
+        return self.backend.generate(request)
+
+    def visible_devices(self) -> str:
+        return self.visible
+
+
+@ray.remote(max_concurrency=4)
+class TrainerActor:
+    """The job's learner: policy, reference and optimizer on the actor_train GPUs."""
+
+    def __init__(self, model_path: str, cfg: GrpoConfig, emulation: Emulation) -> None:
+        _setup_process()
+        from rlix.exec.placement import device_for_worker
+
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.learner = GrpoLearner(model_path, device_for_worker(), cfg, emulation)
+        self.learner.offload()  # GPUs are only ours while a stage is granted
+
+    def reload(self) -> float:
+        t0 = time.perf_counter()
+        self.learner.reload()
+        return time.perf_counter() - t0
+
+    def offload(self) -> float:
+        t0 = time.perf_counter()
+        self.learner.offload()
+        return time.perf_counter() - t0
+
+    def logprobs(self, samples: list[Sample], reference: bool) -> list[tuple[float, ...]]:
+        return self.learner.logprobs(samples, reference=reference)
+
+    def train(self, samples: list[Sample]) -> TrainStats:
+        return self.learner.train(samples)
+
+    def snapshot(self) -> WeightSnapshot:
+        """The CPU copy of the newest weights (cached by Ray's object store)."""
+        return self.learner.snapshot()
+
+    def visible_devices(self) -> str:
+        return self.visible

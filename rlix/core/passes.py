@@ -194,44 +194,53 @@ def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[s
     ``rebalance_margin_workers`` above its share after giving one; a donor
     worker must have held its GPUs ``min_residency_s``; busy workers of a
     nearly finished batch are never taken. Idle workers (no running
-    trajectory) of a pipeline holding more than it needs go first.
+    trajectory) of a pipeline holding more than it needs are always lendable.
     """
     cfg = view.config
     by_pid = {n.pipeline_id: n for n in needs}
     placed_at = draft.ledger.placed_at
 
-    def donor_ok(worker: RolloutWorker, receiver: str) -> bool:
+    def idle_surplus(worker: RolloutWorker, d: RolloutNeed | None) -> bool:
+        if d is None:
+            return True  # its pipeline is gone or silent: lendable
+        return d.loads.get(worker.gpus[0], 0) == 0 and draft.worker_count(d.pipeline_id) > d.need
+
+    def share_donor(worker: RolloutWorker, receiver: str) -> bool:
         if worker.pipeline_id == receiver or worker in draft.shrunk:
             return False
         d = by_pid.get(worker.pipeline_id)
-        if d is None:
-            return True  # pipeline gone or unknown: its worker is lendable
-        active = d.loads.get(worker.gpus[0], 0)
-        count = draft.worker_count(d.pipeline_id)
-        if active == 0 and count > d.need:
-            return True  # an idle worker its pipeline cannot use
-        if d.protected and active > 0:
+        if idle_surplus(worker, d):
+            return True
+        if d.protected and d.loads.get(worker.gpus[0], 0) > 0:
             return False
         if view.now - placed_at.get(worker, view.now) < cfg.min_residency_s:
             return False
-        return count - 1 >= shares[d.pipeline_id] + cfg.rebalance_margin_workers
+        return draft.worker_count(d.pipeline_id) - 1 >= shares[d.pipeline_id] + cfg.rebalance_margin_workers
 
-    receivers = [n for n in needs if n.need > 0]
-    progress = True
-    while progress:
-        progress = False
-        receivers = [n for n in receivers if draft.worker_count(n.pipeline_id) + 1 <= shares[n.pipeline_id] + 1e-9]
-        receivers.sort(key=lambda n: (_owed(draft, n, shares), n.order))
-        for n in receivers:
-            choice = _cheapest_takeover(draft, n, by_pid, donor_ok)
-            if choice is None:
-                continue
-            bundle, victims = choice
-            for worker in victims:
-                draft.shrink(worker, ShrinkReason.REBALANCE)
-            draft.expand(n.pipeline_id, bundle)
-            progress = True
-            break
+    def idle_donor(worker: RolloutWorker, receiver: str) -> bool:
+        return worker.pipeline_id != receiver and worker not in draft.shrunk and idle_surplus(worker, by_pid.get(worker.pipeline_id))
+
+    # Phase 1: shares. Phase 2: work conservation, idle workers to anyone still short.
+    for owed, donor_ok in (
+        (lambda n: draft.worker_count(n.pipeline_id) + 1 <= shares[n.pipeline_id] + 1e-9, share_donor),
+        (lambda n: draft.worker_count(n.pipeline_id) < n.need, idle_donor),
+    ):
+        receivers = [n for n in needs if n.need > 0]
+        progress = True
+        while progress:
+            progress = False
+            receivers = [n for n in receivers if owed(n)]
+            receivers.sort(key=lambda n: (_owed(draft, n, shares), n.order))
+            for n in receivers:
+                choice = _cheapest_takeover(draft, n, by_pid, donor_ok)
+                if choice is None:
+                    continue
+                bundle, victims = choice
+                for worker in victims:
+                    draft.shrink(worker, ShrinkReason.REBALANCE)
+                draft.expand(n.pipeline_id, bundle)
+                progress = True
+                break
 
 
 def _cheapest_takeover(draft: Draft, n: RolloutNeed, by_pid: dict[str, RolloutNeed], donor_ok) -> tuple[Gpus, list[RolloutWorker]] | None:

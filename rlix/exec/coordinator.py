@@ -147,11 +147,11 @@ class PipelineCoordinator:
         self._mark(gpus, Activity.SWITCH, "init")
         from rlix.exec.workers import TrainerActor
 
+        bundles = await self._control(self.sched.rollout_bundles.remote(self.pid))
         self.trainer = TrainerActor.options(**opts).remote(self.model_dir, self.job.algo.value(self.job.seed), self.emulation)
         self.snapshot_ref = self.trainer.snapshot.remote()
         # Rollout processes start now, asleep (imports and config only, no GPU memory);
         # a plan's expand then only builds the engine and loads the newest weights.
-        bundles = await self._control(self.sched.rollout_bundles.remote(self.pid))
         prepared = [self._start_worker(tuple(b)) for b in bundles]
         await asyncio.gather(self.snapshot_ref, *prepared)  # the trainer is up and v0 is cached on the CPU
         await self._release(Stage.INIT, gpus)

@@ -1,0 +1,56 @@
+"""Executor layer: ``rlix-run CONFIG`` (the CLI; :mod:`rlix.exec.api` is the same in Python).
+
+Exit status: 0 all jobs finished, 1 some job failed or was killed, 2 bad
+config (a one-line error naming the field; no actor was started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlix-run", description="Run RL jobs that share GPUs through the rlix scheduler.")
+    p.add_argument("config", help="YAML run config (see examples/)")
+    p.add_argument("--address", default=None, help="join this Ray cluster ('auto' or host:port) instead of starting a local one")
+    p.add_argument("--policy", default=None, help="override the config's policy (rlix, static, partial_overlap)")
+    p.add_argument("--out", default=None, help="output directory (default: the config's output.dir)")
+    p.add_argument("--no-console", action="store_true", help="no live progress table")
+    p.add_argument("--json", default=None, help="also write the metrics to this path")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rlix.exec.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, policy=args.policy)
+    except ConfigError as exc:
+        print(f"rlix-run: config error: {exc}", file=sys.stderr)
+        return 2
+    from rlix.exec import api
+    from rlix.exec.console import ProgressView
+    from rlix.exec.records import JobStatus
+
+    with ProgressView(enabled=cfg.output.console and not args.no_console) as view:
+        outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view)
+    m = outputs.metrics
+    print(f"makespan_s={m.makespan_s:.1f} gpu_utilization={m.gpu_utilization:.3f} idle_fraction={m.idle_fraction:.3f} "
+          f"switch_overhead_fraction={m.switch_overhead_fraction:.3f} trajectories_lost={m.trajectories_lost} "
+          f"control_overhead_fraction={outputs.control_overhead_fraction:.4f}")
+    for pid, r in sorted(outputs.results.items()):
+        first = r.steps[0].mean_reward if r.steps else float("nan")
+        last = r.steps[-1].mean_reward if r.steps else float("nan")
+        print(f"  {pid}: {r.status.value} steps={len(r.steps)} reward {first:.3f} -> {last:.3f} jct_s={r.finish_s - r.arrival_s:.1f}{' ' + r.error if r.error else ''}")
+    print("outputs: " + " ".join(f"{k}={v}" for k, v in outputs.files.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(m.to_json(), f, indent=1)
+    return 0 if all(r.status is JobStatus.FINISHED for r in outputs.results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Shared layer: one metrics vocabulary for the simulator, executor and notebooks.
+
+Both shells feed a :class:`UsageRecorder` with what every GPU is doing; at
+the end :func:`summarize` turns that into :class:`RunMetrics`, whose field
+names are the design brief's. Every GPU-second falls in exactly one bucket:
+
+- ``work``: stage work running (a gang stage computing, or a rollout worker
+  with at least one trajectory in flight) -> ``gpu_utilization``;
+- ``switch``: offloading, loading or syncing weights -> ``switch_overhead_fraction``;
+- ``held``: allocated but with nothing to run (a rollout worker whose slots
+  are all empty) -> ``held_idle_fraction``;
+- ``free``: nothing allocated -> ``idle_fraction``.
+
+``stranded_fraction`` is the part of ``free`` during which some pipeline had
+trajectories waiting for a slot: capacity that placement rules kept from it.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from dataclasses import asdict, dataclass, field
+
+
+class Activity(enum.Enum):
+    FREE = "free"
+    WORK = "work"
+    SWITCH = "switch"
+    HELD = "held"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """GPU ``gpu`` did ``activity`` for ``pipeline_id``/``stage`` from ``start`` to ``end`` (s)."""
+
+    gpu: int
+    start: float
+    end: float
+    activity: Activity
+    pipeline_id: str
+    stage: str
+
+
+class UsageRecorder:
+    """Integrates per-GPU activity over time; optionally keeps the segments."""
+
+    def __init__(self, num_gpus: int, *, start: float = 0.0, keep_segments: bool = True) -> None:
+        self.num_gpus = num_gpus
+        self.keep_segments = keep_segments
+        self._act = [Activity.FREE] * num_gpus
+        self._who: list[tuple[str, str]] = [("", "")] * num_gpus
+        self._since = [start] * num_gpus
+        self.totals = {a: 0.0 for a in Activity}
+        self.by_pipeline: dict[str, dict[Activity, float]] = {}
+        self.segments: list[tuple[int, float, float, Activity, str, str]] = []
+        self._free = num_gpus
+        self._unmet = False
+        self._mark = start
+        self.stranded = 0.0
+
+    def set(self, gpus, now: float, activity: Activity, pipeline_id: str = "", stage: str = "") -> None:
+        """From ``now`` on, ``gpus`` do ``activity`` (for ``pipeline_id``'s ``stage``)."""
+        self._flush_stranded(now)
+        who = (pipeline_id, stage)
+        for g in gpus:
+            old = self._act[g]
+            if old is activity and self._who[g] == who:
+                continue
+            self._close(g, now)
+            if (old is Activity.FREE) != (activity is Activity.FREE):
+                self._free += 1 if activity is Activity.FREE else -1
+            self._act[g] = activity
+            self._who[g] = who
+            self._since[g] = now
+
+    def set_unmet_demand(self, now: float, unmet: bool) -> None:
+        """Whether some pipeline has trajectories waiting for a rollout slot."""
+        if unmet != self._unmet:
+            self._flush_stranded(now)
+            self._unmet = unmet
+
+    def close(self, now: float) -> None:
+        self._flush_stranded(now)
+        for g in range(self.num_gpus):
+            self._close(g, now)
+            self._since[g] = now
+
+    def _flush_stranded(self, now: float) -> None:
+        if self._unmet:
+            self.stranded += self._free * (now - self._mark)
+        self._mark = now
+
+    def _close(self, g: int, now: float) -> None:
+        dt = now - self._since[g]
+        if dt <= 0:
+            return
+        act = self._act[g]
+        self.totals[act] += dt
+        pid, stage = self._who[g]
+        if pid:
+            per = self.by_pipeline.setdefault(pid, {a: 0.0 for a in Activity})
+            per[act] += dt
+        if self.keep_segments and act is not Activity.FREE:
+            self.segments.append((g, self._since[g], now, act, pid, stage))
+
+    def iter_segments(self):
+        for g, s, e, a, pid, stage in self.segments:
+            yield Segment(gpu=g, start=s, end=e, activity=a, pipeline_id=pid, stage=stage)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineMetrics:
+    arrival_s: float
+    finish_s: float
+    jct_s: float
+    steps: int
+    trajectories: int
+    step_latency_mean_s: float
+    step_latency_p50_s: float
+    step_latency_p99_s: float
+    gpu_seconds_work: float
+    preemptions: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMetrics:
+    policy: str
+    gpus: int
+    makespan_s: float
+    makespan_lower_bound_s: float
+    lower_bound_work_s: float
+    lower_bound_critical_path_s: float
+    gpu_utilization: float
+    idle_fraction: float
+    held_idle_fraction: float
+    switch_overhead_fraction: float
+    stranded_fraction: float
+    throughput_steps_per_hour: float
+    trajectories_per_hour: float
+    steps_completed: int
+    trajectories_completed: int
+    preemptions: int
+    trajectories_requeued: int
+    trajectories_lost: int
+    plans: int
+    pipelines: dict[str, PipelineMetrics] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["pipelines"] = {k: asdict(v) for k, v in sorted(self.pipelines.items())}
+        return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+@dataclass(kw_only=True)
+class PipelineTally:
+    """Counts a shell keeps per pipeline while it runs."""
+
+    arrival_s: float
+    finish_s: float | None = None
+    step_latencies: list[float] = field(default_factory=list)
+    trajectories: int = 0
+    preemptions: int = 0
+
+    def to_metrics(self, usage: UsageRecorder, pipeline_id: str, end: float) -> PipelineMetrics:
+        finish = self.finish_s if self.finish_s is not None else end
+        lat = self.step_latencies
+        return PipelineMetrics(
+            arrival_s=self.arrival_s,
+            finish_s=finish,
+            jct_s=finish - self.arrival_s,
+            steps=len(lat),
+            trajectories=self.trajectories,
+            step_latency_mean_s=statistics.fmean(lat) if lat else 0.0,
+            step_latency_p50_s=percentile(lat, 50),
+            step_latency_p99_s=percentile(lat, 99),
+            gpu_seconds_work=usage.by_pipeline.get(pipeline_id, {}).get(Activity.WORK, 0.0),
+            preemptions=self.preemptions,
+        )
+
+
+def summarize(
+    *,
+    policy: str,
+    usage: UsageRecorder,
+    start: float,
+    end: float,
+    tallies: dict[str, PipelineTally],
+    lower_bound_work_s: float,
+    lower_bound_critical_path_s: float,
+    trajectories_requeued: int,
+    trajectories_lost: int,
+    plans: int,
+) -> RunMetrics:
+    """Fold a finished run into :class:`RunMetrics` (``usage`` must be closed at ``end``)."""
+    makespan = max(end - start, 1e-12)
+    capacity = usage.num_gpus * makespan
+    t = usage.totals
+    pipelines = {pid: tally.to_metrics(usage, pid, end) for pid, tally in sorted(tallies.items())}
+    steps = sum(p.steps for p in pipelines.values())
+    trajectories = sum(p.trajectories for p in pipelines.values())
+    return RunMetrics(
+        policy=policy,
+        gpus=usage.num_gpus,
+        makespan_s=makespan,
+        makespan_lower_bound_s=max(lower_bound_work_s, lower_bound_critical_path_s),
+        lower_bound_work_s=lower_bound_work_s,
+        lower_bound_critical_path_s=lower_bound_critical_path_s,
+        gpu_utilization=t[Activity.WORK] / capacity,
+        idle_fraction=t[Activity.FREE] / capacity,
+        held_idle_fraction=t[Activity.HELD] / capacity,
+        switch_overhead_fraction=t[Activity.SWITCH] / capacity,
+        stranded_fraction=usage.stranded / capacity,
+        throughput_steps_per_hour=steps * 3600.0 / makespan,
+        trajectories_per_hour=trajectories * 3600.0 / makespan,
+        steps_completed=steps,
+        trajectories_completed=trajectories,
+        preemptions=sum(p.preemptions for p in pipelines.values()),
+        trajectories_requeued=trajectories_requeued,
+        trajectories_lost=trajectories_lost,
+        plans=plans,
+        pipelines=pipelines,
+    )

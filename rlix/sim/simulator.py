@@ -1,0 +1,177 @@
+"""Simulator layer: replays a trace through the policy core with SimPy.
+
+The simulator translates SimPy happenings into core events, asks
+:class:`rlix.core.Scheduler` for a plan, and carries the plan out, charging
+the trace's switching costs. It decides nothing itself. Gang requests,
+releases, arrivals, departures and a pipeline's rollout demand starting or
+stopping are planned at once; finer demand changes are reported on the
+scheduler's control-loop tick (``plan_interval_s``), as heartbeats would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from rlix.core import Event, Plan, ReportDemand, Scheduler, ShrinkReason, check_ledger
+from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
+from rlix.sim.bounds import lower_bounds
+from rlix.sim.pipeline import SimPipeline
+from rlix.sim.trace import Trace
+
+Progress = Callable[[float, int, int], None]  # (sim seconds, trajectories done, trajectories total)
+
+
+class Simulation:
+    """One replay of ``trace`` under one policy."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        policy: str,
+        *,
+        plan_interval_s: float = 5.0,
+        keep_segments: bool = False,
+        progress: Progress | None = None,
+    ) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.plan_interval_s = plan_interval_s
+        self.progress = progress
+        self.env = simpy.Environment()
+        self.sched = Scheduler(trace.cluster, policy, trace.model.scheduler.to_config())
+        self.usage = UsageRecorder(trace.cluster.num_gpus, keep_segments=keep_segments)
+        self.gpu_ready = [0.0] * trace.cluster.num_gpus  # seconds: when each GPU's last offload ends
+        self._offload_stamp = [0] * trace.cluster.num_gpus
+        self.demand_dirty: set[str] = set()
+        self._plan_scheduled = False
+        self._waiting_pipelines = 0  # pipelines with trajectories waiting for a slot
+        self._all_done = self.env.event()
+        self.total_trajectories = trace.total_trajectories()
+        self.pipelines = {p.id: SimPipeline(self, p, trace.streams[p.id]) for p in trace.pipelines}
+        self._remaining = len(self.pipelines)
+        self.env.process(self._ticker())
+
+    # ------------------------------------------------------------ driving
+
+    def run(self) -> RunMetrics:
+        self.env.run(until=self._all_done)
+        end = self.env.now
+        self.usage.close(end)
+        check_ledger(self.sched.ledger)
+        return self._metrics(end)
+
+    def submit(self, event: Event) -> None:
+        self.sched.submit(event, self.env.now)
+
+    def request_plan(self) -> None:
+        """Plan at the current instant, once, after everything else happening now."""
+        if not self._plan_scheduled:
+            self._plan_scheduled = True
+            self.env.process(self._plan_soon())
+
+    def pending_changed(self, delta: int) -> None:
+        self._waiting_pipelines += delta
+        self.usage.set_unmet_demand(self.env.now, self._waiting_pipelines > 0)
+
+    def pipeline_finished(self, pipeline: SimPipeline) -> None:
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._all_done.succeed()
+
+    def _plan_soon(self):
+        yield self.env.timeout(0)
+        self._plan_scheduled = False
+        self._plan()
+
+    def _ticker(self):
+        env = self.env
+        while not self._all_done.triggered:
+            yield env.timeout(self.plan_interval_s)
+            if self.demand_dirty:
+                self._plan()
+            if self.progress is not None:
+                done = sum(p.engine.completed for p in self.pipelines.values())
+                self.progress(env.now, done, self.total_trajectories)
+
+    # ------------------------------------------------------------ plans
+
+    def _plan(self) -> None:
+        now = self.env.now
+        for pid in sorted(self.demand_dirty):
+            p = self.pipelines[pid]
+            if not p.done:
+                pending, loads, batch = p.engine.demand(p.batch_size())
+                self.sched.submit(ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=batch), now)
+        self.demand_dirty.clear()
+        plan = self.sched.plan(now)
+        if not plan.empty:
+            self._carry_out(plan)
+
+    def _carry_out(self, plan: Plan) -> None:
+        now = self.env.now
+        usage = self.usage
+        for s in plan.shrinks:
+            p = self.pipelines[s.worker.pipeline_id]
+            p.engine.remove_worker(s.worker)
+            if s.reason is not ShrinkReason.UNREGISTER:
+                p.tally.preemptions += 1
+            offload = p.model.switch.offload_s
+            ready = now + offload
+            for g in s.worker.gpus:
+                self.gpu_ready[g] = ready
+                self._offload_stamp[g] += 1
+            if offload > 0:
+                usage.set(s.worker.gpus, now, Activity.SWITCH, p.pid, "offload")
+                self.env.process(self._free_after(s.worker.gpus, ready, [self._offload_stamp[g] for g in s.worker.gpus]))
+            else:
+                usage.set(s.worker.gpus, now, Activity.FREE)
+        for grant in plan.grants:
+            for g in grant.gpus:
+                self._offload_stamp[g] += 1
+            ready = max(self.gpu_ready[g] for g in grant.gpus)
+            self.pipelines[grant.pipeline_id].grant(grant.stage, grant.gpus, ready)
+        for e in plan.expands:
+            w = e.worker
+            p = self.pipelines[w.pipeline_id]
+            for g in w.gpus:
+                self._offload_stamp[g] += 1
+            versions, sync_s = p.new_worker_versions()
+            ready = max(now, max(self.gpu_ready[g] for g in w.gpus)) + p.model.switch.load_s + sync_s
+            usage.set(w.gpus, now, Activity.SWITCH, p.pid, "load")
+            p.engine.add_worker(w, ready, versions)
+
+    def _free_after(self, gpus: tuple[int, ...], at: float, stamps: list[int]):
+        yield self.env.timeout(at - self.env.now)
+        still = [g for g, st in zip(gpus, stamps) if self._offload_stamp[g] == st]
+        if still:
+            self.usage.set(still, self.env.now, Activity.FREE)
+
+    # ------------------------------------------------------------ results
+
+    def _metrics(self, end: float) -> RunMetrics:
+        tallies: dict[str, PipelineTally] = {}
+        for pid, p in sorted(self.pipelines.items()):
+            tallies[pid] = p.tally
+            # Adapter loads inside busy workers were timed as work; book them as switching.
+            self.usage.totals[Activity.WORK] -= p.engine.switch_extra
+            self.usage.totals[Activity.SWITCH] += p.engine.switch_extra
+        completed = sum(p.engine.completed for p in self.pipelines.values())
+        work_lb, path_lb = lower_bounds(self.trace)
+        return summarize(
+            policy=self.policy,
+            usage=self.usage,
+            start=0.0,
+            end=end,
+            tallies=tallies,
+            lower_bound_work_s=work_lb,
+            lower_bound_critical_path_s=path_lb,
+            trajectories_requeued=sum(p.engine.aborted for p in self.pipelines.values()),
+            trajectories_lost=self.total_trajectories - completed,
+            plans=self.sched.plans_made,
+        )
+
+
+def replay(trace: Trace, policy: str, **kwargs) -> RunMetrics:
+    return Simulation(trace, policy, **kwargs).run()

@@ -55,7 +55,7 @@ class RolloutNeed:
 
     entry: PipelineEntry
     need: int  # workers it could keep busy (ceil(remaining / slots))
-    weight: float  # remaining trajectories x GPUs per worker
+    weight: float  # (remaining + backlog_weight x backlog) trajectories x GPUs per worker
     protected: bool  # batch nearly done: don't take busy workers away
     loads: dict[int, int]  # first GPU -> running trajectories
 
@@ -94,7 +94,7 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
             RolloutNeed(
                 entry=entry,
                 need=need,
-                weight=float(remaining * entry.spec.rollout_tp),
+                weight=float((remaining + view.config.backlog_weight * report.backlog) * entry.spec.rollout_tp),
                 protected=protected,
                 loads=loads,
             )
@@ -218,9 +218,21 @@ def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[s
         return draft.worker_count(d.pipeline_id) - 1 >= shares[d.pipeline_id] + cfg.rebalance_margin_workers
 
     def idle_donor(worker: RolloutWorker, receiver: str) -> bool:
-        return worker.pipeline_id != receiver and worker not in draft.shrunk and idle_surplus(worker, by_pid.get(worker.pipeline_id))
+        if worker.pipeline_id == receiver or worker in draft.shrunk:
+            return False
+        d = by_pid.get(worker.pipeline_id)
+        if idle_surplus(worker, d):
+            return True
+        # Packing: a pipeline whose trajectories resume elsewhere keeps only the
+        # workers it can fill; its stragglers move onto them.
+        return (
+            d.entry.spec.resumable
+            and draft.worker_count(d.pipeline_id) > d.need
+            and view.now - placed_at.get(worker, view.now) >= cfg.min_residency_s
+        )
 
-    # Phase 1: shares. Phase 2: work conservation, idle workers to anyone still short.
+    # Phase 1: shares. Phase 2: work conservation, idle (or packable) workers
+    # to anyone still short.
     for owed, donor_ok in (
         (lambda n: draft.worker_count(n.pipeline_id) + 1 <= shares[n.pipeline_id] + 1e-9, share_donor),
         (lambda n: draft.worker_count(n.pipeline_id) < n.need, idle_donor),

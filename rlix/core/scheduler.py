@@ -132,7 +132,7 @@ class Scheduler:
 
     def _report(self, event: ReportDemand, now: float) -> None:
         entry = self._active(event.pipeline_id)
-        if event.pending < 0 or any(load.active < 0 for load in event.loads):
+        if event.pending < 0 or event.backlog < 0 or any(load.active < 0 for load in event.loads):
             raise SchedulingError(f"pipeline '{event.pipeline_id}': demand counts must be >= 0")
         entry.demand = event
         entry.reported_at = now

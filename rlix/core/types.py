@@ -118,7 +118,9 @@ class PipelineSpec:
     ``home`` is the job's dedicated partition, used by the baselines that
     confine each job to its own GPUs; when empty it defaults to the union of
     the non-rollout role mappings. ``slots_per_worker`` is how many
-    trajectories one rollout worker runs concurrently.
+    trajectories one rollout worker runs concurrently. ``resumable`` says an
+    aborted trajectory continues elsewhere with its progress (partial
+    rollout), so the planner may pack stragglers onto fewer workers.
     """
 
     pipeline_id: str
@@ -126,6 +128,7 @@ class PipelineSpec:
     kind: JobKind = JobKind.FULL_FINETUNE
     slots_per_worker: int = 1
     home: Gpus = ()
+    resumable: bool = False
 
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:
@@ -224,6 +227,7 @@ class ReportDemand:
     pending: int
     loads: tuple[WorkerLoad, ...] = ()
     batch_size: int = 0
+    backlog: int = 0  # trajectories of steps not started yet (0 if unknown)
 
 
 Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand]
@@ -285,12 +289,17 @@ class SchedulerConfig:
       held its GPUs this long (hysteresis against thrashing).
     - ``rebalance_margin_workers``: a donor gives a worker away only while it
       stays at least this far above its share afterwards.
+    - ``backlog_weight``: how much a pipeline's announced but not yet started
+      trajectories count in its share weight. 1 counts all outstanding work
+      alike; 0 lets the current batch alone decide; larger values favour long
+      jobs, shortening the makespan at some cost to short jobs' completion.
     """
 
     report_ttl_s: float = 600.0
     protect_fraction: float = 0.1
     min_residency_s: float = 30.0
     rebalance_margin_workers: float = 0.5
+    backlog_weight: float = 1.0
 
 
 DEFAULT_CONFIG = SchedulerConfig()

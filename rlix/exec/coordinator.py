@@ -56,6 +56,9 @@ class WorkerSlot:
     state: SlotState = SlotState.ASLEEP
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     inflight: dict[int, asyncio.Task] = field(default_factory=dict)
+    starting: asyncio.Task | None = None  # process start-up (no GPU memory), shared by callers
+    prepared: bool = False
+    generation: int = 0  # bumped by every expand/shrink: a stale expand stops
 
 
 @dataclass(kw_only=True)
@@ -150,24 +153,31 @@ class PipelineCoordinator:
         bundles = await self._control(self.sched.rollout_bundles.remote(self.pid))
         self.trainer = TrainerActor.options(**opts).remote(self.model_dir, self.job.algo.value(self.job.seed), self.emulation)
         self.snapshot_ref = self.trainer.snapshot.remote()
-        # Rollout processes start now, asleep (imports and config only, no GPU memory);
-        # a plan's expand then only builds the engine and loads the newest weights.
-        prepared = [self._start_worker(tuple(b)) for b in bundles]
+        # Rollout processes on home bundles start now, asleep (imports and config only, no
+        # GPU memory); an expand then only builds the engine and loads the newest weights.
+        # Bundles borrowed from other jobs' homes are started on their first expand.
+        home = set(self.spec.home_gpus)
+        prepared = [self._start_worker(tuple(b)) for b in bundles if home.issuperset(b)]
         await asyncio.gather(self.snapshot_ref, *prepared)  # the trainer is up and v0 is cached on the CPU
         await self._release(Stage.INIT, gpus)
         self.init_s = self.now() - t0
 
     async def _start_worker(self, gpus: Gpus) -> None:
+        """Start the bundle's worker process (once); it touches no GPU memory."""
+        slot = self.slots.setdefault(gpus[0], WorkerSlot(gpus=gpus))
+        if slot.starting is None:
+            slot.starting = asyncio.get_running_loop().create_task(self._prepare(slot))
+        await asyncio.shield(slot.starting)
+
+    async def _prepare(self, slot: WorkerSlot) -> None:
         from rlix.exec.workers import RolloutWorkerActor
 
-        slot = self.slots.setdefault(gpus[0], WorkerSlot(gpus=gpus))
-        async with slot.lock:
-            if slot.actor is None:
-                opts = actor_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}")
-                slot.actor = RolloutWorkerActor.options(**opts).remote(self.emulation)
-                t = self.now()
-                await slot.actor.prepare.remote(self.model_dir)
-                self.switches.append(SwitchRecord(kind=SwitchKind.COLD_START, t=t, seconds=self.now() - t))
+        opts = actor_options(self.cluster, slot.gpus, self.nodes, f"{self.pid}/rollout{slot.gpus[0]}")
+        slot.actor = RolloutWorkerActor.options(**opts).remote(self.emulation)
+        t = self.now()
+        await slot.actor.prepare.remote(self.model_dir)
+        self.switches.append(SwitchRecord(kind=SwitchKind.COLD_START, t=t, seconds=self.now() - t))
+        slot.prepared = True
 
     async def _teardown(self) -> None:
         for t in self.tasks:
@@ -350,23 +360,27 @@ class PipelineCoordinator:
     # ================================================================ plan calls
 
     async def expand(self, gpus: Gpus) -> None:
-        """The plan gave us a rollout worker on ``gpus``: start or wake it."""
+        """The plan gave us a rollout worker on ``gpus``: start (if needed) and wake it."""
         slot = self.slots.setdefault(gpus[0], WorkerSlot(gpus=gpus))
+        if self.status is not JobStatus.RUNNING:
+            return
+        slot.generation += 1
+        gen = slot.generation
+        slot.state = SlotState.STARTING
+        self._mark(gpus, Activity.SWITCH, Stage.ROLLOUT.value)
+        if not slot.prepared:
+            await self._start_worker(gpus)  # a bundle borrowed for the first time: cold start
         async with slot.lock:
-            if self.status is not JobStatus.RUNNING:
-                return
-            slot.state = SlotState.STARTING
-            self._mark(gpus, Activity.SWITCH, Stage.ROLLOUT.value)
+            if slot.generation != gen or slot.state is not SlotState.STARTING:
+                return  # shrunk while the process was starting
             t = self.now()
-            if slot.actor is None:  # not pre-started (a bundle the policy did not list)
-                from rlix.exec.workers import RolloutWorkerActor
-
-                opts = actor_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}")
-                slot.actor = RolloutWorkerActor.options(**opts).remote(self.emulation)
-                await slot.actor.prepare.remote(self.model_dir)
-                self.switches.append(SwitchRecord(kind=SwitchKind.COLD_START, t=t, seconds=self.now() - t))
-                t = self.now()
-            timing = await slot.actor.wake.remote(self.snapshot_ref)
+            try:
+                timing = await slot.actor.wake.remote(self.snapshot_ref)
+            except ray.exceptions.RayActorError:  # the worker process died: start afresh next time
+                slot.actor, slot.prepared, slot.starting = None, False, None
+                slot.state = SlotState.ASLEEP
+                self._mark(gpus, Activity.FREE, "")
+                return
             self.switches.append(SwitchRecord(kind=SwitchKind.WAKE, t=t, seconds=self.now() - t, synced_bytes=timing.synced_bytes))
             slot.state = SlotState.AWAKE
             self._mark(gpus, Activity.HELD, Stage.ROLLOUT.value)
@@ -376,6 +390,12 @@ class PipelineCoordinator:
         """The plan takes ``gpus`` back: abort, drop weights, re-queue what was running."""
         slot = self.slots.get(gpus[0])
         if slot is None:
+            return
+        slot.generation += 1
+        if slot.state is SlotState.STARTING and not slot.prepared:
+            # Still starting its process: nothing is on the GPUs yet, give them back now.
+            slot.state = SlotState.ASLEEP
+            self._mark(gpus, Activity.FREE, "")
             return
         async with slot.lock:
             if slot.state is SlotState.ASLEEP:
@@ -388,7 +408,7 @@ class PipelineCoordinator:
             try:
                 await slot.actor.sleep.remote()  # aborts in-flight generations first
             except ray.exceptions.RayActorError:
-                slot.actor = None
+                slot.actor, slot.prepared, slot.starting = None, False, None
             if slot.inflight:
                 await asyncio.gather(*slot.inflight.values(), return_exceptions=True)
             self.switches.append(SwitchRecord(kind=SwitchKind.SLEEP, t=t, seconds=self.now() - t))

@@ -114,6 +114,8 @@ class TorchRolloutBackend(RolloutBackend):
     def __init__(self, emulation: Emulation = Emulation()) -> None:
         self.emulation = emulation
         self.model = None
+        self._awake = False
+        self._buffers: dict = {}
         self.model_path = ""
         self.config = None
         self.device = "cpu"
@@ -124,7 +126,8 @@ class TorchRolloutBackend(RolloutBackend):
     # ---------------------------------------------------------- lifecycle
 
     def prepare(self, model_path: str, device: str) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401 (pay the import now)
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         from rlix.exec.model import quiet_transformers
 
@@ -134,35 +137,50 @@ class TorchRolloutBackend(RolloutBackend):
         self.config = AutoConfig.from_pretrained(model_path)
         eos = self.config.eos_token_id
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
+        # A weightless skeleton (meta tensors) kept across sleeps, plus the buffers that
+        # are not in a state dict (rotary tables): waking is then allocate + copy, no init.
+        with torch.device("cpu"):
+            model = AutoModelForCausalLM.from_config(self.config).eval()
+        self._buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+        self.model = model.to("meta")
+        self._awake = False
 
     def sleep(self) -> None:
         self.abort()
-        self.model = None  # weights dropped; the trainer's CPU cache is the copy
+        with self._flight.cond:
+            if self._awake:
+                self.model.to("meta")  # weights dropped; the trainer's CPU cache is the copy
+                self._awake = False
+                self._version = -1
         if self.device.startswith("cuda"):
             import torch
 
             torch.cuda.empty_cache()
 
     def wake(self, snapshot: WeightSnapshot | None) -> None:
-        if self.model is None and snapshot is None:
-            from rlix.exec.model import load_model
+        with self._flight.cond:
+            if not self._awake:
+                if snapshot is None:
+                    from rlix.exec.model import load_model
 
-            self.model = load_model(self.model_path, self.device).eval()  # the checkpoint is version 0
-            self._version = 0
-        elif self.model is None:
-            import torch
-            from transformers import AutoModelForCausalLM
+                    snapshot = WeightSnapshot(version=0, tensors=load_model(self.model_path).state_dict(), nbytes=0)
+                self.model.to_empty(device=self.device)
+                self._load(snapshot)
+                for name, buf in self._buffers.items():
+                    mod, _, leaf = name.rpartition(".")
+                    self.model.get_submodule(mod)._buffers[leaf] = buf.to(self.device)
+                self._awake = True
+            elif snapshot is not None and snapshot.version != self._version:
+                self._load(snapshot)
 
-            with torch.device(self.device):
-                self.model = AutoModelForCausalLM.from_config(self.config).eval()
-            self._version = -1  # fresh skeleton: must take the snapshot
-        if snapshot is not None and snapshot.version != self._version:
-            self.update_weights(snapshot)
+    def _load(self, snapshot: WeightSnapshot) -> None:
+        self.model.load_state_dict(snapshot.tensors, strict=True)
+        self.model.tie_weights()
+        self._version = snapshot.version
 
     def update_weights(self, snapshot: WeightSnapshot) -> None:
         with self._flight.cond:
-            self.model.load_state_dict(snapshot.tensors, strict=True)
-            self._version = snapshot.version
+            self._load(snapshot)
 
     @property
     def weight_version(self) -> int:
@@ -170,7 +188,7 @@ class TorchRolloutBackend(RolloutBackend):
 
     @property
     def awake(self) -> bool:
-        return self.model is not None
+        return self._awake
 
     def abort(self) -> None:
         f = self._flight
@@ -184,7 +202,7 @@ class TorchRolloutBackend(RolloutBackend):
     def generate(self, request: GenRequest) -> GenResult:
         f = self._flight
         with f.cond:
-            if self.model is None:
+            if not self._awake:
                 return _unchanged(request, self._version)
             f.active += 1
             epoch = f.epoch
@@ -215,7 +233,8 @@ class TorchRolloutBackend(RolloutBackend):
                     aborted = True
                     break
                 t_step = time.perf_counter()
-                out = self.model(input_ids=x, past_key_values=past, use_cache=True)
+                with self._flight.cond:  # weights never change under a forward pass
+                    out = self.model(input_ids=x, past_key_values=past, use_cache=True)
                 past = out.past_key_values
                 logits = out.logits[0, -1].float().cpu() / max(req.temperature, 1e-4)
                 logp = torch.log_softmax(logits, dim=-1)

@@ -74,6 +74,7 @@ class RolloutEngine:
         weight_sync_s: float,
         adapter_sync_s: float,
         requeue: bool,
+        resume_s: float,
         on_change: Callable[[], None],
         on_pending: Callable[[int], None],
     ) -> None:
@@ -84,6 +85,7 @@ class RolloutEngine:
         self.weight_sync_s = weight_sync_s
         self.adapter_sync_s = adapter_sync_s
         self.requeue = requeue  # True: restart aborted trajectories; False: continue them
+        self.resume_s = resume_s  # seconds to re-prefill a continued trajectory
         self.on_change = on_change  # demand changed: the simulator asks for a report later
         self.on_pending = on_pending  # +1 / -1 when trajectories start / stop waiting for a slot
         self._had_pending = False
@@ -129,7 +131,7 @@ class RolloutEngine:
             if self.requeue:
                 t.remaining = t.duration
             else:
-                t.remaining = max(t.remaining - max(0.0, now - t.started), 0.0)
+                t.remaining = max(t.remaining - max(0.0, now - t.started), 0.0) + self.resume_s
             t.token += 1
             t.worker = None
             self.pending.appendleft(t)

@@ -33,6 +33,7 @@ class SimPipeline:
         self.streams = streams
         self.lora = model.kind == "multi_lora"
         self.trained = [0] * len(streams)  # steps trained per stream = its weight version
+        self.backlog = sum(len(step.trajectories) for _, steps in streams for step in steps)  # not yet started
         self.grants: dict[Stage, simpy.Event] = {}
         self.train_turn = simpy.Resource(self.env, capacity=1)  # one training tick at a time
         self.tally = PipelineTally(arrival_s=model.arrival_s)
@@ -46,6 +47,7 @@ class SimPipeline:
             weight_sync_s=model.switch.weight_sync_s,
             adapter_sync_s=model.switch.adapter_sync_s,
             requeue=model.preempt == "requeue",
+            resume_s=model.switch.resume_s,
             on_change=self._demand_changed,
             on_pending=sim.pending_changed,
         )
@@ -79,6 +81,7 @@ class SimPipeline:
             if gate >= 0:
                 yield trained[gate]
             started[k] = env.now
+            self.backlog -= len(step.trajectories)
             batch = Batch(env, i, k, self.trained[i], len(step.trajectories), self.lora)
             self.engine.add_batch(batch, step.trajectories)
             self.sim.request_plan()  # demand went up: plan now, not at the next tick

@@ -87,8 +87,13 @@ class Simulation:
 
     def _ticker(self):
         env = self.env
+        heartbeat = self.sched.config.report_ttl_s / 4  # seconds: re-report well before a report goes stale
+        last_beat = 0.0
         while not self._all_done.triggered:
             yield env.timeout(self.plan_interval_s)
+            if env.now - last_beat >= heartbeat:
+                last_beat = env.now
+                self.demand_dirty.update(pid for pid, p in self.pipelines.items() if p.engine.open_n and not p.done)
             if self.demand_dirty:
                 self._plan()
             if self.progress is not None:
@@ -103,7 +108,8 @@ class Simulation:
             p = self.pipelines[pid]
             if not p.done:
                 pending, loads, batch = p.engine.demand(p.batch_size())
-                self.sched.submit(ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=batch), now)
+                report = ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=batch, backlog=p.backlog)
+                self.sched.submit(report, now)
         self.demand_dirty.clear()
         plan = self.sched.plan(now)
         if not plan.empty:

@@ -78,6 +78,7 @@ class SwitchModel(_Model):
     load_s: Seconds = Field(default=5.0, description="expanding a rollout worker / starting a stage")
     weight_sync_s: Seconds = Field(default=1.0, description="pushing new weights to a live or resumed rollout worker")
     adapter_sync_s: Seconds = Field(default=0.2, description="pushing one LoRA adapter to a rollout worker")
+    resume_s: Seconds = Field(default=1.0, description="re-prefilling a continued trajectory on its new worker")
 
 
 class DurationDist(_Model):
@@ -172,6 +173,7 @@ class SchedulerModel(_Model):
     protect_fraction: float = Field(default=0.1, ge=0, le=1)
     min_residency_s: Seconds = 30.0
     rebalance_margin_workers: float = Field(default=0.5, ge=0)
+    backlog_weight: float = Field(default=1.0, ge=0)
 
     def to_config(self) -> SchedulerConfig:
         return SchedulerConfig(**self.model_dump())
@@ -254,6 +256,7 @@ class Trace:
             kind=JobKind(p.kind),
             slots_per_worker=p.slots_per_worker,
             home=tuple(sorted(p.home)),
+            resumable=p.preempt == "continue",
         )
 
     @cached_property

@@ -264,6 +264,16 @@ class Trace:
         """pipeline id -> [(stream id, expanded steps)]."""
         return {p.id: [(s.id, expand_stream(s)) for s in p.streams()] for p in self.model.pipelines}
 
+    def reseeded(self, seed: int) -> Trace:
+        """The same trace with every ``generate`` block drawn from ``seed`` instead."""
+        raw = self.model.model_dump(exclude_none=True)
+        for i, p in enumerate(raw["pipelines"]):
+            blocks = [p] if "generate" in p else p.get("adapters", [])
+            for j, block in enumerate(blocks):
+                if "generate" in block:
+                    block["generate"]["seed"] = seed * 1_000_003 + i * 1_009 + j
+        return Trace(TraceModel.model_validate(raw), self.source)
+
     def total_trajectories(self) -> int:
         return sum(len(step.trajectories) for streams in self.streams.values() for _, steps in streams for step in steps)
 

@@ -1,0 +1,164 @@
+"""Simulator layer: the ``rlix-sim`` command.
+
+    rlix-sim replay traces/mixed_agentic.json            # every policy, side by side
+    rlix-sim replay TRACE --policy rlix --json out.json --plot out.png
+    rlix-sim generate mixed_agentic -o traces/mixed_agentic.json
+    rlix-sim validate TRACE
+    rlix-sim schema
+
+User errors print one line on stderr and exit 2; there is no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlix.core import POLICIES
+from rlix.metrics import RunMetrics
+from rlix.sim import scenarios
+from rlix.sim.report import print_table, results_json, write_json
+from rlix.sim.trace import Trace, TraceError, dump_trace, json_schema, load_trace
+
+PROG = "rlix-sim"
+
+
+class UserError(Exception):
+    """Bad input from the user: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + error
+        raise UserError(f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Replay RL training traces through rlix's scheduling policies.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    rp = sub.add_parser("replay", help="replay a trace under one or more policies and compare them")
+    rp.add_argument("trace", help="path of an rlix-trace JSON file")
+    rp.add_argument("--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})")
+    rp.add_argument("--json", metavar="PATH", help="write the metrics as JSON")
+    rp.add_argument("--plot", metavar="PATH", help="write a PNG: GPU-by-time chart and utilization per policy")
+    rp.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
+    rp.add_argument("--plan-interval", type=float, default=5.0, metavar="S", help="scheduler control-loop tick in seconds (default 5)")
+    rp.add_argument("--quiet", action="store_true", help="no progress bar or table (use with --json)")
+
+    gp = sub.add_parser("generate", help="write a trace for a named scenario")
+    gp.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
+    gp.add_argument("-o", "--output", metavar="PATH", help="file to write (default: traces/<scenario>.json)")
+    gp.add_argument("--seed", type=int, default=0, help="seed of the scenario's distributions (default 0)")
+
+    vp = sub.add_parser("validate", help="check a trace and print what it holds")
+    vp.add_argument("trace")
+
+    sub.add_parser("schema", help="print the trace JSON Schema")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    console = Console()
+    err = Console(stderr=True)
+    try:
+        args = build_parser().parse_args(argv)
+        return {"replay": _replay, "generate": _generate, "validate": _validate, "schema": _schema}[args.command](args, console, err)
+    except (UserError, TraceError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _replay(args, console: Console, err: Console) -> int:
+    from rlix.sim.simulator import Simulation
+
+    policies = args.policy or list(POLICIES)
+    for name in policies:
+        if name not in POLICIES:
+            raise UserError(f"--policy {name}: unknown policy; choose from {', '.join(POLICIES)}")
+    if len(set(policies)) != len(policies):
+        raise UserError("--policy: a policy is named twice; name each once")
+    if args.plan_interval <= 0:
+        raise UserError("--plan-interval: must be > 0 seconds")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
+    trace = load_trace(args.trace)
+    if args.seed is not None:
+        trace = trace.reseeded(args.seed)
+    name = trace.model.name or Path(args.trace).stem
+    total = trace.total_trajectories()
+    show = not args.quiet
+    if show:
+        c = trace.cluster
+        console.print(
+            f"[bold]{name}[/]: {c.num_gpus} GPUs ({c.nodes}x{c.gpus_per_node}), {len(trace.pipelines)} pipelines, "
+            f"{total:,} trajectories; policies: {', '.join(policies)}"
+        )
+    runs: dict[str, RunMetrics] = {}
+    usages = {}
+    for policy in policies:
+        started = time.perf_counter()
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                      TextColumn("sim {task.fields[sim]}"), TimeElapsedColumn(), console=err, transient=True,
+                      disable=not show) as bar:
+            task = bar.add_task(f"replaying {policy}", total=total, sim="0 s")
+
+            def progress(now: float, done: int, _total: int, task=task, bar=bar) -> None:
+                bar.update(task, completed=done, sim=f"{now:,.0f} s")
+
+            sim = Simulation(trace, policy, plan_interval_s=args.plan_interval, keep_segments=bool(args.plot), progress=progress)
+            runs[policy] = sim.run()
+        usages[policy] = (sim.usage, runs[policy].makespan_s)
+        if show:
+            err.print(f"  {policy}: replayed in {time.perf_counter() - started:.1f} s wall, {runs[policy].plans:,} plans")
+    if show:
+        print_table(console, f"{name} - metrics per policy", runs)
+    if args.json:
+        write_json(results_json(name, args.trace, trace.cluster.num_gpus, runs), args.json)
+        if show:
+            console.print(f"wrote {args.json}")
+    if args.plot:
+        from rlix.sim.plot import plot_runs
+
+        plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
+        if show:
+            console.print(f"wrote {args.plot}")
+    return 0
+
+
+def _generate(args, console: Console, err: Console) -> int:
+    if args.scenario not in scenarios.SCENARIOS:
+        raise UserError(f"scenario '{args.scenario}' is unknown; choose from {', '.join(scenarios.SCENARIOS)}")
+    model = scenarios.build(args.scenario, args.seed)
+    out = Path(args.output or f"traces/{args.scenario}.json")
+    if not out.resolve().parent.is_dir():
+        raise UserError(f"--output {out}: its folder does not exist; create it or pick another path")
+    dump_trace(model, out)
+    trace = Trace(model, str(out))
+    console.print(f"wrote {out}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, {trace.cluster.num_gpus} GPUs")
+    return 0
+
+
+def _validate(args, console: Console, err: Console) -> int:
+    trace = load_trace(args.trace)
+    c = trace.cluster
+    console.print(f"{args.trace}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories")
+    return 0
+
+
+def _schema(args, console: Console, err: Console) -> int:
+    sys.stdout.write(json.dumps(json_schema(), indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Simulator layer: results as JSON and as a side-by-side console table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rlix.metrics import RunMetrics
+
+RESULTS_FORMAT = "rlix-results"
+
+# (key, label, format) rows of the console table, in the brief's vocabulary.
+ROWS = (
+    ("makespan_s", "makespan (s)", "{:,.0f}"),
+    ("makespan_lower_bound_s", "  lower bound (s)", "{:,.0f}"),
+    ("gpu_utilization", "gpu_utilization", "{:.3f}"),
+    ("idle_fraction", "idle_fraction", "{:.3f}"),
+    ("held_idle_fraction", "held_idle_fraction", "{:.3f}"),
+    ("switch_overhead_fraction", "switch_overhead_fraction", "{:.3f}"),
+    ("stranded_fraction", "stranded_fraction", "{:.3f}"),
+    ("throughput_steps_per_hour", "throughput_steps_per_hour", "{:.2f}"),
+    ("trajectories_per_hour", "trajectories_per_hour", "{:,.0f}"),
+    ("mean_jct_s", "mean jct_s", "{:,.0f}"),
+    ("preemptions", "preemptions", "{:,}"),
+    ("trajectories_requeued", "trajectories_requeued", "{:,}"),
+    ("trajectories_lost", "trajectories_lost", "{:,}"),
+    ("plans", "plans", "{:,}"),
+)
+
+
+def results_json(trace_name: str, source: str, gpus: int, runs: dict[str, RunMetrics]) -> dict:
+    return {
+        "format": RESULTS_FORMAT,
+        "version": 1,
+        "trace": trace_name,
+        "source": source,
+        "gpus": gpus,
+        "policies": {name: run.to_json() for name, run in runs.items()},
+    }
+
+
+def write_json(data: dict, path: str | Path) -> None:
+    # sort_keys + repr floats: the same run writes the same bytes.
+    Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def _value(run: RunMetrics, key: str):
+    if key == "mean_jct_s":
+        jcts = [p.jct_s for p in run.pipelines.values()]
+        return sum(jcts) / len(jcts) if jcts else 0.0
+    return getattr(run, key)
+
+
+def print_table(console: Console, title: str, runs: dict[str, RunMetrics]) -> None:
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    for name in runs:
+        table.add_column(name, justify="right")
+    for key, label, fmt in ROWS:
+        table.add_row(label, *(fmt.format(_value(run, key)) for run in runs.values()))
+    if "static" in runs and len(runs) > 1:
+        base = runs["static"].throughput_steps_per_hour
+        table.add_row("throughput vs static", *(f"{r.throughput_steps_per_hour / base:.2f}x" if base else "-" for r in runs.values()))
+    console.print(table)
+    first = next(iter(runs.values()))
+    jobs = Table(title="per pipeline: jct_s / step latency p50 / p99 (s)", title_justify="left")
+    jobs.add_column("pipeline")
+    for name in runs:
+        jobs.add_column(name, justify="right")
+    for pid in first.pipelines:
+        cells = []
+        for run in runs.values():
+            p = run.pipelines[pid]
+            cells.append(f"{p.jct_s:,.0f} / {p.step_latency_p50_s:,.0f} / {p.step_latency_p99_s:,.0f}")
+        jobs.add_row(pid, *cells)
+    console.print(jobs)

@@ -226,9 +226,9 @@ class RunConfig(_Model):
     @model_validator(mode="after")
     def _unique(self) -> RunConfig:
         names = [j.name for j in self.jobs]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"job names must be unique; '{dup[0]}' appears more than once")
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                raise ValueError(f"jobs[{i}].name: '{n}' is already used by jobs[{names.index(n)}]; give every job a unique name")
         return self
 
 
@@ -272,8 +272,10 @@ def check_topology(cfg: RunConfig) -> None:
 
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".") or "config"
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
     msg = err["msg"].removeprefix("Value error, ")
+    if not loc:  # a cross-field check: its message starts with the field it names
+        return msg
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None or err["type"] == "missing" else f" (got {got!r})"
     hint = _HINTS.get(err["type"], "")

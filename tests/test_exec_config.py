@@ -1,0 +1,64 @@
+"""Executor config and CLI validation: bad input fails before any actor starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlix.exec.config import ConfigError, load_config, parse_config
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _base() -> dict:
+    return yaml.safe_load((EXAMPLES / "cpu_two_jobs.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", ["cpu_two_jobs.yaml", "gpu_single.yaml", "gpu_node8.yaml"])
+def test_examples_validate(name):
+    cfg = load_config(EXAMPLES / name)
+    assert cfg.jobs
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda c: c["jobs"][1]["algo"].update(lr=-1), "jobs[1].algo.lr"),
+        (lambda c: c["jobs"][0].update(stepz=3), "jobs[0].stepz"),
+        (lambda c: c["jobs"][0]["roles"]["actor_infer"].update(gpus="0-5"), "jobs[0].roles"),
+        (lambda c: c.update(policy="fastest"), "policy"),
+        (lambda c: c["jobs"][0]["model"].update(path="/nonexistent"), "jobs[0].model"),
+        (lambda c: c["jobs"][1].update(name="small"), "jobs"),
+        (lambda c: c["jobs"][0]["task"].update(name="chess"), "jobs[0].task.name"),
+    ],
+)
+def test_bad_config_names_the_field(edit, field):
+    raw = _base()
+    edit(raw)
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    msg = str(info.value)
+    assert msg.startswith(field), msg
+    assert "\n" not in msg
+
+
+def test_cli_bad_config_exits_2_with_one_line(tmp_path):
+    raw = _base()
+    raw["jobs"][0]["slots_per_worker"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "rlix.exec.cli", str(bad)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "jobs[0].slots_per_worker" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_import_rlix_exec_is_light():
+    code = "import sys, rlix, rlix.exec, rlix.exec.config, rlix.exec.cli; print(any(m in sys.modules for m in ('ray', 'torch', 'vllm')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

@@ -190,8 +190,8 @@ def _first_free_bundle(draft: Draft, entry: PipelineEntry) -> Gpus | None:
 def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float]) -> None:
     """Move workers from pipelines above their share to those below it.
 
-    Hysteresis: a receiver must be owed a whole worker; a donor must stay
-    ``rebalance_margin_workers`` above its share after giving one; a donor
+    Hysteresis: a receiver must be owed a whole worker; a donor may end at
+    most ``rebalance_margin_workers`` below its share after giving one; a donor
     worker must have held its GPUs ``min_residency_s``; busy workers of a
     nearly finished batch are never taken. Idle workers (no running
     trajectory) of a pipeline holding more than it needs are always lendable.
@@ -215,7 +215,10 @@ def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[s
             return False
         if view.now - placed_at.get(worker, view.now) < cfg.min_residency_s:
             return False
-        return draft.worker_count(d.pipeline_id) - 1 >= shares[d.pipeline_id] + cfg.rebalance_margin_workers
+        # The receiver must be owed a whole worker, so it can never turn donor
+        # and hand the worker back: the margin only bounds how far below its
+        # share a donor may go.
+        return draft.worker_count(d.pipeline_id) - 1 >= shares[d.pipeline_id] - cfg.rebalance_margin_workers
 
     def idle_donor(worker: RolloutWorker, receiver: str) -> bool:
         if worker.pipeline_id == receiver or worker in draft.shrunk:

@@ -288,7 +288,8 @@ class SchedulerConfig:
     - ``min_residency_s``: a worker is not shrunk to rebalance until it has
       held its GPUs this long (hysteresis against thrashing).
     - ``rebalance_margin_workers``: a donor gives a worker away only while it
-      stays at least this far above its share afterwards.
+      ends no more than this far below its share (a receiver must be owed a
+      whole worker, so a moved worker is never handed straight back).
     - ``backlog_weight``: how much a pipeline's announced but not yet started
       trajectories count in its share weight. 1 counts all outstanding work
       alike; 0 lets the current batch alone decide; larger values favour long

@@ -10,6 +10,7 @@ adapter; their training ticks go one at a time, first ready first.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
@@ -21,6 +22,18 @@ from rlix.sim.trace import STEP_STAGES, PipelineModel, Step
 
 if TYPE_CHECKING:
     from rlix.sim.simulator import Simulation
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """When one step of one stream rolled out and trained (seconds)."""
+
+    stream: int
+    step: int
+    version: int  # weight version its rollout used
+    rollout_start: float
+    rollout_end: float = float("nan")
+    train_end: float = float("nan")
 
 
 class SimPipeline:
@@ -37,7 +50,7 @@ class SimPipeline:
         self.grants: dict[Stage, simpy.Event] = {}
         self.train_turn = simpy.Resource(self.env, capacity=1)  # one training tick at a time
         self.tally = PipelineTally(arrival_s=model.arrival_s)
-        self.preemptions = 0
+        self.history: list[StepRecord] = []
         self.done = False
         self.engine = RolloutEngine(
             self.env,
@@ -74,22 +87,24 @@ class SimPipeline:
         stale = self.model.staleness
         rolled = [env.event() for _ in steps]
         trained = [env.event() for _ in steps]
-        started = [0.0] * len(steps)
-        trainer = env.process(self._trainer(i, steps, rolled, trained, started))
+        records: list[StepRecord] = []
+        trainer = env.process(self._trainer(i, steps, rolled, trained, records))
         for k, step in enumerate(steps):
             gate = k - 1 - stale  # this step's rollout waits for that step's training
             if gate >= 0:
                 yield trained[gate]
-            started[k] = env.now
+            records.append(StepRecord(stream=i, step=k, version=self.trained[i], rollout_start=env.now))
+            self.history.append(records[-1])
             self.backlog -= len(step.trajectories)
             batch = Batch(env, i, k, self.trained[i], len(step.trajectories), self.lora)
             self.engine.add_batch(batch, step.trajectories)
             self.sim.request_plan()  # demand went up: plan now, not at the next tick
             yield batch.done
+            records[k].rollout_end = env.now
             rolled[k].succeed()
         yield trainer
 
-    def _trainer(self, i: int, steps: list[Step], rolled, trained, started):
+    def _trainer(self, i: int, steps: list[Step], rolled, trained, records: list[StepRecord]):
         env = self.env
         for k, step in enumerate(steps):
             yield rolled[k]
@@ -101,8 +116,9 @@ class SimPipeline:
                     if stage in step.stages:
                         yield from self._gang(stage, step.stages[stage])
             self.trained[i] = k + 1
+            records[k].train_end = env.now
             trained[k].succeed()
-            self.tally.step_latencies.append(env.now - started[k])
+            self.tally.step_latencies.append(env.now - records[k].rollout_start)
 
     # ------------------------------------------------------------ gang stages
 

@@ -1,0 +1,122 @@
+"""The rlix-sim command as a user runs it: output, files, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from rlix.sim.cli import main
+from rlix.sim.trace import SCHEMA_PATH, json_schema
+
+ROOT = Path(__file__).parent.parent
+TRACES = ROOT / "traces"
+METRIC_KEYS = {
+    "gpu_utilization", "idle_fraction", "switch_overhead_fraction", "stranded_fraction", "throughput_steps_per_hour",
+    "trajectories_per_hour", "makespan_s", "makespan_lower_bound_s", "preemptions", "trajectories_requeued", "trajectories_lost",
+}
+PIPELINE_KEYS = {"jct_s", "step_latency_mean_s", "step_latency_p50_s", "step_latency_p99_s"}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlix.sim.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_replay_prints_a_table_and_writes_json_and_png(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    res = run_cli("replay", "traces/two_jobs.json", "--json", str(out), "--plot", str(png))
+    assert res.returncode == 0, res.stderr
+    for word in ("static", "partial_overlap", "rlix", "gpu_utilization", "lower bound", "throughput vs static", "math-a"):
+        assert word in res.stdout
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"static", "partial_overlap", "rlix"}
+    for metrics in data["policies"].values():
+        assert METRIC_KEYS <= set(metrics)
+        assert set(metrics["pipelines"]) == {"math-a", "code-b"}
+        for p in metrics["pipelines"].values():
+            assert PIPELINE_KEYS <= set(p)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_replay_one_policy(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["replay", str(TRACES / "single.json"), "--policy", "rlix", "--quiet", "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["policies"]) == ["rlix"]
+
+
+def test_generate_writes_a_trace_that_validates(tmp_path):
+    out = tmp_path / "t.json"
+    res = run_cli("generate", "two_jobs", "-o", str(out), "--seed", "3")
+    assert res.returncode == 0, res.stderr
+    assert run_cli("validate", str(out)).returncode == 0
+    assert json.loads(out.read_text())["pipelines"][0]["generate"]["seed"] == 3
+
+
+def test_shipped_traces_match_the_committed_schema():
+    schema = json.loads(SCHEMA_PATH.read_text())
+    assert schema == json.loads(json.dumps(json_schema(), sort_keys=True)), "regenerate: python -m rlix.sim.trace --schema"
+    for path in sorted(TRACES.glob("*.json")):
+        jsonschema.validate(json.loads(path.read_text()), schema)
+
+
+def _broken(tmp_path: Path, mutate) -> str:
+    raw = json.loads((TRACES / "two_jobs.json").read_text())
+    mutate(raw)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+BAD_TRACES = {
+    "missing cluster": (lambda r: r.pop("cluster"), "cluster: Field required"),
+    "negative arrival": (lambda r: r["pipelines"][0].update(arrival_s=-5), "pipelines[0].arrival_s"),
+    "bundle across nodes": (
+        lambda r: r["pipelines"][0]["roles"]["actor_infer"].update(gpus="7-8", gpus_per_worker=2),
+        "spans nodes 0 and 1",
+    ),
+    "gpu outside cluster": (lambda r: r["pipelines"][0]["roles"]["actor_train"].update(gpus="0-99"), "must lie in 0..15"),
+    "duplicate pipeline": (lambda r: r["pipelines"].append(r["pipelines"][0]), "'math-a' appears more than once"),
+    "unknown field": (lambda r: r["pipelines"][0].update(colour="red"), "pipelines[0].colour: Extra inputs are not permitted"),
+    "both step forms": (lambda r: r["pipelines"][0].update(steps=[{"trajectories": [1.0]}]), "exactly one of 'steps'"),
+    "wrong version": (lambda r: r.update(version=9), "version: this rlix reads version 1"),
+    "bad gpu range": (lambda r: r["pipelines"][0]["roles"]["actor_train"].update(gpus="zero-7"), "is not a GPU list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TRACES))
+def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
+    mutate, expected = BAD_TRACES[case]
+    res = run_cli("replay", _broken(tmp_path, mutate))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("rlix-sim: error:") and expected in lines[0], lines[0]
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["replay", "no/such/trace.json"], "no such file"),
+        (["replay", "traces/single.json", "--policy", "fifo"], "unknown policy"),
+        (["replay", "traces/single.json", "--policy", "rlix", "--policy", "rlix"], "named twice"),
+        (["replay", "traces/single.json", "--json", "no/such/dir/x.json"], "folder does not exist"),
+        (["generate", "nope"], "scenario 'nope' is unknown"),
+        (["replay"], "required"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(args, expected, tmp_path):
+    res = run_cli(*args)
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and expected in res.stderr, res.stderr
+
+
+def test_malformed_json_names_line_and_column(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"cluster": {"nodes": 1,, }')
+    res = run_cli("validate", str(bad))
+    assert res.returncode == 2 and "not valid JSON (line 1, column" in res.stderr

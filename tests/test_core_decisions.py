@@ -1,0 +1,268 @@
+"""Scenario tests of the policy core's decisions, through the public API."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import demand, owners, register, spec
+from rlix.core import (
+    ClusterSpec,
+    InvariantViolation,
+    ReleaseStage,
+    RequestStage,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingError,
+    ShrinkReason,
+    Stage,
+    Unregister,
+    check_ledger,
+)
+from rlix.core.passes import fill_idle, gang_pass, rollout_needs
+from rlix.core.policies import RlixPolicy
+
+NODE8 = ClusterSpec(nodes=1, gpus_per_node=8)
+TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
+
+
+def two_jobs(policy="rlix", config=SchedulerConfig()):
+    sched = Scheduler(TWO_NODES, policy, config)
+    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(0, 8)))
+    return sched
+
+
+# ------------------------------------------------------------------ gang stages
+
+
+def test_gang_stage_preempts_only_overlapping_rollout_workers():
+    sched = two_jobs()
+    sched.step(0, [demand("a", 40), demand("b", 40)])
+    assert sum(len(v) for v in owners(sched).values()) == 8
+    plan = sched.step(1, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert [g.gpus for g in plan.grants] == [(0, 1, 2, 3)]
+    shrunk = sorted(s.worker.gpus[0] for s in plan.shrinks)
+    assert shrunk == [0, 1, 2, 3]
+    assert all(s.reason is ShrinkReason.GANG for s in plan.shrinks)
+    assert all(w >= 4 for ws in owners(sched).values() for w in ws)  # 4..7 untouched
+
+
+def test_gang_stage_waits_for_another_gang_and_never_preempts_it():
+    sched = two_jobs()
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN, role=None)])
+    # b's reference role is mapped over a's training GPUs
+    sched2 = Scheduler(TWO_NODES, "rlix")
+    register(sched2, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(0, 8), reference=range(2, 6)))
+    sched2.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    plan = sched2.step(1, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)])
+    assert plan.grants == ()
+    assert sched2.pending_requests() == [("b", Stage.REF_LOGPROBS)]
+    plan = sched2.step(2, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.REF_LOGPROBS)]
+
+
+def test_blocked_high_priority_request_reserves_its_gpus():
+    sched = Scheduler(NODE8, "rlix")
+    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(2, 8), range(0, 8), reference=range(6, 8)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])  # holds 0-3
+    # b's actor_train (priority 1) waits on 2-3; b's ref (priority 4) needs 6-7 only, which b's
+    # blocked training has reserved, so it must not jump the queue.
+    plan = sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)])
+    assert plan.grants == ()
+    plan = sched.step(2, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert [g.stage for g in plan.grants] == [Stage.ACTOR_TRAIN]
+
+
+def test_priority_order_between_waiting_gangs():
+    sched = Scheduler(NODE8, "rlix")
+    register(sched, spec("a", range(0, 8), range(0, 8)), spec("b", range(0, 8), range(0, 8)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
+    sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS, role=None)] if False else [])
+    sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.OLD_LOGPROBS), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    plan = sched.step(2, [ReleaseStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("a", Stage.ACTOR_TRAIN)]  # priority 1 beats 3
+
+
+# ------------------------------------------------------------------ rollout split
+
+
+def test_split_is_proportional_with_a_one_worker_floor():
+    sched = two_jobs()
+    plan = sched.step(0, [demand("a", 40), demand("b", 8)])
+    counts = {pid: len(ws) for pid, ws in owners(sched).items()}
+    assert counts == {"a": 6, "b": 2}
+    assert len(plan.expands) == 8 and not plan.shrinks
+
+
+def test_idle_gpus_are_used_before_anyone_is_shrunk():
+    sched = two_jobs()
+    sched.step(0, [demand("a", 12)])  # a needs 3 workers of 4 slots: 5 GPUs stay idle
+    assert len(owners(sched)["a"]) == 3
+    plan = sched.step(1, [demand("b", 400)])
+    assert not plan.shrinks
+    assert len(owners(sched)["b"]) == 5
+
+
+def test_rebalance_respects_min_residency_then_moves_workers():
+    cfg = SchedulerConfig(min_residency_s=30.0, backlog_weight=0.0)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 100)])
+    assert len(owners(sched)["a"]) == 8
+    loads = {g: 4 for g in owners(sched)["a"]}
+    # equal remaining demand (68 queued + 32 running vs 100): equal shares
+    plan = sched.step(10, [demand("a", 68, loads), demand("b", 100)])
+    assert not plan.shrinks  # a's workers are too young to be taken
+    plan = sched.step(40, [demand("a", 68, loads), demand("b", 100)])
+    assert {s.reason for s in plan.shrinks} == {ShrinkReason.REBALANCE}
+    counts = {pid: len(ws) for pid, ws in owners(sched).items()}
+    assert counts == {"a": 4, "b": 4}
+    plan = sched.step(80, [demand("a", 68, loads), demand("b", 100)])
+    assert plan.empty  # settled: no worker moves back and forth
+
+
+def test_nearly_finished_batch_keeps_its_busy_workers():
+    cfg = SchedulerConfig(min_residency_s=0.0, protect_fraction=0.1, backlog_weight=0.0)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 32)])
+    loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers of a 100-trajectory batch
+    plan = sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 400)])
+    assert not plan.shrinks
+    assert len(owners(sched)["a"]) == 8
+
+
+def test_idle_surplus_workers_go_to_a_pipeline_that_needs_them():
+    cfg = SchedulerConfig(min_residency_s=1e9)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 32)])
+    a_workers = owners(sched)["a"]
+    loads = {a_workers[0]: 1}  # one straggler, seven empty workers
+    plan = sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 400)])
+    assert len(plan.shrinks) == 7
+    assert owners(sched)["a"] == [a_workers[0]]
+    assert len(owners(sched)["b"]) == 7
+
+
+def test_resumable_stragglers_are_packed_onto_fewer_workers():
+    cfg = SchedulerConfig(min_residency_s=0.0)
+    sched = Scheduler(TWO_NODES, "rlix", cfg)
+    register(sched, spec("a", range(0, 4), range(0, 8), resumable=True), spec("b", range(4, 8), range(0, 8)))
+    sched.step(0, [demand("a", 32)])
+    loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers fit one 4-slot worker pair
+    sched.step(5, [demand("a", 0, loads, batch=8), demand("b", 400)])
+    assert len(owners(sched)["a"]) == 2  # ceil(8 / 4)
+    assert len(owners(sched)["b"]) == 6
+
+
+def test_stale_report_makes_workers_lendable():
+    cfg = SchedulerConfig(report_ttl_s=60.0, min_residency_s=1e9, backlog_weight=0.0)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 100)])
+    loads = {g: 4 for g in owners(sched)["a"]}
+    sched.step(10, [demand("a", 100, loads)])
+    plan = sched.step(20, [demand("b", 100)])
+    assert not plan.shrinks  # a reported 10 s ago: fresh, busy, protected by residency
+    plan = sched.step(100, [demand("b", 100)])  # a silent for 90 s > ttl
+    assert len(owners(sched)["b"]) == 8 and len(plan.shrinks) == 8
+
+
+def test_unregister_frees_everything():
+    sched = two_jobs()
+    sched.step(0, [demand("a", 100), RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
+    plan = sched.step(1, [Unregister(pipeline_id="b")])
+    assert sched.pipelines() == ["a"]
+    assert not any(s.worker.pipeline_id == "a" for s in plan.shrinks)
+    assert len(owners(sched)["a"]) == 8  # b's training GPUs went to a
+    check_ledger(sched.ledger)
+
+
+# ------------------------------------------------------------------ baselines
+
+
+def test_static_confines_rollout_to_home_and_stages_take_turns():
+    sched = Scheduler(TWO_NODES, "static")
+    register(sched, spec("a", range(0, 2), range(0, 8), home=range(0, 4)), spec("b", range(4, 6), range(0, 8), home=range(4, 8)))
+    sched.step(0, [demand("a", 100), demand("b", 1)])
+    assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4]}  # b's 5-7 stay idle, a can't have them
+    plan = sched.step(1, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [0, 1, 2, 3]  # all of a's rollout stops
+    assert owners(sched)["a"] == []
+
+
+def test_partial_overlap_keeps_rollout_on_non_training_gpus():
+    sched = Scheduler(TWO_NODES, "partial_overlap")
+    register(sched, spec("a", range(0, 2), range(0, 8), home=range(0, 4)), spec("b", range(4, 6), range(0, 8), home=range(4, 8)))
+    sched.step(0, [demand("a", 100)])
+    plan = sched.step(1, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [0, 1]
+    assert owners(sched)["a"] == [2, 3]
+
+
+def test_static_refuses_a_pipeline_with_no_rollout_bundle_at_home():
+    sched = Scheduler(TWO_NODES, "static")
+    with pytest.raises(SchedulingError, match="no actor_infer bundle lies inside its home"):
+        register(sched, spec("a", range(0, 4), range(4, 8)))
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (lambda: spec("a", range(0, 4), (3, 4), tp=2), "spans nodes 0 and 1"),
+        (lambda: spec("a", range(0, 4), (0, 2), tp=2), "not contiguous"),
+        (lambda: spec("a", range(0, 4), range(0, 3), tp=2), "not a multiple"),
+        (lambda: spec("a", range(0, 4), range(6, 10)), "must lie in 0..7"),
+        (lambda: spec("", range(0, 4), range(0, 4)), "pipeline_id"),
+        (lambda: spec("a", (1, 0), range(0, 4)), "sorted and unique"),
+    ],
+)
+def test_bad_topology_is_refused_with_the_field_named(bad, message):
+    sched = Scheduler(TWO_NODES, "rlix")
+    with pytest.raises(SchedulingError, match=message):
+        register(sched, bad())
+    assert sched.pipelines() == []
+
+
+def test_duplicate_and_unknown_events_are_refused_without_changing_state():
+    sched = two_jobs()
+    with pytest.raises(SchedulingError, match="already registered"):
+        register(sched, spec("a", range(0, 4), range(0, 8)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    with pytest.raises(SchedulingError, match="duplicate request"):
+        sched.submit(RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN), 1)
+    with pytest.raises(SchedulingError, match="not registered"):
+        sched.submit(demand("zz", 3), 1)
+    with pytest.raises(SchedulingError, match="released without a request"):
+        sched.submit(ReleaseStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), 1)
+    with pytest.raises(SchedulingError, match="report rollout demand"):
+        sched.submit(RequestStage(pipeline_id="a", stage=Stage.ROLLOUT), 1)
+    with pytest.raises(SchedulingError, match="critic is not mapped"):
+        sched.submit(RequestStage(pipeline_id="a", stage=Stage.CRITIC_TRAIN), 1)
+    with pytest.raises(SchedulingError, match="unknown"):
+        Scheduler(TWO_NODES, "fifo")
+    assert sched.granted("a", Stage.ACTOR_TRAIN)
+    check_ledger(sched.ledger)
+
+
+def test_a_plan_that_breaks_an_invariant_never_leaves_the_core():
+    class DoubleBooking(RlixPolicy):
+        """Grants gangs but then also expands rollout onto the granted GPUs."""
+
+        def plan(self, view, draft):
+            gang_pass(view, draft, stop_own_rollout=False)
+            needs = rollout_needs(view, blocked=set())
+            for n in needs:
+                for bundle in n.entry.rollout_bundles:
+                    if draft.owner[bundle[0]] is not None:
+                        draft.owner[bundle[0]] = None  # pretend it is free
+                        draft.free_count += 1
+            fill_idle(view, draft, needs)
+
+    sched = Scheduler(TWO_NODES, DoubleBooking())
+    register(sched, spec("a", range(0, 4), range(0, 8)))
+    sched.submit(RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN), 0)
+    sched.plan(0)
+    sched.submit(demand("a", 100), 1)
+    with pytest.raises(InvariantViolation, match="no_gpu_owned_twice"):
+        sched.plan(1)
+    check_ledger(sched.ledger)  # the bad plan was not applied

@@ -78,8 +78,8 @@ class Draft:
         self.grants: list[Grant] = []
         self.expands: list[Expand] = []
         self.shrunk: set[RolloutWorker] = set()
+        self.expanded: set[RolloutWorker] = set()
         self._free: list[int] | None = None
-        self._standing: list[RolloutWorker] | None = None
 
     def is_free(self, gpus: Gpus) -> bool:
         owner = self.owner
@@ -90,12 +90,6 @@ class Draft:
         if self._free is None:
             self._free = [g for g, o in enumerate(self.owner) if o is None] if self.free_count else []
         return self._free
-
-    def standing_workers(self) -> list[RolloutWorker]:
-        """Workers that held GPUs before this plan and still do, by first GPU."""
-        if self._standing is None:
-            self._standing = sorted(self.ledger.placed_at, key=lambda w: w.gpus[0])
-        return [w for w in self._standing if w not in self.shrunk]
 
     def worker_count(self, pipeline_id: str) -> int:
         return self.counts.get(pipeline_id, 0)
@@ -131,6 +125,7 @@ class Draft:
         self.free_count -= len(gpus)
         self.counts[pipeline_id] = self.counts.get(pipeline_id, 0) + 1
         self.expands.append(Expand(worker=worker))
+        self.expanded.add(worker)
         return worker
 
     def to_plan(self) -> Plan:

@@ -234,38 +234,52 @@ def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[s
             and view.now - placed_at.get(worker, view.now) >= cfg.min_residency_s
         )
 
+    def can_give(pid: str, phase_two: bool) -> bool:
+        d = by_pid.get(pid)
+        if d is None:
+            return True
+        count = draft.worker_count(pid)
+        if count > d.need:
+            return True  # holds idle or packable workers
+        return not phase_two and count - 1 >= shares[pid] - cfg.rebalance_margin_workers
+
     # Phase 1: shares. Phase 2: work conservation, idle (or packable) workers
-    # to anyone still short.
-    for owed, donor_ok in (
-        (lambda n: draft.worker_count(n.pipeline_id) + 1 <= shares[n.pipeline_id] + 1e-9, share_donor),
-        (lambda n: draft.worker_count(n.pipeline_id) < n.need, idle_donor),
+    # to anyone still short. Within a phase donors only lose eligibility, so
+    # the donor pool is built once and a receiver that finds nothing is done.
+    for phase_two, owed, donor_ok in (
+        (False, lambda n: draft.worker_count(n.pipeline_id) + 1 <= shares[n.pipeline_id] + 1e-9, share_donor),
+        (True, lambda n: draft.worker_count(n.pipeline_id) < n.need, idle_donor),
     ):
-        receivers = [n for n in needs if n.need > 0]
-        progress = True
-        while progress:
-            progress = False
-            receivers = [n for n in receivers if owed(n)]
+        receivers = [n for n in needs if n.need > 0 and owed(n)]
+        if not receivers:
+            continue
+        givers = sorted(pid for pid, ws in draft.ledger.workers.items() if ws and can_give(pid, phase_two))
+        pool = [w for pid in givers for w in draft.live_workers(pid) if w not in draft.expanded]
+        while receivers:
             receivers.sort(key=lambda n: (_owed(draft, n, shares), n.order))
-            for n in receivers:
-                choice = _cheapest_takeover(draft, n, by_pid, donor_ok)
-                if choice is None:
-                    continue
-                bundle, victims = choice
-                for worker in victims:
-                    draft.shrink(worker, ShrinkReason.REBALANCE)
-                draft.expand(n.pipeline_id, bundle)
-                progress = True
-                break
+            n = receivers[0]
+            choice = _cheapest_takeover(draft, n, pool, by_pid, donor_ok)
+            if choice is None:
+                receivers.pop(0)
+                continue
+            bundle, victims = choice
+            for worker in victims:
+                draft.shrink(worker, ShrinkReason.REBALANCE)
+            draft.expand(n.pipeline_id, bundle)
+            if not owed(n):
+                receivers.pop(0)
 
 
-def _cheapest_takeover(draft: Draft, n: RolloutNeed, by_pid: dict[str, RolloutNeed], donor_ok) -> tuple[Gpus, list[RolloutWorker]] | None:
+def _cheapest_takeover(
+    draft: Draft, n: RolloutNeed, pool: list[RolloutWorker], by_pid: dict[str, RolloutNeed], donor_ok
+) -> tuple[Gpus, list[RolloutWorker]] | None:
     """The receiver bundle whose takeover aborts the fewest trajectories."""
     owner = draft.owner
     bundle_of = n.entry.bundle_of
     best = None
     seen: set[Gpus] = set()
-    for holder in draft.standing_workers():
-        if not donor_ok(holder, n.pipeline_id):
+    for holder in pool:
+        if not any(g in bundle_of for g in holder.gpus) or not donor_ok(holder, n.pipeline_id):
             continue
         for hg in holder.gpus:
             bundle = bundle_of.get(hg)

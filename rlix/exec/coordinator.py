@@ -97,7 +97,8 @@ class PipelineCoordinator:
         self.step_started: dict[int, float] = {}
         self.step_done: dict[int, asyncio.Event] = {}
         self.trainer = None
-        self.version = 0
+        self.version = 0  # newest version the rollout side may generate with (gates batches)
+        self.snapshot_version = 0  # newest version in the CPU cache
         self.snapshot_ref = None
         self.version_changed: asyncio.Condition | None = None
         self.demand_dirty: asyncio.Event | None = None
@@ -232,10 +233,11 @@ class PipelineCoordinator:
         stages.append((Stage.ACTOR_TRAIN.value, secs))
         self.snapshot_ref = self.trainer.snapshot.remote()
         await self.snapshot_ref
+        self.snapshot_version = step + 1
+        await self._sync_live_workers()  # before the bump: the next batch never meets old weights
         async with self.version_changed:
             self.version = step + 1
             self.version_changed.notify_all()
-        await self._sync_live_workers()
         recs = [self.traj_records[t.request.traj_id] for t in trajs]
         self.steps.append(
             StepRecord(
@@ -381,6 +383,8 @@ class PipelineCoordinator:
                 slot.state = SlotState.ASLEEP
                 self._mark(gpus, Activity.FREE, "")
                 return
+            while timing.version < self.snapshot_version:  # a newer version appeared while waking
+                timing = await slot.actor.update_weights.remote(self.snapshot_ref)
             self.switches.append(SwitchRecord(kind=SwitchKind.WAKE, t=t, seconds=self.now() - t, synced_bytes=timing.synced_bytes))
             slot.state = SlotState.AWAKE
             self._mark(gpus, Activity.HELD, Stage.ROLLOUT.value)

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rlix.core import ClusterSpec, JobKind, PipelineSpec, Role, RoleSpec, SchedulerConfig, Stage
+from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
+from rlix.core import JobKind, PipelineSpec, Role, RoleSpec, Stage
 
 FORMAT = "rlix-trace"
 VERSION = 1
@@ -40,38 +41,7 @@ class TraceError(ValueError):
     """A trace that cannot be used; the message is one line naming the field."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ClusterModel(_Model):
-    nodes: int = Field(ge=1, description="machines")
-    gpus_per_node: int = Field(ge=1, description="GPUs per machine")
-
-
-def _parse_gpus(value: object) -> object:
-    """Accept ``[0, 1, 2]`` or ``"0-7"`` / ``"0-3,8-11"`` (inclusive ranges)."""
-    if isinstance(value, str):
-        out: list[int] = []
-        for part in value.split(","):
-            lo, _, hi = part.strip().partition("-")
-            try:
-                a, b = int(lo), int(hi or lo)
-            except ValueError:
-                raise ValueError(f"'{value}' is not a GPU list; write e.g. [0, 1] or \"0-7\"") from None
-            out.extend(range(a, b + 1))
-        return out
-    return value
-
-
-class RoleModel(_Model):
-    gpus: list[int] = Field(min_length=1, description="GPU ids this role may use: a list or a range string like '0-7'")
-    gpus_per_worker: int = Field(default=1, ge=1, description="tensor-parallel size: GPUs per worker bundle")
-
-    _split_gpus = field_validator("gpus", mode="before")(_parse_gpus)
-
-
-class SwitchModel(_Model):
+class SwitchModel(StrictModel):
     """Seconds a GPU spends switching (charged by the simulator)."""
 
     offload_s: Seconds = Field(default=2.0, description="shrinking a rollout worker / ending a stage")
@@ -81,7 +51,7 @@ class SwitchModel(_Model):
     resume_s: Seconds = Field(default=1.0, description="re-prefilling a continued trajectory on its new worker")
 
 
-class DurationDist(_Model):
+class DurationDist(StrictModel):
     """A lognormal fitted by median and p99, optionally capped (long tail)."""
 
     dist: Literal["lognormal"] = "lognormal"
@@ -96,12 +66,12 @@ class DurationDist(_Model):
         return self
 
 
-class StepModel(_Model):
+class StepModel(StrictModel):
     trajectories: list[PositiveSeconds] = Field(min_length=1, description="rollout duration of each trajectory")
     stages: dict[StageName, Seconds] = Field(default_factory=dict, description="seconds of each non-rollout stage")
 
 
-class GenerateModel(_Model):
+class GenerateModel(StrictModel):
     """Compact form: ``steps`` steps drawn from a distribution with ``seed``."""
 
     steps: int = Field(ge=1)
@@ -112,7 +82,7 @@ class GenerateModel(_Model):
     seed: int = 0
 
 
-class StreamModel(_Model):
+class StreamModel(StrictModel):
     """One stream of steps: the whole job (full finetune) or one LoRA adapter."""
 
     id: str = Field(min_length=1)
@@ -126,7 +96,7 @@ class StreamModel(_Model):
         return self
 
 
-class PipelineModel(_Model):
+class PipelineModel(StrictModel):
     id: str = Field(min_length=1)
     kind: Literal["full_finetune", "multi_lora"] = "full_finetune"
     arrival_s: Seconds = 0.0
@@ -142,7 +112,7 @@ class PipelineModel(_Model):
     generate: GenerateModel | None = None
     adapters: list[StreamModel] | None = None
 
-    _split_home = field_validator("home", mode="before")(_parse_gpus)
+    _split_home = field_validator("home", mode="before")(parse_gpus)
 
     @model_validator(mode="after")
     def _streams(self) -> PipelineModel:
@@ -168,18 +138,7 @@ class PipelineModel(_Model):
         return [StreamModel(id=self.id, steps=self.steps, generate=self.generate)]
 
 
-class SchedulerModel(_Model):
-    report_ttl_s: PositiveSeconds = 600.0
-    protect_fraction: float = Field(default=0.1, ge=0, le=1)
-    min_residency_s: Seconds = 30.0
-    rebalance_margin_workers: float = Field(default=0.5, ge=0)
-    backlog_weight: float = Field(default=1.0, ge=0)
-
-    def to_config(self) -> SchedulerConfig:
-        return SchedulerConfig(**self.model_dump())
-
-
-class TraceModel(_Model):
+class TraceModel(StrictModel):
     format: Literal["rlix-trace"] = FORMAT
     version: Literal[1] = VERSION
     name: str = ""
@@ -239,7 +198,7 @@ class Trace:
     def __init__(self, model: TraceModel, source: str = "<trace>") -> None:
         self.model = model
         self.source = source
-        self.cluster = ClusterSpec(nodes=model.cluster.nodes, gpus_per_node=model.cluster.gpus_per_node)
+        self.cluster = model.cluster.spec()
         self._check_topology()
 
     @property
@@ -308,17 +267,8 @@ def parse_trace(raw: object, source: str = "<trace>") -> Trace:
     try:
         model = TraceModel.model_validate(raw)
     except ValidationError as e:
-        raise TraceError(f"{source}: {format_validation_error(e)}") from None
+        raise TraceError(f"{source}: {one_line(e)}") from None
     return Trace(model, source)
-
-
-def format_validation_error(e: ValidationError) -> str:
-    """First pydantic error as ``field.path: message`` (one line)."""
-    err = e.errors()[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".") or "(top level)"
-    msg = err["msg"].removeprefix("Value error, ")
-    more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
-    return f"{loc}: {msg}{more}"
 
 
 def dump_trace(model: TraceModel, path: str | Path) -> None:

@@ -55,7 +55,7 @@ class SchedulerModel(StrictModel):
     protect_fraction: float = Field(default=0.1, ge=0, le=1, description="batch fraction left below which busy workers are kept")
     min_residency_s: float = Field(default=30.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them")
     rebalance_margin_workers: float = Field(default=0.5, ge=0, description="hysteresis of the rollout split, in workers")
-    backlog_weight: float = Field(default=1.0, ge=0, description="weight of not-yet-started trajectories in the rollout split")
+    backlog_weight: float = Field(default=0.0, ge=0, description="weight of not-yet-started trajectories in the rollout split")
 
     def to_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{name: getattr(self, name) for name in SchedulerModel.model_fields})

@@ -180,6 +180,13 @@ class Scheduler:
     def workers(self, pipeline_id: str) -> list[RolloutWorker]:
         return sorted(self.ledger.workers_of(pipeline_id).values(), key=lambda w: w.gpus[0])
 
+    def rollout_bundles(self, pipeline_id: str) -> tuple[Gpus, ...]:
+        """Bundles the policy lets this pipeline's rollout workers use, most preferred first."""
+        entry = self._view.pipelines.get(pipeline_id)
+        if entry is None:
+            raise SchedulingError(f"pipeline '{pipeline_id}' is not registered; register it first")
+        return entry.rollout_bundles
+
     def granted(self, pipeline_id: str, stage: Stage) -> bool:
         req = self._requests.get((pipeline_id, stage))
         return req is not None and req.state is RequestState.GRANTED

@@ -291,16 +291,16 @@ class SchedulerConfig:
       ends no more than this far below its share (a receiver must be owed a
       whole worker, so a moved worker is never handed straight back).
     - ``backlog_weight``: how much a pipeline's announced but not yet started
-      trajectories count in its share weight. 1 counts all outstanding work
-      alike; 0 lets the current batch alone decide; larger values favour long
-      jobs, shortening the makespan at some cost to short jobs' completion.
+      trajectories count in its share weight. 0 (the default) splits by the
+      current batches alone; larger values favour long jobs (longest work
+      first), shortening the makespan but starving short jobs.
     """
 
     report_ttl_s: float = 600.0
     protect_fraction: float = 0.1
     min_residency_s: float = 30.0
     rebalance_margin_workers: float = 0.5
-    backlog_weight: float = 1.0
+    backlog_weight: float = 0.0
 
 
 DEFAULT_CONFIG = SchedulerConfig()

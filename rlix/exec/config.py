@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rlix.core import ClusterSpec, JobKind, PipelineSpec, Role, RoleSpec, SchedulerConfig, SchedulingError
+from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
+from rlix.core import JobKind, PipelineSpec, Role, RoleSpec, SchedulerConfig, SchedulingError
 from rlix.core.policies import POLICIES
 from rlix.core.topology import validate_pipeline
 from rlix.exec.grpo import GrpoConfig
@@ -28,61 +29,33 @@ class ConfigError(ValueError):
     """A config that cannot run; the message is one line: ``field: problem; fix``."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _parse_gpus(value: object) -> object:
-    """Accept ``[0, 1]`` or ``"0-3"`` / ``"0-3,8-11"`` (inclusive ranges)."""
-    if isinstance(value, str):
-        out: list[int] = []
-        for part in value.split(","):
-            lo, _, hi = part.strip().partition("-")
-            try:
-                out.extend(range(int(lo), int(hi or lo) + 1))
-            except ValueError:
-                raise ValueError(f"'{value}' is not a GPU list; write e.g. [0, 1] or \"0-7\"") from None
-        return out
-    return value
-
-
-class ClusterConfig(_Model):
+class ClusterConfig(ClusterModel):
     nodes: int = Field(default=1, ge=1, description="machines in the Ray cluster")
     gpus_per_node: int = Field(default=4, ge=1, description="GPUs per machine (logical GPUs on a CPU host)")
 
-    def spec(self) -> ClusterSpec:
-        return ClusterSpec(nodes=self.nodes, gpus_per_node=self.gpus_per_node)
 
-
-class SchedulerKnobs(_Model):
-    """The core's :class:`SchedulerConfig`, plus how often the executor re-plans."""
+class SchedulerKnobs(SchedulerModel):
+    """The core's knobs (executor defaults: seconds-long runs), plus how often it re-plans."""
 
     report_ttl_s: float = Field(default=30.0, gt=0, description="demand reports older than this are stale (s)")
-    protect_fraction: float = Field(default=0.1, ge=0, le=1, description="batch fraction left below which busy workers are kept")
     min_residency_s: float = Field(default=2.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them")
-    rebalance_margin_workers: float = Field(default=0.5, ge=0, description="hysteresis of the rollout split, in workers")
     replan_interval_s: float = Field(default=0.5, gt=0, description="periodic re-plan interval (s)")
 
     def core(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            report_ttl_s=self.report_ttl_s,
-            protect_fraction=self.protect_fraction,
-            min_residency_s=self.min_residency_s,
-            rebalance_margin_workers=self.rebalance_margin_workers,
-        )
+        return self.to_config()
 
 
-class RayConfig(_Model):
+class RayConfig(StrictModel):
     address: str | None = Field(default=None, description="join this Ray cluster ('auto' or host:port); none = start a local one")
     num_cpus: int | None = Field(default=None, ge=1, description="CPUs of the local Ray (default: all)")
 
 
-class OutputConfig(_Model):
+class OutputConfig(StrictModel):
     dir: str = Field(default="runs/latest", description="directory for timeline.json, trace.json, metrics.json")
     console: bool = Field(default=True, description="live per-job progress on the console")
 
 
-class EmulationConfig(_Model):
+class EmulationConfig(StrictModel):
     """Device pacing for logical GPUs on a CPU host (0 = off; keep 0 on real GPUs)."""
 
     decode_step_s: float = Field(default=0.0, ge=0, description="minimum seconds per decode step of a trajectory")
@@ -92,7 +65,7 @@ class EmulationConfig(_Model):
         return Emulation(decode_step_s=self.decode_step_s, train_token_s=self.train_token_s)
 
 
-class SizeConfig(_Model):
+class SizeConfig(StrictModel):
     arch: Literal["qwen2", "llama"] = Field(default="qwen2", description="HF architecture to build")
     hidden_size: int = Field(default=64, ge=8)
     num_layers: int = Field(default=2, ge=1)
@@ -110,7 +83,7 @@ class SizeConfig(_Model):
         return ModelSize(**self.model_dump())
 
 
-class ModelConfig(_Model):
+class ModelConfig(StrictModel):
     path: str | None = Field(default=None, description="local HF checkpoint directory (config.json + weights + tokenizer)")
     size: SizeConfig | None = Field(default=None, description="build a random-weight model of this size instead")
 
@@ -123,7 +96,7 @@ class ModelConfig(_Model):
         return self
 
 
-class TaskConfig(_Model):
+class TaskConfig(StrictModel):
     name: str = Field(default="copy", description=f"one of {sorted(TASKS)}")
     min_len: int = Field(default=1, ge=1, description="shortest answer (characters)")
     max_len: int = Field(default=12, ge=1, description="longest answer (characters)")
@@ -142,7 +115,7 @@ class TaskConfig(_Model):
         return self
 
 
-class AlgoConfig(_Model):
+class AlgoConfig(StrictModel):
     """GRPO hyper-parameters."""
 
     lr: float = Field(default=3e-3, gt=0, description="AdamW learning rate")
@@ -156,20 +129,16 @@ class AlgoConfig(_Model):
         return GrpoConfig(seed=seed, **self.model_dump())
 
 
-class RoleConfig(_Model):
-    gpus: list[int] = Field(min_length=1, description="GPU ids the role may use: a list or a range string like '0-7'")
-    gpus_per_worker: int = Field(default=1, ge=1, description="tensor-parallel size: GPUs per worker")
-
-    _split = field_validator("gpus", mode="before")(_parse_gpus)
+RoleConfig = RoleModel
 
 
-class FaultConfig(_Model):
+class FaultConfig(StrictModel):
     """Fault injection (tests, drills): crash the job's coordinator on purpose."""
 
     crash_at_step: int | None = Field(default=None, ge=0, description="raise inside the job when this step starts")
 
 
-class JobConfig(_Model):
+class JobConfig(StrictModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline id prefix")
     kind: Literal["full_finetune"] = Field(default="full_finetune", description="multi_lora comes with the next issue")
     arrival_s: float = Field(default=0.0, ge=0, description="seconds after start at which the job is admitted")
@@ -188,7 +157,7 @@ class JobConfig(_Model):
     seed: int = 0
     fault: FaultConfig = Field(default_factory=FaultConfig)
 
-    _split_home = field_validator("home", mode="before")(_parse_gpus)
+    _split_home = field_validator("home", mode="before")(parse_gpus)
 
     @property
     def batch_size(self) -> int:
@@ -207,7 +176,7 @@ class JobConfig(_Model):
         )
 
 
-class RunConfig(_Model):
+class RunConfig(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     policy: str = Field(default="rlix", description=f"one of {sorted(POLICIES)}")
     scheduler: SchedulerKnobs = Field(default_factory=SchedulerKnobs)
@@ -255,7 +224,7 @@ def parse_config(raw: dict) -> RunConfig:
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc)) from None
+        raise ConfigError(one_line(exc)) from None
     check_topology(cfg)
     return cfg
 
@@ -268,29 +237,3 @@ def check_topology(cfg: RunConfig) -> None:
             validate_pipeline(cluster, job.pipeline_spec(job.name))
         except SchedulingError as exc:
             raise ConfigError(f"jobs[{i}].roles: {exc}") from None
-
-
-def _one_line(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-    msg = err["msg"].removeprefix("Value error, ")
-    if not loc:  # a cross-field check: its message starts with the field it names
-        return msg
-    got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) or got is None or err["type"] == "missing" else f" (got {got!r})"
-    hint = _HINTS.get(err["type"], "")
-    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return f"{loc}: {msg}{shown}{hint}{more}"
-
-
-_HINTS = {
-    "extra_forbidden": "; remove it or check its spelling",
-    "missing": "; add it",
-    "greater_than": "; use a larger value",
-    "greater_than_equal": "; use a larger value",
-    "less_than": "; use a smaller value",
-    "less_than_equal": "; use a smaller value",
-    "int_parsing": "; write a whole number",
-    "float_parsing": "; write a number",
-    "literal_error": "; use one of the listed values",
-}

@@ -97,8 +97,7 @@ class SchedulerActor:
 
     async def rollout_bundles(self, pipeline_id: str) -> tuple[tuple[int, ...], ...]:
         """Bundles the policy may ever give this pipeline's rollout workers (to pre-start them)."""
-        spec = next(s for s in self._specs if s.pipeline_id == pipeline_id)
-        return self.core.policy.rollout_bundles(spec)
+        return self.core.rollout_bundles(pipeline_id)
 
     async def stats(self) -> SchedulerStats:
         return SchedulerStats(plans=self.core.plans_made, plan_s=self.plan_s, unmet=tuple(self.unmet), errors=tuple(self.errors), **self.counts)

@@ -75,8 +75,9 @@ def test_rollout_workers_expand_onto_other_jobs_gpus_and_shrink(runs):
 def test_rlix_beats_static_and_overhead_is_small(runs):
     rlix, static = runs["rlix"].metrics.makespan_s, runs["static"].metrics.makespan_s
     print(f"makespan rlix={rlix:.1f}s static={static:.1f}s overhead={runs['rlix'].control_overhead_fraction:.4f}")
-    # On 2 CPU cores rlix measured 3-5% faster, but process start-ups make single runs noisy.
-    assert rlix < static * 1.05
+    # The speed target (rlix sooner than static) is measured by benchmarks/bench_exec.py;
+    # here a guard against regressions that survives a noisy 2-core CI machine.
+    assert rlix < static * 1.05, f"rlix {rlix:.1f}s is much slower than static {static:.1f}s"
     assert runs["rlix"].control_overhead_fraction < 0.03
 
 
@@ -120,8 +121,7 @@ def test_crashing_pipeline_releases_gpus(tmp_path):
     from rlix.exec import api
 
     cfg = load_config(EXAMPLE)
-    crash = cfg.jobs[1].model_copy(update={"steps": 5, "fault": {"crash_at_step": 1}})
-    crash = type(crash).model_validate({**crash.model_dump(), "fault": {"crash_at_step": 1}})
+    crash = type(cfg.jobs[1]).model_validate({**cfg.jobs[1].model_dump(), "steps": 5, "fault": {"crash_at_step": 1}})
     cfg = cfg.model_copy(update={"jobs": [cfg.jobs[0].model_copy(update={"steps": 3}), crash]})
     outputs = api.run(cfg, out_dir=str(tmp_path / "out"))
     assert outputs.results["large"].status is JobStatus.FAILED

@@ -316,8 +316,11 @@ class PipelineCoordinator:
         slot.inflight.pop(traj_id, None)
         if not slot.inflight and slot.state is SlotState.AWAKE:
             self._mark(slot.gpus, Activity.HELD, Stage.ROLLOUT.value)
+        # Only a segment that produced tokens says which weights the trajectory used
+        # (a sleeping worker hands the request back untouched, with no version).
+        produced = result is not None and len(result.token_ids) > len(q.request.prefix_ids)
         if result is None or result.aborted or not result.finished:
-            if result is not None and result.token_ids:
+            if produced:
                 q.request = continuation(q.traj.request, result)
                 q.gen_s += result.gen_s
                 q.segments += 1
@@ -325,10 +328,10 @@ class PipelineCoordinator:
             self.requeued += 1
             self.queue.appendleft(q)
         else:
-            self._finish(q, result)
+            self._finish(q, result, produced)
         self._dispatch()
 
-    def _finish(self, q: Queued, result: GenResult) -> None:
+    def _finish(self, q: Queued, result: GenResult, produced: bool) -> None:
         step = q.traj.step
         traj_id = q.traj.request.traj_id
         self.results[step][traj_id] = result
@@ -338,7 +341,7 @@ class PipelineCoordinator:
             gen_s=q.gen_s + result.gen_s,
             segments=q.segments + 1,
             tokens=len(result.token_ids),
-            weight_version=min(q.min_version, result.weight_version),
+            weight_version=min(q.min_version, result.weight_version) if produced else q.min_version,
         )
         if len(self.results[step]) == len(self.step_trajs[step]):
             self.step_done.setdefault(step, asyncio.Event()).set()

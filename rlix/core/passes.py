@@ -7,6 +7,7 @@ tie-breaker (registration order, request sequence, or first GPU id).
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -250,24 +251,25 @@ def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[s
         (False, lambda n: draft.worker_count(n.pipeline_id) + 1 <= shares[n.pipeline_id] + 1e-9, share_donor),
         (True, lambda n: draft.worker_count(n.pipeline_id) < n.need, idle_donor),
     ):
-        receivers = [n for n in needs if n.need > 0 and owed(n)]
+        # A transfer changes only its receiver's and donors' counts, and donors are
+        # never receivers, so a heap keyed on how owed each receiver is stays valid.
+        receivers = [((_owed(draft, n, shares), n.order), n) for n in needs if n.need > 0 and owed(n)]
         if not receivers:
             continue
+        heapq.heapify(receivers)
         givers = sorted(pid for pid, ws in draft.ledger.workers.items() if ws and can_give(pid, phase_two))
         pool = [w for pid in givers for w in draft.live_workers(pid) if w not in draft.expanded]
         while receivers:
-            receivers.sort(key=lambda n: (_owed(draft, n, shares), n.order))
-            n = receivers[0]
+            _, n = heapq.heappop(receivers)
             choice = _cheapest_takeover(draft, n, pool, by_pid, donor_ok)
             if choice is None:
-                receivers.pop(0)
-                continue
+                continue  # nothing it could take now will appear later in this phase
             bundle, victims = choice
             for worker in victims:
                 draft.shrink(worker, ShrinkReason.REBALANCE)
             draft.expand(n.pipeline_id, bundle)
-            if not owed(n):
-                receivers.pop(0)
+            if owed(n):
+                heapq.heappush(receivers, ((_owed(draft, n, shares), n.order), n))
 
 
 def _cheapest_takeover(
@@ -279,7 +281,9 @@ def _cheapest_takeover(
     best = None
     seen: set[Gpus] = set()
     for holder in pool:
-        if not any(g in bundle_of for g in holder.gpus) or not donor_ok(holder, n.pipeline_id):
+        gpus = holder.gpus
+        inside = gpus[0] in bundle_of if len(gpus) == 1 else any(g in bundle_of for g in gpus)
+        if not inside or not donor_ok(holder, n.pipeline_id):
             continue
         for hg in holder.gpus:
             bundle = bundle_of.get(hg)

@@ -79,6 +79,17 @@ class UsageRecorder:
             self._flush_stranded(now)
             self._unmet = unmet
 
+    def rebook(self, pipeline_id: str, seconds: float, src: Activity, dst: Activity) -> None:
+        """Move ``seconds`` GPU-seconds of ``pipeline_id`` from ``src`` to ``dst`` (e.g. an
+        adapter load timed inside a busy worker's work, which was really switching)."""
+        if seconds <= 0:
+            return
+        self.totals[src] -= seconds
+        self.totals[dst] += seconds
+        per = self.by_pipeline.setdefault(pipeline_id, {a: 0.0 for a in Activity})
+        per[src] -= seconds
+        per[dst] += seconds
+
     def close(self, now: float) -> None:
         self._flush_stranded(now)
         for g in range(self.num_gpus):

@@ -161,8 +161,7 @@ class Simulation:
         for pid, p in sorted(self.pipelines.items()):
             tallies[pid] = p.tally
             # Adapter loads inside busy workers were timed as work; book them as switching.
-            self.usage.totals[Activity.WORK] -= p.engine.switch_extra
-            self.usage.totals[Activity.SWITCH] += p.engine.switch_extra
+            self.usage.rebook(pid, p.engine.switch_extra, Activity.WORK, Activity.SWITCH)
         completed = sum(p.engine.completed for p in self.pipelines.values())
         work_lb, path_lb = lower_bounds(self.trace)
         return summarize(

@@ -20,8 +20,9 @@ from rlix.core import JobKind, PipelineSpec, Role, RoleSpec, SchedulerConfig, Sc
 from rlix.core.policies import POLICIES
 from rlix.core.topology import validate_pipeline
 from rlix.exec.grpo import GrpoConfig
+from rlix.exec.lora import LoraSpec
 from rlix.exec.model import ModelSize
-from rlix.exec.rollout import Emulation
+from rlix.exec.rollout import Emulation, VllmOptions
 from rlix.exec.tasks import TASKS
 
 
@@ -138,9 +139,56 @@ class FaultConfig(StrictModel):
     crash_at_step: int | None = Field(default=None, ge=0, description="raise inside the job when this step starts")
 
 
+class LoraShape(StrictModel):
+    """The LoRA shape shared by every adapter of a multi_lora job."""
+
+    rank: int = Field(default=8, ge=1, description="LoRA rank r")
+    alpha: float = Field(default=16.0, gt=0, description="LoRA alpha (scale = alpha / rank)")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, description="module names that get adapters")
+
+    def value(self) -> LoraSpec:
+        return LoraSpec(rank=self.rank, alpha=self.alpha, target_modules=tuple(self.target_modules))
+
+
+class VllmConfig(StrictModel):
+    """vLLM engine settings (used when rollout_backend is vllm)."""
+
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1, description="fraction of a GPU's memory one engine may take")
+    sleep_level: Literal[1, 2] = Field(default=2, description="1: weights offloaded to CPU on shrink; 2: dropped (reloaded from the trainer)")
+    enforce_eager: bool = Field(default=True, description="no CUDA graphs (faster start, less memory)")
+    max_model_len: int = Field(default=512, ge=16, description="tokens per sequence (prompt + completion)")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)")
+
+    def value(self) -> VllmOptions:
+        return VllmOptions(**self.model_dump())
+
+
+class AdapterConfig(StrictModel):
+    """One LoRA adapter of a multi_lora job: its own task, steps, stop condition, seed and optimizer."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_]+$", description="adapter id (letters, digits, _)")
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    steps: int = Field(default=10, ge=1, description="most training ticks of this adapter")
+    stop_reward: float | None = Field(default=None, description="stop early once a step's mean reward reaches this")
+    seed: int = 0
+
+    @field_validator("algo")
+    @classmethod
+    def _no_kl(cls, v: AlgoConfig) -> AlgoConfig:
+        if v.kl_coef > 0:
+            raise ValueError("kl_coef > 0 is not supported for LoRA adapters; set algo.kl_coef: 0")
+        return v
+
+
 class JobConfig(StrictModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline id prefix")
-    kind: Literal["full_finetune"] = Field(default="full_finetune", description="multi_lora comes with the next issue")
+    kind: Literal["full_finetune", "multi_lora"] = Field(default="full_finetune", description="full_finetune, or several LoRA adapters on one base")
+    rollout_backend: Literal["torch", "vllm"] = Field(default="torch", description="rollout engine: torch (CPU or GPU) or vllm (GPU)")
+    adapters: list[AdapterConfig] | None = Field(default=None, description="multi_lora only: the adapters trained on the shared base")
+    lora: LoraShape = Field(default_factory=LoraShape, description="multi_lora only: adapter shape")
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="engine settings for rollout_backend: vllm")
+    checkpoint_dir: str | None = Field(default=None, description="multi_lora: save each adapter here after its ticks; a rerun resumes from it")
     arrival_s: float = Field(default=0.0, ge=0, description="seconds after start at which the job is admitted")
     model: ModelConfig
     task: TaskConfig = Field(default_factory=TaskConfig)
@@ -158,6 +206,28 @@ class JobConfig(StrictModel):
     fault: FaultConfig = Field(default_factory=FaultConfig)
 
     _split_home = field_validator("home", mode="before")(parse_gpus)
+
+    @model_validator(mode="after")
+    def _kind(self) -> JobConfig:
+        if self.kind == "multi_lora":
+            if not self.adapters:
+                raise ValueError("kind multi_lora needs 'adapters' (a list with at least one adapter)")
+            names = [a.name for a in self.adapters]
+            for i, n in enumerate(names):
+                if n in names[:i]:
+                    raise ValueError(f"adapters[{i}].name: '{n}' is already used; give every adapter a unique name")
+            if "reference" in self.roles:
+                raise ValueError("roles.reference is not used by multi_lora jobs; remove it")
+        elif self.adapters is not None:
+            raise ValueError("'adapters' is only for kind multi_lora; remove it or set kind: multi_lora")
+        return self
+
+    def lora_spec(self) -> LoraSpec | None:
+        """The adapters' shape and names (None for full finetune)."""
+        if self.kind != "multi_lora":
+            return None
+        base = self.lora.value()
+        return LoraSpec(rank=base.rank, alpha=base.alpha, target_modules=base.target_modules, adapters=tuple((a.name, a.seed) for a in self.adapters))
 
     @property
     def batch_size(self) -> int:
@@ -226,7 +296,17 @@ def parse_config(raw: dict) -> RunConfig:
     except ValidationError as exc:
         raise ConfigError(one_line(exc)) from None
     check_topology(cfg)
+    check_backends(cfg)
     return cfg
+
+
+def check_backends(cfg: RunConfig) -> None:
+    """A vLLM rollout backend needs vllm importable here (only looked up, never imported)."""
+    import importlib.util
+
+    for i, job in enumerate(cfg.jobs):
+        if job.rollout_backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"jobs[{i}].rollout_backend: vllm is not installed; pip install vllm (on a CUDA machine) or use rollout_backend: torch")
 
 
 def check_topology(cfg: RunConfig) -> None:

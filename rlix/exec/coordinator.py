@@ -7,6 +7,13 @@ workers. It carries out the scheduler's ``expand``/``shrink`` calls on its
 own workers: a shrunk worker's in-flight trajectories come back aborted and
 are continued elsewhere from where they stopped (never lost); a woken worker
 loads the newest weights from the trainer's CPU cache. No torch here.
+
+A job is one or more *streams* of steps: a full-finetune job has one; a
+multi-LoRA job has one per adapter (own recipe, step count, stop condition
+and version), sharing the rollout workers and the trainer. Training ticks
+run one at a time, to the adapter whose batch was ready first (the tick lock
+is FIFO); after its tick only that adapter is pushed to live workers, and a
+woken worker gets the base plus every adapter's newest version.
 """
 
 from __future__ import annotations
@@ -72,6 +79,23 @@ class Queued:
     min_version: int = 1 << 30
 
 
+@dataclass(kw_only=True)
+class Stream:
+    """One stream of steps: the whole job (full finetune, ``name`` "") or one LoRA adapter."""
+
+    name: str
+    recipe: Recipe
+    steps: int  # steps end before this index
+    staleness: int
+    stop_reward: float | None = None
+    start: int = 0  # first step (a resumed adapter continues from its checkpoint)
+    version: int = 0  # newest version the rollout side may generate with (gates batches)
+    snapshot_ref: object | None = None  # multi-LoRA: the adapter's newest CPU snapshot
+    snapshot_version: int = 0
+    stopped: bool = False
+    ready: asyncio.Queue = field(default_factory=asyncio.Queue)  # produced steps, then None
+
+
 class FaultInjected(RuntimeError):
     pass
 
@@ -88,17 +112,24 @@ class PipelineCoordinator:
         self.emulation = emulation
         self.t0 = t0
         self.spec = job.pipeline_spec(pipeline_id)
-        self.recipe = Recipe.for_job(job, model_dir)
+        if job.kind == "multi_lora":
+            self.streams = [
+                Stream(name=a.name, recipe=Recipe.for_adapter(job, i, model_dir), steps=a.steps, staleness=job.staleness, stop_reward=a.stop_reward)
+                for i, a in enumerate(job.adapters)
+            ]
+        else:
+            self.streams = [Stream(name="", recipe=Recipe.for_job(job, model_dir), steps=job.steps, staleness=job.staleness)]
+        self.tick_lock: asyncio.Lock | None = None
         self.slots: dict[int, WorkerSlot] = {}
         self.queue: collections.deque[Queued] = collections.deque()
-        self.results: dict[int, dict[int, GenResult]] = {}
+        # per (stream name, step)
+        self.results: dict[tuple[str, int], dict[int, GenResult]] = {}
         self.traj_records: dict[int, TrajRecord] = {}
-        self.step_trajs: dict[int, list[Trajectory]] = {}
-        self.step_started: dict[int, float] = {}
-        self.step_done: dict[int, asyncio.Event] = {}
+        self.step_trajs: dict[tuple[str, int], list[Trajectory]] = {}
+        self.step_started: dict[tuple[str, int], float] = {}
+        self.step_done: dict[tuple[str, int], asyncio.Event] = {}
         self.trainer = None
-        self.version = 0  # newest version the rollout side may generate with (gates batches)
-        self.snapshot_version = 0  # newest version in the CPU cache
+        self.snapshot_version = 0  # newest full (or base) version in the CPU cache
         self.snapshot_ref = None
         self.version_changed: asyncio.Condition | None = None
         self.demand_dirty: asyncio.Event | None = None
@@ -125,6 +156,7 @@ class PipelineCoordinator:
         self.arrival_s = self.now()
         self.version_changed = asyncio.Condition()
         self.demand_dirty = asyncio.Event()
+        self.tick_lock = asyncio.Lock()
         self.status = JobStatus.RUNNING
         error = ""
         try:
@@ -132,9 +164,10 @@ class PipelineCoordinator:
             await self._control(self.sched.register.remote(self.spec, me))
             await self._init()
             loop = asyncio.get_running_loop()
-            self.tasks = [loop.create_task(self._report_loop()), loop.create_task(self._produce())]
-            for step in range(self.job.steps):
-                await self._train_step(step)
+            self.tasks = [loop.create_task(self._report_loop())] + [loop.create_task(self._produce(s)) for s in self.streams]
+            trainers = [loop.create_task(self._train_loop(s)) for s in self.streams]
+            self.tasks += trainers
+            await asyncio.gather(*trainers)
             self.status = JobStatus.FINISHED
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
@@ -152,8 +185,17 @@ class PipelineCoordinator:
         from rlix.exec.workers import TrainerActor
 
         bundles = await self._control(self.sched.rollout_bundles.remote(self.pid))
-        self.trainer = TrainerActor.options(**opts).remote(self.model_dir, self.job.algo.value(self.job.seed), self.emulation)
+        job = self.job
+        adapter_cfgs = {a.name: a.algo.value(a.seed) for a in job.adapters or ()}
+        self.trainer = TrainerActor.options(**opts).remote(
+            self.model_dir, job.algo.value(job.seed), self.emulation, job.lora_spec(), adapter_cfgs, job.checkpoint_dir
+        )
         self.snapshot_ref = self.trainer.snapshot.remote()
+        versions = await self.trainer.adapter_versions.remote()  # a resumed adapter continues from its checkpoint
+        for s in self.streams:
+            if s.name:
+                s.start = s.version = s.snapshot_version = versions[s.name]
+                s.snapshot_ref = self.trainer.adapter_snapshot.remote(s.name)
         # Rollout processes on home bundles start now, asleep (imports and config only, no
         # GPU memory); an expand then only builds the engine and loads the newest weights.
         # Bundles borrowed from other jobs' homes are started on their first expand.
@@ -174,7 +216,7 @@ class PipelineCoordinator:
         from rlix.exec.workers import RolloutWorkerActor
 
         opts = actor_options(self.cluster, slot.gpus, self.nodes, f"{self.pid}/rollout{slot.gpus[0]}")
-        slot.actor = RolloutWorkerActor.options(**opts).remote(self.emulation)
+        slot.actor = RolloutWorkerActor.options(**opts).remote(self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value())
         t = self.now()
         await slot.actor.prepare.remote(self.model_dir)
         self.switches.append(SwitchRecord(kind=SwitchKind.COLD_START, t=t, seconds=self.now() - t))
@@ -198,30 +240,47 @@ class PipelineCoordinator:
 
     # ================================================================ steps
 
-    async def _produce(self) -> None:
-        """Queue each step's trajectories once the staleness bound allows."""
-        for step in range(self.job.steps):
+    async def _produce(self, stream: Stream) -> None:
+        """Queue each step's trajectories once the staleness bound allows (until the stream stops)."""
+        for step in range(stream.start, stream.steps):
             async with self.version_changed:
-                await self.version_changed.wait_for(lambda: self.version >= step - self.job.staleness)
-            trajs = self.recipe.trajectories(step)
-            self.step_trajs[step] = trajs
-            self.results[step] = {}
-            self.step_started[step] = self.now()
-            self.step_done.setdefault(step, asyncio.Event())
+                await self.version_changed.wait_for(lambda: stream.version >= step - stream.staleness or stream.stopped)
+            if stream.stopped:
+                break
+            key = (stream.name, step)
+            trajs = stream.recipe.trajectories(step)
+            self.step_trajs[key] = trajs
+            self.results[key] = {}
+            self.step_started[key] = self.now()
+            self.step_done.setdefault(key, asyncio.Event())
             self.queue.extend(Queued(traj=t, request=t.request) for t in trajs)
+            stream.ready.put_nowait(step)
             self.demand_dirty.set()
             self._dispatch()
+        stream.ready.put_nowait(None)
 
-    async def _train_step(self, step: int) -> None:
+    async def _train_loop(self, stream: Stream) -> None:
+        """Train every step the stream produced, in order."""
+        while (step := await stream.ready.get()) is not None:
+            await self._train_step(stream, step)
+
+    async def _train_step(self, stream: Stream, step: int) -> None:
         if self.job.fault.crash_at_step == step:
             raise FaultInjected(f"fault.crash_at_step={step}")
-        await self.step_done.setdefault(step, asyncio.Event()).wait()
-        trajs = self.step_trajs[step]
-        results = self.results.pop(step)
-        scored = self.recipe.score(trajs, results)
+        key = (stream.name, step)
+        await self.step_done.setdefault(key, asyncio.Event()).wait()
+        async with self.tick_lock:  # one tick at a time; asyncio.Lock wakes waiters first-ready first
+            await self._tick(stream, step)
+
+    async def _tick(self, stream: Stream, step: int) -> None:
+        key = (stream.name, step)
+        trajs = self.step_trajs[key]
+        results = self.results.pop(key)
+        scored = stream.recipe.score(trajs, results)
         samples = list(scored.samples)
         stages: list[tuple[str, float]] = []
-        old, secs = await self._gang(Stage.OLD_LOGPROBS, None, lambda: self.trainer.logprobs.remote(samples, False))
+        adapter = stream.name
+        old, secs = await self._gang(Stage.OLD_LOGPROBS, None, lambda: self.trainer.logprobs.remote(samples, False, adapter))
         stages.append((Stage.OLD_LOGPROBS.value, secs))
         samples = [replace(s, old_logprobs=o) for s, o in zip(samples, old)]
         if self.job.algo.kl_coef > 0:
@@ -229,20 +288,30 @@ class PipelineCoordinator:
             ref, secs = await self._gang(Stage.REF_LOGPROBS, role, lambda: self.trainer.logprobs.remote(samples, True))
             stages.append((Stage.REF_LOGPROBS.value, secs))
             samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref)]
-        _, secs = await self._gang(Stage.ACTOR_TRAIN, None, lambda: self.trainer.train.remote(samples))
+        _, secs = await self._gang(Stage.ACTOR_TRAIN, None, lambda: self.trainer.train.remote(samples, adapter))
         stages.append((Stage.ACTOR_TRAIN.value, secs))
-        self.snapshot_ref = self.trainer.snapshot.remote()
-        await self.snapshot_ref
-        self.snapshot_version = step + 1
-        await self._sync_live_workers()  # before the bump: the next batch never meets old weights
+        if adapter:
+            stream.snapshot_ref = self.trainer.adapter_snapshot.remote(adapter)
+            await stream.snapshot_ref
+            if self.job.checkpoint_dir:
+                await self.trainer.save_adapter.remote(adapter)
+        else:
+            self.snapshot_ref = self.trainer.snapshot.remote()
+            await self.snapshot_ref
+            self.snapshot_version = step + 1
+        stream.snapshot_version = step + 1
+        await self._sync_live_workers(stream)  # before the bump: the next batch never meets old weights
         async with self.version_changed:
-            self.version = step + 1
+            stream.version = step + 1
+            if stream.stop_reward is not None and scored.mean_reward >= stream.stop_reward:
+                stream.stopped = True  # its stop condition holds: produce no further steps
             self.version_changed.notify_all()
         recs = [self.traj_records[t.request.traj_id] for t in trajs]
         self.steps.append(
             StepRecord(
+                stream=stream.name,
                 step=step,
-                started_s=self.step_started[step],
+                started_s=self.step_started[key],
                 finished_s=self.now(),
                 mean_reward=scored.mean_reward,
                 mean_tokens=sum(r.tokens for r in recs) / len(recs),
@@ -333,18 +402,20 @@ class PipelineCoordinator:
 
     def _finish(self, q: Queued, result: GenResult, produced: bool) -> None:
         step = q.traj.step
+        key = (q.traj.request.adapter, step)
         traj_id = q.traj.request.traj_id
-        self.results[step][traj_id] = result
+        self.results[key][traj_id] = result
         self.traj_records[traj_id] = TrajRecord(
             traj_id=traj_id,
+            stream=key[0],
             step=step,
             gen_s=q.gen_s + result.gen_s,
             segments=q.segments + 1,
             tokens=len(result.token_ids),
             weight_version=min(q.min_version, result.weight_version) if produced else q.min_version,
         )
-        if len(self.results[step]) == len(self.step_trajs[step]):
-            self.step_done.setdefault(step, asyncio.Event()).set()
+        if len(self.results[key]) == len(self.step_trajs[key]):
+            self.step_done.setdefault(key, asyncio.Event()).set()
 
     async def _report_loop(self) -> None:
         """Send demand when it changes (coalesced), and a heartbeat every second."""
@@ -356,7 +427,8 @@ class PipelineCoordinator:
                 last = None  # heartbeat: resend even if unchanged
             self.demand_dirty.clear()
             loads = tuple(WorkerLoad(first_gpu=f, active=len(s.inflight)) for f, s in sorted(self.slots.items()) if s.state is SlotState.AWAKE)
-            report = ReportDemand(pipeline_id=self.pid, pending=len(self.queue), loads=loads, batch_size=self.recipe.batch_size)
+            batch = sum(s.recipe.batch_size for s in self.streams if not s.stopped) or self.streams[0].recipe.batch_size  # sum over adapters
+            report = ReportDemand(pipeline_id=self.pid, pending=len(self.queue), loads=loads, batch_size=batch)
             if report != last:
                 await self.sched.report.remote(report)
                 last = report
@@ -380,7 +452,7 @@ class PipelineCoordinator:
                 return  # shrunk while the process was starting
             t = self.now()
             try:
-                timing = await slot.actor.wake.remote(self.snapshot_ref)
+                timing = await slot.actor.wake.remote(self.snapshot_ref, *self._adapter_refs())
             except ray.exceptions.RayActorError:  # the worker process died: start afresh next time
                 slot.actor, slot.prepared, slot.starting = None, False, None
                 slot.state = SlotState.ASLEEP
@@ -388,6 +460,9 @@ class PipelineCoordinator:
                 return
             while timing.version < self.snapshot_version:  # a newer version appeared while waking
                 timing = await slot.actor.update_weights.remote(self.snapshot_ref)
+            for s in self.streams:
+                while s.name and timing.adapter_version(s.name) < s.snapshot_version:
+                    timing = await slot.actor.update_adapter.remote(s.snapshot_ref)
             self.switches.append(SwitchRecord(kind=SwitchKind.WAKE, t=t, seconds=self.now() - t, synced_bytes=timing.synced_bytes))
             slot.state = SlotState.AWAKE
             self._mark(gpus, Activity.HELD, Stage.ROLLOUT.value)
@@ -423,17 +498,24 @@ class PipelineCoordinator:
             self._mark(gpus, Activity.FREE, "")
             self.demand_dirty.set()
 
-    async def _sync_live_workers(self) -> None:
-        """Push the new version to awake workers only (sleeping ones get it on wake)."""
-        live = [s for s in self.slots.values() if s.state is SlotState.AWAKE]
-        await asyncio.gather(*(self._sync(s) for s in live), return_exceptions=True)
+    def _adapter_refs(self) -> list:
+        """Every adapter's newest snapshot (multi-LoRA; empty for full finetune)."""
+        return [s.snapshot_ref for s in self.streams if s.name and s.snapshot_ref is not None]
 
-    async def _sync(self, slot: WorkerSlot) -> None:
+    async def _sync_live_workers(self, stream: Stream) -> None:
+        """Push the stream's new version to awake workers only (sleeping ones get it on wake)."""
+        live = [s for s in self.slots.values() if s.state is SlotState.AWAKE]
+        await asyncio.gather(*(self._sync(s, stream) for s in live), return_exceptions=True)
+
+    async def _sync(self, slot: WorkerSlot, stream: Stream) -> None:
         async with slot.lock:
             if slot.state is not SlotState.AWAKE:
                 return
             t = self.now()
-            timing = await slot.actor.update_weights.remote(self.snapshot_ref)
+            if stream.name:
+                timing = await slot.actor.update_adapter.remote(stream.snapshot_ref)
+            else:
+                timing = await slot.actor.update_weights.remote(self.snapshot_ref)
             if timing.synced_bytes:
                 self.switches.append(SwitchRecord(kind=SwitchKind.SYNC, t=t, seconds=self.now() - t, synced_bytes=timing.synced_bytes))
 
@@ -449,12 +531,15 @@ class PipelineCoordinator:
             pipeline_id=self.pid,
             status=self.status,
             step=len(self.steps),
-            steps=self.job.steps,
+            steps=sum(s.steps - s.start for s in self.streams if not s.stopped) + sum(1 for r in self.steps if self._stream(r.stream).stopped),
             last_reward=self.steps[-1].mean_reward if self.steps else None,
             gpus_held=held,
             requeued=self.requeued,
             events=tuple(events),
         )
+
+    def _stream(self, name: str) -> Stream:
+        return next(s for s in self.streams if s.name == name)
 
     def _result(self, error: str) -> JobResult:
         lost = 0

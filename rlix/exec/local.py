@@ -59,3 +59,40 @@ def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulat
         tokens = sum(len(s.completion_ids) for s in samples) / len(samples)
         out.append(LocalStep(step=step, mean_reward=scored.mean_reward, mean_tokens=tokens, loss=stats.loss))
     return out
+
+
+def run_local_lora(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> dict[str, list[LocalStep]]:
+    """A multi_lora job in this process: adapters take ticks in turn (round robin)."""
+    import torch
+
+    from rlix.exec.lora import LoraLearner
+
+    torch.set_num_threads(1)
+    model_dir = materialize_model(job, workdir)
+    spec = job.lora_spec()
+    recipes = {a.name: Recipe.for_adapter(job, i, model_dir) for i, a in enumerate(job.adapters)}
+    backend = TorchRolloutBackend(emulation, lora=spec)
+    backend.load(str(model_dir), "cpu", None)
+    learner = LoraLearner(str(model_dir), "cpu", spec, {a.name: a.algo.value(a.seed) for a in job.adapters}, emulation)
+    if job.checkpoint_dir:
+        learner.restore(job.checkpoint_dir)
+    backend.wake(learner.snapshot(), tuple(learner.adapter_snapshot(n) for n in spec.names))
+    out: dict[str, list[LocalStep]] = {a.name: [] for a in job.adapters}
+    live = {a.name: a for a in job.adapters}
+    while live:
+        for name, a in list(live.items()):
+            step = learner.adapters[name].version
+            trajs = recipes[name].trajectories(step)
+            results = {t.request.traj_id: backend.generate(t.request) for t in trajs}
+            scored = recipes[name].score(trajs, results)
+            old = learner.adapter_logprobs(name, list(scored.samples))
+            samples = [replace(s, old_logprobs=o) for s, o in zip(scored.samples, old)]
+            stats = learner.train_adapter(name, samples)
+            backend.update_adapter(learner.adapter_snapshot(name))
+            if job.checkpoint_dir:
+                learner.save(name, job.checkpoint_dir)
+            tokens = sum(len(s.completion_ids) for s in samples) / len(samples)
+            out[name].append(LocalStep(step=step, mean_reward=scored.mean_reward, mean_tokens=tokens, loss=stats.loss))
+            if learner.adapters[name].version >= a.steps or (a.stop_reward is not None and scored.mean_reward >= a.stop_reward):
+                del live[name]
+    return out

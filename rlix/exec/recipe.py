@@ -60,7 +60,11 @@ class ScoredStep:
 class Recipe:
     """The GRPO data path of one job: prompts in, advantages out."""
 
-    def __init__(self, *, task: Task, codec: TextCodec, prompts_per_step: int, group_size: int, max_new_tokens: int, temperature: float, seed: int) -> None:
+    def __init__(
+        self, *, task: Task, codec: TextCodec, prompts_per_step: int, group_size: int, max_new_tokens: int, temperature: float, seed: int, adapter: str = "", traj_base: int = 0
+    ) -> None:
+        self.adapter = adapter  # multi-LoRA: the adapter this stream trains ("" = full finetune)
+        self.traj_base = traj_base  # first trajectory id of this stream (ids are unique per job)
         self.task = task
         self.codec = codec
         self.prompts_per_step = prompts_per_step
@@ -81,6 +85,22 @@ class Recipe:
             seed=job.seed,
         )
 
+    @classmethod
+    def for_adapter(cls, job, index: int, model_dir: str | Path) -> Recipe:
+        """The recipe of ``job.adapters[index]``: its own task and seed, the job's batch shape."""
+        a = job.adapters[index]
+        return cls(
+            task=make_task(a.task.name, min_len=a.task.min_len, max_len=a.task.max_len),
+            codec=TextCodec(model_dir),
+            prompts_per_step=job.prompts_per_step,
+            group_size=job.group_size,
+            max_new_tokens=job.max_new_tokens,
+            temperature=job.temperature,
+            seed=a.seed,
+            adapter=a.name,
+            traj_base=(index + 1) << 32,
+        )
+
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.group_size
@@ -93,13 +113,14 @@ class Recipe:
         for p in prompts:
             ids = self.codec.encode_prompt(p.text)
             for g in range(self.group_size):
-                traj_id = step * self.batch_size + len(out)
+                traj_id = self.traj_base + step * self.batch_size + len(out)
                 req = GenRequest(
                     traj_id=traj_id,
                     prompt_ids=ids,
                     max_new_tokens=self.max_new_tokens,
                     temperature=self.temperature,
                     seed=rng.randrange(1 << 30),
+                    adapter=self.adapter,
                 )
                 out.append(Trajectory(step=step, prompt=p, request=req))
         return out
@@ -128,6 +149,7 @@ def continuation(request: GenRequest, partial: GenResult) -> GenRequest:
         max_new_tokens=request.max_new_tokens,
         temperature=request.temperature,
         seed=request.seed,
+        adapter=request.adapter,
         prefix_ids=partial.token_ids,
         prefix_logprobs=partial.logprobs,
     )

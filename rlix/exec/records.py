@@ -28,6 +28,7 @@ class ActivityChange:
 @dataclass(frozen=True, kw_only=True)
 class TrajRecord:
     traj_id: int
+    stream: str = ""  # multi-LoRA: the adapter ("" = full finetune)
     step: int
     gen_s: float  # seconds of generation, summed over segments
     segments: int  # > 1 when it was aborted and continued
@@ -37,6 +38,7 @@ class TrajRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class StepRecord:
+    stream: str = ""  # multi-LoRA: the adapter this tick trained ("" = full finetune)
     step: int
     started_s: float  # rollout of the step began
     finished_s: float  # weights of the new version published

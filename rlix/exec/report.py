@@ -67,10 +67,8 @@ def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, s
         job = next(j for j in cfg.jobs if j.name == names[pid])
         if not res.steps:
             continue
-        by_step: dict[int, list[float]] = {}
-        for t in res.trajectories:
-            by_step.setdefault(t.step, []).append(max(t.gen_s, 1e-4))
         sw = {k: [s.seconds for s in res.switches if s.kind is k] for k in SwitchKind}
+        lora = job.kind == "multi_lora"
         pipelines.append(
             {
                 "id": pid,
@@ -85,12 +83,10 @@ def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, s
                 "switch": {
                     "offload_s": round(_mean(sw[SwitchKind.SLEEP] + sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),
                     "load_s": round(_mean(sw[SwitchKind.WAKE] + sw[SwitchKind.STAGE_LOAD], 0.0), 4),
-                    "weight_sync_s": round(_mean(sw[SwitchKind.SYNC], 0.0), 4),
+                    "weight_sync_s": 0.0 if lora else round(_mean(sw[SwitchKind.SYNC], 0.0), 4),
+                    **({"adapter_sync_s": round(_mean(sw[SwitchKind.SYNC], 0.0), 4)} if lora else {}),
                 },
-                "steps": [
-                    {"trajectories": [round(x, 4) for x in by_step.get(s.step, [1e-4])], "stages": {k: round(v, 4) for k, v in s.stages}}
-                    for s in res.steps
-                ],
+                **_streams_json(res, [a.name for a in job.adapters] if lora else None),
             }
         )
     return {
@@ -106,6 +102,35 @@ def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, s
             "rebalance_margin_workers": cfg.scheduler.rebalance_margin_workers,
         },
         "pipelines": pipelines,
+    }
+
+
+def _steps_json(res: JobResult, stream: str) -> list[dict]:
+    """Measured steps of one stream: each trajectory's generation seconds and the stage seconds."""
+    by_step: dict[int, list[float]] = {}
+    for t in res.trajectories:
+        if t.stream == stream:
+            by_step.setdefault(t.step, []).append(max(t.gen_s, 1e-4))
+    return [
+        {"trajectories": [round(x, 4) for x in by_step.get(s.step, [1e-4])], "stages": {k: round(v, 4) for k, v in s.stages}}
+        for s in res.steps
+        if s.stream == stream
+    ]
+
+
+def _streams_json(res: JobResult, adapters: list[str] | None) -> dict:
+    """``steps`` for a full finetune; ``adapters: [{id, steps}]`` (one stream per adapter) for multi-LoRA."""
+    if adapters is None:
+        return {"steps": _steps_json(res, "")}
+    streams = [{"id": name, "steps": _steps_json(res, name)} for name in adapters]
+    return {"adapters": [s for s in streams if s["steps"]]}
+
+
+def _reward_json(steps) -> dict:
+    return {
+        "reward_first": steps[0].mean_reward if steps else None,
+        "reward_last": steps[-1].mean_reward if steps else None,
+        "rewards": [round(s.mean_reward, 4) for s in steps],
     }
 
 
@@ -125,7 +150,7 @@ def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str
         job = next(j for j in cfg.jobs if j.name == names[pid])
         train_gpus = len(job.roles["actor_train"].gpus)
         work += sum(t.gen_s / job.slots_per_worker for t in res.trajectories) + stage_s * train_gpus
-        path = res.init_s + sum(max((t.gen_s for t in res.trajectories if t.step == s.step), default=0.0) for s in res.steps) + stage_s
+        path = res.init_s + sum(max((t.gen_s for t in res.trajectories if (t.stream, t.step) == (s.stream, s.step)), default=0.0) for s in res.steps) + stage_s
         crit = max(crit, res.arrival_s + path)
     metrics = summarize(
         policy=cfg.policy,
@@ -158,9 +183,8 @@ def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str
             pid: {
                 "status": r.status.value,
                 "error": r.error,
-                "reward_first": r.steps[0].mean_reward if r.steps else None,
-                "reward_last": r.steps[-1].mean_reward if r.steps else None,
-                "rewards": [round(s.mean_reward, 4) for s in r.steps],
+                **_reward_json(r.steps),
+                "adapters": {name: _reward_json([s for s in r.steps if s.stream == name]) for name in sorted({s.stream for s in r.steps if s.stream})},
                 "requeued": r.requeued,
                 "lost": r.lost,
                 "control_overhead_s": r.control_overhead_s,

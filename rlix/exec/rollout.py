@@ -15,8 +15,12 @@ import abc
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlix.exec.weights import WeightSnapshot
+
+if TYPE_CHECKING:
+    from rlix.exec.lora import AdapterSnapshot, LoraSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +34,7 @@ class GenRequest:
     seed: int = 0
     prefix_ids: tuple[int, ...] = ()
     prefix_logprobs: tuple[float, ...] = ()
+    adapter: str = ""  # multi-LoRA: generate through this adapter ("" = the full model)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +46,7 @@ class GenResult:
     logprobs: tuple[float, ...]  # behaviour log-probs, one per token
     finished: bool  # hit EOS or the token budget
     aborted: bool  # stopped early by abort/sleep; continue it elsewhere
-    weight_version: int  # the oldest policy version that produced any token
+    weight_version: int  # the oldest policy (or adapter) version that produced any token
     gen_s: float  # seconds this segment spent generating
 
 
@@ -56,6 +61,17 @@ class Emulation:
 
     decode_step_s: float = 0.0
     train_token_s: float = 0.0  # seconds per trained/scored token in gang stages
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmOptions:
+    """Engine settings of the vLLM backend (ignored by the torch backend)."""
+
+    gpu_memory_utilization: float = 0.3  # fraction of the GPU's memory one engine may take
+    sleep_level: int = 2  # 1: weights to CPU; 2: weights dropped (reloaded from the trainer's snapshot)
+    enforce_eager: bool = True  # no CUDA graphs: faster start, less memory
+    max_model_len: int = 512  # tokens (prompt + completion)
+    dtype: str = "bfloat16"  # engine weights (the trainer's float32 snapshot is cast on load)
 
 
 class RolloutBackend(abc.ABC):
@@ -90,6 +106,15 @@ class RolloutBackend(abc.ABC):
     def update_weights(self, snapshot: WeightSnapshot) -> None:
         """Load newer weights into an awake engine."""
 
+    @abc.abstractmethod
+    def update_adapter(self, snapshot: AdapterSnapshot) -> None:
+        """Multi-LoRA: load a newer version of one adapter into an awake engine."""
+
+    @property
+    @abc.abstractmethod
+    def adapter_versions(self) -> dict[str, int]:
+        """Multi-LoRA: the version of each adapter the awake engine serves."""
+
     @property
     @abc.abstractmethod
     def weight_version(self) -> int: ...
@@ -109,10 +134,18 @@ class _Flight:
 
 
 class TorchRolloutBackend(RolloutBackend):
-    """HF transformers model, token-by-token sampling with a KV cache."""
+    """HF transformers model, token-by-token sampling with a KV cache.
 
-    def __init__(self, emulation: Emulation = Emulation()) -> None:
+    Multi-LoRA: the model is the peft-wrapped base with every adapter of the
+    job; each request runs through its own adapter (peft's per-request
+    ``adapter_names``), so concurrent requests of different adapters never
+    switch shared state.
+    """
+
+    def __init__(self, emulation: Emulation = Emulation(), lora: LoraSpec | None = None) -> None:
         self.emulation = emulation
+        self.lora = lora
+        self._adapter_versions: dict[str, int] = {}
         self.model = None
         self._awake = False
         self._buffers: dict = {}
@@ -140,7 +173,12 @@ class TorchRolloutBackend(RolloutBackend):
         # A weightless skeleton (meta tensors) kept across sleeps, plus the buffers that
         # are not in a state dict (rotary tables): waking is then allocate + copy, no init.
         with torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(self.config).eval()
+            model = AutoModelForCausalLM.from_config(self.config)
+            if self.lora is not None:
+                from rlix.exec.lora import wrap_with_adapters
+
+                model = wrap_with_adapters(model, self.lora)
+            model = model.eval()
         self._buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
         self.model = model.to("meta")
         self._awake = False
@@ -152,30 +190,57 @@ class TorchRolloutBackend(RolloutBackend):
                 self.model.to("meta")  # weights dropped; the trainer's CPU cache is the copy
                 self._awake = False
                 self._version = -1
+                self._adapter_versions = {}
         if self.device.startswith("cuda"):
             import torch
 
             torch.cuda.empty_cache()
 
-    def wake(self, snapshot: WeightSnapshot | None) -> None:
+    def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
         with self._flight.cond:
             if not self._awake:
                 if snapshot is None:
                     from rlix.exec.model import load_model
 
-                    snapshot = WeightSnapshot(version=0, tensors=load_model(self.model_path).state_dict(), nbytes=0)
+                    model = load_model(self.model_path)
+                    if self.lora is not None:
+                        from rlix.exec.lora import wrap_with_adapters
+
+                        model = wrap_with_adapters(model, self.lora)
+                    snapshot = WeightSnapshot(version=0, tensors=model.state_dict(), nbytes=0)
                 self.model.to_empty(device=self.device)
                 self._load(snapshot)
                 for name, buf in self._buffers.items():
                     mod, _, leaf = name.rpartition(".")
                     self.model.get_submodule(mod)._buffers[leaf] = buf.to(self.device)
                 self._awake = True
+                self._adapter_versions = {n: 0 for n in (self.lora.names if self.lora else ())}
             elif snapshot is not None and snapshot.version != self._version:
                 self._load(snapshot)
+            for a in adapters:
+                self._load_adapter(a)
+
+    def update_adapter(self, snapshot: AdapterSnapshot) -> None:
+        with self._flight.cond:
+            if self._awake:
+                self._load_adapter(snapshot)
+
+    def _load_adapter(self, snapshot: AdapterSnapshot) -> None:
+        if snapshot.version <= self._adapter_versions.get(snapshot.name, -1):
+            return
+        unexpected = self.model.load_state_dict(snapshot.tensors, strict=False).unexpected_keys
+        if unexpected:
+            raise ValueError(f"adapter '{snapshot.name}': {len(unexpected)} tensors match no parameter (e.g. {unexpected[0]})")
+        self._adapter_versions[snapshot.name] = snapshot.version
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        return dict(self._adapter_versions)
 
     def _load(self, snapshot: WeightSnapshot) -> None:
         self.model.load_state_dict(snapshot.tensors, strict=True)
-        self.model.tie_weights()
+        if self.lora is None or "lm_head" not in self.lora.target_modules:
+            self.model.tie_weights()  # a LoRA-wrapped lm_head has its own base weight in the snapshot
         self._version = snapshot.version
 
     def update_weights(self, snapshot: WeightSnapshot) -> None:
@@ -206,7 +271,7 @@ class TorchRolloutBackend(RolloutBackend):
                 return _unchanged(request, self._version)
             f.active += 1
             epoch = f.epoch
-            version = self._version
+            version = self._adapter_versions.get(request.adapter, 0) if request.adapter else self._version
         try:
             return self._decode(request, epoch, version)
         finally:
@@ -228,13 +293,14 @@ class TorchRolloutBackend(RolloutBackend):
         with torch.inference_mode():
             x = torch.tensor([list(req.prompt_ids) + ids], device=self.device)
             past = None
+            extra = {"adapter_names": [req.adapter]} if req.adapter else {}
             while not finished and budget > 0:
                 if self._flight.epoch != epoch:
                     aborted = True
                     break
                 t_step = time.perf_counter()
                 with self._flight.cond:  # weights never change under a forward pass
-                    out = self.model(input_ids=x, past_key_values=past, use_cache=True)
+                    out = self.model(input_ids=x, past_key_values=past, use_cache=True, **extra)
                 past = out.past_key_values
                 logits = out.logits[0, -1].float().cpu() / max(req.temperature, 1e-4)
                 logp = torch.log_softmax(logits, dim=-1)
@@ -254,6 +320,15 @@ class TorchRolloutBackend(RolloutBackend):
             weight_version=version,
             gen_s=time.perf_counter() - t0,
         )
+
+
+def make_backend(kind: str, emulation: Emulation = Emulation(), lora: LoraSpec | None = None, vllm: VllmOptions = VllmOptions()) -> RolloutBackend:
+    """The rollout backend a config names; vLLM is imported only when asked for."""
+    if kind == "vllm":
+        from rlix.exec.vllm_backend import VllmRolloutBackend
+
+        return VllmRolloutBackend(lora=lora, options=vllm)
+    return TorchRolloutBackend(emulation, lora=lora)
 
 
 def _pace(step_s: float, started: float) -> None:

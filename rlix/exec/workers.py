@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import ray
 
 from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample, TrainStats
-from rlix.exec.rollout import Emulation, GenRequest, GenResult, TorchRolloutBackend
+from rlix.exec.lora import AdapterSnapshot, LoraLearner, LoraSpec
+from rlix.exec.rollout import Emulation, GenRequest, GenResult, VllmOptions, make_backend
 from rlix.exec.weights import WeightSnapshot
 
 
@@ -25,6 +26,10 @@ class SwitchTiming:
     seconds: float
     synced_bytes: int = 0
     version: int = -1
+    adapters: tuple[tuple[str, int], ...] = ()  # multi-LoRA: (adapter, version) the engine serves
+
+    def adapter_version(self, name: str) -> int:
+        return dict(self.adapters).get(name, -1)
 
 
 def _setup_process() -> None:
@@ -37,9 +42,9 @@ def _setup_process() -> None:
 class RolloutWorkerActor:
     """One rollout worker (a TP-sized GPU bundle) of one pipeline."""
 
-    def __init__(self, emulation: Emulation) -> None:
+    def __init__(self, emulation: Emulation, lora: LoraSpec | None = None, backend: str = "torch", vllm: VllmOptions = VllmOptions()) -> None:
         _setup_process()
-        self.backend = TorchRolloutBackend(emulation)  # vLLM backend: next issue, same interface
+        self.backend = make_backend(backend, emulation, lora, vllm)
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
     def prepare(self, model_path: str) -> float:
@@ -50,12 +55,26 @@ class RolloutWorkerActor:
         self.backend.prepare(model_path, device_for_worker())
         return time.perf_counter() - t0
 
-    def wake(self, snapshot: WeightSnapshot | None) -> SwitchTiming:
+    def wake(self, snapshot: WeightSnapshot | None, *adapters: AdapterSnapshot) -> SwitchTiming:
+        """Resume with ``snapshot`` (full weights, or the base) and every current adapter."""
         t0 = time.perf_counter()
         before = self.backend.weight_version if self.backend.awake else -1
-        self.backend.wake(snapshot)
+        had = self.backend.adapter_versions if self.backend.awake else {}
+        self.backend.wake(snapshot, adapters)
         synced = snapshot.nbytes if snapshot is not None and snapshot.version != before else 0
-        return SwitchTiming(seconds=time.perf_counter() - t0, synced_bytes=synced, version=self.backend.weight_version)
+        synced += sum(a.nbytes for a in adapters if a.version > had.get(a.name, -1))
+        return self._timing(t0, synced)
+
+    def _timing(self, t0: float, synced: int) -> SwitchTiming:
+        versions = tuple(sorted(self.backend.adapter_versions.items()))
+        return SwitchTiming(seconds=time.perf_counter() - t0, synced_bytes=synced, version=self.backend.weight_version, adapters=versions)
+
+    def update_adapter(self, snapshot: AdapterSnapshot) -> SwitchTiming:
+        t0 = time.perf_counter()
+        if not self.backend.awake or snapshot.version <= self.backend.adapter_versions.get(snapshot.name, -1):
+            return self._timing(t0, 0)
+        self.backend.update_adapter(snapshot)
+        return self._timing(t0, snapshot.nbytes)
 
     def sleep(self) -> SwitchTiming:
         t0 = time.perf_counter()
@@ -80,12 +99,20 @@ class RolloutWorkerActor:
 class TrainerActor:
     """The job's learner: policy, reference and optimizer on the actor_train GPUs."""
 
-    def __init__(self, model_path: str, cfg: GrpoConfig, emulation: Emulation) -> None:
+    def __init__(
+        self, model_path: str, cfg: GrpoConfig, emulation: Emulation, lora: LoraSpec | None = None, adapter_cfgs: dict[str, GrpoConfig] | None = None, checkpoint_dir: str | None = None
+    ) -> None:
         _setup_process()
         from rlix.exec.placement import device_for_worker
 
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        self.learner = GrpoLearner(model_path, device_for_worker(), cfg, emulation)
+        self.checkpoint_dir = checkpoint_dir
+        if lora is None:
+            self.learner = GrpoLearner(model_path, device_for_worker(), cfg, emulation)
+        else:
+            self.learner = LoraLearner(model_path, device_for_worker(), lora, adapter_cfgs or {}, emulation)
+            if checkpoint_dir:
+                self.learner.restore(checkpoint_dir)
         self.learner.offload()  # GPUs are only ours while a stage is granted
 
     def reload(self) -> float:
@@ -98,11 +125,24 @@ class TrainerActor:
         self.learner.offload()
         return time.perf_counter() - t0
 
-    def logprobs(self, samples: list[Sample], reference: bool) -> list[tuple[float, ...]]:
+    def logprobs(self, samples: list[Sample], reference: bool, adapter: str = "") -> list[tuple[float, ...]]:
+        if adapter:
+            return self.learner.adapter_logprobs(adapter, samples)
         return self.learner.logprobs(samples, reference=reference)
 
-    def train(self, samples: list[Sample]) -> TrainStats:
-        return self.learner.train(samples)
+    def train(self, samples: list[Sample], adapter: str = "") -> TrainStats:
+        return self.learner.train_adapter(adapter, samples) if adapter else self.learner.train(samples)
+
+    def adapter_versions(self) -> dict[str, int]:
+        """Multi-LoRA: ticks each adapter has trained (restored from a checkpoint or 0)."""
+        return self.learner.versions() if isinstance(self.learner, LoraLearner) else {}
+
+    def adapter_snapshot(self, adapter: str) -> AdapterSnapshot:
+        return self.learner.adapter_snapshot(adapter)
+
+    def save_adapter(self, adapter: str) -> str:
+        """Checkpoint ``adapter`` (weights, optimizer, step) under the job's checkpoint_dir."""
+        return str(self.learner.save(adapter, self.checkpoint_dir))
 
     def snapshot(self) -> WeightSnapshot:
         """The CPU copy of the newest weights (cached by Ray's object store)."""

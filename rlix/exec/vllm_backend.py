@@ -1,0 +1,300 @@
+"""Executor layer: a vLLM rollout backend behind :class:`RolloutBackend`.
+
+Imported only when a job's config says ``rollout_backend: vllm`` (see
+:func:`rlix.exec.rollout.make_backend`); ``import rlix`` and the CPU path
+never import vllm.
+
+- cold start (first wake): build vLLM's offline engine from the job's local
+  checkpoint directory, with sleep mode (and LoRA for multi-LoRA jobs); the
+  engine core runs in this process so weights can be loaded in place;
+- shrink = abort in-flight requests (their partial tokens come back as
+  ``aborted`` results and the coordinator continues them elsewhere), then
+  ``LLM.sleep(level)``; level 2 drops the weights, level 1 keeps a CPU copy;
+- expand = ``LLM.wake_up()``, then the trainer's CPU snapshot is loaded into
+  the model with its own ``load_weights`` (full finetune: all weights;
+  multi-LoRA: the frozen base only);
+- adapters: each version is written as a peft adapter directory and served
+  with a fresh ``LoRARequest`` id (vLLM caches adapters by id).
+
+One engine thread owns the engine: callers enqueue requests and wait; the
+thread adds them, steps the engine, and hands back finished outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlix.exec.lora import AdapterSnapshot, LoraSpec
+from rlix.exec.rollout import GenRequest, GenResult, RolloutBackend, VllmOptions, _unchanged
+from rlix.exec.weights import WeightSnapshot
+
+
+@dataclass(kw_only=True)
+class _Pending:
+    """One request inside the engine (guarded by the backend's lock)."""
+
+    request: GenRequest
+    version: int
+    started: float
+    done: threading.Event = field(default_factory=threading.Event)
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finished: bool = False
+    aborted: bool = False
+
+
+def hf_base_weights(tensors: dict) -> dict:
+    """HF parameter names of a snapshot: a peft model's base weights, or a plain model's."""
+    out = {}
+    for k, v in tensors.items():
+        if ".lora_A." in k or ".lora_B." in k:
+            continue
+        if k.startswith("base_model.model."):
+            k = k[len("base_model.model.") :].replace(".base_layer.", ".")
+        out[k] = v
+    return out
+
+
+def write_peft_adapter(snapshot: AdapterSnapshot, spec: LoraSpec, base_path: str, out_dir: Path) -> Path:
+    """Save one adapter version as a peft adapter directory (the format vLLM loads)."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = f".{snapshot.name}."
+    tensors = {k.replace(tag, "."): v.contiguous() for k, v in snapshot.tensors.items()}
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": list(spec.target_modules),
+        "base_model_name_or_path": base_path,
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(config))
+    return out_dir
+
+
+class VllmRolloutBackend(RolloutBackend):
+    def __init__(self, lora: LoraSpec | None = None, options: VllmOptions = VllmOptions()) -> None:
+        self.lora = lora
+        self.options = options
+        self.llm = None
+        self.model_path = ""
+        self.eos_id = -1
+        self._awake = False
+        self._version = -1
+        self._adapters: dict[str, tuple[int, object]] = {}  # name -> (version, LoRARequest)
+        self._lora_ids = itertools.count(1)
+        self._lock = threading.Condition()
+        self._inbox: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._running: dict[str, _Pending] = {}  # vLLM request id -> pending
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
+
+    # ---------------------------------------------------------- lifecycle
+
+    def prepare(self, model_path: str, device: str) -> None:
+        """No GPU work: remember the checkpoint and read its EOS id."""
+        self.model_path = model_path
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        eos = cfg["eos_token_id"]
+        self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: weights load in place
+
+    def _build(self) -> None:
+        from vllm import LLM
+
+        kwargs = dict(
+            model=self.model_path,
+            enable_sleep_mode=True,
+            gpu_memory_utilization=self.options.gpu_memory_utilization,
+            enforce_eager=self.options.enforce_eager,
+            max_model_len=self.options.max_model_len,
+            dtype=self.options.dtype,
+            seed=0,
+        )
+        if self.lora is not None:
+            kwargs.update(enable_lora=True, max_loras=max(1, len(self.lora.adapters)), max_lora_rank=_lora_rank_bucket(self.lora.rank))
+        self.llm = LLM(**kwargs)
+        self._thread = threading.Thread(target=self._engine_loop, name="rlix-vllm-engine", daemon=True)
+        self._thread.start()
+
+    def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
+        with self._lock:
+            if not self._awake:
+                if self.llm is None:
+                    self._build()  # cold start: the checkpoint's weights are loaded by vLLM
+                    self._version = 0
+                else:
+                    self.llm.wake_up()
+                    self._version = -1 if self.options.sleep_level == 2 else self._version
+                self._adapters = {}  # re-registered with fresh ids below (level 2 drops them)
+                self._awake = True
+            if snapshot is not None and snapshot.version != self._version or self._version < 0:
+                if snapshot is None:
+                    raise ValueError("a vLLM engine woken from sleep level 2 needs the trainer's weight snapshot")
+                self._load(snapshot)
+            for a in adapters:
+                self._register(a)
+            if self.lora is not None:
+                for name in self.lora.names:
+                    if name not in self._adapters:
+                        self._adapters[name] = (0, None)  # version 0 = base weights, no LoRA yet
+
+    def _load(self, snapshot: WeightSnapshot) -> None:
+        weights = list(hf_base_weights(snapshot.tensors).items())
+        self.llm.apply_model(lambda model: model.load_weights(weights))
+        self._version = snapshot.version
+
+    def _register(self, snapshot: AdapterSnapshot) -> None:
+        if snapshot.version <= self._adapters.get(snapshot.name, (-1, None))[0]:
+            return
+        from vllm.lora.request import LoRARequest
+
+        path = write_peft_adapter(snapshot, self.lora, self.model_path, self._adapter_dir / f"{snapshot.name}-v{snapshot.version}")
+        old = self._adapters.get(snapshot.name, (0, None))[1]
+        lora_id = next(self._lora_ids)
+        self._adapters[snapshot.name] = (snapshot.version, LoRARequest(f"{snapshot.name}-v{snapshot.version}", lora_id, str(path)))
+        if old is not None:
+            try:
+                self.llm.llm_engine.remove_lora(old.lora_int_id)  # requests already running keep theirs
+            except Exception:
+                pass
+
+    def update_weights(self, snapshot: WeightSnapshot) -> None:
+        with self._lock:
+            if self._awake:
+                self._load(snapshot)
+
+    def update_adapter(self, snapshot: AdapterSnapshot) -> None:
+        with self._lock:
+            if self._awake:
+                self._register(snapshot)
+
+    def sleep(self) -> None:
+        self.abort()
+        with self._lock:
+            if self._awake:
+                self.llm.sleep(level=self.options.sleep_level)
+                self._awake = False
+                self._adapters = {}
+                if self.options.sleep_level == 2:
+                    self._version = -1
+
+    def abort(self) -> None:
+        """Abort every request in the engine; each returns its partial tokens as ``aborted``."""
+        with self._lock:
+            ids = list(self._running)
+            if ids:
+                self.llm.llm_engine.abort_request(ids)
+            for rid in ids:
+                p = self._running.pop(rid)
+                p.aborted = True
+                p.done.set()
+            while not self._inbox.empty():
+                p = self._inbox.get_nowait()
+                p.aborted = True
+                p.done.set()
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        return {n: v for n, (v, _) in self._adapters.items()}
+
+    @property
+    def awake(self) -> bool:
+        return self._awake
+
+    # ---------------------------------------------------------- generation
+
+    def generate(self, request: GenRequest) -> GenResult:
+        with self._lock:
+            if not self._awake:
+                return _unchanged(request, self._version)
+            version = self._adapters.get(request.adapter, (0, None))[0] if request.adapter else self._version
+            p = _Pending(request=request, version=version, started=time.perf_counter(), token_ids=request.prefix_ids, logprobs=request.prefix_logprobs)
+            self._inbox.put(p)
+            self._lock.notify_all()
+        p.done.wait()
+        return GenResult(
+            traj_id=request.traj_id,
+            token_ids=p.token_ids,
+            logprobs=p.logprobs,
+            finished=p.finished,
+            aborted=p.aborted and not p.finished,
+            weight_version=version,
+            gen_s=time.perf_counter() - p.started,
+        )
+
+    def _engine_loop(self) -> None:
+        while True:
+            with self._lock:
+                while self._inbox.empty() and not self._running:
+                    self._lock.wait(timeout=1.0)
+                while not self._inbox.empty():
+                    self._add(self._inbox.get_nowait())
+                if not self._running:
+                    continue
+                outputs = self.llm.llm_engine.step()
+                for out in outputs:
+                    p = self._running.get(out.request_id)
+                    if p is not None:
+                        self._progress(out.request_id, p, out)
+
+    def _add(self, p: _Pending) -> None:
+        from vllm import SamplingParams
+
+        req = p.request
+        budget = req.max_new_tokens - len(req.prefix_ids)
+        if budget <= 0 or (req.prefix_ids and req.prefix_ids[-1] == self.eos_id):
+            p.finished = True
+            p.done.set()
+            return
+        params = SamplingParams(
+            temperature=req.temperature,
+            max_tokens=budget,
+            seed=req.seed * 1_000_003 + len(req.prefix_ids),
+            logprobs=0,  # the sampled token's log-prob only
+            stop_token_ids=[self.eos_id],
+            detokenize=False,
+        )
+        lora = self._adapters.get(req.adapter, (0, None))[1] if req.adapter else None
+        rid = f"r{next(self._ids)}"
+        prompt = {"prompt_token_ids": list(req.prompt_ids) + list(req.prefix_ids)}
+        self.llm.llm_engine.add_request(rid, prompt, params, lora_request=lora)
+        self._running[rid] = p
+
+    def _progress(self, rid: str, p: _Pending, out) -> None:
+        """Record tokens so far (cumulative output); finish the request when vLLM does."""
+        comp = out.outputs[0]
+        new_ids = tuple(int(t) for t in comp.token_ids)
+        new_lps = tuple(float(d[t].logprob) for t, d in zip(comp.token_ids, comp.logprobs or []))
+        p.token_ids = p.request.prefix_ids + new_ids
+        p.logprobs = p.request.prefix_logprobs + new_lps
+        if out.finished:  # a stop token stays in token_ids (only stop strings are cut)
+            p.finished = True
+            del self._running[rid]
+            p.done.set()
+
+
+def _lora_rank_bucket(rank: int) -> int:
+    """vLLM's max_lora_rank must be one of its supported sizes."""
+    for size in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= size:
+            return size
+    raise ValueError(f"lora.rank {rank} is larger than vLLM supports (512)")

@@ -1,0 +1,85 @@
+"""Config of multi-LoRA jobs and of the vLLM rollout backend: one-line errors naming the field."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlix.exec.config import ConfigError, load_config, parse_config
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _mixed() -> dict:
+    return yaml.safe_load((EXAMPLES / "cpu_mixed.yaml").read_text())
+
+
+def test_cpu_mixed_example_validates():
+    cfg = load_config(EXAMPLES / "cpu_mixed.yaml")
+    kinds = [j.kind for j in cfg.jobs]
+    assert kinds == ["full_finetune", "multi_lora"]
+    lora = cfg.jobs[1]
+    assert len(lora.adapters) >= 2 and all(j.rollout_backend == "torch" for j in cfg.jobs)
+    spec = lora.lora_spec()
+    assert spec.names == tuple(a.name for a in lora.adapters)
+    assert cfg.jobs[0].lora_spec() is None
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda c: c["jobs"][1].pop("adapters"), "jobs[1]"),
+        (lambda c: c["jobs"][1]["adapters"][1].update(name="copy"), "jobs[1]"),
+        (lambda c: c["jobs"][1]["adapters"][0].update(steps=0), "jobs[1].adapters[0].steps"),
+        (lambda c: c["jobs"][1]["adapters"][0]["algo"].update(kl_coef=0.1), "jobs[1].adapters[0].algo"),
+        (lambda c: c["jobs"][0].update(adapters=[{"name": "x"}]), "jobs[0]"),
+        (lambda c: c["jobs"][1]["lora"].update(rank=0), "jobs[1].lora.rank"),
+        (lambda c: c["jobs"][1].update(rollout_backend="tgi"), "jobs[1].rollout_backend"),
+        (lambda c: c["jobs"][1].update(vllm={"sleep_level": 3}), "jobs[1].vllm.sleep_level"),
+    ],
+)
+def test_bad_multi_lora_config_names_the_field(edit, field):
+    raw = _mixed()
+    edit(raw)
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    msg = str(info.value)
+    assert msg.startswith(field), msg
+    assert "\n" not in msg
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="vllm is installed here")
+def test_vllm_backend_without_vllm_is_a_one_line_config_error():
+    raw = _mixed()
+    raw["jobs"][1]["rollout_backend"] = "vllm"
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    msg = str(info.value)
+    assert msg.startswith("jobs[1].rollout_backend: vllm is not installed") and "\n" not in msg
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="vllm is installed here")
+def test_gpu_mixed_example_asks_for_vllm():
+    with pytest.raises(ConfigError, match="rollout_backend: vllm is not installed"):
+        load_config(EXAMPLES / "gpu_mixed.yaml")
+    raw = yaml.safe_load((EXAMPLES / "gpu_mixed.yaml").read_text())
+    for job in raw["jobs"]:
+        job["rollout_backend"] = "torch"
+    cfg = parse_config(raw)  # everything else about it is valid
+    assert any(j.kind == "multi_lora" for j in cfg.jobs)
+
+
+def test_torch_path_never_imports_vllm():
+    code = (
+        "import sys, rlix, rlix.exec.config, rlix.exec.rollout, rlix.exec.lora, rlix.exec.coordinator, rlix.exec.workers;"
+        "from rlix.exec.rollout import make_backend; make_backend('torch');"
+        "print('vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

@@ -1,8 +1,9 @@
 """Benchmark: the executor's CPU example under each policy, in one invocation.
 
-Runs a ``rlix-run`` config (default: ``examples/cpu_two_jobs.yaml``) under
+Runs a ``rlix-run`` config (default: ``examples/cpu_two_jobs.yaml``; also
+``examples/cpu_mixed.yaml``, full finetune + multi-LoRA) under
 ``rlix`` and ``static`` back to back, ``--repeats`` times, and prints each
-run's makespan, per-job completion time and reward, and the control-plane
+run's makespan, per-job completion time and reward (per adapter for multi-LoRA), and the control-plane
 overhead, then the makespan ratio. Wall-clock figures on a shared 2-core
 machine are noisy: read several repeats, not one.
 
@@ -38,8 +39,12 @@ def main() -> None:
             makespans[policy].append(m.makespan_s)
             jobs = []
             for pid, job in sorted(res.results.items()):
-                rewards = [s.mean_reward for s in job.steps]
-                jobs.append(f"{pid} {m.pipelines[pid].jct_s:.1f} ({rewards[0]:.2f}->{rewards[-1]:.2f})" if rewards else pid)
+                streams = sorted({s.stream for s in job.steps})  # one per LoRA adapter; "" = full finetune
+                parts = []
+                for name in streams:
+                    rewards = [s.mean_reward for s in job.steps if s.stream == name]
+                    parts.append(f"{name + ' ' if name else ''}{rewards[0]:.2f}->{rewards[-1]:.2f}")
+                jobs.append(f"{pid} {m.pipelines[pid].jct_s:.1f} ({', '.join(parts)})" if parts else pid)
             print(f"{r:>4} {policy:>16} {m.makespan_s:>11.1f} {100 * res.control_overhead_fraction:>10.2f}  " + "; ".join(jobs), flush=True)
     if "rlix" in makespans and "static" in makespans:
         for a, b in zip(makespans["rlix"], makespans["static"]):

@@ -156,7 +156,7 @@ class VllmConfig(StrictModel):
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1, description="fraction of a GPU's memory one engine may take")
     sleep_level: Literal[1, 2] = Field(default=2, description="1: weights offloaded to CPU on shrink; 2: dropped (reloaded from the trainer)")
     enforce_eager: bool = Field(default=True, description="no CUDA graphs (faster start, less memory)")
-    max_model_len: int = Field(default=512, ge=16, description="tokens per sequence (prompt + completion)")
+    max_model_len: int | None = Field(default=None, ge=16, description="tokens per sequence (prompt + completion); default: the checkpoint's limit")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)")
 
     def value(self) -> VllmOptions:

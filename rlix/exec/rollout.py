@@ -70,7 +70,7 @@ class VllmOptions:
     gpu_memory_utilization: float = 0.3  # fraction of the GPU's memory one engine may take
     sleep_level: int = 2  # 1: weights to CPU; 2: weights dropped (reloaded from the trainer's snapshot)
     enforce_eager: bool = True  # no CUDA graphs: faster start, less memory
-    max_model_len: int = 512  # tokens (prompt + completion)
+    max_model_len: int | None = None  # tokens (prompt + completion); None = the checkpoint's own limit
     dtype: str = "bfloat16"  # engine weights (the trainer's float32 snapshot is cast on load)
 
 

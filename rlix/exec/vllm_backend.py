@@ -16,6 +16,9 @@ never import vllm.
 - adapters: each version is written as a peft adapter directory and served
   with a fresh ``LoRARequest`` id (vLLM caches adapters by id).
 
+Not yet run on a GPU in this repository's CI: tests/test_exec_gpu.py exercises
+it wherever CUDA and vllm are present.
+
 One engine thread owns the engine: callers enqueue requests and wait; the
 thread adds them, steps the engine, and hands back finished outputs.
 """
@@ -121,12 +124,14 @@ class VllmRolloutBackend(RolloutBackend):
             enable_sleep_mode=True,
             gpu_memory_utilization=self.options.gpu_memory_utilization,
             enforce_eager=self.options.enforce_eager,
-            max_model_len=self.options.max_model_len,
             dtype=self.options.dtype,
+            skip_tokenizer_init=True,  # requests carry token ids; results stay token ids
             seed=0,
         )
+        if self.options.max_model_len is not None:
+            kwargs["max_model_len"] = self.options.max_model_len
         if self.lora is not None:
-            kwargs.update(enable_lora=True, max_loras=max(1, len(self.lora.adapters)), max_lora_rank=_lora_rank_bucket(self.lora.rank))
+            kwargs.update(enable_lora=True, max_loras=2 * max(1, len(self.lora.adapters)), max_lora_rank=_lora_rank_bucket(self.lora.rank))
         self.llm = LLM(**kwargs)
         self._thread = threading.Thread(target=self._engine_loop, name="rlix-vllm-engine", daemon=True)
         self._thread.start()
@@ -164,14 +169,10 @@ class VllmRolloutBackend(RolloutBackend):
         from vllm.lora.request import LoRARequest
 
         path = write_peft_adapter(snapshot, self.lora, self.model_path, self._adapter_dir / f"{snapshot.name}-v{snapshot.version}")
-        old = self._adapters.get(snapshot.name, (0, None))[1]
-        lora_id = next(self._lora_ids)
+        lora_id = next(self._lora_ids)  # a new id per version: vLLM caches adapters by id
+        # The old version is not removed: requests still running keep it, and vLLM's LRU
+        # cache evicts it once idle (max_loras leaves room for an old and a new version).
         self._adapters[snapshot.name] = (snapshot.version, LoRARequest(f"{snapshot.name}-v{snapshot.version}", lora_id, str(path)))
-        if old is not None:
-            try:
-                self.llm.llm_engine.remove_lora(old.lora_int_id)  # requests already running keep theirs
-            except Exception:
-                pass
 
     def update_weights(self, snapshot: WeightSnapshot) -> None:
         with self._lock:

@@ -63,8 +63,10 @@ def test_generate_sleep_wake_and_weight_sync(model_dir):
     assert not b.awake and torch.cuda.mem_get_info()[0] > free_awake  # weights and KV cache released
     slept = b.generate(_req())
     assert slept.aborted and slept.token_ids == ()
-    # wake with a changed policy (version 3): greedy output follows the new weights
-    b.wake(None)
+    # level 2 dropped the weights: waking needs the trainer's snapshot (here: the checkpoint's, v0)
+    with pytest.raises(ValueError, match="snapshot"):
+        b.wake(None)
+    b.wake(snapshot_of(load_model(model_dir), 0))
     before = b.generate(_req(temperature=1e-5))
     b.sleep()
     model = load_model(model_dir)
@@ -92,7 +94,7 @@ def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir):
     if partial.finished:  # finished before the abort landed (EOS early): nothing to continue
         return
     assert partial.aborted
-    b.wake(None)
+    b.wake(snapshot_of(load_model(model_dir), 0))
     rest = b.generate(continuation(req, partial))
     assert rest.finished and rest.token_ids[: len(partial.token_ids)] == partial.token_ids
 
@@ -127,7 +129,7 @@ def test_two_jobs_share_one_gpu_with_vllm(tmp_path):
 
     model = {"size": {"arch": "qwen2", "hidden_size": 256, "num_layers": 2, "num_heads": 4, "intermediate_size": 512, "seed": 0}}
     common = dict(
-        model=model, rollout_backend="vllm", vllm={"gpu_memory_utilization": 0.15}, prompts_per_step=16, group_size=8, max_new_tokens=16, slots_per_worker=128,
+        model=model, rollout_backend="vllm", vllm={"gpu_memory_utilization": 0.15}, prompts_per_step=16, group_size=8, max_new_tokens=16, slots_per_worker=48,
         roles={"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
     )
     raw = {

@@ -66,3 +66,34 @@ def test_stop_reward_ends_an_adapter_early(tmp_path):
 
     out = run_local_lora(_job([dict(ADAPTERS[0], steps=5, stop_reward=0.0)]), tmp_path)
     assert len(out["copy_a"]) == 1
+
+
+def test_vllm_adapter_files_are_peft_format_and_base_names_are_hf(tmp_path):
+    """What the vLLM backend hands vLLM (checked with peft/transformers, no vllm needed)."""
+    import torch
+    from peft import PeftModel
+
+    from rlix.exec.grpo import GrpoConfig
+    from rlix.exec.local import materialize_model
+    from rlix.exec.lora import LoraLearner
+    from rlix.exec.model import load_model
+    from rlix.exec.vllm_backend import hf_base_weights, write_peft_adapter
+
+    job = _job(ADAPTERS)
+    model_dir = materialize_model(job, tmp_path)
+    spec = job.lora_spec()
+    learner = LoraLearner(str(model_dir), "cpu", spec, {n: GrpoConfig(seed=s) for n, s in spec.adapters})
+    with torch.no_grad():
+        for name, p in learner.model.named_parameters():
+            if ".lora_B.copy_a." in name:
+                p.copy_(torch.randn_like(p))
+    learner.adapters["copy_a"].version = 1
+    path = write_peft_adapter(learner.adapter_snapshot("copy_a"), spec, str(model_dir), tmp_path / "copy_a-v1")
+    served = PeftModel.from_pretrained(load_model(model_dir), str(path)).eval()
+    x = torch.tensor([[1, 5, 6, 7]])
+    learner.model.set_adapter("copy_a")
+    with torch.no_grad():
+        assert torch.allclose(served(input_ids=x).logits, learner.model(input_ids=x).logits, atol=1e-5)
+    base = load_model(model_dir)
+    missing, unexpected = base.load_state_dict(hf_base_weights(learner.snapshot().tensors), strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing)  # the tied head follows the embeddings

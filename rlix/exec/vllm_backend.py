@@ -139,6 +139,8 @@ class VllmRolloutBackend(RolloutBackend):
     def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
         with self._lock:
             if not self._awake:
+                if self.llm is not None and self.options.sleep_level == 2 and snapshot is None:
+                    raise ValueError("a vLLM engine woken from sleep level 2 needs the trainer's weight snapshot")
                 if self.llm is None:
                     self._build()  # cold start: the checkpoint's weights are loaded by vLLM
                     self._version = 0
@@ -147,9 +149,7 @@ class VllmRolloutBackend(RolloutBackend):
                     self._version = -1 if self.options.sleep_level == 2 else self._version
                 self._adapters = {}  # re-registered with fresh ids below (level 2 drops them)
                 self._awake = True
-            if snapshot is not None and snapshot.version != self._version or self._version < 0:
-                if snapshot is None:
-                    raise ValueError("a vLLM engine woken from sleep level 2 needs the trainer's weight snapshot")
+            if snapshot is not None and (snapshot.version != self._version or self._version < 0):
                 self._load(snapshot)
             for a in adapters:
                 self._register(a)

@@ -56,6 +56,7 @@ class SchedulerModel(StrictModel):
     min_residency_s: float = Field(default=30.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them")
     rebalance_margin_workers: float = Field(default=0.5, ge=0, description="hysteresis of the rollout split, in workers")
     backlog_weight: float = Field(default=0.0, ge=0, description="weight of not-yet-started trajectories in the rollout split")
+    weight_by_duration: bool = Field(default=False, description="split rollout capacity by remaining work (trajectories x mean seconds), not counts")
 
     def to_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{name: getattr(self, name) for name in SchedulerModel.model_fields})

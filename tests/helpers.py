@@ -19,7 +19,7 @@ def register(sched: Scheduler, *specs: PipelineSpec, now: float = 0.0):
     return sched.step(now, [Register(spec=s) for s in specs])
 
 
-def demand(pid: str, pending: int, loads: dict[int, int] | None = None, batch: int = 0, backlog: int = 0) -> ReportDemand:
+def demand(pid: str, pending: int, loads: dict[int, int] | None = None, batch: int = 0, backlog: int = 0, trajectory_s: float = 0.0) -> ReportDemand:
     loads = loads or {}
     return ReportDemand(
         pipeline_id=pid,
@@ -27,6 +27,7 @@ def demand(pid: str, pending: int, loads: dict[int, int] | None = None, batch: i
         loads=tuple(WorkerLoad(first_gpu=g, active=n) for g, n in sorted(loads.items())),
         batch_size=batch or pending + sum(loads.values()),
         backlog=backlog,
+        trajectory_s=trajectory_s,
     )
 
 

@@ -48,6 +48,17 @@ def test_replay_one_policy(tmp_path):
     assert list(json.loads(out.read_text())["policies"]) == ["rlix"]
 
 
+def test_set_overrides_a_scheduler_knob_of_the_trace(tmp_path):
+    def rlix_metrics(*extra: str) -> dict:
+        out = tmp_path / "r.json"
+        assert main(["replay", str(TRACES / "two_jobs.json"), "--policy", "rlix", "--quiet", "--json", str(out), *extra]) == 0
+        return json.loads(out.read_text())["policies"]["rlix"]
+
+    default = rlix_metrics()
+    assert rlix_metrics("--set", "weight_by_duration=false") == default  # the trace's own value, restated
+    assert rlix_metrics("--set", "min_residency_s=1e9", "--set", "protect_fraction=1") != default
+
+
 def test_generate_writes_a_trace_that_validates(tmp_path):
     out = tmp_path / "t.json"
     res = run_cli("generate", "two_jobs", "-o", str(out), "--seed", "3")
@@ -107,6 +118,10 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["replay", "traces/single.json", "--json", "no/such/dir/x.json"], "folder does not exist"),
         (["generate", "nope"], "scenario 'nope' is unknown"),
         (["replay"], "required"),
+        (["replay", "traces/single.json", "--set", "backlog_weight"], "write KNOB=VALUE"),
+        (["replay", "traces/single.json", "--set", "backlog_wieght=1"], "scheduler.backlog_wieght: Extra inputs"),
+        (["replay", "traces/single.json", "--set", "backlog_weight=-1"], "scheduler.backlog_weight: Input should be greater"),
+        (["replay", "traces/single.json", "--set", "weight_by_duration=1", "--set", "weight_by_duration=0"], "given twice"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(args, expected, tmp_path):

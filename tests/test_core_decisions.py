@@ -93,6 +93,35 @@ def test_split_is_proportional_with_a_one_worker_floor():
     assert len(plan.expands) == 8 and not plan.shrinks
 
 
+def test_split_by_duration_follows_remaining_work_not_counts():
+    # a: 8 short trajectories (5 s), b: 8 long ones (95 s); equal counts, 19x the work
+    reports = [demand("a", 8, trajectory_s=5.0), demand("b", 8, trajectory_s=95.0)]
+    by_count = Scheduler(NODE8, "rlix")
+    register(by_count, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    by_count.step(0, reports)
+    assert {pid: len(ws) for pid, ws in owners(by_count).items()} == {"a": 4, "b": 4}
+    by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True))
+    register(by_work, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    by_work.step(0, reports)
+    # a floor of one worker each, then the 6 left split 1:19: shares a 1.3, b 6.7 workers;
+    # whole workers first (1 and 6), and the GPU left over is not left idle
+    assert {pid: len(ws) for pid, ws in owners(by_work).items()} == {"a": 2, "b": 6}
+
+
+def test_split_by_duration_treats_an_unmeasured_pipeline_by_count():
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True))
+    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    sched.step(0, [demand("a", 8), demand("b", 8)])  # neither has finished a trajectory yet
+    assert {pid: len(ws) for pid, ws in owners(sched).items()} == {"a": 4, "b": 4}
+
+
+def test_negative_or_nan_trajectory_seconds_are_refused():
+    sched = two_jobs()
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(SchedulingError, match="trajectory_s"):
+            sched.step(0, [demand("a", 4, trajectory_s=bad)])
+
+
 def test_idle_gpus_are_used_before_anyone_is_shrunk():
     sched = two_jobs()
     sched.step(0, [demand("a", 12)])  # a needs 3 workers of 4 slots: 5 GPUs stay idle

@@ -77,11 +77,12 @@ def scenarios(draw):
             max_size=40,
         )
     )
-    return cluster, specs, actions
+    return cluster, specs, actions, draw(st.booleans())
 
 
-def run_and_check(policy: str, cluster, specs, actions) -> None:
-    sched = Scheduler(cluster, policy, SchedulerConfig(report_ttl_s=200.0, min_residency_s=20.0))
+def run_and_check(policy: str, cluster, specs, actions, by_duration: bool) -> None:
+    config = SchedulerConfig(report_ttl_s=200.0, min_residency_s=20.0, weight_by_duration=by_duration)
+    sched = Scheduler(cluster, policy, config)
     now = 0.0
     sched.step(now, [Register(spec=s) for s in specs])
     live = {s.pipeline_id: s for s in specs}
@@ -108,7 +109,8 @@ def run_and_check(policy: str, cluster, specs, actions) -> None:
         elif kind == "demand":
             slots = live[pid].slots_per_worker
             loads = tuple(WorkerLoad(first_gpu=w.gpus[0], active=min(slots, (pending + w.gpus[0]) % (slots + 1))) for w in sched.workers(pid))
-            report = ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=pending + sum(x.active for x in loads) + 5)
+            batch = pending + sum(x.active for x in loads) + 5
+            report = ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=batch, trajectory_s=dt * (idx + 1))
             sched.submit(report, now)
             reports[pid] = (now, report)
         elif kind == "unregister":
@@ -177,7 +179,7 @@ def test_baseline_plans_keep_every_invariant(scenario):
 @settings(max_examples=60, deadline=None)
 @given(scenarios())
 def test_same_events_give_the_same_plans(scenario):
-    cluster, specs, actions = scenario
+    cluster, specs, actions, _ = scenario
 
     def plans():
         sched = Scheduler(cluster, "rlix")

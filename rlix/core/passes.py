@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rlix.core.ledger import Draft
 from rlix.core.state import PipelineEntry, View
-from rlix.core.types import GangHolder, Gpus, RolloutWorker, ShrinkReason
+from rlix.core.types import GangHolder, Gpus, ReportDemand, RolloutWorker, SchedulerConfig, ShrinkReason
 
 # ------------------------------------------------------------- gang stages
 
@@ -56,7 +56,7 @@ class RolloutNeed:
 
     entry: PipelineEntry
     need: int  # workers it could keep busy (ceil(remaining / slots))
-    weight: float  # (remaining + backlog_weight x backlog) trajectories x GPUs per worker
+    weight: float  # see _share_weight
     protected: bool  # batch nearly done: don't take busy workers away
     loads: dict[int, int]  # first GPU -> running trajectories
 
@@ -95,12 +95,22 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
             RolloutNeed(
                 entry=entry,
                 need=need,
-                weight=float((remaining + view.config.backlog_weight * report.backlog) * entry.spec.rollout_tp),
+                weight=_share_weight(view.config, remaining, report, entry.spec.rollout_tp),
                 protected=protected,
                 loads=loads,
             )
         )
     return needs
+
+
+def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand, tp: int) -> float:
+    """(remaining + backlog_weight x backlog) trajectories x GPUs per worker,
+    times the mean trajectory seconds when the split is by duration and the
+    pipeline has measured one."""
+    weight = float((remaining + config.backlog_weight * report.backlog) * tp)
+    if config.weight_by_duration and report.trajectory_s > 0:
+        weight *= report.trajectory_s
+    return weight
 
 
 def proportional_shares(needs: list[RolloutNeed], capacity_gpus: int) -> dict[str, float]:

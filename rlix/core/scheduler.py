@@ -8,6 +8,7 @@ recorded in the ledger, so the shell's only job is to carry it out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from rlix.core.errors import SchedulingError
@@ -134,6 +135,8 @@ class Scheduler:
         entry = self._active(event.pipeline_id)
         if event.pending < 0 or event.backlog < 0 or any(load.active < 0 for load in event.loads):
             raise SchedulingError(f"pipeline '{event.pipeline_id}': demand counts must be >= 0")
+        if not (math.isfinite(event.trajectory_s) and event.trajectory_s >= 0):
+            raise SchedulingError(f"pipeline '{event.pipeline_id}': trajectory_s must be a finite number >= 0")
         entry.demand = event
         entry.reported_at = now
 

@@ -228,6 +228,7 @@ class ReportDemand:
     loads: tuple[WorkerLoad, ...] = ()
     batch_size: int = 0
     backlog: int = 0  # trajectories of steps not started yet (0 if unknown)
+    trajectory_s: float = 0.0  # observed mean seconds per finished trajectory (0 if unknown)
 
 
 Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand]
@@ -294,6 +295,11 @@ class SchedulerConfig:
       trajectories count in its share weight. 0 (the default) splits by the
       current batches alone; larger values favour long jobs (longest work
       first), shortening the makespan but starving short jobs.
+    - ``weight_by_duration``: weigh a pipeline's trajectories by its reported
+      mean trajectory seconds, so the split follows remaining rollout work
+      rather than trajectory counts (agentic jobs with long trajectories get
+      more workers than their counts alone would give them). Off by default:
+      the split is then by trajectory counts.
     """
 
     report_ttl_s: float = 600.0
@@ -301,6 +307,7 @@ class SchedulerConfig:
     min_residency_s: float = 30.0
     rebalance_margin_workers: float = 0.5
     backlog_weight: float = 0.0
+    weight_by_duration: bool = False
 
 
 DEFAULT_CONFIG = SchedulerConfig()

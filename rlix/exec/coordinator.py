@@ -125,6 +125,7 @@ class PipelineCoordinator:
         # per (stream name, step)
         self.results: dict[tuple[str, int], dict[int, GenResult]] = {}
         self.traj_records: dict[int, TrajRecord] = {}
+        self.finished_gen_s = 0.0  # generation seconds of the finished trajectories (mean reported as demand)
         self.step_trajs: dict[tuple[str, int], list[Trajectory]] = {}
         self.step_started: dict[tuple[str, int], float] = {}
         self.step_done: dict[tuple[str, int], asyncio.Event] = {}
@@ -405,7 +406,7 @@ class PipelineCoordinator:
         key = (q.traj.request.adapter, step)
         traj_id = q.traj.request.traj_id
         self.results[key][traj_id] = result
-        self.traj_records[traj_id] = TrajRecord(
+        record = self.traj_records[traj_id] = TrajRecord(
             traj_id=traj_id,
             stream=key[0],
             step=step,
@@ -414,6 +415,7 @@ class PipelineCoordinator:
             tokens=len(result.token_ids),
             weight_version=min(q.min_version, result.weight_version) if produced else q.min_version,
         )
+        self.finished_gen_s += record.gen_s
         if len(self.results[key]) == len(self.step_trajs[key]):
             self.step_done.setdefault(key, asyncio.Event()).set()
 
@@ -428,7 +430,8 @@ class PipelineCoordinator:
             self.demand_dirty.clear()
             loads = tuple(WorkerLoad(first_gpu=f, active=len(s.inflight)) for f, s in sorted(self.slots.items()) if s.state is SlotState.AWAKE)
             batch = sum(s.recipe.batch_size for s in self.streams if not s.stopped) or self.streams[0].recipe.batch_size  # sum over adapters
-            report = ReportDemand(pipeline_id=self.pid, pending=len(self.queue), loads=loads, batch_size=batch)
+            mean_s = self.finished_gen_s / len(self.traj_records) if self.traj_records else 0.0
+            report = ReportDemand(pipeline_id=self.pid, pending=len(self.queue), loads=loads, batch_size=batch, trajectory_s=round(mean_s, 2))
             if report != last:
                 await self.sched.report.remote(report)
                 last = report

@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--plot", metavar="PATH", help="write a PNG: GPU-by-time chart and utilization per policy")
     rp.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
     rp.add_argument("--plan-interval", type=float, default=5.0, metavar="S", help="scheduler control-loop tick in seconds (default 5)")
+    rp.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true")
     rp.add_argument("--quiet", action="store_true", help="no progress bar or table (use with --json)")
 
     gp = sub.add_parser("generate", help="write a trace for a named scenario")
@@ -94,6 +96,8 @@ def _replay(args, console: Console, err: Console) -> int:
     trace = load_trace(args.trace)
     if args.seed is not None:
         trace = trace.reseeded(args.seed)
+    if args.set:
+        trace = trace.with_scheduler(_knobs(args.set))
     name = trace.model.name or Path(args.trace).stem
     total = trace.total_trajectories()
     show = not args.quiet
@@ -133,6 +137,18 @@ def _replay(args, console: Console, err: Console) -> int:
         if show:
             console.print(f"wrote {args.plot}")
     return 0
+
+
+def _knobs(pairs: list[str]) -> dict[str, str]:
+    knobs: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {pair}: write KNOB=VALUE, e.g. --set backlog_weight=2")
+        if key in knobs:
+            raise UserError(f"--set {key}: given twice; set each knob once")
+        knobs[key] = value
+    return knobs
 
 
 def _generate(args, console: Console, err: Console) -> int:

@@ -98,6 +98,7 @@ class RolloutEngine:
         self.running = 0
         self.batch_left = 0  # trajectories of unfinished batches
         self.completed = 0
+        self.completed_s = 0.0  # decode seconds of the finished trajectories
         self.aborted = 0
         self.switch_extra = 0.0  # GPU-seconds of adapter sync inside busy workers
         self._seq = 0
@@ -150,6 +151,11 @@ class RolloutEngine:
     def demand(self, batch_size: int) -> tuple[int, tuple[WorkerLoad, ...], int]:
         loads = tuple(WorkerLoad(first_gpu=g, active=len(w.active)) for g, w in sorted(self.workers.items()) if w.active)
         return len(self.pending), loads, batch_size
+
+    @property
+    def mean_trajectory_s(self) -> float:
+        """Mean decode seconds of the trajectories finished so far (0 before the first)."""
+        return self.completed_s / self.completed if self.completed else 0.0
 
     @property
     def unmet(self) -> bool:
@@ -212,6 +218,7 @@ class RolloutEngine:
             t.worker = None
             self.running -= 1
             finished += 1
+            self.completed_s += t.duration
             batch = t.batch
             batch.left -= 1
             if batch.left == 0:

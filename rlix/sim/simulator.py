@@ -108,7 +108,14 @@ class Simulation:
             p = self.pipelines[pid]
             if not p.done:
                 pending, loads, batch = p.engine.demand(p.batch_size())
-                report = ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=batch, backlog=p.backlog)
+                report = ReportDemand(
+                    pipeline_id=pid,
+                    pending=pending,
+                    loads=loads,
+                    batch_size=batch,
+                    backlog=p.backlog,
+                    trajectory_s=p.engine.mean_trajectory_s,
+                )
                 self.sched.submit(report, now)
         self.demand_dirty.clear()
         plan = self.sched.plan(now)

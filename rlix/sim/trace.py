@@ -233,6 +233,16 @@ class Trace:
                     block["generate"]["seed"] = seed * 1_000_003 + i * 1_009 + j
         return Trace(TraceModel.model_validate(raw), self.source)
 
+    def with_scheduler(self, settings: dict[str, str]) -> Trace:
+        """The same trace with some scheduler knobs replaced (``{"backlog_weight": "2"}``)."""
+        raw = self.model.scheduler.model_dump()
+        raw.update(settings)
+        try:
+            scheduler = SchedulerModel.model_validate(raw)
+        except ValidationError as e:
+            raise TraceError(f"scheduler.{one_line(e)}") from None
+        return Trace(self.model.model_copy(update={"scheduler": scheduler}), self.source)
+
     def total_trajectories(self) -> int:
         return sum(len(step.trajectories) for streams in self.streams.values() for _, steps in streams for step in steps)
 

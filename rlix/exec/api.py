@@ -14,12 +14,44 @@ its GPUs go back to the others.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlix.exec.config import JobConfig, RunConfig, load_config
 from rlix.exec.records import ActivityChange, JobProgress, JobResult, JobStatus
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster to join is unreachable or too small: one line, nothing started."""
+
+
+def _join(address: str, gpus_needed: int) -> None:
+    """Connect to an existing Ray cluster, failing fast with one line if it is not there."""
+    import ray
+
+    hint = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
+    if address != "auto":
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError):
+            raise ClusterError(f"--address {address}: no Ray cluster answers there; {hint}") from None
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except ConnectionError:
+        raise ClusterError(
+            f"--address {address}: no Ray cluster accepted the connection; {hint} "
+            "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
+        ) from None
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if have < gpus_needed:
+        ray.shutdown()
+        raise ClusterError(
+            f"--address {address}: the Ray cluster has {have} GPUs but cluster in the config needs {gpus_needed}; "
+            "add nodes or lower cluster.nodes / cluster.gpus_per_node"
+        )
 
 
 @dataclass(kw_only=True)
@@ -53,7 +85,7 @@ class Session:
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             if address:
-                ray.init(address=address, log_to_driver=False)
+                _join(address, self.cluster.num_gpus)
             else:
                 ray.init(
                     num_cpus=config.ray.num_cpus or os.cpu_count(),
@@ -62,7 +94,12 @@ class Session:
                     log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
                     runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
                 )
-        self.nodes = node_ids(self.cluster)
+        try:
+            self.nodes = node_ids(self.cluster)
+        except ClusterError:
+            if self._own_ray:
+                ray.shutdown()
+            raise
         self.t0 = time.time()
         self.scheduler = SchedulerActor.remote(self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.replan_interval_s)
         ray.get(self.scheduler.start.remote())

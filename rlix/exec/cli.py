@@ -1,7 +1,8 @@
 """Executor layer: ``rlix-run CONFIG`` (the CLI; :mod:`rlix.exec.api` is the same in Python).
 
 Exit status: 0 all jobs finished, 1 some job failed or was killed, 2 bad
-config (a one-line error naming the field; no actor was started).
+config or a Ray cluster that is not there or too small (a one-line error;
+no actor was started).
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     from rlix.exec.console import ProgressView
     from rlix.exec.records import JobStatus
 
-    with ProgressView(enabled=cfg.output.console and not args.no_console) as view:
-        outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view)
+    try:
+        with ProgressView(enabled=cfg.output.console and not args.no_console) as view:
+            outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view)
+    except api.ClusterError as exc:
+        print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
+        return 2
     m = outputs.metrics
     print(f"makespan_s={m.makespan_s:.1f} gpu_utilization={m.gpu_utilization:.3f} idle_fraction={m.idle_fraction:.3f} "
           f"switch_overhead_fraction={m.switch_overhead_fraction:.3f} trajectories_lost={m.trajectories_lost} "

@@ -47,7 +47,9 @@ def node_ids(cluster: ClusterSpec) -> list[str]:
     alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
     alive.sort(key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"]))
     if len(alive) < cluster.nodes:
-        raise RuntimeError(f"cluster.nodes={cluster.nodes} but Ray has {len(alive)} alive GPU nodes; join more nodes or lower cluster.nodes")
+        from rlix.exec.api import ClusterError
+
+        raise ClusterError(f"cluster.nodes={cluster.nodes} but Ray has {len(alive)} alive GPU nodes; join more nodes or lower cluster.nodes")
     return [n["NodeID"] for n in alive[: cluster.nodes]]
 
 

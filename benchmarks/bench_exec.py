@@ -1,13 +1,20 @@
-"""Executor benchmarks (CPU is fine): control-plane round trip, shrink/expand, weight sync.
+"""Executor benchmarks: control-plane round trip, shrink/expand, weight sync.
 
     python benchmarks/bench_exec.py [--requests 200] [--hidden 512 --layers 8] [--json out.json]
+    python benchmarks/bench_exec.py --backend vllm --preset 0.5b    # on a GPU, with vllm installed
 
 - scheduler round trip: one gang request + release through the Ray scheduler
   actor (no GPU contention, so it is pure control-plane time), and one demand report;
 - shrink / expand: a rollout worker's ``sleep`` (abort + drop weights) and
   ``wake`` (re-allocate + load the newest CPU snapshot), as a coordinator sees them;
 - weight sync: bytes per second from the trainer's CPU cache (Ray object store)
-  into an awake worker (``update_weights``).
+  into an awake worker (``update_weights``); on a GPU also the plain
+  host-to-device copy speed of the same bytes (pinned and pageable), and the
+  sync's fraction of it.
+
+``--preset 0.5b`` builds a random-weight Qwen2 of about 0.53B parameters
+(hidden 1024, 28 layers, intermediate 4864; the character tokenizer keeps the
+embeddings small, so the layers carry the parameters).
 """
 
 from __future__ import annotations
@@ -61,22 +68,50 @@ def bench_scheduler(n: int) -> dict:
     }
 
 
-def bench_worker(hidden: int, layers: int, reps: int) -> dict:
+PRESETS = {"0.5b": {"hidden": 1024, "layers": 28, "heads": 16, "intermediate": 4864}}
+
+
+def bench_h2d(nbytes: int, reps: int = 5) -> dict:
+    """Host-to-device copy speed of ``nbytes`` (GB/s), pinned and pageable source."""
+    import torch
+
+    out = {}
+    for kind, pinned in (("pinned", True), ("pageable", False)):
+        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        dst.copy_(src)  # warm up
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            dst.copy_(src, non_blocking=pinned)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        out[f"h2d_{kind}_GBps"] = nbytes / statistics.median(times) / 1e9
+        del src, dst
+    torch.cuda.empty_cache()
+    return out
+
+
+def bench_worker(hidden: int, layers: int, reps: int, *, heads: int = 8, intermediate: int = 0, backend: str = "torch", vllm_memory: float = 0.3) -> dict:
     import torch
 
     from rlix.exec.model import ModelSize, build_model, load_model, param_count
-    from rlix.exec.rollout import Emulation
+    from rlix.exec.rollout import Emulation, VllmOptions
     from rlix.exec.weights import snapshot_of
     from rlix.exec.workers import RolloutWorkerActor
 
+    size = ModelSize(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=intermediate or 4 * hidden)
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_model(ModelSize(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=8, intermediate_size=4 * hidden), Path(tmp) / "m")
+        path = build_model(size, Path(tmp) / "m")
         model = load_model(path)
         params = param_count(model)
         snaps = [snapshot_of(model, v) for v in (1, 2)]
         refs = [ray.put(s) for s in snaps]
         nbytes = snaps[0].nbytes
-        worker = RolloutWorkerActor.options(num_cpus=0, runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": "0"}}).remote(Emulation())
+        del model
+        opts = VllmOptions(gpu_memory_utilization=vllm_memory)
+        worker = RolloutWorkerActor.options(num_cpus=0, runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": "0"}}).remote(Emulation(), backend=backend, vllm=opts)
         t = time.perf_counter()
         ray.get(worker.prepare.remote(str(path)))
         cold = time.perf_counter() - t
@@ -92,8 +127,8 @@ def bench_worker(hidden: int, layers: int, reps: int) -> dict:
             ray.get(worker.sleep.remote())
             shrink.append(time.perf_counter() - t)
         ray.kill(worker)
-        del torch
-    return {
+    out = {
+        "backend": backend,
         "params": params,
         "weight_bytes": nbytes,
         "cold_start_s": cold,
@@ -103,6 +138,11 @@ def bench_worker(hidden: int, layers: int, reps: int) -> dict:
         "weight_sync_s_mean": statistics.fmean(sync),
         "weight_sync_GBps": nbytes / statistics.fmean(sync) / 1e9,
     }
+    if torch.cuda.is_available():
+        out |= bench_h2d(nbytes)
+        out["weight_sync_fraction_of_pageable_h2d"] = out["weight_sync_GBps"] / out["h2d_pageable_GBps"]
+        out["weight_sync_fraction_of_pinned_h2d"] = out["weight_sync_GBps"] / out["h2d_pinned_GBps"]
+    return out
 
 
 def main() -> None:
@@ -110,12 +150,31 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--intermediate", type=int, default=0, help="default: 4 x hidden")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="a named model size (overrides --hidden/--layers/...)")
+    ap.add_argument("--backend", choices=("torch", "vllm"), default="torch")
+    ap.add_argument("--vllm-memory", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    for key, value in PRESETS.get(args.preset, {}).items():
+        setattr(args, key, value)
+    if args.backend == "vllm":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("bench_exec: --backend vllm needs a CUDA GPU")
     ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        out = {"scheduler": bench_scheduler(args.requests), "worker_tiny": bench_worker(64, 2, args.reps), "worker": bench_worker(args.hidden, args.layers, args.reps)}
+        size = {"heads": args.heads, "intermediate": args.intermediate, "backend": args.backend, "vllm_memory": args.vllm_memory}
+        out = {
+            "scheduler": bench_scheduler(args.requests),
+            # vLLM's attention kernels want head_dim >= 32: its tiny model is wider
+            "worker_tiny": bench_worker(*((256, 2) if args.backend == "vllm" else (64, 2)), args.reps,
+                                        heads=4 if args.backend == "vllm" else 8, backend=args.backend, vllm_memory=args.vllm_memory),
+            "worker": bench_worker(args.hidden, args.layers, args.reps, **size),
+        }
     finally:
         ray.shutdown()
     text = json.dumps(out, indent=1)

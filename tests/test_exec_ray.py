@@ -75,7 +75,7 @@ def test_rollout_workers_expand_onto_other_jobs_gpus_and_shrink(runs):
 def test_rlix_beats_static_and_overhead_is_small(runs):
     rlix, static = runs["rlix"].metrics.makespan_s, runs["static"].metrics.makespan_s
     print(f"makespan rlix={rlix:.1f}s static={static:.1f}s overhead={runs['rlix'].control_overhead_fraction:.4f}")
-    # The speed target (rlix sooner than static) is measured by benchmarks/bench_exec.py;
+    # The speed target (rlix sooner than static) is measured by benchmarks/bench_exec_policies.py;
     # here a guard against regressions that survives a noisy 2-core CI machine.
     assert rlix < static * 1.05, f"rlix {rlix:.1f}s is much slower than static {static:.1f}s"
     assert runs["rlix"].control_overhead_fraction < 0.03

@@ -15,10 +15,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny_config(tmp_path: Path, gpus: int) -> Path:
-    """One tiny full-finetune job, two steps, on ``gpus`` logical GPUs of one node."""
+def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1) -> Path:
+    """One tiny full-finetune job, two steps, its rollout on every GPU of ``nodes`` x ``gpus``."""
     cfg = {
-        "cluster": {"nodes": 1, "gpus_per_node": gpus},
+        "cluster": {"nodes": nodes, "gpus_per_node": gpus},
         "scheduler": {"min_residency_s": 5.0, "report_ttl_s": 10.0},
         "output": {"dir": str(tmp_path / "out"), "console": False},
         "jobs": [
@@ -31,7 +31,7 @@ def tiny_config(tmp_path: Path, gpus: int) -> Path:
                 "group_size": 4,
                 "max_new_tokens": 8,
                 "slots_per_worker": 4,
-                "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": f"0-{gpus - 1}"}},
+                "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": f"0-{nodes * gpus - 1}"}},
             }
         ],
     }
@@ -80,3 +80,37 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
         assert "the Ray cluster has 4 GPUs but cluster in the config needs 8" in res.stderr.strip().splitlines()[-1]
     finally:
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+@pytest.mark.heavy
+def test_two_node_cluster_pins_every_worker_to_the_node_that_holds_its_gpus(tmp_path):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from rlix.core import ClusterSpec
+    from rlix.exec import api
+    from rlix.exec.config import load_config
+    from rlix.exec.placement import actor_options, node_ids
+
+    nodes2 = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2})
+    nodes2.add_node(num_cpus=1, num_gpus=2)
+    try:
+        ray.init(address=nodes2.address, log_to_driver=False)
+        spec = ClusterSpec(nodes=2, gpus_per_node=2)
+        nodes = node_ids(spec)
+        assert len(set(nodes)) == 2
+
+        @ray.remote
+        def where():
+            return ray.get_runtime_context().get_node_id(), os.environ["CUDA_VISIBLE_DEVICES"]
+
+        for gpus, node, local in (((0,), 0, "0"), ((1,), 0, "1"), ((2,), 1, "0"), ((3,), 1, "1"), ((2, 3), 1, "0,1")):
+            assert ray.get(where.options(**actor_options(spec, gpus, nodes, "probe")).remote()) == (nodes[node], local)
+
+        # a job whose rollout spans both nodes runs to the end
+        out = api.run(load_config(tiny_config(tmp_path, 2, nodes=2)))
+        assert out.results["solo"].status.value == "finished" and len(out.results["solo"].steps) == 2
+        assert out.metrics.trajectories_lost == 0
+    finally:
+        ray.shutdown()
+        nodes2.shutdown()

@@ -50,11 +50,18 @@ def rlix_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", "rlix.exec.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env)
 
 
-def test_unreachable_address_is_one_line_exit_2(tmp_path):
-    res = rlix_run(str(tiny_config(tmp_path, 4)), "--address", f"127.0.0.1:{free_port()}")
+@pytest.mark.parametrize("where", ["--address", "ray.address"])
+def test_unreachable_address_is_one_line_exit_2(tmp_path, where):
+    address = f"127.0.0.1:{free_port()}"
+    config = tiny_config(tmp_path, 4)
+    if where == "--address":
+        res = rlix_run(str(config), "--address", address)
+    else:
+        config.write_text(config.read_text() + f"ray: {{address: '{address}'}}\n")
+        res = rlix_run(str(config))
     assert res.returncode == 2, res.stderr
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("rlix-run: cluster error: --address 127.0.0.1:") and "no Ray cluster answers there" in last
+    assert last.startswith(f"rlix-run: cluster error: {where} {address}: no Ray cluster answers there"), last
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 

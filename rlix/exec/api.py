@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlix.exec.config import JobConfig, RunConfig, load_config
+from rlix.exec.placement import ClusterError
 from rlix.exec.records import ActivityChange, JobProgress, JobResult, JobStatus
 
 
-class ClusterError(RuntimeError):
-    """The Ray cluster to join is unreachable or too small: one line, nothing started."""
+def _join(address: str, gpus_needed: int, where: str) -> None:
+    """Connect to an existing Ray cluster, failing fast with one line if it is not there.
 
-
-def _join(address: str, gpus_needed: int) -> None:
-    """Connect to an existing Ray cluster, failing fast with one line if it is not there."""
+    ``where`` names the setting the address came from (``--address`` or ``ray.address``).
+    """
     import ray
 
     hint = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
@@ -37,19 +37,19 @@ def _join(address: str, gpus_needed: int) -> None:
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except (OSError, ValueError):
-            raise ClusterError(f"--address {address}: no Ray cluster answers there; {hint}") from None
+            raise ClusterError(f"{where} {address}: no Ray cluster answers there; {hint}") from None
     try:
         ray.init(address=address, log_to_driver=False)
     except ConnectionError:
         raise ClusterError(
-            f"--address {address}: no Ray cluster accepted the connection; {hint} "
+            f"{where} {address}: no Ray cluster accepted the connection; {hint} "
             "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
         ) from None
     have = int(ray.cluster_resources().get("GPU", 0))
     if have < gpus_needed:
         ray.shutdown()
         raise ClusterError(
-            f"--address {address}: the Ray cluster has {have} GPUs but cluster in the config needs {gpus_needed}; "
+            f"{where} {address}: the Ray cluster has {have} GPUs but cluster in the config needs {gpus_needed}; "
             "add nodes or lower cluster.nodes / cluster.gpus_per_node"
         )
 
@@ -81,11 +81,12 @@ class Session:
         self.out_dir = Path(out_dir or config.output.dir)
         self.cluster = config.cluster.spec()
         self.models = {j.name: str(materialize_model(j, self.out_dir.parent / "_models")) for j in config.jobs}
+        where = "--address" if address else "ray.address"
         address = address or config.ray.address
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             if address:
-                _join(address, self.cluster.num_gpus)
+                _join(address, self.cluster.num_gpus, where)
             else:
                 ray.init(
                     num_cpus=config.ray.num_cpus or os.cpu_count(),

@@ -14,6 +14,10 @@ from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
 
 
+class ClusterError(RuntimeError):
+    """The Ray cluster is unreachable or smaller than the config's cluster: one line, nothing started."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pinning:
     """Where a worker process runs: node index and node-local GPU ids."""
@@ -47,8 +51,6 @@ def node_ids(cluster: ClusterSpec) -> list[str]:
     alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
     alive.sort(key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"]))
     if len(alive) < cluster.nodes:
-        from rlix.exec.api import ClusterError
-
         raise ClusterError(f"cluster.nodes={cluster.nodes} but Ray has {len(alive)} alive GPU nodes; join more nodes or lower cluster.nodes")
     return [n["NodeID"] for n in alive[: cluster.nodes]]
 

@@ -50,6 +50,7 @@ def rlix_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", "rlix.exec.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env)
 
 
+@pytest.mark.exec
 @pytest.mark.parametrize("where", ["--address", "ray.address"])
 def test_unreachable_address_is_one_line_exit_2(tmp_path, where):
     address = f"127.0.0.1:{free_port()}"

@@ -75,6 +75,7 @@ def test_gpu_mixed_example_asks_for_vllm():
     assert any(j.kind == "multi_lora" for j in cfg.jobs)
 
 
+@pytest.mark.exec
 def test_torch_path_never_imports_vllm():
     code = (
         "import sys, rlix, rlix.exec.config, rlix.exec.rollout, rlix.exec.lora, rlix.exec.coordinator, rlix.exec.workers;"

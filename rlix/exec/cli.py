@@ -8,6 +8,7 @@ no actor was started).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, policy=args.policy)
     except ConfigError as exc:
         print(f"rlix-run: config error: {exc}", file=sys.stderr)
+        return 2
+    missing = [name for name in ("ray", "torch", "transformers", "peft") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"rlix-run: the executor needs the exec extra ({', '.join(missing)} not installed); pip install -e '.[exec]'", file=sys.stderr)
         return 2
     from rlix.exec import api
     from rlix.exec.console import ProgressView

@@ -40,20 +40,30 @@ def model_dir(tmp_path_factory):
     return build_model(SIZE, tmp_path_factory.mktemp("gpu_model"))
 
 
-def _backend(model_dir, lora=None):
+@pytest.fixture
+def make_backend(model_dir):
+    """Backends on ``model_dir``, closed at teardown: vLLM's sleep mode allows one engine per process."""
     from rlix.exec.vllm_backend import VllmRolloutBackend
 
-    b = VllmRolloutBackend(lora=lora, options=OPTS)
-    b.prepare(str(model_dir), "cuda")
-    return b
+    made = []
+
+    def make(lora=None):
+        b = VllmRolloutBackend(lora=lora, options=OPTS)
+        b.prepare(str(model_dir), "cuda")
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
 
 
 def _req(traj_id=0, n=24, temperature=1.0, adapter="", seed=7):
     return GenRequest(traj_id=traj_id, prompt_ids=(1, 5, 6, 7, 8), max_new_tokens=n, temperature=temperature, seed=seed, adapter=adapter)
 
 
-def test_generate_sleep_wake_and_weight_sync(model_dir):
-    b = _backend(model_dir)
+def test_generate_sleep_wake_and_weight_sync(model_dir, make_backend):
+    b = make_backend()
     b.wake(None)
     r = b.generate(_req())
     assert r.finished and not r.aborted and len(r.token_ids) == len(r.logprobs) > 0
@@ -80,8 +90,8 @@ def test_generate_sleep_wake_and_weight_sync(model_dir):
     b.sleep()
 
 
-def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir):
-    b = _backend(model_dir)
+def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir, make_backend):
+    b = make_backend()
     b.wake(None)
     req = GenRequest(traj_id=1, prompt_ids=(1, 5), max_new_tokens=200, temperature=1.0, seed=3)
     out = {}
@@ -99,8 +109,8 @@ def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir):
     assert rest.finished and rest.token_ids[: len(partial.token_ids)] == partial.token_ids
 
 
-def test_lora_adapters_served_per_request(model_dir):
-    b = _backend(model_dir, SPEC)
+def test_lora_adapters_served_per_request(model_dir, make_backend):
+    b = make_backend(SPEC)
     learner = LoraLearner(str(model_dir), "cpu", SPEC, {n: GrpoConfig(seed=s) for n, s in SPEC.adapters})
     b.wake(learner.snapshot(), tuple(learner.adapter_snapshot(n) for n in SPEC.names))
     base = b.generate(_req(adapter="a", temperature=1e-5))

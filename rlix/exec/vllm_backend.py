@@ -25,6 +25,7 @@ thread adds them, steps the engine, and hands back finished outputs.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -52,6 +53,7 @@ class _Pending:
     logprobs: tuple[float, ...] = ()
     finished: bool = False
     aborted: bool = False
+    error: Exception | None = None  # vLLM refused the request (e.g. prompt longer than max_model_len)
 
 
 def hf_base_weights(tensors: dict) -> dict:
@@ -71,8 +73,8 @@ def write_peft_adapter(snapshot: AdapterSnapshot, spec: LoraSpec, base_path: str
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tag = f".{snapshot.name}."
-    tensors = {k.replace(tag, "."): v.contiguous() for k, v in snapshot.tensors.items()}
+    a, b = f".lora_A.{snapshot.name}.", f".lora_B.{snapshot.name}."  # only the adapter's own segment: names may be digits
+    tensors = {k.replace(a, ".lora_A.").replace(b, ".lora_B."): v.contiguous() for k, v in snapshot.tensors.items()}
     save_file(tensors, str(out_dir / "adapter_model.safetensors"))
     config = {
         "peft_type": "LORA",
@@ -114,7 +116,7 @@ class VllmRolloutBackend(RolloutBackend):
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         eos = cfg["eos_token_id"]
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: weights load in place
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: weights load in place
 
     def _build(self) -> None:
         from vllm import LLM
@@ -126,6 +128,7 @@ class VllmRolloutBackend(RolloutBackend):
             enforce_eager=self.options.enforce_eager,
             dtype=self.options.dtype,
             skip_tokenizer_init=True,  # requests carry token ids; results stay token ids
+            logprobs_mode="processed_logprobs",  # after temperature, as the torch backend reports them
             seed=0,
         )
         if self.options.max_model_len is not None:
@@ -161,6 +164,8 @@ class VllmRolloutBackend(RolloutBackend):
     def _load(self, snapshot: WeightSnapshot) -> None:
         weights = list(hf_base_weights(snapshot.tensors).items())
         self.llm.apply_model(lambda model: model.load_weights(weights))
+        # Prefix caching is on by default: cached KV blocks were computed with the old weights.
+        self.llm.reset_prefix_cache(reset_running_requests=True)
         self._version = snapshot.version
 
     def _register(self, snapshot: AdapterSnapshot) -> None:
@@ -209,6 +214,30 @@ class VllmRolloutBackend(RolloutBackend):
                 p.aborted = True
                 p.done.set()
 
+    def close(self) -> None:
+        """Stop the engine thread and free the engine's GPU memory in this process.
+
+        vLLM's sleep-mode allocator serves one engine per process: build another
+        engine here only after closing this one.
+        """
+        with self._lock:
+            self._awake = False  # no new requests
+        self.abort()
+        with self._lock:
+            llm, self.llm = self.llm, None
+            self._adapters = {}
+            self._version = -1
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if llm is not None:
+            if llm.llm_engine.is_sleeping():
+                llm.wake_up()  # map the memory back before it is freed
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+
     @property
     def weight_version(self) -> int:
         return self._version
@@ -232,6 +261,8 @@ class VllmRolloutBackend(RolloutBackend):
             self._inbox.put(p)
             self._lock.notify_all()
         p.done.wait()
+        if p.error is not None:
+            raise p.error
         return GenResult(
             traj_id=request.traj_id,
             token_ids=p.token_ids,
@@ -245,8 +276,10 @@ class VllmRolloutBackend(RolloutBackend):
     def _engine_loop(self) -> None:
         while True:
             with self._lock:
-                while self._inbox.empty() and not self._running:
+                while self._inbox.empty() and not self._running and self.llm is not None:
                     self._lock.wait(timeout=1.0)
+                if self.llm is None:  # closed
+                    return
                 while not self._inbox.empty():
                     self._add(self._inbox.get_nowait())
                 if not self._running:
@@ -266,18 +299,23 @@ class VllmRolloutBackend(RolloutBackend):
             p.finished = True
             p.done.set()
             return
-        params = SamplingParams(
-            temperature=req.temperature,
-            max_tokens=budget,
-            seed=req.seed * 1_000_003 + len(req.prefix_ids),
-            logprobs=0,  # the sampled token's log-prob only
-            stop_token_ids=[self.eos_id],
-            detokenize=False,
-        )
         lora = self._adapters.get(req.adapter, (0, None))[1] if req.adapter else None
         rid = f"r{next(self._ids)}"
         prompt = {"prompt_token_ids": list(req.prompt_ids) + list(req.prefix_ids)}
-        self.llm.llm_engine.add_request(rid, prompt, params, lora_request=lora)
+        try:  # vLLM validates here (temperature <= 2, prompt within max_model_len): fail this request, not the loop
+            params = SamplingParams(
+                temperature=req.temperature,
+                max_tokens=budget,
+                seed=req.seed * 1_000_003 + len(req.prefix_ids),
+                logprobs=0,  # the sampled token's log-prob only
+                stop_token_ids=[self.eos_id],
+                detokenize=False,
+            )
+            self.llm.llm_engine.add_request(rid, prompt, params, lora_request=lora)
+        except Exception as e:
+            p.error = e
+            p.done.set()
+            return
         self._running[rid] = p
 
     def _progress(self, rid: str, p: _Pending, out) -> None:

@@ -34,3 +34,16 @@ def demand(pid: str, pending: int, loads: dict[int, int] | None = None, batch: i
 def owners(sched: Scheduler) -> dict[str, list[int]]:
     """pipeline id -> first GPUs of its rollout workers."""
     return {pid: [w.gpus[0] for w in sched.workers(pid)] for pid in sched.pipelines()}
+
+
+def assert_config_error_names(raw: dict, field: str) -> None:
+    """``raw`` fails to parse with one line that starts with ``field``."""
+    import pytest
+
+    from rlix.exec.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    msg = str(info.value)
+    assert msg.startswith(field), msg
+    assert "\n" not in msg

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlix.exec.config import ConfigError, load_config, parse_config
+from helpers import assert_config_error_names
+from rlix.exec.config import load_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -39,11 +40,7 @@ def test_examples_validate(name):
 def test_bad_config_names_the_field(edit, field):
     raw = _base()
     edit(raw)
-    with pytest.raises(ConfigError) as info:
-        parse_config(raw)
-    msg = str(info.value)
-    assert msg.startswith(field), msg
-    assert "\n" not in msg
+    assert_config_error_names(raw, field)
 
 
 def test_cli_bad_config_exits_2_with_one_line(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import assert_config_error_names
 from rlix.exec.config import ConfigError, load_config, parse_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -47,11 +48,7 @@ def test_cpu_mixed_example_validates():
 def test_bad_multi_lora_config_names_the_field(edit, field):
     raw = _mixed()
     edit(raw)
-    with pytest.raises(ConfigError) as info:
-        parse_config(raw)
-    msg = str(info.value)
-    assert msg.startswith(field), msg
-    assert "\n" not in msg
+    assert_config_error_names(raw, field)
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="vllm is installed here")

@@ -140,12 +140,18 @@ class GrpoLearner:
 
     def train(self, samples: list[Sample]) -> TrainStats:
         """One GRPO update over ``samples``; bumps the policy version."""
+        stats = self._update(samples, self.cfg, self.opt, list(self.model.parameters()), self.version)
+        self.version += 1
+        return stats
+
+    def _update(self, samples: list[Sample], cfg: GrpoConfig, opt, params: list, version: int) -> TrainStats:
+        """``cfg.epochs`` passes of clipped-PG minibatch steps of ``opt`` over ``params``
+        (minibatch order seeded by ``cfg.seed + version``)."""
         import torch
 
         t0 = time.perf_counter()
-        cfg = self.cfg
         self.model.train()
-        order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed + self.version))
+        order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed + version))
         chunks = [order[i :: cfg.minibatches].tolist() for i in range(cfg.minibatches)]
         tot_loss = tot_kl = tot_clip = 0.0
         tokens = 0
@@ -153,40 +159,38 @@ class GrpoLearner:
             for chunk in chunks:
                 if not chunk:
                     continue
-                mb = [samples[i] for i in chunk]
-                loss, kl, clip, n = self._loss(mb)
-                self.opt.zero_grad(set_to_none=True)
+                loss, kl, clip, n = self._loss([samples[i] for i in chunk], cfg)
+                opt.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                self.opt.step()
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                opt.step()
                 tot_loss += float(loss.detach()) * n
                 tot_kl += kl * n
                 tot_clip += clip * n
                 tokens += n
         self.model.eval()
-        self.version += 1
         self._pace(samples, t0)
         n = max(tokens, 1)
         return TrainStats(loss=tot_loss / n, kl=tot_kl / n, clip_fraction=tot_clip / n, tokens=tokens, seconds=time.perf_counter() - t0)
 
-    def _loss(self, mb: list[Sample]):
+    def _loss(self, mb: list[Sample], cfg: GrpoConfig):
         import torch
 
         lp, mask = self._token_logprobs(self.model, mb)
         old = _pad_like(lp, mask, [s.old_logprobs for s in mb])
         adv = torch.tensor([s.advantage for s in mb], device=lp.device).unsqueeze(1)
         ratio = torch.exp(lp - old)
-        eps = self.cfg.clip_eps
+        eps = cfg.clip_eps
         pg = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
         n = int(mask.sum())
         loss = (pg * mask).sum() / max(n, 1)
         kl_val = 0.0
-        if self.ref is not None and self.cfg.kl_coef > 0:
+        if self.ref is not None and cfg.kl_coef > 0:
             ref = _pad_like(lp, mask, [s.ref_logprobs for s in mb])
             log_r = ref - lp
             kl = torch.exp(log_r) - log_r - 1  # k3: unbiased, non-negative
             kl_term = (kl * mask).sum() / max(n, 1)
-            loss = loss + self.cfg.kl_coef * kl_term
+            loss = loss + cfg.kl_coef * kl_term
             kl_val = float(kl_term.detach())
         clipped = ((ratio - 1).abs() > eps) & mask
         return loss, kl_val, float(clipped.sum()) / max(n, 1), n

@@ -10,7 +10,6 @@ base once (a full snapshot) and then only adapter snapshots.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +103,6 @@ class LoraLearner(GrpoLearner):
             params = [named[k] for k in sorted(adapter_keys(named, name))]
             opt = torch.optim.AdamW(params, lr=cfgs[name].lr, weight_decay=0.0)
             self.adapters[name] = _AdapterState(cfg=cfgs[name], opt=opt, params=params)
-        self.cfg = next(iter(cfgs.values()))
         self.version = 0
 
     # The optimizers' state moves with the model (one list of optimizers).
@@ -125,42 +123,11 @@ class LoraLearner(GrpoLearner):
 
     def train_adapter(self, adapter: str, samples: list[Sample]) -> TrainStats:
         """One GRPO tick of ``adapter`` with its own optimizer; bumps its version."""
-        import torch
-
         st = self.adapters[adapter]
         self._use(adapter)
-        t0 = time.perf_counter()
-        cfg = st.cfg
-        order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed + st.version))
-        chunks = [order[i :: cfg.minibatches].tolist() for i in range(cfg.minibatches)]
-        tot_loss = tot_clip = 0.0
-        tokens = 0
-        self.model.train()
-        for _ in range(cfg.epochs):
-            for chunk in chunks:
-                if not chunk:
-                    continue
-                loss, _, clip, n = self._loss([samples[i] for i in chunk], cfg)
-                st.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(st.params, cfg.max_grad_norm)
-                st.opt.step()
-                tot_loss += float(loss.detach()) * n
-                tot_clip += clip * n
-                tokens += n
-        self.model.eval()
+        stats = self._update(samples, st.cfg, st.opt, st.params, st.version)
         st.version += 1
-        self._pace(samples, t0)
-        n = max(tokens, 1)
-        return TrainStats(loss=tot_loss / n, kl=0.0, clip_fraction=tot_clip / n, tokens=tokens, seconds=time.perf_counter() - t0)
-
-    def _loss(self, mb: list[Sample], cfg: GrpoConfig | None = None):
-        saved = self.cfg
-        self.cfg = cfg or saved  # the adapter's clip_eps
-        try:
-            return super()._loss(mb)
-        finally:
-            self.cfg = saved
+        return stats
 
     def train(self, samples: list[Sample]) -> TrainStats:
         raise TypeError("a LoraLearner trains one adapter at a time: call train_adapter(name, samples)")

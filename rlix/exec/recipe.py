@@ -75,30 +75,25 @@ class Recipe:
 
     @classmethod
     def for_job(cls, job, model_dir: str | Path) -> Recipe:
-        return cls(
-            task=make_task(job.task.name, min_len=job.task.min_len, max_len=job.task.max_len),
-            codec=TextCodec(model_dir),
-            prompts_per_step=job.prompts_per_step,
-            group_size=job.group_size,
-            max_new_tokens=job.max_new_tokens,
-            temperature=job.temperature,
-            seed=job.seed,
-        )
+        return cls._of(job, job.task, job.seed, model_dir)
 
     @classmethod
     def for_adapter(cls, job, index: int, model_dir: str | Path) -> Recipe:
         """The recipe of ``job.adapters[index]``: its own task and seed, the job's batch shape."""
         a = job.adapters[index]
+        return cls._of(job, a.task, a.seed, model_dir, adapter=a.name, traj_base=(index + 1) << 32)
+
+    @classmethod
+    def _of(cls, job, task, seed: int, model_dir: str | Path, **stream) -> Recipe:
         return cls(
-            task=make_task(a.task.name, min_len=a.task.min_len, max_len=a.task.max_len),
+            task=make_task(task.name, min_len=task.min_len, max_len=task.max_len),
             codec=TextCodec(model_dir),
             prompts_per_step=job.prompts_per_step,
             group_size=job.group_size,
             max_new_tokens=job.max_new_tokens,
             temperature=job.temperature,
-            seed=a.seed,
-            adapter=a.name,
-            traj_base=(index + 1) << 32,
+            seed=seed,
+            **stream,
         )
 
     @property

@@ -1,0 +1,254 @@
+"""Shared layer: the rules of an RL step, written once for both shells.
+
+The simulator (SimPy) and the executor (Ray) differ only in how time passes
+and who does the work. What a step *is* lives here, pure (no I/O, clock,
+randomness or driver imports), and both shells call it:
+
+- the stage sequence of a step and the role (and so the GPUs) each stage
+  occupies; the reference log-probs run on the actor's training GPUs when a
+  job maps no ``reference`` role;
+- the staleness gate: when the rollout of a step may start;
+- the demand report, with one meaning for each of its numbers;
+- the :class:`~rlix.core.PipelineSpec` built from a job description;
+- the activity a GPU books in each phase of a gang stage (load, work, offload);
+- the lower bounds on a run's makespan.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from rlix.core import JobKind, PipelineSpec, ReportDemand, Role, RoleSpec, Stage, WorkerLoad
+from rlix.core.types import DEFAULT_STAGE_ROLE, Gpus
+from rlix.metrics import Activity
+
+# Non-rollout stages of one step, in the order a step runs them.
+STEP_STAGES = (Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.VALUE_COMPUTE, Stage.CRITIC_TRAIN, Stage.ACTOR_TRAIN)
+
+
+class JobModelError(ValueError):
+    """A job description that breaks a rule of the step (one line, names the stage and the fix)."""
+
+
+# ------------------------------------------------------------------ stages
+
+
+def step_sequence(stages: Iterable[Stage]) -> tuple[Stage, ...]:
+    """The non-rollout stages a step runs, in step order."""
+    present = set(stages)
+    extra = present.difference(STEP_STAGES)
+    if extra:
+        names = ", ".join(sorted(s.value for s in extra))
+        raise JobModelError(f"{names} is not a stage of a step; a step runs {', '.join(s.value for s in STEP_STAGES)}")
+    return tuple(s for s in STEP_STAGES if s in present)
+
+
+def executor_stages(*, kl: bool) -> tuple[Stage, ...]:
+    """The stages of a GRPO step in the executor: old log-probs, reference log-probs (with a KL term), training."""
+    wanted = [Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN] + ([Stage.REF_LOGPROBS] if kl else [])
+    return step_sequence(wanted)
+
+
+def stage_role(spec: PipelineSpec, stage: Stage) -> Role:
+    """The role whose mapping ``stage`` occupies (reference falls back to the actor's training GPUs).
+
+    Model load (``INIT``) has no single role: it occupies :attr:`PipelineSpec.init_gpus`.
+    """
+    role = DEFAULT_STAGE_ROLE[stage]
+    if role is Role.REFERENCE and not spec.has_role(Role.REFERENCE):
+        return Role.ACTOR_TRAIN
+    if not spec.has_role(role):
+        raise JobModelError(f"stage {stage.value} needs a '{role.value}' role mapping; add roles.{role.value} or drop the stage")
+    return role
+
+
+def stage_gpus(spec: PipelineSpec, stage: Stage) -> Gpus:
+    """The GPUs ``stage`` is granted as one gang."""
+    if stage is Stage.INIT:
+        return spec.init_gpus
+    return spec.role(stage_role(spec, stage)).gpus
+
+
+def check_stage_roles(spec: PipelineSpec, stages: Iterable[Stage]) -> None:
+    """Raise :class:`JobModelError` if some stage has no mapping to run on."""
+    for stage in step_sequence(stages):
+        stage_role(spec, stage)
+
+
+# ------------------------------------------------------------------ staleness
+
+
+def rollout_gate(step: int, staleness: int) -> int | None:
+    """The step whose training must finish before ``step``'s rollout starts (None: no wait).
+
+    With staleness bound ``s`` the rollout of step ``k`` uses weights at most
+    ``s`` versions old, so it waits for step ``k - 1 - s`` to be trained.
+    """
+    gate = step - 1 - staleness
+    return gate if gate >= 0 else None
+
+
+def rollout_may_start(step: int, trained: int, staleness: int) -> bool:
+    """May the rollout of ``step`` start once ``trained`` steps are trained (the weight version)?"""
+    gate = rollout_gate(step, staleness)
+    return gate is None or trained > gate
+
+
+# ------------------------------------------------------------------ demand
+
+
+def demand_report(
+    *,
+    pipeline_id: str,
+    pending: int,
+    loads: Sequence[WorkerLoad] = (),
+    open_trajectories: int = 0,
+    backlog: int = 0,
+    trajectory_s: float = 0.0,
+) -> ReportDemand:
+    """A pipeline's rollout demand, with one meaning in both shells.
+
+    - ``pending``: trajectories (or continuations of aborted ones) waiting for a slot;
+    - ``loads``: trajectories running now, per awake worker;
+    - ``open_trajectories``: all trajectories of the rollout batches produced and
+      not yet complete (finished ones included) -- the ``batch_size`` that
+      near-finished protection compares the remaining work with;
+    - ``backlog``: trajectories of steps not produced yet;
+    - ``trajectory_s``: mean generation seconds of the trajectories finished so far (0: none yet).
+    """
+    if min(pending, open_trajectories, backlog) < 0 or trajectory_s < 0:
+        raise JobModelError(f"{pipeline_id}: demand counts and trajectory seconds must be >= 0")
+    return ReportDemand(
+        pipeline_id=pipeline_id,
+        pending=pending,
+        loads=tuple(sorted(loads, key=lambda w: w.first_gpu)),
+        batch_size=open_trajectories,
+        backlog=backlog,
+        trajectory_s=trajectory_s,
+    )
+
+
+# ------------------------------------------------------------------ topology
+
+
+class RoleLike(Protocol):
+    gpus: Sequence[int]
+    gpus_per_worker: int
+
+
+def pipeline_spec(
+    *,
+    pipeline_id: str,
+    roles: Mapping[str, RoleLike],
+    kind: str | JobKind,
+    slots_per_worker: int,
+    home: Iterable[int] = (),
+    resumable: bool,
+) -> PipelineSpec:
+    """The topology a job registers, built the same way from a trace and from an executor config.
+
+    ``resumable``: an aborted trajectory continues elsewhere with its progress
+    (the executor always does this; a trace says ``preempt: continue``).
+    """
+    specs = tuple(RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker) for name, r in sorted(roles.items()))
+    return PipelineSpec(
+        pipeline_id=pipeline_id,
+        roles=specs,
+        kind=JobKind(kind),
+        slots_per_worker=slots_per_worker,
+        home=tuple(sorted(home)),
+        resumable=resumable,
+    )
+
+
+# ------------------------------------------------------------------ activity
+
+
+class GangPhase(enum.Enum):
+    """The phases a GPU goes through while a gang stage holds it."""
+
+    LOAD = "load"  # model / optimizer state onto the GPU
+    WORK = "work"
+    OFFLOAD = "offload"
+    RELEASED = "released"
+
+
+def gang_activity(stage: Stage, phase: GangPhase) -> Activity:
+    """What a GPU held by ``stage`` is booked as in ``phase`` (model load is switching throughout)."""
+    if phase is GangPhase.RELEASED:
+        return Activity.FREE
+    if phase is GangPhase.WORK and stage is not Stage.INIT:
+        return Activity.WORK
+    return Activity.SWITCH
+
+
+# ------------------------------------------------------------------ lower bounds
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepShape:
+    """What a step costs, for the bounds: its rollout (trajectory seconds) and stage seconds."""
+
+    trajectory_s: float  # sum of every trajectory's generation seconds
+    longest_s: float  # the slowest trajectory's seconds
+    stages: tuple[tuple[Stage, float], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobShape:
+    """A job as the bounds see it: topology, arrival, model load, staleness and its streams of steps."""
+
+    spec: PipelineSpec
+    arrival_s: float
+    init_s: float
+    staleness: int
+    streams: tuple[tuple[StepShape, ...], ...]
+
+
+def lower_bounds(jobs: Iterable[JobShape], num_gpus: int) -> tuple[float, float]:
+    """(work bound, critical-path bound) in seconds; the makespan beats neither.
+
+    - work: all unavoidable GPU-seconds (model load, every gang stage over its
+      mapping, every trajectory at full slot packing on its TP-wide worker)
+      spread over every GPU;
+    - critical path: the slowest job alone on an infinite cluster, its steps
+      chained by their dependencies (longest trajectory of each rollout, stage
+      times, the staleness overlap), from its arrival.
+
+    Switching other than the initial model load is left out, so both are true
+    bounds whatever the policy.
+    """
+    work = 0.0
+    path = 0.0
+    for job in jobs:
+        spec = job.spec
+        per_traj = spec.role(Role.ACTOR_INFER).gpus_per_worker / spec.slots_per_worker  # GPU-s per trajectory-s
+        work += job.init_s * len(spec.init_gpus)
+        finish = 0.0
+        for steps in job.streams:
+            for step in steps:
+                work += step.trajectory_s * per_traj
+                for stage, seconds in step.stages:
+                    work += seconds * len(stage_gpus(spec, stage))
+            finish = max(finish, stream_critical_path(steps, job.staleness))
+        path = max(path, job.arrival_s + job.init_s + finish)
+    return work / num_gpus, path
+
+
+def stream_critical_path(steps: Sequence[StepShape], staleness: int) -> float:
+    """End of the last training of one stream with unlimited GPUs (seconds after its model load)."""
+    rolled: list[float] = []
+    trained: list[float] = []
+    for k, step in enumerate(steps):
+        start = rolled[-1] if rolled else 0.0
+        gate = rollout_gate(k, staleness)
+        if gate is not None:
+            start = max(start, trained[gate])
+        rolled.append(start + step.longest_s)
+        begin = max(rolled[-1], trained[-1] if trained else 0.0)
+        seconds = dict(step.stages)
+        trained.append(begin + sum(seconds.get(s, 0.0) for s in STEP_STAGES))
+    return trained[-1] if trained else 0.0

@@ -1,0 +1,103 @@
+"""The shared job model: the rules of an RL step both shells call."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlix.config import RoleModel
+from rlix.core import JobKind, Role, Stage, WorkerLoad
+from rlix.job import (
+    GangPhase,
+    JobModelError,
+    JobShape,
+    StepShape,
+    check_stage_roles,
+    demand_report,
+    executor_stages,
+    gang_activity,
+    lower_bounds,
+    pipeline_spec,
+    rollout_gate,
+    rollout_may_start,
+    stage_gpus,
+    stage_role,
+    step_sequence,
+)
+from rlix.metrics import Activity
+
+
+def spec(**roles):
+    models = {name: RoleModel(gpus=gpus, gpus_per_worker=tp) for name, (gpus, tp) in roles.items()}
+    return pipeline_spec(pipeline_id="p", roles=models, kind="full_finetune", slots_per_worker=2, resumable=True)
+
+
+def test_step_sequence_orders_stages_and_refuses_non_step_stages():
+    assert step_sequence([Stage.ACTOR_TRAIN, Stage.OLD_LOGPROBS]) == (Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN)
+    assert executor_stages(kl=False) == (Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN)
+    assert executor_stages(kl=True) == (Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.ACTOR_TRAIN)
+    with pytest.raises(JobModelError, match="rollout is not a stage of a step"):
+        step_sequence([Stage.ROLLOUT])
+
+
+def test_reference_falls_back_to_training_gpus_and_missing_roles_are_named():
+    s = spec(actor_train=([0, 1], 1), actor_infer=([0, 1, 2, 3], 2))
+    assert stage_role(s, Stage.REF_LOGPROBS) is Role.ACTOR_TRAIN
+    assert stage_gpus(s, Stage.REF_LOGPROBS) == (0, 1)
+    assert stage_gpus(s, Stage.INIT) == (0, 1)
+    with_ref = spec(actor_train=([0, 1], 1), actor_infer=([0, 1], 1), reference=([2], 1))
+    assert stage_gpus(with_ref, Stage.REF_LOGPROBS) == (2,)
+    assert stage_gpus(with_ref, Stage.INIT) == (0, 1, 2)
+    with pytest.raises(JobModelError, match="needs a 'critic' role mapping; add roles.critic"):
+        check_stage_roles(s, [Stage.OLD_LOGPROBS, Stage.CRITIC_TRAIN])
+
+
+@pytest.mark.parametrize(
+    "step, staleness, gate", [(0, 0, None), (1, 0, 0), (5, 0, 4), (1, 1, None), (2, 1, 0), (2, 2, None), (7, 2, 4)]
+)
+def test_staleness_gate(step, staleness, gate):
+    assert rollout_gate(step, staleness) == gate
+    if gate is None:
+        assert rollout_may_start(step, 0, staleness)
+    else:
+        assert not rollout_may_start(step, gate, staleness)  # step `gate` not trained yet
+        assert rollout_may_start(step, gate + 1, staleness)
+
+
+def test_demand_report_has_one_meaning():
+    r = demand_report(
+        pipeline_id="p", pending=3, loads=[WorkerLoad(first_gpu=4, active=1), WorkerLoad(first_gpu=0, active=2)], open_trajectories=8, backlog=16, trajectory_s=2.5
+    )
+    assert [w.first_gpu for w in r.loads] == [0, 4]
+    assert (r.pending, r.batch_size, r.backlog, r.trajectory_s) == (3, 8, 16, 2.5)
+    with pytest.raises(JobModelError):
+        demand_report(pipeline_id="p", pending=-1)
+
+
+def test_pipeline_spec_sorts_and_keeps_resumable():
+    s = pipeline_spec(
+        pipeline_id="j", roles={"actor_infer": RoleModel(gpus=[3, 2]), "actor_train": RoleModel(gpus=[1, 0])}, kind="multi_lora", slots_per_worker=4, home=[1, 0], resumable=True
+    )
+    assert s.kind is JobKind.MULTI_LORA and s.resumable and s.home == (0, 1)
+    assert [r.role for r in s.roles] == [Role.ACTOR_INFER, Role.ACTOR_TRAIN]
+    assert s.role(Role.ACTOR_INFER).gpus == (2, 3)
+
+
+def test_gang_phases_book_switch_work_switch_free():
+    phases = [GangPhase.LOAD, GangPhase.WORK, GangPhase.OFFLOAD, GangPhase.RELEASED]
+    assert [gang_activity(Stage.ACTOR_TRAIN, p) for p in phases] == [Activity.SWITCH, Activity.WORK, Activity.SWITCH, Activity.FREE]
+    assert gang_activity(Stage.INIT, GangPhase.WORK) is Activity.SWITCH  # model load is switching throughout
+
+
+def _job(staleness: int) -> JobShape:
+    s = spec(actor_train=([0, 1], 1), actor_infer=([0, 1, 2, 3], 2))
+    step = StepShape(trajectory_s=14.0, longest_s=10.0, stages=((Stage.OLD_LOGPROBS, 2.0), (Stage.ACTOR_TRAIN, 3.0)))
+    return JobShape(spec=s, arrival_s=0.0, init_s=5.0, staleness=staleness, streams=((step, step),))
+
+
+def test_lower_bounds_count_tp_width_and_staleness_overlap():
+    # work: init 5 s x 2 GPUs + per step (14 trajectory-s x TP 2 / 2 slots + 5 stage-s x 2 GPUs) x 2 steps, over 4 GPUs
+    work, path = lower_bounds([_job(0)], num_gpus=4)
+    assert work == pytest.approx((10 + 2 * (14 + 10)) / 4)
+    assert path == pytest.approx(5 + 10 + 5 + 10 + 5)  # on-policy: step 1's rollout waits for step 0's training
+    _, overlapped = lower_bounds([_job(1)], num_gpus=4)
+    assert overlapped == pytest.approx(5 + 10 + 10 + 5)  # staleness 1: step 1 rolls out while step 0 trains

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from helpers import demand, owners, register, spec
@@ -85,11 +87,12 @@ def test_priority_order_between_waiting_gangs():
 # ------------------------------------------------------------------ rollout split
 
 
-def test_split_is_proportional_with_a_one_worker_floor():
+def test_split_is_proportional_with_the_floor_inside_the_share():
     sched = two_jobs()
     plan = sched.step(0, [demand("a", 40), demand("b", 8)])
     counts = {pid: len(ws) for pid, ws in owners(sched).items()}
-    assert counts == {"a": 6, "b": 2}
+    # shares 40:8 of 8 GPUs = 6.67 and 1.33 workers; the last GPU goes to the larger remainder
+    assert counts == {"a": 7, "b": 1}
     assert len(plan.expands) == 8 and not plan.shrinks
 
 
@@ -103,9 +106,9 @@ def test_split_by_duration_follows_remaining_work_not_counts():
     by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True))
     register(by_work, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
     by_work.step(0, reports)
-    # a floor of one worker each, then the 6 left split 1:19: shares a 1.3, b 6.7 workers;
-    # whole workers first (1 and 6), and the GPU left over is not left idle
-    assert {pid: len(ws) for pid, ws in owners(by_work).items()} == {"a": 2, "b": 6}
+    # 1:19 of 8 GPUs is 0.4 : 7.6 workers; the floor is inside the share, so a gets
+    # exactly its one worker and b the other 7 (not a floor each and then 1:19 of the rest)
+    assert {pid: len(ws) for pid, ws in owners(by_work).items()} == {"a": 1, "b": 7}
 
 
 def test_split_by_duration_treats_an_unmeasured_pipeline_by_count():
@@ -154,8 +157,11 @@ def test_nearly_finished_batch_keeps_its_busy_workers():
     sched.step(0, [demand("a", 32)])
     loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers of a 100-trajectory batch
     plan = sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 400)])
-    assert not plan.shrinks
-    assert len(owners(sched)["a"]) == 8
+    # protection yields only to b's floor: b gets one worker, a keeps the other seven
+    assert len(plan.shrinks) == 1
+    assert len(owners(sched)["a"]) == 7 and len(owners(sched)["b"]) == 1
+    plan = sched.step(10, [demand("a", 0, {g: 1 for g in owners(sched)["a"]}, batch=100), demand("b", 400)])
+    assert plan.empty
 
 
 def test_idle_surplus_workers_go_to_a_pipeline_that_needs_them():
@@ -176,7 +182,7 @@ def test_resumable_stragglers_are_packed_onto_fewer_workers():
     register(sched, spec("a", range(0, 4), range(0, 8), resumable=True), spec("b", range(4, 8), range(0, 8)))
     sched.step(0, [demand("a", 32)])
     loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers fit one 4-slot worker pair
-    sched.step(5, [demand("a", 0, loads, batch=8), demand("b", 400)])
+    sched.step(5, [demand("a", 0, loads, batch=8), demand("b", 24)])
     assert len(owners(sched)["a"]) == 2  # ceil(8 / 4)
     assert len(owners(sched)["b"]) == 6
 
@@ -273,7 +279,7 @@ def test_duplicate_and_unknown_events_are_refused_without_changing_state():
     check_ledger(sched.ledger)
 
 
-def test_a_plan_that_breaks_an_invariant_never_leaves_the_core():
+def test_a_plan_that_breaks_an_invariant_is_replaced_by_a_safe_plan():
     class DoubleBooking(RlixPolicy):
         """Grants gangs but then also expands rollout onto the granted GPUs."""
 
@@ -285,13 +291,24 @@ def test_a_plan_that_breaks_an_invariant_never_leaves_the_core():
                     if draft.owner[bundle[0]] is not None:
                         draft.owner[bundle[0]] = None  # pretend it is free
                         draft.free_count += 1
-            fill_idle(view, draft, needs)
+            fill_idle(draft, needs)
 
     sched = Scheduler(TWO_NODES, DoubleBooking())
-    register(sched, spec("a", range(0, 4), range(0, 8)))
+    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(4, 8)))
     sched.submit(RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN), 0)
     sched.plan(0)
     sched.submit(demand("a", 100), 1)
-    with pytest.raises(InvariantViolation, match="no_gpu_owned_twice"):
-        sched.plan(1)
+    sched.submit(RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), 1)
+    with pytest.warns(RuntimeWarning, match="no_gpu_owned_twice"):
+        plan = sched.plan(1)
+    # reported, and replaced by the safe plan: b's stage still starts, no rollout moves
+    assert [v.invariant for v in sched.violations] == ["no_gpu_owned_twice"]
+    assert isinstance(sched.violations[0], InvariantViolation)
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.ACTOR_TRAIN)]
+    assert not plan.expands and not plan.shrinks
     check_ledger(sched.ledger)  # the bad plan was not applied
+    sched.submit(demand("a", 99), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same violation is warned about only once
+        sched.plan(2)
+    assert len(sched.violations) == 2

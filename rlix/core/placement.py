@@ -100,6 +100,13 @@ def _best_free_bundle(draft: Draft, n: RolloutNeed, crowd: dict[int, int]) -> Gp
     bundle_of = n.entry.bundle_of
     rank = n.entry.bundle_rank
     best = None
+    if n.tp == 1:  # fast path: every free GPU of the mapping is a free bundle
+        for g in _own_free_gpus(draft, n):
+            bundle = bundle_of[g]
+            key = (crowd.get(g, 1) - 1, rank[bundle], g)
+            if best is None or key < best[0]:
+                best = (key, bundle)
+        return None if best is None else best[1]
     seen: set[Gpus] = set()
     for g in _own_free_gpus(draft, n):
         bundle = bundle_of[g]

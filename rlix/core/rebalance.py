@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Iterator
 
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed
@@ -63,21 +62,48 @@ class DonorRules:
             return True
         return n.work_s / (self.draft.worker_count(n.pipeline_id) + 1) > n.switch_s
 
-    def may_give(self, pid: str, phase: Phase) -> bool:
-        """Cheap pre-filter: could any worker of ``pid`` be a victim in this phase?"""
-        d = self.by_pid.get(pid)
-        count = self.draft.worker_count(pid)
-        if d is None or d.need == 0:
-            return count > 0
-        if count <= 1 and (d.protected or self.shares[pid] > 0):
-            return False
-        return count > d.need or (phase is Phase.SHARE and count - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers)
+    def movable(self, pid: str, phase: Phase) -> list[RolloutWorker]:
+        """Workers of ``pid`` that some receiver could take in this phase.
 
-    def may_take(self, w: RolloutWorker, receiver: RolloutNeed, taken: dict[str, int], phase: Phase) -> bool:
-        """May ``w`` go to ``receiver``, after ``taken`` workers already chosen per donor?"""
+        A superset of what :meth:`may_take` allows (it is checked again victim
+        by victim); within a phase donors only lose eligibility, so the list
+        built at the start of the phase stays a superset.
+        """
+        draft = self.draft
+        d = self.by_pid.get(pid)
+        shrunk = draft.shrunk
+        placed = draft.ledger.workers_of(pid).values()
+        if d is None or d.need == 0:
+            return [w for w in placed if not shrunk or w not in shrunk]  # gone, silent, or wants nothing: all lendable
+        count = draft.worker_count(pid)
+        if count <= 1 and (d.protected or self.shares[pid] > 0):
+            return []
+        surplus = count > d.need
+        moves = count - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers if phase is Phase.SHARE else d.resumable and surplus
+        if not (surplus or moves):
+            return []
+        if shrunk:
+            placed = [w for w in placed if w not in shrunk]
+        cutoff = self.now - self.horizon(d)
+        loads = d.loads
+        placed_at = self.placed_at
+        keep_busy = d.protected and phase is Phase.WORK  # a protected batch's busy workers are never packed
+        out = []
+        for w in placed:
+            g = w.gpus[0]
+            busy = loads.get(g, 0) > 0
+            if (surplus and not busy) or (moves and placed_at[g] <= cutoff and not (busy and keep_busy)):
+                out.append(w)
+        return out
+
+    def may_take(self, w: RolloutWorker, receiver: RolloutNeed | None, taken: dict[str, int], phase: Phase) -> bool:
+        """May ``w`` go to ``receiver``, after ``taken`` workers already chosen per donor?
+
+        ``receiver=None`` asks whether some receiver with no worker yet could take it.
+        """
         draft = self.draft
         pid = w.pipeline_id
-        if pid == receiver.pipeline_id or w in draft.shrunk or w in draft.expanded:
+        if w in draft.shrunk or w in draft.expanded or (receiver is not None and pid == receiver.pipeline_id):
             return False
         d = self.by_pid.get(pid)
         if d is None or d.need == 0:
@@ -88,7 +114,8 @@ class DonorRules:
         busy = d.loads.get(w.gpus[0], 0) > 0
         if not busy and have > d.need:
             return True  # idle surplus
-        if busy and d.protected and not (phase is Phase.SHARE and draft.worker_count(receiver.pipeline_id) == 0):
+        floor_receiver = receiver is None or draft.worker_count(receiver.pipeline_id) == 0
+        if busy and d.protected and not (phase is Phase.SHARE and floor_receiver):
             return False
         if not self._resident(w, d):
             return False
@@ -96,9 +123,12 @@ class DonorRules:
             return have - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers
         return d.resumable and have > d.need  # packing stragglers onto fewer workers
 
+    def horizon(self, d: RolloutNeed) -> float:
+        """Seconds a worker of ``d`` must hold its GPUs before it may move (switch-aware residency)."""
+        return max(self.cfg.min_residency_s, AMORTIZE * d.switch_s)
+
     def _resident(self, w: RolloutWorker, d: RolloutNeed) -> bool:
-        held = self.now - self.placed_at.get(w, self.now)
-        return held >= max(self.cfg.min_residency_s, AMORTIZE * d.switch_s)
+        return self.now - self.placed_at.get(w.gpus[0], self.now) >= self.horizon(d)
 
     def donor_key(self, w: RolloutWorker) -> tuple[float, float]:
         """Prefer the donor furthest above its share, then furthest from finishing its batch."""
@@ -127,9 +157,8 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
     if not receivers:
         return
     heapq.heapify(receivers)
-    givers = sorted(pid for pid, ws in draft.ledger.workers.items() if ws and rules.may_give(pid, phase))
-    pool = [w for pid in givers for w in draft.ledger.workers[pid].values() if w not in draft.shrunk]
-    while receivers:
+    pool = {g: w for pid in sorted(draft.ledger.workers) for w in rules.movable(pid, phase) for g in w.gpus}
+    while receivers and pool:
         _, n = heapq.heappop(receivers)
         choice = _cheapest_takeover(draft, n, pool, rules, phase)
         if choice is None:
@@ -142,19 +171,14 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
             heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
 
 
-def _candidate_bundles(n: RolloutNeed, pool: list[RolloutWorker]) -> Iterator[Gpus]:
-    """Receiver bundles that overlap a possible victim (scanning the smaller side)."""
+def _candidate_bundles(n: RolloutNeed, pool: dict[int, RolloutWorker]) -> list[Gpus]:
+    """Receiver bundles that overlap a possible victim (scanning the smaller side), by first GPU."""
     bundle_of = n.entry.bundle_of
-    if len(pool) >= len(n.entry.rollout_bundles):
-        yield from n.entry.rollout_bundles
-        return
-    seen: set[Gpus] = set()
-    for w in pool:
-        for g in w.gpus:
-            bundle = bundle_of.get(g)
-            if bundle is not None and bundle not in seen:
-                seen.add(bundle)
-                yield bundle
+    if len(pool) >= len(bundle_of):
+        found = {bundle_of[g] for g in bundle_of if g in pool}
+    else:
+        found = {bundle_of[g] for g in pool if g in bundle_of}
+    return sorted(found)
 
 
 def _cheapest_takeover(draft: Draft, n: RolloutNeed, pool, rules: DonorRules, phase: Phase) -> tuple[Gpus, list[RolloutWorker]] | None:

@@ -9,7 +9,6 @@ that order, so permuting registrations cannot change a float.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 
@@ -22,6 +21,8 @@ class RolloutNeed:
     """One pipeline's rollout demand as the planner sees it this round."""
 
     entry: PipelineEntry
+    pipeline_id: str
+    tp: int  # GPUs per rollout worker
     need: int  # workers it could keep busy (ceil(remaining / slots)), at most its bundles
     weight: float  # see _share_weight; 0 when it wants nothing
     protected: bool  # batch nearly done: its busy workers are not taken to rebalance
@@ -29,14 +30,6 @@ class RolloutNeed:
     remaining_fraction: float = 0.0  # trajectories left / batch size (1.0 if the batch is unknown)
     work_s: float = 0.0  # worker-seconds of rollout left (remaining x mean s / slots); 0 if unknown
     switch_s: float = 0.0  # seconds to wake and sync one new worker; 0 if unknown
-
-    @property
-    def pipeline_id(self) -> str:
-        return self.entry.spec.pipeline_id
-
-    @property
-    def tp(self) -> int:
-        return self.entry.spec.rollout_tp
 
     @property
     def resumable(self) -> bool:
@@ -60,7 +53,7 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
     for entry in sorted(view.active(), key=lambda e: e.spec.pipeline_id):
         report = entry.demand
         if report is None or view.now - entry.reported_at > ttl or entry.spec.pipeline_id in blocked:
-            needs.append(RolloutNeed(entry=entry, need=0, weight=0.0, protected=False, loads={}))
+            needs.append(RolloutNeed(entry=entry, pipeline_id=entry.spec.pipeline_id, tp=entry.spec.rollout_tp, need=0, weight=0.0, protected=False, loads={}))
             continue
         needs.append(_need_of(view.config, entry, report))
     return needs
@@ -74,6 +67,8 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
     batch = report.batch_size
     return RolloutNeed(
         entry=entry,
+        pipeline_id=entry.spec.pipeline_id,
+        tp=entry.spec.rollout_tp,
         need=need,
         weight=_share_weight(config, remaining, report, entry.spec.rollout_tp) if need else 0.0,
         protected=batch > 0 and remaining <= config.protect_fraction * batch,
@@ -119,21 +114,25 @@ def proportional_shares(needs: list[RolloutNeed], capacity_gpus: int) -> dict[st
 def _water_level(items: list[tuple[float, float, float]], capacity: float) -> float:
     """The level L with sum(clamp(L x w, lo, hi)) == capacity (inf if all fit at hi).
 
-    ``items`` are (weight > 0, lo, hi) in a fixed order; the sum is piecewise
-    linear and non-decreasing in L, so the level lies between two breakpoints
-    found by bisection (O(n log n)).
+    ``items`` are (weight > 0, lo, hi) in a fixed order. The sum is piecewise
+    linear and non-decreasing in L: sweep its breakpoints in order, keeping
+    the sum as ``fixed + slope x L``, and solve inside the segment where it
+    reaches the capacity (O(n log n)).
     """
     if sum(hi for _, _, hi in items) <= capacity:
         return math.inf
-    points = sorted({lo / w for w, lo, _ in items} | {hi / w for w, _, hi in items})
-
-    def filled(level: float) -> float:
-        return sum(min(hi, max(lo, level * w)) for w, lo, hi in items)
-
-    # the last breakpoint at which the water has not yet overflowed
-    i = bisect.bisect_right(points, capacity, key=filled) - 1
-    if i < 0:
-        return 0.0
-    base = points[i]
-    slope = sum(w for w, lo, hi in items if lo <= base * w < hi)
-    return base + (capacity - filled(base)) / slope if slope > 0 else base
+    # (level, kind, i): kind 0 = item i leaves its floor, 1 = item i reaches its cap
+    points = sorted([(lo / w, 0, i) for i, (w, lo, _) in enumerate(items)] + [(hi / w, 1, i) for i, (w, _, hi) in enumerate(items)])
+    fixed = sum(lo for _, lo, _ in items)
+    slope = 0.0
+    for level, kind, i in points:
+        if slope > 0 and fixed + slope * level >= capacity:
+            break
+        w, lo, hi = items[i]
+        if kind == 0:
+            fixed -= lo
+            slope += w
+        else:
+            fixed += hi
+            slope -= w
+    return (capacity - fixed) / slope if slope > 0 else 0.0

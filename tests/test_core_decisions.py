@@ -11,6 +11,7 @@ from rlix.core import (
     ClusterSpec,
     InvariantViolation,
     ReleaseStage,
+    ReportDemand,
     RequestStage,
     Scheduler,
     SchedulerConfig,
@@ -18,6 +19,7 @@ from rlix.core import (
     ShrinkReason,
     Stage,
     Unregister,
+    WorkerLoad,
     check_ledger,
 )
 from rlix.core.passes import fill_idle, gang_pass, rollout_needs
@@ -312,3 +314,78 @@ def test_a_plan_that_breaks_an_invariant_is_replaced_by_a_safe_plan():
         warnings.simplefilter("error")  # the same violation is warned about only once
         sched.plan(2)
     assert len(sched.violations) == 2
+
+
+# ------------------------------------------------------------------ placement, protection, switching
+
+
+def test_a_wide_floor_is_placed_before_narrow_ones_take_its_bundle():
+    sched = Scheduler(NODE8, "rlix")
+    register(sched, spec("a", range(0, 8), range(0, 8), slots=1), spec("b", range(0, 8), range(0, 8), slots=1),
+             spec("wide", range(0, 4), range(0, 4), tp=4, slots=1))
+    sched.step(0, [demand("a", 3), demand("b", 3), demand("wide", 1)])
+    assert owners(sched)["wide"] == [0]
+    assert sorted(owners(sched)["a"] + owners(sched)["b"]) == [4, 5, 6, 7]
+
+
+def test_a_worker_goes_first_where_no_other_pipeline_could_go():
+    sched = Scheduler(NODE8, "rlix")
+    # 'only0' may use GPU 0 alone, inside the home of 'any', which may use all eight.
+    register(sched, spec("any", range(0, 4), range(0, 8), slots=1), spec("only0", range(4, 8), (0,), slots=1))
+    plan = sched.step(0, [demand("any", 8), demand("only0", 1)])
+    assert owners(sched) == {"any": [1, 2, 3, 4, 5, 6, 7], "only0": [0]}
+    assert not plan.shrinks
+
+
+def test_protection_never_keeps_a_pipeline_below_its_floor_but_keeps_the_donors_last_worker():
+    cfg = SchedulerConfig(min_residency_s=0.0)
+    node = ClusterSpec(nodes=1, gpus_per_node=2)
+    sched = Scheduler(node, "rlix", cfg)
+    register(sched, spec("a", range(0, 2), range(0, 2), slots=1), spec("b", range(0, 2), range(0, 2), slots=1))
+    sched.step(0, [demand("a", 2, batch=100)])
+    assert len(owners(sched)["a"]) == 2
+    loads = {g: 1 for g in owners(sched)["a"]}
+    sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 50)])  # a: protected, 2 left
+    assert len(owners(sched)["b"]) == 1 and len(owners(sched)["a"]) == 1
+    sched.step(10, [demand("a", 1, {owners(sched)["a"][0]: 1}, batch=100), demand("b", 50)])
+    assert len(owners(sched)["a"]) == 1  # never its last worker while its batch is protected
+
+
+def test_packing_never_takes_a_protected_jobs_last_workers():
+    # A TP-4 pipeline may take the whole node; a small resumable job finishing a protected batch
+    # keeps one worker (its four stragglers can be packed onto it, never onto none).
+    cfg = SchedulerConfig(min_residency_s=0.0)
+    node = ClusterSpec(nodes=1, gpus_per_node=4)
+    sched = Scheduler(node, "rlix", cfg)
+    register(sched, spec("small", range(0, 4), range(0, 4), slots=4, resumable=True), spec("big", range(0, 4), range(0, 4), tp=4, slots=1))
+    sched.step(0, [demand("small", 16, batch=40)])
+    assert len(owners(sched)["small"]) == 4
+    loads = {g: 1 for g in owners(sched)["small"]}
+    for t in (5, 10, 40):
+        sched.step(t, [demand("small", 0, loads, batch=40), demand("big", 100)])
+        assert len(owners(sched)["small"]) >= 1
+        loads = {g: 1 for g in owners(sched)["small"]}
+
+
+def test_a_worker_moves_only_after_amortising_its_switch():
+    cfg = SchedulerConfig(min_residency_s=10.0)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 100)])
+    loads = {g: 4 for g in owners(sched)["a"]}
+    # a reports 60 s switches: its workers stay 2 x 60 s before a rebalance may take them
+    reports = lambda t: [ReportDemand(pipeline_id="a", pending=68, loads=tuple(WorkerLoad(first_gpu=g, active=4) for g in sorted(loads)),  # noqa: E731
+                                      batch_size=100, switch_s=60.0), demand("b", 100)]
+    assert not sched.step(60, reports(60)).shrinks
+    assert sched.step(121, reports(121)).shrinks
+
+
+def test_a_receiver_with_less_work_than_a_switch_takes_no_busy_worker():
+    cfg = SchedulerConfig(min_residency_s=0.0)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 100)])
+    loads = {g: 4 for g in owners(sched)["a"]}
+    short = ReportDemand(pipeline_id="b", pending=40, trajectory_s=1.0, switch_s=30.0, batch_size=40)
+    plan = sched.step(5, [demand("a", 68, loads), short])  # 40 one-second trajectories: not worth a 30 s switch
+    assert not plan.shrinks
+    long = ReportDemand(pipeline_id="b", pending=40, trajectory_s=600.0, switch_s=30.0, batch_size=40)
+    assert sched.step(10, [demand("a", 68, loads), long]).shrinks

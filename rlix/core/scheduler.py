@@ -92,6 +92,7 @@ class Scheduler:
                 f"'{self.policy.name}'; map actor_infer onto at least one home bundle"
             )
         bundle_of: dict[int, Gpus] = {g: b for b in bundles for g in b}
+        home = set(spec.home_gpus)
         self._seq += 1
         self._view.pipelines[pid] = PipelineEntry(
             spec=spec,
@@ -99,6 +100,7 @@ class Scheduler:
             rollout_bundles=bundles,
             bundle_of=bundle_of,
             bundle_rank={b: i for i, b in enumerate(bundles)},
+            home_workers=sum(1 for b in bundles if home.issuperset(b)),
         )
 
     def _unregister(self, event: Unregister, now: float) -> None:

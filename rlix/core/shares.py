@@ -24,6 +24,7 @@ class RolloutNeed:
     pipeline_id: str
     tp: int  # GPUs per rollout worker
     need: int  # workers it could keep busy (ceil(remaining / slots)), at most its bundles
+    floor: int = 1  # workers its share never goes below while capacity allows (<= need)
     weight: float  # see _share_weight; 0 when it wants nothing
     protected: bool  # batch nearly done: its busy workers are not taken to rebalance
     loads: dict[int, int]  # first GPU -> running trajectories
@@ -70,6 +71,7 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
         pipeline_id=entry.spec.pipeline_id,
         tp=entry.spec.rollout_tp,
         need=need,
+        floor=max(1, min(need, entry.home_workers)) if config.home_floor else 1,
         weight=_share_weight(config, remaining, report, entry.spec.rollout_tp) if need else 0.0,
         protected=batch > 0 and remaining <= config.protect_fraction * batch,
         loads=loads,
@@ -105,9 +107,12 @@ def proportional_shares(needs: list[RolloutNeed], capacity_gpus: int) -> dict[st
         if n.tp <= left:
             floored.append(n)
             left -= n.tp
-    level = _water_level([(n.weight, float(n.tp), float(n.need * n.tp)) for n in floored], float(capacity_gpus))
+    lows = {n.pipeline_id: float(n.floor * n.tp) for n in floored}
+    if sum(lows.values()) > capacity_gpus:  # home floors do not all fit: one worker each
+        lows = {n.pipeline_id: float(n.tp) for n in floored}
+    level = _water_level([(n.weight, lows[n.pipeline_id], float(n.need * n.tp)) for n in floored], float(capacity_gpus))
     for n in floored:
-        shares[n.pipeline_id] = min(float(n.need * n.tp), max(float(n.tp), level * n.weight)) / n.tp
+        shares[n.pipeline_id] = min(float(n.need * n.tp), max(lows[n.pipeline_id], level * n.weight)) / n.tp
     return shares
 
 

@@ -309,6 +309,7 @@ class SchedulerConfig:
     rebalance_margin_workers: float = 0.5
     backlog_weight: float = 0.0
     weight_by_duration: bool = False
+    home_floor: bool = False
 
 
 DEFAULT_CONFIG = SchedulerConfig()

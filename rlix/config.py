@@ -57,6 +57,7 @@ class SchedulerModel(StrictModel):
     rebalance_margin_workers: float = Field(default=0.5, ge=0, description="hysteresis of the rollout split, in workers")
     backlog_weight: float = Field(default=0.0, ge=0, description="weight of not-yet-started trajectories in the rollout split")
     weight_by_duration: bool = Field(default=False, description="split rollout capacity by remaining work (trajectories x mean seconds), not counts")
+    home_floor: bool = Field(default=False, description="a pipeline's share never drops below its home partition's rollout workers while it can use them")
 
     def to_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{name: getattr(self, name) for name in SchedulerModel.model_fields})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from helpers import demand, owners, register, spec
@@ -9,6 +11,7 @@ from rlix.core import (
     ClusterSpec,
     InvariantViolation,
     ReleaseStage,
+    ReportDemand,
     RequestStage,
     Scheduler,
     SchedulerConfig,
@@ -16,6 +19,7 @@ from rlix.core import (
     ShrinkReason,
     Stage,
     Unregister,
+    WorkerLoad,
     check_ledger,
 )
 from rlix.core.passes import fill_idle, gang_pass, rollout_needs
@@ -85,11 +89,12 @@ def test_priority_order_between_waiting_gangs():
 # ------------------------------------------------------------------ rollout split
 
 
-def test_split_is_proportional_with_a_one_worker_floor():
+def test_split_is_proportional_with_the_floor_inside_the_share():
     sched = two_jobs()
     plan = sched.step(0, [demand("a", 40), demand("b", 8)])
     counts = {pid: len(ws) for pid, ws in owners(sched).items()}
-    assert counts == {"a": 6, "b": 2}
+    # shares 40:8 of 8 GPUs = 6.67 and 1.33 workers; the last GPU goes to the larger remainder
+    assert counts == {"a": 7, "b": 1}
     assert len(plan.expands) == 8 and not plan.shrinks
 
 
@@ -103,9 +108,9 @@ def test_split_by_duration_follows_remaining_work_not_counts():
     by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True))
     register(by_work, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
     by_work.step(0, reports)
-    # a floor of one worker each, then the 6 left split 1:19: shares a 1.3, b 6.7 workers;
-    # whole workers first (1 and 6), and the GPU left over is not left idle
-    assert {pid: len(ws) for pid, ws in owners(by_work).items()} == {"a": 2, "b": 6}
+    # 1:19 of 8 GPUs is 0.4 : 7.6 workers; the floor is inside the share, so a gets
+    # exactly its one worker and b the other 7 (not a floor each and then 1:19 of the rest)
+    assert {pid: len(ws) for pid, ws in owners(by_work).items()} == {"a": 1, "b": 7}
 
 
 def test_split_by_duration_treats_an_unmeasured_pipeline_by_count():
@@ -154,8 +159,11 @@ def test_nearly_finished_batch_keeps_its_busy_workers():
     sched.step(0, [demand("a", 32)])
     loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers of a 100-trajectory batch
     plan = sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 400)])
-    assert not plan.shrinks
-    assert len(owners(sched)["a"]) == 8
+    # protection yields only to b's floor: b gets one worker, a keeps the other seven
+    assert len(plan.shrinks) == 1
+    assert len(owners(sched)["a"]) == 7 and len(owners(sched)["b"]) == 1
+    plan = sched.step(10, [demand("a", 0, {g: 1 for g in owners(sched)["a"]}, batch=100), demand("b", 400)])
+    assert plan.empty
 
 
 def test_idle_surplus_workers_go_to_a_pipeline_that_needs_them():
@@ -176,7 +184,7 @@ def test_resumable_stragglers_are_packed_onto_fewer_workers():
     register(sched, spec("a", range(0, 4), range(0, 8), resumable=True), spec("b", range(4, 8), range(0, 8)))
     sched.step(0, [demand("a", 32)])
     loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers fit one 4-slot worker pair
-    sched.step(5, [demand("a", 0, loads, batch=8), demand("b", 400)])
+    sched.step(5, [demand("a", 0, loads, batch=8), demand("b", 24)])
     assert len(owners(sched)["a"]) == 2  # ceil(8 / 4)
     assert len(owners(sched)["b"]) == 6
 
@@ -273,7 +281,7 @@ def test_duplicate_and_unknown_events_are_refused_without_changing_state():
     check_ledger(sched.ledger)
 
 
-def test_a_plan_that_breaks_an_invariant_never_leaves_the_core():
+def test_a_plan_that_breaks_an_invariant_is_replaced_by_a_safe_plan():
     class DoubleBooking(RlixPolicy):
         """Grants gangs but then also expands rollout onto the granted GPUs."""
 
@@ -285,13 +293,99 @@ def test_a_plan_that_breaks_an_invariant_never_leaves_the_core():
                     if draft.owner[bundle[0]] is not None:
                         draft.owner[bundle[0]] = None  # pretend it is free
                         draft.free_count += 1
-            fill_idle(view, draft, needs)
+            fill_idle(draft, needs)
 
     sched = Scheduler(TWO_NODES, DoubleBooking())
-    register(sched, spec("a", range(0, 4), range(0, 8)))
+    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(4, 8)))
     sched.submit(RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN), 0)
     sched.plan(0)
     sched.submit(demand("a", 100), 1)
-    with pytest.raises(InvariantViolation, match="no_gpu_owned_twice"):
-        sched.plan(1)
+    sched.submit(RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), 1)
+    with pytest.warns(RuntimeWarning, match="no_gpu_owned_twice"):
+        plan = sched.plan(1)
+    # reported, and replaced by the safe plan: b's stage still starts, no rollout moves
+    assert [v.invariant for v in sched.violations] == ["no_gpu_owned_twice"]
+    assert isinstance(sched.violations[0], InvariantViolation)
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.ACTOR_TRAIN)]
+    assert not plan.expands and not plan.shrinks
     check_ledger(sched.ledger)  # the bad plan was not applied
+    sched.submit(demand("a", 99), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same violation is warned about only once
+        sched.plan(2)
+    assert len(sched.violations) == 2
+
+
+# ------------------------------------------------------------------ placement, protection, switching
+
+
+def test_a_wide_floor_is_placed_before_narrow_ones_take_its_bundle():
+    sched = Scheduler(NODE8, "rlix")
+    register(sched, spec("a", range(0, 8), range(0, 8), slots=1), spec("b", range(0, 8), range(0, 8), slots=1),
+             spec("wide", range(0, 4), range(0, 4), tp=4, slots=1))
+    sched.step(0, [demand("a", 3), demand("b", 3), demand("wide", 1)])
+    assert owners(sched)["wide"] == [0]
+    assert sorted(owners(sched)["a"] + owners(sched)["b"]) == [4, 5, 6, 7]
+
+
+def test_a_worker_goes_first_where_no_other_pipeline_could_go():
+    sched = Scheduler(NODE8, "rlix")
+    # 'only0' may use GPU 0 alone, inside the home of 'any', which may use all eight.
+    register(sched, spec("any", range(0, 4), range(0, 8), slots=1), spec("only0", range(4, 8), (0,), slots=1))
+    plan = sched.step(0, [demand("any", 8), demand("only0", 1)])
+    assert owners(sched) == {"any": [1, 2, 3, 4, 5, 6, 7], "only0": [0]}
+    assert not plan.shrinks
+
+
+def test_protection_never_keeps_a_pipeline_below_its_floor_but_keeps_the_donors_last_worker():
+    cfg = SchedulerConfig(min_residency_s=0.0)
+    node = ClusterSpec(nodes=1, gpus_per_node=2)
+    sched = Scheduler(node, "rlix", cfg)
+    register(sched, spec("a", range(0, 2), range(0, 2), slots=1), spec("b", range(0, 2), range(0, 2), slots=1))
+    sched.step(0, [demand("a", 2, batch=100)])
+    assert len(owners(sched)["a"]) == 2
+    loads = {g: 1 for g in owners(sched)["a"]}
+    sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 50)])  # a: protected, 2 left
+    assert len(owners(sched)["b"]) == 1 and len(owners(sched)["a"]) == 1
+    sched.step(10, [demand("a", 1, {owners(sched)["a"][0]: 1}, batch=100), demand("b", 50)])
+    assert len(owners(sched)["a"]) == 1  # never its last worker while its batch is protected
+
+
+def test_packing_never_takes_a_protected_jobs_last_workers():
+    # A TP-4 pipeline may take the whole node; a small resumable job finishing a protected batch
+    # keeps one worker (its four stragglers can be packed onto it, never onto none).
+    cfg = SchedulerConfig(min_residency_s=0.0)
+    node = ClusterSpec(nodes=1, gpus_per_node=4)
+    sched = Scheduler(node, "rlix", cfg)
+    register(sched, spec("small", range(0, 4), range(0, 4), slots=4, resumable=True), spec("big", range(0, 4), range(0, 4), tp=4, slots=1))
+    sched.step(0, [demand("small", 16, batch=40)])
+    assert len(owners(sched)["small"]) == 4
+    loads = {g: 1 for g in owners(sched)["small"]}
+    for t in (5, 10, 40):
+        sched.step(t, [demand("small", 0, loads, batch=40), demand("big", 100)])
+        assert len(owners(sched)["small"]) >= 1
+        loads = {g: 1 for g in owners(sched)["small"]}
+
+
+def test_a_worker_moves_only_after_amortising_its_switch():
+    cfg = SchedulerConfig(min_residency_s=10.0)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 100)])
+    loads = {g: 4 for g in owners(sched)["a"]}
+    # a reports 60 s switches: its workers stay 2 x 60 s before a rebalance may take them
+    reports = lambda t: [ReportDemand(pipeline_id="a", pending=68, loads=tuple(WorkerLoad(first_gpu=g, active=4) for g in sorted(loads)),  # noqa: E731
+                                      batch_size=100, switch_s=60.0), demand("b", 100)]
+    assert not sched.step(60, reports(60)).shrinks
+    assert sched.step(121, reports(121)).shrinks
+
+
+def test_a_receiver_with_less_work_than_a_switch_takes_no_busy_worker():
+    cfg = SchedulerConfig(min_residency_s=0.0)
+    sched = two_jobs(config=cfg)
+    sched.step(0, [demand("a", 100)])
+    loads = {g: 4 for g in owners(sched)["a"]}
+    short = ReportDemand(pipeline_id="b", pending=40, trajectory_s=1.0, switch_s=30.0, batch_size=40)
+    plan = sched.step(5, [demand("a", 68, loads), short])  # 40 one-second trajectories: not worth a 30 s switch
+    assert not plan.shrinks
+    long = ReportDemand(pipeline_id="b", pending=40, trajectory_s=600.0, switch_s=30.0, batch_size=40)
+    assert sched.step(10, [demand("a", 68, loads), long]).shrinks

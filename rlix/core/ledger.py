@@ -29,7 +29,7 @@ class Ledger:
         self.owner: list[Holder | None] = [None] * num_gpus
         # pipeline id -> first GPU of the bundle -> worker
         self.workers: dict[str, dict[int, RolloutWorker]] = {}
-        self.placed_at: dict[RolloutWorker, float] = {}
+        self.placed_at: dict[int, float] = {}  # first GPU of a placed worker -> when it was placed (s)
         self.gangs: dict[tuple[str, Stage], Gpus] = {}
         self.free_count = num_gpus
 
@@ -48,7 +48,7 @@ class Ledger:
             for g in w.gpus:
                 self.owner[g] = None
             del self.workers[w.pipeline_id][w.gpus[0]]
-            del self.placed_at[w]
+            del self.placed_at[w.gpus[0]]
             self.free_count += len(w.gpus)
         for grant in plan.grants:
             holder = GangHolder(pipeline_id=grant.pipeline_id, stage=grant.stage)
@@ -61,7 +61,7 @@ class Ledger:
             for g in w.gpus:
                 self.owner[g] = w
             self.workers.setdefault(w.pipeline_id, {})[w.gpus[0]] = w
-            self.placed_at[w] = plan.now
+            self.placed_at[w.gpus[0]] = plan.now
             self.free_count -= len(w.gpus)
 
 
@@ -79,6 +79,7 @@ class Draft:
         self.expands: list[Expand] = []
         self.shrunk: set[RolloutWorker] = set()
         self.expanded: set[RolloutWorker] = set()
+        self._free_set: set[int] | None = None  # built on first use, then kept up to date
         self._free: list[int] | None = None
 
     def is_free(self, gpus: Gpus) -> bool:
@@ -86,10 +87,20 @@ class Draft:
         return all(owner[g] is None for g in gpus)
 
     def free_gpus(self) -> list[int]:
-        """Free GPU ids, ascending (recomputed only after the draft changed)."""
+        """Free GPU ids, ascending (re-sorted only after the draft changed)."""
         if self._free is None:
-            self._free = [g for g, o in enumerate(self.owner) if o is None] if self.free_count else []
+            if self._free_set is None:
+                self._free_set = {g for g, o in enumerate(self.owner) if o is None} if self.free_count else set()
+            self._free = sorted(self._free_set)
         return self._free
+
+    def _mark(self, gpus: Gpus, free: bool) -> None:
+        self._free = None
+        if self._free_set is not None:
+            if free:
+                self._free_set.update(gpus)
+            else:
+                self._free_set.difference_update(gpus)
 
     def worker_count(self, pipeline_id: str) -> int:
         return self.counts.get(pipeline_id, 0)
@@ -101,7 +112,7 @@ class Draft:
         return sorted(placed, key=lambda w: w.gpus[0])
 
     def shrink(self, worker: RolloutWorker, reason: ShrinkReason) -> None:
-        self._free = None
+        self._mark(worker.gpus, True)
         for g in worker.gpus:
             self.owner[g] = None
         self.free_count += len(worker.gpus)
@@ -110,7 +121,7 @@ class Draft:
         self.shrinks.append(Shrink(worker=worker, reason=reason))
 
     def grant(self, pipeline_id: str, stage: Stage, gpus: Gpus) -> None:
-        self._free = None
+        self._mark(gpus, False)
         holder = GangHolder(pipeline_id=pipeline_id, stage=stage)
         for g in gpus:
             self.owner[g] = holder
@@ -118,7 +129,7 @@ class Draft:
         self.grants.append(Grant(pipeline_id=pipeline_id, stage=stage, gpus=gpus))
 
     def expand(self, pipeline_id: str, gpus: Gpus) -> RolloutWorker:
-        self._free = None
+        self._mark(gpus, False)
         worker = RolloutWorker(pipeline_id=pipeline_id, gpus=gpus)
         for g in gpus:
             self.owner[g] = worker

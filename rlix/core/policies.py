@@ -46,7 +46,7 @@ class StaticPolicy(Policy):
         passes.gang_pass(view, draft, stop_own_rollout=True)
         busy = {pid for pid, _ in view.ledger.gangs} | {g.pipeline_id for g in draft.grants}
         needs = passes.rollout_needs(view, blocked=busy)
-        passes.fill_idle(view, draft, needs)
+        passes.fill_idle(draft, needs)
 
 
 class PartialOverlapPolicy(Policy):
@@ -62,7 +62,7 @@ class PartialOverlapPolicy(Policy):
         passes.shrink_departed(view, draft)
         passes.gang_pass(view, draft, stop_own_rollout=False)
         needs = passes.rollout_needs(view, blocked=set())
-        passes.fill_idle(view, draft, needs)
+        passes.fill_idle(draft, needs)
 
 
 class RlixPolicy(Policy):
@@ -81,11 +81,10 @@ class RlixPolicy(Policy):
         passes.shrink_departed(view, draft)
         passes.gang_pass(view, draft, stop_own_rollout=False)
         needs = passes.rollout_needs(view, blocked=set())
-        capacity = draft.ledger.num_gpus - sum(len(g) for g in view.ledger.gangs.values()) - sum(len(g.gpus) for g in draft.grants)
-        shares = passes.proportional_shares(needs, capacity)
-        passes.place_on_idle(view, draft, needs, shares)
+        shares = passes.proportional_shares(needs, passes.rollout_capacity(view, draft))
+        passes.place_on_idle(draft, needs, shares)
         passes.rebalance(view, draft, needs, shares)
-        passes.fill_idle(view, draft, needs)
+        passes.fill_idle(draft, needs, shares)
 
 
 def _inside_home(spec: PipelineSpec) -> tuple[Gpus, ...]:

@@ -9,9 +9,11 @@ recorded in the ledger, so the shell's only job is to carry it out.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 
-from rlix.core.errors import SchedulingError
+from rlix.core import passes
+from rlix.core.errors import InvariantViolation, SchedulingError
 from rlix.core.ledger import Draft, Ledger
 from rlix.core.lifecycle import (
     PIPELINE_TRANSITIONS,
@@ -56,6 +58,9 @@ class Scheduler:
         self._requests: dict[tuple[str, Stage], GangRequest] = {}
         self._seq = 0
         self.plans_made = 0
+        # Plans the policy got wrong and the core replaced by a safe plan (a policy bug:
+        # each one is also warned about, once per invariant).
+        self.violations: list[InvariantViolation] = []
 
     # ------------------------------------------------------------ events
 
@@ -87,6 +92,7 @@ class Scheduler:
                 f"'{self.policy.name}'; map actor_infer onto at least one home bundle"
             )
         bundle_of: dict[int, Gpus] = {g: b for b in bundles for g in b}
+        home = set(spec.home_gpus)
         self._seq += 1
         self._view.pipelines[pid] = PipelineEntry(
             spec=spec,
@@ -94,6 +100,7 @@ class Scheduler:
             rollout_bundles=bundles,
             bundle_of=bundle_of,
             bundle_rank={b: i for i, b in enumerate(bundles)},
+            home_workers=sum(1 for b in bundles if home.issuperset(b)),
         )
 
     def _unregister(self, event: Unregister, now: float) -> None:
@@ -135,8 +142,10 @@ class Scheduler:
         entry = self._active(event.pipeline_id)
         if event.pending < 0 or event.backlog < 0 or any(load.active < 0 for load in event.loads):
             raise SchedulingError(f"pipeline '{event.pipeline_id}': demand counts must be >= 0")
-        if not (math.isfinite(event.trajectory_s) and event.trajectory_s >= 0):
-            raise SchedulingError(f"pipeline '{event.pipeline_id}': trajectory_s must be a finite number >= 0")
+        for name in ("trajectory_s", "switch_s"):
+            value = getattr(event, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise SchedulingError(f"pipeline '{event.pipeline_id}': {name} must be a finite number >= 0")
         entry.demand = event
         entry.reported_at = now
 
@@ -170,12 +179,36 @@ class Scheduler:
         draft = Draft(self.ledger, now)
         self.policy.plan(view, draft)
         plan = draft.to_plan()
-        validate_plan(plan, self.ledger, view)
+        try:
+            validate_plan(plan, self.ledger, view)
+        except InvariantViolation as violation:
+            plan = self._safe_plan(now, violation)
         self.ledger.apply(plan)
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
         view.departed.clear()
         self.plans_made += 1
+        return plan
+
+    def _safe_plan(self, now: float, violation: InvariantViolation) -> Plan:
+        """Report a policy bug and fall back to a plan that moves no rollout worker.
+
+        The fallback frees departed pipelines' workers and grants the gang
+        stages that can start (their overlapping rollout workers shrunk), so
+        every job keeps going; if even that fails validation, nothing changes.
+        """
+        if all(v.invariant != violation.invariant for v in self.violations):
+            warnings.warn(f"rlix core: {violation}; plan replaced by a safe plan (no rollout moves)", RuntimeWarning, stacklevel=3)
+        self.violations.append(violation)
+        draft = Draft(self.ledger, now)
+        passes.shrink_departed(self._view, draft)
+        passes.gang_pass(self._view, draft, stop_own_rollout=False)
+        plan = draft.to_plan()
+        try:
+            validate_plan(plan, self.ledger, self._view)
+        except InvariantViolation as second:
+            self.violations.append(second)
+            return Plan(now=now)
         return plan
 
     # ------------------------------------------------------------ queries

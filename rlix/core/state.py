@@ -20,6 +20,7 @@ class PipelineEntry:
     rollout_bundles: tuple[Gpus, ...]  # where the policy lets its rollout workers go
     bundle_of: dict[int, Gpus]  # GPU -> the candidate bundle containing it
     bundle_rank: dict[Gpus, int]  # candidate bundle -> preference (lower first)
+    home_workers: int = 0  # candidate bundles inside the pipeline's home GPUs
     state: PipelineState = PipelineState.ACTIVE
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")

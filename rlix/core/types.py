@@ -229,6 +229,7 @@ class ReportDemand:
     batch_size: int = 0
     backlog: int = 0  # trajectories of steps not started yet (0 if unknown)
     trajectory_s: float = 0.0  # observed mean seconds per finished trajectory (0 if unknown)
+    switch_s: float = 0.0  # seconds to wake one new worker and sync its weights (0 if unknown)
 
 
 Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand]
@@ -308,6 +309,7 @@ class SchedulerConfig:
     rebalance_margin_workers: float = 0.5
     backlog_weight: float = 0.0
     weight_by_duration: bool = False
+    home_floor: bool = False
 
 
 DEFAULT_CONFIG = SchedulerConfig()

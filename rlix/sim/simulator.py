@@ -115,6 +115,7 @@ class Simulation:
                     batch_size=batch,
                     backlog=p.backlog,
                     trajectory_s=p.engine.mean_trajectory_s,
+                    switch_s=p.model.switch.load_s + p.model.switch.weight_sync_s,  # wake + weight sync of one worker
                 )
                 self.sched.submit(report, now)
         self.demand_dirty.clear()

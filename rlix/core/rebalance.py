@@ -1,0 +1,217 @@
+"""Core layer: moving rollout workers between pipelines (the rebalance pass).
+
+Two phases. Shares: a pipeline owed a whole worker of its share takes one
+from a pipeline above its share. Work: a pipeline still below its need takes
+workers their holders cannot use (idle surplus, or the spare workers of a
+resumable pipeline whose stragglers can be packed onto fewer workers).
+
+The donor rules (:class:`DonorRules`) hold after every single victim:
+no worker expanded earlier in the same plan is shrunk; no pipeline with
+a floor in its share, nor one finishing a protected batch, loses its last
+worker; busy workers of a nearly finished (protected)
+batch stay, unless the receiver has no worker at all (protection never
+keeps a pipeline with demand below its floor); a worker is moved only after
+it has amortised its own switch (switch-aware residency) and only to a
+receiver with more work per worker than the switch costs it.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+
+from rlix.core.ledger import Draft
+from rlix.core.shares import RolloutNeed
+from rlix.core.state import View
+from rlix.core.types import Gpus, RolloutWorker, ShrinkReason
+
+_EPS = 1e-9
+# A moved worker must first have held its GPUs this many times its own switch
+# cost (seconds of wake + weight sync), so at most half its life is switching.
+AMORTIZE = 2.0
+
+
+class Phase(enum.Enum):
+    SHARE = "share"
+    WORK = "work"
+
+
+class DonorRules:
+    """Who may give which worker to whom, given the victims already chosen."""
+
+    def __init__(self, view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float]) -> None:
+        self.cfg = view.config
+        self.now = view.now
+        self.draft = draft
+        self.placed_at = draft.ledger.placed_at
+        self.by_pid = {n.pipeline_id: n for n in needs}
+        self.shares = shares
+
+    def owed(self, n: RolloutNeed, phase: Phase) -> bool:
+        count = self.draft.worker_count(n.pipeline_id)
+        if phase is Phase.SHARE:
+            return count + 1 <= self.shares[n.pipeline_id] + _EPS
+        return count < n.need
+
+    def worth_a_switch(self, n: RolloutNeed) -> bool:
+        """The receiver would keep one more worker busy longer than it takes to switch it in.
+
+        Unknown work or switch cost (0): allowed, as before switch costs were reported.
+        """
+        if n.switch_s <= 0 or n.work_s <= 0:
+            return True
+        return n.work_s / (self.draft.worker_count(n.pipeline_id) + 1) > n.switch_s
+
+    def movable(self, pid: str, phase: Phase) -> list[RolloutWorker]:
+        """Workers of ``pid`` that some receiver could take in this phase.
+
+        A superset of what :meth:`may_take` allows (it is checked again victim
+        by victim); within a phase donors only lose eligibility, so the list
+        built at the start of the phase stays a superset.
+        """
+        draft = self.draft
+        d = self.by_pid.get(pid)
+        shrunk = draft.shrunk
+        placed = draft.ledger.workers_of(pid).values()
+        if d is None or d.need == 0:
+            return [w for w in placed if not shrunk or w not in shrunk]  # gone, silent, or wants nothing: all lendable
+        count = draft.worker_count(pid)
+        if count <= 1 and (d.protected or self.shares[pid] > 0):
+            return []
+        surplus = count > d.need
+        moves = count - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers if phase is Phase.SHARE else d.resumable and surplus
+        if not (surplus or moves):
+            return []
+        if shrunk:
+            placed = [w for w in placed if w not in shrunk]
+        cutoff = self.now - self.horizon(d)
+        loads = d.loads
+        placed_at = self.placed_at
+        keep_busy = d.protected and phase is Phase.WORK  # a protected batch's busy workers are never packed
+        out = []
+        for w in placed:
+            g = w.gpus[0]
+            busy = loads.get(g, 0) > 0
+            if (surplus and not busy) or (moves and placed_at[g] <= cutoff and not (busy and keep_busy)):
+                out.append(w)
+        return out
+
+    def may_take(self, w: RolloutWorker, receiver: RolloutNeed | None, taken: dict[str, int], phase: Phase) -> bool:
+        """May ``w`` go to ``receiver``, after ``taken`` workers already chosen per donor?
+
+        ``receiver=None`` asks whether some receiver with no worker yet could take it.
+        """
+        draft = self.draft
+        pid = w.pipeline_id
+        if w in draft.shrunk or w in draft.expanded or (receiver is not None and pid == receiver.pipeline_id):
+            return False
+        d = self.by_pid.get(pid)
+        if d is None or d.need == 0:
+            return True  # gone, silent, or wants nothing: lendable
+        have = draft.worker_count(pid) - taken.get(pid, 0)
+        if have <= 1 and (d.protected or self.shares[pid] > 0):
+            return False  # the one-worker floor holds after every victim
+        busy = d.loads.get(w.gpus[0], 0) > 0
+        if not busy and have > d.need:
+            return True  # idle surplus
+        floor_receiver = receiver is None or draft.worker_count(receiver.pipeline_id) == 0
+        if busy and d.protected and not (phase is Phase.SHARE and floor_receiver):
+            return False
+        if not self._resident(w, d):
+            return False
+        if phase is Phase.SHARE:
+            return have - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers
+        return d.resumable and have > d.need  # packing stragglers onto fewer workers
+
+    def horizon(self, d: RolloutNeed) -> float:
+        """Seconds a worker of ``d`` must hold its GPUs before it may move (switch-aware residency)."""
+        return max(self.cfg.min_residency_s, AMORTIZE * d.switch_s)
+
+    def _resident(self, w: RolloutWorker, d: RolloutNeed) -> bool:
+        return self.now - self.placed_at.get(w.gpus[0], self.now) >= self.horizon(d)
+
+    def donor_key(self, w: RolloutWorker) -> tuple[float, float]:
+        """Prefer the donor furthest above its share, then furthest from finishing its batch."""
+        d = self.by_pid.get(w.pipeline_id)
+        if d is None or d.need == 0:
+            return (-1e18, -1.0)
+        return (self.shares[d.pipeline_id] - self.draft.worker_count(d.pipeline_id), -d.remaining_fraction)
+
+
+def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float]) -> None:
+    """Move workers to pipelines owed them (shares), then to pipelines short of work."""
+    rules = DonorRules(view, draft, needs, shares)
+    for phase in (Phase.SHARE, Phase.WORK):
+        _phase(draft, needs, rules, phase)
+
+
+def _receiver_key(draft: Draft, n: RolloutNeed, shares: dict[str, float]) -> tuple:
+    count = draft.worker_count(n.pipeline_id)
+    return (count > 0, count - shares[n.pipeline_id], -n.remaining_fraction, n.pipeline_id)
+
+
+def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Phase) -> None:
+    # A transfer changes only its receiver's and donors' counts, and donors are
+    # never receivers in a phase, so a heap keyed on how owed each receiver is stays valid.
+    receivers = [(_receiver_key(draft, n, rules.shares), n) for n in needs if n.need > 0 and rules.owed(n, phase)]
+    if not receivers:
+        return
+    heapq.heapify(receivers)
+    pool = {g: w for pid in sorted(draft.ledger.workers) for w in rules.movable(pid, phase) for g in w.gpus}
+    while receivers and pool:
+        _, n = heapq.heappop(receivers)
+        choice = _cheapest_takeover(draft, n, pool, rules, phase)
+        if choice is None:
+            continue  # nothing it could take now will appear later in this phase
+        bundle, victims = choice
+        for worker in victims:
+            draft.shrink(worker, ShrinkReason.REBALANCE)
+        draft.expand(n.pipeline_id, bundle)
+        if rules.owed(n, phase):
+            heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
+
+
+def _candidate_bundles(n: RolloutNeed, pool: dict[int, RolloutWorker]) -> list[Gpus]:
+    """Receiver bundles that overlap a possible victim (scanning the smaller side), by first GPU."""
+    bundle_of = n.entry.bundle_of
+    if len(pool) >= len(bundle_of):
+        found = {bundle_of[g] for g in bundle_of if g in pool}
+    else:
+        found = {bundle_of[g] for g in pool if g in bundle_of}
+    return sorted(found)
+
+
+def _cheapest_takeover(draft: Draft, n: RolloutNeed, pool, rules: DonorRules, phase: Phase) -> tuple[Gpus, list[RolloutWorker]] | None:
+    """The receiver bundle whose takeover aborts the fewest trajectories.
+
+    Ties: fewest victims, then donors furthest above their share and furthest
+    from finishing, then the lowest GPU id.
+    """
+    worth = rules.worth_a_switch(n)
+    best = None
+    for bundle in _candidate_bundles(n, pool):
+        victims = _victims(draft, n, bundle, rules, phase)
+        if victims is None or (victims and not worth):
+            continue
+        aborted = sum(rules.by_pid[v.pipeline_id].loads.get(v.gpus[0], 0) for v in victims if v.pipeline_id in rules.by_pid)
+        donors = [rules.donor_key(v) for v in victims]
+        key = (aborted, len(victims), sum(k[0] for k in donors), sum(k[1] for k in donors), bundle[0])
+        if best is None or key < best[0]:
+            best = (key, bundle, victims)
+    return None if best is None else (best[1], best[2])
+
+
+def _victims(draft: Draft, n: RolloutNeed, bundle: Gpus, rules: DonorRules, phase: Phase) -> list[RolloutWorker] | None:
+    """Workers to shrink so ``n`` can take ``bundle``; None if some may not go."""
+    victims: list[RolloutWorker] = []
+    taken: dict[str, int] = {}
+    owner = draft.owner
+    for g in bundle:
+        other = owner[g]
+        if other is None or other in victims:
+            continue
+        if not isinstance(other, RolloutWorker) or not rules.may_take(other, n, taken, phase):
+            return None
+        victims.append(other)
+        taken[other.pipeline_id] = taken.get(other.pipeline_id, 0) + 1
+    return victims

@@ -1,0 +1,143 @@
+"""Core layer: each pipeline's rollout demand and its proportional share.
+
+The share is the one set of weights every later pass follows (placement on
+idle GPUs, rebalancing, work-conserving fill). It is computed without
+looking at registration order: pipelines are ranked by :func:`rank_key`
+(weight, then remaining-work fraction, then pipeline id), and sums run in
+that order, so permuting registrations cannot change a float.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlix.core.state import PipelineEntry, View
+from rlix.core.types import ReportDemand, SchedulerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutNeed:
+    """One pipeline's rollout demand as the planner sees it this round."""
+
+    entry: PipelineEntry
+    pipeline_id: str
+    tp: int  # GPUs per rollout worker
+    need: int  # workers it could keep busy (ceil(remaining / slots)), at most its bundles
+    floor: int = 1  # workers its share never goes below while capacity allows (<= need)
+    weight: float  # see _share_weight; 0 when it wants nothing
+    protected: bool  # batch nearly done: its busy workers are not taken to rebalance
+    loads: dict[int, int]  # first GPU -> running trajectories
+    remaining_fraction: float = 0.0  # trajectories left / batch size (1.0 if the batch is unknown)
+    work_s: float = 0.0  # worker-seconds of rollout left (remaining x mean s / slots); 0 if unknown
+    switch_s: float = 0.0  # seconds to wake and sync one new worker; 0 if unknown
+
+    @property
+    def resumable(self) -> bool:
+        return self.entry.spec.resumable
+
+
+def rank_key(n: RolloutNeed) -> tuple[float, float, str]:
+    """Who comes first when pipelines compete: most weight, then most of its
+    batch still to do, then pipeline id (unique). Never registration order."""
+    return (-n.weight, -n.remaining_fraction, n.pipeline_id)
+
+
+def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
+    """Demand of every active pipeline, sorted by pipeline id.
+
+    A pipeline with no report, a stale report, or in ``blocked`` needs no
+    workers; whatever it holds is then lendable capacity.
+    """
+    needs = []
+    ttl = view.config.report_ttl_s
+    for entry in sorted(view.active(), key=lambda e: e.spec.pipeline_id):
+        report = entry.demand
+        if report is None or view.now - entry.reported_at > ttl or entry.spec.pipeline_id in blocked:
+            needs.append(RolloutNeed(entry=entry, pipeline_id=entry.spec.pipeline_id, tp=entry.spec.rollout_tp, need=0, weight=0.0, protected=False, loads={}))
+            continue
+        needs.append(_need_of(view.config, entry, report))
+    return needs
+
+
+def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
+    loads = {load.first_gpu: load.active for load in report.loads}
+    remaining = report.pending + sum(loads.values())
+    slots = entry.spec.slots_per_worker
+    need = min(math.ceil(remaining / slots), len(entry.rollout_bundles))
+    batch = report.batch_size
+    return RolloutNeed(
+        entry=entry,
+        pipeline_id=entry.spec.pipeline_id,
+        tp=entry.spec.rollout_tp,
+        need=need,
+        floor=max(1, min(need, entry.home_workers)) if config.home_floor else 1,
+        weight=_share_weight(config, remaining, report, entry.spec.rollout_tp) if need else 0.0,
+        protected=batch > 0 and remaining <= config.protect_fraction * batch,
+        loads=loads,
+        remaining_fraction=min(remaining / batch, 1.0) if batch > 0 else 1.0,
+        work_s=remaining * report.trajectory_s / slots,
+        switch_s=report.switch_s,
+    )
+
+
+def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand, tp: int) -> float:
+    """(remaining + backlog_weight x backlog) trajectories x GPUs per worker,
+    times the mean trajectory seconds when the split is by duration and the
+    pipeline has measured one (GPU-seconds of rollout left)."""
+    weight = float((remaining + config.backlog_weight * report.backlog) * tp)
+    if config.weight_by_duration and report.trajectory_s > 0:
+        weight *= report.trajectory_s
+    return weight
+
+
+def proportional_shares(needs: list[RolloutNeed], capacity_gpus: int) -> dict[str, float]:
+    """Each pipeline's share of ``capacity_gpus``, in workers (fractional).
+
+    The one-worker floor is inside the share, not on top of it: a share is
+    ``clamp(level x weight, one worker, need)`` in GPUs, with one water level
+    for everybody, chosen so the shares add up to the capacity. When the
+    capacity cannot hold every floor, floors go by :func:`rank_key` (most
+    weight first) while they fit; the others get nothing this round.
+    """
+    shares = {n.pipeline_id: 0.0 for n in needs}
+    left = capacity_gpus
+    floored = []
+    for n in sorted((n for n in needs if n.need > 0), key=rank_key):
+        if n.tp <= left:
+            floored.append(n)
+            left -= n.tp
+    lows = {n.pipeline_id: float(n.floor * n.tp) for n in floored}
+    if sum(lows.values()) > capacity_gpus:  # home floors do not all fit: one worker each
+        lows = {n.pipeline_id: float(n.tp) for n in floored}
+    level = _water_level([(n.weight, lows[n.pipeline_id], float(n.need * n.tp)) for n in floored], float(capacity_gpus))
+    for n in floored:
+        shares[n.pipeline_id] = min(float(n.need * n.tp), max(lows[n.pipeline_id], level * n.weight)) / n.tp
+    return shares
+
+
+def _water_level(items: list[tuple[float, float, float]], capacity: float) -> float:
+    """The level L with sum(clamp(L x w, lo, hi)) == capacity (inf if all fit at hi).
+
+    ``items`` are (weight > 0, lo, hi) in a fixed order. The sum is piecewise
+    linear and non-decreasing in L: sweep its breakpoints in order, keeping
+    the sum as ``fixed + slope x L``, and solve inside the segment where it
+    reaches the capacity (O(n log n)).
+    """
+    if sum(hi for _, _, hi in items) <= capacity:
+        return math.inf
+    # (level, kind, i): kind 0 = item i leaves its floor, 1 = item i reaches its cap
+    points = sorted([(lo / w, 0, i) for i, (w, lo, _) in enumerate(items)] + [(hi / w, 1, i) for i, (w, _, hi) in enumerate(items)])
+    fixed = sum(lo for _, lo, _ in items)
+    slope = 0.0
+    for level, kind, i in points:
+        if slope > 0 and fixed + slope * level >= capacity:
+            break
+        w, lo, hi = items[i]
+        if kind == 0:
+            fixed -= lo
+            slope += w
+        else:
+            fixed += hi
+            slope -= w
+    return (capacity - fixed) / slope if slope > 0 else 0.0

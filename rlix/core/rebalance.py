@@ -88,6 +88,10 @@ class DonorRules:
         loads = d.loads
         placed_at = self.placed_at
         keep_busy = d.protected and phase is Phase.WORK  # a protected batch's busy workers are never packed
+        if moves and not keep_busy:  # the common case, as one comprehension (this loop dominates a plan)
+            if surplus:
+                return [w for w in placed if placed_at[w.gpus[0]] <= cutoff or not loads.get(w.gpus[0])]
+            return [w for w in placed if placed_at[w.gpus[0]] <= cutoff]
         out = []
         for w in placed:
             g = w.gpus[0]

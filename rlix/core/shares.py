@@ -31,6 +31,7 @@ class RolloutNeed:
     remaining_fraction: float = 0.0  # trajectories left / batch size (1.0 if the batch is unknown)
     work_s: float = 0.0  # worker-seconds of rollout left (remaining x mean s / slots); 0 if unknown
     switch_s: float = 0.0  # seconds to wake and sync one new worker; 0 if unknown
+    report: ReportDemand | None = None  # the report this need was computed from
 
     @property
     def resumable(self) -> bool:
@@ -56,8 +57,18 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
         if report is None or view.now - entry.reported_at > ttl or entry.spec.pipeline_id in blocked:
             needs.append(RolloutNeed(entry=entry, pipeline_id=entry.spec.pipeline_id, tp=entry.spec.rollout_tp, need=0, weight=0.0, protected=False, loads={}))
             continue
-        needs.append(_need_of(view.config, entry, report))
+        needs.append(_cached_need(view.config, entry, report))
     return needs
+
+
+def _cached_need(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
+    """The need of ``report``, computed once per report (a tick re-plans far more often than reports change)."""
+    cached = entry.need_cache
+    if isinstance(cached, RolloutNeed) and cached.report is report:
+        return cached
+    need = _need_of(config, entry, report)
+    entry.need_cache = need
+    return need
 
 
 def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
@@ -78,6 +89,7 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
         remaining_fraction=min(remaining / batch, 1.0) if batch > 0 else 1.0,
         work_s=remaining * report.trajectory_s / slots,
         switch_s=report.switch_s,
+        report=report,
     )
 
 

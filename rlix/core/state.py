@@ -24,6 +24,9 @@ class PipelineEntry:
     state: PipelineState = PipelineState.ACTIVE
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
+    # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):
+    # an object of rlix.core.shares, typed loosely here to keep this module below it.
+    need_cache: object = None
 
 
 @dataclass(kw_only=True)

@@ -431,7 +431,10 @@ class PipelineCoordinator:
             loads = tuple(WorkerLoad(first_gpu=f, active=len(s.inflight)) for f, s in sorted(self.slots.items()) if s.state is SlotState.AWAKE)
             batch = sum(s.recipe.batch_size for s in self.streams if not s.stopped) or self.streams[0].recipe.batch_size  # sum over adapters
             mean_s = self.finished_gen_s / len(self.traj_records) if self.traj_records else 0.0
-            report = ReportDemand(pipeline_id=self.pid, pending=len(self.queue), loads=loads, batch_size=batch, trajectory_s=round(mean_s, 2))
+            wakes = [w.seconds for w in self.switches if w.kind is SwitchKind.WAKE]  # wake + weight sync, measured
+            switch_s = sum(wakes) / len(wakes) if wakes else 0.0
+            report = ReportDemand(pipeline_id=self.pid, pending=len(self.queue), loads=loads, batch_size=batch,
+                                  trajectory_s=round(mean_s, 2), switch_s=round(switch_s, 2))
             if report != last:
                 await self.sched.report.remote(report)
                 last = report

@@ -206,6 +206,7 @@ class JobShape:
     init_s: float
     staleness: int
     streams: tuple[tuple[StepShape, ...], ...]
+    streaming: bool = False  # rollout batches may overlap (streaming rollout): only the staleness gate orders them
 
 
 def lower_bounds(jobs: Iterable[JobShape], num_gpus: int) -> tuple[float, float]:
@@ -233,17 +234,21 @@ def lower_bounds(jobs: Iterable[JobShape], num_gpus: int) -> tuple[float, float]
                 work += step.trajectory_s * per_traj
                 for stage, seconds in step.stages:
                     work += seconds * len(stage_gpus(spec, stage))
-            finish = max(finish, stream_critical_path(steps, job.staleness))
+            finish = max(finish, stream_critical_path(steps, job.staleness, streaming=job.streaming))
         path = max(path, job.arrival_s + job.init_s + finish)
     return work / num_gpus, path
 
 
-def stream_critical_path(steps: Sequence[StepShape], staleness: int) -> float:
-    """End of the last training of one stream with unlimited GPUs (seconds after its model load)."""
+def stream_critical_path(steps: Sequence[StepShape], staleness: int, *, streaming: bool = False) -> float:
+    """End of the last training of one stream with unlimited GPUs (seconds after its model load).
+
+    In batch rollout a step's rollout also waits for the previous rollout to
+    end; in streaming rollout only the staleness gate holds it back.
+    """
     rolled: list[float] = []
     trained: list[float] = []
     for k, step in enumerate(steps):
-        start = rolled[-1] if rolled else 0.0
+        start = rolled[-1] if rolled and not streaming else 0.0
         gate = rollout_gate(k, staleness)
         if gate is not None:
             start = max(start, trained[gate])

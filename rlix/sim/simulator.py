@@ -14,29 +14,29 @@ from collections.abc import Callable
 
 import simpy
 
-from rlix.core import Event, Plan, ReportDemand, Scheduler, ShrinkReason, check_ledger
+from rlix.core import Event, Plan, Policy, Scheduler, check_ledger
+from rlix.job import lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
-from rlix.sim.bounds import lower_bounds
-from rlix.sim.pipeline import SimPipeline
+from rlix.sim.pipeline import Host, SimPipeline
 from rlix.sim.trace import Trace
 
 Progress = Callable[[float, int, int], None]  # (sim seconds, trajectories done, trajectories total)
 
 
 class Simulation:
-    """One replay of ``trace`` under one policy."""
+    """One replay of ``trace`` under one policy (a registered name or a :class:`Policy` object)."""
 
     def __init__(
         self,
         trace: Trace,
-        policy: str,
+        policy: str | Policy,
         *,
         plan_interval_s: float = 5.0,
         keep_segments: bool = False,
         progress: Progress | None = None,
     ) -> None:
         self.trace = trace
-        self.policy = policy
+        self.policy = policy if isinstance(policy, str) else policy.name
         self.plan_interval_s = plan_interval_s
         self.progress = progress
         self.env = simpy.Environment()
@@ -46,10 +46,18 @@ class Simulation:
         self._offload_stamp = [0] * trace.cluster.num_gpus
         self.demand_dirty: set[str] = set()
         self._plan_scheduled = False
-        self._waiting_pipelines = 0  # pipelines with trajectories waiting for a slot
         self._all_done = self.env.event()
         self.total_trajectories = trace.total_trajectories()
-        self.pipelines = {p.id: SimPipeline(self, p, trace.streams[p.id]) for p in trace.pipelines}
+        host = Host(
+            env=self.env,
+            usage=self.usage,
+            submit=self.submit,
+            request_plan=self.request_plan,
+            demand_changed=self.demand_dirty.add,
+            waiting_changed=self._waiting_changed,
+            finished=self._pipeline_finished,
+        )
+        self.pipelines = {p.id: SimPipeline(host, p, trace.spec(p), trace.streams[p.id]) for p in trace.pipelines}
         self._remaining = len(self.pipelines)
         self.env.process(self._ticker())
 
@@ -71,11 +79,10 @@ class Simulation:
             self._plan_scheduled = True
             self.env.process(self._plan_soon())
 
-    def pending_changed(self, delta: int) -> None:
-        self._waiting_pipelines += delta
-        self.usage.set_unmet_demand(self.env.now, self._waiting_pipelines > 0)
+    def _waiting_changed(self, pipeline_id: str, waiting: bool) -> None:
+        self.usage.set_waiting(self.env.now, pipeline_id, waiting)
 
-    def pipeline_finished(self, pipeline: SimPipeline) -> None:
+    def _pipeline_finished(self, pipeline_id: str) -> None:
         self._remaining -= 1
         if self._remaining == 0:
             self._all_done.succeed()
@@ -107,16 +114,7 @@ class Simulation:
         for pid in sorted(self.demand_dirty):
             p = self.pipelines[pid]
             if not p.done:
-                pending, loads, batch = p.engine.demand(p.batch_size())
-                report = ReportDemand(
-                    pipeline_id=pid,
-                    pending=pending,
-                    loads=loads,
-                    batch_size=batch,
-                    backlog=p.backlog,
-                    trajectory_s=p.engine.mean_trajectory_s,
-                )
-                self.sched.submit(report, now)
+                self.sched.submit(p.demand_report(), now)
         self.demand_dirty.clear()
         plan = self.sched.plan(now)
         if not plan.empty:
@@ -127,9 +125,8 @@ class Simulation:
         usage = self.usage
         for s in plan.shrinks:
             p = self.pipelines[s.worker.pipeline_id]
-            p.engine.remove_worker(s.worker)
-            if s.reason is not ShrinkReason.UNREGISTER:
-                p.tally.preemptions += 1
+            if p.engine.remove_worker(s.worker):
+                p.tally.preemptions += 1  # a shrink that interrupted running trajectories
             offload = p.model.switch.offload_s
             ready = now + offload
             for g in s.worker.gpus:
@@ -170,7 +167,7 @@ class Simulation:
             # Adapter loads inside busy workers were timed as work; book them as switching.
             self.usage.rebook(pid, p.engine.switch_extra, Activity.WORK, Activity.SWITCH)
         completed = sum(p.engine.completed for p in self.pipelines.values())
-        work_lb, path_lb = lower_bounds(self.trace)
+        work_lb, path_lb = lower_bounds(self.trace.job_shapes(), self.trace.cluster.num_gpus)
         return summarize(
             policy=self.policy,
             usage=self.usage,
@@ -185,5 +182,5 @@ class Simulation:
         )
 
 
-def replay(trace: Trace, policy: str, **kwargs) -> RunMetrics:
+def replay(trace: Trace, policy: str | Policy, **kwargs) -> RunMetrics:
     return Simulation(trace, policy, **kwargs).run()

@@ -23,14 +23,13 @@ import numpy as np
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
-from rlix.core import JobKind, PipelineSpec, Role, RoleSpec, Stage
+from rlix.core import PipelineSpec, Stage
+from rlix.job import JobModelError, JobShape, StepShape, check_stage_roles, pipeline_spec
 
 FORMAT = "rlix-trace"
 VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "schema" / "trace-v1.schema.json"
 
-# Non-rollout stages of one step, in the order a step runs them.
-STEP_STAGES = (Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.VALUE_COMPUTE, Stage.CRITIC_TRAIN, Stage.ACTOR_TRAIN)
 StageName = Literal["old_logprobs", "ref_logprobs", "value_compute", "critic_train", "actor_train"]
 
 Seconds = Annotated[float, Field(ge=0)]
@@ -67,8 +66,48 @@ class DurationDist(StrictModel):
 
 
 class StepModel(StrictModel):
-    trajectories: list[PositiveSeconds] = Field(min_length=1, description="rollout duration of each trajectory")
+    trajectories: list[PositiveSeconds] | None = Field(default=None, min_length=1, description="rollout duration of each trajectory")
+    segments: list[list[Seconds]] | None = Field(
+        default=None,
+        min_length=1,
+        description="agentic form, instead of 'trajectories': per trajectory, generation and tool seconds alternating "
+        "(generation first and last: [gen, tool, gen, ...])",
+    )
     stages: dict[StageName, Seconds] = Field(default_factory=dict, description="seconds of each non-rollout stage")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> StepModel:
+        if (self.trajectories is None) == (self.segments is None):
+            raise ValueError("give exactly one of 'trajectories' (seconds each) or 'segments' (agentic: [gen, tool, gen, ...] each)")
+        for j, segs in enumerate(self.segments or ()):
+            if len(segs) % 2 == 0 or sum(segs[0::2]) <= 0:
+                raise ValueError(f"segments[{j}]: give an odd number of seconds, generation first and last, with some generation > 0")
+        return self
+
+
+class ToolModel(StrictModel):
+    """Generated agentic trajectories: each one's generation split into turns, tool calls in between."""
+
+    turns: int = Field(ge=1, description="generation turns per trajectory (tool calls = turns - 1)")
+    turns_max: int | None = Field(default=None, ge=1, description="draw turns uniformly from turns..turns_max")
+    tool: DurationDist = Field(description="seconds of one tool/environment call (holds the slot, uses no GPU)")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _range(self) -> ToolModel:
+        if self.turns_max is not None and self.turns_max < self.turns:
+            raise ValueError("turns_max must be >= turns")
+        return self
+
+
+class DecodeSpeedModel(StrictModel):
+    """Per-trajectory decode speed against trajectories generating on one worker: flat to a knee, then slowing."""
+
+    knee: int = Field(ge=1, description="generating trajectories a worker runs at full per-trajectory speed")
+    exponent: float = Field(
+        default=1.0, ge=0, le=4,
+        description="beyond the knee, speed = (knee / n) ** exponent (1: the worker's total throughput stays flat)",
+    )
 
 
 class GenerateModel(StrictModel):
@@ -80,6 +119,7 @@ class GenerateModel(StrictModel):
     stages: dict[StageName, Seconds] = Field(default_factory=dict)
     stage_jitter: float = Field(default=0.0, ge=0, lt=1, description="relative +/- spread of stage seconds")
     seed: int = 0
+    agentic: ToolModel | None = Field(default=None, description="split each trajectory into turns with tool calls between")
 
 
 class StreamModel(StrictModel):
@@ -107,6 +147,17 @@ class PipelineModel(StrictModel):
     preempt: Literal["continue", "requeue"] = Field(default="continue", description="fate of a trajectory on a shrunk worker")
     init_s: Seconds = Field(default=30.0, description="model load before the first step")
     switch: SwitchModel = Field(default_factory=SwitchModel)
+    rollout_mode: Literal["batch", "streaming"] = Field(
+        default="batch",
+        description="batch: one rollout batch at a time; streaming: a free slot starts the next batch's trajectories "
+        "as soon as the staleness bound allows, and training takes each batch once it is complete",
+    )
+    partial_rollout: bool = Field(
+        default=False,
+        description="streaming: a weight update reaches workers with trajectories in flight (they go on under the new "
+        "weights; staleness counts their oldest segment) instead of waiting for the worker to drain",
+    )
+    decode_speed: DecodeSpeedModel | None = Field(default=None, description="default: every trajectory decodes at full speed")
     # full finetune: the job's own steps; multi-LoRA: one stream per adapter
     steps: list[StepModel] | None = None
     generate: GenerateModel | None = None
@@ -130,6 +181,8 @@ class PipelineModel(StrictModel):
         for role in ("actor_train", "actor_infer"):
             if role not in self.roles:
                 raise ValueError(f"roles.{role} is missing; every pipeline maps actor_train and actor_infer")
+        if self.partial_rollout and self.rollout_mode != "streaming":
+            raise ValueError("partial_rollout needs rollout_mode 'streaming'")
         return self
 
     def streams(self) -> list[StreamModel]:
@@ -156,29 +209,97 @@ class TraceModel(StrictModel):
         return self
 
 
+def default_home(p: PipelineModel) -> tuple[int, ...]:
+    """A job's dedicated partition when the trace names none.
+
+    Its training GPUs (the non-rollout mappings) when at least one rollout
+    bundle lies inside them; otherwise (rollout on GPUs of its own) every GPU
+    the job maps, so the baselines that confine a job to its home can still
+    place a rollout worker.
+    """
+    train = {g for name, r in p.roles.items() if name != "actor_infer" for g in r.gpus}
+    infer = p.roles["actor_infer"]
+    tp = infer.gpus_per_worker
+    gpus = sorted(infer.gpus)
+    if any(train.issuperset(gpus[i : i + tp]) for i in range(0, len(gpus), tp)):
+        return tuple(sorted(train))
+    return tuple(sorted(train.union(gpus)))
+
+
+def stream_stage_names(stream: StreamModel) -> set[Stage]:
+    """Every non-rollout stage some step of ``stream`` runs."""
+    if stream.generate is not None:
+        return {Stage(name) for name in stream.generate.stages}
+    return {Stage(name) for step in stream.steps or () for name in step.stages}
+
+
 # ------------------------------------------------------------------ expansion
 
 
 class Step:
-    """One expanded step: trajectory durations (numpy array) and stage seconds."""
+    """One expanded step: trajectory seconds (numpy array), agentic segments if any, and stage seconds.
 
-    __slots__ = ("trajectories", "stages")
+    ``trajectories`` holds each trajectory's seconds in all (generation and
+    tool); ``segments``, when not None, holds each one's alternating
+    generation and tool seconds.
+    """
 
-    def __init__(self, trajectories: np.ndarray, stages: dict[Stage, float]) -> None:
+    __slots__ = ("trajectories", "segments", "stages")
+
+    def __init__(self, trajectories: np.ndarray, stages: dict[Stage, float], segments: list[tuple[float, ...]] | None = None) -> None:
         self.trajectories = trajectories
+        self.segments = segments
         self.stages = stages
+
+    def rollout(self):
+        """What the rollout engine queues: durations, or segment tuples."""
+        return self.trajectories if self.segments is None else self.segments
+
+    def generation_s(self) -> np.ndarray:
+        """Seconds of generation (GPU compute) per trajectory."""
+        if self.segments is None:
+            return self.trajectories
+        return np.asarray([sum(s[0::2]) for s in self.segments], dtype=np.float64)
+
+
+def _explicit(s: StepModel) -> Step:
+    stages = {Stage(k): v for k, v in s.stages.items()}
+    if s.segments is None:
+        return Step(np.asarray(s.trajectories, dtype=np.float64), stages)
+    segments = [tuple(float(x) for x in segs) for segs in s.segments]
+    return Step(np.asarray([sum(x) for x in segments], dtype=np.float64), stages, segments)
+
+
+def _agentic(durations: np.ndarray, tools: ToolModel, rng: np.random.Generator) -> list[tuple[float, ...]]:
+    """Split each trajectory's generation into turns with drawn tool calls between them."""
+    mu, sigma = _lognormal(tools.tool)
+    out = []
+    for d in durations:
+        turns = tools.turns if tools.turns_max is None else int(rng.integers(tools.turns, tools.turns_max + 1))
+        calls = rng.lognormal(mu, sigma, turns - 1)
+        if tools.tool.max_s is not None:
+            np.minimum(calls, tools.tool.max_s, out=calls)
+        gen = float(d) / turns
+        segs = [gen]
+        for c in calls:
+            segs += [float(c), gen]
+        out.append(tuple(segs))
+    return out
+
+
+def _lognormal(d: DurationDist) -> tuple[float, float]:
+    return math.log(d.median_s), max(math.log(d.p99_s / d.median_s) / 2.326347874, 1e-9)  # z(0.99)
 
 
 def expand_stream(stream: StreamModel) -> list[Step]:
     """Explicit steps as they are; a ``generate`` block drawn deterministically."""
     if stream.steps is not None:
-        return [Step(np.asarray(s.trajectories, dtype=np.float64), {Stage(k): v for k, v in s.stages.items()}) for s in stream.steps]
+        return [_explicit(s) for s in stream.steps]
     gen = stream.generate
     assert gen is not None
     rng = np.random.Generator(np.random.PCG64(gen.seed))
     d = gen.duration
-    mu = math.log(d.median_s)
-    sigma = max(math.log(d.p99_s / d.median_s) / 2.326347874, 1e-9)  # z(0.99)
+    mu, sigma = _lognormal(d)
     out = []
     for _ in range(gen.steps):
         durations = rng.lognormal(mu, sigma, gen.trajectories_per_step)
@@ -189,7 +310,20 @@ def expand_stream(stream: StreamModel) -> list[Step]:
             jitter = 1.0 + gen.stage_jitter * (2.0 * rng.random() - 1.0) if gen.stage_jitter else 1.0
             stages[Stage(name)] = gen.stages[name] * jitter
         out.append(Step(durations, stages))
+    if gen.agentic is not None:  # its own generator: the durations above stay those of the plain form
+        tool_rng = np.random.Generator(np.random.PCG64([gen.seed, gen.agentic.seed]))
+        for step in out:
+            step.segments = _agentic(step.trajectories, gen.agentic, tool_rng)
+            step.trajectories = np.asarray([sum(s) for s in step.segments], dtype=np.float64)
     return out
+
+
+def speed_curve(model: DecodeSpeedModel | None):
+    """Generating trajectories on a worker -> fraction of full decode speed (None: always full)."""
+    if model is None:
+        return None
+    knee, exponent = model.knee, model.exponent
+    return lambda n: 1.0 if n <= knee else (knee / n) ** exponent
 
 
 class Trace:
@@ -206,15 +340,12 @@ class Trace:
         return list(self.model.pipelines)
 
     def spec(self, p: PipelineModel) -> PipelineSpec:
-        roles = tuple(
-            RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker) for name, r in sorted(p.roles.items())
-        )
-        return PipelineSpec(
+        return pipeline_spec(
             pipeline_id=p.id,
-            roles=roles,
-            kind=JobKind(p.kind),
+            roles=p.roles,
+            kind=p.kind,
             slots_per_worker=p.slots_per_worker,
-            home=tuple(sorted(p.home)),
+            home=p.home or default_home(p),
             resumable=p.preempt == "continue",
         )
 
@@ -243,6 +374,33 @@ class Trace:
             raise TraceError(f"scheduler.{one_line(e)}") from None
         return Trace(self.model.model_copy(update={"scheduler": scheduler}), self.source)
 
+    def job_shapes(self) -> list[JobShape]:
+        """The jobs as the job model's lower bounds see them (generation seconds only: tool time holds no GPU)."""
+        shapes = []
+        for p in self.model.pipelines:
+            streams = tuple(
+                tuple(
+                    StepShape(
+                        trajectory_s=float(step.generation_s().sum()),
+                        longest_s=float(step.trajectories.max()),
+                        stages=tuple(step.stages.items()),
+                    )
+                    for step in steps
+                )
+                for _, steps in self.streams[p.id]
+            )
+            shapes.append(
+                JobShape(
+                    spec=self.spec(p),
+                    arrival_s=p.arrival_s,
+                    init_s=p.init_s,
+                    staleness=p.staleness,
+                    streams=streams,
+                    streaming=p.rollout_mode == "streaming",
+                )
+            )
+        return shapes
+
     def total_trajectories(self) -> int:
         return sum(len(step.trajectories) for streams in self.streams.values() for _, steps in streams for step in steps)
 
@@ -251,9 +409,12 @@ class Trace:
         from rlix.core.topology import validate_pipeline
 
         for i, p in enumerate(self.model.pipelines):
+            spec = self.spec(p)
             try:
-                validate_pipeline(self.cluster, self.spec(p))
-            except SchedulingError as e:
+                validate_pipeline(self.cluster, spec)
+                for stream in p.streams():
+                    check_stage_roles(spec, stream_stage_names(stream))
+            except (SchedulingError, JobModelError) as e:
                 raise TraceError(f"{self.source}: pipelines[{i}] ({p.id}): {e}") from None
 
 

@@ -1,0 +1,197 @@
+"""Simulator features beyond batch rollout: streaming and partial rollout, the
+decode-speed curve, agentic tool segments, and the metrics that show them."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlix.core import POLICIES
+from rlix.sim.simulator import Simulation, replay
+from rlix.sim.trace import Trace, TraceModel
+
+
+def _trace(*pipelines: dict, nodes: int = 1, gpus_per_node: int = 8) -> Trace:
+    return Trace(TraceModel.model_validate({"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node}, "pipelines": list(pipelines)}))
+
+
+NO_SWITCH = {"offload_s": 0, "load_s": 0, "weight_sync_s": 0, "adapter_sync_s": 0, "resume_s": 0}
+
+
+def _one_worker(steps: list[dict], *, slots: int, **extra) -> dict:
+    """A job whose rollout has exactly one worker (GPU 1) and trains on GPU 0, switching free."""
+    return {
+        "id": "job",
+        "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "1"}},
+        "slots_per_worker": slots,
+        "init_s": 0,
+        "switch": NO_SWITCH,
+        "steps": steps,
+        **extra,
+    }
+
+
+def _rollout_seconds(trace: Trace, policy: str = "rlix") -> list[float]:
+    sim = Simulation(trace, policy)
+    sim.run()
+    return [r.rollout_end - r.rollout_start for r in sim.pipelines["job"].history]
+
+
+# ------------------------------------------------------------------ fixes
+
+
+def test_disjoint_rollout_without_home_replays_under_every_policy():
+    job = {
+        "id": "apart",
+        "roles": {"actor_train": {"gpus": "0-3"}, "actor_infer": {"gpus": "4-7", "gpus_per_worker": 2}},
+        "generate": {"steps": 2, "trajectories_per_step": 16, "duration": {"median_s": 5, "p99_s": 20}, "stages": {"actor_train": 5}},
+    }
+    trace = _trace(job)
+    assert trace.spec(trace.pipelines[0]).home == tuple(range(8))  # training GPUs hold no rollout bundle
+    for policy in POLICIES:
+        assert replay(trace, policy).trajectories_completed == 32
+
+
+# ------------------------------------------------------------------ streaming
+
+
+def _async_job(mode: str, *, partial: bool = False, staleness: int = 1) -> dict:
+    """Rollout on GPUs 0-3 (128 slots), training on 4-7: 66 s of training per step (10 + 50 s work, 2 + 1 s load/offload each)."""
+    return {
+        "id": "async",
+        "roles": {"actor_train": {"gpus": "4-7"}, "actor_infer": {"gpus": "0-3"}},
+        "staleness": staleness,
+        "slots_per_worker": 32,
+        "init_s": 10,
+        "rollout_mode": mode,
+        "partial_rollout": partial,
+        "switch": {"offload_s": 1, "load_s": 2, "weight_sync_s": 1, "resume_s": 0.5},
+        "generate": {
+            "steps": 12,
+            "trajectories_per_step": 192,
+            "duration": {"median_s": 30, "p99_s": 60, "max_s": 70},
+            "stages": {"old_logprobs": 10, "actor_train": 50},
+            "seed": 3,
+        },
+    }
+
+
+def _steady_interval(trace: Trace, policy: str = "rlix") -> float:
+    sim = Simulation(trace, policy)
+    sim.run()
+    ends = [r.train_end for r in sim.pipelines["async"].history]
+    gaps = [b - a for a, b in zip(ends, ends[1:])][4:]  # past the warm-up
+    return sum(gaps) / len(gaps)
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_streaming_step_interval_is_near_the_larger_of_generation_and_training_not_their_sum(partial):
+    trace = _trace(_async_job("streaming", partial=partial))
+    steps = trace.streams["async"][0][1]
+    generation = sum(float(s.trajectories.sum()) for s in steps) / len(steps) / 128  # seconds of one batch on 128 slots
+    training = 10 + 50 + 2 * (2 + 1)
+    interval = _steady_interval(trace)
+    on_policy_batch = _steady_interval(_trace(_async_job("batch", staleness=0)))
+    assert on_policy_batch >= 0.95 * (generation + training)  # one after the other
+    assert max(generation, training) <= interval <= 1.2 * max(generation, training)
+    assert interval <= 0.6 * on_policy_batch
+
+
+def test_streaming_beats_batch_at_the_same_staleness_and_partial_rollout_helps():
+    batch = _steady_interval(_trace(_async_job("batch")))
+    streaming = _steady_interval(_trace(_async_job("streaming")))
+    partial = _steady_interval(_trace(_async_job("streaming", partial=True)))
+    assert partial <= streaming < batch
+
+
+def test_streaming_overlaps_batches_within_the_staleness_bound():
+    sim = Simulation(_trace(_async_job("streaming", staleness=2)), "rlix")
+    sim.run()
+    recs = sim.pipelines["async"].history
+    assert any(recs[k].rollout_start < recs[k - 1].rollout_end for k in range(1, len(recs)))  # batches overlap
+    for k, rec in enumerate(recs):
+        assert rec.version >= k - 2
+
+
+def test_partial_rollout_is_refused_without_streaming():
+    with pytest.raises(ValueError, match="partial_rollout needs rollout_mode 'streaming'"):
+        _trace(_async_job("batch", partial=True))
+
+
+# ------------------------------------------------------------------ decode speed
+
+
+def test_generation_slows_past_the_knee_and_a_straggler_speeds_up_when_alone():
+    step = {"trajectories": [10, 10, 10, 10, 40]}
+    flat = _rollout_seconds(_trace(_one_worker([step], slots=8)))
+    curved = _rollout_seconds(_trace(_one_worker([step], slots=8, decode_speed={"knee": 4, "exponent": 1})))
+    assert flat == [40.0]
+    # 5 generating at 4/5 speed: the four 10 s ones end at 12.5 s; the straggler has 30 s left, alone at full speed.
+    assert curved == [pytest.approx(42.5)]
+
+
+def test_below_the_knee_speed_is_flat():
+    step = {"trajectories": [10, 10, 10, 40]}
+    assert _rollout_seconds(_trace(_one_worker([step], slots=8, decode_speed={"knee": 4, "exponent": 2}))) == [40.0]
+
+
+# ------------------------------------------------------------------ agentic
+
+
+def test_a_tool_call_holds_the_slot_but_no_compute():
+    step = {"segments": [[5, 20, 5], [10]]}
+    trace = _trace(_one_worker([step], slots=1))
+    assert _rollout_seconds(trace) == [40.0]  # the second waits for the slot the first holds through its tool call
+    m = replay(trace, "rlix")
+    rollout_gpu = 1 / 8  # one of 8 GPUs
+    assert m.gpu_utilization * m.makespan_s == pytest.approx(20 * rollout_gpu * 8 / 8)  # 20 s of generation on one GPU, over 8
+    assert m.held_idle_fraction * m.makespan_s * 8 >= 20 - 1e-9  # the tool call: held, not working
+
+
+def test_tool_time_does_not_slow_the_others_on_the_worker():
+    step = {"segments": [[2, 10, 2], [20], [20]]}
+    # knee 2: three generate at 2/3 speed until 3 s; during the 10 s tool call the other two run at full speed
+    # (18 -> 8 s left at 13 s); all three at 2/3 again until the agentic one ends at 16 s (6 s left); then full: 22 s.
+    curved = _rollout_seconds(_trace(_one_worker([step], slots=4, decode_speed={"knee": 2, "exponent": 1})))
+    assert curved == [pytest.approx(22.0)]
+
+
+def test_slot_utilization_sees_the_within_worker_tail():
+    step = {"trajectories": [1] * 7 + [100]}
+    m = replay(_trace(_one_worker([step], slots=8)), "rlix")
+    assert m.gpu_utilization * m.makespan_s * 8 == pytest.approx(100)  # busy while any slot runs
+    assert m.slot_utilization * m.makespan_s * 8 == pytest.approx((7 * 1 + 100) / 8)  # slot-seconds / slots
+
+
+def test_generated_agentic_turns_keep_the_plain_generation_seconds():
+    gen = {"steps": 2, "trajectories_per_step": 50, "duration": {"median_s": 20, "p99_s": 200}, "seed": 5}
+    plain = _trace({"id": "job", "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "1-7"}}, "generate": gen})
+    tools = {"turns": 3, "turns_max": 6, "tool": {"median_s": 8, "p99_s": 60, "max_s": 120}, "seed": 1}
+    agentic = _trace({"id": "job", "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "1-7"}}, "generate": {**gen, "agentic": tools}})
+    for a, b in zip(plain.streams["job"][0][1], agentic.streams["job"][0][1]):
+        assert b.segments is not None and all(5 <= len(s) <= 11 and len(s) % 2 == 1 for s in b.segments)
+        assert b.generation_s() == pytest.approx(a.trajectories)
+        assert all(max(s[1::2]) <= 120 for s in b.segments)
+    assert replay(agentic, "rlix").trajectories_completed == 100
+
+
+# ------------------------------------------------------------------ waiting while others hold
+
+
+def test_held_gpus_while_another_job_waits_are_counted_and_rlix_lends_them():
+    def job(pid: str, lo: int, n: int) -> dict:
+        return {
+            "id": pid,
+            "roles": {"actor_train": {"gpus": f"{lo}"}, "actor_infer": {"gpus": "0-7"}},
+            "home": f"{lo}-{lo + 3}",
+            "slots_per_worker": 2,
+            "init_s": 0,
+            "switch": NO_SWITCH,
+            "steps": [{"trajectories": [5.0] * n, "stages": {"actor_train": 100}}, {"trajectories": [5.0] * n}],
+        }
+
+    trace = _trace(job("small", 0, 8), job("big", 4, 64))
+    static, rlix = replay(trace, "partial_overlap"), replay(trace, "rlix")
+    # small's batch ends at 5 s; while it trains on GPU 0 its workers on GPUs 1-3 sit idle, and big's
+    # 64 trajectories wait for its 8 slots until the last wave starts at 35 s
+    assert static.held_while_waiting_gpu_s == pytest.approx(3 * 30)
+    assert rlix.held_while_waiting_gpu_s < static.held_while_waiting_gpu_s

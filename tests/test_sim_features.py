@@ -195,3 +195,68 @@ def test_held_gpus_while_another_job_waits_are_counted_and_rlix_lends_them():
     # 64 trajectories wait for its 8 slots until the last wave starts at 35 s
     assert static.held_while_waiting_gpu_s == pytest.approx(3 * 30)
     assert rlix.held_while_waiting_gpu_s < static.held_while_waiting_gpu_s
+
+
+# ------------------------------------------------------------------ stage cost model
+
+
+def _stage_job(cost: dict, *, steps: list[dict] | None = None, train: str = "0-3") -> dict:
+    return {
+        "id": "job",
+        "roles": {"actor_train": {"gpus": train}, "actor_infer": {"gpus": "4-7"}},
+        "init_s": 0,
+        "switch": {"offload_s": 3, "load_s": 5, "weight_sync_s": 0, "resume_s": 0},
+        "stage_cost": cost,
+        "steps": steps or [{"trajectories": [10.0], "stages": {"old_logprobs": 20, "actor_train": 40}}],
+    }
+
+
+def _stages(trace: Trace) -> list[dict]:
+    return [{s.value: v for s, v in step.stages.items()} for step in trace.streams["job"][0][1]]
+
+
+def test_stage_seconds_scale_with_the_mapping_gpu_count():
+    assert _stages(_trace(_stage_job({"reference_gpus": 2}))) == [{"old_logprobs": 10, "actor_train": 20}]  # 4 GPUs: half
+    assert _stages(_trace(_stage_job({"reference_gpus": 8}, train="0-1"))) == [{"old_logprobs": 80, "actor_train": 160}]
+    sub = _stages(_trace(_stage_job({"reference_gpus": 2, "gpu_exponent": 0.5})))[0]
+    assert sub["actor_train"] == pytest.approx(40 / 2**0.5)
+    assert _stages(_trace(_stage_job({}))) == [{"old_logprobs": 20, "actor_train": 40}]  # no model: as given
+
+
+def test_stage_seconds_scale_with_the_batch_tokens():
+    steps = [{"trajectories": [10.0, 10.0], "stages": {"actor_train": 40}}, {"trajectories": [30.0, 30.0], "stages": {"actor_train": 40}}]
+    full = _stages(_trace(_stage_job({"token_fraction": 1.0}, steps=steps)))
+    assert [s["actor_train"] for s in full] == [pytest.approx(20), pytest.approx(60)]  # 0.5x and 1.5x the mean step
+    half = _stages(_trace(_stage_job({"token_fraction": 0.5}, steps=steps)))
+    assert [s["actor_train"] for s in half] == [pytest.approx(30), pytest.approx(50)]
+
+
+def test_consecutive_stages_on_the_same_gpus_share_one_load_and_offload():
+    def train_span(cost: dict) -> float:
+        sim = Simulation(_trace(_stage_job(cost)), "rlix")
+        sim.run()
+        rec = sim.pipelines["job"].history[0]
+        return rec.train_end - rec.rollout_end
+
+    assert train_span({}) == pytest.approx(2 * (5 + 3) + 20 + 40)
+    assert train_span({"share_load": True}) == pytest.approx(5 + 20 + 40 + 3)
+
+
+def test_jobs_sharing_training_gpus_with_shared_loads_lose_nothing_under_every_policy():
+    # Both train on GPU 0: between one job's two stages the other may take the GPU (it then waits for
+    # the offload owed, and the first job's next stage loads again).
+    def job(pid: str, arrival: float) -> dict:
+        return {
+            "id": pid,
+            "arrival_s": arrival,
+            "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "1" if pid == "a" else "2"}},
+            "init_s": 0,
+            "switch": {"offload_s": 3, "load_s": 5, "weight_sync_s": 0, "resume_s": 0},
+            "stage_cost": {"share_load": True},
+            "steps": [{"trajectories": [10.0], "stages": {"old_logprobs": 20, "actor_train": 40}}] * 2,
+        }
+
+    trace = _trace(job("a", 0), job("b", 1))
+    for policy in POLICIES:
+        m = replay(trace, policy)
+        assert m.trajectories_completed == 4 and m.trajectories_lost == 0

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import simpy
 
 from rlix.core import Event, PipelineSpec, Register, ReleaseStage, ReportDemand, RequestStage, Stage, Unregister
-from rlix.job import GangPhase, demand_report, gang_activity, rollout_gate, stage_role, step_sequence
+from rlix.job import GangPhase, demand_report, gang_activity, rollout_gate, stage_gpus, stage_role, step_sequence
 from rlix.metrics import PipelineTally, UsageRecorder
 from rlix.sim.engine import Batch, RolloutEngine
 from rlix.sim.trace import PipelineModel, Step, speed_curve
@@ -44,6 +44,7 @@ class Host:
     demand_changed: Callable[[str], None]  # report this pipeline's demand at the next tick
     waiting_changed: Callable[[str, bool], None]  # trajectories started / stopped waiting for a slot
     finished: Callable[[str], None]  # the pipeline is done
+    park: Callable[[str, tuple[int, ...], float], None]  # a released gang's model stays on these GPUs (offload seconds owed)
 
 
 @dataclass(kw_only=True)
@@ -147,8 +148,10 @@ class SimPipeline:
                 self.host.request_plan()  # rollout GPUs are free now: lend them at once
             with self.train_turn.request() as turn:
                 yield turn
-                for stage in step_sequence(step.stages):
-                    yield from self._gang(stage, step.stages[stage])
+                sequence = step_sequence(step.stages)
+                for j, stage in enumerate(sequence):
+                    keep = self.model.stage_cost.share_load and j + 1 < len(sequence) and self._same_gpus(stage, sequence[j + 1])
+                    yield from self._gang(stage, step.stages[stage], keep_loaded=keep)
             self.trained[i] = k + 1
             self.engine.set_version(i, k + 1)
             records[k].train_end = env.now
@@ -157,32 +160,45 @@ class SimPipeline:
 
     # ------------------------------------------------------------ gang stages
 
-    def _gang(self, stage: Stage, seconds: float):
-        """Request ``stage``, wait for the grant, load, work, offload, release."""
+    def _same_gpus(self, a: Stage, b: Stage) -> bool:
+        return stage_gpus(self.spec, a) == stage_gpus(self.spec, b)
+
+    def _gang(self, stage: Stage, seconds: float, *, keep_loaded: bool = False):
+        """Request ``stage``, wait for the grant, load, work, offload, release.
+
+        A grant on GPUs where this job's previous stage left its model
+        (``warm``) skips the load; with ``keep_loaded`` the offload is left
+        to whoever takes the GPUs next (the next stage of this step skips it).
+        """
         env = self.env
         usage = self.host.usage
         granted = self.grants[stage] = env.event()
         role = None if stage is Stage.INIT else stage_role(self.spec, stage)  # INIT: the job's init GPUs
         self.host.submit(RequestStage(pipeline_id=self.pid, stage=stage, role=role))
         self.host.request_plan()
-        gpus, gpus_ready = yield granted
+        gpus, gpus_ready, warm = yield granted
         sw = self.model.switch
-        usage.set(gpus, env.now, gang_activity(stage, GangPhase.LOAD), self.pid, stage.value)
         if stage is Stage.INIT:  # model load: the whole stage is switching
+            usage.set(gpus, env.now, gang_activity(stage, GangPhase.LOAD), self.pid, stage.value)
             yield env.timeout(max(gpus_ready - env.now, 0.0) + seconds)
         else:
-            yield env.timeout(max(gpus_ready - env.now, 0.0) + sw.load_s)
+            if not warm:
+                usage.set(gpus, env.now, gang_activity(stage, GangPhase.LOAD), self.pid, stage.value)
+                yield env.timeout(max(gpus_ready - env.now, 0.0) + sw.load_s)
             usage.set(gpus, env.now, gang_activity(stage, GangPhase.WORK), self.pid, stage.value)
             yield env.timeout(seconds)
-            usage.set(gpus, env.now, gang_activity(stage, GangPhase.OFFLOAD), self.pid, stage.value)
-            yield env.timeout(sw.offload_s)
+            if not keep_loaded:
+                usage.set(gpus, env.now, gang_activity(stage, GangPhase.OFFLOAD), self.pid, stage.value)
+                yield env.timeout(sw.offload_s)
         usage.set(gpus, env.now, gang_activity(stage, GangPhase.RELEASED))
+        if keep_loaded:
+            self.host.park(self.pid, gpus, sw.offload_s)
         del self.grants[stage]
         self.host.submit(ReleaseStage(pipeline_id=self.pid, stage=stage))
         self.host.request_plan()
 
-    def grant(self, stage: Stage, gpus: tuple[int, ...], gpus_ready: float) -> None:
-        self.grants[stage].succeed((gpus, gpus_ready))
+    def grant(self, stage: Stage, gpus: tuple[int, ...], gpus_ready: float, warm: bool = False) -> None:
+        self.grants[stage].succeed((gpus, gpus_ready, warm))
 
     # ------------------------------------------------------------ rollout
 

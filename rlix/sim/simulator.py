@@ -44,6 +44,7 @@ class Simulation:
         self.usage = UsageRecorder(trace.cluster.num_gpus, keep_segments=keep_segments)
         self.gpu_ready = [0.0] * trace.cluster.num_gpus  # seconds: when each GPU's last offload ends
         self._offload_stamp = [0] * trace.cluster.num_gpus
+        self.parked: dict[int, str] = {}  # GPU -> pipeline whose released gang's model is still on it
         self.demand_dirty: set[str] = set()
         self._plan_scheduled = False
         self._all_done = self.env.event()
@@ -56,6 +57,7 @@ class Simulation:
             demand_changed=self.demand_dirty.add,
             waiting_changed=self._waiting_changed,
             finished=self._pipeline_finished,
+            park=self._park,
         )
         self.pipelines = {p.id: SimPipeline(host, p, trace.spec(p), trace.streams[p.id]) for p in trace.pipelines}
         self._remaining = len(self.pipelines)
@@ -81,6 +83,13 @@ class Simulation:
 
     def _waiting_changed(self, pipeline_id: str, waiting: bool) -> None:
         self.usage.set_waiting(self.env.now, pipeline_id, waiting)
+
+    def _park(self, pipeline_id: str, gpus: tuple[int, ...], offload_s: float) -> None:
+        """A released gang left its model on ``gpus``: its next stage there skips the load; anyone else waits for the offload."""
+        ready = self.env.now + offload_s
+        for g in gpus:
+            self.parked[g] = pipeline_id
+            self.gpu_ready[g] = max(self.gpu_ready[g], ready)
 
     def _pipeline_finished(self, pipeline_id: str) -> None:
         self._remaining -= 1
@@ -138,15 +147,20 @@ class Simulation:
             else:
                 usage.set(s.worker.gpus, now, Activity.FREE)
         for grant in plan.grants:
+            warm = all(self.parked.get(g) == grant.pipeline_id for g in grant.gpus)
+            ready = now if warm else max(self.gpu_ready[g] for g in grant.gpus)
             for g in grant.gpus:
                 self._offload_stamp[g] += 1
-            ready = max(self.gpu_ready[g] for g in grant.gpus)
-            self.pipelines[grant.pipeline_id].grant(grant.stage, grant.gpus, ready)
+                self.parked.pop(g, None)
+                if warm:
+                    self.gpu_ready[g] = now  # the offload owed to a stranger is never paid
+            self.pipelines[grant.pipeline_id].grant(grant.stage, grant.gpus, ready, warm)
         for e in plan.expands:
             w = e.worker
             p = self.pipelines[w.pipeline_id]
             for g in w.gpus:
                 self._offload_stamp[g] += 1
+                self.parked.pop(g, None)
             versions, sync_s = p.new_worker_versions()
             ready = max(now, max(self.gpu_ready[g] for g in w.gpus)) + p.model.switch.load_s + sync_s
             usage.set(w.gpus, now, Activity.SWITCH, p.pid, "load")

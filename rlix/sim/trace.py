@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
 from rlix.core import PipelineSpec, Stage
-from rlix.job import JobModelError, JobShape, StepShape, check_stage_roles, pipeline_spec
+from rlix.job import JobModelError, JobShape, StepShape, check_stage_roles, pipeline_spec, stage_gpus
 
 FORMAT = "rlix-trace"
 VERSION = 1
@@ -110,6 +110,27 @@ class DecodeSpeedModel(StrictModel):
     )
 
 
+class StageCostModel(StrictModel):
+    """How a step's stage seconds scale; the seconds a trace gives hold at the reference point."""
+
+    reference_gpus: int | None = Field(
+        default=None, ge=1,
+        description="GPUs the given stage seconds were measured on; a stage whose mapping has g GPUs takes "
+        "(reference_gpus / g) ** gpu_exponent of them (default: no GPU scaling)",
+    )
+    gpu_exponent: float = Field(default=1.0, ge=0, le=1, description="1: perfect data-parallel scaling; 0: none")
+    token_fraction: float = Field(
+        default=0.0, ge=0, le=1,
+        description="share of each stage's seconds that grows with the batch's tokens (its trajectories' generation "
+        "seconds, relative to the stream's mean step); the rest is fixed",
+    )
+    share_load: bool = Field(
+        default=False,
+        description="consecutive stages of a step on the same GPUs share one load and one offload (the model stays "
+        "resident unless another job takes the GPUs in between)",
+    )
+
+
 class GenerateModel(StrictModel):
     """Compact form: ``steps`` steps drawn from a distribution with ``seed``."""
 
@@ -158,6 +179,7 @@ class PipelineModel(StrictModel):
         "weights; staleness counts their oldest segment) instead of waiting for the worker to drain",
     )
     decode_speed: DecodeSpeedModel | None = Field(default=None, description="default: every trajectory decodes at full speed")
+    stage_cost: StageCostModel = Field(default_factory=StageCostModel)
     # full finetune: the job's own steps; multi-LoRA: one stream per adapter
     steps: list[StepModel] | None = None
     generate: GenerateModel | None = None
@@ -318,6 +340,23 @@ def expand_stream(stream: StreamModel) -> list[Step]:
     return out
 
 
+def scale_stages(steps: list[Step], cost: StageCostModel, spec: PipelineSpec) -> list[Step]:
+    """Apply the stage cost model in place: GPU-count scaling per stage, token scaling per step."""
+    if cost.reference_gpus is None and cost.token_fraction == 0:
+        return steps
+    gen = [float(step.generation_s().sum()) for step in steps]
+    mean = sum(gen) / len(gen) if gen else 0.0
+    for step, tokens in zip(steps, gen):
+        ratio = tokens / mean if mean > 0 else 1.0
+        by_tokens = 1.0 - cost.token_fraction + cost.token_fraction * ratio
+        for stage in sorted(step.stages, key=lambda s: s.value):
+            by_gpus = 1.0
+            if cost.reference_gpus is not None:
+                by_gpus = (cost.reference_gpus / len(stage_gpus(spec, stage))) ** cost.gpu_exponent
+            step.stages[stage] *= by_gpus * by_tokens
+    return steps
+
+
 def speed_curve(model: DecodeSpeedModel | None):
     """Generating trajectories on a worker -> fraction of full decode speed (None: always full)."""
     if model is None:
@@ -351,8 +390,12 @@ class Trace:
 
     @cached_property
     def streams(self) -> dict[str, list[tuple[str, list[Step]]]]:
-        """pipeline id -> [(stream id, expanded steps)]."""
-        return {p.id: [(s.id, expand_stream(s)) for s in p.streams()] for p in self.model.pipelines}
+        """pipeline id -> [(stream id, expanded steps)], stage seconds scaled by the pipeline's cost model."""
+        out = {}
+        for p in self.model.pipelines:
+            spec = self.spec(p)
+            out[p.id] = [(s.id, scale_stages(expand_stream(s), p.stage_cost, spec)) for s in p.streams()]
+        return out
 
     def reseeded(self, seed: int) -> Trace:
         """The same trace with every ``generate`` block drawn from ``seed`` instead."""

@@ -179,6 +179,7 @@ class PipelineMetrics:
     step_latency_p99_s: float
     gpu_seconds_work: float
     preemptions: int
+    queue_delay_s: float  # arrival to the grant of its model load (the job's admission)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +199,9 @@ class RunMetrics:
     held_while_waiting_gpu_s: float
     throughput_steps_per_hour: float
     trajectories_per_hour: float
+    tasks_per_hour: float  # jobs finished per hour of makespan
+    queue_delay_mean_s: float  # arrival to admission, mean over jobs
+    queue_delay_p99_s: float
     steps_completed: int
     trajectories_completed: int
     preemptions: int
@@ -226,6 +230,7 @@ class PipelineTally:
     """Counts a shell keeps per pipeline while it runs."""
 
     arrival_s: float
+    admitted_s: float | None = None  # when its model load was granted (None: at arrival)
     finish_s: float | None = None
     step_latencies: list[float] = field(default_factory=list)
     trajectories: int = 0
@@ -245,6 +250,7 @@ class PipelineTally:
             step_latency_p99_s=percentile(lat, 99),
             gpu_seconds_work=usage.by_pipeline.get(pipeline_id, {}).get(Activity.WORK, 0.0),
             preemptions=self.preemptions,
+            queue_delay_s=(self.arrival_s if self.admitted_s is None else self.admitted_s) - self.arrival_s,
         )
 
 
@@ -268,6 +274,7 @@ def summarize(
     pipelines = {pid: tally.to_metrics(usage, pid, end) for pid, tally in sorted(tallies.items())}
     steps = sum(p.steps for p in pipelines.values())
     trajectories = sum(p.trajectories for p in pipelines.values())
+    delays = [p.queue_delay_s for p in pipelines.values()]
     return RunMetrics(
         policy=policy,
         gpus=usage.num_gpus,
@@ -284,6 +291,9 @@ def summarize(
         held_while_waiting_gpu_s=usage.held_while_waiting,
         throughput_steps_per_hour=steps * 3600.0 / makespan,
         trajectories_per_hour=trajectories * 3600.0 / makespan,
+        tasks_per_hour=sum(1 for t in tallies.values() if t.finish_s is not None) * 3600.0 / makespan,
+        queue_delay_mean_s=statistics.fmean(delays) if delays else 0.0,
+        queue_delay_p99_s=percentile(delays, 99),
         steps_completed=steps,
         trajectories_completed=trajectories,
         preemptions=sum(p.preemptions for p in pipelines.values()),

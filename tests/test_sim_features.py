@@ -260,3 +260,46 @@ def test_jobs_sharing_training_gpus_with_shared_loads_lose_nothing_under_every_p
     for policy in POLICIES:
         m = replay(trace, policy)
         assert m.trajectories_completed == 4 and m.trajectories_lost == 0
+
+
+# ------------------------------------------------------------------ job queue
+
+
+def _queued(arrivals: dict, **extra) -> dict:
+    return {
+        "id": "task",
+        "roles": {"actor_train": {"gpus": "0-7"}, "actor_infer": {"gpus": "0-7"}},
+        "init_s": 30,
+        "switch": NO_SWITCH,
+        "generate": {"steps": 2, "trajectories_per_step": 32, "duration": {"median_s": 5, "p99_s": 20}, "stages": {"actor_train": 10}},
+        "arrivals": arrivals,
+        **extra,
+    }
+
+
+def test_poisson_arrivals_expand_into_seeded_copies():
+    trace = _trace(_queued({"per_hour": 12, "count": 5, "seed": 4}, arrival_s=100))
+    jobs = trace.pipelines
+    assert [p.id for p in jobs] == [f"task-{k}" for k in range(5)]
+    times = [p.arrival_s for p in jobs]
+    assert times[0] == 100 and times == sorted(times) and len(set(times)) == 5
+    assert _trace(_queued({"per_hour": 12, "count": 5, "seed": 4}, arrival_s=100)).pipelines == jobs  # same seed, same jobs
+    seeds = {p.generate.seed for p in jobs}
+    assert len(seeds) == 5  # the copies draw different trajectories
+
+
+def test_queued_jobs_wait_for_their_model_load_to_fit_and_the_wait_counts_in_jct():
+    trace = _trace(_queued({"times_s": [0, 10]}))
+    for policy in POLICIES:
+        m = replay(trace, policy)
+        first, second = m.pipelines["task-0"], m.pipelines["task-1"]
+        assert first.queue_delay_s == 0
+        assert second.queue_delay_s == pytest.approx(20)  # the first job's 30 s model load holds every GPU
+        assert second.jct_s == pytest.approx(second.finish_s - 10)
+        assert m.queue_delay_mean_s == pytest.approx(10)
+        assert m.tasks_per_hour == pytest.approx(2 * 3600 / m.makespan_s)
+
+
+def test_arrival_copies_may_not_clash_with_other_ids():
+    with pytest.raises(ValueError, match="'task-1' appears more than once"):
+        _trace(_queued({"times_s": [0, 10]}), {**_queued({"times_s": [0]}), "id": "task-1", "arrivals": None})

@@ -177,6 +177,8 @@ class SimPipeline:
         self.host.submit(RequestStage(pipeline_id=self.pid, stage=stage, role=role))
         self.host.request_plan()
         gpus, gpus_ready, warm = yield granted
+        if stage is Stage.INIT:
+            self.tally.admitted_s = env.now  # admitted: the job holds GPUs from now on
         sw = self.model.switch
         if stage is Stage.INIT:  # model load: the whole stage is switching
             usage.set(gpus, env.now, gang_activity(stage, GangPhase.LOAD), self.pid, stage.value)

@@ -143,6 +143,33 @@ class GenerateModel(StrictModel):
     agentic: ToolModel | None = Field(default=None, description="split each trajectory into turns with tool calls between")
 
 
+class ArrivalsModel(StrictModel):
+    """More jobs like this one, arriving over time into the cluster's queue: listed times or a seeded Poisson process.
+
+    Copy ``k`` is the pipeline with id ``<id>-<k>`` (k from 0), arriving at its
+    time, its ``generate`` seeds shifted by ``k`` so the copies differ.
+    """
+
+    times_s: list[Seconds] | None = Field(default=None, min_length=1, description="arrival of each copy (seconds)")
+    per_hour: float | None = Field(default=None, gt=0, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s")
+    count: int | None = Field(default=None, ge=1, description="Poisson arrivals: how many jobs")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ArrivalsModel:
+        if (self.times_s is None) == (self.per_hour is None) or (self.per_hour is None) != (self.count is None):
+            raise ValueError("give either 'times_s' (a list) or 'per_hour' with 'count' (a seeded Poisson process)")
+        return self
+
+    def times(self, start: float) -> list[float]:
+        if self.times_s is not None:
+            return list(self.times_s)
+        assert self.per_hour is not None and self.count is not None
+        rng = np.random.Generator(np.random.PCG64(self.seed))
+        gaps = rng.exponential(3600.0 / self.per_hour, self.count)
+        return [start + float(t) for t in np.cumsum(gaps) - gaps[0]]  # the first copy arrives at ``start``
+
+
 class StreamModel(StrictModel):
     """One stream of steps: the whole job (full finetune) or one LoRA adapter."""
 
@@ -180,6 +207,7 @@ class PipelineModel(StrictModel):
     )
     decode_speed: DecodeSpeedModel | None = Field(default=None, description="default: every trajectory decodes at full speed")
     stage_cost: StageCostModel = Field(default_factory=StageCostModel)
+    arrivals: ArrivalsModel | None = Field(default=None, description="this pipeline is a template: copies of it arrive over time")
     # full finetune: the job's own steps; multi-LoRA: one stream per adapter
     steps: list[StepModel] | None = None
     generate: GenerateModel | None = None
@@ -207,6 +235,26 @@ class PipelineModel(StrictModel):
             raise ValueError("partial_rollout needs rollout_mode 'streaming'")
         return self
 
+    def job_ids(self) -> list[str]:
+        if self.arrivals is None:
+            return [self.id]
+        n = len(self.arrivals.times_s) if self.arrivals.times_s is not None else self.arrivals.count or 0
+        return [f"{self.id}-{k}" for k in range(n)]
+
+    def copies(self) -> list[PipelineModel]:
+        """The jobs this entry stands for: itself, or one copy per arrival."""
+        if self.arrivals is None:
+            return [self]
+        out = []
+        for k, t in enumerate(self.arrivals.times(self.arrival_s)):
+            raw = self.model_dump(exclude_none=True, exclude={"arrivals"})
+            raw.update(id=f"{self.id}-{k}", arrival_s=t)
+            for block in [raw, *raw.get("adapters", [])]:
+                if "generate" in block:
+                    block["generate"]["seed"] += 7919 * k
+            out.append(PipelineModel.model_validate(raw))
+        return out
+
     def streams(self) -> list[StreamModel]:
         if self.kind == "multi_lora":
             return list(self.adapters or [])
@@ -224,7 +272,7 @@ class TraceModel(StrictModel):
 
     @model_validator(mode="after")
     def _unique(self) -> TraceModel:
-        ids = [p.id for p in self.pipelines]
+        ids = [i for p in self.pipelines for i in p.job_ids()]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"pipeline ids must be unique; '{dup[0]}' appears more than once")
@@ -376,7 +424,12 @@ class Trace:
 
     @property
     def pipelines(self) -> list[PipelineModel]:
-        return list(self.model.pipelines)
+        """Every job, templates with ``arrivals`` expanded into their copies."""
+        return list(self.jobs)
+
+    @cached_property
+    def jobs(self) -> tuple[PipelineModel, ...]:
+        return tuple(copy for p in self.model.pipelines for copy in p.copies())
 
     def spec(self, p: PipelineModel) -> PipelineSpec:
         return pipeline_spec(
@@ -392,7 +445,7 @@ class Trace:
     def streams(self) -> dict[str, list[tuple[str, list[Step]]]]:
         """pipeline id -> [(stream id, expanded steps)], stage seconds scaled by the pipeline's cost model."""
         out = {}
-        for p in self.model.pipelines:
+        for p in self.jobs:
             spec = self.spec(p)
             out[p.id] = [(s.id, scale_stages(expand_stream(s), p.stage_cost, spec)) for s in p.streams()]
         return out
@@ -420,7 +473,7 @@ class Trace:
     def job_shapes(self) -> list[JobShape]:
         """The jobs as the job model's lower bounds see them (generation seconds only: tool time holds no GPU)."""
         shapes = []
-        for p in self.model.pipelines:
+        for p in self.jobs:
             streams = tuple(
                 tuple(
                     StepShape(
@@ -451,7 +504,7 @@ class Trace:
         from rlix.core import SchedulingError
         from rlix.core.topology import validate_pipeline
 
-        for i, p in enumerate(self.model.pipelines):
+        for i, p in enumerate(self.model.pipelines):  # copies share their template's topology
             spec = self.spec(p)
             try:
                 validate_pipeline(self.cluster, spec)

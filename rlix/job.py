@@ -108,6 +108,7 @@ def demand_report(
     open_trajectories: int = 0,
     backlog: int = 0,
     trajectory_s: float = 0.0,
+    switch_s: float = 0.0,
 ) -> ReportDemand:
     """A pipeline's rollout demand, with one meaning in both shells.
 
@@ -117,9 +118,10 @@ def demand_report(
       not yet complete (finished ones included) -- the ``batch_size`` that
       near-finished protection compares the remaining work with;
     - ``backlog``: trajectories of steps not produced yet;
-    - ``trajectory_s``: mean generation seconds of the trajectories finished so far (0: none yet).
+    - ``trajectory_s``: mean generation seconds of the trajectories finished so far (0: none yet);
+    - ``switch_s``: seconds to wake one more worker and sync its weights (0: unknown).
     """
-    if min(pending, open_trajectories, backlog) < 0 or trajectory_s < 0:
+    if min(pending, open_trajectories, backlog) < 0 or min(trajectory_s, switch_s) < 0:
         raise JobModelError(f"{pipeline_id}: demand counts and trajectory seconds must be >= 0")
     return ReportDemand(
         pipeline_id=pipeline_id,
@@ -128,6 +130,7 @@ def demand_report(
         batch_size=open_trajectories,
         backlog=backlog,
         trajectory_s=trajectory_s,
+        switch_s=switch_s,
     )
 
 
@@ -206,14 +209,19 @@ class JobShape:
     init_s: float
     staleness: int
     streams: tuple[tuple[StepShape, ...], ...]
+    streaming: bool = False  # rollout batches may overlap (streaming rollout): only the staleness gate orders them
 
 
-def lower_bounds(jobs: Iterable[JobShape], num_gpus: int) -> tuple[float, float]:
+def lower_bounds(jobs: Sequence[JobShape], num_gpus: int) -> tuple[float, float]:
     """(work bound, critical-path bound) in seconds; the makespan beats neither.
 
     - work: all unavoidable GPU-seconds (model load, every gang stage over its
       mapping, every trajectory at full slot packing on its TP-wide worker)
-      spread over every GPU;
+      spread over every GPU, tightened by each job's own chain of steps: a
+      piece of work that cannot start before ``tau`` and is followed by at
+      least ``q`` seconds of its job's chain lies inside
+      ``[tau, makespan - q]``, so ``makespan >= tau + q + (GPU-seconds of such
+      pieces) / GPUs`` for every ``tau`` (a job's arrival) and ``q``;
     - critical path: the slowest job alone on an infinite cluster, its steps
       chained by their dependencies (longest trajectory of each rollout, stage
       times, the staleness overlap), from its arrival.
@@ -221,29 +229,114 @@ def lower_bounds(jobs: Iterable[JobShape], num_gpus: int) -> tuple[float, float]
     Switching other than the initial model load is left out, so both are true
     bounds whatever the policy.
     """
-    work = 0.0
+    pieces: list[Piece] = []
     path = 0.0
     for job in jobs:
-        spec = job.spec
-        per_traj = spec.role(Role.ACTOR_INFER).gpus_per_worker / spec.slots_per_worker  # GPU-s per trajectory-s
-        work += job.init_s * len(spec.init_gpus)
         finish = 0.0
         for steps in job.streams:
-            for step in steps:
-                work += step.trajectory_s * per_traj
-                for stage, seconds in step.stages:
-                    work += seconds * len(stage_gpus(spec, stage))
-            finish = max(finish, stream_critical_path(steps, job.staleness))
+            finish = max(finish, stream_critical_path(steps, job.staleness, streaming=job.streaming))
+            pieces += _stream_pieces(job, steps)
+        pieces.append(Piece(gpu_s=job.init_s * len(job.spec.init_gpus), start_s=job.arrival_s, tail_s=finish))
         path = max(path, job.arrival_s + job.init_s + finish)
-    return work / num_gpus, path
+    arrivals = sorted({0.0} | {job.arrival_s for job in jobs})
+    return _window_bound(pieces, num_gpus, arrivals), path
 
 
-def stream_critical_path(steps: Sequence[StepShape], staleness: int) -> float:
-    """End of the last training of one stream with unlimited GPUs (seconds after its model load)."""
+@dataclass(frozen=True, kw_only=True)
+class Piece:
+    """Work the bounds place: its GPU-seconds, its earliest start and the seconds of its job's chain after it."""
+
+    gpu_s: float
+    start_s: float
+    tail_s: float
+
+
+def _window_bound(pieces: Sequence[Piece], num_gpus: int, taus: Sequence[float]) -> float:
+    """max over tau and q of tau + q + (GPU-seconds that must fit in [tau, end - q]) / GPUs.
+
+    ``tau = 0`` with the smallest ``q`` is the plain work bound. Only job
+    arrivals are tried as ``tau``: any ``tau`` gives a true bound, and this
+    keeps the cost at (arrivals x pieces x log pieces).
+    """
+    best = 0.0
+    for tau in taus:
+        inside = sorted((p for p in pieces if p.start_s >= tau), key=lambda p: (-p.tail_s, p.start_s, p.gpu_s))
+        gpu_s = 0.0
+        for p in inside:  # every piece with a chain of at least p.tail_s after it is already summed
+            gpu_s += p.gpu_s
+            best = max(best, tau + p.tail_s + gpu_s / num_gpus)
+    return best
+
+
+def _stream_pieces(job: JobShape, steps: Sequence[StepShape]) -> list[Piece]:
+    """Each rollout and gang stage of one stream as a piece (times from the job's arrival)."""
+    spec = job.spec
+    per_traj = spec.role(Role.ACTOR_INFER).gpus_per_worker / spec.slots_per_worker  # GPU-s per trajectory-s
+    offset = job.arrival_s + job.init_s
+    longest = [step.longest_s for step in steps]
+    train = [sum(dict(step.stages).get(s, 0.0) for s in STEP_STAGES) for step in steps]
+    roll_start, train_start = _earliest_starts(longest, train, job.staleness, job.streaming)
+    after_roll, after_train = _chain_after(longest, train, job.staleness, job.streaming)
+    pieces = []
+    for k, step in enumerate(steps):
+        pieces.append(Piece(gpu_s=step.trajectory_s * per_traj, start_s=offset + roll_start[k], tail_s=after_roll[k]))
+        begin, left = train_start[k], train[k]
+        for stage in STEP_STAGES:
+            seconds = dict(step.stages).get(stage, 0.0)
+            if seconds:
+                left -= seconds
+                gpu_s = seconds * len(stage_gpus(spec, stage))
+                pieces.append(Piece(gpu_s=gpu_s, start_s=offset + begin, tail_s=max(left, 0.0) + after_train[k]))
+                begin += seconds
+    return pieces
+
+
+def _earliest_starts(
+    longest: Sequence[float], train: Sequence[float], staleness: int, streaming: bool
+) -> tuple[list[float], list[float]]:
+    """When each rollout and each training can start at the earliest (unlimited GPUs, from the model load)."""
+    roll_start: list[float] = []
+    train_start: list[float] = []
+    trained_at: list[float] = []
+    for k in range(len(longest)):
+        start = roll_start[-1] + longest[k - 1] if k and not streaming else 0.0
+        gate = rollout_gate(k, staleness)
+        if gate is not None:
+            start = max(start, trained_at[gate])
+        roll_start.append(start)
+        train_start.append(max(start + longest[k], trained_at[-1] if trained_at else 0.0))
+        trained_at.append(train_start[-1] + train[k])
+    return roll_start, train_start
+
+
+def _chain_after(
+    longest: Sequence[float], train: Sequence[float], staleness: int, streaming: bool
+) -> tuple[list[float], list[float]]:
+    """Seconds of the stream's chain that must follow the end of each rollout and of each training."""
+    n = len(longest)
+    after_roll = [0.0] * n
+    after_train = [0.0] * n
+    for k in reversed(range(n)):
+        gated = k + 1 + staleness  # the rollout whose gate is this training
+        after_train[k] = max(
+            train[k + 1] + after_train[k + 1] if k + 1 < n else 0.0,
+            longest[gated] + after_roll[gated] if gated < n else 0.0,
+        )
+        next_roll = longest[k + 1] + after_roll[k + 1] if k + 1 < n and not streaming else 0.0
+        after_roll[k] = max(train[k] + after_train[k], next_roll)
+    return after_roll, after_train
+
+
+def stream_critical_path(steps: Sequence[StepShape], staleness: int, *, streaming: bool = False) -> float:
+    """End of the last training of one stream with unlimited GPUs (seconds after its model load).
+
+    In batch rollout a step's rollout also waits for the previous rollout to
+    end; in streaming rollout only the staleness gate holds it back.
+    """
     rolled: list[float] = []
     trained: list[float] = []
     for k, step in enumerate(steps):
-        start = rolled[-1] if rolled else 0.0
+        start = rolled[-1] if rolled and not streaming else 0.0
         gate = rollout_gate(k, staleness)
         if gate is not None:
             start = max(start, trained[gate])

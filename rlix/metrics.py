@@ -13,6 +13,12 @@ names are the design brief's. Every GPU-second falls in exactly one bucket:
 
 ``stranded_fraction`` is the part of ``free`` during which some pipeline had
 trajectories waiting for a slot: capacity that placement rules kept from it.
+
+Two views across the buckets: ``slot_utilization`` weighs ``work`` by the
+share of a rollout worker's slots that are generating (a worker running 1 of
+its 64 slots counts 1/64; a gang stage counts fully), so the within-worker
+tail shows; ``held_while_waiting_gpu_s`` is the ``held`` GPU-seconds of one
+pipeline while another pipeline had trajectories waiting for a slot.
 """
 
 from __future__ import annotations
@@ -57,18 +63,37 @@ class UsageRecorder:
         self._unmet = False
         self._mark = start
         self.stranded = 0.0
+        self._fill = [0.0] * num_gpus  # share of the GPU's slots generating while it works
+        self._fill_since = [start] * num_gpus
+        self.slot_work = 0.0  # GPU-seconds of work weighted by fill
+        self._waiting: set[str] = set()  # pipelines with trajectories waiting for a slot
+        self._held_by: dict[str, int] = {}  # pipeline -> GPUs it holds idle now
+        self._held = 0
+        self.held_while_waiting = 0.0
 
-    def set(self, gpus, now: float, activity: Activity, pipeline_id: str = "", stage: str = "") -> None:
-        """From ``now`` on, ``gpus`` do ``activity`` (for ``pipeline_id``'s ``stage``)."""
+    def set(self, gpus, now: float, activity: Activity, pipeline_id: str = "", stage: str = "", fill: float = 1.0) -> None:
+        """From ``now`` on, ``gpus`` do ``activity`` (for ``pipeline_id``'s ``stage``).
+
+        ``fill``: for work, the share of the worker's slots generating (1.0 for a gang stage).
+        """
         self._flush_stranded(now)
         who = (pipeline_id, stage)
+        f_new = fill if activity is Activity.WORK else 0.0
         for g in gpus:
+            if f_new != self._fill[g]:
+                self.slot_work += self._fill[g] * (now - self._fill_since[g])
+                self._fill[g] = f_new
+                self._fill_since[g] = now
             old = self._act[g]
             if old is activity and self._who[g] == who:
                 continue
             self._close(g, now)
             if (old is Activity.FREE) != (activity is Activity.FREE):
                 self._free += 1 if activity is Activity.FREE else -1
+            if old is Activity.HELD:
+                self._count_held(self._who[g][0], -1)
+            if activity is Activity.HELD:
+                self._count_held(pipeline_id, 1)
             self._act[g] = activity
             self._who[g] = who
             self._since[g] = now
@@ -78,6 +103,21 @@ class UsageRecorder:
         if unmet != self._unmet:
             self._flush_stranded(now)
             self._unmet = unmet
+
+    def set_waiting(self, now: float, pipeline_id: str, waiting: bool) -> None:
+        """Whether ``pipeline_id`` has trajectories waiting for a rollout slot (implies the unmet flag)."""
+        if waiting == (pipeline_id in self._waiting):
+            return
+        self._flush_stranded(now)
+        if waiting:
+            self._waiting.add(pipeline_id)
+        else:
+            self._waiting.discard(pipeline_id)
+        self._unmet = bool(self._waiting)
+
+    def _count_held(self, pipeline_id: str, delta: int) -> None:
+        self._held += delta
+        self._held_by[pipeline_id] = self._held_by.get(pipeline_id, 0) + delta
 
     def rebook(self, pipeline_id: str, seconds: float, src: Activity, dst: Activity) -> None:
         """Move ``seconds`` GPU-seconds of ``pipeline_id`` from ``src`` to ``dst`` (e.g. an
@@ -95,10 +135,18 @@ class UsageRecorder:
         for g in range(self.num_gpus):
             self._close(g, now)
             self._since[g] = now
+            self.slot_work += self._fill[g] * (now - self._fill_since[g])
+            self._fill_since[g] = now
 
     def _flush_stranded(self, now: float) -> None:
         if self._unmet:
             self.stranded += self._free * (now - self._mark)
+            waiting = self._waiting
+            if len(waiting) > 1:
+                self.held_while_waiting += self._held * (now - self._mark)
+            elif waiting:
+                (only,) = waiting
+                self.held_while_waiting += (self._held - self._held_by.get(only, 0)) * (now - self._mark)
         self._mark = now
 
     def _close(self, g: int, now: float) -> None:
@@ -131,6 +179,7 @@ class PipelineMetrics:
     step_latency_p99_s: float
     gpu_seconds_work: float
     preemptions: int
+    queue_delay_s: float  # arrival to the grant of its model load (the job's admission)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,12 +191,17 @@ class RunMetrics:
     lower_bound_work_s: float
     lower_bound_critical_path_s: float
     gpu_utilization: float
+    slot_utilization: float
     idle_fraction: float
     held_idle_fraction: float
     switch_overhead_fraction: float
     stranded_fraction: float
+    held_while_waiting_gpu_s: float
     throughput_steps_per_hour: float
     trajectories_per_hour: float
+    tasks_per_hour: float  # jobs finished per hour of makespan
+    queue_delay_mean_s: float  # arrival to admission, mean over jobs
+    queue_delay_p99_s: float
     steps_completed: int
     trajectories_completed: int
     preemptions: int
@@ -176,6 +230,7 @@ class PipelineTally:
     """Counts a shell keeps per pipeline while it runs."""
 
     arrival_s: float
+    admitted_s: float | None = None  # when its model load was granted (None: at arrival)
     finish_s: float | None = None
     step_latencies: list[float] = field(default_factory=list)
     trajectories: int = 0
@@ -195,6 +250,7 @@ class PipelineTally:
             step_latency_p99_s=percentile(lat, 99),
             gpu_seconds_work=usage.by_pipeline.get(pipeline_id, {}).get(Activity.WORK, 0.0),
             preemptions=self.preemptions,
+            queue_delay_s=(self.arrival_s if self.admitted_s is None else self.admitted_s) - self.arrival_s,
         )
 
 
@@ -218,6 +274,7 @@ def summarize(
     pipelines = {pid: tally.to_metrics(usage, pid, end) for pid, tally in sorted(tallies.items())}
     steps = sum(p.steps for p in pipelines.values())
     trajectories = sum(p.trajectories for p in pipelines.values())
+    delays = [p.queue_delay_s for p in pipelines.values()]
     return RunMetrics(
         policy=policy,
         gpus=usage.num_gpus,
@@ -226,12 +283,17 @@ def summarize(
         lower_bound_work_s=lower_bound_work_s,
         lower_bound_critical_path_s=lower_bound_critical_path_s,
         gpu_utilization=t[Activity.WORK] / capacity,
+        slot_utilization=usage.slot_work / capacity,
         idle_fraction=t[Activity.FREE] / capacity,
         held_idle_fraction=t[Activity.HELD] / capacity,
         switch_overhead_fraction=t[Activity.SWITCH] / capacity,
         stranded_fraction=usage.stranded / capacity,
+        held_while_waiting_gpu_s=usage.held_while_waiting,
         throughput_steps_per_hour=steps * 3600.0 / makespan,
         trajectories_per_hour=trajectories * 3600.0 / makespan,
+        tasks_per_hour=sum(1 for t in tallies.values() if t.finish_s is not None) * 3600.0 / makespan,
+        queue_delay_mean_s=statistics.fmean(delays) if delays else 0.0,
+        queue_delay_p99_s=percentile(delays, 99),
         steps_completed=steps,
         trajectories_completed=trajectories,
         preemptions=sum(p.preemptions for p in pipelines.values()),

@@ -95,9 +95,12 @@ def _job(staleness: int) -> JobShape:
 
 
 def test_lower_bounds_count_tp_width_and_staleness_overlap():
-    # work: init 5 s x 2 GPUs + per step (14 trajectory-s x TP 2 / 2 slots + 5 stage-s x 2 GPUs) x 2 steps, over 4 GPUs
+    # work: init 5 s x 2 GPUs + per step (14 trajectory-s x TP 2 / 2 slots + 5 stage-s x 2 GPUs) x 2 steps
+    serial, _ = lower_bounds([_job(0)], num_gpus=1)
+    assert serial == pytest.approx(10 + 2 * (14 + 10))
+    # on 4 GPUs the chain tightens it: the model load (10 GPU-s) is followed by 30 s of the job's chain
     work, path = lower_bounds([_job(0)], num_gpus=4)
-    assert work == pytest.approx((10 + 2 * (14 + 10)) / 4)
+    assert work == pytest.approx(30 + 10 / 4)
     assert path == pytest.approx(5 + 10 + 5 + 10 + 5)  # on-policy: step 1's rollout waits for step 0's training
     _, overlapped = lower_bounds([_job(1)], num_gpus=4)
     assert overlapped == pytest.approx(5 + 10 + 10 + 5)  # staleness 1: step 1 rolls out while step 0 trains

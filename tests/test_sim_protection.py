@@ -32,8 +32,8 @@ class WatchedSimulation(Simulation):
             if self.sched.workers(pid):  # the ledger already holds the plan: some worker is left
                 continue
             p = self.pipelines[pid]
-            pending, loads, batch = p.engine.demand(p.batch_size())
-            left = pending + sum(load.active for load in loads)
+            report = p.demand_report()
+            left, batch = report.pending + sum(load.active for load in report.loads), report.batch_size
             self.last_worker_moves += left == 0
             if left > 0 and batch > 0 and left <= protect * batch:
                 self.starved.append((self.env.now, pid, left, batch))

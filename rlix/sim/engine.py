@@ -1,10 +1,16 @@
 """Simulator layer: one pipeline's rollout workers, slot by slot.
 
 The engine is a single SimPy process per pipeline that sleeps until the next
-thing that changes its state (a trajectory finishing or a worker finishing
-its load) and is woken early when the plan adds or removes workers or a new
-batch arrives. Trajectories are plain objects in a heap, not SimPy
+thing that changes its state (a trajectory segment ending or a worker
+finishing its load) and is woken early when the plan adds or removes workers
+or a new batch arrives. Trajectories are plain objects in a heap, not SimPy
 processes, so a million of them replay in seconds.
+
+A trajectory is a list of segments: generation seconds (decoding at full
+speed) alternating with tool seconds (an agentic environment call: the
+trajectory keeps its slot and KV cache but the GPU computes nothing for it).
+With a decode-speed curve, the generating trajectories of a worker share its
+speed: each decodes at ``speed(n)`` of full speed while ``n`` generate on it.
 
 It makes no scheduling decision: which workers exist is the plan's call.
 """
@@ -14,51 +20,63 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-import numpy as np
 import simpy
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.metrics import Activity, UsageRecorder
 
+Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
+
 
 class Batch:
-    """One step's rollout of one stream: ``n`` trajectories under weight ``version``."""
+    """One step's rollout of one stream: ``n`` trajectories, none started on weights older than ``version``."""
 
-    __slots__ = ("stream", "step", "version", "n", "left", "done", "lora")
+    __slots__ = ("stream", "step", "version", "n", "left", "done", "lora", "oldest")
 
     def __init__(self, env: simpy.Environment, stream: int, step: int, version: int, n: int, lora: bool) -> None:
         self.stream = stream
         self.step = step
-        self.version = version
+        self.version = version  # the oldest weight version a trajectory of this batch may start on
         self.n = n
         self.left = n
         self.done = env.event()
         self.lora = lora
+        self.oldest = math.inf  # oldest weight version a finished trajectory's first segment used
 
 
 class Traj:
-    __slots__ = ("batch", "duration", "remaining", "started", "worker", "token")
+    __slots__ = ("batch", "segments", "duration", "seg", "remaining", "started", "worker", "token", "idx", "version")
 
-    def __init__(self, batch: Batch, duration: float) -> None:
+    def __init__(self, batch: Batch, segments: Sequence[float], idx: int) -> None:
         self.batch = batch
-        self.duration = duration  # seconds of decoding in all
-        self.remaining = duration  # seconds still to decode
-        self.started = 0.0  # when it (re)started decoding on its worker
+        self.segments = segments  # seconds: generation, tool, generation, ... (odd length)
+        self.duration = float(sum(segments)) if len(segments) > 1 else float(segments[0])  # seconds in all
+        self.seg = 0  # index of the current segment
+        self.remaining = float(segments[0])  # seconds of the current segment still to go (at full speed)
+        self.started = 0.0  # when its progress was last stamped on its worker
         self.worker: SimWorker | None = None
-        self.token = 0  # bumped on preemption: older heap entries are stale
+        self.token = 0  # bumped whenever it is re-timed: older heap entries are stale
+        self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
+        self.version = -1  # weight version its first segment started on (-1: not started)
+
+    @property
+    def generating(self) -> bool:
+        return self.seg % 2 == 0
 
 
 class SimWorker:
-    __slots__ = ("worker", "ready_at", "active", "versions", "alive")
+    __slots__ = ("worker", "ready_at", "active", "versions", "alive", "generating", "rate")
 
     def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         self.worker = worker
         self.ready_at = ready_at  # seconds: loading (and syncing) until then
-        self.active: set[Traj] = set()
+        self.active: dict[int, Traj] = {}  # idx -> trajectory (insertion order: deterministic)
         self.versions = versions  # stream -> weight/adapter version loaded
         self.alive = True
+        self.generating = 0  # active trajectories in a generation segment
+        self.rate = 1.0  # decode speed of each generating trajectory (fraction of full speed)
 
 
 class RolloutEngine:
@@ -76,7 +94,11 @@ class RolloutEngine:
         requeue: bool,
         resume_s: float,
         on_change: Callable[[], None],
-        on_pending: Callable[[int], None],
+        on_pending: Callable[[bool], None],
+        lora: bool = False,
+        streaming: bool = False,
+        partial: bool = False,
+        speed: Speed | None = None,
     ) -> None:
         self.env = env
         self.pipeline_id = pipeline_id
@@ -87,34 +109,50 @@ class RolloutEngine:
         self.requeue = requeue  # True: restart aborted trajectories; False: continue them
         self.resume_s = resume_s  # seconds to re-prefill a continued trajectory
         self.on_change = on_change  # demand changed: the simulator asks for a report later
-        self.on_pending = on_pending  # +1 / -1 when trajectories start / stop waiting for a slot
+        self.on_pending = on_pending  # True / False when trajectories start / stop waiting for a slot
+        self.lora = lora  # multi-LoRA: adapters load per trajectory, beside the others
+        self.streaming = streaming  # workers move to the newest weights; batches overlap
+        self.partial = partial  # streaming: sync weights under running trajectories (they go on)
+        self.speed = speed  # None: every trajectory decodes at full speed
+        self.newest: dict[int, int] = {}  # stream -> newest trained weight version
         self._had_pending = False
         self._scan_all = False  # new work arrived: every worker may have free slots
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self.pending: deque[Traj] = deque()
-        self.heap: list[tuple[float, int, int, Traj]] = []  # (finish, seq, token, traj)
+        self.heap: list[tuple[float, int, int, Traj]] = []  # (segment end, seq, token, traj)
         self.loading: list[tuple[float, int, SimWorker]] = []  # (ready_at, first GPU, worker)
         self.running = 0
         self.batch_left = 0  # trajectories of unfinished batches
         self.completed = 0
-        self.completed_s = 0.0  # decode seconds of the finished trajectories
+        self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
         self.aborted = 0
         self.switch_extra = 0.0  # GPU-seconds of adapter sync inside busy workers
         self._seq = 0
+        self._made = 0  # trajectories created: their idx
         self._sleeping = False
         self.proc = env.process(self._run())
 
     # ------------------------------------------------------------ commands
 
-    def add_batch(self, batch: Batch, durations: np.ndarray) -> None:
-        self.pending.extend(Traj(batch, float(d)) for d in durations)
+    def add_batch(self, batch: Batch, trajectories: Sequence[Sequence[float]] | Sequence[float]) -> None:
+        """Queue a batch: one duration per trajectory, or one segment list per trajectory."""
+        base = self._made
+        self.pending.extend(Traj(batch, s if isinstance(s, tuple) else (float(s),), base + j) for j, s in enumerate(trajectories))
+        self._made += batch.n
         self.batch_left += batch.n
         self.open_n += batch.n
         self._scan_all = True
         self._note_pending()
         self.on_change()
         self._kick()
+
+    def set_version(self, stream: int, version: int) -> None:
+        """A stream's newest trained weights (streaming: idle workers move to them)."""
+        self.newest[stream] = version
+        if self.streaming:
+            self._scan_all = True
+            self._kick()
 
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         w = SimWorker(worker, ready_at, versions)
@@ -127,18 +165,23 @@ class RolloutEngine:
         w = self.workers.pop(worker.gpus[0])
         w.alive = False
         now = self.env.now
-        aborted = sorted(w.active, key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration))
+        aborted = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
         for t in reversed(aborted):
             if self.requeue:
-                t.remaining = t.duration
+                t.seg = 0
+                t.remaining = float(t.segments[0])
+                t.version = -1
             else:
-                t.remaining = max(t.remaining - max(0.0, now - t.started), 0.0) + self.resume_s
+                rate = w.rate if t.generating else 1.0
+                # Re-prefill on the new worker (charged to the current segment, tool or not).
+                t.remaining = max(t.remaining - max(0.0, now - t.started) * rate, 0.0) + self.resume_s
             t.token += 1
             t.worker = None
             self.pending.appendleft(t)
         self.running -= len(aborted)
         self.aborted += len(aborted)
         w.active.clear()
+        w.generating = 0
         if aborted:
             self._scan_all = True
             self.on_change()
@@ -148,13 +191,14 @@ class RolloutEngine:
 
     # ------------------------------------------------------------ queries
 
-    def demand(self, batch_size: int) -> tuple[int, tuple[WorkerLoad, ...], int]:
+    def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
+        """(trajectories waiting for a slot, running trajectories per busy worker)."""
         loads = tuple(WorkerLoad(first_gpu=g, active=len(w.active)) for g, w in sorted(self.workers.items()) if w.active)
-        return len(self.pending), loads, batch_size
+        return len(self.pending), loads
 
     @property
     def mean_trajectory_s(self) -> float:
-        """Mean decode seconds of the trajectories finished so far (0 before the first)."""
+        """Mean seconds of the trajectories finished so far (0 before the first)."""
         return self.completed_s / self.completed if self.completed else 0.0
 
     @property
@@ -207,30 +251,10 @@ class RolloutEngine:
             _, g, w = heapq.heappop(loading)
             if w.alive:
                 touched[g] = w
-        heap = self.heap
-        finished = 0
-        while heap and heap[0][0] <= now:
-            _, _, token, t = heapq.heappop(heap)
-            if token != t.token:
-                continue
-            w = t.worker
-            w.active.discard(t)
-            t.worker = None
-            self.running -= 1
-            finished += 1
-            self.completed_s += t.duration
-            batch = t.batch
-            batch.left -= 1
-            if batch.left == 0:
-                self.open_n -= batch.n
-                batch.done.succeed()
-            touched[w.worker.gpus[0]] = w
-        if finished:
-            self.completed += finished
-            self.batch_left -= finished
+        finished = self._segments_ending(now, touched)
         if self.pending:
             # Only workers whose state changed can have a usable free slot,
-            # unless new work arrived since the last look.
+            # unless new work (or new weights) arrived since the last look.
             candidates = sorted(self.workers) if self._scan_all else sorted(touched)
             for g in candidates:
                 w = self.workers.get(g)
@@ -240,19 +264,104 @@ class RolloutEngine:
                 if not self.pending:
                     break
             self._note_pending()
+        elif self.streaming and self._scan_all:
+            for g in sorted(self.workers):
+                if self._refresh_idle(self.workers[g], now):
+                    touched[g] = self.workers[g]
         self._scan_all = False
         for g in sorted(touched):
             w = touched[g]
+            if self.speed is not None and w.alive:
+                self._retime(w, now)
             if w.alive and w.ready_at <= now:
-                self.usage.set(w.worker.gpus, now, Activity.WORK if w.active else Activity.HELD, self.pipeline_id, "rollout")
+                act = Activity.WORK if w.generating else Activity.HELD
+                self.usage.set(w.worker.gpus, now, act, self.pipeline_id, "rollout", fill=w.generating / self.slots)
         if finished or touched:
             self.on_change()
+
+    def _segments_ending(self, now: float, touched: dict[int, SimWorker]) -> int:
+        """Pop every segment that ends by ``now``: finish trajectories, or move them to their next segment."""
+        heap = self.heap
+        finished = 0
+        while heap and heap[0][0] <= now:
+            _, _, token, t = heapq.heappop(heap)
+            if token != t.token:
+                continue
+            w = t.worker
+            touched[w.worker.gpus[0]] = w
+            if t.seg + 1 < len(t.segments):
+                self._next_segment(t, w, now)
+                continue
+            del w.active[t.idx]
+            w.generating -= 1
+            t.worker = None
+            self.running -= 1
+            finished += 1
+            self.completed_s += t.duration
+            batch = t.batch
+            batch.oldest = min(batch.oldest, t.version)
+            batch.left -= 1
+            if batch.left == 0:
+                self.open_n -= batch.n
+                batch.done.succeed()
+        if finished:
+            self.completed += finished
+            self.batch_left -= finished
+        return finished
+
+    def _next_segment(self, t: Traj, w: SimWorker, now: float) -> None:
+        w.generating += -1 if t.generating else 1
+        t.seg += 1
+        t.remaining = float(t.segments[t.seg])
+        self._schedule(t, w, now)
+
+    def _schedule(self, t: Traj, w: SimWorker, start: float) -> None:
+        """(Re)time ``t``'s current segment from ``start``: tool time is wall time; generation runs at the worker's rate."""
+        t.started = start
+        t.token += 1
+        self._seq += 1
+        end = start + (t.remaining / w.rate if t.generating else t.remaining)
+        heapq.heappush(self.heap, (end, self._seq, t.token, t))
+
+    def _retime(self, w: SimWorker, now: float) -> None:
+        """Decode speed follows the worker's generating count: settle progress at the old rate, go on at the new."""
+        rate = self.speed(w.generating) if w.generating else 1.0
+        if rate == w.rate:
+            return
+        for t in w.active.values():
+            if t.generating:
+                t.remaining = max(t.remaining - max(0.0, now - t.started) * w.rate, 0.0)
+        w.rate = rate
+        for t in w.active.values():
+            if t.generating:
+                self._schedule(t, w, max(now, t.started))
 
     def _note_pending(self) -> None:
         has = bool(self.pending)
         if has != self._had_pending:
             self._had_pending = has
-            self.on_pending(1 if has else -1)
+            self.on_pending(has)
+
+    def _sync(self, w: SimWorker, stream: int, version: int, now: float) -> None:
+        """Load full weights ``version`` on ``w``; running trajectories (partial rollout) pause meanwhile."""
+        w.versions[stream] = version
+        w.ready_at = now + self.weight_sync_s
+        for t in w.active.values():
+            if t.generating:
+                t.remaining = max(t.remaining - max(0.0, now - t.started) * w.rate, 0.0)
+                self._schedule(t, w, max(w.ready_at, t.started))
+        heapq.heappush(self.loading, (w.ready_at, w.worker.gpus[0], w))
+        self.usage.set(w.worker.gpus, now, Activity.SWITCH, self.pipeline_id, "weight_sync")
+
+    def _refresh_idle(self, w: SimWorker, now: float) -> bool:
+        """Streaming: an idle full-weight worker moves to the newest weights before it is needed."""
+        if self.lora or w.active or w.ready_at > now:
+            return False  # adapters load per trajectory instead
+        for stream in sorted(self.newest):
+            if w.versions.get(stream, -1) < self.newest[stream]:
+                self._sync(w, stream, self.newest[stream], now)
+                return True
+        return False
 
     def _fill(self, w: SimWorker, now: float) -> bool:
         """Start pending trajectories on ``w``'s free slots; sync stale weights first."""
@@ -262,27 +371,27 @@ class RolloutEngine:
             t = pending[0]
             batch = t.batch
             have = w.versions.get(batch.stream, -1)
+            want = self.newest.get(batch.stream, batch.version) if self.streaming else batch.version
             delay = 0.0
-            if have < batch.version:
+            if have < batch.version or (self.streaming and not w.active and have < want):
                 if not batch.lora:
-                    if w.active:
-                        break  # full weights change only between batches: drain first
+                    if w.active and not self.partial:
+                        break  # full weights change only on an idle worker: drain first
                     # Sync the newest weights before decoding (on demand, from the CPU copy).
-                    w.versions[batch.stream] = batch.version
-                    w.ready_at = now + self.weight_sync_s
-                    heapq.heappush(self.loading, (w.ready_at, w.worker.gpus[0], w))
-                    self.usage.set(w.worker.gpus, now, Activity.SWITCH, self.pipeline_id, "weight_sync")
+                    self._sync(w, batch.stream, max(want, batch.version), now)
                     return started
                 # A LoRA adapter loads beside the others; its load delays this trajectory.
-                w.versions[batch.stream] = batch.version
+                w.versions[batch.stream] = max(want, batch.version)
                 delay = self.adapter_sync_s
                 self.switch_extra += delay * len(w.worker.gpus)
             pending.popleft()
             t.worker = w
-            t.started = now + delay
-            w.active.add(t)
+            if t.version < 0:
+                t.version = w.versions.get(batch.stream, -1)
+            w.active[t.idx] = t
+            if t.generating:
+                w.generating += 1
             self.running += 1
-            self._seq += 1
-            heapq.heappush(self.heap, (t.started + t.remaining, self._seq, t.token, t))
+            self._schedule(t, w, now + delay)
             started = True
         return started

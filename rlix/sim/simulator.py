@@ -14,29 +14,29 @@ from collections.abc import Callable
 
 import simpy
 
-from rlix.core import Event, Plan, ReportDemand, Scheduler, ShrinkReason, check_ledger
+from rlix.core import Event, Plan, Policy, Scheduler, check_ledger
+from rlix.job import lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
-from rlix.sim.bounds import lower_bounds
-from rlix.sim.pipeline import SimPipeline
+from rlix.sim.pipeline import Host, SimPipeline
 from rlix.sim.trace import Trace
 
 Progress = Callable[[float, int, int], None]  # (sim seconds, trajectories done, trajectories total)
 
 
 class Simulation:
-    """One replay of ``trace`` under one policy."""
+    """One replay of ``trace`` under one policy (a registered name or a :class:`Policy` object)."""
 
     def __init__(
         self,
         trace: Trace,
-        policy: str,
+        policy: str | Policy,
         *,
         plan_interval_s: float = 5.0,
         keep_segments: bool = False,
         progress: Progress | None = None,
     ) -> None:
         self.trace = trace
-        self.policy = policy
+        self.policy = policy if isinstance(policy, str) else policy.name
         self.plan_interval_s = plan_interval_s
         self.progress = progress
         self.env = simpy.Environment()
@@ -44,12 +44,22 @@ class Simulation:
         self.usage = UsageRecorder(trace.cluster.num_gpus, keep_segments=keep_segments)
         self.gpu_ready = [0.0] * trace.cluster.num_gpus  # seconds: when each GPU's last offload ends
         self._offload_stamp = [0] * trace.cluster.num_gpus
+        self.parked: dict[int, str] = {}  # GPU -> pipeline whose released gang's model is still on it
         self.demand_dirty: set[str] = set()
         self._plan_scheduled = False
-        self._waiting_pipelines = 0  # pipelines with trajectories waiting for a slot
         self._all_done = self.env.event()
         self.total_trajectories = trace.total_trajectories()
-        self.pipelines = {p.id: SimPipeline(self, p, trace.streams[p.id]) for p in trace.pipelines}
+        host = Host(
+            env=self.env,
+            usage=self.usage,
+            submit=self.submit,
+            request_plan=self.request_plan,
+            demand_changed=self.demand_dirty.add,
+            waiting_changed=self._waiting_changed,
+            finished=self._pipeline_finished,
+            park=self._park,
+        )
+        self.pipelines = {p.id: SimPipeline(host, p, trace.spec(p), trace.streams[p.id]) for p in trace.pipelines}
         self._remaining = len(self.pipelines)
         self.env.process(self._ticker())
 
@@ -71,11 +81,17 @@ class Simulation:
             self._plan_scheduled = True
             self.env.process(self._plan_soon())
 
-    def pending_changed(self, delta: int) -> None:
-        self._waiting_pipelines += delta
-        self.usage.set_unmet_demand(self.env.now, self._waiting_pipelines > 0)
+    def _waiting_changed(self, pipeline_id: str, waiting: bool) -> None:
+        self.usage.set_waiting(self.env.now, pipeline_id, waiting)
 
-    def pipeline_finished(self, pipeline: SimPipeline) -> None:
+    def _park(self, pipeline_id: str, gpus: tuple[int, ...], offload_s: float) -> None:
+        """A released gang left its model on ``gpus``: its next stage there skips the load; anyone else waits for the offload."""
+        ready = self.env.now + offload_s
+        for g in gpus:
+            self.parked[g] = pipeline_id
+            self.gpu_ready[g] = max(self.gpu_ready[g], ready)
+
+    def _pipeline_finished(self, pipeline_id: str) -> None:
         self._remaining -= 1
         if self._remaining == 0:
             self._all_done.succeed()
@@ -107,17 +123,7 @@ class Simulation:
         for pid in sorted(self.demand_dirty):
             p = self.pipelines[pid]
             if not p.done:
-                pending, loads, batch = p.engine.demand(p.batch_size())
-                report = ReportDemand(
-                    pipeline_id=pid,
-                    pending=pending,
-                    loads=loads,
-                    batch_size=batch,
-                    backlog=p.backlog,
-                    trajectory_s=p.engine.mean_trajectory_s,
-                    switch_s=p.model.switch.load_s + p.model.switch.weight_sync_s,  # wake + weight sync of one worker
-                )
-                self.sched.submit(report, now)
+                self.sched.submit(p.demand_report(), now)
         self.demand_dirty.clear()
         plan = self.sched.plan(now)
         if not plan.empty:
@@ -128,9 +134,8 @@ class Simulation:
         usage = self.usage
         for s in plan.shrinks:
             p = self.pipelines[s.worker.pipeline_id]
-            p.engine.remove_worker(s.worker)
-            if s.reason is not ShrinkReason.UNREGISTER:
-                p.tally.preemptions += 1
+            if p.engine.remove_worker(s.worker):
+                p.tally.preemptions += 1  # a shrink that interrupted running trajectories
             offload = p.model.switch.offload_s
             ready = now + offload
             for g in s.worker.gpus:
@@ -142,15 +147,20 @@ class Simulation:
             else:
                 usage.set(s.worker.gpus, now, Activity.FREE)
         for grant in plan.grants:
+            warm = all(self.parked.get(g) == grant.pipeline_id for g in grant.gpus)
+            ready = now if warm else max(self.gpu_ready[g] for g in grant.gpus)
             for g in grant.gpus:
                 self._offload_stamp[g] += 1
-            ready = max(self.gpu_ready[g] for g in grant.gpus)
-            self.pipelines[grant.pipeline_id].grant(grant.stage, grant.gpus, ready)
+                self.parked.pop(g, None)
+                if warm:
+                    self.gpu_ready[g] = now  # the offload owed to a stranger is never paid
+            self.pipelines[grant.pipeline_id].grant(grant.stage, grant.gpus, ready, warm)
         for e in plan.expands:
             w = e.worker
             p = self.pipelines[w.pipeline_id]
             for g in w.gpus:
                 self._offload_stamp[g] += 1
+                self.parked.pop(g, None)
             versions, sync_s = p.new_worker_versions()
             ready = max(now, max(self.gpu_ready[g] for g in w.gpus)) + p.model.switch.load_s + sync_s
             usage.set(w.gpus, now, Activity.SWITCH, p.pid, "load")
@@ -171,7 +181,7 @@ class Simulation:
             # Adapter loads inside busy workers were timed as work; book them as switching.
             self.usage.rebook(pid, p.engine.switch_extra, Activity.WORK, Activity.SWITCH)
         completed = sum(p.engine.completed for p in self.pipelines.values())
-        work_lb, path_lb = lower_bounds(self.trace)
+        work_lb, path_lb = lower_bounds(self.trace.job_shapes(), self.trace.cluster.num_gpus)
         return summarize(
             policy=self.policy,
             usage=self.usage,
@@ -186,5 +196,5 @@ class Simulation:
         )
 
 
-def replay(trace: Trace, policy: str, **kwargs) -> RunMetrics:
+def replay(trace: Trace, policy: str | Policy, **kwargs) -> RunMetrics:
     return Simulation(trace, policy, **kwargs).run()

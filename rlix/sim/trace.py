@@ -23,14 +23,13 @@ import numpy as np
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
-from rlix.core import JobKind, PipelineSpec, Role, RoleSpec, Stage
+from rlix.core import PipelineSpec, Stage
+from rlix.job import JobModelError, JobShape, StepShape, check_stage_roles, pipeline_spec, stage_gpus
 
 FORMAT = "rlix-trace"
 VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "schema" / "trace-v1.schema.json"
 
-# Non-rollout stages of one step, in the order a step runs them.
-STEP_STAGES = (Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.VALUE_COMPUTE, Stage.CRITIC_TRAIN, Stage.ACTOR_TRAIN)
 StageName = Literal["old_logprobs", "ref_logprobs", "value_compute", "critic_train", "actor_train"]
 
 Seconds = Annotated[float, Field(ge=0)]
@@ -67,8 +66,69 @@ class DurationDist(StrictModel):
 
 
 class StepModel(StrictModel):
-    trajectories: list[PositiveSeconds] = Field(min_length=1, description="rollout duration of each trajectory")
+    trajectories: list[PositiveSeconds] | None = Field(default=None, min_length=1, description="rollout duration of each trajectory")
+    segments: list[list[Seconds]] | None = Field(
+        default=None,
+        min_length=1,
+        description="agentic form, instead of 'trajectories': per trajectory, generation and tool seconds alternating "
+        "(generation first and last: [gen, tool, gen, ...])",
+    )
     stages: dict[StageName, Seconds] = Field(default_factory=dict, description="seconds of each non-rollout stage")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> StepModel:
+        if (self.trajectories is None) == (self.segments is None):
+            raise ValueError("give exactly one of 'trajectories' (seconds each) or 'segments' (agentic: [gen, tool, gen, ...] each)")
+        for j, segs in enumerate(self.segments or ()):
+            if len(segs) % 2 == 0 or sum(segs[0::2]) <= 0:
+                raise ValueError(f"segments[{j}]: give an odd number of seconds, generation first and last, with some generation > 0")
+        return self
+
+
+class ToolModel(StrictModel):
+    """Generated agentic trajectories: each one's generation split into turns, tool calls in between."""
+
+    turns: int = Field(ge=1, description="generation turns per trajectory (tool calls = turns - 1)")
+    turns_max: int | None = Field(default=None, ge=1, description="draw turns uniformly from turns..turns_max")
+    tool: DurationDist = Field(description="seconds of one tool/environment call (holds the slot, uses no GPU)")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _range(self) -> ToolModel:
+        if self.turns_max is not None and self.turns_max < self.turns:
+            raise ValueError("turns_max must be >= turns")
+        return self
+
+
+class DecodeSpeedModel(StrictModel):
+    """Per-trajectory decode speed against trajectories generating on one worker: flat to a knee, then slowing."""
+
+    knee: int = Field(ge=1, description="generating trajectories a worker runs at full per-trajectory speed")
+    exponent: float = Field(
+        default=1.0, ge=0, le=4,
+        description="beyond the knee, speed = (knee / n) ** exponent (1: the worker's total throughput stays flat)",
+    )
+
+
+class StageCostModel(StrictModel):
+    """How a step's stage seconds scale; the seconds a trace gives hold at the reference point."""
+
+    reference_gpus: int | None = Field(
+        default=None, ge=1,
+        description="GPUs the given stage seconds were measured on; a stage whose mapping has g GPUs takes "
+        "(reference_gpus / g) ** gpu_exponent of them (default: no GPU scaling)",
+    )
+    gpu_exponent: float = Field(default=1.0, ge=0, le=1, description="1: perfect data-parallel scaling; 0: none")
+    token_fraction: float = Field(
+        default=0.0, ge=0, le=1,
+        description="share of each stage's seconds that grows with the batch's tokens (its trajectories' generation "
+        "seconds, relative to the stream's mean step); the rest is fixed",
+    )
+    share_load: bool = Field(
+        default=False,
+        description="consecutive stages of a step on the same GPUs share one load and one offload (the model stays "
+        "resident unless another job takes the GPUs in between)",
+    )
 
 
 class GenerateModel(StrictModel):
@@ -80,6 +140,34 @@ class GenerateModel(StrictModel):
     stages: dict[StageName, Seconds] = Field(default_factory=dict)
     stage_jitter: float = Field(default=0.0, ge=0, lt=1, description="relative +/- spread of stage seconds")
     seed: int = 0
+    agentic: ToolModel | None = Field(default=None, description="split each trajectory into turns with tool calls between")
+
+
+class ArrivalsModel(StrictModel):
+    """More jobs like this one, arriving over time into the cluster's queue: listed times or a seeded Poisson process.
+
+    Copy ``k`` is the pipeline with id ``<id>-<k>`` (k from 0), arriving at its
+    time, its ``generate`` seeds shifted by ``k`` so the copies differ.
+    """
+
+    times_s: list[Seconds] | None = Field(default=None, min_length=1, description="arrival of each copy (seconds)")
+    per_hour: float | None = Field(default=None, gt=0, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s")
+    count: int | None = Field(default=None, ge=1, description="Poisson arrivals: how many jobs")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ArrivalsModel:
+        if (self.times_s is None) == (self.per_hour is None) or (self.per_hour is None) != (self.count is None):
+            raise ValueError("give either 'times_s' (a list) or 'per_hour' with 'count' (a seeded Poisson process)")
+        return self
+
+    def times(self, start: float) -> list[float]:
+        if self.times_s is not None:
+            return list(self.times_s)
+        assert self.per_hour is not None and self.count is not None
+        rng = np.random.Generator(np.random.PCG64(self.seed))
+        gaps = rng.exponential(3600.0 / self.per_hour, self.count)
+        return [start + float(t) for t in np.cumsum(gaps) - gaps[0]]  # the first copy arrives at ``start``
 
 
 class StreamModel(StrictModel):
@@ -107,6 +195,19 @@ class PipelineModel(StrictModel):
     preempt: Literal["continue", "requeue"] = Field(default="continue", description="fate of a trajectory on a shrunk worker")
     init_s: Seconds = Field(default=30.0, description="model load before the first step")
     switch: SwitchModel = Field(default_factory=SwitchModel)
+    rollout_mode: Literal["batch", "streaming"] = Field(
+        default="batch",
+        description="batch: one rollout batch at a time; streaming: a free slot starts the next batch's trajectories "
+        "as soon as the staleness bound allows, and training takes each batch once it is complete",
+    )
+    partial_rollout: bool = Field(
+        default=False,
+        description="streaming: a weight update reaches workers with trajectories in flight (they go on under the new "
+        "weights; staleness counts their oldest segment) instead of waiting for the worker to drain",
+    )
+    decode_speed: DecodeSpeedModel | None = Field(default=None, description="default: every trajectory decodes at full speed")
+    stage_cost: StageCostModel = Field(default_factory=StageCostModel)
+    arrivals: ArrivalsModel | None = Field(default=None, description="this pipeline is a template: copies of it arrive over time")
     # full finetune: the job's own steps; multi-LoRA: one stream per adapter
     steps: list[StepModel] | None = None
     generate: GenerateModel | None = None
@@ -130,7 +231,29 @@ class PipelineModel(StrictModel):
         for role in ("actor_train", "actor_infer"):
             if role not in self.roles:
                 raise ValueError(f"roles.{role} is missing; every pipeline maps actor_train and actor_infer")
+        if self.partial_rollout and self.rollout_mode != "streaming":
+            raise ValueError("partial_rollout needs rollout_mode 'streaming'")
         return self
+
+    def job_ids(self) -> list[str]:
+        if self.arrivals is None:
+            return [self.id]
+        n = len(self.arrivals.times_s) if self.arrivals.times_s is not None else self.arrivals.count or 0
+        return [f"{self.id}-{k}" for k in range(n)]
+
+    def copies(self) -> list[PipelineModel]:
+        """The jobs this entry stands for: itself, or one copy per arrival."""
+        if self.arrivals is None:
+            return [self]
+        out = []
+        for k, t in enumerate(self.arrivals.times(self.arrival_s)):
+            raw = self.model_dump(exclude_none=True, exclude={"arrivals"})
+            raw.update(id=f"{self.id}-{k}", arrival_s=t)
+            for block in [raw, *raw.get("adapters", [])]:
+                if "generate" in block:
+                    block["generate"]["seed"] += 7919 * k
+            out.append(PipelineModel.model_validate(raw))
+        return out
 
     def streams(self) -> list[StreamModel]:
         if self.kind == "multi_lora":
@@ -149,36 +272,104 @@ class TraceModel(StrictModel):
 
     @model_validator(mode="after")
     def _unique(self) -> TraceModel:
-        ids = [p.id for p in self.pipelines]
+        ids = [i for p in self.pipelines for i in p.job_ids()]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"pipeline ids must be unique; '{dup[0]}' appears more than once")
         return self
 
 
+def default_home(p: PipelineModel) -> tuple[int, ...]:
+    """A job's dedicated partition when the trace names none.
+
+    Its training GPUs (the non-rollout mappings) when at least one rollout
+    bundle lies inside them; otherwise (rollout on GPUs of its own) every GPU
+    the job maps, so the baselines that confine a job to its home can still
+    place a rollout worker.
+    """
+    train = {g for name, r in p.roles.items() if name != "actor_infer" for g in r.gpus}
+    infer = p.roles["actor_infer"]
+    tp = infer.gpus_per_worker
+    gpus = sorted(infer.gpus)
+    if any(train.issuperset(gpus[i : i + tp]) for i in range(0, len(gpus), tp)):
+        return tuple(sorted(train))
+    return tuple(sorted(train.union(gpus)))
+
+
+def stream_stage_names(stream: StreamModel) -> set[Stage]:
+    """Every non-rollout stage some step of ``stream`` runs."""
+    if stream.generate is not None:
+        return {Stage(name) for name in stream.generate.stages}
+    return {Stage(name) for step in stream.steps or () for name in step.stages}
+
+
 # ------------------------------------------------------------------ expansion
 
 
 class Step:
-    """One expanded step: trajectory durations (numpy array) and stage seconds."""
+    """One expanded step: trajectory seconds (numpy array), agentic segments if any, and stage seconds.
 
-    __slots__ = ("trajectories", "stages")
+    ``trajectories`` holds each trajectory's seconds in all (generation and
+    tool); ``segments``, when not None, holds each one's alternating
+    generation and tool seconds.
+    """
 
-    def __init__(self, trajectories: np.ndarray, stages: dict[Stage, float]) -> None:
+    __slots__ = ("trajectories", "segments", "stages")
+
+    def __init__(self, trajectories: np.ndarray, stages: dict[Stage, float], segments: list[tuple[float, ...]] | None = None) -> None:
         self.trajectories = trajectories
+        self.segments = segments
         self.stages = stages
+
+    def rollout(self):
+        """What the rollout engine queues: durations, or segment tuples."""
+        return self.trajectories if self.segments is None else self.segments
+
+    def generation_s(self) -> np.ndarray:
+        """Seconds of generation (GPU compute) per trajectory."""
+        if self.segments is None:
+            return self.trajectories
+        return np.asarray([sum(s[0::2]) for s in self.segments], dtype=np.float64)
+
+
+def _explicit(s: StepModel) -> Step:
+    stages = {Stage(k): v for k, v in s.stages.items()}
+    if s.segments is None:
+        return Step(np.asarray(s.trajectories, dtype=np.float64), stages)
+    segments = [tuple(float(x) for x in segs) for segs in s.segments]
+    return Step(np.asarray([sum(x) for x in segments], dtype=np.float64), stages, segments)
+
+
+def _agentic(durations: np.ndarray, tools: ToolModel, rng: np.random.Generator) -> list[tuple[float, ...]]:
+    """Split each trajectory's generation into turns with drawn tool calls between them."""
+    mu, sigma = _lognormal(tools.tool)
+    out = []
+    for d in durations:
+        turns = tools.turns if tools.turns_max is None else int(rng.integers(tools.turns, tools.turns_max + 1))
+        calls = rng.lognormal(mu, sigma, turns - 1)
+        if tools.tool.max_s is not None:
+            np.minimum(calls, tools.tool.max_s, out=calls)
+        gen = float(d) / turns
+        segs = [gen]
+        for c in calls:
+            segs += [float(c), gen]
+        out.append(tuple(segs))
+    return out
+
+
+def _lognormal(d: DurationDist) -> tuple[float, float]:
+    return math.log(d.median_s), max(math.log(d.p99_s / d.median_s) / 2.326347874, 1e-9)  # z(0.99)
 
 
 def expand_stream(stream: StreamModel) -> list[Step]:
     """Explicit steps as they are; a ``generate`` block drawn deterministically."""
     if stream.steps is not None:
-        return [Step(np.asarray(s.trajectories, dtype=np.float64), {Stage(k): v for k, v in s.stages.items()}) for s in stream.steps]
+        return [_explicit(s) for s in stream.steps]
     gen = stream.generate
     assert gen is not None
     rng = np.random.Generator(np.random.PCG64(gen.seed))
     d = gen.duration
-    mu = math.log(d.median_s)
-    sigma = max(math.log(d.p99_s / d.median_s) / 2.326347874, 1e-9)  # z(0.99)
+    mu, sigma = _lognormal(d)
     out = []
     for _ in range(gen.steps):
         durations = rng.lognormal(mu, sigma, gen.trajectories_per_step)
@@ -189,7 +380,37 @@ def expand_stream(stream: StreamModel) -> list[Step]:
             jitter = 1.0 + gen.stage_jitter * (2.0 * rng.random() - 1.0) if gen.stage_jitter else 1.0
             stages[Stage(name)] = gen.stages[name] * jitter
         out.append(Step(durations, stages))
+    if gen.agentic is not None:  # its own generator: the durations above stay those of the plain form
+        tool_rng = np.random.Generator(np.random.PCG64([gen.seed, gen.agentic.seed]))
+        for step in out:
+            step.segments = _agentic(step.trajectories, gen.agentic, tool_rng)
+            step.trajectories = np.asarray([sum(s) for s in step.segments], dtype=np.float64)
     return out
+
+
+def scale_stages(steps: list[Step], cost: StageCostModel, spec: PipelineSpec) -> list[Step]:
+    """Apply the stage cost model in place: GPU-count scaling per stage, token scaling per step."""
+    if cost.reference_gpus is None and cost.token_fraction == 0:
+        return steps
+    gen = [float(step.generation_s().sum()) for step in steps]
+    mean = sum(gen) / len(gen) if gen else 0.0
+    for step, tokens in zip(steps, gen):
+        ratio = tokens / mean if mean > 0 else 1.0
+        by_tokens = 1.0 - cost.token_fraction + cost.token_fraction * ratio
+        for stage in sorted(step.stages, key=lambda s: s.value):
+            by_gpus = 1.0
+            if cost.reference_gpus is not None:
+                by_gpus = (cost.reference_gpus / len(stage_gpus(spec, stage))) ** cost.gpu_exponent
+            step.stages[stage] *= by_gpus * by_tokens
+    return steps
+
+
+def speed_curve(model: DecodeSpeedModel | None):
+    """Generating trajectories on a worker -> fraction of full decode speed (None: always full)."""
+    if model is None:
+        return None
+    knee, exponent = model.knee, model.exponent
+    return lambda n: 1.0 if n <= knee else (knee / n) ** exponent
 
 
 class Trace:
@@ -203,25 +424,31 @@ class Trace:
 
     @property
     def pipelines(self) -> list[PipelineModel]:
-        return list(self.model.pipelines)
+        """Every job, templates with ``arrivals`` expanded into their copies."""
+        return list(self.jobs)
+
+    @cached_property
+    def jobs(self) -> tuple[PipelineModel, ...]:
+        return tuple(copy for p in self.model.pipelines for copy in p.copies())
 
     def spec(self, p: PipelineModel) -> PipelineSpec:
-        roles = tuple(
-            RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker) for name, r in sorted(p.roles.items())
-        )
-        return PipelineSpec(
+        return pipeline_spec(
             pipeline_id=p.id,
-            roles=roles,
-            kind=JobKind(p.kind),
+            roles=p.roles,
+            kind=p.kind,
             slots_per_worker=p.slots_per_worker,
-            home=tuple(sorted(p.home)),
+            home=p.home or default_home(p),
             resumable=p.preempt == "continue",
         )
 
     @cached_property
     def streams(self) -> dict[str, list[tuple[str, list[Step]]]]:
-        """pipeline id -> [(stream id, expanded steps)]."""
-        return {p.id: [(s.id, expand_stream(s)) for s in p.streams()] for p in self.model.pipelines}
+        """pipeline id -> [(stream id, expanded steps)], stage seconds scaled by the pipeline's cost model."""
+        out = {}
+        for p in self.jobs:
+            spec = self.spec(p)
+            out[p.id] = [(s.id, scale_stages(expand_stream(s), p.stage_cost, spec)) for s in p.streams()]
+        return out
 
     def reseeded(self, seed: int) -> Trace:
         """The same trace with every ``generate`` block drawn from ``seed`` instead."""
@@ -243,6 +470,33 @@ class Trace:
             raise TraceError(f"scheduler.{one_line(e)}") from None
         return Trace(self.model.model_copy(update={"scheduler": scheduler}), self.source)
 
+    def job_shapes(self) -> list[JobShape]:
+        """The jobs as the job model's lower bounds see them (generation seconds only: tool time holds no GPU)."""
+        shapes = []
+        for p in self.jobs:
+            streams = tuple(
+                tuple(
+                    StepShape(
+                        trajectory_s=float(step.generation_s().sum()),
+                        longest_s=float(step.trajectories.max()),
+                        stages=tuple(step.stages.items()),
+                    )
+                    for step in steps
+                )
+                for _, steps in self.streams[p.id]
+            )
+            shapes.append(
+                JobShape(
+                    spec=self.spec(p),
+                    arrival_s=p.arrival_s,
+                    init_s=p.init_s,
+                    staleness=p.staleness,
+                    streams=streams,
+                    streaming=p.rollout_mode == "streaming",
+                )
+            )
+        return shapes
+
     def total_trajectories(self) -> int:
         return sum(len(step.trajectories) for streams in self.streams.values() for _, steps in streams for step in steps)
 
@@ -250,10 +504,13 @@ class Trace:
         from rlix.core import SchedulingError
         from rlix.core.topology import validate_pipeline
 
-        for i, p in enumerate(self.model.pipelines):
+        for i, p in enumerate(self.model.pipelines):  # copies share their template's topology
+            spec = self.spec(p)
             try:
-                validate_pipeline(self.cluster, self.spec(p))
-            except SchedulingError as e:
+                validate_pipeline(self.cluster, spec)
+                for stream in p.streams():
+                    check_stage_roles(spec, stream_stage_names(stream))
+            except (SchedulingError, JobModelError) as e:
                 raise TraceError(f"{self.source}: pipelines[{i}] ({p.id}): {e}") from None
 
 

@@ -19,10 +19,8 @@ from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, on
 from rlix.core import JobKind, PipelineSpec, Role, RoleSpec, SchedulerConfig, SchedulingError
 from rlix.core.policies import POLICIES
 from rlix.core.topology import validate_pipeline
-from rlix.exec.grpo import GrpoConfig
-from rlix.exec.lora import LoraSpec
+from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions
 from rlix.exec.model import ModelSize
-from rlix.exec.rollout import Emulation, VllmOptions
 from rlix.exec.tasks import TASKS
 
 

@@ -9,27 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-
 import ray
 
-from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample, TrainStats
-from rlix.exec.lora import AdapterSnapshot, LoraLearner, LoraSpec
-from rlix.exec.rollout import Emulation, GenRequest, GenResult, VllmOptions, make_backend
-from rlix.exec.weights import WeightSnapshot
-
-
-@dataclass(frozen=True, kw_only=True)
-class SwitchTiming:
-    """Seconds a worker spent switching, and the weights it moved (bytes)."""
-
-    seconds: float
-    synced_bytes: int = 0
-    version: int = -1
-    adapters: tuple[tuple[str, int], ...] = ()  # multi-LoRA: (adapter, version) the engine serves
-
-    def adapter_version(self, name: str) -> int:
-        return dict(self.adapters).get(name, -1)
+from rlix.exec.grpo import GrpoLearner
+from rlix.exec.lora import LoraLearner
+from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, GrpoConfig, LoraSpec, Sample, SwitchTiming, TrainStats, VllmOptions, WeightSnapshot
+from rlix.exec.rollout import make_backend
 
 
 def _setup_process() -> None:

@@ -229,9 +229,19 @@ class ReportDemand:
     batch_size: int = 0
     backlog: int = 0  # trajectories of steps not started yet (0 if unknown)
     trajectory_s: float = 0.0  # observed mean seconds per finished trajectory (0 if unknown)
+    switch_s: float = 0.0  # seconds: wake + weight sync of one new worker (0 = unknown)
 
 
-Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand]
+@dataclass(frozen=True, kw_only=True)
+class WorkerLost:
+    """The rollout worker on the bundle starting at ``first_gpu`` is gone (its process died
+    or was killed for not waking in time): its GPUs are free again, nothing is shrunk."""
+
+    pipeline_id: str
+    first_gpu: int
+
+
+Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand, WorkerLost]
 
 
 # ------------------------------------------------------------------ plan

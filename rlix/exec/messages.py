@@ -117,6 +117,19 @@ class SwitchTiming:
         return dict(self.adapters).get(name, -1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class WorkerFault:
+    """Faults a rollout worker process injects into itself (tests and drills)."""
+
+    hang_wake: bool = False  # its wake never returns
+    die_in_rollout: bool = False  # the process exits 1 s into its first rollout
+    refuse_requests: bool = False  # generate raises EngineRefused for every request
+
+
+class EngineRefused(RuntimeError):
+    """The rollout engine refused a request (an application error: the worker stays up)."""
+
+
 # ------------------------------------------------------------------ training
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import ray
 
-from rlix.core.types import Gpus
+from rlix.core.types import Gpus, ShrinkReason
 from rlix.exec.messages import SwitchTiming
 from rlix.exec.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.recorder import Recorder
@@ -176,12 +176,14 @@ class RolloutControl:
         if w is None:
             return
         gen = self.pool.bump(w)
+        if reason != ShrinkReason.UNREGISTER.value:
+            self.rec.counters.preemptions += 1  # as the simulator counts: every shrink but the pipeline leaving
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):
             self._release(w, gen)  # nothing on the GPUs yet (or any more)
             return
         async with self.locks.setdefault(w.first, asyncio.Lock()):
             if w.state is WorkerState.AWAKE:
-                await self._drain(w, reason)
+                await self._drain(w)
             self._release(w, gen)
 
     def _release(self, w: Worker, gen: int) -> None:
@@ -190,12 +192,10 @@ class RolloutControl:
             self._mark(w, Activity.FREE)
             self.hooks.changed()
 
-    async def _drain(self, w: Worker, reason: str) -> None:
+    async def _drain(self, w: Worker) -> None:
         self.pool.move(w, WorkerState.DRAINING)
         self._mark(w, Activity.SWITCH)
         t = self.hooks.now()
-        if w.inflight and reason != "unregister":
-            self.rec.counters.preemptions += 1  # a shrink that interrupted running trajectories
         try:
             await call(w.handle.sleep.remote(), self.deadlines.call_s, "sleep")  # aborts in-flight generations first
         except Exception as exc:  # noqa: BLE001
@@ -243,6 +243,7 @@ class RolloutControl:
                 self.hooks.fatal(exc)
         elif result is None or result.aborted or not result.finished:
             self.queue.aborted(q, result)  # continued elsewhere from where it stopped
+            self.rec.counters.requeued = self.queue.requeued
         else:
             self.hooks.finished(q, result)
 

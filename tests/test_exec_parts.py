@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from rlix.core import Stage
@@ -199,3 +201,108 @@ def test_recorder_measures_switch_cost_and_counts_lost_trajectories():
     res = r.result(JobStatus.FINISHED, error="", arrival_s=0, init_s=0, finish_s=4, planned=3)
     assert res.lost == 3
     assert [e.pipeline_id for e in res.events] == ["p", ""] and res.events[1].stage == ""
+
+
+# ------------------------------------------------------------------ scheduler and trainer links
+
+
+class _Remote:
+    """A remote method at the process boundary: ``.remote(...)`` gives an awaitable."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+class _Scheduler:
+    def __init__(self, gpus, queued_s: float) -> None:
+        from rlix.exec.records import GrantReply
+
+        self.calls: list[tuple] = []
+
+        async def request(pid, stage, role):
+            self.calls.append(("request", stage, role))
+            return GrantReply(gpus=gpus, queued_s=queued_s)
+
+        async def release(pid, stage):
+            self.calls.append(("release", stage))
+
+        self.request, self.release = _Remote(request), _Remote(release)
+
+
+class _Trainer:
+    def __init__(self, work) -> None:
+        self.calls: list[str] = []
+
+        def note(name, value=None):
+            def f(*args):  # like a Ray object ref: a future, done once the call returns
+                self.calls.append(name)
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(value)
+                return fut
+
+            return _Remote(f)
+
+        self.reload, self.offload = note("reload"), note("offload")
+        self.snapshot, self.adapter_snapshot = note("snapshot", "w"), note("adapter_snapshot", "a")
+        self.save_adapter, self.adapter_versions = note("save_adapter"), note("adapter_versions", {"x": 3})
+        self.train = _Remote(work)
+
+
+def _link(sched, **limits):
+    from pathlib import Path
+
+    from rlix.exec.config import LimitsConfig, load_config
+    from rlix.exec.gangs import SchedulerLink
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_two_jobs.yaml")
+    spec = cfg.jobs[1].pipeline_spec("large")
+    return SchedulerLink(pipeline_id="large", spec=spec, sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0)
+
+
+def test_a_gang_stage_is_booked_through_load_work_offload_and_release():
+    from rlix.core import Role
+
+    sched = _Scheduler(gpus=(2,), queued_s=0.0)
+    link = _link(sched)
+    trainer = _Trainer(lambda samples, adapter: asyncio.sleep(0, result="trained"))
+    value, _ = asyncio.run(link.run(Stage.ACTOR_TRAIN, trainer, lambda: trainer.train.remote([], "")))
+    assert value == "trained"
+    assert sched.calls == [("request", Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN), ("release", Stage.ACTOR_TRAIN)]
+    assert trainer.calls == ["reload", "offload"]
+    marks = [(e.gpus, e.activity) for e in link.rec.events]
+    assert marks == [((2,), Activity.SWITCH), ((2,), Activity.WORK), ((2,), Activity.SWITCH), ((2,), Activity.FREE)]
+    assert [s.kind for s in link.rec.switches] == [SwitchKind.STAGE_LOAD, SwitchKind.STAGE_OFFLOAD]
+    assert link.gpus_held() == () and link.rec.counters.control_calls == 2
+
+
+def test_a_stage_that_hangs_misses_its_deadline_and_keeps_its_gpus_booked():
+    from rlix.exec.rollout_control import WorkerTimeout
+
+    link = _link(_Scheduler(gpus=(2,), queued_s=0.0), stage_timeout_s=0.05)
+    trainer = _Trainer(lambda samples, adapter: asyncio.Event().wait())  # never returns
+    with pytest.raises(WorkerTimeout, match="stage actor_train"):
+        asyncio.run(link.run(Stage.ACTOR_TRAIN, trainer, lambda: trainer.train.remote([], "")))
+    assert link.gpus_held() == (2,)  # the coordinator's teardown frees them (and the job fails)
+
+
+def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
+    from rlix.exec.config import LimitsConfig
+    from rlix.exec.trainer_link import TrainerLink
+
+    async def main():
+        handle = _Trainer(lambda samples, adapter: None)
+        link = TrainerLink(handle, limits=LimitsConfig(), checkpoint=True)
+        streams = [Stream(name="x", recipe=FakeRecipe(), steps=6, staleness=0), Stream(name="y", recipe=FakeRecipe(), steps=6, staleness=0)]
+        handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={"x": 3, "y": 0}))
+        await link.start(streams)
+        assert (streams[0].start, streams[0].next_step, streams[0].version) == (3, 3, 3)
+        await link.publish("y", 1)
+        await link.publish("", 4)
+        full, version, adapters = link.weights()
+        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 1)]
+        assert "save_adapter" in handle.calls  # an adapter update is checkpointed
+
+    asyncio.run(main())

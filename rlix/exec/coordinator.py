@@ -6,6 +6,8 @@
   continues after an abort, bounded retries;
 - :class:`~rlix.exec.pool.WorkerPool` + :class:`~rlix.exec.rollout_control.RolloutControl`:
   the rollout workers' lifecycle and the plan's expand/shrink calls;
+- :class:`~rlix.exec.gangs.SchedulerLink`: calls to the scheduler actor, gang
+  stages booked through their phases;
 - :class:`~rlix.exec.recorder.Recorder`: what happened, for the trace and metrics.
 
 The coordinator itself runs the job's loops: produce steps, train each
@@ -23,18 +25,20 @@ from dataclasses import replace
 
 import ray
 
-from rlix.core import ClusterSpec, Stage, WorkerLost
+from rlix.core import ClusterSpec, ReportDemand, Stage, WorkerLost
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig
+from rlix.exec.gangs import SchedulerLink
 from rlix.exec.messages import Emulation, GenResult
 from rlix.exec.placement import actor_options
 from rlix.exec.pool import WorkerPool
 from rlix.exec.recipe import Recipe
 from rlix.exec.recorder import Recorder
-from rlix.exec.records import GrantReply, JobProgress, JobResult, JobStatus, StepRecord, SwitchKind
-from rlix.exec.rollout_control import Deadlines, Hooks, RolloutControl, call
+from rlix.exec.records import JobProgress, JobResult, JobStatus, StepRecord
+from rlix.exec.rollout_control import Deadlines, Hooks, RolloutControl
 from rlix.exec.rollout_queue import Queued, RolloutQueue
 from rlix.exec.step_driver import StepDriver, Stream
+from rlix.exec.trainer_link import TrainerLink
 from rlix.job import demand_report, stage_role
 from rlix.metrics import Activity
 
@@ -61,15 +65,13 @@ class PipelineCoordinator:
         self.limits = job.limits
         self.driver = StepDriver(make_streams(job, model_dir), kl=job.algo.kl_coef > 0)
         self.rec = Recorder(pipeline_id)
+        self.link = SchedulerLink(pipeline_id=pipeline_id, spec=self.spec, sched=scheduler, recorder=self.rec, limits=job.limits, now=self.now)
         self.pool = WorkerPool(job.slots_per_worker)
         self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
         hooks = Hooks(now=self.now, spawn=self._spawn, weights=self._weights, finished=self._finished, fatal=self._fatal, lost=self._lost, changed=self._changed)
         deadlines = Deadlines(wake_s=job.limits.wake_timeout_s, call_s=job.limits.call_timeout_s, rollout_s=job.limits.rollout_timeout_s)
         self.rollout = RolloutControl(pool=self.pool, queue=self.queue, recorder=self.rec, hooks=hooks, deadlines=deadlines, model_dir=model_dir)
-        self.trainer = None
-        self.full: tuple[object, int] = (None, 0)  # newest full (or base) snapshot ref and version
-        self.adapters: dict[str, tuple[object, int]] = {}  # multi-LoRA: adapter -> newest snapshot ref, version
-        self.gangs: dict[Stage, Gpus] = {}
+        self.trainer: TrainerLink | None = None
         self.status = JobStatus.PENDING
         self.arrival_s = self.init_s = 0.0
         self.tasks: list[asyncio.Task] = []
@@ -89,9 +91,9 @@ class PipelineCoordinator:
         error = ""
         try:
             me = ray.get_runtime_context().current_actor
-            await self._control(self.sched.register.remote(self.spec, me))
+            await self.link.control(self.sched.register.remote(self.spec, me))
             await self._init()
-            self.tasks = [loop.create_task(self._report_loop())] + [loop.create_task(self._produce(s)) for s in self.driver.streams]
+            self.tasks = [loop.create_task(self.link.report_loop(self._demand, self._changes))] + [loop.create_task(self._produce(s)) for s in self.driver.streams]
             trainers = asyncio.gather(*(self._train_loop(s) for s in self.driver.streams))
             done, _ = await asyncio.wait([trainers, self.failure], return_when=asyncio.FIRST_COMPLETED)
             if self.failure in done:
@@ -112,22 +114,16 @@ class PipelineCoordinator:
         # Warm workers: a sleeping process on every bundle the job may use, started now in the
         # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
         # expand is then a wake plus a weight sync.
-        self.rollout.warm(await self._control(self.sched.rollout_bundles.remote(self.pid)))
+        self.rollout.warm(await self.link.control(self.sched.rollout_bundles.remote(self.pid)))
         t0 = self.now()
-        gpus = await self._acquire(Stage.INIT)
-        self.rec.mark(self.now(), gpus, Activity.SWITCH, "init")
+        gpus = await self.link.acquire(Stage.INIT)
         job = self.job
         opts = actor_options(self.cluster, self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus, self.nodes, f"{self.pid}/trainer")
         adapter_cfgs = {a.name: a.algo.value(a.seed) for a in job.adapters or ()}
-        self.trainer = TrainerActor.options(**opts).remote(self.model_dir, job.algo.value(job.seed), self.emulation, job.lora_spec(), adapter_cfgs, job.checkpoint_dir)
-        self.full = (self.trainer.snapshot.remote(), 0)
-        versions = await self._trainer(self.trainer.adapter_versions.remote(), "trainer start-up")
-        for s in self.driver.streams:
-            if s.name:  # a resumed adapter continues from its checkpoint
-                s.start = s.next_step = s.version = versions[s.name]
-                self.adapters[s.name] = (self.trainer.adapter_snapshot.remote(s.name), s.version)
-        await self._trainer(self.full[0], "first weight snapshot")  # v0 is cached on the CPU
-        await self._release(Stage.INIT, gpus)
+        handle = TrainerActor.options(**opts).remote(self.model_dir, job.algo.value(job.seed), self.emulation, job.lora_spec(), adapter_cfgs, job.checkpoint_dir)
+        self.trainer = TrainerLink(handle, limits=self.limits, checkpoint=bool(job.checkpoint_dir))
+        await self.trainer.start(self.driver.streams)  # v0 is cached on the CPU
+        await self.link.release(Stage.INIT, gpus)
         self.init_s = self.now() - t0
 
     def _spawn(self, gpus: Gpus, first_process: bool):
@@ -146,8 +142,8 @@ class PipelineCoordinator:
             pass
         self.rollout.kill_all()
         if self.trainer is not None:
-            ray.kill(self.trainer)
-        held = tuple(sorted(set(self.pool.held_gpus()) | {g for gp in self.gangs.values() for g in gp}))
+            ray.kill(self.trainer.handle)
+        held = tuple(sorted(set(self.pool.held_gpus()) | set(self.link.gpus_held())))
         if held:
             self.rec.mark(self.now(), held, Activity.FREE, "")
 
@@ -186,13 +182,14 @@ class PipelineCoordinator:
         samples = list(scored.samples)
         stages: list[tuple[str, float]] = []
         for stage in self.driver.stages:
-            value, secs = await self._gang(stage, self._stage_call(stage, samples, s.name))
+            value, secs = await self.link.run(stage, self.trainer.handle, self.trainer.stage_call(stage, samples, s.name))
             stages.append((stage.value, secs))
             if stage is Stage.OLD_LOGPROBS:
                 samples = [replace(x, old_logprobs=o) for x, o in zip(samples, value)]
             elif stage is Stage.REF_LOGPROBS:
                 samples = [replace(x, ref_logprobs=r) for x, r in zip(samples, value)]
-        await self._publish(s, step)
+        await self.trainer.publish(s.name, step + 1)  # into the CPU cache, then to live workers (before the gate opens)
+        await self.rollout.push(s.name)
         self.driver.trained(s, step, scored.mean_reward)
         self._changed()
         recs = [self.rec.trajs[t.request.traj_id] for t in batch.trajs]
@@ -209,76 +206,10 @@ class PipelineCoordinator:
             )
         )
 
-    def _stage_call(self, stage: Stage, samples, adapter: str):
-        if stage is Stage.OLD_LOGPROBS:
-            return lambda: self.trainer.logprobs.remote(samples, False, adapter)
-        if stage is Stage.REF_LOGPROBS:
-            return lambda: self.trainer.logprobs.remote(samples, True)
-        return lambda: self.trainer.train.remote(samples, adapter)
-
-    async def _publish(self, s: Stream, step: int) -> None:
-        """The new version into the CPU cache, then to live workers (before the gate opens)."""
-        if s.name:
-            ref = self.trainer.adapter_snapshot.remote(s.name)
-            await self._trainer(ref, "adapter snapshot")
-            self.adapters[s.name] = (ref, step + 1)
-            if self.job.checkpoint_dir:
-                await self._trainer(self.trainer.save_adapter.remote(s.name), "adapter checkpoint")
-        else:
-            ref = self.trainer.snapshot.remote()
-            await self._trainer(ref, "weight snapshot")
-            self.full = (ref, step + 1)
-        await self.rollout.push(s.name)
-
-    async def _gang(self, stage: Stage, work):
-        """Run ``work`` on the trainer while ``stage`` holds its GPUs; returns (value, compute s)."""
-        gpus = await self._acquire(stage)
-        self.rec.mark(self.now(), gpus, Activity.SWITCH, stage.value)
-        t = self.now()
-        await self._trainer(self.trainer.reload.remote(), "stage load")
-        self.rec.switch(SwitchKind.STAGE_LOAD, t, self.now() - t)
-        self.rec.mark(self.now(), gpus, Activity.WORK, stage.value)
-        t_work = self.now()
-        value = await call(work(), self.limits.stage_timeout_s, f"stage {stage.value}")
-        secs = self.now() - t_work
-        self.rec.mark(self.now(), gpus, Activity.SWITCH, stage.value)
-        t = self.now()
-        await self._trainer(self.trainer.offload.remote(), "stage offload")
-        self.rec.switch(SwitchKind.STAGE_OFFLOAD, t, self.now() - t)
-        await self._release(stage, gpus)
-        return value, secs
-
-    async def _trainer(self, ref, what: str):
-        return await call(ref, self.limits.call_timeout_s, what)
-
-    async def _acquire(self, stage: Stage) -> Gpus:
-        t = self.now()
-        role = None if stage is Stage.INIT else stage_role(self.spec, stage)
-        reply: GrantReply = await self.sched.request.remote(self.pid, stage, role)  # waits for GPUs: no deadline
-        c = self.rec.counters
-        c.control_s += max(0.0, self.now() - t - reply.queued_s)
-        c.gpu_wait_s += reply.queued_s
-        c.control_calls += 1
-        self.gangs[stage] = reply.gpus
-        return reply.gpus
-
-    async def _release(self, stage: Stage, gpus: Gpus) -> None:
-        self.rec.mark(self.now(), gpus, Activity.FREE, "")  # before the call: the next holder may start right after
-        self.gangs.pop(stage, None)
-        await self._control(self.sched.release.remote(self.pid, stage))
-
-    async def _control(self, ref) -> object:
-        """A blocking control-plane call with a deadline; all of its time counts as overhead."""
-        t = self.now()
-        value = await call(ref, self.limits.call_timeout_s, "scheduler call")
-        self.rec.counters.control_s += self.now() - t
-        self.rec.counters.control_calls += 1
-        return value
-
     # ================================================================ rollout hooks
 
     def _weights(self) -> tuple:
-        return self.full[0], self.full[1], tuple((n, ref, v) for n, (ref, v) in sorted(self.adapters.items()))
+        return self.trainer.weights() if self.trainer is not None else (None, 0, ())
 
     def _finished(self, q: Queued, result: GenResult) -> None:
         self.rec.trajectory(self.queue.finished(q, result))
@@ -294,7 +225,7 @@ class PipelineCoordinator:
 
     async def _report_lost(self, gpus: Gpus) -> None:
         try:
-            await self._control(self.sched.lost.remote(WorkerLost(pipeline_id=self.pid, first_gpu=gpus[0])))
+            await self.link.control(self.sched.lost.remote(WorkerLost(pipeline_id=self.pid, first_gpu=gpus[0])))
         except Exception:  # noqa: BLE001 -- the scheduler is gone: nothing holds the GPUs any more
             pass
 
@@ -302,27 +233,16 @@ class PipelineCoordinator:
         if self.wake_up is not None:
             self.wake_up.set()
 
-    async def _report_loop(self) -> None:
-        """Send demand when it changes (coalesced), and a heartbeat every second."""
-        last = None
-        while True:
-            try:
-                await asyncio.wait_for(self._changes(), timeout=1.0)
-            except asyncio.TimeoutError:
-                last = None  # heartbeat: resend even if unchanged
-            report = demand_report(
-                pipeline_id=self.pid,
-                pending=len(self.queue),
-                loads=self.pool.loads(),
-                open_trajectories=self.driver.open_trajectories(),
-                backlog=self.driver.backlog(),
-                trajectory_s=self.rec.mean_trajectory_s(),
-            )
-            report = replace(report, switch_s=self.rec.mean_switch_s())
-            if report != last:
-                await self._control(self.sched.report.remote(report))
-                last = report
-            await asyncio.sleep(0.02)  # coalesce bursts of changes
+    def _demand(self) -> ReportDemand:
+        report = demand_report(
+            pipeline_id=self.pid,
+            pending=len(self.queue),
+            loads=self.pool.loads(),
+            open_trajectories=self.driver.open_trajectories(),
+            backlog=self.driver.backlog(),
+            trajectory_s=self.rec.mean_trajectory_s(),
+        )
+        return replace(report, switch_s=self.rec.mean_switch_s())
 
     # ================================================================ plan calls, polls
 
@@ -334,5 +254,5 @@ class PipelineCoordinator:
         await self.rollout.shrink(gpus, reason)
 
     async def progress(self) -> JobProgress:
-        held = len(self.pool.held_gpus()) + sum(len(g) for g in self.gangs.values())
+        held = len(self.pool.held_gpus()) + len(self.link.gpus_held())
         return self.rec.progress(self.status, steps=self.driver.planned_steps(), gpus_held=held)

@@ -164,11 +164,15 @@ def test_staleness_gate_and_demand_counts():
     assert d.stages == (Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.ACTOR_TRAIN)
     assert d.backlog() == 8
     d.produce(s, now=0.0)
-    d.produce(s, now=0.0)  # staleness 1: step 1 may roll out before step 0 trained
-    assert not d.may_produce(s)  # step 2 waits for step 0's training
-    assert d.open_trajectories() == 4 and d.backlog() == 4
+    assert not d.may_produce(s)  # one batch at a time: step 1 waits for step 0's rollout
+    assert d.open_trajectories() == 2 and d.backlog() == 6
     _done(d, s, 0)
-    assert d.complete(("", 0)) and d.open_trajectories() == 2
+    assert d.complete(("", 0)) and d.open_trajectories() == 0
+    d.produce(s, now=0.0)  # staleness 1: step 1 may roll out before step 0 is trained
+    assert not d.may_produce(s)  # step 2 waits for step 0's training (and step 1's rollout)
+    assert d.open_trajectories() == 2 and d.backlog() == 4
+    _done(d, s, 1)
+    assert not d.may_produce(s)
     d.trained(s, 0, mean_reward=0.0)
     assert d.may_produce(s) and s.version == 1
     with pytest.raises(RuntimeError):

@@ -6,7 +6,7 @@ one per adapter (own recipe, step count, stop condition and version). The
 driver answers the questions the coordinator asks while it runs them, with
 the rules of :mod:`rlix.job`:
 
-- may the next step's rollout start (the staleness gate)?
+- may the next step's rollout start (the staleness gate, one batch at a time)?
 - which trajectories make up a step, and is its rollout complete?
 - which non-rollout stages does a step run, in what order?
 - what is outstanding (the demand report's ``batch_size`` and ``backlog``)?
@@ -71,7 +71,17 @@ class StepDriver:
         return s.stopped or s.next_step >= s.steps
 
     def may_produce(self, s: Stream) -> bool:
-        return not self.exhausted(s) and rollout_may_start(s.next_step, s.version, s.staleness)
+        """The staleness gate is open, and the stream's previous rollout is complete.
+
+        One rollout batch per stream at a time, as the job model chains a
+        stream's rollouts (and as the simulator replays them): staleness lets
+        a rollout start before earlier steps are *trained*, not before the
+        previous batch is *rolled out*.
+        """
+        if self.exhausted(s) or not rollout_may_start(s.next_step, s.version, s.staleness):
+            return False
+        previous = (s.name, s.next_step - 1)
+        return previous not in self.open or self.complete(previous)
 
     def produce(self, s: Stream, now: float) -> tuple[int, list[Trajectory]]:
         """The next step of ``s`` and its trajectories; call only when :meth:`may_produce`."""

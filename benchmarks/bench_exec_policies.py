@@ -4,7 +4,11 @@ Runs a ``rlix-run`` config (default: ``examples/cpu_two_jobs.yaml``; also
 ``examples/cpu_mixed.yaml``, full finetune + multi-LoRA) under
 ``rlix`` and ``static`` back to back, ``--repeats`` times, and prints each
 run's makespan, per-job completion time and reward (per adapter for multi-LoRA), and the control-plane
-overhead and GPU utilization, then the makespan ratio (``examples/gpu_mixed.yaml``
+overhead, switch overhead and GPU utilization, how well the simulator replaying
+the recorded trace under the same policy predicts the makespan and each job's
+completion time, then the makespan ratio and the targets
+(rlix/static makespan <= 0.85, rlix switch_overhead_fraction <= 0.10,
+control-plane overhead < 3%) (``examples/gpu_mixed.yaml``
 on a GPU machine gives the GPU figures). Wall-clock figures on a shared 2-core
 machine are noisy: read several repeats, not one.
 
@@ -31,13 +35,16 @@ def main() -> None:
     args = parser.parse_args()
     policies = args.policy or ["rlix", "static"]
     makespans: dict[str, list[float]] = {p: [] for p in policies}
-    print(f"{'run':>4} {'policy':>16} {'makespan s':>11} {'gpu util':>8} {'overhead %':>10}  jobs (jct s, reward first->last)")
+    print(f"{'run':>4} {'policy':>16} {'makespan s':>11} {'gpu util':>8} {'switch':>6} {'overhead %':>10} {'sim err':>7} {'jct err':>7}  jobs (jct s, reward first->last)")
+    switching: dict[str, list[float]] = {p: [] for p in policies}
     for r in range(args.repeats):
         for policy in policies:
             with tempfile.TemporaryDirectory() as out:
                 res = api.run(args.config, policy=policy, out_dir=out)
+                sim_err, jct_err = fidelity(res, policy)
             m = res.metrics
             makespans[policy].append(m.makespan_s)
+            switching[policy].append(m.switch_overhead_fraction)
             jobs = []
             for pid, job in sorted(res.results.items()):
                 streams = sorted({s.stream for s in job.steps})  # one per LoRA adapter; "" = full finetune
@@ -46,11 +53,31 @@ def main() -> None:
                     rewards = [s.mean_reward for s in job.steps if s.stream == name]
                     parts.append(f"{name + ' ' if name else ''}{rewards[0]:.2f}->{rewards[-1]:.2f}")
                 jobs.append(f"{pid} {m.pipelines[pid].jct_s:.1f} ({', '.join(parts)})" if parts else pid)
-            print(f"{r:>4} {policy:>16} {m.makespan_s:>11.1f} {m.gpu_utilization:>8.3f} {100 * res.control_overhead_fraction:>10.2f}  " + "; ".join(jobs), flush=True)
+            print(
+                f"{r:>4} {policy:>16} {m.makespan_s:>11.1f} {m.gpu_utilization:>8.3f} {m.switch_overhead_fraction:>6.3f} "
+                f"{100 * res.control_overhead_fraction:>10.2f} {100 * sim_err:>6.1f}% {100 * jct_err:>6.1f}%  " + "; ".join(jobs),
+                flush=True,
+            )
     if "rlix" in makespans and "static" in makespans:
-        for a, b in zip(makespans["rlix"], makespans["static"]):
-            print(f"static / rlix makespan: {b / a:.3f}")
-        print(f"median static / rlix: {statistics.median(b / a for a, b in zip(makespans['rlix'], makespans['static'])):.3f}")
+        ratios = [a / b for a, b in zip(makespans["rlix"], makespans["static"])]
+        for x in ratios:
+            print(f"rlix / static makespan: {x:.3f}")
+        ratio = statistics.median(ratios)
+        sw = statistics.median(switching["rlix"])
+        print(f"median rlix / static makespan: {ratio:.3f} (target <= 0.85: {'met' if ratio <= 0.85 else 'NOT met'})")
+        print(f"median rlix switch_overhead_fraction: {sw:.3f} (target <= 0.10: {'met' if sw <= 0.10 else 'NOT met'})")
+
+
+def fidelity(res, policy: str) -> tuple[float, float]:
+    """Relative error of the simulator's replay of the recorded trace: makespan, and the worst job's completion time."""
+    from rlix.sim.simulator import replay
+    from rlix.sim.trace import load_trace
+
+    sim = replay(load_trace(res.files["trace"]), policy)
+    measured = res.metrics
+    err = abs(sim.makespan_s - measured.makespan_s) / measured.makespan_s
+    jct = max((abs(sim.pipelines[p].jct_s - m.jct_s) / m.jct_s for p, m in measured.pipelines.items() if m.jct_s and p in sim.pipelines), default=0.0)
+    return err, jct
 
 
 if __name__ == "__main__":

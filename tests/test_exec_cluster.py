@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -71,7 +72,11 @@ def test_unreachable_address_is_one_line_exit_2(tmp_path, where):
 def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
     ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     port = free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # Token authentication with a token of its own (a temp file): nothing is read from ~/.ray.
+    token = tmp_path / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env.pop("RAY_AUTH_TOKEN", None)
     start = [ray_cli, "start", "--head", f"--port={port}", "--num-gpus=4", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
     subprocess.run(start, check=True, capture_output=True, env=env, timeout=120)
     try:

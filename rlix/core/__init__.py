@@ -34,6 +34,7 @@ from rlix.core.types import (
     Stage,
     Unregister,
     WorkerLoad,
+    WorkerLost,
 )
 from rlix.core.validate import check_ledger
 
@@ -65,6 +66,7 @@ __all__ = [
     "Stage",
     "Unregister",
     "WorkerLoad",
+    "WorkerLost",
     "check_ledger",
     "make_policy",
 ]

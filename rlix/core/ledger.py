@@ -42,6 +42,17 @@ class Ledger:
             self.owner[g] = None
         self.free_count += len(gpus)
 
+    def drop_worker(self, pipeline_id: str, first_gpu: int) -> bool:
+        """Forget a worker that is gone (not shrunk by a plan); False if there was none."""
+        w = self.workers.get(pipeline_id, {}).pop(first_gpu, None)
+        if w is None:
+            return False
+        for g in w.gpus:
+            self.owner[g] = None
+        del self.placed_at[first_gpu]
+        self.free_count += len(w.gpus)
+        return True
+
     def apply(self, plan: Plan) -> None:
         for shrink in plan.shrinks:
             w = shrink.worker

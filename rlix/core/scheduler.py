@@ -40,6 +40,7 @@ from rlix.core.types import (
     SchedulerConfig,
     Stage,
     Unregister,
+    WorkerLost,
 )
 from rlix.core.validate import validate_plan
 
@@ -149,6 +150,11 @@ class Scheduler:
         entry.demand = event
         entry.reported_at = now
 
+    def _worker_lost(self, event: WorkerLost, now: float) -> None:
+        self._active(event.pipeline_id)
+        if not self.ledger.drop_worker(event.pipeline_id, event.first_gpu):
+            raise SchedulingError(f"pipeline '{event.pipeline_id}' has no rollout worker at GPU {event.first_gpu}; report only workers the plan gave it")
+
     def _active(self, pipeline_id: str) -> PipelineEntry:
         entry = self._view.pipelines.get(pipeline_id)
         if entry is None:
@@ -240,4 +246,5 @@ _HANDLERS = {
     RequestStage: Scheduler._request,
     ReleaseStage: Scheduler._release,
     ReportDemand: Scheduler._report,
+    WorkerLost: Scheduler._worker_lost,
 }

@@ -232,7 +232,16 @@ class ReportDemand:
     switch_s: float = 0.0  # seconds to wake one new worker and sync its weights (0 if unknown)
 
 
-Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand]
+@dataclass(frozen=True, kw_only=True)
+class WorkerLost:
+    """The rollout worker on the bundle starting at ``first_gpu`` is gone (its process died
+    or was killed for not waking in time): its GPUs are free again, nothing is shrunk."""
+
+    pipeline_id: str
+    first_gpu: int
+
+
+Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand, WorkerLost]
 
 
 # ------------------------------------------------------------------ plan

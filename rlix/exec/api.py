@@ -23,6 +23,12 @@ from rlix.exec.config import JobConfig, RunConfig, load_config
 from rlix.exec.placement import ClusterError
 from rlix.exec.records import ActivityChange, JobProgress, JobResult, JobStatus
 
+# Deadlines (s) of the driver's calls to the scheduler actor: quick book-keeping calls, and
+# the deadline the scheduler actor gives a coordinator's shrink or expand (an unreachable
+# coordinator's pipeline is then unregistered).
+SCHEDULER_CALL_S = 60.0
+SHRINK_CALL_S = 300.0
+
 
 def _join(address: str, gpus_needed: int, where: str) -> None:
     """Connect to an existing Ray cluster, failing fast with one line if it is not there.
@@ -102,8 +108,8 @@ class Session:
                 ray.shutdown()
             raise
         self.t0 = time.time()
-        self.scheduler = SchedulerActor.remote(self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.replan_interval_s)
-        ray.get(self.scheduler.start.remote())
+        self.scheduler = SchedulerActor.remote(self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.replan_interval_s, SHRINK_CALL_S)
+        ray.get(self.scheduler.start.remote(), timeout=SCHEDULER_CALL_S)
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
         self._seq = 0
@@ -146,12 +152,12 @@ class Session:
         if p.coordinator is not None:
             self._poll(p)
             ray.kill(p.coordinator)  # its worker actors die with it (Ray owner fate-sharing)
-        ray.get(self.scheduler.unregister.remote(pipeline_id))
+        ray.get(self.scheduler.unregister.remote(pipeline_id), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)  # waits for its shrinks
 
     def holdings(self) -> dict[str, tuple[int, ...]]:
         import ray
 
-        return ray.get(self.scheduler.holdings.remote())
+        return ray.get(self.scheduler.holdings.remote(), timeout=SCHEDULER_CALL_S)
 
     # ------------------------------------------------------------ running
 
@@ -182,7 +188,7 @@ class Session:
                 break
             time.sleep(poll_s)
         end = max(max((p.result.finish_s for p in self.pipelines.values()), default=0.0), 1e-3)
-        stats = ray.get(self.scheduler.stats.remote())
+        stats = ray.get(self.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
         results = {pid: p.result for pid, p in self.pipelines.items()}
         names = {pid: p.job.name for pid, p in self.pipelines.items()}
         return build_outputs(self.config, results, names, self._all_events(), stats, end, self.out_dir)

@@ -16,13 +16,12 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
-from rlix.core import JobKind, PipelineSpec, Role, RoleSpec, SchedulerConfig, SchedulingError
+from rlix.core import PipelineSpec, SchedulerConfig, SchedulingError
 from rlix.core.policies import POLICIES
 from rlix.core.topology import validate_pipeline
-from rlix.exec.grpo import GrpoConfig
-from rlix.exec.lora import LoraSpec
+from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions, WorkerFault
+from rlix.job import pipeline_spec as job_pipeline_spec
 from rlix.exec.model import ModelSize
-from rlix.exec.rollout import Emulation, VllmOptions
 from rlix.exec.tasks import TASKS
 
 
@@ -134,9 +133,35 @@ RoleConfig = RoleModel
 
 
 class FaultConfig(StrictModel):
-    """Fault injection (tests, drills): crash the job's coordinator on purpose."""
+    """Fault injection (tests, drills): the job's coordinator, or its worker processes, fail on purpose.
+
+    Worker faults act inside the worker process (its first process on that bundle; a
+    replacement started after the fault runs normally), so the control plane sees
+    exactly what a real failure looks like.
+    """
 
     crash_at_step: int | None = Field(default=None, ge=0, description="raise inside the job when this step starts")
+    hang_wake_gpu: int | None = Field(default=None, ge=0, description="the rollout worker whose bundle starts at this GPU never finishes its first wake")
+    die_in_rollout_gpu: int | None = Field(default=None, ge=0, description="the rollout worker whose bundle starts at this GPU exits 1 s into its first rollout")
+    refuse_requests: bool = Field(default=False, description="every rollout worker's engine refuses every request (an application error)")
+
+    def for_worker(self, first_gpu: int, first_process: bool) -> WorkerFault:
+        mine = first_process
+        return WorkerFault(
+            hang_wake=mine and self.hang_wake_gpu == first_gpu,
+            die_in_rollout=mine and self.die_in_rollout_gpu == first_gpu,
+            refuse_requests=self.refuse_requests,
+        )
+
+
+class LimitsConfig(StrictModel):
+    """Deadlines and retry bounds of the job's control plane (a stuck call is handled, never waited on forever)."""
+
+    wake_timeout_s: float = Field(default=120.0, gt=0, description="seconds a rollout worker may take to wake (engine + weights); then it is killed and its GPUs given back")
+    call_timeout_s: float = Field(default=300.0, gt=0, description="seconds any other worker or scheduler call may take (start, sleep, weight sync, stage)")
+    rollout_timeout_s: float = Field(default=3600.0, gt=0, description="seconds one trajectory segment may take on a worker")
+    stage_timeout_s: float = Field(default=3600.0, gt=0, description="seconds one gang stage's work (log-probs, training) may take")
+    rollout_tries: int = Field(default=3, ge=1, description="tries of a trajectory whose rollout raises an application error, before the job fails")
 
 
 class LoraShape(StrictModel):
@@ -204,6 +229,7 @@ class JobConfig(StrictModel):
     home: list[int] = Field(default_factory=list, description="dedicated partition for the static baselines")
     seed: int = 0
     fault: FaultConfig = Field(default_factory=FaultConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
     _split_home = field_validator("home", mode="before")(parse_gpus)
 
@@ -234,15 +260,9 @@ class JobConfig(StrictModel):
         return self.prompts_per_step * self.group_size
 
     def pipeline_spec(self, pipeline_id: str) -> PipelineSpec:
-        roles = tuple(
-            RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker) for name, r in sorted(self.roles.items())
-        )
-        return PipelineSpec(
-            pipeline_id=pipeline_id,
-            roles=roles,
-            kind=JobKind(self.kind),
-            slots_per_worker=self.slots_per_worker,
-            home=tuple(sorted(self.home)),
+        """The topology this job registers (the executor continues aborted trajectories: resumable)."""
+        return job_pipeline_spec(
+            pipeline_id=pipeline_id, roles=self.roles, kind=self.kind, slots_per_worker=self.slots_per_worker, home=self.home, resumable=True
         )
 
 

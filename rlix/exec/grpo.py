@@ -10,41 +10,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
-from rlix.exec.rollout import Emulation
-from rlix.exec.weights import WeightSnapshot, snapshot_of
+from rlix.exec.messages import Emulation, GrpoConfig, Sample, TrainStats, WeightSnapshot
+from rlix.exec.weights import snapshot_of
 
-
-@dataclass(frozen=True, kw_only=True)
-class GrpoConfig:
-    lr: float = 3e-3
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0  # 0 = no reference model at all
-    minibatches: int = 2
-    epochs: int = 1
-    max_grad_norm: float = 1.0
-    seed: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sample:
-    """One finished trajectory, as the trainer needs it."""
-
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    advantage: float
-    old_logprobs: tuple[float, ...] = ()
-    ref_logprobs: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainStats:
-    loss: float
-    kl: float
-    clip_fraction: float
-    tokens: int
-    seconds: float
+__all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats", "group_advantages"]
 
 
 def group_advantages(rewards: list[float], groups: list[int]) -> list[float]:

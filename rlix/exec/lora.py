@@ -14,33 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample, TrainStats
-from rlix.exec.rollout import Emulation
-from rlix.exec.weights import WeightSnapshot, snapshot_of
+from rlix.exec.grpo import GrpoLearner
+from rlix.exec.messages import AdapterSnapshot, Emulation, GrpoConfig, LoraSpec, Sample, TrainStats, WeightSnapshot
+from rlix.exec.weights import snapshot_of
 
-
-@dataclass(frozen=True, kw_only=True)
-class LoraSpec:
-    """Shape shared by all adapters, and the adapters as (name, seed) pairs."""
-
-    rank: int = 8
-    alpha: float = 16.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    adapters: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.adapters)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdapterSnapshot:
-    """One adapter's LoRA tensors at ``version`` (ticks trained), on the CPU; keys as in the peft model."""
-
-    name: str
-    version: int
-    tensors: Any  # parameter name -> CPU tensor
-    nbytes: int
+__all__ = ["AdapterSnapshot", "LoraLearner", "LoraSpec", "wrap_with_adapters"]
 
 
 def wrap_with_adapters(model, spec: LoraSpec):

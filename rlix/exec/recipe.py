@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.exec.grpo import Sample, group_advantages
-from rlix.exec.rollout import GenRequest, GenResult
+from rlix.exec.grpo import group_advantages
+from rlix.exec.messages import GenRequest, GenResult, Sample
 from rlix.exec.tasks import Prompt, Task, make_task
 
 

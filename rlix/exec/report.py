@@ -13,8 +13,11 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlix.config import SchedulerModel
+from rlix.core import Stage
 from rlix.exec.config import RunConfig
 from rlix.exec.records import ActivityChange, JobResult, JobStatus, SchedulerStats, SwitchKind
+from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 
 
@@ -95,12 +98,7 @@ def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, s
         "name": "rlix-run",
         "description": f"measured by rlix-run under policy {cfg.policy}",
         "cluster": {"nodes": cfg.cluster.nodes, "gpus_per_node": cfg.cluster.gpus_per_node},
-        "scheduler": {
-            "report_ttl_s": cfg.scheduler.report_ttl_s,
-            "protect_fraction": cfg.scheduler.protect_fraction,
-            "min_residency_s": cfg.scheduler.min_residency_s,
-            "rebalance_margin_workers": cfg.scheduler.rebalance_margin_workers,
-        },
+        "scheduler": {name: getattr(cfg.scheduler, name) for name in SchedulerModel.model_fields},  # every core knob
         "pipelines": pipelines,
     }
 
@@ -126,6 +124,21 @@ def _streams_json(res: JobResult, adapters: list[str] | None) -> dict:
     return {"adapters": [s for s in streams if s["steps"]]}
 
 
+def _shape(cfg: RunConfig, pid: str, res: JobResult, names: dict[str, str]) -> JobShape:
+    """A measured job as the job model's bounds see it (one stream per adapter)."""
+    job = next(j for j in cfg.jobs if j.name == names[pid])
+    gen: dict[tuple[str, int], list[float]] = {}
+    for t in res.trajectories:
+        gen.setdefault((t.stream, t.step), []).append(t.gen_s)
+    streams: dict[str, list[StepShape]] = {}
+    for s in res.steps:
+        g = gen.get((s.stream, s.step), [0.0])
+        streams.setdefault(s.stream, []).append(StepShape(trajectory_s=sum(g), longest_s=max(g), stages=tuple((Stage(k), v) for k, v in s.stages)))
+    return JobShape(
+        spec=job.pipeline_spec(pid), arrival_s=res.arrival_s, init_s=res.init_s, staleness=job.staleness, streams=tuple(tuple(v) for _, v in sorted(streams.items()))
+    )
+
+
 def _reward_json(steps) -> dict:
     return {
         "reward_first": steps[0].mean_reward if steps else None,
@@ -138,27 +151,20 @@ def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     rec = usage_from_events(num_gpus, events, stats.unmet, end)
     tallies = {}
-    work = 0.0
-    crit = 0.0
     for pid, res in results.items():
         tally = PipelineTally(arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None)
         tally.step_latencies = [s.finished_s - s.started_s for s in res.steps]
         tally.trajectories = len(res.trajectories)
         tally.preemptions = res.preemptions
         tallies[pid] = tally
-        stage_s = sum(v for s in res.steps for _, v in s.stages)
-        job = next(j for j in cfg.jobs if j.name == names[pid])
-        train_gpus = len(job.roles["actor_train"].gpus)
-        work += sum(t.gen_s / job.slots_per_worker for t in res.trajectories) + stage_s * train_gpus
-        path = res.init_s + sum(max((t.gen_s for t in res.trajectories if (t.stream, t.step) == (s.stream, s.step)), default=0.0) for s in res.steps) + stage_s
-        crit = max(crit, res.arrival_s + path)
+    work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
     metrics = summarize(
         policy=cfg.policy,
         usage=rec,
         start=0.0,
         end=end,
         tallies=tallies,
-        lower_bound_work_s=work / num_gpus,
+        lower_bound_work_s=work,
         lower_bound_critical_path_s=crit,
         trajectories_requeued=sum(r.requeued for r in results.values()),
         trajectories_lost=sum(r.lost for r in results.values()),

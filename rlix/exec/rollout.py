@@ -1,127 +1,22 @@
-"""Executor layer: the rollout backend interface and its torch implementation.
+"""Executor layer: the torch rollout backend, and the choice of backend.
 
-A :class:`RolloutBackend` owns one rollout worker's engine on the GPUs the
-plan gave the worker's process. Its life: ``load`` (cold start) ->
-``generate``/``update_weights`` while awake -> ``abort`` + ``sleep`` when the
-plan shrinks it (weights dropped) -> ``wake`` with the newest CPU weights when
-the plan expands it again. The torch backend here runs without a GPU; a vLLM
-backend (sleep levels, batched engine) slots in behind the same interface and
-is imported only when a config asks for it.
+:class:`TorchRolloutBackend` implements :class:`~rlix.exec.backend.RolloutBackend`
+with HF transformers and runs without a GPU; the vLLM backend slots in
+behind the same interface and is imported only when a config asks for it
+(:func:`make_backend`). Requests and results are the values of
+:mod:`rlix.exec.messages` (re-exported here for callers of the older names).
 """
 
 from __future__ import annotations
 
-import abc
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from rlix.exec.weights import WeightSnapshot
+from rlix.exec.backend import RolloutBackend, unchanged_result
+from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
 
-if TYPE_CHECKING:
-    from rlix.exec.lora import AdapterSnapshot, LoraSpec
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenRequest:
-    """Generate one trajectory; ``prefix_*`` continues one aborted mid-way."""
-
-    traj_id: int
-    prompt_ids: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float = 1.0
-    seed: int = 0
-    prefix_ids: tuple[int, ...] = ()
-    prefix_logprobs: tuple[float, ...] = ()
-    adapter: str = ""  # multi-LoRA: generate through this adapter ("" = the full model)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenResult:
-    """What a worker produced for a request (prefix included)."""
-
-    traj_id: int
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]  # behaviour log-probs, one per token
-    finished: bool  # hit EOS or the token budget
-    aborted: bool  # stopped early by abort/sleep; continue it elsewhere
-    weight_version: int  # the oldest policy (or adapter) version that produced any token
-    gen_s: float  # seconds this segment spent generating
-
-
-@dataclass(frozen=True, kw_only=True)
-class Emulation:
-    """Pacing that lets a logical GPU on a CPU host behave like a device.
-
-    Each decode step of a trajectory takes at least ``decode_step_s`` seconds
-    (sleeping, not computing), so N logical GPUs give N-fold rollout
-    capacity even on two CPU cores. 0 disables pacing (real devices).
-    """
-
-    decode_step_s: float = 0.0
-    train_token_s: float = 0.0  # seconds per trained/scored token in gang stages
-
-
-@dataclass(frozen=True, kw_only=True)
-class VllmOptions:
-    """Engine settings of the vLLM backend (ignored by the torch backend)."""
-
-    gpu_memory_utilization: float = 0.3  # fraction of the GPU's memory one engine may take
-    sleep_level: int = 2  # 1: weights to CPU; 2: weights dropped (reloaded from the trainer's snapshot)
-    enforce_eager: bool = True  # no CUDA graphs: faster start, less memory
-    max_model_len: int | None = None  # tokens (prompt + completion); None = the checkpoint's own limit
-    dtype: str = "bfloat16"  # engine weights (the trainer's float32 snapshot is cast on load)
-
-
-class RolloutBackend(abc.ABC):
-    """One rollout worker's inference engine."""
-
-    @abc.abstractmethod
-    def prepare(self, model_path: str, device: str) -> None:
-        """Process start-up without touching the device: imports, config, tokenizer."""
-
-    def load(self, model_path: str, device: str, snapshot: WeightSnapshot | None) -> None:
-        """Cold start: prepare, then build the engine (checkpoint weights or ``snapshot``)."""
-        self.prepare(model_path, device)
-        self.wake(snapshot)
-
-    @abc.abstractmethod
-    def generate(self, request: GenRequest) -> GenResult:
-        """Generate one trajectory; returns early with ``aborted`` after :meth:`abort`."""
-
-    @abc.abstractmethod
-    def abort(self) -> None:
-        """Stop every in-flight ``generate`` and wait until they have returned."""
-
-    @abc.abstractmethod
-    def sleep(self) -> None:
-        """Drop the weights (and caches) so the GPUs can be given away."""
-
-    @abc.abstractmethod
-    def wake(self, snapshot: WeightSnapshot | None) -> None:
-        """Rebuild the engine, loading ``snapshot`` if newer than what it had."""
-
-    @abc.abstractmethod
-    def update_weights(self, snapshot: WeightSnapshot) -> None:
-        """Load newer weights into an awake engine."""
-
-    @abc.abstractmethod
-    def update_adapter(self, snapshot: AdapterSnapshot) -> None:
-        """Multi-LoRA: load a newer version of one adapter into an awake engine."""
-
-    @property
-    @abc.abstractmethod
-    def adapter_versions(self) -> dict[str, int]:
-        """Multi-LoRA: the version of each adapter the awake engine serves."""
-
-    @property
-    @abc.abstractmethod
-    def weight_version(self) -> int: ...
-
-    @property
-    @abc.abstractmethod
-    def awake(self) -> bool: ...
+__all__ = ["Emulation", "GenRequest", "GenResult", "RolloutBackend", "TorchRolloutBackend", "VllmOptions", "make_backend"]
 
 
 @dataclass(kw_only=True)
@@ -268,7 +163,7 @@ class TorchRolloutBackend(RolloutBackend):
         f = self._flight
         with f.cond:
             if not self._awake:
-                return _unchanged(request, self._version)
+                return unchanged_result(request, self._version)
             f.active += 1
             epoch = f.epoch
             version = self._adapter_versions.get(request.adapter, 0) if request.adapter else self._version
@@ -339,13 +234,3 @@ def _pace(step_s: float, started: float) -> None:
             time.sleep(left)
 
 
-def _unchanged(req: GenRequest, version: int) -> GenResult:
-    return GenResult(
-        traj_id=req.traj_id,
-        token_ids=req.prefix_ids,
-        logprobs=req.prefix_logprobs,
-        finished=False,
-        aborted=True,
-        weight_version=version,
-        gen_s=0.0,
-    )

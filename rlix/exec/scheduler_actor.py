@@ -5,8 +5,15 @@ coordinators into core events, re-plans after every event (and every
 ``replan_interval_s`` for demand, TTLs and residency), and carries each plan
 out in order: shrinks (awaited, so GPUs are really free), then grants (the
 waiting ``request`` calls return), then expands. It makes no decision of its
-own. A coordinator that cannot be reached is treated as gone: its pipeline
-is unregistered and the others carry on.
+own.
+
+The lock guards only the core (submit + plan, no awaits inside). Plans are
+queued and carried out one after another by a single executor task, outside
+the lock, so a slow shrink (a worker finishing its wake) never stalls other
+pipelines' requests and reports, and a later plan never acts before an
+earlier one's shrinks have freed the GPUs. Every call to a coordinator has a
+deadline; a coordinator that cannot be reached in time is treated as gone:
+its pipeline is unregistered and the others carry on.
 """
 
 from __future__ import annotations
@@ -30,13 +37,14 @@ from rlix.core import (
     SchedulingError,
     Stage,
     Unregister,
+    WorkerLost,
 )
 from rlix.exec.records import GrantReply, SchedulerStats
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class SchedulerActor:
-    def __init__(self, cluster: ClusterSpec, policy: str, config: SchedulerConfig, t0: float, replan_interval_s: float) -> None:
+    def __init__(self, cluster: ClusterSpec, policy: str, config: SchedulerConfig, t0: float, replan_interval_s: float, call_timeout_s: float = 300.0) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
         self.replan_interval_s = replan_interval_s
@@ -51,6 +59,9 @@ class SchedulerActor:
         self.pending: dict[str, int] = {}  # last reported queued trajectories per pipeline
         self.background: set[asyncio.Task] = set()
         self.ticker: asyncio.Task | None = None
+        self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
+        self.plans: asyncio.Queue[tuple[Plan, asyncio.Future]] = asyncio.Queue()
+        self.executor: asyncio.Task | None = None
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -59,7 +70,9 @@ class SchedulerActor:
 
     async def start(self) -> None:
         if self.ticker is None:
-            self.ticker = asyncio.get_running_loop().create_task(self._tick())
+            loop = asyncio.get_running_loop()
+            self.ticker = loop.create_task(self._tick())
+            self.executor = loop.create_task(self._carry_out())
 
     async def register(self, spec: PipelineSpec, coordinator) -> None:
         await self._event(Register(spec=spec))
@@ -69,7 +82,9 @@ class SchedulerActor:
     async def unregister(self, pipeline_id: str) -> None:
         if pipeline_id not in self.core.pipelines():
             return  # already gone (idempotent: a killed job may be unregistered twice)
-        await self._event(Unregister(pipeline_id=pipeline_id))
+        done = await self._event(Unregister(pipeline_id=pipeline_id))
+        if done is not None:  # its workers are shrunk (or found gone) before it is forgotten
+            await asyncio.wait([done], timeout=self.call_timeout_s)
         self.coordinators.pop(pipeline_id, None)
         self._fail_waiting(pipeline_id)
         self.pending.pop(pipeline_id, None)
@@ -95,6 +110,13 @@ class SchedulerActor:
         self.pending[report.pipeline_id] = report.pending
         self._note_unmet()
 
+    async def lost(self, event: WorkerLost) -> None:
+        """A pipeline's rollout worker is gone (died, or killed for not waking): its GPUs are free."""
+        try:
+            await self._event(event)
+        except SchedulingError:
+            pass  # a plan already shrank it (or the pipeline left): nothing to give back
+
     async def rollout_bundles(self, pipeline_id: str) -> tuple[tuple[int, ...], ...]:
         """Bundles the policy may ever give this pipeline's rollout workers (to pre-start them)."""
         return self.core.rollout_bundles(pipeline_id)
@@ -111,38 +133,55 @@ class SchedulerActor:
         return {k: tuple(v) for k, v in sorted(out.items())}
 
     async def stop(self) -> None:
-        if self.ticker is not None:
-            self.ticker.cancel()
+        for task in (self.ticker, self.executor):
+            if task is not None:
+                task.cancel()
 
     # ------------------------------------------------------------ planning
 
-    async def _event(self, event) -> None:
-        async with self.lock:
+    async def _event(self, event) -> asyncio.Future | None:
+        """Submit and plan; returns a future done once that plan is carried out (None: nothing to do)."""
+        async with self.lock:  # no await inside: the core is pure and fast
             self.core.submit(event, self.now())
-            await self._plan_and_execute()
+            return self._plan()
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.replan_interval_s)
             async with self.lock:
-                await self._plan_and_execute()
+                self._plan()
 
-    async def _plan_and_execute(self) -> None:
-        """Plan, carry it out; unregister pipelines found dead and plan again."""
+    def _plan(self) -> asyncio.Future | None:
+        t0 = time.perf_counter()
+        plan = self.core.plan(self.now())
+        self.plan_s += time.perf_counter() - t0
+        if plan.empty:
+            return None
+        done = asyncio.get_running_loop().create_future()
+        self.plans.put_nowait((plan, done))
+        return done
+
+    async def _carry_out(self) -> None:
+        """Carry out queued plans in order; unregister pipelines found dead and plan again."""
         while True:
-            t0 = time.perf_counter()
-            plan = self.core.plan(self.now())
-            self.plan_s += time.perf_counter() - t0
-            dead = await self._execute(plan)
+            plan, done = await self.plans.get()
+            try:
+                dead = await self._execute(plan)
+            except Exception as exc:  # noqa: BLE001 -- a bug here must not stop every later plan
+                self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")
+                dead = set()
+            done.set_result(None)
             if not dead:
-                return
-            for pid in sorted(dead):
-                self.coordinators.pop(pid, None)
-                self._fail_waiting(pid)
-                self.pending.pop(pid, None)
-                if pid in self.core.pipelines():
-                    self.errors.append(f"pipeline '{pid}' unreachable; unregistered")
-                    self.core.submit(Unregister(pipeline_id=pid), self.now())
+                continue
+            async with self.lock:
+                for pid in sorted(dead):
+                    self.coordinators.pop(pid, None)
+                    self._fail_waiting(pid)
+                    self.pending.pop(pid, None)
+                    if pid in self.core.pipelines():
+                        self.errors.append(f"pipeline '{pid}' unreachable; unregistered")
+                        self.core.submit(Unregister(pipeline_id=pid), self.now())
+                self._plan()
 
     async def _execute(self, plan: Plan) -> set[str]:
         dead: set[str] = set()
@@ -168,10 +207,8 @@ class SchedulerActor:
         if coord is None:
             return  # pipeline already gone: nothing runs there
         try:
-            if method == "shrink":
-                await coord.shrink.remote(gpus, reason)
-            else:
-                await coord.expand.remote(gpus)
+            ref = coord.shrink.remote(gpus, reason) if method == "shrink" else coord.expand.remote(gpus)
+            await asyncio.wait_for(ref, self.call_timeout_s)
         except Exception as exc:  # the pipeline died; its GPUs are freed by unregistering it
             if method == "expand":
                 self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")

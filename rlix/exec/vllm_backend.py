@@ -36,9 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlix.exec.lora import AdapterSnapshot, LoraSpec
-from rlix.exec.rollout import GenRequest, GenResult, RolloutBackend, VllmOptions, _unchanged
-from rlix.exec.weights import WeightSnapshot
+from rlix.exec.backend import RolloutBackend, unchanged_result
+from rlix.exec.messages import AdapterSnapshot, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
 
 
 @dataclass(kw_only=True)
@@ -255,7 +254,7 @@ class VllmRolloutBackend(RolloutBackend):
     def generate(self, request: GenRequest) -> GenResult:
         with self._lock:
             if not self._awake:
-                return _unchanged(request, self._version)
+                return unchanged_result(request, self._version)
             version = self._adapters.get(request.adapter, (0, None))[0] if request.adapter else self._version
             p = _Pending(request=request, version=version, started=time.perf_counter(), token_ids=request.prefix_ids, logprobs=request.prefix_logprobs)
             self._inbox.put(p)

@@ -8,17 +8,9 @@ the newest snapshot; sleeping workers are never synced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from rlix.exec.messages import WeightSnapshot
 
-
-@dataclass(frozen=True, kw_only=True)
-class WeightSnapshot:
-    """Policy weights at ``version`` (0 = initial), tensors on the CPU."""
-
-    version: int
-    tensors: Any  # mapping parameter name -> CPU torch.Tensor (a state dict)
-    nbytes: int
+__all__ = ["WeightSnapshot", "snapshot_of"]
 
 
 def snapshot_of(model, version: int) -> WeightSnapshot:

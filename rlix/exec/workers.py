@@ -8,28 +8,28 @@ else (queues, versions, scheduling calls) lives in the pipeline coordinator.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from dataclasses import dataclass
-
 import ray
 
-from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample, TrainStats
-from rlix.exec.lora import AdapterSnapshot, LoraLearner, LoraSpec
-from rlix.exec.rollout import Emulation, GenRequest, GenResult, VllmOptions, make_backend
-from rlix.exec.weights import WeightSnapshot
-
-
-@dataclass(frozen=True, kw_only=True)
-class SwitchTiming:
-    """Seconds a worker spent switching, and the weights it moved (bytes)."""
-
-    seconds: float
-    synced_bytes: int = 0
-    version: int = -1
-    adapters: tuple[tuple[str, int], ...] = ()  # multi-LoRA: (adapter, version) the engine serves
-
-    def adapter_version(self, name: str) -> int:
-        return dict(self.adapters).get(name, -1)
+from rlix.exec.grpo import GrpoLearner
+from rlix.exec.lora import LoraLearner
+from rlix.exec.messages import (
+    AdapterSnapshot,
+    Emulation,
+    EngineRefused,
+    GenRequest,
+    GenResult,
+    GrpoConfig,
+    LoraSpec,
+    Sample,
+    SwitchTiming,
+    TrainStats,
+    VllmOptions,
+    WeightSnapshot,
+    WorkerFault,
+)
+from rlix.exec.rollout import make_backend
 
 
 def _setup_process() -> None:
@@ -42,10 +42,14 @@ def _setup_process() -> None:
 class RolloutWorkerActor:
     """One rollout worker (a TP-sized GPU bundle) of one pipeline."""
 
-    def __init__(self, emulation: Emulation, lora: LoraSpec | None = None, backend: str = "torch", vllm: VllmOptions = VllmOptions()) -> None:
+    def __init__(
+        self, emulation: Emulation, lora: LoraSpec | None = None, backend: str = "torch", vllm: VllmOptions = VllmOptions(), fault: WorkerFault = WorkerFault()
+    ) -> None:
         _setup_process()
         self.backend = make_backend(backend, emulation, lora, vllm)
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.fault = fault
+        self._dying = False
 
     def prepare(self, model_path: str) -> float:
         """Start-up that needs no GPU (imports, config): done at the job's init."""
@@ -57,6 +61,8 @@ class RolloutWorkerActor:
 
     def wake(self, snapshot: WeightSnapshot | None, *adapters: AdapterSnapshot) -> SwitchTiming:
         """Resume with ``snapshot`` (full weights, or the base) and every current adapter."""
+        if self.fault.hang_wake:
+            threading.Event().wait()  # injected: a wake that never returns (the caller's deadline kills us)
         t0 = time.perf_counter()
         before = self.backend.weight_version if self.backend.awake else -1
         had = self.backend.adapter_versions if self.backend.awake else {}
@@ -89,6 +95,11 @@ class RolloutWorkerActor:
         return SwitchTiming(seconds=time.perf_counter() - t0, synced_bytes=snapshot.nbytes, version=snapshot.version)
 
     def generate(self, request: GenRequest) -> GenResult:
+        if self.fault.refuse_requests:
+            raise EngineRefused(f"engine refused trajectory {request.traj_id} (fault.refuse_requests)")
+        if self.fault.die_in_rollout and not self._dying:
+            self._dying = True  # injected: the process exits mid-rollout, as a crashed engine would
+            threading.Timer(1.0, os._exit, (1,)).start()
         return self.backend.generate(request)
 
     def visible_devices(self) -> str:

@@ -1,0 +1,164 @@
+"""Executor layer: every message that crosses a process boundary, as frozen values.
+
+Requests and results of rollout workers, weight and adapter snapshots, the
+trainer's samples and statistics, switch timings, and the engine settings
+sent to a worker at start-up. Backends (torch, vLLM), learners (GRPO, LoRA)
+and worker actors import this module and not each other, so the executor's
+modules form no import circle. No torch import: tensors travel inside
+snapshots as opaque values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+# ------------------------------------------------------------------ weights
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSnapshot:
+    """Policy weights at ``version`` (0 = initial), tensors on the CPU."""
+
+    version: int
+    tensors: Any  # mapping parameter name -> CPU torch.Tensor (a state dict)
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSpec:
+    """Shape shared by all adapters, and the adapters as (name, seed) pairs."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    adapters: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.adapters)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterSnapshot:
+    """One adapter's LoRA tensors at ``version`` (ticks trained), on the CPU; keys as in the peft model."""
+
+    name: str
+    version: int
+    tensors: Any  # parameter name -> CPU tensor
+    nbytes: int
+
+
+# ------------------------------------------------------------------ rollout
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenRequest:
+    """Generate one trajectory; ``prefix_*`` continues one aborted mid-way."""
+
+    traj_id: int
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 1.0
+    seed: int = 0
+    prefix_ids: tuple[int, ...] = ()
+    prefix_logprobs: tuple[float, ...] = ()
+    adapter: str = ""  # multi-LoRA: generate through this adapter ("" = the full model)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenResult:
+    """What a worker produced for a request (prefix included)."""
+
+    traj_id: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # behaviour log-probs, one per token
+    finished: bool  # hit EOS or the token budget
+    aborted: bool  # stopped early by abort/sleep; continue it elsewhere
+    weight_version: int  # the oldest policy (or adapter) version that produced any token
+    gen_s: float  # seconds this segment spent generating
+
+
+@dataclass(frozen=True, kw_only=True)
+class Emulation:
+    """Pacing that lets a logical GPU on a CPU host behave like a device.
+
+    Each decode step of a trajectory takes at least ``decode_step_s`` seconds
+    (sleeping, not computing), so N logical GPUs give N-fold rollout
+    capacity even on two CPU cores. 0 disables pacing (real devices).
+    """
+
+    decode_step_s: float = 0.0
+    train_token_s: float = 0.0  # seconds per trained/scored token in gang stages
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmOptions:
+    """Engine settings of the vLLM backend (ignored by the torch backend)."""
+
+    gpu_memory_utilization: float = 0.3  # fraction of the GPU's memory one engine may take
+    sleep_level: int = 2  # 1: weights to CPU; 2: weights dropped (reloaded from the trainer's snapshot)
+    enforce_eager: bool = True  # no CUDA graphs: faster start, less memory
+    max_model_len: int | None = None  # tokens (prompt + completion); None = the checkpoint's own limit
+    dtype: str = "bfloat16"  # engine weights (the trainer's float32 snapshot is cast on load)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwitchTiming:
+    """Seconds a worker spent switching, and the weights it moved (bytes)."""
+
+    seconds: float
+    synced_bytes: int = 0
+    version: int = -1
+    adapters: tuple[tuple[str, int], ...] = ()  # multi-LoRA: (adapter, version) the engine serves
+
+    def adapter_version(self, name: str) -> int:
+        return dict(self.adapters).get(name, -1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFault:
+    """Faults a rollout worker process injects into itself (tests and drills)."""
+
+    hang_wake: bool = False  # its wake never returns
+    die_in_rollout: bool = False  # the process exits 1 s into its first rollout
+    refuse_requests: bool = False  # generate raises EngineRefused for every request
+
+
+class EngineRefused(RuntimeError):
+    """The rollout engine refused a request (an application error: the worker stays up)."""
+
+
+# ------------------------------------------------------------------ training
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpoConfig:
+    lr: float = 3e-3
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0  # 0 = no reference model at all
+    minibatches: int = 2
+    epochs: int = 1
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One finished trajectory, as the trainer needs it."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    advantage: float
+    old_logprobs: tuple[float, ...] = ()
+    ref_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainStats:
+    loss: float
+    kl: float
+    clip_fraction: float
+    tokens: int
+    seconds: float

@@ -1,0 +1,119 @@
+"""Executor layer: one pipeline's rollout workers, one per bundle, and their lifecycle.
+
+Pure book-keeping (no Ray, no asyncio): the coordinator asks the pool what
+state a bundle's worker is in and moves it along the table below; every
+move goes through :data:`WORKER_TRANSITIONS` and an illegal one raises.
+Whether the plan currently gives the pipeline a bundle's GPUs (``granted``)
+is kept apart from the process state: a worker may be asleep on GPUs it was
+just given (about to wake), or still awake on GPUs being taken back.
+
+    absent -> starting -> asleep -> waking -> awake -> draining -> asleep
+                 |          |         |         |          |
+                 +----------+---------+---------+----------+--> dead -> starting
+
+- starting: the process is being created (imports, config; no GPU memory);
+- asleep: the process is up, holds no weights on the device;
+- waking: building the engine and loading the newest weights;
+- awake: generating; only awake workers take trajectories;
+- draining: aborting in-flight work and dropping weights (a shrink);
+- dead: the process died or was killed (e.g. it did not wake in time).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from rlix.core.types import Gpus, WorkerLoad
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    ASLEEP = "asleep"
+    WAKING = "waking"
+    AWAKE = "awake"
+    DRAINING = "draining"
+    DEAD = "dead"
+
+
+WORKER_TRANSITIONS: dict[WorkerState | None, frozenset[WorkerState]] = {
+    None: frozenset({WorkerState.STARTING}),
+    WorkerState.STARTING: frozenset({WorkerState.ASLEEP, WorkerState.DEAD}),
+    WorkerState.ASLEEP: frozenset({WorkerState.WAKING, WorkerState.DEAD}),
+    WorkerState.WAKING: frozenset({WorkerState.AWAKE, WorkerState.DRAINING, WorkerState.DEAD}),
+    WorkerState.AWAKE: frozenset({WorkerState.DRAINING, WorkerState.DEAD}),
+    WorkerState.DRAINING: frozenset({WorkerState.ASLEEP, WorkerState.DEAD}),
+    WorkerState.DEAD: frozenset({WorkerState.STARTING}),
+}
+
+
+class LifecycleError(RuntimeError):
+    """A worker was moved along an edge the lifecycle table does not have (an executor bug)."""
+
+
+@dataclass(kw_only=True)
+class Worker:
+    """The worker on one bundle. ``handle`` is whatever the shell talks to (a Ray actor)."""
+
+    gpus: Gpus
+    state: WorkerState | None = None
+    granted: bool = False  # the plan gives this pipeline the bundle's GPUs now
+    generation: int = 0  # bumped by every expand and shrink: an older call finds itself stale
+    handle: object | None = None
+    inflight: dict[int, object] = field(default_factory=dict)  # trajectory id -> the shell's task
+
+    @property
+    def first(self) -> int:
+        return self.gpus[0]
+
+
+class WorkerPool:
+    """Every worker of one pipeline, keyed by the first GPU of its bundle."""
+
+    def __init__(self, slots_per_worker: int) -> None:
+        if slots_per_worker < 1:
+            raise ValueError("slots_per_worker must be >= 1")
+        self.slots_per_worker = slots_per_worker
+        self.workers: dict[int, Worker] = {}
+
+    def get(self, gpus: Gpus) -> Worker:
+        """The bundle's worker (created absent on first sight)."""
+        w = self.workers.get(gpus[0])
+        if w is None:
+            w = self.workers[gpus[0]] = Worker(gpus=tuple(gpus))
+        elif w.gpus != tuple(gpus):
+            raise LifecycleError(f"bundle {tuple(gpus)} overlaps the worker on {w.gpus}")
+        return w
+
+    def move(self, worker: Worker, target: WorkerState) -> None:
+        """Move ``worker`` to ``target`` through the transition table (illegal moves raise)."""
+        if target not in WORKER_TRANSITIONS[worker.state]:
+            now = worker.state.value if worker.state is not None else "absent"
+            raise LifecycleError(f"worker on GPUs {list(worker.gpus)}: cannot go from {now} to {target.value}")
+        worker.state = target
+        if target is WorkerState.DEAD:
+            worker.handle = None
+
+    def bump(self, worker: Worker) -> int:
+        worker.generation += 1
+        return worker.generation
+
+    # ------------------------------------------------------------ queries
+
+    def in_state(self, *states: WorkerState) -> list[Worker]:
+        return [self.workers[f] for f in sorted(self.workers) if self.workers[f].state in states]
+
+    def free_slots(self) -> list[Worker]:
+        """Awake workers with a free slot, lowest GPU first (dispatch order)."""
+        return [w for w in self.in_state(WorkerState.AWAKE) if len(w.inflight) < self.slots_per_worker]
+
+    def loads(self) -> tuple[WorkerLoad, ...]:
+        """Trajectories running per awake worker (the demand report's ``loads``)."""
+        return tuple(WorkerLoad(first_gpu=w.first, active=len(w.inflight)) for w in self.in_state(WorkerState.AWAKE))
+
+    def held_gpus(self) -> Gpus:
+        """GPUs the plan gives this pipeline's rollout workers now."""
+        return tuple(sorted(g for w in self.workers.values() if w.granted for g in w.gpus))
+
+    def handles(self) -> list[object]:
+        return [self.workers[f].handle for f in sorted(self.workers) if self.workers[f].handle is not None]

@@ -1,0 +1,280 @@
+"""Executor layer: carries out the plan's expand/shrink on one pipeline's rollout workers.
+
+Owned by the pipeline coordinator; runs in its event loop. It moves each
+worker through the pool's lifecycle table, calls the worker processes (every
+call with a deadline), dispatches queued trajectories to awake workers and
+sorts each outcome:
+
+- a worker process that dies (``RayActorError``) or misses a deadline is
+  killed and marked dead; its GPUs go back to the scheduler's ledger
+  (``WorkerLost``) and its trajectories are continued on other workers;
+- an application error in a rollout (``RayTaskError``) is retried a bounded
+  number of times by the rollout queue, then fails the job (one line).
+
+Worker processes are started *warm*: one per bundle the job may use, in the
+background when the job is admitted, asleep (no device memory), so an
+expand is a wake plus a weight sync, never a cold start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ray
+
+from rlix.core.types import Gpus, ShrinkReason
+from rlix.exec.messages import SwitchTiming
+from rlix.exec.pool import Worker, WorkerPool, WorkerState
+from rlix.exec.recorder import Recorder
+from rlix.exec.records import SwitchKind
+from rlix.exec.rollout_queue import Queued, RolloutQueue, TrajectoryFailed
+from rlix.metrics import Activity
+
+ROLLOUT = "rollout"
+
+
+class WorkerTimeout(RuntimeError):
+    """A worker call missed its deadline."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deadlines:
+    wake_s: float  # engine build + weight load
+    call_s: float  # start, sleep, weight sync
+    rollout_s: float  # one trajectory segment
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hooks:
+    """What the control asks of its coordinator (all non-blocking)."""
+
+    now: Callable[[], float]
+    spawn: Callable[[Gpus, bool], object]  # (bundle, first process on it) -> worker handle
+    weights: Callable[[], tuple]  # -> (full snapshot ref, its version, ((adapter, ref, version), ...))
+    finished: Callable[[Queued, object], None]  # (queued trajectory, its GenResult)
+    fatal: Callable[[BaseException], None]  # the job must fail
+    lost: Callable[[Gpus], None]  # tell the scheduler the worker is gone
+    changed: Callable[[], None]  # demand changed
+
+
+async def call(ref, timeout_s: float, what: str):
+    """Await a remote call with a deadline (raises :class:`WorkerTimeout`)."""
+    try:
+        return await asyncio.wait_for(ref, timeout_s)
+    except asyncio.TimeoutError:
+        raise WorkerTimeout(f"{what} took longer than {timeout_s:g} s") from None
+
+
+class RolloutControl:
+    """Expand, shrink, dispatch and weight pushes for one pipeline's rollout workers."""
+
+    def __init__(self, *, pool: WorkerPool, queue: RolloutQueue, recorder: Recorder, hooks: Hooks, deadlines: Deadlines, model_dir: str) -> None:
+        self.pool = pool
+        self.queue = queue
+        self.rec = recorder
+        self.hooks = hooks
+        self.deadlines = deadlines
+        self.model_dir = model_dir
+        self.locks: dict[int, asyncio.Lock] = {}
+        self.starting: dict[int, asyncio.Task] = {}
+        self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
+
+    def _mark(self, w: Worker, activity: Activity) -> None:
+        self.rec.mark(self.hooks.now(), w.gpus, activity, ROLLOUT)
+
+    # ------------------------------------------------------------ processes
+
+    def warm(self, bundles) -> None:
+        """Start a sleeping process on every bundle, in the background (no GPU held, no waiting)."""
+        for gpus in bundles:
+            self._start(self.pool.get(tuple(gpus)))
+
+    def _start(self, w: Worker) -> asyncio.Task:
+        task = self.starting.get(w.first)
+        if task is None or (task.done() and w.state is WorkerState.DEAD):
+            task = self.starting[w.first] = asyncio.get_running_loop().create_task(self._boot(w))
+        return task
+
+    async def _boot(self, w: Worker) -> bool:
+        self.pool.move(w, WorkerState.STARTING)
+        w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
+        self.spawned.add(w.first)
+        try:
+            await call(w.handle.prepare.remote(self.model_dir), self.deadlines.call_s, "worker start-up")
+        except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here
+            self._kill(w, f"start-up failed: {type(exc).__name__}")
+            return False
+        self.pool.move(w, WorkerState.ASLEEP)
+        return True
+
+    def _kill(self, w: Worker, why: str) -> None:
+        """The worker is gone: kill its process, give its GPUs back, continue its work elsewhere."""
+        if w.state is WorkerState.DEAD:
+            return
+        if w.handle is not None:
+            ray.kill(w.handle)
+        was_granted = w.granted
+        self.pool.move(w, WorkerState.DEAD)
+        w.granted = False
+        self.rec.counters.workers_lost += 1
+        if was_granted:
+            self._mark(w, Activity.FREE)
+            self.hooks.lost(w.gpus)
+        self.hooks.changed()
+
+    def kill_all(self) -> None:
+        for w in self.pool.workers.values():
+            if w.handle is not None:
+                ray.kill(w.handle)
+
+    # ------------------------------------------------------------ plan calls
+
+    async def expand(self, gpus: Gpus) -> None:
+        """The plan gave us a worker on ``gpus``: wait for its process, wake it with the newest weights."""
+        w = self.pool.get(tuple(gpus))
+        gen = self.pool.bump(w)
+        w.granted = True
+        self._mark(w, Activity.SWITCH)
+        t = self.hooks.now()
+        if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):  # not warm (yet): wait for its process
+            if not await asyncio.shield(self._start(w)):
+                return
+            self.rec.switch(SwitchKind.COLD_START, t, self.hooks.now() - t)  # GPU held while the process started
+        async with self.locks.setdefault(w.first, asyncio.Lock()):
+            if w.generation != gen or w.state is not WorkerState.ASLEEP:
+                return  # shrunk meanwhile, or lost
+            self.pool.move(w, WorkerState.WAKING)
+            t = self.hooks.now()
+            try:
+                timing = await self._wake(w)
+            except Exception as exc:  # noqa: BLE001 -- dead, hung or failing: no worker here
+                self._kill(w, f"wake failed: {exc}")
+                return
+            self.pool.move(w, WorkerState.AWAKE)
+            self.rec.switch(SwitchKind.WAKE, t, self.hooks.now() - t, timing.synced_bytes)
+            if w.generation == gen:
+                self._mark(w, Activity.HELD)
+                self.dispatch()
+
+    async def _wake(self, w: Worker) -> SwitchTiming:
+        full, version, adapters = self.hooks.weights()
+        refs = [ref for _, ref, _ in adapters]
+        timing = await call(w.handle.wake.remote(full, *refs), self.deadlines.wake_s, "wake")
+        # Newer versions may have appeared while waking: the next batch never meets old weights.
+        while (cur := self.hooks.weights())[1] > timing.version:
+            timing = await call(w.handle.update_weights.remote(cur[0]), self.deadlines.call_s, "weight sync")
+        for name, ref, v in self.hooks.weights()[2]:
+            if timing.adapter_version(name) < v:
+                timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
+        return timing
+
+    async def shrink(self, gpus: Gpus, reason: str) -> None:
+        """The plan takes ``gpus`` back: abort, drop weights, re-queue what was running."""
+        w = self.pool.workers.get(gpus[0])
+        if w is None:
+            return
+        gen = self.pool.bump(w)
+        if reason != ShrinkReason.UNREGISTER.value:
+            self.rec.counters.preemptions += 1  # as the simulator counts: every shrink but the pipeline leaving
+        if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):
+            self._release(w, gen)  # nothing on the GPUs yet (or any more)
+            return
+        async with self.locks.setdefault(w.first, asyncio.Lock()):
+            if w.state is WorkerState.AWAKE:
+                await self._drain(w)
+            self._release(w, gen)
+
+    def _release(self, w: Worker, gen: int) -> None:
+        if w.generation == gen and w.granted:  # a newer expand keeps the GPUs
+            w.granted = False
+            self._mark(w, Activity.FREE)
+            self.hooks.changed()
+
+    async def _drain(self, w: Worker) -> None:
+        self.pool.move(w, WorkerState.DRAINING)
+        self._mark(w, Activity.SWITCH)
+        t = self.hooks.now()
+        try:
+            await call(w.handle.sleep.remote(), self.deadlines.call_s, "sleep")  # aborts in-flight generations first
+        except Exception as exc:  # noqa: BLE001
+            self._kill(w, f"sleep failed: {exc}")
+        tasks = [task for task in w.inflight.values() if task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.deadlines.call_s)
+        self.rec.switch(SwitchKind.SLEEP, t, self.hooks.now() - t)
+        if w.state is WorkerState.DRAINING:
+            self.pool.move(w, WorkerState.ASLEEP)
+
+    # ------------------------------------------------------------ rollout
+
+    def dispatch(self) -> None:
+        idle = {w.first for w in self.pool.free_slots() if not w.inflight}
+        for w, q in self.queue.assign(self.pool):
+            if w.first in idle:
+                idle.discard(w.first)
+                self._mark(w, Activity.WORK)
+            w.inflight[q.traj_id] = asyncio.get_running_loop().create_task(self._run(w, q))
+        self.hooks.changed()
+
+    async def _run(self, w: Worker, q: Queued) -> None:
+        try:
+            result = await call(w.handle.generate.remote(q.request), self.deadlines.rollout_s, "rollout")
+        except ray.exceptions.RayActorError:
+            result = None
+            self._kill(w, "worker process died")
+        except ray.exceptions.RayTaskError as exc:
+            result = exc
+        except WorkerTimeout as exc:
+            result = None
+            self._kill(w, str(exc))
+        w.inflight.pop(q.traj_id, None)
+        if not w.inflight and w.state is WorkerState.AWAKE:
+            self._mark(w, Activity.HELD)
+        self._sort(q, result)
+        self.dispatch()
+
+    def _sort(self, q: Queued, result) -> None:
+        if isinstance(result, ray.exceptions.RayTaskError):
+            try:
+                self.queue.failed(q, _one_line(result))
+            except TrajectoryFailed as exc:
+                self.hooks.fatal(exc)
+        elif result is None or result.aborted or not result.finished:
+            self.queue.aborted(q, result)  # continued elsewhere from where it stopped
+            self.rec.counters.requeued = self.queue.requeued
+        else:
+            self.hooks.finished(q, result)
+
+    # ------------------------------------------------------------ weight pushes
+
+    async def push(self, adapter: str) -> None:
+        """Push a new version (the full weights, or one adapter) to awake workers only."""
+        live = self.pool.in_state(WorkerState.AWAKE)
+        await asyncio.gather(*(self._push(w, adapter) for w in live), return_exceptions=True)
+
+    async def _push(self, w: Worker, adapter: str) -> None:
+        async with self.locks.setdefault(w.first, asyncio.Lock()):
+            if w.state is not WorkerState.AWAKE:
+                return
+            full, _, adapters = self.hooks.weights()
+            t = self.hooks.now()
+            ref = next((r for n, r, _ in adapters if n == adapter), None) if adapter else None
+            try:
+                if adapter:
+                    timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
+                else:
+                    timing = await call(w.handle.update_weights.remote(full), self.deadlines.call_s, "weight sync")
+            except Exception as exc:  # noqa: BLE001
+                self._kill(w, f"weight sync failed: {exc}")
+                return
+            if timing.synced_bytes:
+                self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The innermost error of a remote failure, on one line."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[-1] if text else ''}"

@@ -1,0 +1,312 @@
+"""The executor's parts without Ray: worker pool lifecycle, rollout queue, step driver, recorder."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rlix.core import Stage
+from rlix.exec.messages import GenRequest, GenResult
+from rlix.exec.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
+from rlix.exec.recipe import Trajectory
+from rlix.exec.recorder import Recorder
+from rlix.exec.records import JobStatus, SwitchKind
+from rlix.exec.rollout_queue import RolloutQueue, TrajectoryFailed
+from rlix.exec.step_driver import StepDriver, Stream
+from rlix.exec.tasks import Prompt
+from rlix.metrics import Activity
+
+# ------------------------------------------------------------------ worker pool
+
+
+def test_worker_lifecycle_follows_the_table_and_illegal_moves_raise():
+    pool = WorkerPool(slots_per_worker=2)
+    w = pool.get((2, 3))
+    for state in (WorkerState.STARTING, WorkerState.ASLEEP, WorkerState.WAKING, WorkerState.AWAKE, WorkerState.DRAINING, WorkerState.ASLEEP):
+        pool.move(w, state)
+    with pytest.raises(LifecycleError, match="cannot go from asleep to awake"):
+        pool.move(w, WorkerState.AWAKE)  # a worker must wake before it runs trajectories
+    w.handle = object()
+    pool.move(w, WorkerState.DEAD)
+    assert w.handle is None
+    pool.move(w, WorkerState.STARTING)  # a replacement process
+    with pytest.raises(LifecycleError):
+        pool.get((2,))  # another bundle starting at the same GPU
+    assert pool.get((2, 3)) is w
+
+
+def test_every_state_can_die_except_from_absent_and_dead():
+    for state, targets in WORKER_TRANSITIONS.items():
+        if state not in (None, WorkerState.DEAD):
+            assert WorkerState.DEAD in targets, state
+
+
+def test_pool_reports_loads_of_awake_workers_and_free_slots():
+    pool = WorkerPool(slots_per_worker=2)
+    a, b = pool.get((0,)), pool.get((1,))
+    for w in (a, b):
+        for s in (WorkerState.STARTING, WorkerState.ASLEEP, WorkerState.WAKING, WorkerState.AWAKE):
+            pool.move(w, s)
+    a.inflight = {1: None, 2: None}
+    b.granted = True
+    assert [w.first for w in pool.free_slots()] == [1]
+    assert [(x.first_gpu, x.active) for x in pool.loads()] == [(0, 2), (1, 0)]
+    assert pool.held_gpus() == (1,)
+
+
+# ------------------------------------------------------------------ rollout queue
+
+
+def _traj(i: int, step: int = 0) -> Trajectory:
+    req = GenRequest(traj_id=i, prompt_ids=(1, 2), max_new_tokens=8)
+    return Trajectory(step=step, prompt=Prompt(prompt_id=i, text="x", answer="x"), request=req)
+
+
+def _result(req: GenRequest, new: int, *, finished: bool, version: int = 0) -> GenResult:
+    ids = req.prefix_ids + tuple(range(new))
+    return GenResult(traj_id=req.traj_id, token_ids=ids, logprobs=tuple(-1.0 for _ in ids), finished=finished, aborted=not finished, weight_version=version, gen_s=0.5)
+
+
+class FakeWorker:
+    """Stands in for a worker process: produces ``per_call`` tokens per call, then is aborted."""
+
+    def __init__(self, per_call: int, version: int) -> None:
+        self.per_call, self.version = per_call, version
+
+    def run(self, req: GenRequest) -> GenResult:
+        done = len(req.prefix_ids) + self.per_call >= req.max_new_tokens
+        return _result(req, min(self.per_call, req.max_new_tokens - len(req.prefix_ids)), finished=done, version=self.version)
+
+
+def _awake_pool(n: int, slots: int) -> WorkerPool:
+    pool = WorkerPool(slots_per_worker=slots)
+    for g in range(n):
+        w = pool.get((g,))
+        for s in (WorkerState.STARTING, WorkerState.ASLEEP, WorkerState.WAKING, WorkerState.AWAKE):
+            pool.move(w, s)
+    return pool
+
+
+def test_queue_fills_slots_lowest_gpu_first():
+    q = RolloutQueue(max_tries=2)
+    q.add([_traj(i) for i in range(5)])
+    pool = _awake_pool(2, slots=2)
+    got = q.assign(pool)
+    assert [(w.first, item.traj_id) for w, item in got] == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    assert len(q) == 1 and q.assign(pool) == []  # every slot taken
+
+
+def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
+    q = RolloutQueue(max_tries=2)
+    q.add([_traj(i) for i in range(3)])
+    pool = _awake_pool(1, slots=4)
+    workers = [FakeWorker(per_call=3, version=v) for v in (0, 1, 2)]  # each call is cut short after 3 tokens
+    records = {}
+    for fake in workers:
+        for w, item in q.assign(pool):
+            res = fake.run(item.request)
+            w.inflight.pop(item.traj_id)
+            if res.finished:
+                records[item.traj_id] = q.finished(item, res)
+            else:
+                q.aborted(item, res)
+    assert sorted(records) == [0, 1, 2]
+    for r in records.values():
+        assert r.tokens == 8 and r.segments == 3 and r.weight_version == 0 and r.gen_s == pytest.approx(1.5)
+    assert q.requeued == 6
+
+
+def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_is():
+    q = RolloutQueue(max_tries=1)
+    q.add([_traj(0)])
+    item = q.queue[0]
+    q.queue.clear()
+    q.aborted(item, _result(item.request, 0, finished=False, version=-1))  # a sleeping worker handed it back
+    assert item.segments == 0 and item.min_version == 1 << 30
+    q.queue.clear()
+    q.aborted(item, None)  # its worker died
+    assert q.queue[0] is item and item.request.prefix_ids == ()
+
+
+def test_application_errors_are_retried_a_bounded_number_of_times_then_fail_the_job():
+    q = RolloutQueue(max_tries=3)
+    q.add([_traj(7, step=2)])
+    item = q.queue.popleft()
+    q.failed(item, "EngineRefused: no")
+    q.queue.popleft()
+    q.failed(item, "EngineRefused: no")
+    q.queue.popleft()
+    with pytest.raises(TrajectoryFailed, match=r"trajectory 7 \(step 2\) failed 3 times: EngineRefused: no"):
+        q.failed(item, "EngineRefused: no")
+    assert len(q) == 0
+
+
+# ------------------------------------------------------------------ step driver
+
+
+class FakeRecipe:
+    batch_size = 2
+
+    def trajectories(self, step: int):
+        return [_traj(step * 2 + i, step=step) for i in range(2)]
+
+
+def _done(driver: StepDriver, stream: Stream, step: int) -> None:
+    for i in range(2):
+        tid = step * 2 + i
+        driver.finish(stream.name, step, GenResult(traj_id=tid, token_ids=(1,), logprobs=(0.0,), finished=True, aborted=False, weight_version=0, gen_s=0.1))
+
+
+def test_staleness_gate_and_demand_counts():
+    s = Stream(name="", recipe=FakeRecipe(), steps=4, staleness=1)
+    d = StepDriver([s], kl=True)
+    assert d.stages == (Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.ACTOR_TRAIN)
+    assert d.backlog() == 8
+    d.produce(s, now=0.0)
+    assert not d.may_produce(s)  # one batch at a time: step 1 waits for step 0's rollout
+    assert d.open_trajectories() == 2 and d.backlog() == 6
+    _done(d, s, 0)
+    assert d.complete(("", 0)) and d.open_trajectories() == 0
+    d.produce(s, now=0.0)  # staleness 1: step 1 may roll out before step 0 is trained
+    assert not d.may_produce(s)  # step 2 waits for step 0's training (and step 1's rollout)
+    assert d.open_trajectories() == 2 and d.backlog() == 4
+    _done(d, s, 1)
+    assert not d.may_produce(s)
+    d.trained(s, 0, mean_reward=0.0)
+    assert d.may_produce(s) and s.version == 1
+    with pytest.raises(RuntimeError):
+        d2 = StepDriver([Stream(name="", recipe=FakeRecipe(), steps=2, staleness=0)], kl=False)
+        d2.produce(d2.streams[0], 0.0)
+        d2.produce(d2.streams[0], 0.0)
+
+
+def test_a_stream_that_reaches_its_reward_stops_producing():
+    s = Stream(name="a", recipe=FakeRecipe(), steps=5, staleness=0, stop_reward=0.5)
+    d = StepDriver([s], kl=False)
+    d.produce(s, 0.0)
+    _done(d, s, 0)
+    d.trained(s, 0, mean_reward=0.9)
+    assert d.exhausted(s) and d.backlog() == 0 and d.planned_steps() == 1
+
+
+# ------------------------------------------------------------------ recorder
+
+
+def test_recorder_measures_switch_cost_and_counts_lost_trajectories():
+    r = Recorder("p")
+    assert r.mean_switch_s() == 0.0
+    r.switch(SwitchKind.WAKE, 1.0, 0.5)
+    r.switch(SwitchKind.WAKE, 2.0, 1.5)
+    r.switch(SwitchKind.SLEEP, 3.0, 9.0)
+    assert r.mean_switch_s() == 1.0
+    r.mark(0.0, (0, 1), Activity.WORK, "rollout")
+    r.mark(1.0, (0, 1), Activity.FREE, "rollout")
+    res = r.result(JobStatus.FINISHED, error="", arrival_s=0, init_s=0, finish_s=4, planned=3)
+    assert res.lost == 3
+    assert [e.pipeline_id for e in res.events] == ["p", ""] and res.events[1].stage == ""
+
+
+# ------------------------------------------------------------------ scheduler and trainer links
+
+
+class _Remote:
+    """A remote method at the process boundary: ``.remote(...)`` gives an awaitable."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+class _Scheduler:
+    def __init__(self, gpus, queued_s: float) -> None:
+        from rlix.exec.records import GrantReply
+
+        self.calls: list[tuple] = []
+
+        async def request(pid, stage, role):
+            self.calls.append(("request", stage, role))
+            return GrantReply(gpus=gpus, queued_s=queued_s)
+
+        async def release(pid, stage):
+            self.calls.append(("release", stage))
+
+        self.request, self.release = _Remote(request), _Remote(release)
+
+
+class _Trainer:
+    def __init__(self, work) -> None:
+        self.calls: list[str] = []
+
+        def note(name, value=None):
+            def f(*args):  # like a Ray object ref: a future, done once the call returns
+                self.calls.append(name)
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(value)
+                return fut
+
+            return _Remote(f)
+
+        self.reload, self.offload = note("reload"), note("offload")
+        self.snapshot, self.adapter_snapshot = note("snapshot", "w"), note("adapter_snapshot", "a")
+        self.save_adapter, self.adapter_versions = note("save_adapter"), note("adapter_versions", {"x": 3})
+        self.train = _Remote(work)
+
+
+def _link(sched, **limits):
+    from pathlib import Path
+
+    from rlix.exec.config import LimitsConfig, load_config
+    from rlix.exec.gangs import SchedulerLink
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_two_jobs.yaml")
+    spec = cfg.jobs[1].pipeline_spec("large")
+    return SchedulerLink(pipeline_id="large", spec=spec, sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0)
+
+
+def test_a_gang_stage_is_booked_through_load_work_offload_and_release():
+    from rlix.core import Role
+
+    sched = _Scheduler(gpus=(2,), queued_s=0.0)
+    link = _link(sched)
+    trainer = _Trainer(lambda samples, adapter: asyncio.sleep(0, result="trained"))
+    value, _ = asyncio.run(link.run(Stage.ACTOR_TRAIN, trainer, lambda: trainer.train.remote([], "")))
+    assert value == "trained"
+    assert sched.calls == [("request", Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN), ("release", Stage.ACTOR_TRAIN)]
+    assert trainer.calls == ["reload", "offload"]
+    marks = [(e.gpus, e.activity) for e in link.rec.events]
+    assert marks == [((2,), Activity.SWITCH), ((2,), Activity.WORK), ((2,), Activity.SWITCH), ((2,), Activity.FREE)]
+    assert [s.kind for s in link.rec.switches] == [SwitchKind.STAGE_LOAD, SwitchKind.STAGE_OFFLOAD]
+    assert link.gpus_held() == () and link.rec.counters.control_calls == 2
+
+
+def test_a_stage_that_hangs_misses_its_deadline_and_keeps_its_gpus_booked():
+    from rlix.exec.rollout_control import WorkerTimeout
+
+    link = _link(_Scheduler(gpus=(2,), queued_s=0.0), stage_timeout_s=0.05)
+    trainer = _Trainer(lambda samples, adapter: asyncio.Event().wait())  # never returns
+    with pytest.raises(WorkerTimeout, match="stage actor_train"):
+        asyncio.run(link.run(Stage.ACTOR_TRAIN, trainer, lambda: trainer.train.remote([], "")))
+    assert link.gpus_held() == (2,)  # the coordinator's teardown frees them (and the job fails)
+
+
+def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
+    from rlix.exec.config import LimitsConfig
+    from rlix.exec.trainer_link import TrainerLink
+
+    async def main():
+        handle = _Trainer(lambda samples, adapter: None)
+        link = TrainerLink(handle, limits=LimitsConfig(), checkpoint=True)
+        streams = [Stream(name="x", recipe=FakeRecipe(), steps=6, staleness=0), Stream(name="y", recipe=FakeRecipe(), steps=6, staleness=0)]
+        handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={"x": 3, "y": 0}))
+        await link.start(streams)
+        assert (streams[0].start, streams[0].next_step, streams[0].version) == (3, 3, 3)
+        await link.publish("y", 1)
+        await link.publish("", 4)
+        full, version, adapters = link.weights()
+        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 1)]
+        assert "save_adapter" in handle.calls  # an adapter update is checkpointed
+
+    asyncio.run(main())

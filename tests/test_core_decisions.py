@@ -389,3 +389,16 @@ def test_a_receiver_with_less_work_than_a_switch_takes_no_busy_worker():
     assert not plan.shrinks
     long = ReportDemand(pipeline_id="b", pending=40, trajectory_s=600.0, switch_s=30.0, batch_size=40)
     assert sched.step(10, [demand("a", 68, loads), long]).shrinks
+
+
+def test_between_donors_equally_above_their_share_the_one_furthest_from_finishing_gives():
+    # a and b hold four workers each with 40 trajectories left; a is 80% through its batch,
+    # b has just started. c's floor costs one worker: b gives it, not a (lower GPU ids).
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(min_residency_s=0.0))
+    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(0, 8)), spec("c", (0,), range(0, 8)))
+    sched.step(0, [demand("a", 40, batch=200), demand("b", 40)])
+    assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7], "c": []}
+    loads = {pid: {g: 4 for g in gpus} for pid, gpus in owners(sched).items()}
+    plan = sched.step(5, [demand("a", 24, loads["a"], batch=200), demand("b", 24, loads["b"]), demand("c", 10)])
+    assert [s.worker.pipeline_id for s in plan.shrinks] == ["b"]
+    assert len(owners(sched)["a"]) == 4 and len(owners(sched)["b"]) == 3 and len(owners(sched)["c"]) == 1

@@ -60,6 +60,7 @@ def test_notebook_runs_and_reports(executed):
     assert re.search(r"advantage over static (falls|rises|stays) from \*\*\d+\.\d\dx\*\*", text)
     assert "backlog_weight" in text
     assert re.search(r"Weighting by duration moves utilization from \d\.\d{3} to \*\*\d\.\d{3}\*\*", text)
+    assert re.search(r"The fastest mode \(streaming[^)]*\) brings the interval to \*\*[\d,]+ s\*\* \(-\d+\.\d%\)", text)
     assert re.search(r"\d+ replays in \d+\.\d s", text)
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 3  # comparison, switch-cost sweep, backlog_weight sweep

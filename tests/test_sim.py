@@ -51,6 +51,11 @@ def small_traces(draw):
             p["partial_rollout"] = mode == "partial"
         if draw(st.booleans()):
             p["decode_speed"] = {"knee": draw(st.integers(1, 8)), "exponent": draw(st.sampled_from([0.5, 1.0, 2.0]))}
+        if draw(st.booleans()):
+            p["stage_cost"] = {"reference_gpus": draw(st.integers(1, 4)), "token_fraction": draw(st.sampled_from([0.0, 0.5])),
+                               "share_load": draw(st.booleans())}
+        if draw(st.booleans()):
+            p["arrivals"] = {"per_hour": 60.0, "count": draw(st.integers(1, 2)), "seed": i}
         if kind == "multi_lora":
             p["adapters"] = [{"id": f"p{i}-a{j}", "generate": gen(10 * i + j)} for j in range(draw(st.integers(1, 3)))]
         else:

@@ -19,7 +19,7 @@ from rlix.metrics import Activity
 @dataclass(kw_only=True)
 class Counters:
     requeued: int = 0  # trajectories put back in the queue (abort or dead worker)
-    preemptions: int = 0  # shrinks of a rollout worker other than the pipeline leaving (as in the simulator)
+    preemptions: int = 0  # shrinks that interrupted running trajectories (as in the simulator)
     workers_lost: int = 0  # worker processes that died or were killed (not woken in time)
     control_s: float = 0.0  # blocking control-plane seconds beyond waiting for GPUs
     control_calls: int = 0

@@ -98,7 +98,7 @@ class JobResult:
     switches: tuple[SwitchRecord, ...] = ()
     requeued: int = 0
     lost: int = 0
-    preemptions: int = 0  # shrinks of a rollout worker other than the pipeline leaving (as in the simulator)
+    preemptions: int = 0  # shrinks that interrupted running trajectories (as in the simulator)
     workers_lost: int = 0  # rollout worker processes that died or were killed (missed a deadline)
     control_overhead_s: float = 0.0  # blocking control-plane time beyond waiting for GPUs
     control_calls: int = 0

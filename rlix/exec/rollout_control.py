@@ -176,8 +176,8 @@ class RolloutControl:
         if w is None:
             return
         gen = self.pool.bump(w)
-        if reason != ShrinkReason.UNREGISTER.value:
-            self.rec.counters.preemptions += 1  # as the simulator counts: every shrink but the pipeline leaving
+        if w.state is WorkerState.AWAKE and any(task is not None for task in w.inflight.values()):
+            self.rec.counters.preemptions += 1  # as the simulator counts: a shrink that interrupted running trajectories
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):
             self._release(w, gen)  # nothing on the GPUs yet (or any more)
             return

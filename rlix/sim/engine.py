@@ -21,6 +21,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import simpy
 
@@ -79,6 +80,73 @@ class SimWorker:
         self.rate = 1.0  # decode speed of each generating trajectory (fraction of full speed)
 
 
+def settle(t: Traj, rate: float, now: float) -> None:
+    """Stamp ``t``'s progress at ``now``: its current segment ran since ``t.started`` at ``rate`` (generation) or wall time (tool)."""
+    t.remaining = max(t.remaining - max(0.0, now - t.started) * (rate if t.generating else 1.0), 0.0)
+
+
+class Timeline:
+    """When each running segment ends and each loading worker is ready: two heaps, each entry with a unique sequence number."""
+
+    def __init__(self) -> None:
+        self.ends: list[tuple[float, int, int, Traj]] = []  # (segment end, seq, token, traj); stale when token moved on
+        self.loading: list[tuple[float, int, int, SimWorker]] = []  # (ready_at, first GPU, seq, worker): a dead worker may share the GPU
+        self._seq = 0
+
+    def schedule(self, t: Traj, w: SimWorker, start: float) -> None:
+        """(Re)time ``t``'s current segment from ``start``: tool time is wall time; generation runs at the worker's rate."""
+        t.started = start
+        t.token += 1
+        self._seq += 1
+        end = start + (t.remaining / w.rate if t.generating else t.remaining)
+        heapq.heappush(self.ends, (end, self._seq, t.token, t))
+
+    def loads_until(self, w: SimWorker, ready_at: float) -> None:
+        self._seq += 1
+        heapq.heappush(self.loading, (ready_at, w.worker.gpus[0], self._seq, w))
+
+    def next_wake(self) -> float | None:
+        ends, loading = self.ends, self.loading
+        while ends and ends[0][2] != ends[0][3].token:
+            heapq.heappop(ends)
+        while loading and not loading[0][3].alive:
+            heapq.heappop(loading)
+        times = [h[0][0] for h in (ends, loading) if h]
+        return min(times) if times else None
+
+    def loaded(self, now: float) -> list[SimWorker]:
+        """Live workers whose load (or weight sync) ended by ``now``."""
+        out = []
+        while self.loading and self.loading[0][0] <= now:
+            w = heapq.heappop(self.loading)[3]
+            if w.alive:
+                out.append(w)
+        return out
+
+    def ending(self, now: float):
+        """Trajectories whose current segment ends by ``now``, in end order (stale entries skipped)."""
+        ends = self.ends
+        while ends and ends[0][0] <= now:
+            _, _, token, t = heapq.heappop(ends)
+            if token == t.token:
+                yield t
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """How a pipeline's rollout behaves (from its trace entry)."""
+
+    slots: int  # trajectories one worker runs at once
+    weight_sync_s: float
+    adapter_sync_s: float
+    requeue: bool  # True: restart aborted trajectories; False: continue them
+    resume_s: float  # seconds to re-prefill a continued trajectory
+    lora: bool = False  # multi-LoRA: adapters load per trajectory, beside the others
+    streaming: bool = False  # workers move to the newest weights; batches overlap
+    partial: bool = False  # streaming: sync weights under running trajectories (they go on)
+    speed: Speed | None = None  # None: every trajectory decodes at full speed
+
+
 class RolloutEngine:
     """Runs a pipeline's trajectories on the workers the plan gives it."""
 
@@ -87,48 +155,31 @@ class RolloutEngine:
         env: simpy.Environment,
         *,
         pipeline_id: str,
-        slots: int,
+        options: EngineOptions,
         usage: UsageRecorder,
-        weight_sync_s: float,
-        adapter_sync_s: float,
-        requeue: bool,
-        resume_s: float,
         on_change: Callable[[], None],
         on_pending: Callable[[bool], None],
-        lora: bool = False,
-        streaming: bool = False,
-        partial: bool = False,
-        speed: Speed | None = None,
     ) -> None:
         self.env = env
         self.pipeline_id = pipeline_id
-        self.slots = slots
+        self.opts = options
+        self.slots = options.slots
         self.usage = usage
-        self.weight_sync_s = weight_sync_s
-        self.adapter_sync_s = adapter_sync_s
-        self.requeue = requeue  # True: restart aborted trajectories; False: continue them
-        self.resume_s = resume_s  # seconds to re-prefill a continued trajectory
         self.on_change = on_change  # demand changed: the simulator asks for a report later
         self.on_pending = on_pending  # True / False when trajectories start / stop waiting for a slot
-        self.lora = lora  # multi-LoRA: adapters load per trajectory, beside the others
-        self.streaming = streaming  # workers move to the newest weights; batches overlap
-        self.partial = partial  # streaming: sync weights under running trajectories (they go on)
-        self.speed = speed  # None: every trajectory decodes at full speed
+        self.timeline = Timeline()
         self.newest: dict[int, int] = {}  # stream -> newest trained weight version
         self._had_pending = False
         self._scan_all = False  # new work arrived: every worker may have free slots
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self.pending: deque[Traj] = deque()
-        self.heap: list[tuple[float, int, int, Traj]] = []  # (segment end, seq, token, traj)
-        self.loading: list[tuple[float, int, SimWorker]] = []  # (ready_at, first GPU, worker)
         self.running = 0
         self.batch_left = 0  # trajectories of unfinished batches
         self.completed = 0
         self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
         self.aborted = 0
         self.switch_extra = 0.0  # GPU-seconds of adapter sync inside busy workers
-        self._seq = 0
         self._made = 0  # trajectories created: their idx
         self._sleeping = False
         self.proc = env.process(self._run())
@@ -150,14 +201,14 @@ class RolloutEngine:
     def set_version(self, stream: int, version: int) -> None:
         """A stream's newest trained weights (streaming: idle workers move to them)."""
         self.newest[stream] = version
-        if self.streaming:
+        if self.opts.streaming:
             self._scan_all = True
             self._kick()
 
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         w = SimWorker(worker, ready_at, versions)
         self.workers[worker.gpus[0]] = w
-        heapq.heappush(self.loading, (ready_at, worker.gpus[0], w))
+        self.timeline.loads_until(w, ready_at)
         self._kick()
 
     def remove_worker(self, worker: RolloutWorker) -> int:
@@ -167,14 +218,13 @@ class RolloutEngine:
         now = self.env.now
         aborted = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
         for t in reversed(aborted):
-            if self.requeue:
+            if self.opts.requeue:
                 t.seg = 0
                 t.remaining = float(t.segments[0])
                 t.version = -1
             else:
-                rate = w.rate if t.generating else 1.0
-                # Re-prefill on the new worker (charged to the current segment, tool or not).
-                t.remaining = max(t.remaining - max(0.0, now - t.started) * rate, 0.0) + self.resume_s
+                settle(t, w.rate, now)
+                t.remaining += self.opts.resume_s  # re-prefill on the new worker (charged to the current segment, tool or not)
             t.token += 1
             t.worker = None
             self.pending.appendleft(t)
@@ -218,7 +268,7 @@ class RolloutEngine:
     def _run(self):
         env = self.env
         while True:
-            wake = self._next_wake()
+            wake = self.timeline.next_wake()
             self._sleeping = True
             try:
                 if wake is None:
@@ -230,27 +280,8 @@ class RolloutEngine:
             self._sleeping = False
             self._advance(env.now)
 
-    def _next_wake(self) -> float | None:
-        heap = self.heap
-        while heap and heap[0][2] != heap[0][3].token:
-            heapq.heappop(heap)
-        loading = self.loading
-        while loading and not loading[0][2].alive:
-            heapq.heappop(loading)
-        times = []
-        if heap:
-            times.append(heap[0][0])
-        if loading:
-            times.append(loading[0][0])
-        return min(times) if times else None
-
     def _advance(self, now: float) -> None:
-        touched: dict[int, SimWorker] = {}
-        loading = self.loading
-        while loading and loading[0][0] <= now:
-            _, g, w = heapq.heappop(loading)
-            if w.alive:
-                touched[g] = w
+        touched = {w.worker.gpus[0]: w for w in self.timeline.loaded(now)}
         finished = self._segments_ending(now, touched)
         if self.pending:
             # Only workers whose state changed can have a usable free slot,
@@ -264,14 +295,14 @@ class RolloutEngine:
                 if not self.pending:
                     break
             self._note_pending()
-        elif self.streaming and self._scan_all:
+        elif self.opts.streaming and self._scan_all:
             for g in sorted(self.workers):
                 if self._refresh_idle(self.workers[g], now):
                     touched[g] = self.workers[g]
         self._scan_all = False
         for g in sorted(touched):
             w = touched[g]
-            if self.speed is not None and w.alive:
+            if self.opts.speed is not None and w.alive:
                 self._retime(w, now)
             if w.alive and w.ready_at <= now:
                 act = Activity.WORK if w.generating else Activity.HELD
@@ -281,12 +312,8 @@ class RolloutEngine:
 
     def _segments_ending(self, now: float, touched: dict[int, SimWorker]) -> int:
         """Pop every segment that ends by ``now``: finish trajectories, or move them to their next segment."""
-        heap = self.heap
         finished = 0
-        while heap and heap[0][0] <= now:
-            _, _, token, t = heapq.heappop(heap)
-            if token != t.token:
-                continue
+        for t in self.timeline.ending(now):
             w = t.worker
             touched[w.worker.gpus[0]] = w
             if t.seg + 1 < len(t.segments):
@@ -313,28 +340,20 @@ class RolloutEngine:
         w.generating += -1 if t.generating else 1
         t.seg += 1
         t.remaining = float(t.segments[t.seg])
-        self._schedule(t, w, now)
-
-    def _schedule(self, t: Traj, w: SimWorker, start: float) -> None:
-        """(Re)time ``t``'s current segment from ``start``: tool time is wall time; generation runs at the worker's rate."""
-        t.started = start
-        t.token += 1
-        self._seq += 1
-        end = start + (t.remaining / w.rate if t.generating else t.remaining)
-        heapq.heappush(self.heap, (end, self._seq, t.token, t))
+        self.timeline.schedule(t, w, now)
 
     def _retime(self, w: SimWorker, now: float) -> None:
         """Decode speed follows the worker's generating count: settle progress at the old rate, go on at the new."""
-        rate = self.speed(w.generating) if w.generating else 1.0
+        rate = self.opts.speed(w.generating) if w.generating else 1.0
         if rate == w.rate:
             return
         for t in w.active.values():
             if t.generating:
-                t.remaining = max(t.remaining - max(0.0, now - t.started) * w.rate, 0.0)
+                settle(t, w.rate, now)
         w.rate = rate
         for t in w.active.values():
             if t.generating:
-                self._schedule(t, w, max(now, t.started))
+                self.timeline.schedule(t, w, max(now, t.started))
 
     def _note_pending(self) -> None:
         has = bool(self.pending)
@@ -345,17 +364,17 @@ class RolloutEngine:
     def _sync(self, w: SimWorker, stream: int, version: int, now: float) -> None:
         """Load full weights ``version`` on ``w``; running trajectories (partial rollout) pause meanwhile."""
         w.versions[stream] = version
-        w.ready_at = now + self.weight_sync_s
+        w.ready_at = now + self.opts.weight_sync_s
         for t in w.active.values():
             if t.generating:
-                t.remaining = max(t.remaining - max(0.0, now - t.started) * w.rate, 0.0)
-                self._schedule(t, w, max(w.ready_at, t.started))
-        heapq.heappush(self.loading, (w.ready_at, w.worker.gpus[0], w))
+                settle(t, w.rate, now)
+                self.timeline.schedule(t, w, max(w.ready_at, t.started))
+        self.timeline.loads_until(w, w.ready_at)
         self.usage.set(w.worker.gpus, now, Activity.SWITCH, self.pipeline_id, "weight_sync")
 
     def _refresh_idle(self, w: SimWorker, now: float) -> bool:
         """Streaming: an idle full-weight worker moves to the newest weights before it is needed."""
-        if self.lora or w.active or w.ready_at > now:
+        if self.opts.lora or w.active or w.ready_at > now:
             return False  # adapters load per trajectory instead
         for stream in sorted(self.newest):
             if w.versions.get(stream, -1) < self.newest[stream]:
@@ -371,18 +390,18 @@ class RolloutEngine:
             t = pending[0]
             batch = t.batch
             have = w.versions.get(batch.stream, -1)
-            want = self.newest.get(batch.stream, batch.version) if self.streaming else batch.version
+            want = self.newest.get(batch.stream, batch.version) if self.opts.streaming else batch.version
             delay = 0.0
-            if have < batch.version or (self.streaming and not w.active and have < want):
+            if have < batch.version or (self.opts.streaming and not w.active and have < want):
                 if not batch.lora:
-                    if w.active and not self.partial:
+                    if w.active and not self.opts.partial:
                         break  # full weights change only on an idle worker: drain first
                     # Sync the newest weights before decoding (on demand, from the CPU copy).
                     self._sync(w, batch.stream, max(want, batch.version), now)
                     return started
                 # A LoRA adapter loads beside the others; its load delays this trajectory.
                 w.versions[batch.stream] = max(want, batch.version)
-                delay = self.adapter_sync_s
+                delay = self.opts.adapter_sync_s
                 self.switch_extra += delay * len(w.worker.gpus)
             pending.popleft()
             t.worker = w
@@ -392,6 +411,6 @@ class RolloutEngine:
             if t.generating:
                 w.generating += 1
             self.running += 1
-            self._schedule(t, w, now + delay)
+            self.timeline.schedule(t, w, now + delay)
             started = True
         return started

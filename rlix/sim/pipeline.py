@@ -29,7 +29,7 @@ import simpy
 from rlix.core import Event, PipelineSpec, Register, ReleaseStage, ReportDemand, RequestStage, Stage, Unregister
 from rlix.job import GangPhase, demand_report, gang_activity, rollout_gate, stage_gpus, stage_role, step_sequence
 from rlix.metrics import PipelineTally, UsageRecorder
-from rlix.sim.engine import Batch, RolloutEngine
+from rlix.sim.engine import Batch, EngineOptions, RolloutEngine
 from rlix.sim.trace import PipelineModel, Step, speed_curve
 
 
@@ -76,21 +76,24 @@ class SimPipeline:
         self.tally = PipelineTally(arrival_s=model.arrival_s)
         self.history: list[StepRecord] = []
         self.done = False
-        self.engine = RolloutEngine(
-            self.env,
-            pipeline_id=self.pid,
+        options = EngineOptions(
             slots=model.slots_per_worker,
-            usage=host.usage,
             weight_sync_s=model.switch.weight_sync_s,
             adapter_sync_s=model.switch.adapter_sync_s,
             requeue=model.preempt == "requeue",
             resume_s=model.switch.resume_s,
-            on_change=lambda: host.demand_changed(self.pid),
-            on_pending=lambda waiting: host.waiting_changed(self.pid, waiting),
             lora=self.lora,
             streaming=self.streaming,
             partial=model.partial_rollout,
             speed=speed_curve(model.decode_speed),
+        )
+        self.engine = RolloutEngine(
+            self.env,
+            pipeline_id=self.pid,
+            options=options,
+            usage=host.usage,
+            on_change=lambda: host.demand_changed(self.pid),
+            on_pending=lambda waiting: host.waiting_changed(self.pid, waiting),
         )
         self.proc = self.env.process(self._run())
 

@@ -165,7 +165,178 @@ def large(seed: int) -> dict:
     }
 
 
-SCENARIOS: dict[str, Scenario] = {"single": single, "two_jobs": two_jobs, "mixed_agentic": mixed_agentic, "large": large}
+# ------------------------------------------------------------------ calibrated scenarios
+#
+# Each cites the published figures it is fitted to. Response lengths become
+# seconds of decoding at an assumed per-trajectory decode speed (DECODE_TPS).
+
+DECODE_TPS = 60.0  # tokens per second one trajectory decodes at full speed (7B model, vLLM, batch of 64)
+
+
+def _tokens_s(tokens: float) -> float:
+    return round(tokens / DECODE_TPS, 1)
+
+
+def verl_dapo_colocated(seed: int) -> dict:
+    """verl's colocated synchronous DAPO 7B step on 128 GPUs: 356 s = 178 s generation + 54 s old log-probs + 114 s update.
+
+    Source: verl's published DAPO 7B baseline (design brief, "Published
+    figures worth knowing"). Everything is colocated on 16 nodes x 8 GPUs; a
+    step rolls out 512 prompts x 16 responses with every trajectory in its own
+    slot (64 TP-2 workers x 128 slots), so the rollout lasts as long as its
+    slowest response: the 12K-token cap (8K + 4K overlong buffer) is reached
+    at the p99, and 12,288 tokens at 69 tokens/s is the published 178 s.
+    Switching is vLLM sleep-mode level 1 (wake 0.1-6 s); old log-probs and
+    the update share one model load on the training GPUs.
+    """
+    tps = 12_288 / 178.0  # tokens/s that make the cap the published generation time
+    job = {
+        "id": "dapo-7b",
+        "roles": {"actor_train": {"gpus": "0-127"}, "actor_infer": {"gpus": "0-127", "gpus_per_worker": 2}},
+        "slots_per_worker": 128,
+        "init_s": 90.0,  # cold load of a 7B model with optimizer state (30-100+ s)
+        "switch": {"offload_s": 2.0, "load_s": 2.0, "weight_sync_s": 1.0, "adapter_sync_s": 0.2, "resume_s": 1.0},
+        "stage_cost": {"reference_gpus": 128, "share_load": True},
+        "generate": {
+            "steps": 6,
+            "trajectories_per_step": 512 * 16,
+            "duration": {"median_s": round(1_200 / tps, 1), "p99_s": 178.0, "max_s": 178.0},
+            "stages": {"old_logprobs": 54.0, "actor_train": 114.0},
+            "seed": seed,
+        },
+    }
+    return {
+        "name": "verl_dapo_colocated",
+        "description": "verl's colocated synchronous DAPO 7B on 128 GPUs (published step: 356 s = 178 s generation + "
+                       "54 s old log-probs + 114 s actor update); 12K-token cap, vLLM sleep-mode switching.",
+        "cluster": {"nodes": 16, "gpus_per_node": 8},
+        "pipelines": [job],
+    }
+
+
+def async_disaggregated(seed: int) -> dict:
+    """Fully asynchronous RL: rollout and training on separate 64-GPU sets, staleness 1, streaming and partial rollout.
+
+    Sources (design brief): verl's fully-async recipe caps responses at 28K
+    tokens and runs rollout and training on disjoint GPU sets; the response
+    lengths are the common lognormal (median 500 tokens, p99 5,000); the
+    stage seconds are verl's DAPO 7B ones (54 s old log-probs, 114 s update on
+    128 GPUs) scaled to the 64 training GPUs by the stage cost model. The same
+    job in batch mode is ``rollout_mode: batch`` in the notebook's comparison.
+    """
+    job = {
+        "id": "async-7b",
+        "roles": {"actor_train": {"gpus": "64-127"}, "actor_infer": {"gpus": "0-63", "gpus_per_worker": 2}},
+        "staleness": 1,
+        "slots_per_worker": 128,
+        "rollout_mode": "streaming",
+        "partial_rollout": True,
+        "init_s": 90.0,
+        "switch": {"offload_s": 2.0, "load_s": 2.0, "weight_sync_s": 1.0, "adapter_sync_s": 0.2, "resume_s": 1.0},
+        "stage_cost": {"reference_gpus": 128, "token_fraction": 0.5, "share_load": True},
+        "generate": {
+            "steps": 6,
+            "trajectories_per_step": 512 * 16,
+            "duration": {"median_s": _tokens_s(500), "p99_s": _tokens_s(5_000), "max_s": _tokens_s(28_000)},
+            "stages": {"old_logprobs": 54.0, "actor_train": 114.0},
+            "seed": seed,
+        },
+    }
+    return {
+        "name": "async_disaggregated",
+        "description": "Fully asynchronous 7B job: rollout on GPUs 0-63, training on 64-127, staleness 1, streaming "
+                       "with partial rollout; 28K-token cap (verl fully-async), stage times from verl's DAPO 7B scaled to 64 GPUs.",
+        "cluster": {"nodes": 16, "gpus_per_node": 8},
+        "pipelines": [job],
+    }
+
+
+def agentic_swe(seed: int) -> dict:
+    """Agentic SWE jobs: many turns, long tool time, about 20 minutes a step.
+
+    Sources (design brief): agentic SWE training runs up to 100 turns per
+    rollout and about 20 minutes per step (NeMo Gym case study); responses up
+    to 32-64K tokens (DeepSWE). A trajectory here decodes 2K tokens median
+    (p99 20K, cap 48K) over 10-100 turns, with a tool call between turns of
+    5 s median (p99 60 s: test runs, builds); a tool call holds its slot and
+    KV but no compute. Two jobs on 4 nodes: one on-policy in batch mode, one
+    streaming with staleness 1; their rollout may use every GPU. (128
+    trajectories a step keep the replay quick; the shape is what matters.)
+    """
+    tools = {"turns": 10, "turns_max": 100, "tool": {"median_s": 5.0, "p99_s": 60.0, "max_s": 300.0}, "seed": seed + 1}
+    jobs = []
+    for i, (pid, mode, stale) in enumerate((("swe-batch", "batch", 0), ("swe-stream", "streaming", 1))):
+        lo = 16 * i
+        jobs.append({
+            "id": pid,
+            "arrival_s": 600.0 * i,
+            "roles": {"actor_train": {"gpus": _range(lo, lo + 7)}, "actor_infer": {"gpus": "0-31", "gpus_per_worker": 2}},
+            "home": _range(lo, lo + 15),
+            "staleness": stale,
+            "rollout_mode": mode,
+            "slots_per_worker": 32,
+            "init_s": 90.0,
+            "switch": {"offload_s": 2.0, "load_s": 4.0, "weight_sync_s": 2.0, "adapter_sync_s": 0.2, "resume_s": 3.0},
+            "decode_speed": {"knee": 16, "exponent": 0.7},
+            "generate": {
+                "steps": 3,
+                "trajectories_per_step": 128,
+                "duration": {"median_s": _tokens_s(2_000), "p99_s": _tokens_s(20_000), "max_s": _tokens_s(48_000)},
+                "stages": {"old_logprobs": 60.0, "actor_train": 150.0},
+                "stage_jitter": 0.1,
+                "seed": seed + 10 * i,
+                "agentic": tools,
+            },
+        })
+    return {
+        "name": "agentic_swe",
+        "description": "Two agentic SWE jobs on 4x8 GPUs: 10-100 turns per trajectory, 5 s median tool calls (p99 60 s), "
+                       "about 20 minutes a step (NeMo Gym), 48K-token cap (DeepSWE); one batch on-policy, one streaming with staleness 1.",
+        "cluster": {"nodes": 4, "gpus_per_node": 8},
+        "pipelines": jobs,
+    }
+
+
+def queued_cluster(seed: int) -> dict:
+    """A multi-tenant cluster with a job queue: small RLVR tasks arrive as a Poisson process.
+
+    Source (design brief): the seed article's RL-aware scheduler claim,
+    12 -> 47 tasks per hour and average task latency 14.5 -> 4.1 minutes on
+    a shared cluster. Eight templates, one per node of 8 x 8 GPUs, each
+    receive five tasks at 6 an hour (about 48 tasks an hour offered to the
+    cluster); a task alone takes about 4 minutes (4 steps of 256
+    trajectories, RLVR lengths: median 500 tokens, p99 5,000, 8K cap) and its
+    rollout may use any GPU.
+    """
+    jobs = []
+    for node in range(8):
+        lo = 8 * node
+        job = _job(f"task-n{node}", arrival=0.0, train=(lo, lo + 1), infer=(0, 63), steps=4, trajectories=256,
+                   median_s=_tokens_s(500), p99_s=_tokens_s(5_000), max_s=_tokens_s(8_192),
+                   typical_rollout_s=_tokens_s(2_000), seed=seed + node, slots=32)
+        job["home"] = _range(lo, lo + 7)
+        job["init_s"] = 20.0
+        job["arrivals"] = {"per_hour": 6.0, "count": 5, "seed": seed * 31 + node}
+        jobs.append(job)
+    return {
+        "name": "queued_cluster",
+        "description": "Multi-tenant 8x8 GPU cluster: 40 small RLVR tasks arriving as Poisson processes (6/hour per node, "
+                       "about 48/hour in all), each about 4 minutes alone; calibrated by the seed article's tasks/hour and latency figures.",
+        "cluster": {"nodes": 8, "gpus_per_node": 8},
+        "pipelines": jobs,
+    }
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "single": single,
+    "two_jobs": two_jobs,
+    "mixed_agentic": mixed_agentic,
+    "large": large,
+    "verl_dapo_colocated": verl_dapo_colocated,
+    "async_disaggregated": async_disaggregated,
+    "agentic_swe": agentic_swe,
+    "queued_cluster": queued_cluster,
+}
 
 
 def build(name: str, seed: int = 0) -> TraceModel:

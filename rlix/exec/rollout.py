@@ -4,9 +4,10 @@ A :class:`RolloutBackend` owns one rollout worker's engine on the GPUs the
 plan gave the worker's process. Its life: ``load`` (cold start) ->
 ``generate``/``update_weights`` while awake -> ``abort`` + ``sleep`` when the
 plan shrinks it (weights dropped) -> ``wake`` with the newest CPU weights when
-the plan expands it again. The torch backend here runs without a GPU; a vLLM
-backend (sleep levels, batched engine) slots in behind the same interface and
-is imported only when a config asks for it.
+the plan expands it again. The torch backend here runs without a GPU; the vLLM
+backend (sleep levels, batched engine, tensor parallelism; on GPU or CPU)
+slots in behind the same interface and is imported only when a config asks
+for it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class VllmOptions:
     enforce_eager: bool = True  # no CUDA graphs: faster start, less memory
     max_model_len: int | None = None  # tokens (prompt + completion); None = the checkpoint's own limit
     dtype: str = "bfloat16"  # engine weights (the trainer's float32 snapshot is cast on load)
+    kv_cache_gib: float | None = None  # KV cache per engine rank (GiB); None: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host
 
 
 class RolloutBackend(abc.ABC):
@@ -322,12 +324,18 @@ class TorchRolloutBackend(RolloutBackend):
         )
 
 
-def make_backend(kind: str, emulation: Emulation = Emulation(), lora: LoraSpec | None = None, vllm: VllmOptions = VllmOptions()) -> RolloutBackend:
-    """The rollout backend a config names; vLLM is imported only when asked for."""
+def make_backend(
+    kind: str, emulation: Emulation = Emulation(), lora: LoraSpec | None = None, vllm: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)
+) -> RolloutBackend:
+    """The rollout backend a config names; vLLM is imported only when asked for.
+
+    ``devices`` are the worker's GPUs (node-local ids, its bundle): a vLLM
+    engine spans them with tensor parallelism.
+    """
     if kind == "vllm":
         from rlix.exec.vllm_backend import VllmRolloutBackend
 
-        return VllmRolloutBackend(lora=lora, options=vllm)
+        return VllmRolloutBackend(lora=lora, options=vllm, devices=devices)
     return TorchRolloutBackend(emulation, lora=lora)
 
 

@@ -196,6 +196,33 @@ def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir, engin
     assert rest.logprobs[: len(partial.logprobs)] == partial.logprobs and len(rest.logprobs) == len(rest.token_ids)
 
 
+def test_sleep_while_requests_keep_arriving_leaves_none_waiting(model_dir, engines):
+    """Every request sent around a sleep returns (done, aborted, or refused as asleep): none is left in a parked engine."""
+    b = fresh(engines(), model_dir)
+    stop = threading.Event()
+    counts = [0] * 4
+
+    def client(k):
+        while not stop.is_set():
+            r = b.generate(_req(PROMPTS[k], traj_id=k, n=8, seed=counts[k]))
+            counts[k] += 1
+            if not b.awake and r.token_ids == ():
+                return
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    b.sleep()
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a request was left waiting in the sleeping engine"
+    assert sum(counts) > len(threads)
+    b.wake(v0(model_dir))
+    assert b.generate(_req(temperature=1e-5)).finished
+
+
 # ------------------------------------------------------------------ LoRA
 
 
@@ -306,3 +333,12 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
     assert sorted({s.stream for s in out.results["lora"].steps}) == ["a", "b"]
     assert all((tmp_path / "ck" / n / "state.pt").is_file() for n in ("a", "b"))
     assert Path(out.files["trace"]).is_file()
+
+
+def test_the_cpu_vllm_example_validates():
+    """examples/cpu_vllm.yaml: both jobs on vLLM, one of them on a tensor-parallel (2-GPU) rollout worker."""
+    from rlix.exec.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_vllm.yaml")
+    assert [j.rollout_backend for j in cfg.jobs] == ["vllm", "vllm"]
+    assert cfg.jobs[0].roles["actor_infer"].gpus_per_worker == 2

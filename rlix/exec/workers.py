@@ -46,10 +46,12 @@ class RolloutWorkerActor:
         self, emulation: Emulation, lora: LoraSpec | None = None, backend: str = "torch", vllm: VllmOptions = VllmOptions(), fault: WorkerFault = WorkerFault()
     ) -> None:
         _setup_process()
-        self.backend = make_backend(backend, emulation, lora, vllm)
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.fault = fault
         self._dying = False
+        # The bundle placement pinned this process to (logical ids on a CPU host): a vLLM engine spans it.
+        devices = tuple(int(g) for g in self.visible.split(",") if g.strip()) or (0,)
+        self.backend = make_backend(backend, emulation, lora, vllm, devices)
 
     def prepare(self, model_path: str) -> float:
         """Start-up that needs no GPU (imports, config): done at the job's init."""

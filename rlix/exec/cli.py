@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except api.ClusterError as exc:
         print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
         return 2
+    except ConfigError as exc:  # data that reads but cannot train (found when tokenized, before any actor)
+        print(f"rlix-run: config error: {exc}", file=sys.stderr)
+        return 2
     m = outputs.metrics
     print(f"makespan_s={m.makespan_s:.1f} gpu_utilization={m.gpu_utilization:.3f} idle_fraction={m.idle_fraction:.3f} "
           f"switch_overhead_fraction={m.switch_overhead_fraction:.3f} trajectories_lost={m.trajectories_lost} "

@@ -44,6 +44,7 @@ from rlix.exec.records import (
     TrajRecord,
 )
 from rlix.exec.rollout import Emulation, GenResult
+from rlix.exec.steplog import StepLog
 from rlix.metrics import Activity
 
 
@@ -102,7 +103,10 @@ class FaultInjected(RuntimeError):
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class PipelineCoordinator:
-    def __init__(self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler, emulation: Emulation, t0: float) -> None:
+    def __init__(
+        self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler, emulation: Emulation, t0: float,
+        recipe: Recipe | None = None, steplog: StepLog | None = None,
+    ) -> None:
         self.pid = pipeline_id
         self.job = job
         self.model_dir = model_dir
@@ -118,7 +122,8 @@ class PipelineCoordinator:
                 for i, a in enumerate(job.adapters)
             ]
         else:
-            self.streams = [Stream(name="", recipe=Recipe.for_job(job, model_dir), steps=job.steps, staleness=job.staleness)]
+            self.streams = [Stream(name="", recipe=recipe or Recipe.for_job(job, model_dir), steps=job.steps, staleness=job.staleness)]
+        self.steplog = steplog  # per-step metrics.jsonl (None: not written)
         self.tick_lock: asyncio.Lock | None = None
         self.slots: dict[int, WorkerSlot] = {}
         self.queue: collections.deque[Queued] = collections.deque()
@@ -176,6 +181,8 @@ class PipelineCoordinator:
             traceback.print_exc()
         finally:
             await self._teardown()
+            if self.steplog is not None:
+                self.steplog.close()
         return self._result(error)
 
     async def _init(self) -> None:
@@ -197,6 +204,8 @@ class PipelineCoordinator:
             if s.name:
                 s.start = s.version = s.snapshot_version = versions[s.name]
                 s.snapshot_ref = self.trainer.adapter_snapshot.remote(s.name)
+            elif job.checkpoint_dir:  # a resumed full finetune continues from its newest checkpoint
+                s.start = s.version = s.snapshot_version = self.snapshot_version = await self.trainer.trained_steps.remote()
         # Rollout processes on home bundles start now, asleep (imports and config only, no
         # GPU memory); an expand then only builds the engine and loads the newest weights.
         # Bundles borrowed from other jobs' homes are started on their first expand.
@@ -289,17 +298,19 @@ class PipelineCoordinator:
             ref, secs = await self._gang(Stage.REF_LOGPROBS, role, lambda: self.trainer.logprobs.remote(samples, True))
             stages.append((Stage.REF_LOGPROBS.value, secs))
             samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref)]
-        _, secs = await self._gang(Stage.ACTOR_TRAIN, None, lambda: self.trainer.train.remote(samples, adapter))
+        train_stats, secs = await self._gang(Stage.ACTOR_TRAIN, None, lambda: self.trainer.train.remote(samples, adapter))
         stages.append((Stage.ACTOR_TRAIN.value, secs))
         if adapter:
             stream.snapshot_ref = self.trainer.adapter_snapshot.remote(adapter)
             await stream.snapshot_ref
-            if self.job.checkpoint_dir:
+            if self._save_due(stream, step):
                 await self.trainer.save_adapter.remote(adapter)
         else:
             self.snapshot_ref = self.trainer.snapshot.remote()
             await self.snapshot_ref
             self.snapshot_version = step + 1
+            if self._save_due(stream, step):
+                await self.trainer.save_full.remote()
         stream.snapshot_version = step + 1
         await self._sync_live_workers(stream)  # before the bump: the next batch never meets old weights
         async with self.version_changed:
@@ -309,7 +320,7 @@ class PipelineCoordinator:
             self.version_changed.notify_all()
         recs = [self.traj_records[t.request.traj_id] for t in trajs]
         self.steps.append(
-            StepRecord(
+            record := StepRecord(
                 stream=stream.name,
                 step=step,
                 started_s=self.step_started[key],
@@ -320,6 +331,16 @@ class PipelineCoordinator:
                 min_weight_version=min(r.weight_version for r in recs),
             )
         )
+        if self.steplog is not None:
+            train_recs = [self.traj_records[t.request.traj_id] for t in trajs if not t.eval]
+            self.steplog.write(
+                stream=stream.name, t=record.finished_s, step=step, scored=scored, train=train_stats, tokens=[r.tokens for r in train_recs],
+                step_s=record.finished_s - record.started_s, staleness=step - min(r.weight_version for r in train_recs),
+            )
+
+    def _save_due(self, stream: Stream, step: int) -> bool:
+        """Checkpoint every save_every steps, and after the stream's last step."""
+        return bool(self.job.checkpoint_dir) and ((step + 1) % self.job.save_every == 0 or step + 1 >= stream.steps)
 
     async def _gang(self, stage: Stage, role: Role | None, work):
         """Run ``work`` on the trainer while ``stage`` holds its GPUs; returns (value, compute s)."""
@@ -526,6 +547,8 @@ class PipelineCoordinator:
 
     def _mark(self, gpus: Gpus, activity: Activity, stage: str) -> None:
         self.events.append(ActivityChange(t=self.now(), gpus=tuple(gpus), activity=activity, pipeline_id=self.pid if activity is not Activity.FREE else "", stage=stage))
+        if self.steplog is not None:
+            self.steplog.observe(self.events[-1].t, tuple(gpus), activity)
 
     async def progress(self) -> JobProgress:
         events, self.events = self.events, []

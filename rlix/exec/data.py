@@ -268,8 +268,8 @@ class DatasetPrompts:
             self._orders = {epoch: order}  # steps move forward: keep one epoch's order
         return self._orders[epoch]
 
-    def batch(self, step: int, n: int) -> list[PromptItem]:
-        """The ``n`` prompts of ``step`` (a pure function of seed, step and n)."""
+    def batch(self, step: int, n: int, rng: random.Random | None = None) -> list[PromptItem]:
+        """The ``n`` prompts of ``step`` (a pure function of seed, step and n; ``rng`` is not used)."""
         size = len(self.items)
         out = []
         for k in range(step * n, step * n + n):

@@ -14,6 +14,8 @@ from helpers import assert_config_error_names
 from rlix.exec.data import DatasetPrompts, PreparedPrompts, PromptItem, check_rows, read_rows
 from rlix.exec.rewards import RewardError, RewardRef, RewardSet
 
+pytestmark = pytest.mark.exec  # reads data with the datasets package (exec extra); no Ray, no torch
+
 ROOT = Path(__file__).resolve().parent.parent
 TRL = "tests/data/trl_rewards.py"
 

@@ -141,3 +141,33 @@ def test_full_finetune_checkpoint_round_trip(tmp_path, model_dir):
     fresh.train(samples)  # same optimizer state and step: the same next update
     for a, b in zip(learner.model.parameters(), fresh.model.parameters()):
         assert torch.allclose(a, b)
+
+
+def test_cli_refuses_a_job_whose_prompts_are_all_too_long(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    (tmp_path / "long.jsonl").write_text(json.dumps({"q": "1" * 400 + "="}) + "\n")
+    raw = {
+        "cluster": {"nodes": 1, "gpus_per_node": 1},
+        "output": {"dir": str(tmp_path / "out")},
+        "jobs": [
+            {
+                "name": "long",
+                "model": {"size": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
+                "data": {"path": str(tmp_path / "long.jsonl"), "prompt_field": "q"},
+                "rewards": [{"function": f"{ROOT}/tests/data/trl_rewards.py:reward_len"}],
+                "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
+            }
+        ],
+    }
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "rlix.exec.cli", str(cfg), "--no-console"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlix-run: config error: jobs[0].data.path: job 'long': "), proc.stderr
+    assert "longer than the model's limit of 256 tokens" in lines[0]
+    assert not (tmp_path / "out").exists()  # refused before any actor started or any output was written

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rlix-run: config error: {exc}", file=sys.stderr)
         return 2
-    missing = [name for name in ("ray", "torch", "transformers", "peft") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("ray", "torch", "transformers", "peft", "datasets") if importlib.util.find_spec(name) is None]
     if missing:
         print(f"rlix-run: the executor needs the exec extra ({', '.join(missing)} not installed); pip install -e '.[exec]'", file=sys.stderr)
         return 2

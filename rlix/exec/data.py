@@ -125,7 +125,10 @@ def _jsonl(p: Path, field: str) -> list[dict]:
 
 
 def _quiet():
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("path", "reading data needs the datasets package (in the exec extra); pip install -e '.[exec]'") from None
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()

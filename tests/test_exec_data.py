@@ -58,9 +58,14 @@ def test_weighted_sum_and_none_counts_zero():
     assert only_sub.values == (None, 1.0, 1.0) and only_sub.nones == 1 and only_sub.mean == 1.0
 
 
+def test_nan_is_no_opinion():
+    out = _score(_set(("nan_is_none", 1.0)), ["a", "b"])
+    assert out.functions[0].values == (None, 1.0) and out.totals == (0.0, 1.0)
+
+
 @pytest.mark.parametrize(
     "name, words",
-    [("raises", ["trl_rewards.py:raises", "raised ValueError", "bad thing"]), ("too_few", ["too_few", "returned 1 values for 3"]), ("not_numbers", ["not_numbers", "'high'"])],
+    [("infinite", ["infinite", "finite floats"]), ("raises", ["trl_rewards.py:raises", "raised ValueError", "bad thing"]), ("too_few", ["too_few", "returned 1 values for 3"]), ("not_numbers", ["not_numbers", "'high'"])],
 )
 def test_failing_function_is_named_in_one_line(name, words):
     with pytest.raises(RewardError) as info:

@@ -205,7 +205,7 @@ def _values(ref: RewardRef, out: object, n: int) -> tuple[float | None, ...]:
             x = float(v)
         except (TypeError, ValueError):
             raise RewardError(f"reward function {ref.function} returned {v!r}, not a number; return floats (or None)") from None
-        clean.append(None if math.isnan(x) else x)  # TRL treats NaN as no opinion too
         if math.isinf(x):
             raise RewardError(f"reward function {ref.function} returned {x}; return finite floats")
+        clean.append(None if math.isnan(x) else x)  # TRL treats NaN as no opinion too
     return tuple(clean)

@@ -59,3 +59,11 @@ def needs_missing_column(completions, solution, **kwargs):
 
 
 NOT_CALLABLE = 3
+
+
+def nan_is_none(completions, **kwargs):
+    return [float("nan")] + [1.0] * (len(completions) - 1)
+
+
+def infinite(completions, **kwargs):
+    return [float("inf")] * len(completions)

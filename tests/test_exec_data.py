@@ -234,3 +234,17 @@ def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "jobs[0]." in lines[0] and "arith" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
+    from rlix.exec.cli import exit_status
+    from rlix.exec.records import JobResult, JobStatus
+
+    ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)
+    crashed = JobResult(pipeline_id="x", status=JobStatus.FAILED, error="ActorDiedError")
+    bad = JobResult(pipeline_id="arith", status=JobStatus.FAILED, error="RewardError: reward function f.py:g raised KeyError: 'a'", bad_input=True)
+    assert exit_status({"copy": ok}) == 0
+    assert exit_status({"copy": ok, "x": crashed}) == 1
+    capsys.readouterr()
+    assert exit_status({"copy": ok, "x": crashed, "arith": bad}) == 2
+    assert capsys.readouterr().err == "rlix-run: job arith: RewardError: reward function f.py:g raised KeyError: 'a'\n"

@@ -68,6 +68,7 @@ def test_raising_reward_fails_only_its_job_with_one_line(run):
     assert broken.status is JobStatus.FAILED
     assert "RewardError" in broken.error and "fails_at_run.py:flaky" in broken.error and "KeyError" in broken.error
     assert "\n" not in broken.error
+    assert broken.bad_input and not first.results["copy"].bad_input
     assert len(first.results["copy"].steps) == 4
 
 

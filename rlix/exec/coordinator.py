@@ -43,6 +43,7 @@ from rlix.exec.records import (
     SwitchRecord,
     TrajRecord,
 )
+from rlix.exec.rewards import RewardError
 from rlix.exec.rollout import Emulation, GenResult
 from rlix.exec.steplog import StepLog
 from rlix.metrics import Activity
@@ -165,6 +166,7 @@ class PipelineCoordinator:
         self.tick_lock = asyncio.Lock()
         self.status = JobStatus.RUNNING
         error = ""
+        bad_input = False
         try:
             me = ray.get_runtime_context().current_actor
             await self._control(self.sched.register.remote(self.spec, me))
@@ -175,6 +177,8 @@ class PipelineCoordinator:
             self.tasks += trainers
             await asyncio.gather(*trainers)
             self.status = JobStatus.FINISHED
+        except RewardError as exc:  # the user's reward function failed: a one-line reason, no traceback
+            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc}", True
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
             error = f"{type(exc).__name__}: {exc}"
@@ -183,7 +187,7 @@ class PipelineCoordinator:
             await self._teardown()
             if self.steplog is not None:
                 self.steplog.close()
-        return self._result(error)
+        return replace(self._result(error), bad_input=bad_input)
 
     async def _init(self) -> None:
         t0 = self.now()

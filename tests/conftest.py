@@ -6,7 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-EXEC_EXTRA = ("ray", "torch", "transformers", "peft")
+EXEC_EXTRA = ("ray", "torch", "transformers", "peft", "datasets")
 MISSING = [name for name in EXEC_EXTRA if importlib.util.find_spec(name) is None]
 
 

@@ -252,6 +252,7 @@ class _Trainer:
         self.reload, self.offload = note("reload"), note("offload")
         self.snapshot, self.adapter_snapshot = note("snapshot", "w"), note("adapter_snapshot", "a")
         self.save_adapter, self.adapter_versions = note("save_adapter"), note("adapter_versions", {"x": 3})
+        self.save_full, self.trained_steps = note("save_full"), note("trained_steps", 2)
         self.train = _Remote(work)
 
 
@@ -298,15 +299,35 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
 
     async def main():
         handle = _Trainer(lambda samples, adapter: None)
-        link = TrainerLink(handle, limits=LimitsConfig(), checkpoint=True)
+        link = TrainerLink(handle, limits=LimitsConfig(), checkpoint_dir="/ckpt", save_every=2)
         streams = [Stream(name="x", recipe=FakeRecipe(), steps=6, staleness=0), Stream(name="y", recipe=FakeRecipe(), steps=6, staleness=0)]
         handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={"x": 3, "y": 0}))
         await link.start(streams)
         assert (streams[0].start, streams[0].next_step, streams[0].version) == (3, 3, 3)
-        await link.publish("y", 1)
-        await link.publish("", 4)
+        await link.publish(streams[1], 1)
+        assert "save_adapter" not in handle.calls  # version 1 is not a multiple of save_every
+        await link.publish(streams[1], 2)
+        assert handle.calls.count("save_adapter") == 1  # an adapter update is checkpointed when due
+        await link.publish(Stream(name="", recipe=FakeRecipe(), steps=4, staleness=0), 4)
         full, version, adapters = link.weights()
-        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 1)]
-        assert "save_adapter" in handle.calls  # an adapter update is checkpointed
+        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 2)]
+        assert "save_full" in handle.calls  # the full model after its last step
+
+
+def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
+    from rlix.exec.config import LimitsConfig
+    from rlix.exec.trainer_link import TrainerLink
+
+    async def main():
+        handle = _Trainer(lambda samples, adapter: None)
+        handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={}))
+        stream = Stream(name="", recipe=FakeRecipe(), steps=6, staleness=0)
+        await TrainerLink(handle, limits=LimitsConfig(), checkpoint_dir="/ckpt").start([stream])
+        assert (stream.start, stream.next_step, stream.version) == (2, 2, 2)  # the trainer restored 2 trained steps
+        stream = Stream(name="", recipe=FakeRecipe(), steps=6, staleness=0)
+        await TrainerLink(handle, limits=LimitsConfig()).start([stream])
+        assert stream.start == 0  # no checkpoint_dir: a fresh run
+
+    asyncio.run(main())
 
     asyncio.run(main())

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.exec.config import JobConfig, RunConfig, load_config
+from rlix.exec.config import ConfigError, JobConfig, RunConfig, load_config
 from rlix.exec.placement import ClusterError
 from rlix.exec.records import ActivityChange, JobProgress, JobResult, JobStatus
 
@@ -87,6 +87,7 @@ class Session:
         self.out_dir = Path(out_dir or config.output.dir)
         self.cluster = config.cluster.spec()
         self.models = {j.name: str(materialize_model(j, self.out_dir.parent / "_models")) for j in config.jobs}
+        self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
         where = "--address" if address else "ray.address"
         address = address or config.ray.address
         self._own_ray = not ray.is_initialized()
@@ -140,8 +141,19 @@ class Session:
             scheduler=self.scheduler,
             emulation=self.config.emulation.value(),
             t0=self.t0,
+            recipe=self.recipes.get(p.job.name),
+            steplog=self._steplog(p),
         )
         p.run_ref = p.coordinator.run.remote()
+
+    def _steplog(self, p: _Pipeline):
+        from rlix.exec.steplog import StepLog
+
+        log = StepLog(self.out_dir / p.pipeline_id)
+        recipe = self.recipes.get(p.job.name)
+        if recipe is not None:
+            log.write_data_report(data_report(recipe))
+        return log
 
     def kill(self, pipeline_id: str) -> None:
         """Kill a running pipeline; its GPUs are released and the others carry on."""
@@ -253,6 +265,43 @@ class Session:
             pass
         if self._own_ray:
             ray.shutdown()
+
+
+def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
+    """The recipe of every data job (its prompts tokenized with the checkpoint's tokenizer); :class:`ConfigError` if one cannot train.
+
+    Prints, per job, how many prompts were left out for being longer than the model's limit.
+    """
+    import sys
+
+    from rlix.exec.data import DataError
+    from rlix.exec.recipe import Recipe
+
+    out = {}
+    for i, job in enumerate(config.jobs):
+        if job.data is None:
+            continue
+        try:
+            out[job.name] = recipe = Recipe.from_data(job, models[job.name])
+        except DataError as exc:
+            raise ConfigError(f"jobs[{i}].data.{exc.field}: job '{job.name}': {exc}") from None
+        for prepared in recipe.report:
+            if prepared.too_long:
+                print(
+                    f"rlix-run: job {job.name}: {prepared.too_long} of {prepared.rows} prompts in {prepared.source} are longer than "
+                    f"the model's {prepared.limit} tokens with max_new_tokens {job.max_new_tokens}; left out",
+                    file=sys.stderr,
+                )
+    return out
+
+
+def data_report(recipe) -> dict:
+    """What preparing a data job's prompts found (written to its data.json)."""
+    names = ("train", "eval")
+    return {
+        name: {"source": p.source, "rows": p.rows, "prompts": len(p.items), "too_long": p.too_long, "limit_tokens": p.limit}
+        for name, p in zip(names, recipe.report)
+    }
 
 
 def _free():

@@ -2,7 +2,9 @@
 
 Exit status: 0 all jobs finished, 1 some job failed or was killed, 2 bad
 config or a Ray cluster that is not there or too small (a one-line error;
-no actor was started).
+no actor was started), or a job failed on the user's input at run time (a
+reward function that raised or returned the wrong values: one line on
+stderr naming it, after the other jobs finished).
 """
 
 from __future__ import annotations
@@ -33,19 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rlix-run: config error: {exc}", file=sys.stderr)
         return 2
-    missing = [name for name in ("ray", "torch", "transformers", "peft") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("ray", "torch", "transformers", "peft", "datasets") if importlib.util.find_spec(name) is None]
     if missing:
         print(f"rlix-run: the executor needs the exec extra ({', '.join(missing)} not installed); pip install -e '.[exec]'", file=sys.stderr)
         return 2
     from rlix.exec import api
     from rlix.exec.console import ProgressView
-    from rlix.exec.records import JobStatus
 
     try:
         with ProgressView(enabled=cfg.output.console and not args.no_console) as view:
             outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view)
     except api.ClusterError as exc:
         print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:  # data that reads but cannot train (found when tokenized, before any actor)
+        print(f"rlix-run: config error: {exc}", file=sys.stderr)
         return 2
     m = outputs.metrics
     print(f"makespan_s={m.makespan_s:.1f} gpu_utilization={m.gpu_utilization:.3f} idle_fraction={m.idle_fraction:.3f} "
@@ -59,7 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(m.to_json(), f, indent=1)
-    return 0 if all(r.status is JobStatus.FINISHED for r in outputs.results.values()) else 1
+    return exit_status(outputs.results)
+
+
+def exit_status(results: dict) -> int:
+    """2 if a job failed on the user's input (said on stderr, one line each), 1 if another failed or was killed, else 0."""
+    from rlix.exec.records import JobStatus
+
+    bad = sorted(pid for pid, r in results.items() if r.bad_input)
+    for pid in bad:
+        print(f"rlix-run: job {pid}: {results[pid].error}", file=sys.stderr)
+    if bad:
+        return 2
+    return 0 if all(r.status is JobStatus.FINISHED for r in results.values()) else 1
 
 
 if __name__ == "__main__":

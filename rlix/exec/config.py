@@ -19,9 +19,11 @@ from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, on
 from rlix.core import PipelineSpec, SchedulerConfig, SchedulingError
 from rlix.core.policies import POLICIES
 from rlix.core.topology import validate_pipeline
+from rlix.exec.data import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
 from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions, WorkerFault
-from rlix.job import pipeline_spec as job_pipeline_spec
 from rlix.exec.model import ModelSize
+from rlix.exec.rewards import RewardRef, check_reward
+from rlix.job import pipeline_spec as job_pipeline_spec
 from rlix.exec.tasks import TASKS
 
 
@@ -220,10 +222,15 @@ class JobConfig(StrictModel):
     adapters: list[AdapterConfig] | None = Field(default=None, description="multi_lora only: the adapters trained on the shared base")
     lora: LoraShape = Field(default_factory=LoraShape, description="multi_lora only: adapter shape")
     vllm: VllmConfig = Field(default_factory=VllmConfig, description="engine settings for rollout_backend: vllm")
-    checkpoint_dir: str | None = Field(default=None, description="multi_lora: save each adapter here after its ticks; a rerun resumes from it")
+    checkpoint_dir: str | None = Field(default=None, description="save checkpoints here every save_every steps (ticks, per adapter); a rerun resumes from the last")
+    save_every: int = Field(default=1, ge=1, description="steps between checkpoints (needs checkpoint_dir)")
     arrival_s: float = Field(default=0.0, ge=0, description="seconds after start at which the job is admitted")
     model: ModelConfig
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig | None = Field(default=None, description="a digit task generated in code (or give data + rewards)")
+    data: DataConfig | None = Field(default=None, description="prompts from a local file or datasets directory (with rewards; replaces task)")
+    rewards: list[RewardConfig] | None = Field(default=None, min_length=1, description="TRL-style reward functions with weights (with data)")
+    eval: EvalConfig | None = Field(default=None, description="held-out prompts scored every eval_every steps (data jobs)")
+    eval_every: int = Field(default=10, ge=1, description="steps between eval scorings (step 0 included)")
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     steps: int = Field(default=10, ge=1, description="training steps")
     prompts_per_step: int = Field(default=8, ge=1)
@@ -239,6 +246,21 @@ class JobConfig(StrictModel):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
     _split_home = field_validator("home", mode="before")(parse_gpus)
+
+    @model_validator(mode="after")
+    def _source(self) -> JobConfig:
+        if self.kind == "multi_lora":
+            if self.data is not None or self.rewards is not None or self.eval is not None:
+                raise ValueError("data/rewards/eval are for full_finetune jobs; give each adapter its task, or use kind: full_finetune")
+            return self
+        if (self.data is None) != (self.rewards is None):
+            raise ValueError("'data' and 'rewards' go together: give both (prompts and the reward functions that score them)")
+        if (self.task is None) == (self.data is None):
+            both = "both 'task' and 'data'" if self.task is not None else "neither 'task' nor 'data'"
+            raise ValueError(f"the job has {both}; give exactly one: a task, or data + rewards")
+        if self.eval is not None and self.data is None:
+            raise ValueError("'eval' needs 'data' (an eval split of the job's dataset); remove it or give data + rewards")
+        return self
 
     @model_validator(mode="after")
     def _kind(self) -> JobConfig:
@@ -324,7 +346,34 @@ def parse_config(raw: dict) -> RunConfig:
         raise ConfigError(one_line(exc)) from None
     check_topology(cfg)
     check_backends(cfg)
+    check_data(cfg)
     return cfg
+
+
+def check_data(cfg: RunConfig, base_dir: str | None = None) -> None:
+    """Each data job's files read, its prompt field exists, and its reward functions import and take TRL's arguments."""
+    import os
+
+    base = base_dir or os.getcwd()
+    for i, job in enumerate(cfg.jobs):
+        if job.data is None:
+            continue
+        columns = _checked_rows(i, job, "data", job.data.path, job.data.split, job.data.prompt_field)
+        if job.eval is not None:
+            _checked_rows(i, job, "eval", job.eval.path, job.eval.split, job.eval.prompt_field or job.data.prompt_field)
+        for k, r in enumerate(job.rewards):
+            try:
+                check_reward(RewardRef(function=r.function, weight=r.weight, base_dir=base), columns)
+            except ValueError as exc:
+                raise ConfigError(f"jobs[{i}].rewards[{k}].function: job '{job.name}': {r.function}: {exc}") from None
+
+
+def _checked_rows(i: int, job: JobConfig, block: str, path: str, split: str, prompt_field: str) -> tuple[str, ...]:
+    """The columns besides the prompt of a job's ``block`` (data or eval); a :class:`ConfigError` naming the field."""
+    try:
+        return check_rows(read_rows(path, split), prompt_field)
+    except DataError as exc:
+        raise ConfigError(f"jobs[{i}].{block}.{exc.field}: job '{job.name}': {exc}") from None
 
 
 def check_backends(cfg: RunConfig) -> None:

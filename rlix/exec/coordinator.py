@@ -35,9 +35,11 @@ from rlix.exec.pool import WorkerPool
 from rlix.exec.recipe import Recipe
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import JobProgress, JobResult, JobStatus, StepRecord
+from rlix.exec.rewards import RewardError
 from rlix.exec.rollout_control import Deadlines, Hooks, RolloutControl
 from rlix.exec.rollout_queue import Queued, RolloutQueue
 from rlix.exec.step_driver import StepDriver, Stream
+from rlix.exec.steplog import StepLog
 from rlix.exec.trainer_link import TrainerLink
 from rlix.job import demand_report, stage_role
 from rlix.metrics import Activity
@@ -47,24 +49,29 @@ class FaultInjected(RuntimeError):
     pass
 
 
-def make_streams(job: JobConfig, model_dir: str) -> list[Stream]:
+def make_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) -> list[Stream]:
+    """One stream per adapter, or one for the job (``recipe``: a data job's, built in the driver)."""
     if job.kind == "multi_lora":
         return [
             Stream(name=a.name, recipe=Recipe.for_adapter(job, i, model_dir), steps=a.steps, staleness=job.staleness, stop_reward=a.stop_reward)
             for i, a in enumerate(job.adapters)
         ]
-    return [Stream(name="", recipe=Recipe.for_job(job, model_dir), steps=job.steps, staleness=job.staleness)]
+    return [Stream(name="", recipe=recipe or Recipe.for_job(job, model_dir), steps=job.steps, staleness=job.staleness)]
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class PipelineCoordinator:
-    def __init__(self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler, emulation: Emulation, t0: float) -> None:
+    def __init__(
+        self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler, emulation: Emulation, t0: float,
+        recipe: Recipe | None = None, steplog: StepLog | None = None,
+    ) -> None:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.nodes, self.sched, self.emulation, self.t0 = cluster, nodes, scheduler, emulation, t0
         self.spec = job.pipeline_spec(pipeline_id)
         self.limits = job.limits
-        self.driver = StepDriver(make_streams(job, model_dir), kl=job.algo.kl_coef > 0)
-        self.rec = Recorder(pipeline_id)
+        self.driver = StepDriver(make_streams(job, model_dir, recipe), kl=job.algo.kl_coef > 0)
+        self.steplog = steplog  # per-step metrics.jsonl (None: not written)
+        self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
         self.link = SchedulerLink(pipeline_id=pipeline_id, spec=self.spec, sched=scheduler, recorder=self.rec, limits=job.limits, now=self.now)
         self.pool = WorkerPool(job.slots_per_worker)
         self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
@@ -88,7 +95,7 @@ class PipelineCoordinator:
         loop = asyncio.get_running_loop()
         self.failure, self.wake_up, self.tick_lock = loop.create_future(), asyncio.Event(), asyncio.Lock()
         self.status = JobStatus.RUNNING
-        error = ""
+        error, bad_input = "", False
         try:
             me = ray.get_runtime_context().current_actor
             await self.link.control(self.sched.register.remote(self.spec, me))
@@ -101,12 +108,17 @@ class PipelineCoordinator:
                 raise self.failure.result()
             trainers.result()
             self.status = JobStatus.FINISHED
+        except RewardError as exc:  # the user's reward function failed: a one-line reason, no traceback
+            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc}".splitlines()[0], True
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         finally:
             await self._teardown()
-        return self.rec.result(self.status, error=error, arrival_s=self.arrival_s, init_s=self.init_s, finish_s=self.now(), planned=self.driver.produced)
+            if self.steplog is not None:
+                self.steplog.close()
+        result = self.rec.result(self.status, error=error, arrival_s=self.arrival_s, init_s=self.init_s, finish_s=self.now(), planned=self.driver.produced)
+        return replace(result, bad_input=bad_input)
 
     async def _init(self) -> None:
         from rlix.exec.workers import TrainerActor
@@ -121,7 +133,7 @@ class PipelineCoordinator:
         opts = actor_options(self.cluster, self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus, self.nodes, f"{self.pid}/trainer")
         adapter_cfgs = {a.name: a.algo.value(a.seed) for a in job.adapters or ()}
         handle = TrainerActor.options(**opts).remote(self.model_dir, job.algo.value(job.seed), self.emulation, job.lora_spec(), adapter_cfgs, job.checkpoint_dir)
-        self.trainer = TrainerLink(handle, limits=self.limits, checkpoint=bool(job.checkpoint_dir))
+        self.trainer = TrainerLink(handle, limits=self.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every)
         await self.trainer.start(self.driver.streams)  # v0 is cached on the CPU
         await self.link.release(Stage.INIT, gpus)
         self.init_s = self.now() - t0
@@ -181,6 +193,7 @@ class PipelineCoordinator:
         scored = s.recipe.score(batch.trajs, batch.results)
         samples = list(scored.samples)
         stages: list[tuple[str, float]] = []
+        train_stats = None
         for stage in self.driver.stages:
             value, secs = await self.link.run(stage, self.trainer.handle, self.trainer.stage_call(stage, samples, s.name))
             stages.append((stage.value, secs))
@@ -188,22 +201,33 @@ class PipelineCoordinator:
                 samples = [replace(x, old_logprobs=o) for x, o in zip(samples, value)]
             elif stage is Stage.REF_LOGPROBS:
                 samples = [replace(x, ref_logprobs=r) for x, r in zip(samples, value)]
-        await self.trainer.publish(s.name, step + 1)  # into the CPU cache, then to live workers (before the gate opens)
+            elif stage is Stage.ACTOR_TRAIN:
+                train_stats = value
+        await self.trainer.publish(s, step + 1)  # into the CPU cache, then to live workers (before the gate opens)
         await self.rollout.push(s.name)
         self.driver.trained(s, step, scored.mean_reward)
         self._changed()
         recs = [self.rec.trajs[t.request.traj_id] for t in batch.trajs]
-        self.rec.step(
-            StepRecord(
-                stream=s.name,
-                step=step,
-                started_s=batch.started_s,
-                finished_s=self.now(),
-                mean_reward=scored.mean_reward,
-                mean_tokens=sum(r.tokens for r in recs) / len(recs),
-                stages=tuple(stages),
-                min_weight_version=min(r.weight_version for r in recs),
-            )
+        record = StepRecord(
+            stream=s.name,
+            step=step,
+            started_s=batch.started_s,
+            finished_s=self.now(),
+            mean_reward=scored.mean_reward,
+            mean_tokens=sum(r.tokens for r in recs) / len(recs),
+            stages=tuple(stages),
+            min_weight_version=min(r.weight_version for r in recs),
+        )
+        self.rec.step(record)
+        if self.steplog is not None:
+            self._log_step(record, batch.trajs, scored, train_stats)
+
+    def _log_step(self, record: StepRecord, trajs, scored, train_stats) -> None:
+        """One line of the job's metrics.jsonl (eval trajectories are reported, never counted as trained)."""
+        recs = [self.rec.trajs[t.request.traj_id] for t in trajs if not t.eval]
+        self.steplog.write(
+            stream=record.stream, t=record.finished_s, step=record.step, scored=scored, train=train_stats, tokens=[r.tokens for r in recs],
+            step_s=record.finished_s - record.started_s, staleness=record.step - min(r.weight_version for r in recs),
         )
 
     # ================================================================ rollout hooks

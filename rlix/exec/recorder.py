@@ -9,6 +9,7 @@ and the metrics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlix.core.types import Gpus
@@ -29,8 +30,9 @@ class Counters:
 class Recorder:
     """One pipeline's record of its run."""
 
-    def __init__(self, pipeline_id: str) -> None:
+    def __init__(self, pipeline_id: str, observer: Callable[[float, Gpus, Activity], None] | None = None) -> None:
         self.pid = pipeline_id
+        self.observer = observer  # told every activity change as it happens (the job's metrics.jsonl)
         self.events: list[ActivityChange] = []
         self.switches: list[SwitchRecord] = []
         self.steps: list[StepRecord] = []
@@ -42,6 +44,8 @@ class Recorder:
         """From ``now`` on, ``gpus`` do ``activity`` (FREE: nobody's)."""
         owner = self.pid if activity is not Activity.FREE else ""
         self.events.append(ActivityChange(t=now, gpus=tuple(gpus), activity=activity, pipeline_id=owner, stage=stage if owner else ""))
+        if self.observer is not None:
+            self.observer(now, tuple(gpus), activity)
 
     def switch(self, kind: SwitchKind, t: float, seconds: float, synced_bytes: int = 0) -> None:
         self.switches.append(SwitchRecord(kind=kind, t=t, seconds=seconds, synced_bytes=synced_bytes))

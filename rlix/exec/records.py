@@ -104,6 +104,7 @@ class JobResult:
     control_calls: int = 0
     gpu_wait_s: float = 0.0  # time gang requests waited for GPUs in the scheduler
     events: tuple[ActivityChange, ...] = ()  # not yet drained by a progress poll
+    bad_input: bool = False  # failed on the user's input (a reward function), not on rlix: exit status 2
 
 
 @dataclass(frozen=True, kw_only=True)

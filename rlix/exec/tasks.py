@@ -1,7 +1,10 @@
 """Executor layer: verifiable tasks generated in code.
 
-A task samples prompts from a seeded generator and scores a completion with
-a rule (no reward model). Tasks are chosen by name from :data:`TASKS`.
+A task samples prompts (each row: the prompt text and its ``answer``) from a
+seeded generator; :func:`digit_match` scores completions as a TRL-style
+reward function, exactly as a user's dataset and reward file would be.
+Tasks are chosen by name from :data:`TASKS`; ``python -m rlix.exec.tasks
+copy 200`` writes a task's rows as JSONL.
 """
 
 from __future__ import annotations
@@ -42,15 +45,23 @@ class Task(abc.ABC):
 
     @staticmethod
     def reward(prompt: Prompt, completion: str) -> float:
-        """0..1: half for the right length, half for the right character at each position.
+        return digit_match([completion], [prompt.answer])[0]
 
-        Both halves are dense so a group of samples from a random policy
-        already differs in reward, which is all GRPO needs to make progress.
-        """
-        target = prompt.answer
+
+def digit_match(completions: list[str], answer: list[str], **kwargs) -> list[float]:
+    """The digit tasks' reward, written as a TRL ``GRPOTrainer`` reward function.
+
+    0..1 per completion: half for the right length, half for the right
+    character at each position. Both halves are dense so a group of samples
+    from a random policy already differs in reward, which is all GRPO needs
+    to make progress.
+    """
+    out = []
+    for completion, target in zip(completions, answer):
         hits = sum(1 for a, b in zip(completion, target) if a == b)
         length = max(0.0, 1.0 - abs(len(completion) - len(target)) / max(len(target), 1) / 4)
-        return 0.5 * length + 0.5 * hits / max(len(completion), len(target), 1)
+        out.append(0.5 * length + 0.5 * hits / max(len(completion), len(target), 1))
+    return out
 
 
 class CopyTask(Task):
@@ -78,3 +89,23 @@ TASKS: dict[str, type[Task]] = {t.name: t for t in (CopyTask, ReverseTask)}
 
 def make_task(name: str, *, min_len: int, max_len: int) -> Task:
     return TASKS[name](min_len=min_len, max_len=max_len)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write ``N`` rows of a task as JSONL on stdout (``prompt``, ``answer``)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m rlix.exec.tasks", description="write a digit task as a JSONL dataset")
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("rows", type=int)
+    p.add_argument("--max-len", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    task = make_task(args.task, min_len=1, max_len=args.max_len)
+    for prompt in task.sample(random.Random(args.seed), 0, args.rows):
+        print(json.dumps({"prompt": prompt.text, "answer": prompt.answer}))
+
+
+if __name__ == "__main__":
+    main()

@@ -18,10 +18,11 @@ from rlix.exec.step_driver import Stream
 class TrainerLink:
     """Calls to one trainer actor, and the cache of its weight versions."""
 
-    def __init__(self, handle, *, limits: LimitsConfig, checkpoint: bool) -> None:
+    def __init__(self, handle, *, limits: LimitsConfig, checkpoint_dir: str | None = None, save_every: int = 1) -> None:
         self.handle = handle  # the trainer actor
         self.limits = limits
-        self.checkpoint = checkpoint  # write adapter checkpoints after each update
+        self.checkpoint_dir = checkpoint_dir  # None: no checkpoints
+        self.save_every = save_every  # checkpoint every this many steps (and after a stream's last)
         self.full: tuple[object, int] = (handle.snapshot.remote(), 0)  # newest full snapshot ref, its version
         self.adapters: dict[str, tuple[object, int]] = {}  # adapter -> newest snapshot ref, its version
 
@@ -29,12 +30,15 @@ class TrainerLink:
         return await call(ref, self.limits.call_timeout_s, what)
 
     async def start(self, streams: list[Stream]) -> None:
-        """Wait for the trainer; resumed adapters continue from their checkpoints; v0 is cached."""
+        """Wait for the trainer; resumed streams continue from their checkpoints; the first weights are cached."""
         versions = await self.call(self.handle.adapter_versions.remote(), "trainer start-up")
         for s in streams:
             if s.name:
                 s.start = s.next_step = s.version = versions[s.name]
                 self.adapters[s.name] = (self.handle.adapter_snapshot.remote(s.name), s.version)
+            elif self.checkpoint_dir:  # a resumed full finetune continues from its newest checkpoint
+                s.start = s.next_step = s.version = await self.call(self.handle.trained_steps.remote(), "trainer start-up")
+                self.full = (self.full[0], s.version)
         await self.call(self.full[0], "first weight snapshot")
 
     def stage_call(self, stage: Stage, samples, adapter: str):
@@ -45,18 +49,25 @@ class TrainerLink:
             return lambda: self.handle.logprobs.remote(samples, True)
         return lambda: self.handle.train.remote(samples, adapter)
 
-    async def publish(self, adapter: str, version: int) -> None:
-        """Cache the trained weights (one adapter's, or the full model) as ``version``."""
+    async def publish(self, stream: Stream, version: int) -> None:
+        """Cache the stream's trained weights (one adapter's, or the full model) as ``version``; checkpoint when due."""
+        adapter = stream.name
         if adapter:
             ref = self.handle.adapter_snapshot.remote(adapter)
             await self.call(ref, "adapter snapshot")
             self.adapters[adapter] = (ref, version)
-            if self.checkpoint:
+            if self._save_due(stream, version):
                 await self.call(self.handle.save_adapter.remote(adapter), "adapter checkpoint")
         else:
             ref = self.handle.snapshot.remote()
             await self.call(ref, "weight snapshot")
             self.full = (ref, version)
+            if self._save_due(stream, version):
+                await self.call(self.handle.save_full.remote(), "checkpoint")
+
+    def _save_due(self, stream: Stream, version: int) -> bool:
+        """Checkpoint every ``save_every`` trained steps, and after the stream's last step."""
+        return bool(self.checkpoint_dir) and (version % self.save_every == 0 or version >= stream.steps)
 
     def weights(self) -> tuple:
         """(full snapshot ref, its version, ((adapter, ref, version), ...)) -- what a waking worker syncs."""

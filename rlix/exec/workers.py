@@ -120,8 +120,13 @@ class TrainerActor:
 
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.checkpoint_dir = checkpoint_dir
+        self.model_path = model_path
         if lora is None:
             self.learner = GrpoLearner(model_path, device_for_worker(), cfg, emulation)
+            if checkpoint_dir:
+                from rlix.exec import checkpoint
+
+                checkpoint.restore(self.learner, checkpoint_dir)  # a rerun continues from the newest checkpoint
         else:
             self.learner = LoraLearner(model_path, device_for_worker(), lora, adapter_cfgs or {}, emulation)
             if checkpoint_dir:
@@ -149,6 +154,16 @@ class TrainerActor:
     def adapter_versions(self) -> dict[str, int]:
         """Multi-LoRA: ticks each adapter has trained (restored from a checkpoint or 0)."""
         return self.learner.versions() if isinstance(self.learner, LoraLearner) else {}
+
+    def trained_steps(self) -> int:
+        """Full finetune: steps the policy has trained (restored from a checkpoint, or 0)."""
+        return self.learner.version
+
+    def save_full(self) -> str:
+        """Full finetune: checkpoint weights, optimizer state and step under the job's checkpoint_dir."""
+        from rlix.exec import checkpoint
+
+        return str(checkpoint.save(self.learner, self.checkpoint_dir, self.model_path))
 
     def adapter_snapshot(self, adapter: str) -> AdapterSnapshot:
         return self.learner.adapter_snapshot(adapter)

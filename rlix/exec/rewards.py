@@ -1,0 +1,211 @@
+"""Executor layer: the user's reward functions, called the way TRL's ``GRPOTrainer`` calls them.
+
+A function is referenced as ``package.module:function`` or
+``path/to/file.py:function`` and called as
+``fn(completions=[...], prompts=[...], completion_ids=[...], **columns)``,
+``columns`` being the dataset's other fields as lists aligned with the
+completions. It returns one float, or ``None`` (no opinion), per completion.
+A job's reward is the weighted sum over its functions, a ``None`` counting 0
+(and counted, so it is reported).
+
+Functions are resolved and their signatures checked when the config is
+loaded (:func:`check_reward`); at run time a function that raises or returns
+the wrong number of values raises :class:`RewardError`, one line naming it,
+which fails only that job. No torch here: rewards run in the job's light
+coordinator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# The keyword arguments TRL passes besides the dataset's columns.
+TRL_ARGS = ("completions", "prompts", "completion_ids")
+
+
+class RewardError(RuntimeError):
+    """A reward function failed at run time; the message is one line naming it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardRef:
+    """Where a reward function lives: as written in the config, plus the directory relative paths start from."""
+
+    function: str  # "pkg.mod:fn" or "path/to/file.py:fn", as the user wrote it
+    weight: float = 1.0
+    base_dir: str = "."  # relative file paths and top-level modules are found from here (the run's working directory)
+
+    @property
+    def target(self) -> tuple[str, str]:
+        where, _, name = self.function.rpartition(":")
+        return where, name
+
+    @property
+    def is_file(self) -> bool:
+        where, _ = self.target
+        return where.endswith(".py") or "/" in where or "\\" in where
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def resolve(ref: RewardRef) -> Callable:
+    """Import the function ``ref`` names; raise ``ValueError`` (one line: what and how to fix)."""
+    where, name = ref.target
+    if not where or not name:
+        raise ValueError(f"'{ref.function}' is not a reference; write 'package.module:function' or 'path/to/file.py:function'")
+    if ref.is_file:
+        module = _import_file(Path(ref.base_dir, where))
+    else:
+        if ref.base_dir not in sys.path:
+            sys.path.append(ref.base_dir)  # modules beside the config's working dir import as with `python -m`
+        try:
+            module = importlib.import_module(where)
+        except Exception as exc:
+            raise ValueError(f"cannot import module '{where}' ({type(exc).__name__}: {_one_line(exc)}); check the name, or install the package") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ValueError(f"'{where}' has no attribute '{name}'; check the function name")
+    if not callable(fn):
+        raise ValueError(f"'{ref.function}' is a {type(fn).__name__}, not callable; point it at a function")
+    return fn
+
+
+def _import_file(path: Path):
+    path = path.resolve()
+    if not path.is_file():
+        raise ValueError(f"no file {path}; give the path of a Python file (relative to the working directory)")
+    modname = "rlix_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if modname in sys.modules:
+        return sys.modules[modname]
+    spec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))  # sibling helper modules import as they would for a script
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ValueError(f"{path} fails to import ({type(exc).__name__}: {_one_line(exc)}); fix the file") from None
+    sys.modules[modname] = module
+    return module
+
+
+def check_signature(fn: Callable, columns: tuple[str, ...]) -> None:
+    """``fn`` must accept TRL's keyword arguments plus every dataset column (``**kwargs`` does)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: trust them
+    try:
+        sig.bind(**{k: [] for k in TRL_ARGS + columns})
+    except TypeError as exc:
+        params = ", ".join(str(p) for p in sig.parameters.values())
+        raise ValueError(
+            f"signature ({params}) cannot take TRL's arguments ({_one_line(exc)}); "
+            "write it as fn(completions, **kwargs), naming any dataset column it needs"
+        ) from None
+
+
+def check_reward(ref: RewardRef, columns: tuple[str, ...]) -> None:
+    """Config-time check: ``ref`` imports, is callable and its signature takes the TRL arguments."""
+    check_signature(resolve(ref), columns)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionScores:
+    """One reward function's values for a batch (``None`` = no opinion)."""
+
+    name: str
+    weight: float
+    values: tuple[float | None, ...]
+
+    @property
+    def nones(self) -> int:
+        return sum(1 for v in self.values if v is None)
+
+    @property
+    def mean(self) -> float | None:
+        xs = [v for v in self.values if v is not None]
+        return sum(xs) / len(xs) if xs else None
+
+    @property
+    def std(self) -> float | None:
+        xs = [v for v in self.values if v is not None]
+        if not xs:
+            return None
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardBatch:
+    totals: tuple[float, ...]  # weighted sum per completion
+    functions: tuple[FunctionScores, ...]
+
+
+class RewardSet:
+    """A job's weighted reward functions; resolved lazily in the process that scores."""
+
+    def __init__(self, refs: tuple[RewardRef, ...]) -> None:
+        if not refs:
+            raise ValueError("a job needs at least one reward function")
+        self.refs = refs
+        self._fns: list[Callable] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"refs": self.refs, "_fns": None}  # functions are imported again where the set is unpickled
+
+    def _functions(self) -> list[Callable]:
+        if self._fns is None:
+            fns = []
+            for ref in self.refs:
+                try:
+                    fns.append(resolve(ref))
+                except ValueError as exc:
+                    raise RewardError(f"reward function {ref.function}: {exc}") from None
+            self._fns = fns
+        return self._fns
+
+    def score(self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]) -> RewardBatch:
+        """Call every function once on the batch; raise :class:`RewardError` naming a function that fails."""
+        n = len(completions)
+        per_fn = []
+        for ref, fn in zip(self.refs, self._functions()):
+            try:
+                out = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
+            except Exception as exc:
+                raise RewardError(f"reward function {ref.function} raised {type(exc).__name__}: {_one_line(exc)}") from None
+            per_fn.append(FunctionScores(name=ref.function, weight=ref.weight, values=_values(ref, out, n)))
+        totals = tuple(sum(f.weight * (f.values[i] or 0.0) for f in per_fn) for i in range(n))
+        return RewardBatch(totals=totals, functions=tuple(per_fn))
+
+
+def _values(ref: RewardRef, out: object, n: int) -> tuple[float | None, ...]:
+    try:
+        values = list(out)
+    except TypeError:
+        raise RewardError(f"reward function {ref.function} returned a {type(out).__name__}, not a list of {n} floats") from None
+    if len(values) != n:
+        raise RewardError(f"reward function {ref.function} returned {len(values)} values for {n} completions; return one float (or None) per completion")
+    clean: list[float | None] = []
+    for v in values:
+        if v is None:
+            clean.append(None)
+            continue
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise RewardError(f"reward function {ref.function} returned {v!r}, not a number; return floats (or None)") from None
+        if math.isinf(x):
+            raise RewardError(f"reward function {ref.function} returned {x}; return finite floats")
+        clean.append(None if math.isnan(x) else x)  # TRL treats NaN as no opinion too
+    return tuple(clean)

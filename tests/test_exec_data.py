@@ -1,0 +1,250 @@
+"""Jobs from the user's data and reward functions, without Ray: TRL reward forms, data reading, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import assert_config_error_names
+from rlix.exec.data import DatasetPrompts, PreparedPrompts, PromptItem, check_rows, read_rows
+from rlix.exec.rewards import RewardError, RewardRef, RewardSet
+
+pytestmark = pytest.mark.exec  # reads data with the datasets package (exec extra); no Ray, no torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TRL = "tests/data/trl_rewards.py"
+
+
+def _set(*names_weights, base=str(ROOT)) -> RewardSet:
+    return RewardSet(tuple(RewardRef(function=f"{TRL}:{n}", weight=w, base_dir=base) for n, w in names_weights))
+
+
+def _score(rs: RewardSet, completions, **columns):
+    prompts = columns.pop("prompts", ["12="] * len(completions))
+    ids = columns.pop("completion_ids", [[5] * len(c) for c in completions])
+    return rs.score(completions=completions, prompts=prompts, completion_ids=ids, columns=columns)
+
+
+# ------------------------------------------------------------------ TRL reward forms
+
+
+def test_trl_forms_run_unchanged():
+    rs = _set(("reward_len", 1.0), ("match_answer", 1.0), ("echoes_prompt", 1.0), ("short_ids", 1.0))
+    out = _score(rs, ["12", "123", "9"], answer=["12", "0", "9"], prompts=["12=", "123=", "4="], completion_ids=[[1, 2], [1, 2, 3], [4]])
+    by = {f.name.rpartition(":")[2]: f.values for f in out.functions}
+    assert by["reward_len"] == (-1.0, 0.0, -2.0)
+    assert by["match_answer"] == (1.0, 0.0, 1.0)
+    assert by["echoes_prompt"] == (1.0, 1.0, 0.0)
+    assert by["short_ids"] == (1.0, 0.0, 1.0)
+    assert out.totals == (2.0, 1.0, 0.0)
+
+
+def test_module_reference_and_conversational_completions():
+    rs = RewardSet((RewardRef(function="trl_rewards:think_format", base_dir=str(ROOT / "tests" / "data")),))
+    conv = [[{"role": "assistant", "content": "<think>x</think>7"}], [{"role": "assistant", "content": "7"}]]
+    assert _score(rs, conv).totals == (1.0, 0.0)
+
+
+def test_weighted_sum_and_none_counts_zero():
+    rs = _set(("match_answer", 2.0), ("only_sub", 0.5))
+    out = _score(rs, ["1", "2", "3"], answer=["1", "x", "3"], op=["add", "sub", "sub"])
+    assert out.totals == (2.0, 0.5, 2.5)
+    only_sub = out.functions[1]
+    assert only_sub.values == (None, 1.0, 1.0) and only_sub.nones == 1 and only_sub.mean == 1.0
+
+
+def test_nan_is_no_opinion():
+    out = _score(_set(("nan_is_none", 1.0)), ["a", "b"])
+    assert out.functions[0].values == (None, 1.0) and out.totals == (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [("infinite", ["infinite", "finite floats"]), ("raises", ["trl_rewards.py:raises", "raised ValueError", "bad thing"]), ("too_few", ["too_few", "returned 1 values for 3"]), ("not_numbers", ["not_numbers", "'high'"])],
+)
+def test_failing_function_is_named_in_one_line(name, words):
+    with pytest.raises(RewardError) as info:
+        _score(_set((name, 1.0)), ["a", "b", "c"])
+    msg = str(info.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def test_reward_set_pickles_by_reference():
+    import pickle
+
+    rs = _set(("reward_len", 1.0))
+    _score(rs, ["abc"])
+    again = pickle.loads(pickle.dumps(rs))
+    assert _score(again, ["abcd"]).totals == (-1.0,)
+
+
+# ------------------------------------------------------------------ reading data
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROWS = [{"q": f"{i}+1=", "answer": str(i + 1), "op": "add"} for i in range(5)]
+
+
+def test_jsonl_parquet_and_datasets_dir_read_the_same(tmp_path):
+    import datasets
+
+    ds = datasets.Dataset.from_list(ROWS)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(tmp_path / "dd"))
+    ds.save_to_disk(str(tmp_path / "single"))
+    reads = [
+        read_rows(str(_write_jsonl(tmp_path / "d.jsonl", ROWS)), "train"),
+        read_rows(str(tmp_path / "d.parquet"), "train"),
+        read_rows(str(tmp_path / "dd"), "train"),
+        read_rows(str(tmp_path / "single"), "anything"),
+    ]
+    for r in reads:
+        assert r.rows == tuple(ROWS) and check_rows(r, "q") == ("answer", "op")
+    assert len(read_rows(str(tmp_path / "dd"), "test").rows) == 2
+
+
+def _items(n: int) -> PreparedPrompts:
+    items = tuple(PromptItem(row=i, prompt=f"p{i}", prompt_ids=(1, i), columns=()) for i in range(n))
+    return PreparedPrompts(source="x", items=items, rows=n, too_long=0, limit=64)
+
+
+def test_prompts_are_shuffled_by_seed_and_cycle_epochs():
+    src = DatasetPrompts(_items(10), seed=3)
+    first = [it.row for step in range(5) for it in src.batch(step, 4)]  # 20 prompts = two epochs
+    assert sorted(first[:10]) == list(range(10)) and sorted(first[10:]) == list(range(10))
+    assert first[:10] != list(range(10)) and first[:10] != first[10:]
+    assert [it.row for it in DatasetPrompts(_items(10), seed=3).batch(3, 4)] == first[12:16]  # a pure function of the step
+    assert [it.row for it in DatasetPrompts(_items(10), seed=4).batch(0, 10)] != first[:10]
+
+
+# ------------------------------------------------------------------ bad input, before any actor
+
+
+def _data_cfg(tmp_path: Path, **job) -> dict:
+    data = tmp_path / "train.jsonl"
+    if not data.exists():
+        _write_jsonl(data, ROWS)
+    base = {
+        "name": "arith",
+        "model": {"size": {"seed": 0}},
+        "data": {"path": str(data), "prompt_field": "q"},
+        "rewards": [{"function": f"{ROOT / TRL}:match_answer", "weight": 1.0}],
+        "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
+    }
+    base.update(job)
+    return {"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [{k: v for k, v in base.items() if v is not None}]}
+
+
+def _fn(name: str) -> list[dict]:
+    return [{"function": f"{ROOT / TRL}:{name}"}]
+
+
+BAD = [
+    ("missing file", lambda d: {"data": {"path": str(d / "nope.jsonl")}}, "jobs[0].data.path", "no such file"),
+    ("not json", lambda d: {"data": {"path": str(_bad_json(d)), "prompt_field": "q"}}, "jobs[0].data.path", "line 2 is not valid JSON"),
+    ("unreadable parquet", lambda d: {"data": {"path": str(_touch(d / "x.parquet", "xx"))}}, "jobs[0].data.path", "not a readable Parquet"),
+    ("not a dataset dir", lambda d: {"data": {"path": str(_mkdir(d / "empty"))}}, "jobs[0].data.path", "not a datasets directory"),
+    ("empty", lambda d: {"data": {"path": str(_touch(d / "e.jsonl", "\n"))}}, "jobs[0].data.path", "empty"),
+    ("missing prompt field", lambda d: {"data": {"path": str(d / "train.jsonl"), "prompt_field": "question"}}, "jobs[0].data.prompt_field", "'question' is not a column"),
+    ("eval missing field", lambda d: {"eval": {"path": str(d / "train.jsonl"), "prompt_field": "nope"}}, "jobs[0].eval.prompt_field", "'nope'"),
+    ("module does not import", lambda d: {"rewards": [{"function": "no_such_pkg.mod:fn"}]}, "jobs[0].rewards[0].function", "cannot import module"),
+    ("file does not import", lambda d: {"rewards": [{"function": f"{ROOT}/tests/data/broken_import.py:fn"}]}, "jobs[0].rewards[0].function", "fails to import"),
+    ("no such file", lambda d: {"rewards": [{"function": "nope/r.py:fn"}]}, "jobs[0].rewards[0].function", "no file"),
+    ("no such function", lambda d: {"rewards": _fn("nope")}, "jobs[0].rewards[0].function", "has no attribute 'nope'"),
+    ("not callable", lambda d: {"rewards": _fn("NOT_CALLABLE")}, "jobs[0].rewards[0].function", "not callable"),
+    ("not a reference", lambda d: {"rewards": [{"function": "justaname"}]}, "jobs[0].rewards[0].function", "not a reference"),
+    ("positional signature", lambda d: {"rewards": _fn("positional_only")}, "jobs[0].rewards[0].function", "cannot take TRL's arguments"),
+    ("no **kwargs", lambda d: {"rewards": _fn("no_kwargs")}, "jobs[0].rewards[0].function", "cannot take TRL's arguments"),
+    ("column it needs is absent", lambda d: {"rewards": _fn("needs_missing_column")}, "jobs[0].rewards[0].function", "solution"),
+    ("both task and data", lambda d: {"task": {"name": "copy"}}, "jobs[0]", "both 'task' and 'data'"),
+    ("neither", lambda d: {"data": None, "rewards": None}, "jobs[0]", "neither 'task' nor 'data'"),
+    ("data without rewards", lambda d: {"rewards": None}, "jobs[0]", "'data' and 'rewards' go together"),
+]
+
+
+def _bad_json(d: Path) -> Path:
+    return _touch(d / "bad.jsonl", '{"q": "1=", "answer": "1"}\n{"q": "2=", "answer": \n')
+
+
+def _touch(p: Path, text: str) -> Path:
+    p.write_text(text)
+    return p
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir()
+    return p
+
+
+@pytest.mark.parametrize("case, edit, field, words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_naming_job_and_field(tmp_path, case, edit, field, words):
+    raw = _data_cfg(tmp_path)
+    job = raw["jobs"][0]
+    for k, v in edit(tmp_path).items():
+        if v is None:
+            job.pop(k, None)
+        elif isinstance(v, dict) and isinstance(job.get(k), dict):
+            job[k] = {**job[k], **v}
+        else:
+            job[k] = v
+    from rlix.exec.config import ConfigError, parse_config
+
+    assert_config_error_names(raw, field)
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert words in str(info.value)
+    if field != "jobs[0]":
+        assert "job 'arith'" in str(info.value)
+
+
+def test_good_data_config_parses(tmp_path):
+    from rlix.exec.config import parse_config
+
+    cfg = parse_config(_data_cfg(tmp_path, eval={"path": str(tmp_path / "train.jsonl")}))
+    assert cfg.jobs[0].data.prompt_field == "q" and cfg.jobs[0].task is None
+
+
+def test_example_config_validates():
+    from rlix.exec.config import load_config
+
+    cfg = load_config(ROOT / "examples" / "cpu_data.yaml")
+    assert {j.name for j in cfg.jobs} == {"arith", "copy"}
+
+
+@pytest.mark.parametrize("which", ["bad json", "bad reward"])
+def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
+    raw = _data_cfg(tmp_path)
+    if which == "bad json":
+        raw["jobs"][0]["data"]["path"] = str(_bad_json(tmp_path))
+    else:
+        raw["jobs"][0]["rewards"] = _fn("no_kwargs")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "rlix.exec.cli", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "jobs[0]." in lines[0] and "arith" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
+    from rlix.exec.cli import exit_status
+    from rlix.exec.records import JobResult, JobStatus
+
+    ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)
+    crashed = JobResult(pipeline_id="x", status=JobStatus.FAILED, error="ActorDiedError")
+    bad = JobResult(pipeline_id="arith", status=JobStatus.FAILED, error="RewardError: reward function f.py:g raised KeyError: 'a'", bad_input=True)
+    assert exit_status({"copy": ok}) == 0
+    assert exit_status({"copy": ok, "x": crashed}) == 1
+    capsys.readouterr()
+    assert exit_status({"copy": ok, "x": crashed, "arith": bad}) == 2
+    assert capsys.readouterr().err == "rlix-run: job arith: RewardError: reward function f.py:g raised KeyError: 'a'\n"

@@ -1,0 +1,173 @@
+"""A data job's recipe with a real (tiny) checkpoint, without Ray: tokenizer, chat template, length filter,
+eval scoring, the per-step metrics file and full-finetune checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlix.exec.config import JobConfig
+
+pytestmark = pytest.mark.exec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from rlix.exec.model import ModelSize, build_model
+
+    return build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path_factory.mktemp("m"))
+
+
+def _job(tmp_path: Path, **extra) -> JobConfig:
+    rows = [{"q": f"{i}{i}=", "answer": f"{i}{i}", "op": "add" if i % 2 else "sub"} for i in range(6)] + [{"q": "1" * 300 + "=", "answer": "1", "op": "add"}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = dict(
+        name="j",
+        model={"size": {"seed": 0}},
+        data={"path": str(tmp_path / "d.jsonl"), "prompt_field": "q"},
+        rewards=[{"function": f"{ROOT}/tests/data/trl_rewards.py:match_answer", "weight": 1.0}, {"function": f"{ROOT}/tests/data/trl_rewards.py:only_sub", "weight": 0.5}],
+        prompts_per_step=2,
+        group_size=3,
+        max_new_tokens=4,
+        roles={"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
+    )
+    return JobConfig.model_validate({**base, **extra})
+
+
+def test_text_prompts_use_the_checkpoints_tokenizer_and_long_ones_are_counted(tmp_path, model_dir):
+    from rlix.exec.recipe import Recipe, TextCodec
+
+    recipe = Recipe.from_data(_job(tmp_path), model_dir)
+    train = recipe.report[0]
+    assert (train.rows, len(train.items), train.too_long, train.limit) == (7, 6, 1, 256)
+    item = train.items[0]
+    assert item.prompt_ids == TextCodec(model_dir).encode_prompt(item.prompt)  # BOS + characters, as the built-in tasks encode
+    assert dict(item.columns) == {"answer": "00", "op": "sub"}
+
+
+def test_chat_template_applied_unless_disabled(tmp_path, model_dir):
+    import shutil
+
+    from rlix.exec.data import Encoder
+    from rlix.exec.model import load_tokenizer
+
+    templated = tmp_path / "chat"
+    shutil.copytree(model_dir, templated)
+    tok = load_tokenizer(templated)
+    tok.chat_template = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+    tok.save_pretrained(str(templated))
+    on, off = Encoder(templated, True), Encoder(templated, False)
+    decode = lambda ids: tok.decode(list(ids), skip_special_tokens=True)  # noqa: E731
+    assert decode(on.encode("12=")) == "u:12=.a:"
+    assert decode(on.encode([{"role": "system", "content": "x"}, {"role": "user", "content": "1"}])) == "s:x.u:1.a:"
+    assert decode(off.encode("12=")) == "12="
+    assert not Encoder(model_dir, True).templated  # no template in the checkpoint: text as is
+
+
+def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, model_dir):
+    from rlix.exec.recipe import Recipe
+    from rlix.exec.rollout import GenResult
+
+    job = _job(tmp_path, eval={"path": str(tmp_path / "d.jsonl")}, eval_every=2)
+    recipe = Recipe.from_data(job, model_dir)
+    codec = recipe.codec
+    assert [sum(t.eval for t in recipe.trajectories(s)) for s in range(4)] == [6, 0, 6, 0]
+    trajs = recipe.trajectories(0)
+    ids = [t.request.traj_id for t in trajs]
+    assert len(set(ids)) == len(ids) and not set(ids) & {t.request.traj_id for t in recipe.trajectories(1)}
+
+    def answer(t):  # every train completion right; eval ones wrong
+        text = "x" if t.eval else dict(t.prompt.columns)["answer"]
+        toks = codec.encode_prompt(text)[1:]
+        return GenResult(traj_id=t.request.traj_id, token_ids=toks, logprobs=(0.0,) * len(toks), finished=True, aborted=False, weight_version=0, gen_s=0.0)
+
+    scored = recipe.score(trajs, {t.request.traj_id: answer(t) for t in trajs})
+    assert len(scored.samples) == job.batch_size
+    ops = [dict(t.prompt.columns)["op"] for t in trajs if not t.eval]
+    assert list(scored.rewards) == [1.0 + (0.5 if o == "sub" else 0.0) for o in ops]
+    assert scored.eval.prompts == 6 and scored.eval.mean_reward == pytest.approx(0.5 * 3 / 6)
+    assert scored.functions[1].nones == ops.count("add")
+
+
+def test_metrics_jsonl_and_tensorboard(tmp_path):
+    from rlix.exec.grpo import TrainStats
+    from rlix.exec.recipe import EvalScore, ScoredStep
+    from rlix.exec.rewards import FunctionScores
+    from rlix.exec.steplog import StepLog
+    from rlix.metrics import Activity
+
+    log = StepLog(tmp_path / "job")
+    log.observe(0.0, (0, 1), Activity.HELD)
+    log.observe(2.0, (1,), Activity.FREE)
+    f = FunctionScores(name="my/rew.py:exact", weight=1.0, values=(1.0, None, 0.0))
+    scored = ScoredStep(samples=(), rewards=(1.0, 0.0, 0.0), functions=(f,), eval=EvalScore(prompts=4, mean_reward=0.25, functions=(f,)))
+    stats = TrainStats(loss=0.5, kl=0.01, clip_fraction=0.0, tokens=9, seconds=1.0)
+    log.write(stream="", t=3.0, step=0, scored=scored, train=stats, tokens=[2, 4, 6], step_s=3.0, staleness=0)
+    log.close()
+    line = json.loads((tmp_path / "job" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["gpu_s_held"] == pytest.approx(2 * 2.0 + 1 * 1.0)
+    assert line["reward/rew.exact/mean"] == 0.5 and line["reward/rew.exact/none"] == 1
+    assert (line["loss"], line["kl"], line["response_len_mean"], line["response_len_max"], line["eval/reward_mean"]) == (0.5, 0.01, 4.0, 6, 0.25)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "job"))
+    acc.Reload()
+    assert acc.Scalars("reward_mean")[0].value == pytest.approx(1 / 3)
+
+
+def test_full_finetune_checkpoint_round_trip(tmp_path, model_dir):
+    import torch
+
+    from rlix.exec import checkpoint
+    from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample
+
+    learner = GrpoLearner(str(model_dir), "cpu", GrpoConfig(lr=1e-2))
+    samples = [Sample(prompt_ids=(1, 4, 5), completion_ids=(6, 2), advantage=a, old_logprobs=(-1.0, -1.0)) for a in (1.0, -1.0)]
+    for _ in range(3):
+        learner.train(samples)
+        checkpoint.save(learner, tmp_path / "ck", model_dir)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step_000002", "step_000003"]  # the newest two
+    assert (tmp_path / "ck" / "step_000003" / "tokenizer.json").is_file()
+    fresh = GrpoLearner(str(model_dir), "cpu", GrpoConfig(lr=1e-2))
+    assert checkpoint.restore(fresh, tmp_path / "ck") == 3
+    for (k, a), b in zip(learner.model.state_dict().items(), fresh.model.state_dict().values()):
+        assert torch.equal(a, b), k
+    learner.train(samples)
+    fresh.train(samples)  # same optimizer state and step: the same next update
+    for a, b in zip(learner.model.parameters(), fresh.model.parameters()):
+        assert torch.allclose(a, b)
+
+
+def test_cli_refuses_a_job_whose_prompts_are_all_too_long(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    (tmp_path / "long.jsonl").write_text(json.dumps({"q": "1" * 400 + "="}) + "\n")
+    raw = {
+        "cluster": {"nodes": 1, "gpus_per_node": 1},
+        "output": {"dir": str(tmp_path / "out")},
+        "jobs": [
+            {
+                "name": "long",
+                "model": {"size": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
+                "data": {"path": str(tmp_path / "long.jsonl"), "prompt_field": "q"},
+                "rewards": [{"function": f"{ROOT}/tests/data/trl_rewards.py:reward_len"}],
+                "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
+            }
+        ],
+    }
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "rlix.exec.cli", str(cfg), "--no-console"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlix-run: config error: jobs[0].data.path: job 'long': "), proc.stderr
+    assert "longer than the model's limit of 256 tokens" in lines[0]
+    assert not (tmp_path / "out").exists()  # refused before any actor started or any output was written

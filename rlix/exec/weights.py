@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlix.exec.fsdp import full
+
 
 @dataclass(frozen=True, kw_only=True)
 class WeightSnapshot:
@@ -22,7 +24,8 @@ class WeightSnapshot:
 
 
 def snapshot_of(model, version: int) -> WeightSnapshot:
-    """A detached CPU copy of ``model``'s weights."""
-    tensors = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    """A detached CPU copy of ``model``'s weights (gathered whole when FSDP2 shards
+    them: a collective, called by every rank)."""
+    tensors = {k: full(v).detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     return WeightSnapshot(version=version, tensors=tensors, nbytes=nbytes)

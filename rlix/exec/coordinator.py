@@ -181,22 +181,25 @@ class PipelineCoordinator:
     async def _init(self) -> None:
         t0 = self.now()
         gpus = await self._acquire(Stage.INIT)
-        opts = actor_options(self.cluster, self.spec.role(Role.ACTOR_TRAIN).gpus, self.nodes, f"{self.pid}/trainer")
         self._mark(gpus, Activity.SWITCH, "init")
-        from rlix.exec.workers import TrainerActor
+        from rlix.exec.trainer_gang import TrainerGang
+        from rlix.exec.workers import TrainerJob
 
         bundles = await self._control(self.sched.rollout_bundles.remote(self.pid))
         job = self.job
-        adapter_cfgs = {a.name: a.algo.value(a.seed) for a in job.adapters or ()}
-        self.trainer = TrainerActor.options(**opts).remote(
-            self.model_dir, job.algo.value(job.seed), self.emulation, job.lora_spec(), adapter_cfgs, job.checkpoint_dir
+        adapter_cfgs = tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ())
+        trainer_job = TrainerJob(
+            model_path=self.model_dir, cfg=job.algo.value(job.seed), emulation=self.emulation, lora=job.lora_spec(), adapter_cfgs=adapter_cfgs, checkpoint_dir=job.checkpoint_dir
         )
-        self.snapshot_ref = self.trainer.snapshot.remote()
-        versions = await self.trainer.adapter_versions.remote()  # a resumed adapter continues from its checkpoint
+        # One data-parallel rank per GPU of the actor_train mapping (FSDP2 when more than one).
+        self.trainer = TrainerGang.start(self.cluster, self.spec.role(Role.ACTOR_TRAIN).gpus, self.nodes, f"{self.pid}/trainer", trainer_job)
+        await self.trainer.started  # a rank that failed to start says why here
+        self.snapshot_ref = self.trainer.snapshot()
+        versions = await self.trainer.adapter_versions()  # a resumed adapter continues from its checkpoint
         for s in self.streams:
             if s.name:
                 s.start = s.version = s.snapshot_version = versions[s.name]
-                s.snapshot_ref = self.trainer.adapter_snapshot.remote(s.name)
+                s.snapshot_ref = self.trainer.adapter_snapshot(s.name)
         # Rollout processes on home bundles start now, asleep (imports and config only, no
         # GPU memory); an expand then only builds the engine and loads the newest weights.
         # Bundles borrowed from other jobs' homes are started on their first expand.
@@ -234,7 +237,7 @@ class PipelineCoordinator:
             if slot.actor is not None:
                 ray.kill(slot.actor)
         if self.trainer is not None:
-            ray.kill(self.trainer)
+            self.trainer.kill()
         held = tuple(sorted({g for s in self.slots.values() if s.state is not SlotState.ASLEEP for g in s.gpus} | {g for gp in self.gang_gpus.values() for g in gp}))
         if held:
             self._mark(held, Activity.FREE, "")
@@ -281,23 +284,23 @@ class PipelineCoordinator:
         samples = list(scored.samples)
         stages: list[tuple[str, float]] = []
         adapter = stream.name
-        old, secs = await self._gang(Stage.OLD_LOGPROBS, None, lambda: self.trainer.logprobs.remote(samples, False, adapter))
+        old, secs = await self._gang(Stage.OLD_LOGPROBS, None, lambda: self.trainer.logprobs(samples, False, adapter))
         stages.append((Stage.OLD_LOGPROBS.value, secs))
         samples = [replace(s, old_logprobs=o) for s, o in zip(samples, old)]
         if self.job.algo.kl_coef > 0:
             role = Role.REFERENCE if "reference" in self.job.roles else Role.ACTOR_TRAIN
-            ref, secs = await self._gang(Stage.REF_LOGPROBS, role, lambda: self.trainer.logprobs.remote(samples, True))
+            ref, secs = await self._gang(Stage.REF_LOGPROBS, role, lambda: self.trainer.logprobs(samples, True))
             stages.append((Stage.REF_LOGPROBS.value, secs))
             samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref)]
-        _, secs = await self._gang(Stage.ACTOR_TRAIN, None, lambda: self.trainer.train.remote(samples, adapter))
+        _, secs = await self._gang(Stage.ACTOR_TRAIN, None, lambda: self.trainer.train(samples, adapter))
         stages.append((Stage.ACTOR_TRAIN.value, secs))
         if adapter:
-            stream.snapshot_ref = self.trainer.adapter_snapshot.remote(adapter)
+            stream.snapshot_ref = self.trainer.adapter_snapshot(adapter)
             await stream.snapshot_ref
             if self.job.checkpoint_dir:
-                await self.trainer.save_adapter.remote(adapter)
+                await self.trainer.save_adapter(adapter)
         else:
-            self.snapshot_ref = self.trainer.snapshot.remote()
+            self.snapshot_ref = self.trainer.snapshot()
             await self.snapshot_ref
             self.snapshot_version = step + 1
         stream.snapshot_version = step + 1
@@ -326,7 +329,7 @@ class PipelineCoordinator:
         gpus = await self._acquire(stage, role)
         self._mark(gpus, Activity.SWITCH, stage.value)
         t = self.now()
-        reload_s = await self.trainer.reload.remote()
+        reload_s = await self.trainer.reload()
         self.switches.append(SwitchRecord(kind=SwitchKind.STAGE_LOAD, t=t, seconds=self.now() - t))
         self._mark(gpus, Activity.WORK, stage.value)
         t_work = self.now()
@@ -334,7 +337,7 @@ class PipelineCoordinator:
         secs = self.now() - t_work
         self._mark(gpus, Activity.SWITCH, stage.value)
         t = self.now()
-        await self.trainer.offload.remote()
+        await self.trainer.offload()
         self.switches.append(SwitchRecord(kind=SwitchKind.STAGE_OFFLOAD, t=t, seconds=self.now() - t))
         await self._release(stage, gpus)
         del reload_s
@@ -566,5 +569,6 @@ class PipelineCoordinator:
             control_overhead_s=self.overhead_s,
             control_calls=self.calls,
             gpu_wait_s=self.gpu_wait_s,
+            trainer_ranks=self.trainer.world if self.trainer is not None else 0,
             events=tuple(events),
         )

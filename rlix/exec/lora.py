@@ -152,8 +152,12 @@ class LoraLearner(GrpoLearner):
     # ------------------------------------------------------------ checkpoints
 
     def save(self, adapter: str, directory: str | Path) -> Path:
-        """Write ``adapter``'s weights, optimizer state and version to ``directory/adapter/state.pt``."""
-        return write_checkpoint(self.checkpoint(adapter), adapter, directory)
+        """Write ``adapter``'s weights, optimizer state and version to ``directory/adapter/state.pt``
+        (every rank gathers them: a collective; rank 0 writes)."""
+        state = self.checkpoint(adapter)
+        if self.ranks.rank == 0:
+            write_checkpoint(state, adapter, directory)
+        return Path(directory) / adapter
 
     def checkpoint(self, adapter: str) -> dict:
         """``adapter``'s whole weights, optimizer state and version, on the CPU.

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import ray
 
+from rlix.exec.fsdp import Rendezvous, free_rendezvous, join
 from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample, TrainStats
 from rlix.exec.lora import AdapterSnapshot, LoraLearner, LoraSpec
 from rlix.exec.rollout import Emulation, GenRequest, GenResult, VllmOptions, make_backend
@@ -30,6 +31,19 @@ class SwitchTiming:
 
     def adapter_version(self, name: str) -> int:
         return dict(self.adapters).get(name, -1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerJob:
+    """What every trainer rank builds: the same model, recipe and (LoRA) adapters."""
+
+    model_path: str
+    cfg: GrpoConfig
+    emulation: Emulation = Emulation()
+    lora: LoraSpec | None = None
+    adapter_cfgs: tuple[tuple[str, GrpoConfig], ...] = ()
+    checkpoint_dir: str | None = None
+    dtype: str = "float32"  # weights and optimizer state
 
 
 def _setup_process() -> None:
@@ -95,25 +109,37 @@ class RolloutWorkerActor:
         return self.visible
 
 
-@ray.remote(max_concurrency=4)
+@ray.remote(max_concurrency=1)  # one call at a time, in the order sent: ranks must meet in their collectives alike
 class TrainerActor:
-    """The job's learner: policy, reference and optimizer on the actor_train GPUs."""
+    """One data-parallel rank of the job's learner (policy, reference and optimizer) on
+    one GPU of its actor_train mapping; :class:`rlix.exec.trainer_gang.TrainerGang`
+    sends every rank the same calls. A lone rank is the whole learner."""
 
-    def __init__(
-        self, model_path: str, cfg: GrpoConfig, emulation: Emulation, lora: LoraSpec | None = None, adapter_cfgs: dict[str, GrpoConfig] | None = None, checkpoint_dir: str | None = None
-    ) -> None:
+    def __init__(self, rank: int) -> None:
         _setup_process()
+        self.rank = rank
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.checkpoint_dir: str | None = None
+        self.learner: GrpoLearner | None = None
+
+    def rendezvous(self, world: int) -> Rendezvous:
+        """Rank 0: where the ranks meet (this host, a free port)."""
+        return free_rendezvous(world)
+
+    def start(self, rdv: Rendezvous, job: TrainerJob) -> int:
+        """Join the other ranks, then build the (sharded) learner, offloaded; returns this rank."""
         from rlix.exec.placement import device_for_worker
 
-        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        self.checkpoint_dir = checkpoint_dir
-        if lora is None:
-            self.learner = GrpoLearner(model_path, device_for_worker(), cfg, emulation)
+        ranks = join(rdv, self.rank)
+        self.checkpoint_dir = job.checkpoint_dir
+        if job.lora is None:
+            self.learner = GrpoLearner(job.model_path, device_for_worker(), job.cfg, job.emulation, ranks, job.dtype)
         else:
-            self.learner = LoraLearner(model_path, device_for_worker(), lora, adapter_cfgs or {}, emulation)
-            if checkpoint_dir:
-                self.learner.restore(checkpoint_dir)
+            self.learner = LoraLearner(job.model_path, device_for_worker(), job.lora, dict(job.adapter_cfgs), job.emulation, ranks, job.dtype)
+            if job.checkpoint_dir:
+                self.learner.restore(job.checkpoint_dir)
         self.learner.offload()  # GPUs are only ours while a stage is granted
+        return self.rank
 
     def reload(self) -> float:
         t0 = time.perf_counter()
@@ -142,7 +168,7 @@ class TrainerActor:
 
     def save_adapter(self, adapter: str) -> str:
         """Checkpoint ``adapter`` (weights, optimizer, step) under the job's checkpoint_dir."""
-        return str(self.learner.save(adapter, self.checkpoint_dir))
+        return str(self.learner.save(adapter, self.checkpoint_dir))  # every rank gathers, rank 0 writes
 
     def snapshot(self) -> WeightSnapshot:
         """The CPU copy of the newest weights (cached by Ray's object store)."""

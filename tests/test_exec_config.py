@@ -35,6 +35,7 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0]["model"].update(path="/nonexistent"), "jobs[0].model"),
         (lambda c: c["jobs"][1].update(name="small"), "jobs"),
         (lambda c: c["jobs"][0]["task"].update(name="chess"), "jobs[0].task.name"),
+        (lambda c: c["jobs"][0].update(checkpoint_dir="/tmp/ck", roles={"actor_train": {"gpus": [0, 1]}, "actor_infer": {"gpus": "0-3"}}), "jobs[0]"),
     ],
 )
 def test_bad_config_names_the_field(edit, field):

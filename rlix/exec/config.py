@@ -275,6 +275,9 @@ class JobConfig(StrictModel):
                 raise ValueError("roles.reference is not used by multi_lora jobs; remove it")
         elif self.adapters is not None:
             raise ValueError("'adapters' is only for kind multi_lora; remove it or set kind: multi_lora")
+        elif self.checkpoint_dir and "actor_train" in self.roles and len(self.roles["actor_train"].gpus) > 1:
+            # A full-finetune checkpoint is written from whole (unsharded) weights by one process.
+            raise ValueError("checkpoint_dir: full-finetune checkpoints need a one-GPU actor_train mapping; drop checkpoint_dir or train on one GPU")
         return self
 
     def lora_spec(self) -> LoraSpec | None:

@@ -29,7 +29,7 @@ from rlix.core import ClusterSpec, ReportDemand, Stage, WorkerLost
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig
 from rlix.exec.gangs import SchedulerLink
-from rlix.exec.messages import Emulation, GenResult
+from rlix.exec.messages import Emulation, GenResult, TrainerJob
 from rlix.exec.placement import actor_options
 from rlix.exec.pool import WorkerPool
 from rlix.exec.recipe import Recipe
@@ -118,10 +118,11 @@ class PipelineCoordinator:
             if self.steplog is not None:
                 self.steplog.close()
         result = self.rec.result(self.status, error=error, arrival_s=self.arrival_s, init_s=self.init_s, finish_s=self.now(), planned=self.driver.produced)
-        return replace(result, bad_input=bad_input)
+        ranks = self.trainer.handle.world if self.trainer is not None else 0
+        return replace(result, bad_input=bad_input, trainer_ranks=ranks)
 
     async def _init(self) -> None:
-        from rlix.exec.workers import TrainerActor
+        from rlix.exec.trainer_gang import TrainerGang
 
         # Warm workers: a sleeping process on every bundle the job may use, started now in the
         # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
@@ -130,10 +131,14 @@ class PipelineCoordinator:
         t0 = self.now()
         gpus = await self.link.acquire(Stage.INIT)
         job = self.job
-        opts = actor_options(self.cluster, self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus, self.nodes, f"{self.pid}/trainer")
-        adapter_cfgs = {a.name: a.algo.value(a.seed) for a in job.adapters or ()}
-        handle = TrainerActor.options(**opts).remote(self.model_dir, job.algo.value(job.seed), self.emulation, job.lora_spec(), adapter_cfgs, job.checkpoint_dir)
-        self.trainer = TrainerLink(handle, limits=self.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every)
+        trainer_job = TrainerJob(
+            model_path=self.model_dir, cfg=job.algo.value(job.seed), emulation=self.emulation, lora=job.lora_spec(),
+            adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()), checkpoint_dir=job.checkpoint_dir,
+        )
+        # One data-parallel rank per GPU of the actor_train mapping (FSDP2 when more than one).
+        gang = TrainerGang.start(self.cluster, self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus, self.nodes, f"{self.pid}/trainer", trainer_job)
+        self.trainer = TrainerLink(gang, limits=self.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every)
+        await self.trainer.call(gang.started, "trainer start-up")  # a rank that failed to start says why here
         await self.trainer.start(self.driver.streams)  # v0 is cached on the CPU
         await self.link.release(Stage.INIT, gpus)
         self.init_s = self.now() - t0
@@ -154,7 +159,7 @@ class PipelineCoordinator:
             pass
         self.rollout.kill_all()
         if self.trainer is not None:
-            ray.kill(self.trainer.handle)
+            self.trainer.handle.kill()
         held = tuple(sorted(set(self.pool.held_gpus()) | set(self.link.gpus_held())))
         if held:
             self.rec.mark(self.now(), held, Activity.FREE, "")

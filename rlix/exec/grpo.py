@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 
+from rlix.exec.fsdp import SINGLE, Ranks, clip_grad_norm
 from rlix.exec.messages import Emulation, GrpoConfig, Sample, TrainStats, WeightSnapshot
 from rlix.exec.weights import snapshot_of
 
@@ -31,9 +32,16 @@ def group_advantages(rewards: list[float], groups: list[int]) -> list[float]:
 
 
 class GrpoLearner:
-    """Policy (+ optional frozen reference) and its optimizer on one device."""
+    """Policy (+ optional frozen reference) and its optimizer on one device, or
+    sharded over data-parallel ``ranks`` (every rank constructs it alike).
 
-    def __init__(self, model_path: str, device: str, cfg: GrpoConfig, emulation: Emulation = Emulation()) -> None:
+    ``dtype`` is the weights' (and optimizer state's) dtype: float32 trains;
+    float64 lets a test hold N ranks to the one-rank update within ~1e-15
+    (float32 rounding, summed in another order, leaves ~1e-6 after a few steps)."""
+
+    def __init__(
+        self, model_path: str, device: str, cfg: GrpoConfig, emulation: Emulation = Emulation(), ranks: Ranks = SINGLE, dtype: str = "float32"
+    ) -> None:
         import torch
 
         from rlix.exec.model import load_model
@@ -42,8 +50,9 @@ class GrpoLearner:
         self.cfg = cfg
         self.device = device
         self.emulation = emulation
-        self.model = load_model(model_path, device)
-        self.ref = load_model(model_path, device).eval() if cfg.kl_coef > 0 else None
+        self.ranks = ranks
+        self.model = ranks.shard(load_model(model_path, device, dtype))
+        self.ref = ranks.shard(load_model(model_path, device, dtype).eval()) if cfg.kl_coef > 0 else None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.version = 0
         self.pad_id = int(self.model.config.pad_token_id)
@@ -72,16 +81,20 @@ class GrpoLearner:
     # ------------------------------------------------------------ scoring
 
     def logprobs(self, samples: list[Sample], *, reference: bool = False) -> list[tuple[float, ...]]:
-        """Per-token log-probs of each completion under the policy (or the reference)."""
+        """Per-token log-probs of each completion under the policy (or the reference).
+
+        Each rank scores its share; a rank with no share still runs a forward
+        (FSDP gathers parameters collectively) and keeps nothing."""
         import torch
 
         model = self.ref if reference else self.model
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            lp, mask = self._token_logprobs(model, samples)
-        out = [tuple(float(x) for x, m in zip(row, mrow) if m) for row, mrow in zip(lp.cpu(), mask.cpu())]
-        self._pace(samples, t0)
-        return out
+        mine = self.ranks.share(samples)
+        with torch.no_grad():
+            lp, mask = self._token_logprobs(model, mine or samples[:1])
+        out = [tuple(float(x) for x, m in zip(row, mrow) if m) for row, mrow in zip(lp.cpu(), mask.cpu())] if mine else []
+        self._pace(mine, t0)
+        return self.ranks.unshare(out, len(samples))
 
     def _batch(self, samples: list[Sample]):
         import torch
@@ -102,7 +115,8 @@ class GrpoLearner:
         import torch
 
         ids, attn, tmask = self._batch(samples)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision up, float64 kept
         lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         return lp, tmask
 
@@ -110,13 +124,18 @@ class GrpoLearner:
 
     def train(self, samples: list[Sample]) -> TrainStats:
         """One GRPO update over ``samples``; bumps the policy version."""
-        stats = self._update(samples, self.cfg, self.opt, list(self.model.parameters()), self.version)
+        params = [p for group in self.opt.param_groups for p in group["params"]]  # the shards, under FSDP2
+        stats = self._update(samples, self.cfg, self.opt, params, self.version)
         self.version += 1
         return stats
 
     def _update(self, samples: list[Sample], cfg: GrpoConfig, opt, params: list, version: int) -> TrainStats:
         """``cfg.epochs`` passes of clipped-PG minibatch steps of ``opt`` over ``params``
-        (minibatch order seeded by ``cfg.seed + version``)."""
+        (minibatch order seeded by ``cfg.seed + version``).
+
+        Every rank takes its share of each minibatch; the loss is normalised by
+        the whole minibatch's token count (known to every rank), so the
+        gradients summed over ranks are the one-rank gradient."""
         import torch
 
         t0 = time.perf_counter()
@@ -129,41 +148,49 @@ class GrpoLearner:
             for chunk in chunks:
                 if not chunk:
                     continue
-                loss, kl, clip, n = self._loss([samples[i] for i in chunk], cfg)
+                mb = [samples[i] for i in chunk]
+                n = sum(len(s.completion_ids) for s in mb)  # tokens of the whole minibatch
+                mine = self.ranks.share(mb)
+                loss, kl, clipped = self._loss(mine or mb[:1], cfg, max(n, 1), live=bool(mine))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                clip_grad_norm(params, cfg.max_grad_norm)
                 opt.step()
-                tot_loss += float(loss.detach()) * n
-                tot_kl += kl * n
-                tot_clip += clip * n
+                loss_v, kl_v, clipped = self.ranks.sum([float(loss.detach()), kl, clipped])
+                tot_loss += loss_v * n
+                tot_kl += kl_v * n
+                tot_clip += clipped
                 tokens += n
         self.model.eval()
-        self._pace(samples, t0)
+        self._pace(self.ranks.share(samples), t0)
         n = max(tokens, 1)
         return TrainStats(loss=tot_loss / n, kl=tot_kl / n, clip_fraction=tot_clip / n, tokens=tokens, seconds=time.perf_counter() - t0)
 
-    def _loss(self, mb: list[Sample], cfg: GrpoConfig):
+    def _loss(self, mb: list[Sample], cfg: GrpoConfig, n: int, live: bool = True):
+        """(loss, kl term, clipped tokens) of ``mb``, both terms normalised by ``n`` tokens.
+
+        A rank with no share of the minibatch (``live`` False) runs ``mb`` with
+        every token masked out: it joins FSDP's collectives and adds nothing."""
         import torch
 
-        lp, mask = self._token_logprobs(self.model, mb)
-        old = _pad_like(lp, mask, [s.old_logprobs for s in mb])
+        lp, tmask = self._token_logprobs(self.model, mb)
+        old = _pad_like(lp, tmask, [s.old_logprobs for s in mb])
         adv = torch.tensor([s.advantage for s in mb], device=lp.device).unsqueeze(1)
         ratio = torch.exp(lp - old)
         eps = cfg.clip_eps
         pg = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
-        n = int(mask.sum())
-        loss = (pg * mask).sum() / max(n, 1)
+        mask = tmask if live else torch.zeros_like(tmask)
+        loss = (pg * mask).sum() / n
         kl_val = 0.0
         if self.ref is not None and cfg.kl_coef > 0:
-            ref = _pad_like(lp, mask, [s.ref_logprobs for s in mb])
+            ref = _pad_like(lp, tmask, [s.ref_logprobs for s in mb])
             log_r = ref - lp
             kl = torch.exp(log_r) - log_r - 1  # k3: unbiased, non-negative
-            kl_term = (kl * mask).sum() / max(n, 1)
+            kl_term = (kl * mask).sum() / n
             loss = loss + cfg.kl_coef * kl_term
             kl_val = float(kl_term.detach())
         clipped = ((ratio - 1).abs() > eps) & mask
-        return loss, kl_val, float(clipped.sum()) / max(n, 1), n
+        return loss, kl_val, float(clipped.sum())
 
     def _pace(self, samples: list[Sample], started: float) -> None:
         per_tok = self.emulation.train_token_s

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlix.exec.fsdp import SINGLE, Ranks, full, shard_like
 from rlix.exec.grpo import GrpoLearner
 from rlix.exec.messages import AdapterSnapshot, Emulation, GrpoConfig, LoraSpec, Sample, TrainStats, WeightSnapshot
 from rlix.exec.weights import snapshot_of
@@ -48,8 +49,9 @@ def adapter_keys(state_keys, name: str) -> list[str]:
 
 
 def adapter_snapshot_of(model, name: str, version: int) -> AdapterSnapshot:
+    """``name``'s tensors on the CPU (gathered whole under FSDP2: a collective, called by every rank)."""
     sd = model.state_dict()
-    tensors = {k: sd[k].detach().to("cpu", copy=True) for k in adapter_keys(sd, name)}
+    tensors = {k: full(sd[k]).detach().to("cpu", copy=True) for k in adapter_keys(sd, name)}
     return AdapterSnapshot(name=name, version=version, tensors=tensors, nbytes=sum(t.numel() * t.element_size() for t in tensors.values()))
 
 
@@ -64,7 +66,9 @@ class _AdapterState:
 class LoraLearner(GrpoLearner):
     """GRPO over several adapters of one peft model; every call names its adapter."""
 
-    def __init__(self, model_path: str, device: str, spec: LoraSpec, cfgs: dict[str, GrpoConfig], emulation: Emulation = Emulation()) -> None:
+    def __init__(
+        self, model_path: str, device: str, spec: LoraSpec, cfgs: dict[str, GrpoConfig], emulation: Emulation = Emulation(), ranks: Ranks = SINGLE, dtype: str = "float32"
+    ) -> None:
         import torch
 
         from rlix.exec.model import load_model
@@ -72,8 +76,9 @@ class LoraLearner(GrpoLearner):
         self.spec = spec
         self.device = device
         self.emulation = emulation
+        self.ranks = ranks
         self.ref = None
-        self.model = wrap_with_adapters(load_model(model_path, device), spec).eval()
+        self.model = ranks.shard(wrap_with_adapters(load_model(model_path, device, dtype), spec).eval())
         self.pad_id = int(self.model.config.pad_token_id)
         self.adapters: dict[str, _AdapterState] = {}
         named = dict(self.model.named_parameters())
@@ -125,17 +130,23 @@ class LoraLearner(GrpoLearner):
     # ------------------------------------------------------------ checkpoints
 
     def save(self, adapter: str, directory: str | Path) -> Path:
-        """Write ``adapter``'s weights, optimizer state and version to ``directory/adapter/state.pt``."""
-        import torch
+        """Write ``adapter``'s weights, optimizer state and version to ``directory/adapter/state.pt``
+        (every rank gathers them: a collective; rank 0 writes)."""
+        state = self.checkpoint(adapter)
+        if self.ranks.rank == 0:
+            write_checkpoint(state, adapter, directory)
+        return Path(directory) / adapter
 
-        path = Path(directory) / adapter
-        path.mkdir(parents=True, exist_ok=True)
+    def checkpoint(self, adapter: str) -> dict:
+        """``adapter``'s whole weights, optimizer state and version, on the CPU.
+
+        The same for any number of ranks (shards gathered whole: a collective),
+        so a checkpoint written by N ranks resumes on M."""
         st = self.adapters[adapter]
         snap = self.adapter_snapshot(adapter)
-        tmp = path / "state.pt.tmp"
-        torch.save({"version": st.version, "tensors": snap.tensors, "opt": st.opt.state_dict()}, tmp)
-        tmp.replace(path / "state.pt")  # never a half-written checkpoint
-        return path
+        opt = st.opt.state_dict()
+        opt["state"] = {i: {k: full(v).detach().to("cpu", copy=True) for k, v in s.items()} for i, s in sorted(opt["state"].items())}
+        return {"version": st.version, "tensors": snap.tensors, "opt": opt}
 
     def restore(self, directory: str | Path) -> dict[str, int]:
         """Load every adapter that has a checkpoint under ``directory``; returns their versions."""
@@ -150,8 +161,23 @@ class LoraLearner(GrpoLearner):
             missing = set(adapter_keys(self.model.state_dict(), name)) - set(ck["tensors"])
             if missing:
                 raise ValueError(f"{f}: checkpoint lacks {len(missing)} tensors of adapter '{name}' (different lora shape?)")
-            self.model.load_state_dict(ck["tensors"], strict=False)
-            st.opt.load_state_dict(ck["opt"])
+            named = dict(self.model.named_parameters())
+            self.model.load_state_dict({k: shard_like(v, named[k]) for k, v in ck["tensors"].items()}, strict=False)
+            opt = ck["opt"]
+            opt["state"] = {i: {k: shard_like(v, st.params[i]) if v.dim() else v for k, v in s.items()} for i, s in opt["state"].items()}
+            st.opt.load_state_dict(opt)
             st.version = int(ck["version"])
             out[name] = st.version
         return out
+
+
+def write_checkpoint(state: dict, adapter: str, directory: str | Path) -> Path:
+    """Write :meth:`LoraLearner.checkpoint`'s ``state`` to ``directory/adapter/state.pt``."""
+    import torch
+
+    path = Path(directory) / adapter
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "state.pt.tmp"
+    torch.save(state, tmp)
+    tmp.replace(path / "state.pt")  # never a half-written checkpoint
+    return path

@@ -163,3 +163,16 @@ class TrainStats:
     clip_fraction: float
     tokens: int
     seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerJob:
+    """What every trainer rank builds: the same model, recipe and (LoRA) adapters."""
+
+    model_path: str
+    cfg: GrpoConfig
+    emulation: Emulation = Emulation()
+    lora: LoraSpec | None = None
+    adapter_cfgs: tuple[tuple[str, GrpoConfig], ...] = ()
+    checkpoint_dir: str | None = None
+    dtype: str = "float32"  # weights and optimizer state

@@ -87,13 +87,13 @@ def quiet_transformers() -> None:
     logging.set_verbosity_error()
 
 
-def load_model(path: str | Path, device: str = "cpu"):
-    """Load a causal LM exactly as a user's checkpoint would be loaded."""
+def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32"):
+    """Load a causal LM exactly as a user's checkpoint would be loaded, its weights in ``dtype``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
     return model.to(device)
 
 

@@ -103,6 +103,7 @@ class JobResult:
     control_overhead_s: float = 0.0  # blocking control-plane time beyond waiting for GPUs
     control_calls: int = 0
     gpu_wait_s: float = 0.0  # time gang requests waited for GPUs in the scheduler
+    trainer_ranks: int = 0  # data-parallel trainer processes (one per actor_train GPU); 0 = never started
     events: tuple[ActivityChange, ...] = ()  # not yet drained by a progress poll
     bad_input: bool = False  # failed on the user's input (a reward function), not on rlix: exit status 2
 

@@ -195,6 +195,7 @@ def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str
                 "lost": r.lost,
                 "control_overhead_s": r.control_overhead_s,
                 "gpu_wait_s": r.gpu_wait_s,
+                "trainer_ranks": r.trainer_ranks,
                 "switch_s": {k.value: round(sum(s.seconds for s in r.switches if s.kind is k), 4) for k in SwitchKind},
             }
             for pid, r in sorted(results.items())

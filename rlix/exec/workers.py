@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+
 import ray
 
+from rlix.exec.fsdp import Rendezvous, free_rendezvous, join
 from rlix.exec.grpo import GrpoLearner
 from rlix.exec.lora import LoraLearner
 from rlix.exec.messages import (
@@ -24,6 +26,7 @@ from rlix.exec.messages import (
     LoraSpec,
     Sample,
     SwitchTiming,
+    TrainerJob,
     TrainStats,
     VllmOptions,
     WeightSnapshot,
@@ -108,30 +111,42 @@ class RolloutWorkerActor:
         return self.visible
 
 
-@ray.remote(max_concurrency=4)
+@ray.remote(max_concurrency=1)  # one call at a time, in the order sent: ranks must meet in their collectives alike
 class TrainerActor:
-    """The job's learner: policy, reference and optimizer on the actor_train GPUs."""
+    """One data-parallel rank of the job's learner (policy, reference and optimizer) on
+    one GPU of its actor_train mapping; :class:`rlix.exec.trainer_gang.TrainerGang`
+    sends every rank the same calls. A lone rank is the whole learner."""
 
-    def __init__(
-        self, model_path: str, cfg: GrpoConfig, emulation: Emulation, lora: LoraSpec | None = None, adapter_cfgs: dict[str, GrpoConfig] | None = None, checkpoint_dir: str | None = None
-    ) -> None:
+    def __init__(self, rank: int) -> None:
         _setup_process()
+        self.rank = rank
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.checkpoint_dir: str | None = None
+        self.learner: GrpoLearner | None = None
+
+    def rendezvous(self, world: int) -> Rendezvous:
+        """Rank 0: where the ranks meet (this host, a free port)."""
+        return free_rendezvous(world)
+
+    def start(self, rdv: Rendezvous, job: TrainerJob) -> int:
+        """Join the other ranks, then build the (sharded) learner, offloaded; returns this rank."""
         from rlix.exec.placement import device_for_worker
 
-        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        self.checkpoint_dir = checkpoint_dir
-        self.model_path = model_path
-        if lora is None:
-            self.learner = GrpoLearner(model_path, device_for_worker(), cfg, emulation)
-            if checkpoint_dir:
+        ranks = join(rdv, self.rank)
+        self.checkpoint_dir = job.checkpoint_dir
+        self.model_path = job.model_path
+        if job.lora is None:
+            self.learner = GrpoLearner(job.model_path, device_for_worker(), job.cfg, job.emulation, ranks, job.dtype)
+            if job.checkpoint_dir:
                 from rlix.exec import checkpoint
 
-                checkpoint.restore(self.learner, checkpoint_dir)  # a rerun continues from the newest checkpoint
+                checkpoint.restore(self.learner, job.checkpoint_dir)  # a rerun continues from the newest checkpoint
         else:
-            self.learner = LoraLearner(model_path, device_for_worker(), lora, adapter_cfgs or {}, emulation)
-            if checkpoint_dir:
-                self.learner.restore(checkpoint_dir)
+            self.learner = LoraLearner(job.model_path, device_for_worker(), job.lora, dict(job.adapter_cfgs), job.emulation, ranks, job.dtype)
+            if job.checkpoint_dir:
+                self.learner.restore(job.checkpoint_dir)
         self.learner.offload()  # GPUs are only ours while a stage is granted
+        return self.rank
 
     def reload(self) -> float:
         t0 = time.perf_counter()
@@ -170,7 +185,7 @@ class TrainerActor:
 
     def save_adapter(self, adapter: str) -> str:
         """Checkpoint ``adapter`` (weights, optimizer, step) under the job's checkpoint_dir."""
-        return str(self.learner.save(adapter, self.checkpoint_dir))
+        return str(self.learner.save(adapter, self.checkpoint_dir))  # every rank gathers, rank 0 writes
 
     def snapshot(self) -> WeightSnapshot:
         """The CPU copy of the newest weights (cached by Ray's object store)."""

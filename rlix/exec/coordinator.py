@@ -29,7 +29,7 @@ from rlix.core import ClusterSpec, ReportDemand, Stage, WorkerLost
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig
 from rlix.exec.gangs import SchedulerLink
-from rlix.exec.messages import Emulation, GenResult, TrainerJob
+from rlix.exec.messages import Emulation, GenResult
 from rlix.exec.placement import actor_options
 from rlix.exec.pool import WorkerPool
 from rlix.exec.recipe import Recipe
@@ -122,23 +122,14 @@ class PipelineCoordinator:
         return replace(result, bad_input=bad_input, trainer_ranks=ranks)
 
     async def _init(self) -> None:
-        from rlix.exec.trainer_gang import TrainerGang
-
         # Warm workers: a sleeping process on every bundle the job may use, started now in the
         # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
         # expand is then a wake plus a weight sync.
         self.rollout.warm(await self.link.control(self.sched.rollout_bundles.remote(self.pid)))
         t0 = self.now()
         gpus = await self.link.acquire(Stage.INIT)
-        job = self.job
-        trainer_job = TrainerJob(
-            model_path=self.model_dir, cfg=job.algo.value(job.seed), emulation=self.emulation, lora=job.lora_spec(),
-            adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()), checkpoint_dir=job.checkpoint_dir,
-        )
-        # One data-parallel rank per GPU of the actor_train mapping (FSDP2 when more than one).
-        gang = TrainerGang.start(self.cluster, self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus, self.nodes, f"{self.pid}/trainer", trainer_job)
-        self.trainer = TrainerLink(gang, limits=self.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every)
-        await self.trainer.call(gang.started, "trainer start-up")  # a rank that failed to start says why here
+        gpus_train = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
+        self.trainer = TrainerLink.start_gang(self.job, self.model_dir, self.emulation, cluster=self.cluster, gpus=gpus_train, nodes=self.nodes, name=f"{self.pid}/trainer")
         await self.trainer.start(self.driver.streams)  # v0 is cached on the CPU
         await self.link.release(Stage.INIT, gpus)
         self.init_s = self.now() - t0
@@ -224,16 +215,8 @@ class PipelineCoordinator:
             min_weight_version=min(r.weight_version for r in recs),
         )
         self.rec.step(record)
-        if self.steplog is not None:
-            self._log_step(record, batch.trajs, scored, train_stats)
-
-    def _log_step(self, record: StepRecord, trajs, scored, train_stats) -> None:
-        """One line of the job's metrics.jsonl (eval trajectories are reported, never counted as trained)."""
-        recs = [self.rec.trajs[t.request.traj_id] for t in trajs if not t.eval]
-        self.steplog.write(
-            stream=record.stream, t=record.finished_s, step=record.step, scored=scored, train=train_stats, tokens=[r.tokens for r in recs],
-            step_s=record.finished_s - record.started_s, staleness=record.step - min(r.weight_version for r in recs),
-        )
+        if self.steplog is not None:  # eval trajectories are reported, never counted as trained
+            self.steplog.write_step(record, [self.rec.trajs[t.request.traj_id] for t in batch.trajs if not t.eval], scored, train_stats)
 
     # ================================================================ rollout hooks
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from rlix.exec.records import StepRecord, TrajRecord
 from rlix.metrics import Activity
 
 
@@ -98,6 +100,13 @@ class StepLog:
     def write_data_report(self, report: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "data.json").write_text(json.dumps(report, indent=1) + "\n")
+
+    def write_step(self, record: StepRecord, trained: Sequence[TrajRecord], scored, train) -> dict:
+        """The line of one trained step: ``trained`` are its trajectory records (eval ones left out)."""
+        return self.write(
+            stream=record.stream, t=record.finished_s, step=record.step, scored=scored, train=train, tokens=[r.tokens for r in trained],
+            step_s=record.finished_s - record.started_s, staleness=record.step - min(r.weight_version for r in trained),
+        )
 
     def write(self, *, stream: str, t: float, step: int, scored, train, tokens: list[int], step_s: float, staleness: int) -> dict:
         """Append the step's line; GPU-seconds are those held since the stream's previous line."""

@@ -9,8 +9,10 @@ Version ``v`` is the weights after ``v`` trained steps.
 
 from __future__ import annotations
 
-from rlix.core import Stage
-from rlix.exec.config import LimitsConfig
+from rlix.core import ClusterSpec, Stage
+from rlix.core.types import Gpus
+from rlix.exec.config import JobConfig, LimitsConfig
+from rlix.exec.messages import Emulation, TrainerJob
 from rlix.exec.rollout_control import call
 from rlix.exec.step_driver import Stream
 
@@ -18,19 +20,34 @@ from rlix.exec.step_driver import Stream
 class TrainerLink:
     """Calls to one trainer actor, and the cache of its weight versions."""
 
-    def __init__(self, handle, *, limits: LimitsConfig, checkpoint_dir: str | None = None, save_every: int = 1) -> None:
-        self.handle = handle  # the trainer actor
+    def __init__(self, handle, *, limits: LimitsConfig, checkpoint_dir: str | None = None, save_every: int = 1, started=None) -> None:
+        self.handle = handle  # the trainer actor (or gang of ranks)
+        self.started = started  # done once every rank built its learner (None: nothing to wait for)
         self.limits = limits
         self.checkpoint_dir = checkpoint_dir  # None: no checkpoints
         self.save_every = save_every  # checkpoint every this many steps (and after a stream's last)
         self.full: tuple[object, int] = (handle.snapshot.remote(), 0)  # newest full snapshot ref, its version
         self.adapters: dict[str, tuple[object, int]] = {}  # adapter -> newest snapshot ref, its version
 
+    @classmethod
+    def start_gang(cls, job: JobConfig, model_dir: str, emulation: Emulation, *, cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str) -> TrainerLink:
+        """The job's trainer: one data-parallel rank per GPU of ``gpus`` (FSDP2 when more than one), starting in the background."""
+        from rlix.exec.trainer_gang import TrainerGang
+
+        trainer_job = TrainerJob(
+            model_path=model_dir, cfg=job.algo.value(job.seed), emulation=emulation, lora=job.lora_spec(),
+            adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()), checkpoint_dir=job.checkpoint_dir,
+        )
+        gang = TrainerGang.start(cluster, gpus, nodes, name, trainer_job)
+        return cls(gang, limits=job.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every, started=gang.started)
+
     async def call(self, ref, what: str):
         return await call(ref, self.limits.call_timeout_s, what)
 
     async def start(self, streams: list[Stream]) -> None:
         """Wait for the trainer; resumed streams continue from their checkpoints; the first weights are cached."""
+        if self.started is not None:
+            await self.call(self.started, "trainer start-up")  # a rank that failed to start says why here
         versions = await self.call(self.handle.adapter_versions.remote(), "trainer start-up")
         for s in streams:
             if s.name:

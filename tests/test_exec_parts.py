@@ -308,6 +308,8 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
         assert "save_adapter" not in handle.calls  # version 1 is not a multiple of save_every
         await link.publish(streams[1], 2)
         assert handle.calls.count("save_adapter") == 1  # an adapter update is checkpointed when due
+        await link.publish(streams[1], 3, last=True)
+        assert handle.calls.count("save_adapter") == 2  # a stream stopping early is checkpointed at its last step
         await link.publish(Stream(name="", recipe=FakeRecipe(), steps=4, staleness=0), 4)
         full, version, adapters = link.weights()
         assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 2)]

@@ -100,13 +100,16 @@ class PipelineCoordinator:
             me = ray.get_runtime_context().current_actor
             await self.link.control(self.sched.register.remote(self.spec, me))
             await self._init()
-            self.tasks = [loop.create_task(self.link.report_loop(self._demand, self._changes))] + [loop.create_task(self._produce(s)) for s in self.driver.streams]
-            trainers = asyncio.gather(*(self._train_loop(s) for s in self.driver.streams))
-            done, _ = await asyncio.wait([trainers, self.failure], return_when=asyncio.FIRST_COMPLETED)
-            if self.failure in done:
-                trainers.cancel()
+            background = [self.link.report_loop(self._demand, self._changes)] + [self._produce(s) for s in self.driver.streams]
+            trainers = [loop.create_task(self._train_loop(s)) for s in self.driver.streams]
+            self.tasks = [loop.create_task(c) for c in background] + trainers  # teardown cancels them all
+            for task in self.tasks:
+                task.add_done_callback(self._task_done)
+            trained = asyncio.gather(*trainers)
+            await asyncio.wait([trained, self.failure], return_when=asyncio.FIRST_COMPLETED)
+            if self.failure.done():
                 raise self.failure.result()
-            trainers.result()
+            trained.result()
             self.status = JobStatus.FINISHED
         except RewardError as exc:  # the user's reward function failed: a one-line reason, no traceback
             self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc}".splitlines()[0], True
@@ -126,8 +129,8 @@ class PipelineCoordinator:
         # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
         # expand is then a wake plus a weight sync.
         self.rollout.warm(await self.link.control(self.sched.rollout_bundles.remote(self.pid)))
-        t0 = self.now()
         gpus = await self.link.acquire(Stage.INIT)
+        t0 = self.now()  # model load from the grant on: time queued for it is not load (the simulator queues on its own)
         gpus_train = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
         self.trainer = TrainerLink.start_gang(self.job, self.model_dir, self.emulation, cluster=self.cluster, gpus=gpus_train, nodes=self.nodes, name=f"{self.pid}/trainer")
         await self.trainer.start(self.driver.streams)  # v0 is cached on the CPU
@@ -199,7 +202,7 @@ class PipelineCoordinator:
                 samples = [replace(x, ref_logprobs=r) for x, r in zip(samples, value)]
             elif stage is Stage.ACTOR_TRAIN:
                 train_stats = value
-        await self.trainer.publish(s, step + 1)  # into the CPU cache, then to live workers (before the gate opens)
+        await self.trainer.publish(s, step + 1, last=self.driver.stops(s, scored.mean_reward))  # into the CPU cache, then to live workers (before the gate opens)
         await self.rollout.push(s.name)
         self.driver.trained(s, step, scored.mean_reward)
         self._changed()
@@ -227,6 +230,11 @@ class PipelineCoordinator:
         self.rec.trajectory(self.queue.finished(q, result))
         self.driver.finish(q.traj.request.adapter, q.traj.step, result)
         self._changed()
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A loop of the job that raised fails the job (a dead producer or reporter would leave it hanging)."""
+        if not task.cancelled() and task.exception() is not None:
+            self._fatal(task.exception())
 
     def _fatal(self, exc: BaseException) -> None:
         if not self.failure.done():

@@ -20,18 +20,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from rlix.exec.messages import Rendezvous
+
 # Seconds a collective may wait for the other ranks before failing (a dead rank
 # must not hang the job forever; a stage on a big model can take minutes).
 COLLECTIVE_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rendezvous:
-    """Where the ranks meet: rank 0's host and a free TCP port on it, and how many ranks."""
-
-    host: str
-    port: int
-    world: int
 
 
 def free_rendezvous(world: int) -> Rendezvous:

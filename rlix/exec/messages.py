@@ -176,3 +176,12 @@ class TrainerJob:
     adapter_cfgs: tuple[tuple[str, GrpoConfig], ...] = ()
     checkpoint_dir: str | None = None
     dtype: str = "float32"  # weights and optimizer state
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rendezvous:
+    """Where the ranks meet: rank 0's host and a free TCP port on it, and how many ranks."""
+
+    host: str
+    port: int
+    world: int

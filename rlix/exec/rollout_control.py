@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import ray
 
-from rlix.core.types import Gpus, ShrinkReason
+from rlix.core.types import Gpus
 from rlix.exec.messages import SwitchTiming
 from rlix.exec.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.recorder import Recorder
@@ -176,19 +176,21 @@ class RolloutControl:
         if w is None:
             return
         gen = self.pool.bump(w)
+        # The plan has taken the GPUs back already: a death while draining is no WorkerLost
+        # (the ledger may have placed a new worker there meanwhile).
+        held, w.granted = w.granted, False
         if w.state is WorkerState.AWAKE and any(task is not None for task in w.inflight.values()):
             self.rec.counters.preemptions += 1  # as the simulator counts: a shrink that interrupted running trajectories
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):
-            self._release(w, gen)  # nothing on the GPUs yet (or any more)
+            self._release(w, gen, held)  # nothing on the GPUs yet (or any more)
             return
         async with self.locks.setdefault(w.first, asyncio.Lock()):
             if w.state is WorkerState.AWAKE:
                 await self._drain(w)
-            self._release(w, gen)
+            self._release(w, gen, held)
 
-    def _release(self, w: Worker, gen: int) -> None:
-        if w.generation == gen and w.granted:  # a newer expand keeps the GPUs
-            w.granted = False
+    def _release(self, w: Worker, gen: int, held: bool) -> None:
+        if w.generation == gen and held:  # a newer expand keeps the GPUs
             self._mark(w, Activity.FREE)
             self.hooks.changed()
 

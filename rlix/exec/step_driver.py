@@ -115,8 +115,13 @@ class StepDriver:
         """Step ``step`` of ``s`` is trained: its weights are version ``step + 1``."""
         self.open.pop((s.name, step))
         s.version = step + 1
-        if s.stop_reward is not None and mean_reward >= s.stop_reward:
+        if self.stops(s, mean_reward):
             s.stopped = True  # its stop condition holds: produce no further steps
+
+    @staticmethod
+    def stops(s: Stream, mean_reward: float) -> bool:
+        """A step with this mean reward is the stream's last (its stop condition holds)."""
+        return s.stop_reward is not None and mean_reward >= s.stop_reward
 
     # ------------------------------------------------------------ demand
 

@@ -16,7 +16,7 @@ import ray
 
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
-from rlix.exec.messages import Sample, TrainerJob
+from rlix.exec.messages import TrainerJob
 from rlix.exec.placement import actor_options
 from rlix.exec.workers import TrainerActor
 

@@ -66,20 +66,23 @@ class TrainerLink:
             return lambda: self.handle.logprobs.remote(samples, True)
         return lambda: self.handle.train.remote(samples, adapter)
 
-    async def publish(self, stream: Stream, version: int) -> None:
-        """Cache the stream's trained weights (one adapter's, or the full model) as ``version``; checkpoint when due."""
+    async def publish(self, stream: Stream, version: int, *, last: bool = False) -> None:
+        """Cache the stream's trained weights (one adapter's, or the full model) as ``version``; checkpoint when due.
+
+        ``last``: the stream stops after this step (its stop condition holds), so it is checkpointed too.
+        """
         adapter = stream.name
         if adapter:
             ref = self.handle.adapter_snapshot.remote(adapter)
             await self.call(ref, "adapter snapshot")
             self.adapters[adapter] = (ref, version)
-            if self._save_due(stream, version):
+            if last or self._save_due(stream, version):
                 await self.call(self.handle.save_adapter.remote(adapter), "adapter checkpoint")
         else:
             ref = self.handle.snapshot.remote()
             await self.call(ref, "weight snapshot")
             self.full = (ref, version)
-            if self._save_due(stream, version):
+            if last or self._save_due(stream, version):
                 await self.call(self.handle.save_full.remote(), "checkpoint")
 
     def _save_due(self, stream: Stream, version: int) -> bool:

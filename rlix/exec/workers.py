@@ -22,7 +22,6 @@ from rlix.exec.messages import (
     EngineRefused,
     GenRequest,
     GenResult,
-    GrpoConfig,
     LoraSpec,
     Sample,
     SwitchTiming,

@@ -12,7 +12,7 @@ control-plane overhead < 3%) (``examples/gpu_mixed.yaml``
 on a GPU machine gives the GPU figures). Wall-clock figures on a shared 2-core
 machine are noisy: read several repeats, not one.
 
-    python benchmarks/bench_exec_policies.py [CONFIG] [--repeats 2] [--policy rlix --policy static]
+    python benchmarks/bench_exec_policies.py [CONFIG] [--repeats 2] [--policy rlix --policy static] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("config", nargs="?", default=str(ROOT / "examples" / "cpu_two_jobs.yaml"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--policy", action="append", help="default: rlix and static")
+    parser.add_argument("--keep", metavar="DIR", help="keep each run's outputs (trace, timeline, metrics) under DIR/<run>-<policy>")
     args = parser.parse_args()
     policies = args.policy or ["rlix", "static"]
     makespans: dict[str, list[float]] = {p: [] for p in policies}
@@ -39,7 +40,8 @@ def main() -> None:
     switching: dict[str, list[float]] = {p: [] for p in policies}
     for r in range(args.repeats):
         for policy in policies:
-            with tempfile.TemporaryDirectory() as out:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = str(Path(args.keep) / f"{r}-{policy}") if args.keep else tmp
                 res = api.run(args.config, policy=policy, out_dir=out)
                 sim_err, jct_err = fidelity(res, policy)
             m = res.metrics

@@ -47,3 +47,18 @@ def assert_config_error_names(raw: dict, field: str) -> None:
     msg = str(info.value)
     assert msg.startswith(field), msg
     assert "\n" not in msg
+
+
+def assert_replay_predicts(outputs, policy: str) -> None:
+    """The simulator replaying an ``rlix-run``'s measured trace under the same policy predicts
+    the makespan within 10% and every job's completion time within 15%."""
+    from rlix.sim.simulator import replay
+    from rlix.sim.trace import load_trace
+
+    sim = replay(load_trace(outputs.files["trace"]), policy)
+    measured = outputs.metrics
+    jct = {p: (sim.pipelines[p].jct_s, m.jct_s) for p, m in measured.pipelines.items()}
+    print(f"{policy}: makespan sim={sim.makespan_s:.1f}s measured={measured.makespan_s:.1f}s; jct (sim, measured) {jct}")
+    assert abs(sim.makespan_s - measured.makespan_s) <= 0.10 * measured.makespan_s, (policy, sim.makespan_s, measured.makespan_s)
+    for pid, (predicted, real) in jct.items():
+        assert abs(predicted - real) <= 0.15 * real, (policy, pid, predicted, real)

@@ -9,7 +9,9 @@ written by 2 ranks must resume on 2 ranks and on 1.
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from dataclasses import replace
 
 import pytest
@@ -125,6 +127,11 @@ def _rank_main(rank: int, port: int, program: str, model_dir: str, ckpt: str, ou
             torch.save(result, out)
     finally:
         leave()
+    # Done and saved: skip the interpreter's teardown, where a gloo thread still being
+    # joined at exit can abort the rank ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _on_ranks(program: str, model_dir, tmp_path, ckpt="", dtype=DTYPE) -> dict:
@@ -137,18 +144,22 @@ def _on_ranks(program: str, model_dir, tmp_path, ckpt="", dtype=DTYPE) -> dict:
 
 
 def _on_one(program: str, model_dir, ckpt="", dtype=DTYPE) -> dict:
+    import torch
+
     from rlix.exec.fsdp import SINGLE
 
-    return globals()[program](SINGLE, str(model_dir), str(ckpt), dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank does: the same kernels, the same sums
+    try:
+        return globals()[program](SINGLE, str(model_dir), str(ckpt), dtype)
+    finally:
+        torch.set_num_threads(threads)  # later tests (an in-process vLLM engine) get this process as it was
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    import torch
-
     from rlix.exec.model import ModelSize, build_model
 
-    torch.set_num_threads(1)
     return build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64), tmp_path_factory.mktemp("m"))
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import assert_replay_predicts
 from rlix.exec.config import load_config
 from rlix.exec.records import JobStatus, SwitchKind
 
@@ -84,19 +85,7 @@ def test_both_policies_report_their_overheads(runs):
 
 @pytest.mark.parametrize("policy", ["rlix", "static"])
 def test_replaying_the_trace_predicts_makespan_and_each_jobs_completion(runs, policy):
-    # The simulator replaying the measured trace under the same policy predicts the
-    # makespan within 10% and every job's completion time within 15%.
-    from rlix.sim.simulator import replay
-    from rlix.sim.trace import load_trace
-
-    outputs = runs[policy]
-    sim = replay(load_trace(outputs.files["trace"]), policy)
-    measured = outputs.metrics
-    jct = {p: (sim.pipelines[p].jct_s, m.jct_s) for p, m in measured.pipelines.items()}
-    print(f"{policy}: makespan sim={sim.makespan_s:.1f}s measured={measured.makespan_s:.1f}s; jct (sim, measured) {jct}")
-    assert abs(sim.makespan_s - measured.makespan_s) <= 0.10 * measured.makespan_s, (sim.makespan_s, measured.makespan_s)
-    for pid, (predicted, real) in jct.items():
-        assert abs(predicted - real) <= 0.15 * real, (pid, predicted, real)
+    assert_replay_predicts(runs[policy], policy)
 
 
 def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(tmp_path):

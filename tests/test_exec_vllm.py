@@ -52,9 +52,13 @@ def engines(model_dir):
 
     On a GPU vLLM's sleep-mode allocator serves one engine per process, so a
     new kind closes the previous engine first; on CPU it saves cold starts.
+    Torch runs one thread here, as in a rollout worker process: an engine must
+    serve whatever thread count its process set before building it.
     """
     from rlix.exec.vllm_backend import VllmRolloutBackend
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     held: dict = {}
 
     def get(lora: LoraSpec | None = None):
@@ -70,6 +74,7 @@ def engines(model_dir):
     yield get
     if "engine" in held:
         held["engine"].close()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -7,6 +7,8 @@ test the RL path on its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,10 +37,32 @@ def materialize_model(job: JobConfig, workdir: str | Path) -> Path:
     return build_model(size, Path(workdir) / "models" / tag)
 
 
-def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> list[LocalStep]:
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Torch on one thread while a job runs here (as in a Ray worker); the caller's count comes back after."""
     import torch
 
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> list[LocalStep]:
+    """A full-finetune job in this process: rollout, scoring, log-probs and training, step by step."""
+    with _one_torch_thread():
+        return _run_full(job, workdir, emulation)
+
+
+def run_local_lora(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> dict[str, list[LocalStep]]:
+    """A multi_lora job in this process: adapters take ticks in turn (round robin)."""
+    with _one_torch_thread():
+        return _run_lora(job, workdir, emulation)
+
+
+def _run_full(job: JobConfig, workdir: str | Path, emulation: Emulation) -> list[LocalStep]:
     model_dir = materialize_model(job, workdir)
     recipe = Recipe.for_job(job, model_dir)
     backend = TorchRolloutBackend(emulation)
@@ -61,13 +85,9 @@ def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulat
     return out
 
 
-def run_local_lora(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> dict[str, list[LocalStep]]:
-    """A multi_lora job in this process: adapters take ticks in turn (round robin)."""
-    import torch
-
+def _run_lora(job: JobConfig, workdir: str | Path, emulation: Emulation) -> dict[str, list[LocalStep]]:
     from rlix.exec.lora import LoraLearner
 
-    torch.set_num_threads(1)
     model_dir = materialize_model(job, workdir)
     spec = job.lora_spec()
     recipes = {a.name: Recipe.for_adapter(job, i, model_dir) for i, a in enumerate(job.adapters)}

@@ -88,6 +88,7 @@ def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, s
                     "load_s": round(_mean(sw[SwitchKind.WAKE] + sw[SwitchKind.STAGE_LOAD], 0.0), 4),
                     "weight_sync_s": 0.0 if lora else round(_mean(sw[SwitchKind.SYNC], 0.0), 4),
                     **({"adapter_sync_s": round(_mean(sw[SwitchKind.SYNC], 0.0), 4)} if lora else {}),
+                    "resume_s": 0.0,  # a continued trajectory's re-prefill is inside its measured segments' seconds
                 },
                 **_streams_json(res, [a.name for a in job.adapters] if lora else None),
             }

@@ -131,6 +131,7 @@ class VllmRolloutBackend(RolloutBackend):
         self._running: dict[str, _Pending] = {}  # vLLM request id -> pending
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._failure: Exception | None = None  # why the engine thread stopped, if it did
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
 
     # ---------------------------------------------------------- lifecycle
@@ -144,7 +145,25 @@ class VllmRolloutBackend(RolloutBackend):
         os.environ.update(process_env(self.devices, device.startswith("cuda"), tuple(sorted(os.sched_getaffinity(0)))))
 
     def _build(self) -> None:
-        from vllm import LLM
+        """Start the engine thread, which builds the engine and then serves it; return once it is built.
+
+        The engine is built on the thread that steps it: vLLM's CPU build binds
+        that thread's OpenMP threads when it builds, and its attention kernels
+        check they still match, so an engine built on the caller's thread and
+        stepped on another fails whenever the caller had changed torch's thread
+        count.
+        """
+        ready = threading.Event()
+        failed: list[Exception] = []
+        self._thread = threading.Thread(target=self._engine_loop, args=(ready, failed), name="rlix-vllm-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            self._thread = None
+            raise failed[0]
+
+    def _engine_args(self) -> dict:
         from vllm.platforms import current_platform
 
         tp = len(self.devices)
@@ -167,9 +186,7 @@ class VllmRolloutBackend(RolloutBackend):
             kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
         if self.lora is not None:
             kwargs.update(enable_lora=True, max_loras=2 * max(1, len(self.lora.adapters)), max_lora_rank=_lora_rank_bucket(self.lora.rank))
-        self.llm = LLM(**kwargs)
-        self._thread = threading.Thread(target=self._engine_loop, name="rlix-vllm-engine", daemon=True)
-        self._thread.start()
+        return kwargs
 
     def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
         with self._lock:
@@ -289,6 +306,8 @@ class VllmRolloutBackend(RolloutBackend):
 
     def generate(self, request: GenRequest) -> GenResult:
         with self._lock:
+            if self._failure is not None:
+                raise self._failure
             if not self._awake:
                 return unchanged_result(request, self._version)
             version = self._adapters.get(request.adapter, (0, None))[0] if request.adapter else self._version
@@ -308,7 +327,34 @@ class VllmRolloutBackend(RolloutBackend):
             gen_s=time.perf_counter() - p.started,
         )
 
-    def _engine_loop(self) -> None:
+    def _engine_loop(self, ready: threading.Event, failed: list[Exception]) -> None:
+        """Build the engine, then serve until closed; if the engine raises, every waiting
+        request (and every later one) fails with it."""
+        try:
+            from vllm import LLM
+
+            self.llm = LLM(**self._engine_args())
+        except Exception as e:
+            failed.append(e)
+            return
+        finally:
+            ready.set()
+        try:
+            self._serve()
+        except Exception as e:
+            failure = RuntimeError(f"the vLLM engine stopped: {type(e).__name__}: {e}")
+            failure.__cause__ = e
+            with self._lock:
+                self._failure = failure
+                pending = list(self._running.values())
+                self._running.clear()
+                while not self._inbox.empty():
+                    pending.append(self._inbox.get_nowait())
+                for p in pending:
+                    p.error = failure
+                    p.done.set()
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 while (not self._awake or (self._inbox.empty() and not self._running)) and self.llm is not None:

@@ -58,6 +58,7 @@ class SchedulerModel(StrictModel):
     backlog_weight: float = Field(default=0.0, ge=0, description="weight of not-yet-started trajectories in the rollout split")
     weight_by_duration: bool = Field(default=False, description="split rollout capacity by remaining work (trajectories x mean seconds), not counts")
     home_floor: bool = Field(default=False, description="a pipeline's share never drops below its home partition's rollout workers while it can use them")
+    priority_weight: float = Field(default=2.0, ge=1, le=100, description="a job's rollout share weight is multiplied by priority_weight ** priority")
 
     def to_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{name: getattr(self, name) for name in SchedulerModel.model_fields})

@@ -150,6 +150,7 @@ def pipeline_spec(
     slots_per_worker: int,
     home: Iterable[int] = (),
     resumable: bool,
+    priority: int = 0,
 ) -> PipelineSpec:
     """The topology a job registers, built the same way from a trace and from an executor config.
 
@@ -164,6 +165,7 @@ def pipeline_spec(
         slots_per_worker=slots_per_worker,
         home=tuple(sorted(home)),
         resumable=resumable,
+        priority=priority,
     )
 
 

@@ -39,6 +39,8 @@ def random_knobs(rng: random.Random) -> SchedulerConfig:
         rebalance_margin_workers=rng.choice([0.0, 0.5, 1.0, 2.0, rng.uniform(0.0, 4.0)]),
         backlog_weight=rng.choice([0.0, 0.0, 1.0, rng.uniform(0.0, 5.0)]),
         weight_by_duration=rng.random() < 0.5,
+        home_floor=rng.random() < 0.3,
+        priority_weight=rng.choice([1.0, 2.0, rng.uniform(1.0, 10.0)]),
     )
 
 
@@ -54,7 +56,7 @@ def random_spec(rng: random.Random, cluster: ClusterSpec, pid: str) -> PipelineS
         r0 = rng.randrange(n)
         roles.append(RoleSpec(role=Role.REFERENCE, gpus=tuple(range(r0, min(n, r0 + gpn)))))
     home = tuple(sorted(set(train) | set(rng.choice(chosen))))
-    return PipelineSpec(pipeline_id=pid, roles=tuple(roles), slots_per_worker=rng.randint(1, 4), home=home, resumable=rng.random() < 0.5)
+    return PipelineSpec(pipeline_id=pid, roles=tuple(roles), slots_per_worker=rng.randint(1, 4), home=home, resumable=rng.random() < 0.5, priority=rng.choice([0, 0, 0, 1, 2, -1]))
 
 
 def random_report(rng: random.Random, sched: Scheduler, spec: PipelineSpec) -> ReportDemand:

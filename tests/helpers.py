@@ -5,14 +5,14 @@ from __future__ import annotations
 from rlix.core import PipelineSpec, Register, ReportDemand, Role, RoleSpec, Scheduler, WorkerLoad
 
 
-def spec(pid: str, train: range | tuple, infer: range | tuple, *, tp: int = 1, slots: int = 4, home=(), resumable=False, **roles) -> PipelineSpec:
+def spec(pid: str, train: range | tuple, infer: range | tuple, *, tp: int = 1, slots: int = 4, home=(), resumable=False, priority: int = 0, **roles) -> PipelineSpec:
     role_specs = [
         RoleSpec(role=Role.ACTOR_TRAIN, gpus=tuple(train)),
         RoleSpec(role=Role.ACTOR_INFER, gpus=tuple(infer), gpus_per_worker=tp),
     ]
     for name, gpus in roles.items():
         role_specs.append(RoleSpec(role=Role(name), gpus=tuple(gpus)))
-    return PipelineSpec(pipeline_id=pid, roles=tuple(role_specs), slots_per_worker=slots, home=tuple(home), resumable=resumable)
+    return PipelineSpec(pipeline_id=pid, roles=tuple(role_specs), slots_per_worker=slots, home=tuple(home), resumable=resumable, priority=priority)
 
 
 def register(sched: Scheduler, *specs: PipelineSpec, now: float = 0.0):

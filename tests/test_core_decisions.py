@@ -13,6 +13,7 @@ from rlix.core import (
     ReleaseStage,
     ReportDemand,
     RequestStage,
+    Role,
     Scheduler,
     SchedulerConfig,
     SchedulingError,
@@ -80,13 +81,34 @@ def test_priority_order_between_waiting_gangs():
     sched = Scheduler(NODE8, "rlix")
     register(sched, spec("a", range(0, 8), range(0, 8)), spec("b", range(0, 8), range(0, 8)))
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
-    sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS, role=None)] if False else [])
     sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.OLD_LOGPROBS), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
     plan = sched.step(2, [ReleaseStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
     assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("a", Stage.ACTOR_TRAIN)]  # priority 1 beats 3
 
 
+def test_a_higher_priority_jobs_stage_goes_before_an_earlier_and_more_urgent_one():
+    sched = Scheduler(NODE8, "rlix")
+    register(sched, spec("a", range(0, 8), range(0, 8)), spec("b", range(0, 8), range(0, 8)), spec("vip", range(0, 8), range(0, 8), priority=1))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
+    # b's training (stage priority 1) asked first; vip's ref log-probs (stage priority 4) asked later
+    sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
+    sched.step(2, [RequestStage(pipeline_id="vip", stage=Stage.REF_LOGPROBS, role=Role.ACTOR_TRAIN)])
+    assert sched.pending_requests() == [("vip", Stage.REF_LOGPROBS), ("b", Stage.ACTOR_TRAIN)]
+    plan = sched.step(3, [ReleaseStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("vip", Stage.REF_LOGPROBS)]
+    plan = sched.step(4, [ReleaseStage(pipeline_id="vip", stage=Stage.REF_LOGPROBS)])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.ACTOR_TRAIN)]
+
+
 # ------------------------------------------------------------------ rollout split
+
+
+@pytest.mark.parametrize(("priority_weight", "expected"), [(2.0, {"a": 3, "b": 5}), (1.0, {"a": 4, "b": 4}), (3.0, {"a": 2, "b": 6})])
+def test_a_higher_priority_jobs_rollout_demand_weighs_more(priority_weight, expected):
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(priority_weight=priority_weight))
+    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1, priority=1))
+    sched.step(0, [demand("a", 8), demand("b", 8)])  # equal demand; b's weight is priority_weight x a's
+    assert {pid: len(ws) for pid, ws in owners(sched).items()} == expected
 
 
 def test_split_is_proportional_with_the_floor_inside_the_share():

@@ -57,6 +57,7 @@ def pipelines(draw, cluster: ClusterSpec, pid: str):
         slots_per_worker=draw(st.integers(1, 4)),
         home=home,
         resumable=draw(st.booleans()),
+        priority=draw(st.sampled_from((0, 0, 1, -1))),
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from helpers import assert_config_error_names
-from rlix.exec.config import load_config
+from rlix.exec.config import RunConfig, load_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -32,6 +32,8 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0].update(stepz=3), "jobs[0].stepz"),
         (lambda c: c["jobs"][0]["roles"]["actor_infer"].update(gpus="0-5"), "jobs[0].roles"),
         (lambda c: c.update(policy="fastest"), "policy"),
+        (lambda c: c["jobs"][0].update(priority=99), "jobs[0].priority"),
+        (lambda c: c["scheduler"].update(priority_weight=0.5) if "scheduler" in c else c.update(scheduler={"priority_weight": 0.5}), "scheduler.priority_weight"),
         (lambda c: c["jobs"][0]["model"].update(path="/nonexistent"), "jobs[0].model"),
         (lambda c: c["jobs"][1].update(name="small"), "jobs"),
         (lambda c: c["jobs"][0]["task"].update(name="chess"), "jobs[0].task.name"),
@@ -60,3 +62,10 @@ def test_import_rlix_exec_is_light():
     code = "import sys, rlix, rlix.exec, rlix.exec.config, rlix.exec.cli; print(any(m in sys.modules for m in ('ray', 'torch', 'vllm')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_jobs_priority_reaches_its_pipeline_spec():
+    raw = _base()
+    raw["jobs"][1]["priority"] = 2
+    cfg = RunConfig.model_validate(raw)
+    assert [j.pipeline_spec(j.name).priority for j in cfg.jobs] == [0, 2]

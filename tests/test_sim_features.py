@@ -288,18 +288,44 @@ def test_poisson_arrivals_expand_into_seeded_copies():
     assert len(seeds) == 5  # the copies draw different trajectories
 
 
-def test_queued_jobs_wait_for_their_model_load_to_fit_and_the_wait_counts_in_jct():
+def test_queued_jobs_wait_for_admission_and_the_wait_counts_in_jct():
     trace = _trace(_queued({"times_s": [0, 10]}))
     for policy in POLICIES:
         m = replay(trace, policy)
         first, second = m.pipelines["task-0"], m.pipelines["task-1"]
         assert first.queue_delay_s == 0
-        assert second.queue_delay_s == pytest.approx(20)  # the first job's 30 s model load holds every GPU
+        if policy == "rlix":  # admitted once its model-load gang fits: after the first job's 30 s load
+            assert second.queue_delay_s == pytest.approx(20)
+        else:  # dedicated partitions: admitted once the first job, whose home is the same 8 GPUs, has left
+            assert second.queue_delay_s == pytest.approx(first.finish_s - 10)
         assert second.jct_s == pytest.approx(second.finish_s - 10)
-        assert m.queue_delay_mean_s == pytest.approx(10)
+        assert m.queue_delay_mean_s == pytest.approx(second.queue_delay_s / 2)
         assert m.tasks_per_hour == pytest.approx(2 * 3600 / m.makespan_s)
 
 
 def test_arrival_copies_may_not_clash_with_other_ids():
     with pytest.raises(ValueError, match="'task-1' appears more than once"):
         _trace(_queued({"times_s": [0, 10]}), {**_queued({"times_s": [0]}), "id": "task-1", "arrivals": None})
+
+
+# ------------------------------------------------------------------ priority
+
+
+def _twin(pid: str, priority: int) -> dict:
+    """Equal jobs on one 8-GPU node: training on 0-3 for both, rollout anywhere."""
+    return {
+        "id": pid,
+        "roles": {"actor_train": {"gpus": "0-3"}, "actor_infer": {"gpus": "0-7"}},
+        "init_s": 10,
+        "switch": NO_SWITCH,
+        "priority": priority,
+        "generate": {"steps": 4, "trajectories_per_step": 64, "duration": {"median_s": 5, "p99_s": 20}, "stages": {"actor_train": 10}, "seed": 3},
+    }
+
+
+def test_a_higher_priority_job_finishes_sooner_than_its_equal_twin():
+    equal = replay(_trace(_twin("a", 0), _twin("b", 0)), "rlix")
+    ranked = replay(_trace(_twin("a", 0), _twin("b", 1)), "rlix")
+    assert ranked.pipelines["b"].jct_s < equal.pipelines["b"].jct_s
+    assert ranked.pipelines["b"].jct_s < ranked.pipelines["a"].jct_s
+    assert ranked.trajectories_completed == equal.trajectories_completed == 2 * 4 * 64

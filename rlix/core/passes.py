@@ -10,17 +10,23 @@ registration order. The rollout passes live beside this module:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
 from rlix.core.rebalance import rebalance
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
-from rlix.core.state import View
-from rlix.core.types import GangHolder, RolloutWorker, ShrinkReason
+from rlix.core.state import GangRequest, View
+from rlix.core.types import GangHolder, RolloutWorker, ShrinkReason, Stage
+
+# May this job start now (its INIT request, its GPUs free)? None: admitted as soon as the gang fits.
+Admission = Callable[[View, Draft, GangRequest], bool] | None
 
 __all__ = [
     "RolloutNeed",
     "fill_idle",
     "gang_pass",
+    "home_is_free",
     "place_on_idle",
     "proportional_shares",
     "rebalance",
@@ -32,7 +38,7 @@ __all__ = [
 # ------------------------------------------------------------- gang stages
 
 
-def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool) -> None:
+def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admission = None) -> None:
     """Grant pending gang stages in priority order, preempting rollout only.
 
     A request starts only if none of its GPUs is held by another gang stage
@@ -40,21 +46,38 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool) -> None:
     gangs are not starved by a stream of small ones). Its rollout victims are
     exactly the workers overlapping its GPUs, plus, when
     ``stop_own_rollout``, every rollout worker of its own pipeline (stages
-    taking turns on a dedicated partition).
+    taking turns on a dedicated partition). A job's INIT (its admission)
+    also needs ``admits``; a job it refuses keeps its home from later jobs in
+    the queue (admission stays first come, first served) but not from the
+    stages of jobs already running.
     """
     reserved: set[int] = set()
+    queued: set[int] = set()  # homes of jobs refused admission this round
     owner = draft.owner
     for req in view.pending:
         gpus = req.gpus
         if any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
             reserved.update(gpus)
             continue
+        if req.stage is Stage.INIT and admits is not None:
+            home = view.pipelines[req.pipeline_id].spec.home_gpus
+            if queued.intersection(home) or not admits(view, draft, req):
+                queued.update(home)
+                continue
         victims = {owner[g] for g in gpus if owner[g] is not None}
         if stop_own_rollout:
             victims.update(draft.live_workers(req.pipeline_id))
         for worker in sorted(victims, key=_worker_key):
             draft.shrink(worker, ShrinkReason.GANG)
         draft.grant(req.pipeline_id, req.stage, gpus)
+
+
+def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
+    """No other admitted job (or one admitted in this draft) has a home overlapping this job's."""
+    home = set(view.pipelines[pipeline_id].spec.home_gpus)
+    admitted = {e.spec.pipeline_id for e in view.active() if e.admitted} | {g.pipeline_id for g in draft.grants if g.stage is Stage.INIT}
+    admitted.discard(pipeline_id)
+    return not any(home.intersection(view.pipelines[pid].spec.home_gpus) for pid in sorted(admitted))
 
 
 def _worker_key(worker: RolloutWorker) -> tuple[str, int]:

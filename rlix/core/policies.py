@@ -13,7 +13,7 @@ from typing import ClassVar
 from rlix.core import passes
 from rlix.core.errors import SchedulingError
 from rlix.core.ledger import Draft
-from rlix.core.state import View
+from rlix.core.state import GangRequest, View
 from rlix.core.types import Gpus, PipelineSpec, Role
 
 
@@ -31,6 +31,11 @@ class Policy(abc.ABC):
     def plan(self, view: View, draft: Draft) -> None:
         """Fill ``draft`` with this round's shrinks, grants and expands."""
 
+    def admits(self, view: View, draft: Draft, req: GangRequest) -> bool:
+        """May this job start (its INIT stage) once its GPUs are free? By default, yes: it is
+        admitted as soon as its model-load gang fits."""
+        return True
+
 
 class StaticPolicy(Policy):
     """Dedicated partitions: a job's stages take turns on its own GPUs."""
@@ -41,9 +46,13 @@ class StaticPolicy(Policy):
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
         return _inside_home(spec)
 
+    def admits(self, view: View, draft: Draft, req: GangRequest) -> bool:
+        """A job starts only when its home partition is free: no other admitted job's home overlaps it."""
+        return passes.home_is_free(view, draft, req.pipeline_id)
+
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
-        passes.gang_pass(view, draft, stop_own_rollout=True)
+        passes.gang_pass(view, draft, stop_own_rollout=True, admits=self.admits)
         busy = {pid for pid, _ in view.ledger.gangs} | {g.pipeline_id for g in draft.grants}
         needs = passes.rollout_needs(view, blocked=busy)
         passes.fill_idle(draft, needs)
@@ -58,9 +67,13 @@ class PartialOverlapPolicy(Policy):
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
         return _inside_home(spec)
 
+    def admits(self, view: View, draft: Draft, req: GangRequest) -> bool:
+        """As static: a job starts only when its home partition is free."""
+        return passes.home_is_free(view, draft, req.pipeline_id)
+
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
-        passes.gang_pass(view, draft, stop_own_rollout=False)
+        passes.gang_pass(view, draft, stop_own_rollout=False, admits=self.admits)
         needs = passes.rollout_needs(view, blocked=set())
         passes.fill_idle(draft, needs)
 

@@ -125,7 +125,7 @@ class Scheduler:
         check_transition(REQUEST_TRANSITIONS, None, RequestState.PENDING, where)
         gpus = self._stage_gpus(entry, event)
         self._seq += 1
-        self._requests[key] = GangRequest(pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq)
+        self._requests[key] = GangRequest(pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq, job_priority=entry.spec.priority)
 
     def _release(self, event: ReleaseStage, now: float) -> None:
         self._active(event.pipeline_id)
@@ -192,6 +192,8 @@ class Scheduler:
         self.ledger.apply(plan)
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
+            if grant.stage is Stage.INIT:
+                view.pipelines[grant.pipeline_id].admitted = True
         view.departed.clear()
         self.plans_made += 1
         return plan
@@ -208,7 +210,7 @@ class Scheduler:
         self.violations.append(violation)
         draft = Draft(self.ledger, now)
         passes.shrink_departed(self._view, draft)
-        passes.gang_pass(self._view, draft, stop_own_rollout=False)
+        passes.gang_pass(self._view, draft, stop_own_rollout=False, admits=self.policy.admits)
         plan = draft.to_plan()
         try:
             validate_plan(plan, self.ledger, self._view)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from rlix.core.state import PipelineEntry, View
-from rlix.core.types import ReportDemand, SchedulerConfig
+from rlix.core.types import PipelineSpec, ReportDemand, SchedulerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +83,7 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
         tp=entry.spec.rollout_tp,
         need=need,
         floor=max(1, min(need, entry.home_workers)) if config.home_floor else 1,
-        weight=_share_weight(config, remaining, report, entry.spec.rollout_tp) if need else 0.0,
+        weight=_share_weight(config, remaining, report, entry.spec) if need else 0.0,
         protected=batch > 0 and remaining <= config.protect_fraction * batch,
         loads=loads,
         remaining_fraction=min(remaining / batch, 1.0) if batch > 0 else 1.0,
@@ -93,14 +93,15 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
     )
 
 
-def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand, tp: int) -> float:
+def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand, spec: PipelineSpec) -> float:
     """(remaining + backlog_weight x backlog) trajectories x GPUs per worker,
     times the mean trajectory seconds when the split is by duration and the
-    pipeline has measured one (GPU-seconds of rollout left)."""
-    weight = float((remaining + config.backlog_weight * report.backlog) * tp)
+    pipeline has measured one (GPU-seconds of rollout left), times
+    ``priority_weight ** priority``."""
+    weight = float((remaining + config.backlog_weight * report.backlog) * spec.rollout_tp)
     if config.weight_by_duration and report.trajectory_s > 0:
         weight *= report.trajectory_s
-    return weight
+    return weight * config.priority_weight**spec.priority
 
 
 def proportional_shares(needs: list[RolloutNeed], capacity_gpus: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ class PipelineEntry:
     bundle_rank: dict[Gpus, int]  # candidate bundle -> preference (lower first)
     home_workers: int = 0  # candidate bundles inside the pipeline's home GPUs
     state: PipelineState = PipelineState.ACTIVE
+    admitted: bool = False  # its INIT stage was granted: it holds (or held) GPUs
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):
@@ -35,11 +36,13 @@ class GangRequest:
     stage: Stage
     gpus: Gpus
     seq: int  # arrival sequence number: FIFO among equal priorities
+    job_priority: int = 0  # the pipeline's priority: higher goes first
     state: RequestState = RequestState.PENDING
 
     @property
-    def sort_key(self) -> tuple[int, int]:
-        return (self.stage.priority, self.seq)
+    def sort_key(self) -> tuple[int, int, int]:
+        """Higher job priority first, then the stage's priority, then arrival (unique)."""
+        return (-self.job_priority, self.stage.priority, self.seq)
 
 
 @dataclass(kw_only=True)

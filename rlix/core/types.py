@@ -121,6 +121,9 @@ class PipelineSpec:
     trajectories one rollout worker runs concurrently. ``resumable`` says an
     aborted trajectory continues elsewhere with its progress (partial
     rollout), so the planner may pack stragglers onto fewer workers.
+    ``priority`` ranks jobs (higher wins, default 0): a higher-priority job's
+    gang stages go before every lower-priority job's, and its rollout share
+    weight is multiplied by ``priority_weight ** priority``.
     """
 
     pipeline_id: str
@@ -129,6 +132,7 @@ class PipelineSpec:
     slots_per_worker: int = 1
     home: Gpus = ()
     resumable: bool = False
+    priority: int = 0
 
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:
@@ -310,6 +314,11 @@ class SchedulerConfig:
       rather than trajectory counts (agentic jobs with long trajectories get
       more workers than their counts alone would give them). Off by default:
       the split is then by trajectory counts.
+    - ``home_floor``: a pipeline's share never drops below its home
+      partition's rollout workers while it can use them.
+    - ``priority_weight``: a job's rollout share weight is multiplied by
+      ``priority_weight ** priority`` (2: each priority level doubles it;
+      1: priorities order gang stages only).
     """
 
     report_ttl_s: float = 600.0
@@ -319,6 +328,7 @@ class SchedulerConfig:
     backlog_weight: float = 0.0
     weight_by_duration: bool = False
     home_floor: bool = False
+    priority_weight: float = 2.0
 
 
 DEFAULT_CONFIG = SchedulerConfig()

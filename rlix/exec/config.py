@@ -239,6 +239,7 @@ class JobConfig(StrictModel):
     temperature: float = Field(default=1.0, gt=0)
     staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
     slots_per_worker: int = Field(default=4, ge=1, description="trajectories one rollout worker runs at once")
+    priority: int = Field(default=0, ge=-10, le=10, description="job priority, higher wins: its gang stages go first and its rollout share weighs priority_weight ** priority")
     roles: dict[Literal["actor_train", "actor_infer", "reference"], RoleConfig]
     home: list[int] = Field(default_factory=list, description="dedicated partition for the static baselines")
     seed: int = 0
@@ -294,7 +295,7 @@ class JobConfig(StrictModel):
     def pipeline_spec(self, pipeline_id: str) -> PipelineSpec:
         """The topology this job registers (the executor continues aborted trajectories: resumable)."""
         return job_pipeline_spec(
-            pipeline_id=pipeline_id, roles=self.roles, kind=self.kind, slots_per_worker=self.slots_per_worker, home=self.home, resumable=True
+            pipeline_id=pipeline_id, roles=self.roles, kind=self.kind, slots_per_worker=self.slots_per_worker, home=self.home, resumable=True, priority=self.priority
         )
 
 

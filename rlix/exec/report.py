@@ -82,6 +82,7 @@ def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, s
                 "staleness": job.staleness,
                 "slots_per_worker": job.slots_per_worker,
                 "preempt": "continue",
+                "priority": job.priority,
                 "init_s": round(res.init_s, 4),
                 "switch": {
                     "offload_s": round(_mean(sw[SwitchKind.SLEEP] + sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),

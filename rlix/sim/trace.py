@@ -193,6 +193,7 @@ class PipelineModel(StrictModel):
     staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
     slots_per_worker: int = Field(default=16, ge=1, description="trajectories one rollout worker runs at once")
     preempt: Literal["continue", "requeue"] = Field(default="continue", description="fate of a trajectory on a shrunk worker")
+    priority: int = Field(default=0, ge=-10, le=10, description="job priority, higher wins: its gang stages go first and its rollout share weighs priority_weight ** priority")
     init_s: Seconds = Field(default=30.0, description="model load before the first step")
     switch: SwitchModel = Field(default_factory=SwitchModel)
     rollout_mode: Literal["batch", "streaming"] = Field(
@@ -439,6 +440,7 @@ class Trace:
             slots_per_worker=p.slots_per_worker,
             home=p.home or default_home(p),
             resumable=p.preempt == "continue",
+            priority=p.priority,
         )
 
     @cached_property

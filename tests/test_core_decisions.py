@@ -100,6 +100,27 @@ def test_a_higher_priority_jobs_stage_goes_before_an_earlier_and_more_urgent_one
     assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.ACTOR_TRAIN)]
 
 
+def test_out_of_range_priorities_are_refused_with_the_field_named():
+    sched = Scheduler(NODE8, "rlix")
+    with pytest.raises(SchedulingError, match="priority=11"):
+        register(sched, spec("a", range(0, 4), range(0, 8), priority=11))
+    with pytest.raises(SchedulingError, match="priority_weight"):
+        Scheduler(NODE8, "rlix", SchedulerConfig(priority_weight=0.5))
+
+
+def test_static_admits_in_arrival_order_and_a_waiting_job_gets_no_rollout():
+    sched = Scheduler(NODE8, "static")
+    # a holds 0-3; b (home 0-7) asked first, d (home 4-7) later: d must not jump b's place in the queue
+    register(sched, spec("a", range(0, 4), range(0, 4)), spec("b", range(0, 8), range(0, 8)), spec("d", range(4, 8), range(4, 8)))
+    assert [g.pipeline_id for g in sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)]).grants] == ["a"]
+    sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    plan = sched.step(2, [RequestStage(pipeline_id="d", stage=Stage.INIT), demand("b", 16), demand("d", 16)])
+    assert plan.grants == () and owners(sched)["b"] == [] and owners(sched)["d"] == []
+    sched.step(3, [ReleaseStage(pipeline_id="a", stage=Stage.INIT)])
+    plan = sched.step(4, [Unregister(pipeline_id="a")])
+    assert [g.pipeline_id for g in plan.grants] == ["b"]  # first come, first admitted
+
+
 # ------------------------------------------------------------------ rollout split
 
 

@@ -24,6 +24,7 @@ Admission = Callable[[View, Draft, GangRequest], bool] | None
 
 __all__ = [
     "RolloutNeed",
+    "awaiting_admission",
     "fill_idle",
     "gang_pass",
     "home_is_free",
@@ -56,14 +57,14 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     owner = draft.owner
     for req in view.pending:
         gpus = req.gpus
+        queue_home = view.pipelines[req.pipeline_id].spec.home_gpus if req.stage is Stage.INIT and admits is not None else ()
+        if queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)):
+            queued.update(queue_home)  # not admitted yet: its home stays free of later jobs, not of running ones
+            continue
         if any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
             reserved.update(gpus)
+            queued.update(queue_home)
             continue
-        if req.stage is Stage.INIT and admits is not None:
-            home = view.pipelines[req.pipeline_id].spec.home_gpus
-            if queued.intersection(home) or not admits(view, draft, req):
-                queued.update(home)
-                continue
         victims = {owner[g] for g in gpus if owner[g] is not None}
         if stop_own_rollout:
             victims.update(draft.live_workers(req.pipeline_id))
@@ -78,6 +79,12 @@ def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
     admitted = {e.spec.pipeline_id for e in view.active() if e.admitted} | {g.pipeline_id for g in draft.grants if g.stage is Stage.INIT}
     admitted.discard(pipeline_id)
     return not any(home.intersection(view.pipelines[pid].spec.home_gpus) for pid in sorted(admitted))
+
+
+def awaiting_admission(view: View, draft: Draft) -> set[str]:
+    """Jobs whose INIT is still pending after this draft's grants: they may not roll out in a partition yet."""
+    granted = {g.pipeline_id for g in draft.grants if g.stage is Stage.INIT}
+    return {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
 
 
 def _worker_key(worker: RolloutWorker) -> tuple[str, int]:

@@ -51,6 +51,8 @@ class Scheduler:
     def __init__(self, cluster: ClusterSpec, policy: str | Policy = "rlix", config: SchedulerConfig = DEFAULT_CONFIG) -> None:
         if cluster.nodes < 1 or cluster.gpus_per_node < 1:
             raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
+        if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
+            raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
         self.cluster = cluster
         self.config = config
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
@@ -192,8 +194,9 @@ class Scheduler:
         self.ledger.apply(plan)
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
-            if grant.stage is Stage.INIT:
-                view.pipelines[grant.pipeline_id].admitted = True
+            view.pipelines[grant.pipeline_id].admitted = True  # holds GPUs: its home is taken
+        for expand in plan.expands:
+            view.pipelines[expand.worker.pipeline_id].admitted = True
         view.departed.clear()
         self.plans_made += 1
         return plan

@@ -13,6 +13,9 @@ from rlix.core.types import ClusterSpec, PipelineSpec, Role
 REQUIRED_ROLES = (Role.ACTOR_TRAIN, Role.ACTOR_INFER)
 
 
+MAX_PRIORITY = 10  # job priorities lie in -10..10 (a share weight of priority_weight ** priority stays finite)
+
+
 def validate_pipeline(cluster: ClusterSpec, spec: PipelineSpec) -> None:
     """Raise :class:`SchedulingError` naming the first thing wrong with ``spec``."""
     pid = spec.pipeline_id
@@ -21,6 +24,8 @@ def validate_pipeline(cluster: ClusterSpec, spec: PipelineSpec) -> None:
     where = f"pipeline '{pid}'"
     if spec.slots_per_worker < 1:
         raise SchedulingError(f"{where}: slots_per_worker={spec.slots_per_worker}: must be >= 1")
+    if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
+        raise SchedulingError(f"{where}: priority={spec.priority}: must lie in -{MAX_PRIORITY}..{MAX_PRIORITY}")
     seen: set[Role] = set()
     for role_spec in spec.roles:
         if role_spec.role in seen:

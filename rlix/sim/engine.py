@@ -85,6 +85,19 @@ def settle(t: Traj, rate: float, now: float) -> None:
     t.remaining = max(t.remaining - max(0.0, now - t.started) * (rate if t.generating else 1.0), 0.0)
 
 
+def abort(t: Traj, rate: float, now: float, *, requeue: bool, resume_s: float) -> None:
+    """Take ``t`` off its worker: restart it (``requeue``) or keep its progress, plus the re-prefill it will need."""
+    if requeue:
+        t.seg = 0
+        t.remaining = float(t.segments[0])
+        t.version = -1
+    else:
+        settle(t, rate, now)
+        t.remaining += resume_s  # re-prefill on the new worker (charged to the current segment, tool or not)
+    t.token += 1
+    t.worker = None
+
+
 class Timeline:
     """When each running segment ends and each loading worker is ready: two heaps, each entry with a unique sequence number."""
 
@@ -100,6 +113,18 @@ class Timeline:
         self._seq += 1
         end = start + (t.remaining / w.rate if t.generating else t.remaining)
         heapq.heappush(self.ends, (end, self._seq, t.token, t))
+
+    def retime(self, w: SimWorker, rate: float, now: float) -> None:
+        """``w``'s decode speed becomes ``rate``: settle progress at the old rate, go on at the new."""
+        if rate == w.rate:
+            return
+        for t in w.active.values():
+            if t.generating:
+                settle(t, w.rate, now)
+        w.rate = rate
+        for t in w.active.values():
+            if t.generating:
+                self.schedule(t, w, max(now, t.started))
 
     def loads_until(self, w: SimWorker, ready_at: float) -> None:
         self._seq += 1
@@ -147,6 +172,61 @@ class EngineOptions:
     speed: Speed | None = None  # None: every trajectory decodes at full speed
 
 
+class WeightLoader:
+    """The weights a worker must hold before a trajectory starts on it, and the loads that bring them.
+
+    Full weights sync on an idle worker (under partial rollout, beside running
+    trajectories, which pause meanwhile); a LoRA adapter loads beside the
+    others and delays only the trajectory that needs it; under streaming an
+    idle worker moves to the newest weights before it is needed.
+    """
+
+    def __init__(self, pipeline_id: str, opts: EngineOptions, timeline: Timeline, usage: UsageRecorder) -> None:
+        self.pipeline_id = pipeline_id
+        self.opts = opts
+        self.timeline = timeline
+        self.usage = usage
+        self.newest: dict[int, int] = {}  # stream -> newest trained weight version
+        self.switch_extra = 0.0  # GPU-seconds of adapter sync inside busy workers
+
+    def ready_for(self, w: SimWorker, batch: Batch, now: float) -> float | None:
+        """Seconds of adapter load before a trajectory of ``batch`` starts on ``w``, or None if
+        none may start now (a weight sync was just started, or the worker must drain first)."""
+        have = w.versions.get(batch.stream, -1)
+        want = self.newest.get(batch.stream, batch.version) if self.opts.streaming else batch.version
+        if not (have < batch.version or (self.opts.streaming and not w.active and have < want)):
+            return 0.0
+        if not batch.lora:
+            if not w.active or self.opts.partial:  # full weights change only on an idle worker
+                # Sync the newest weights before decoding (on demand, from the CPU copy).
+                self.sync(w, batch.stream, max(want, batch.version), now)
+            return None
+        w.versions[batch.stream] = max(want, batch.version)
+        self.switch_extra += self.opts.adapter_sync_s * len(w.worker.gpus)
+        return self.opts.adapter_sync_s
+
+    def sync(self, w: SimWorker, stream: int, version: int, now: float) -> None:
+        """Load full weights ``version`` on ``w``; running trajectories (partial rollout) pause meanwhile."""
+        w.versions[stream] = version
+        w.ready_at = now + self.opts.weight_sync_s
+        for t in w.active.values():
+            if t.generating:
+                settle(t, w.rate, now)
+                self.timeline.schedule(t, w, max(w.ready_at, t.started))
+        self.timeline.loads_until(w, w.ready_at)
+        self.usage.set(w.worker.gpus, now, Activity.SWITCH, self.pipeline_id, "weight_sync")
+
+    def refresh_idle(self, w: SimWorker, now: float) -> bool:
+        """Streaming: an idle full-weight worker moves to the newest weights before it is needed."""
+        if self.opts.lora or w.active or w.ready_at > now:
+            return False  # adapters load per trajectory instead
+        for stream in sorted(self.newest):
+            if w.versions.get(stream, -1) < self.newest[stream]:
+                self.sync(w, stream, self.newest[stream], now)
+                return True
+        return False
+
+
 class RolloutEngine:
     """Runs a pipeline's trajectories on the workers the plan gives it."""
 
@@ -168,7 +248,7 @@ class RolloutEngine:
         self.on_change = on_change  # demand changed: the simulator asks for a report later
         self.on_pending = on_pending  # True / False when trajectories start / stop waiting for a slot
         self.timeline = Timeline()
-        self.newest: dict[int, int] = {}  # stream -> newest trained weight version
+        self.weights = WeightLoader(pipeline_id, options, self.timeline, usage)
         self._had_pending = False
         self._scan_all = False  # new work arrived: every worker may have free slots
         self.open_n = 0  # trajectories in all unfinished batches
@@ -179,7 +259,6 @@ class RolloutEngine:
         self.completed = 0
         self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
         self.aborted = 0
-        self.switch_extra = 0.0  # GPU-seconds of adapter sync inside busy workers
         self._made = 0  # trajectories created: their idx
         self._sleeping = False
         self.proc = env.process(self._run())
@@ -200,7 +279,7 @@ class RolloutEngine:
 
     def set_version(self, stream: int, version: int) -> None:
         """A stream's newest trained weights (streaming: idle workers move to them)."""
-        self.newest[stream] = version
+        self.weights.newest[stream] = version
         if self.opts.streaming:
             self._scan_all = True
             self._kick()
@@ -218,15 +297,7 @@ class RolloutEngine:
         now = self.env.now
         aborted = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
         for t in reversed(aborted):
-            if self.opts.requeue:
-                t.seg = 0
-                t.remaining = float(t.segments[0])
-                t.version = -1
-            else:
-                settle(t, w.rate, now)
-                t.remaining += self.opts.resume_s  # re-prefill on the new worker (charged to the current segment, tool or not)
-            t.token += 1
-            t.worker = None
+            abort(t, w.rate, now, requeue=self.opts.requeue, resume_s=self.opts.resume_s)
             self.pending.appendleft(t)
         self.running -= len(aborted)
         self.aborted += len(aborted)
@@ -250,6 +321,11 @@ class RolloutEngine:
     def mean_trajectory_s(self) -> float:
         """Mean seconds of the trajectories finished so far (0 before the first)."""
         return self.completed_s / self.completed if self.completed else 0.0
+
+    @property
+    def switch_extra(self) -> float:
+        """GPU-seconds of adapter loads inside busy workers (booked as switching, not work)."""
+        return self.weights.switch_extra
 
     @property
     def unmet(self) -> bool:
@@ -297,13 +373,13 @@ class RolloutEngine:
             self._note_pending()
         elif self.opts.streaming and self._scan_all:
             for g in sorted(self.workers):
-                if self._refresh_idle(self.workers[g], now):
+                if self.weights.refresh_idle(self.workers[g], now):
                     touched[g] = self.workers[g]
         self._scan_all = False
         for g in sorted(touched):
             w = touched[g]
             if self.opts.speed is not None and w.alive:
-                self._retime(w, now)
+                self.timeline.retime(w, self.opts.speed(w.generating) if w.generating else 1.0, now)
             if w.alive and w.ready_at <= now:
                 act = Activity.WORK if w.generating else Activity.HELD
                 self.usage.set(w.worker.gpus, now, act, self.pipeline_id, "rollout", fill=w.generating / self.slots)
@@ -342,45 +418,11 @@ class RolloutEngine:
         t.remaining = float(t.segments[t.seg])
         self.timeline.schedule(t, w, now)
 
-    def _retime(self, w: SimWorker, now: float) -> None:
-        """Decode speed follows the worker's generating count: settle progress at the old rate, go on at the new."""
-        rate = self.opts.speed(w.generating) if w.generating else 1.0
-        if rate == w.rate:
-            return
-        for t in w.active.values():
-            if t.generating:
-                settle(t, w.rate, now)
-        w.rate = rate
-        for t in w.active.values():
-            if t.generating:
-                self.timeline.schedule(t, w, max(now, t.started))
-
     def _note_pending(self) -> None:
         has = bool(self.pending)
         if has != self._had_pending:
             self._had_pending = has
             self.on_pending(has)
-
-    def _sync(self, w: SimWorker, stream: int, version: int, now: float) -> None:
-        """Load full weights ``version`` on ``w``; running trajectories (partial rollout) pause meanwhile."""
-        w.versions[stream] = version
-        w.ready_at = now + self.opts.weight_sync_s
-        for t in w.active.values():
-            if t.generating:
-                settle(t, w.rate, now)
-                self.timeline.schedule(t, w, max(w.ready_at, t.started))
-        self.timeline.loads_until(w, w.ready_at)
-        self.usage.set(w.worker.gpus, now, Activity.SWITCH, self.pipeline_id, "weight_sync")
-
-    def _refresh_idle(self, w: SimWorker, now: float) -> bool:
-        """Streaming: an idle full-weight worker moves to the newest weights before it is needed."""
-        if self.opts.lora or w.active or w.ready_at > now:
-            return False  # adapters load per trajectory instead
-        for stream in sorted(self.newest):
-            if w.versions.get(stream, -1) < self.newest[stream]:
-                self._sync(w, stream, self.newest[stream], now)
-                return True
-        return False
 
     def _fill(self, w: SimWorker, now: float) -> bool:
         """Start pending trajectories on ``w``'s free slots; sync stale weights first."""
@@ -389,20 +431,9 @@ class RolloutEngine:
         while pending and len(w.active) < self.slots:
             t = pending[0]
             batch = t.batch
-            have = w.versions.get(batch.stream, -1)
-            want = self.newest.get(batch.stream, batch.version) if self.opts.streaming else batch.version
-            delay = 0.0
-            if have < batch.version or (self.opts.streaming and not w.active and have < want):
-                if not batch.lora:
-                    if w.active and not self.opts.partial:
-                        break  # full weights change only on an idle worker: drain first
-                    # Sync the newest weights before decoding (on demand, from the CPU copy).
-                    self._sync(w, batch.stream, max(want, batch.version), now)
-                    return started
-                # A LoRA adapter loads beside the others; its load delays this trajectory.
-                w.versions[batch.stream] = max(want, batch.version)
-                delay = self.opts.adapter_sync_s
-                self.switch_extra += delay * len(w.worker.gpus)
+            delay = self.weights.ready_for(w, batch, now)
+            if delay is None:
+                break  # the worker syncs its weights first, or drains before it may
             pending.popleft()
             t.worker = w
             if t.version < 0:

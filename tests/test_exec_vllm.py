@@ -201,6 +201,36 @@ def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir, engin
     assert rest.logprobs[: len(partial.logprobs)] == partial.logprobs and len(rest.logprobs) == len(rest.token_ids)
 
 
+def test_an_engine_that_breaks_fails_its_waiting_request_and_every_later_call(model_dir):
+    from rlix.exec.messages import EngineStopped
+    from rlix.exec.vllm_backend import VllmRolloutBackend
+
+    b = VllmRolloutBackend(options=OPTS)
+    b.prepare(str(model_dir), DEVICE)
+    b.wake(None)
+    req, full_s = _long_request(b)
+    out = {}
+
+    def run():
+        try:
+            out["r"] = b.generate(req)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            out["r"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(full_s / 4)
+    b.llm.llm_engine.engine_core.shutdown()  # the engine core goes away under a running request
+    t.join(timeout=120)
+    assert isinstance(out["r"], EngineStopped), out["r"]
+    with pytest.raises(EngineStopped):
+        b.generate(req)
+    with pytest.raises(EngineStopped):
+        b.update_weights(v0(model_dir))
+    b.sleep()  # a shrink still succeeds: nothing is left to park
+    b.close()
+
+
 def test_sleep_while_requests_keep_arriving_leaves_none_waiting(model_dir, engines):
     """Every request sent around a sleep returns (done, aborted, or refused as asleep): none is left in a parked engine."""
     b = fresh(engines(), model_dir)

@@ -228,6 +228,9 @@ class Session:
             p.result = ray.get(p.run_ref)
             self.events.extend(p.result.events)
         except Exception as exc:  # killed or crashed coordinator process
+            # A crashed job never unregistered itself: its GPUs and its admission go back now
+            # (idempotent after a kill), or a queued job waiting for its home would wait forever.
+            self.scheduler.unregister.remote(p.pipeline_id)
             status = JobStatus.KILLED if p.killed_at is not None else JobStatus.FAILED
             t = p.killed_at if p.killed_at is not None else self.now()
             prev = p.progress

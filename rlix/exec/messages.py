@@ -131,6 +131,10 @@ class EngineRefused(RuntimeError):
     """The rollout engine refused a request (an application error: the worker stays up)."""
 
 
+class EngineStopped(RuntimeError):
+    """The rollout engine itself broke: the worker process exits, and its work goes elsewhere as a dead worker's does."""
+
+
 # ------------------------------------------------------------------ training
 
 

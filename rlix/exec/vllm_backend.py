@@ -30,8 +30,9 @@ platform offers differs.
 - adapters: each version is written as a peft adapter directory and served
   with a fresh ``LoRARequest`` id (vLLM caches adapters by id).
 
-One engine thread owns the engine: callers enqueue requests and wait; the
-thread adds them, steps the engine, and hands back finished outputs.
+One engine thread owns the engine (:class:`EngineThread`): it builds it,
+callers enqueue requests and wait, and the thread adds them, steps the
+engine, and hands back finished outputs.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ import queue
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlix.exec.backend import RolloutBackend, unchanged_result
-from rlix.exec.messages import AdapterSnapshot, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
+from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
 
 
 @dataclass(kw_only=True)
@@ -58,6 +60,7 @@ class _Pending:
     request: GenRequest
     version: int
     started: float
+    lora: object = None  # the adapter version's LoRARequest (None: base weights)
     done: threading.Event = field(default_factory=threading.Event)
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] = ()
@@ -114,12 +117,38 @@ def process_env(devices: tuple[int, ...], on_gpu: bool, cores: tuple[int, ...]) 
     return env
 
 
+def engine_args(model_path: str, devices: tuple[int, ...], options: VllmOptions, lora: LoraSpec | None) -> dict:
+    """vLLM's ``LLM`` arguments for one worker's engine."""
+    from vllm.platforms import current_platform
+
+    tp = len(devices)
+    kwargs = dict(
+        model=model_path,
+        enable_sleep_mode=current_platform.is_sleep_mode_available(),  # CUDA: yes; CPU: refused (sleep parks instead)
+        tensor_parallel_size=tp,
+        distributed_executor_backend="mp" if tp > 1 else "uni",  # TP ranks: vLLM worker processes
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        enforce_eager=options.enforce_eager,
+        dtype=options.dtype,
+        skip_tokenizer_init=True,  # requests carry token ids; results stay token ids
+        logprobs_mode="processed_logprobs",  # after temperature, as the torch backend reports them
+        seed=0,
+    )
+    if options.max_model_len is not None:
+        kwargs["max_model_len"] = options.max_model_len
+    kv_gib = options.kv_cache_gib if options.kv_cache_gib is not None else (None if current_platform.is_cuda_alike() else CPU_KV_CACHE_GIB)
+    if kv_gib is not None:  # a fixed KV cache per rank, instead of a fraction of the device's memory
+        kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
+    if lora is not None:
+        kwargs.update(enable_lora=True, max_loras=2 * max(1, len(lora.adapters)), max_lora_rank=_lora_rank_bucket(lora.rank))
+    return kwargs
+
+
 class VllmRolloutBackend(RolloutBackend):
     def __init__(self, lora: LoraSpec | None = None, options: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)) -> None:
         self.lora = lora
         self.options = options
         self.devices = devices  # the worker's bundle (node-local GPU ids): one tensor-parallel rank each
-        self.llm = None
         self.model_path = ""
         self.eos_id = -1
         self._awake = False
@@ -127,12 +156,13 @@ class VllmRolloutBackend(RolloutBackend):
         self._adapters: dict[str, tuple[int, object]] = {}  # name -> (version, LoRARequest)
         self._lora_ids = itertools.count(1)
         self._lock = threading.Condition()
-        self._inbox: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
-        self._running: dict[str, _Pending] = {}  # vLLM request id -> pending
-        self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._failure: Exception | None = None  # why the engine thread stopped, if it did
+        self._engine: EngineThread | None = None  # built on the first wake
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
+
+    @property
+    def llm(self):
+        """vLLM's ``LLM`` (None before the first wake and after close)."""
+        return self._engine.llm if self._engine is not None else None
 
     # ---------------------------------------------------------- lifecycle
 
@@ -144,57 +174,21 @@ class VllmRolloutBackend(RolloutBackend):
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
         os.environ.update(process_env(self.devices, device.startswith("cuda"), tuple(sorted(os.sched_getaffinity(0)))))
 
-    def _build(self) -> None:
-        """Start the engine thread, which builds the engine and then serves it; return once it is built.
-
-        The engine is built on the thread that steps it: vLLM's CPU build binds
-        that thread's OpenMP threads when it builds, and its attention kernels
-        check they still match, so an engine built on the caller's thread and
-        stepped on another fails whenever the caller had changed torch's thread
-        count.
-        """
-        ready = threading.Event()
-        failed: list[Exception] = []
-        self._thread = threading.Thread(target=self._engine_loop, args=(ready, failed), name="rlix-vllm-engine", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failed:
-            self._thread.join()
-            self._thread = None
-            raise failed[0]
-
-    def _engine_args(self) -> dict:
-        from vllm.platforms import current_platform
-
-        tp = len(self.devices)
-        kwargs = dict(
-            model=self.model_path,
-            enable_sleep_mode=current_platform.is_sleep_mode_available(),  # CUDA: yes; CPU: refused (sleep parks instead)
-            tensor_parallel_size=tp,
-            distributed_executor_backend="mp" if tp > 1 else "uni",  # TP ranks: vLLM worker processes
-            gpu_memory_utilization=self.options.gpu_memory_utilization,
-            enforce_eager=self.options.enforce_eager,
-            dtype=self.options.dtype,
-            skip_tokenizer_init=True,  # requests carry token ids; results stay token ids
-            logprobs_mode="processed_logprobs",  # after temperature, as the torch backend reports them
-            seed=0,
-        )
-        if self.options.max_model_len is not None:
-            kwargs["max_model_len"] = self.options.max_model_len
-        kv_gib = self.options.kv_cache_gib if self.options.kv_cache_gib is not None else (None if current_platform.is_cuda_alike() else CPU_KV_CACHE_GIB)
-        if kv_gib is not None:  # a fixed KV cache per rank, instead of a fraction of the device's memory
-            kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
-        if self.lora is not None:
-            kwargs.update(enable_lora=True, max_loras=2 * max(1, len(self.lora.adapters)), max_lora_rank=_lora_rank_bucket(self.lora.rank))
-        return kwargs
+    def _check_engine(self) -> None:
+        """Raise :class:`EngineStopped` if the engine thread has stopped serving (the caller holds the lock)."""
+        if self._engine is not None and self._engine.failure is not None:
+            raise EngineStopped(str(self._engine.failure)) from self._engine.failure
 
     def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
         with self._lock:
+            self._check_engine()
             if not self._awake:
                 if self.llm is not None and self.options.sleep_level == 2 and snapshot is None:
                     raise ValueError("a vLLM engine woken from sleep level 2 needs the trainer's weight snapshot")
-                if self.llm is None:
-                    self._build()  # cold start: the checkpoint's weights are loaded by vLLM
+                if self.llm is None:  # cold start: the checkpoint's weights are loaded by vLLM
+                    engine = EngineThread(self._lock, self.eos_id)
+                    engine.start(lambda: engine_args(self.model_path, self.devices, self.options, self.lora))
+                    self._engine = engine
                     self._version = 0
                 else:
                     self.llm.wake_up()
@@ -231,6 +225,7 @@ class VllmRolloutBackend(RolloutBackend):
 
     def update_weights(self, snapshot: WeightSnapshot) -> None:
         with self._lock:
+            self._check_engine()
             if self._awake:
                 self._load(snapshot)
 
@@ -245,7 +240,7 @@ class VllmRolloutBackend(RolloutBackend):
         with self._lock:
             was_awake, self._awake = self._awake, False  # no new requests from here on
             self.abort()
-            if was_awake:
+            if was_awake and self._engine.failure is None:  # a broken engine is not parked: it serves nothing anyway
                 self.llm.sleep(level=self.options.sleep_level)
                 self._adapters = {}
                 if self.options.sleep_level == 2:
@@ -254,17 +249,8 @@ class VllmRolloutBackend(RolloutBackend):
     def abort(self) -> None:
         """Abort every request in the engine; each returns its partial tokens as ``aborted``."""
         with self._lock:
-            ids = list(self._running)
-            if ids:
-                self.llm.llm_engine.abort_request(ids)
-            for rid in ids:
-                p = self._running.pop(rid)
-                p.aborted = True
-                p.done.set()
-            while not self._inbox.empty():
-                p = self._inbox.get_nowait()
-                p.aborted = True
-                p.done.set()
+            if self._engine is not None:
+                self._engine.abort_all()
 
     def close(self) -> None:
         """Stop the engine thread and free the engine's memory (and its TP worker processes).
@@ -274,17 +260,13 @@ class VllmRolloutBackend(RolloutBackend):
         """
         with self._lock:
             self._awake = False  # no new requests
-        self.abort()
-        with self._lock:
-            llm, self.llm = self.llm, None
             self._adapters = {}
             self._version = -1
-            self._lock.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self.abort()
+        engine, self._engine = self._engine, None
+        llm = engine.stop() if engine is not None else None
         if llm is not None:
-            if llm.llm_engine.is_sleeping():
+            if engine.failure is None and llm.llm_engine.is_sleeping():
                 llm.wake_up()  # map the memory back before it is freed
             llm.llm_engine.engine_core.shutdown()
             del llm
@@ -306,15 +288,15 @@ class VllmRolloutBackend(RolloutBackend):
 
     def generate(self, request: GenRequest) -> GenResult:
         with self._lock:
-            if self._failure is not None:
-                raise self._failure
+            self._check_engine()
             if not self._awake:
                 return unchanged_result(request, self._version)
-            version = self._adapters.get(request.adapter, (0, None))[0] if request.adapter else self._version
-            p = _Pending(request=request, version=version, started=time.perf_counter(), token_ids=request.prefix_ids, logprobs=request.prefix_logprobs)
-            self._inbox.put(p)
-            self._lock.notify_all()
+            version, lora = self._adapters.get(request.adapter, (0, None)) if request.adapter else (self._version, None)
+            p = _Pending(request=request, version=version, lora=lora, started=time.perf_counter(), token_ids=request.prefix_ids, logprobs=request.prefix_logprobs)
+            self._engine.submit(p)
         p.done.wait()
+        if isinstance(p.error, EngineStopped):
+            raise EngineStopped(str(p.error)) from p.error.__cause__  # one exception object per caller
         if p.error is not None:
             raise p.error
         return GenResult(
@@ -327,25 +309,82 @@ class VllmRolloutBackend(RolloutBackend):
             gen_s=time.perf_counter() - p.started,
         )
 
-    def _engine_loop(self, ready: threading.Event, failed: list[Exception]) -> None:
-        """Build the engine, then serve until closed; if the engine raises, every waiting
-        request (and every later one) fails with it."""
+
+class EngineThread:
+    """The one thread that owns a vLLM engine: it builds the engine, adds queued requests,
+    steps it, and hands each request's tokens back. Callers share the backend's lock.
+
+    The engine is built on this thread because vLLM's CPU build binds the
+    building thread's OpenMP threads and its attention kernels check they still
+    match: an engine built on the caller's thread and stepped on another fails
+    whenever the caller had changed torch's thread count.
+    """
+
+    def __init__(self, lock: threading.Condition, eos_id: int) -> None:
+        self.lock = lock
+        self.eos_id = eos_id
+        self.llm = None
+        self.failure: Exception | None = None  # why the thread stopped serving, if it did
+        self._inbox: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._running: dict[str, _Pending] = {}  # vLLM request id -> pending
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def start(self, args: Callable[[], dict]) -> None:
+        """Build the engine (``LLM(**args())``) on a new thread; return once it is built, or raise why not."""
+        ready = threading.Event()
+        failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self._main, args=(args, ready, failed), name="rlix-vllm-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            raise failed[0]
+
+    def submit(self, p: _Pending) -> None:
+        """Queue a request (the caller holds the lock)."""
+        self._inbox.put(p)
+        self.lock.notify_all()
+
+    def abort_all(self) -> None:
+        """Abort every request, queued or running (the caller holds the lock); each returns its partial tokens."""
+        ids = list(self._running)
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+        pending = [self._running.pop(rid) for rid in ids]
+        while not self._inbox.empty():
+            pending.append(self._inbox.get_nowait())
+        for p in pending:
+            p.aborted = True
+            p.done.set()
+
+    def stop(self):
+        """End the thread; returns the engine for the caller to shut down."""
+        with self.lock:
+            llm, self.llm = self.llm, None
+            self.lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return llm
+
+    def _main(self, args: Callable[[], dict], ready: threading.Event, failed: list[BaseException]) -> None:
         try:
             from vllm import LLM
 
-            self.llm = LLM(**self._engine_args())
-        except Exception as e:
+            self.llm = LLM(**args())
+        except BaseException as e:  # the caller of start() raises it
             failed.append(e)
             return
         finally:
             ready.set()
         try:
             self._serve()
-        except Exception as e:
-            failure = RuntimeError(f"the vLLM engine stopped: {type(e).__name__}: {e}")
+        except BaseException as e:  # the engine broke: every waiting request, and every later one, fails with it
+            failure = EngineStopped(f"the vLLM engine stopped: {type(e).__name__}: {e}")
             failure.__cause__ = e
-            with self._lock:
-                self._failure = failure
+            with self.lock:
+                self.failure = failure
                 pending = list(self._running.values())
                 self._running.clear()
                 while not self._inbox.empty():
@@ -356,17 +395,16 @@ class VllmRolloutBackend(RolloutBackend):
 
     def _serve(self) -> None:
         while True:
-            with self._lock:
-                while (not self._awake or (self._inbox.empty() and not self._running)) and self.llm is not None:
-                    self._lock.wait(timeout=1.0)  # asleep or idle: nothing to step
-                if self.llm is None:  # closed
+            with self.lock:
+                while self._inbox.empty() and not self._running and self.llm is not None:
+                    self.lock.wait(timeout=1.0)  # idle (or asleep): nothing to step
+                if self.llm is None:  # stopped
                     return
                 while not self._inbox.empty():
                     self._add(self._inbox.get_nowait())
                 if not self._running:
                     continue
-                outputs = self.llm.llm_engine.step()
-                for out in outputs:
+                for out in self.llm.llm_engine.step():
                     p = self._running.get(out.request_id)
                     if p is not None:
                         self._progress(out.request_id, p, out)
@@ -383,7 +421,6 @@ class VllmRolloutBackend(RolloutBackend):
             p.finished = True
             p.done.set()
             return
-        lora = self._adapters.get(req.adapter, (0, None))[1] if req.adapter else None
         rid = f"r{next(self._ids)}"
         prompt = {"prompt_token_ids": list(req.prompt_ids) + list(req.prefix_ids)}
         try:  # vLLM validates here (temperature <= 2, prompt within max_model_len): fail this request, not the loop
@@ -395,7 +432,7 @@ class VllmRolloutBackend(RolloutBackend):
                 stop_token_ids=[self.eos_id],
                 detokenize=False,
             )
-            self.llm.llm_engine.add_request(rid, prompt, params, lora_request=lora)
+            self.llm.llm_engine.add_request(rid, prompt, params, lora_request=p.lora)
         except Exception as e:
             p.error = e
             p.done.set()

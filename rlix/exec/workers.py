@@ -20,6 +20,7 @@ from rlix.exec.messages import (
     AdapterSnapshot,
     Emulation,
     EngineRefused,
+    EngineStopped,
     GenRequest,
     GenResult,
     LoraSpec,
@@ -104,7 +105,10 @@ class RolloutWorkerActor:
         if self.fault.die_in_rollout and not self._dying:
             self._dying = True  # injected: the process exits mid-rollout, as a crashed engine would
             threading.Timer(1.0, os._exit, (1,)).start()
-        return self.backend.generate(request)
+        try:
+            return self.backend.generate(request)
+        except EngineStopped:  # a broken engine serves nothing more: die, so the job continues on other workers
+            os._exit(1)
 
     def visible_devices(self) -> str:
         return self.visible

@@ -76,15 +76,20 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
 def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
     """No other admitted job (or one admitted in this draft) has a home overlapping this job's."""
     home = set(view.pipelines[pipeline_id].spec.home_gpus)
-    admitted = {e.spec.pipeline_id for e in view.active() if e.admitted} | {g.pipeline_id for g in draft.grants if g.stage is Stage.INIT}
+    admitted = {e.spec.pipeline_id for e in view.active() if e.admitted} | _admitted_now(draft)
     admitted.discard(pipeline_id)
     return not any(home.intersection(view.pipelines[pid].spec.home_gpus) for pid in sorted(admitted))
 
 
 def awaiting_admission(view: View, draft: Draft) -> set[str]:
     """Jobs whose INIT is still pending after this draft's grants: they may not roll out in a partition yet."""
-    granted = {g.pipeline_id for g in draft.grants if g.stage is Stage.INIT}
+    granted = _admitted_now(draft)
     return {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
+
+
+def _admitted_now(draft: Draft) -> set[str]:
+    """Jobs whose INIT this draft grants."""
+    return {g.pipeline_id for g in draft.grants if g.stage is Stage.INIT}
 
 
 def _worker_key(worker: RolloutWorker) -> tuple[str, int]:

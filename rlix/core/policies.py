@@ -67,9 +67,7 @@ class PartialOverlapPolicy(Policy):
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
         return _inside_home(spec)
 
-    def admits(self, view: View, draft: Draft, req: GangRequest) -> bool:
-        """As static: a job starts only when its home partition is free."""
-        return passes.home_is_free(view, draft, req.pipeline_id)
+    admits = StaticPolicy.admits  # as static: a job starts only when its home partition is free
 
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)

@@ -22,7 +22,7 @@ class PipelineEntry:
     bundle_rank: dict[Gpus, int]  # candidate bundle -> preference (lower first)
     home_workers: int = 0  # candidate bundles inside the pipeline's home GPUs
     state: PipelineState = PipelineState.ACTIVE
-    admitted: bool = False  # its INIT stage was granted: it holds (or held) GPUs
+    admitted: bool = False  # it was granted GPUs (its INIT, or any stage or worker): its home is taken
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):

@@ -59,6 +59,8 @@ class SchedulerModel(StrictModel):
     weight_by_duration: bool = Field(default=False, description="split rollout capacity by remaining work (trajectories x mean seconds), not counts")
     home_floor: bool = Field(default=False, description="a pipeline's share never drops below its home partition's rollout workers while it can use them")
     priority_weight: float = Field(default=2.0, ge=1, le=100, description="a job's rollout share weight is multiplied by priority_weight ** priority")
+    small_first: float = Field(default=3.0, ge=0, le=10, description="favour jobs with little work left: weight x (most work left / own work left) ** small_first (0: off)")
+    path_halving_s: float = Field(default=350.0, ge=0, description="favour the job with the longest chain of steps ahead: weight halves per this many seconds of shorter chain (0: off)")
 
     def to_config(self) -> SchedulerConfig:
         return SchedulerConfig(**{name: getattr(self, name) for name in SchedulerModel.model_fields})

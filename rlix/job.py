@@ -109,6 +109,7 @@ def demand_report(
     backlog: int = 0,
     trajectory_s: float = 0.0,
     switch_s: float = 0.0,
+    path_s: float = 0.0,
 ) -> ReportDemand:
     """A pipeline's rollout demand, with one meaning in both shells.
 
@@ -119,9 +120,10 @@ def demand_report(
       near-finished protection compares the remaining work with;
     - ``backlog``: trajectories of steps not produced yet;
     - ``trajectory_s``: mean generation seconds of the trajectories finished so far (0: none yet);
-    - ``switch_s``: seconds to wake one more worker and sync its weights (0: unknown).
+    - ``switch_s``: seconds to wake one more worker and sync its weights (0: unknown);
+    - ``path_s``: seconds of the job's chain of steps still ahead (:func:`remaining_path_s`; 0: unknown).
     """
-    if min(pending, open_trajectories, backlog) < 0 or min(trajectory_s, switch_s) < 0:
+    if min(pending, open_trajectories, backlog) < 0 or min(trajectory_s, switch_s, path_s) < 0:
         raise JobModelError(f"{pipeline_id}: demand counts and trajectory seconds must be >= 0")
     return ReportDemand(
         pipeline_id=pipeline_id,
@@ -131,6 +133,7 @@ def demand_report(
         backlog=backlog,
         trajectory_s=trajectory_s,
         switch_s=switch_s,
+        path_s=path_s,
     )
 
 
@@ -327,6 +330,18 @@ def _chain_after(
         next_roll = longest[k + 1] + after_roll[k + 1] if k + 1 < n and not streaming else 0.0
         after_roll[k] = max(train[k] + after_train[k], next_roll)
     return after_roll, after_train
+
+
+def remaining_path_s(steps_left: int, staleness: int, *, longest_s: float, train_s: float, streaming: bool = False) -> float:
+    """Seconds of one stream's chain still ahead, from what was measured so far.
+
+    Each step not yet trained (the one rolling out included) is taken to wait
+    for a trajectory as slow as the slowest seen and a training as long as the
+    longest seen, chained as :func:`stream_critical_path` chains steps. Both
+    shells report it, so the scheduler can favour the job that sets the makespan.
+    """
+    step = StepShape(trajectory_s=0.0, longest_s=longest_s, stages=((Stage.ACTOR_TRAIN, train_s),))
+    return stream_critical_path([step] * max(steps_left, 0), staleness, streaming=streaming)
 
 
 def stream_critical_path(steps: Sequence[StepShape], staleness: int, *, streaming: bool = False) -> float:

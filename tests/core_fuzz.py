@@ -41,6 +41,8 @@ def random_knobs(rng: random.Random) -> SchedulerConfig:
         weight_by_duration=rng.random() < 0.5,
         home_floor=rng.random() < 0.3,
         priority_weight=rng.choice([1.0, 2.0, rng.uniform(1.0, 10.0)]),
+        small_first=rng.choice([0.0, 1.0, 3.0, rng.uniform(0.0, 10.0)]),
+        path_halving_s=rng.choice([0.0, 350.0, rng.uniform(0.01, 5000.0)]),
     )
 
 
@@ -72,6 +74,7 @@ def random_report(rng: random.Random, sched: Scheduler, spec: PipelineSpec) -> R
         backlog=rng.choice([0, rng.randint(0, 500)]),
         trajectory_s=rng.choice([0.0, rng.uniform(0.5, 2000.0)]),
         switch_s=rng.choice([0.0, rng.uniform(0.1, 10.0), rng.uniform(10.0, 200.0)]),
+        path_s=rng.choice([0.0, rng.uniform(0.0, 100.0), rng.uniform(0.0, 1e6)]),
     )
 
 

@@ -28,6 +28,7 @@ from rlix.core.policies import RlixPolicy
 
 NODE8 = ClusterSpec(nodes=1, gpus_per_node=8)
 TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
+PROPORTIONAL = SchedulerConfig(small_first=0.0, path_halving_s=0.0)  # the split by current demand alone
 
 
 def two_jobs(policy="rlix", config=SchedulerConfig()):
@@ -133,7 +134,7 @@ def test_a_higher_priority_jobs_rollout_demand_weighs_more(priority_weight, expe
 
 
 def test_split_is_proportional_with_the_floor_inside_the_share():
-    sched = two_jobs()
+    sched = two_jobs(config=PROPORTIONAL)
     plan = sched.step(0, [demand("a", 40), demand("b", 8)])
     counts = {pid: len(ws) for pid, ws in owners(sched).items()}
     # shares 40:8 of 8 GPUs = 6.67 and 1.33 workers; the last GPU goes to the larger remainder
@@ -144,16 +145,54 @@ def test_split_is_proportional_with_the_floor_inside_the_share():
 def test_split_by_duration_follows_remaining_work_not_counts():
     # a: 8 short trajectories (5 s), b: 8 long ones (95 s); equal counts, 19x the work
     reports = [demand("a", 8, trajectory_s=5.0), demand("b", 8, trajectory_s=95.0)]
-    by_count = Scheduler(NODE8, "rlix")
+    by_count = Scheduler(NODE8, "rlix", PROPORTIONAL)
     register(by_count, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
     by_count.step(0, reports)
     assert {pid: len(ws) for pid, ws in owners(by_count).items()} == {"a": 4, "b": 4}
-    by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True))
+    by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True, small_first=0.0, path_halving_s=0.0))
     register(by_work, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
     by_work.step(0, reports)
     # 1:19 of 8 GPUs is 0.4 : 7.6 workers; the floor is inside the share, so a gets
     # exactly its one worker and b the other 7 (not a floor each and then 1:19 of the rest)
     assert {pid: len(ws) for pid, ws in owners(by_work).items()} == {"a": 1, "b": 7}
+
+
+def test_the_job_with_the_least_work_left_gets_more_of_the_split():
+    # equal current batches; b has three more batches announced (backlog), a none
+    reports = [demand("a", 8), demand("b", 8, backlog=24)]
+    counts = {}
+    for small_first in (0.0, 1.0, 3.0):
+        sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=small_first, path_halving_s=0.0))
+        register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+        sched.step(0, reports)
+        counts[small_first] = {pid: len(ws) for pid, ws in owners(sched).items()}
+    # work left 8 : 32 -> weights 8 x 4^k : 8: 4 : 4, then 6.4 : 1.6, then 7.9 : 0.1 (b keeps its floor)
+    assert counts == {0.0: {"a": 4, "b": 4}, 1.0: {"a": 6, "b": 2}, 3.0: {"a": 7, "b": 1}}
+
+
+def test_the_job_with_the_most_work_left_gets_a_larger_share_when_small_first_is_off():
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=0.0, path_halving_s=0.0, backlog_weight=1.0))
+    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    sched.step(0, [demand("a", 8), demand("b", 8, backlog=24)])
+    assert {pid: len(ws) for pid, ws in owners(sched).items()} == {"a": 2, "b": 6}  # 8 : 32 of 8 GPUs
+
+
+@pytest.mark.parametrize(("halving_s", "expected"), [(0.0, {"a": 4, "b": 4}), (600.0, {"a": 3, "b": 5}), (200.0, {"a": 1, "b": 7})])
+def test_the_job_on_the_longest_chain_gets_more_of_the_split(halving_s, expected):
+    # equal batches; b's chain of steps still ahead is 600 s longer than a's
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=0.0, path_halving_s=halving_s))
+    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    reports = [ReportDemand(pipeline_id="a", pending=8, batch_size=8, path_s=1000.0), ReportDemand(pipeline_id="b", pending=8, batch_size=8, path_s=1600.0)]
+    sched.step(0, reports)
+    # b's weight is 2 ** (600 / halving_s) times a's: 2x -> 2.67 : 5.33 workers, 8x -> 0.89 : 7.11 (a keeps its floor)
+    assert {pid: len(ws) for pid, ws in owners(sched).items()} == expected
+
+
+def test_negative_or_nan_path_seconds_are_refused():
+    sched = two_jobs()
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(SchedulingError, match="path_s"):
+            sched.step(0, [ReportDemand(pipeline_id="a", pending=4, path_s=bad)])
 
 
 def test_split_by_duration_treats_an_unmeasured_pipeline_by_count():
@@ -219,6 +258,19 @@ def test_idle_surplus_workers_go_to_a_pipeline_that_needs_them():
     assert len(plan.shrinks) == 7
     assert owners(sched)["a"] == [a_workers[0]]
     assert len(owners(sched)["b"]) == 7
+
+
+def test_a_protected_batchs_stragglers_are_packed_for_a_job_that_waits():
+    # a has 8 stragglers left of a 100-trajectory batch (protected), one on each of its
+    # 8 workers; its 4-slot workers could hold them on two. b waits with 400 queued.
+    cfg = SchedulerConfig(min_residency_s=0.0, small_first=0.0, path_halving_s=0.0)
+    sched = Scheduler(TWO_NODES, "rlix", cfg)
+    register(sched, spec("a", range(0, 4), range(0, 8), resumable=True), spec("b", range(4, 8), range(0, 8)))
+    sched.step(0, [demand("a", 32)])
+    loads = {g: 1 for g in owners(sched)["a"]}
+    plan = sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 400)])
+    assert len(owners(sched)["a"]) == 2  # ceil(8 / 4): every straggler still has a slot
+    assert len(owners(sched)["b"]) == 6 and len(plan.shrinks) == 6
 
 
 def test_resumable_stragglers_are_packed_onto_fewer_workers():
@@ -437,7 +489,7 @@ def test_a_receiver_with_less_work_than_a_switch_takes_no_busy_worker():
 def test_between_donors_equally_above_their_share_the_one_furthest_from_finishing_gives():
     # a and b hold four workers each with 40 trajectories left; a is 80% through its batch,
     # b has just started. c's floor costs one worker: b gives it, not a (lower GPU ids).
-    sched = Scheduler(NODE8, "rlix", SchedulerConfig(min_residency_s=0.0))
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(min_residency_s=0.0, small_first=0.0, path_halving_s=0.0))
     register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(0, 8)), spec("c", (0,), range(0, 8)))
     sched.step(0, [demand("a", 40, batch=200), demand("b", 40)])
     assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7], "c": []}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_fuzz import random_knobs, random_spec
 from helpers import demand, owners, register, spec
-from rlix.core import ClusterSpec, Register, ReleaseStage, ReportDemand, RequestStage, Scheduler, Stage, WorkerLoad
+from rlix.core import ClusterSpec, Register, ReleaseStage, ReportDemand, RequestStage, Scheduler, SchedulerConfig, Stage, WorkerLoad
 
 
 def _events(rng: random.Random, specs, steps: int):
@@ -24,9 +26,10 @@ def _events(rng: random.Random, specs, steps: int):
         batch = []
         for s in specs:
             if rng.random() < 0.6:
-                batch.append(("demand", s.pipeline_id, rng.choice([0, rng.randint(1, 8), rng.randint(1, 120)]), rng.random(), rng.uniform(1, 300)))
+                pending = rng.choice([0, rng.randint(1, 8), rng.randint(1, 120)])
+                batch.append(("demand", s.pipeline_id, pending, rng.random(), rng.uniform(1, 300), rng.choice([0, rng.randint(0, 400)]), rng.uniform(0, 5000)))
             elif rng.random() < 0.15:
-                batch.append(("gang", s.pipeline_id, 0, 0.0, 0.0))
+                batch.append(("gang", s.pipeline_id, 0, 0.0, 0.0, 0, 0.0))
         script.append((rng.choice([0.0, 5.0, 60.0]), batch))
     return script
 
@@ -40,7 +43,7 @@ def _play(cluster, specs, knobs, script) -> list[dict[str, list[int]]]:
     seen = []
     for dt, batch in script:
         now += dt
-        for kind, pid, pending, busy, traj_s in sorted(batch):
+        for kind, pid, pending, busy, traj_s, backlog, path_s in sorted(batch):
             if kind == "gang":
                 event = ReleaseStage(pipeline_id=pid, stage=Stage.ACTOR_TRAIN) if pid in held else RequestStage(pipeline_id=pid, stage=Stage.ACTOR_TRAIN)
                 held.symmetric_difference_update({pid})
@@ -49,7 +52,8 @@ def _play(cluster, specs, knobs, script) -> list[dict[str, list[int]]]:
             slots = by_id[pid].slots_per_worker
             loads = tuple(WorkerLoad(first_gpu=w.gpus[0], active=int(busy * slots)) for w in sched.workers(pid))
             running = sum(x.active for x in loads)
-            sched.submit(ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=pending + running + 10, trajectory_s=traj_s), now)
+            report = ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=pending + running + 10, backlog=backlog, trajectory_s=traj_s, path_s=path_s)
+            sched.submit(report, now)
         sched.plan(now)
         seen.append({pid: [w.gpus[0] for w in sched.workers(pid)] for pid in sorted(by_id)})
     return seen
@@ -67,12 +71,19 @@ def test_permuting_registration_order_gives_the_same_allocation(rng, shuffler):
     assert _play(cluster, specs, knobs, script) == _play(cluster, permuted, knobs, script)
 
 
-def test_a_wide_pipeline_with_forty_times_the_demand_wins_in_either_order():
-    # TP-4 pipeline 'big' with 40x the demand of TP-1 'small' on one 4-GPU node.
+@pytest.mark.parametrize(
+    ("config", "winner"),
+    [(SchedulerConfig(small_first=0.0, path_halving_s=0.0), "big"), (SchedulerConfig(), "small")],
+    ids=["proportional", "small-first"],
+)
+def test_the_same_pipeline_wins_the_node_in_either_order(config, winner):
+    # TP-4 pipeline 'big' with 40x the demand of TP-1 'small' on one 4-GPU node: the
+    # proportional split gives 'big' the node, the default split 'small' (least work left first).
     node = ClusterSpec(nodes=1, gpus_per_node=4)
+    expected = {"big": [0], "small": []} if winner == "big" else {"big": [], "small": [0]}
     for order in (("small", "big"), ("big", "small")):
-        sched = Scheduler(node, "rlix")
+        sched = Scheduler(node, "rlix", config)
         specs = {"big": spec("big", range(0, 4), range(0, 4), tp=4, slots=1), "small": spec("small", range(0, 4), range(0, 4), slots=1)}
         register(sched, *(specs[pid] for pid in order))
         sched.step(0, [demand("small", 1), demand("big", 10)])
-        assert owners(sched) == {"big": [0], "small": []}, order
+        assert owners(sched) == expected, order

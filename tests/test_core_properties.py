@@ -111,7 +111,9 @@ def run_and_check(policy: str, cluster, specs, actions, by_duration: bool) -> No
             slots = live[pid].slots_per_worker
             loads = tuple(WorkerLoad(first_gpu=w.gpus[0], active=min(slots, (pending + w.gpus[0]) % (slots + 1))) for w in sched.workers(pid))
             batch = pending + sum(x.active for x in loads) + 5
-            report = ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=batch, trajectory_s=dt * (idx + 1))
+            report = ReportDemand(
+                pipeline_id=pid, pending=pending, loads=loads, batch_size=batch, backlog=pending * idx, trajectory_s=dt * (idx + 1), path_s=dt * 100.0 * idx
+            )
             sched.submit(report, now)
             reports[pid] = (now, report)
         elif kind == "unregister":

@@ -11,7 +11,7 @@ from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
 from rlix.exec.recipe import Trajectory
 from rlix.exec.recorder import Recorder
-from rlix.exec.records import JobStatus, SwitchKind
+from rlix.exec.records import JobStatus, StepRecord, SwitchKind, TrajRecord
 from rlix.exec.rollout_queue import RolloutQueue, TrajectoryFailed
 from rlix.exec.step_driver import StepDriver, Stream
 from rlix.exec.tasks import Prompt
@@ -188,6 +188,21 @@ def test_a_stream_that_reaches_its_reward_stops_producing():
     _done(d, s, 0)
     d.trained(s, 0, mean_reward=0.9)
     assert d.exhausted(s) and d.backlog() == 0 and d.planned_steps() == 1
+
+
+def test_the_chain_still_ahead_comes_from_measured_figures():
+    s = Stream(name="", recipe=FakeRecipe(), steps=4, staleness=0)
+    d = StepDriver([s], kl=False)
+    r = Recorder("p")
+    assert d.path_s(longest_s=r.longest_gen_s, train_s=r.longest_train_s) == 0.0  # nothing measured yet
+    d.produce(s, 0.0)
+    _done(d, s, 0)
+    r.trajectory(TrajRecord(traj_id=0, step=0, gen_s=3.0, segments=1, tokens=4, weight_version=0))
+    r.trajectory(TrajRecord(traj_id=1, step=0, gen_s=7.0, segments=1, tokens=4, weight_version=0))
+    r.step(StepRecord(step=0, started_s=0.0, finished_s=12.0, mean_reward=0.0, mean_tokens=4.0, stages=(("old_logprobs", 1.0), ("actor_train", 2.0)), min_weight_version=0))
+    d.trained(s, 0, mean_reward=0.0)
+    # three steps left, each waits for a trajectory as slow as 7 s and a training of 3 s (on-policy: in series)
+    assert d.path_s(longest_s=r.longest_gen_s, train_s=r.longest_train_s) == 3 * (7.0 + 3.0)
 
 
 # ------------------------------------------------------------------ recorder

@@ -17,6 +17,7 @@ from rlix.job import (
     gang_activity,
     lower_bounds,
     pipeline_spec,
+    remaining_path_s,
     rollout_gate,
     rollout_may_start,
     stage_gpus,
@@ -65,12 +66,20 @@ def test_staleness_gate(step, staleness, gate):
 
 def test_demand_report_has_one_meaning():
     r = demand_report(
-        pipeline_id="p", pending=3, loads=[WorkerLoad(first_gpu=4, active=1), WorkerLoad(first_gpu=0, active=2)], open_trajectories=8, backlog=16, trajectory_s=2.5
+        pipeline_id="p", pending=3, loads=[WorkerLoad(first_gpu=4, active=1), WorkerLoad(first_gpu=0, active=2)], open_trajectories=8, backlog=16, trajectory_s=2.5, path_s=40.0
     )
     assert [w.first_gpu for w in r.loads] == [0, 4]
-    assert (r.pending, r.batch_size, r.backlog, r.trajectory_s) == (3, 8, 16, 2.5)
-    with pytest.raises(JobModelError):
-        demand_report(pipeline_id="p", pending=-1)
+    assert (r.pending, r.batch_size, r.backlog, r.trajectory_s, r.path_s) == (3, 8, 16, 2.5, 40.0)
+    for bad in ({"pending": -1}, {"pending": 0, "path_s": -1.0}):
+        with pytest.raises(JobModelError):
+            demand_report(pipeline_id="p", **bad)
+
+
+def test_the_chain_still_ahead_is_chained_as_the_critical_path_is():
+    # 3 steps left, the slowest trajectory seen 10 s, the longest training 4 s
+    assert remaining_path_s(3, 0, longest_s=10.0, train_s=4.0) == pytest.approx(3 * (10 + 4))  # on-policy: all in series
+    assert remaining_path_s(3, 1, longest_s=10.0, train_s=4.0) == pytest.approx(3 * 10 + 4)  # trainings overlap the next rollout
+    assert remaining_path_s(0, 0, longest_s=10.0, train_s=4.0) == 0.0  # nothing left
 
 
 def test_pipeline_spec_sorts_and_keeps_resumable():

@@ -9,8 +9,9 @@ The donor rules (:class:`DonorRules`) hold after every single victim:
 no worker expanded earlier in the same plan is shrunk; no pipeline with
 a floor in its share, nor one finishing a protected batch, loses its last
 worker; busy workers of a nearly finished (protected)
-batch stay, unless the receiver has no worker at all (protection never
-keeps a pipeline with demand below its floor); a worker is moved only after
+batch are not taken for shares, unless the receiver has no worker at all
+(protection never keeps a pipeline with demand below its floor), but its
+stragglers may be packed onto fewer of its workers; a worker is moved only after
 it has amortised its own switch (switch-aware residency) and only to a
 receiver with more work per worker than the switch costs it.
 """
@@ -87,18 +88,11 @@ class DonorRules:
         cutoff = self.now - self.horizon(d)
         loads = d.loads
         placed_at = self.placed_at
-        keep_busy = d.protected and phase is Phase.WORK  # a protected batch's busy workers are never packed
-        if moves and not keep_busy:  # the common case, as one comprehension (this loop dominates a plan)
+        if moves:  # one comprehension: this loop dominates a plan
             if surplus:
                 return [w for w in placed if placed_at[w.gpus[0]] <= cutoff or not loads.get(w.gpus[0])]
             return [w for w in placed if placed_at[w.gpus[0]] <= cutoff]
-        out = []
-        for w in placed:
-            g = w.gpus[0]
-            busy = loads.get(g, 0) > 0
-            if (surplus and not busy) or (moves and placed_at[g] <= cutoff and not (busy and keep_busy)):
-                out.append(w)
-        return out
+        return [w for w in placed if not loads.get(w.gpus[0])]  # surplus: its idle workers
 
     def may_take(self, w: RolloutWorker, receiver: RolloutNeed | None, taken: dict[str, int], phase: Phase) -> bool:
         """May ``w`` go to ``receiver``, after ``taken`` workers already chosen per donor?
@@ -119,13 +113,16 @@ class DonorRules:
         if not busy and have > d.need:
             return True  # idle surplus
         floor_receiver = receiver is None or draft.worker_count(receiver.pipeline_id) == 0
-        if busy and d.protected and not (phase is Phase.SHARE and floor_receiver):
-            return False
+        if busy and d.protected and phase is Phase.SHARE and not floor_receiver:
+            return False  # a nearly finished batch keeps its share (packing it is fine: see below)
         if not self._resident(w, d):
             return False
         if phase is Phase.SHARE:
             return have - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers
-        return d.resumable and have > d.need  # packing stragglers onto fewer workers
+        # Packing stragglers onto fewer workers, a protected batch's too: the
+        # donor keeps enough slots for every trajectory it has, so each one
+        # continues at once on a worker its own pipeline keeps.
+        return d.resumable and have > d.need
 
     def horizon(self, d: RolloutNeed) -> float:
         """Seconds a worker of ``d`` must hold its GPUs before it may move (switch-aware residency)."""

@@ -145,7 +145,7 @@ class Scheduler:
         entry = self._active(event.pipeline_id)
         if event.pending < 0 or event.backlog < 0 or any(load.active < 0 for load in event.loads):
             raise SchedulingError(f"pipeline '{event.pipeline_id}': demand counts must be >= 0")
-        for name in ("trajectory_s", "switch_s"):
+        for name in ("trajectory_s", "switch_s", "path_s"):
             value = getattr(event, name)
             if not (math.isfinite(value) and value >= 0):
                 raise SchedulingError(f"pipeline '{event.pipeline_id}': {name} must be a finite number >= 0")

@@ -31,6 +31,7 @@ class RolloutNeed:
     remaining_fraction: float = 0.0  # trajectories left / batch size (1.0 if the batch is unknown)
     work_s: float = 0.0  # worker-seconds of rollout left (remaining x mean s / slots); 0 if unknown
     switch_s: float = 0.0  # seconds to wake and sync one new worker; 0 if unknown
+    work_trajectories: int = 0  # (remaining + backlog) x GPUs per worker: work left, in trajectories
     report: ReportDemand | None = None  # the report this need was computed from
 
     @property
@@ -58,7 +59,12 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
             needs.append(RolloutNeed(entry=entry, pipeline_id=entry.spec.pipeline_id, tp=entry.spec.rollout_tp, need=0, weight=0.0, protected=False, loads={}))
             continue
         needs.append(_cached_need(view.config, entry, report))
-    return needs
+    last = view.memo.get("urgency")
+    if isinstance(last, tuple) and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):
+        return list(last[1])  # no report changed since the last plan
+    urgent = with_urgency(view.config, needs)
+    view.memo["urgency"] = (needs, urgent)
+    return list(urgent)
 
 
 def _cached_need(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
@@ -89,8 +95,53 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
         remaining_fraction=min(remaining / batch, 1.0) if batch > 0 else 1.0,
         work_s=remaining * report.trajectory_s / slots,
         switch_s=report.switch_s,
+        work_trajectories=(remaining + report.backlog) * entry.spec.rollout_tp,
         report=report,
     )
+
+
+# Urgency factors are scaled so the most urgent pipeline's is 1; the others
+# stop shrinking here, so a weight stays a normal positive float.
+_MIN_FACTOR = 1e-200
+
+
+def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed]) -> list[RolloutNeed]:
+    """The needs with each weight scaled by how urgent its job is among these.
+
+    Two factors, each off at 0: ``small_first`` favours the job with the
+    least work left (current batch and backlog, in GPU-seconds of rollout;
+    a job that has not finished a trajectory yet is taken at the mean of
+    those that have): shortest remaining work first lowers the mean
+    completion time. ``path_halving_s`` favours the job with the longest
+    chain of steps still ahead (its reported ``path_s``): the job that sets
+    the makespan. Both depend on the whole set only through a mean and a
+    maximum taken in pipeline-id order, so registration order cannot matter.
+    """
+    wanting = [n for n in needs if n.weight > 0]
+    alpha, halving = config.small_first, config.path_halving_s
+    if len(wanting) < 2 or not (alpha or halving):
+        return needs
+    per_s = math.log(2.0) / halving if halving else 0.0
+    measured = [r.trajectory_s for r in (n.report for n in wanting) if r is not None and r.trajectory_s > 0]
+    fallback = math.fsum(measured) / len(measured) if measured else 1.0
+    logs = {}
+    for n in wanting:
+        r = n.report
+        assert r is not None  # only reported demand has weight
+        log_u = per_s * r.path_s
+        if alpha:
+            log_u -= alpha * math.log(max(n.work_trajectories * (r.trajectory_s or fallback), 1.0))
+        logs[n.pipeline_id] = log_u
+    top = max(logs.values())
+    return [_reweighed(n, n.weight * max(math.exp(logs[n.pipeline_id] - top), _MIN_FACTOR)) if n.pipeline_id in logs else n for n in needs]
+
+
+def _reweighed(n: RolloutNeed, weight: float) -> RolloutNeed:
+    """``n`` with another weight (a plain field copy: dataclasses.replace costs 6x more, and a plan makes one per pipeline)."""
+    m = object.__new__(RolloutNeed)
+    m.__dict__.update(n.__dict__)
+    m.__dict__["weight"] = weight
+    return m
 
 
 def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand, spec: PipelineSpec) -> float:

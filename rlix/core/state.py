@@ -56,6 +56,7 @@ class View:
     pipelines: dict[str, PipelineEntry] = field(default_factory=dict)
     pending: list[GangRequest] = field(default_factory=list)  # sorted by sort_key
     departed: list[str] = field(default_factory=list)  # unregistered since the last plan
+    memo: dict[str, object] = field(default_factory=dict)  # results the passes may reuse while their inputs are the same objects
 
     def active(self) -> list[PipelineEntry]:
         """Active pipelines in registration order."""

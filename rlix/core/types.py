@@ -234,6 +234,7 @@ class ReportDemand:
     backlog: int = 0  # trajectories of steps not started yet (0 if unknown)
     trajectory_s: float = 0.0  # observed mean seconds per finished trajectory (0 if unknown)
     switch_s: float = 0.0  # seconds to wake one new worker and sync its weights (0 if unknown)
+    path_s: float = 0.0  # seconds of the job's chain of steps still ahead, from measured figures (0 if unknown)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,6 +320,14 @@ class SchedulerConfig:
     - ``priority_weight``: a job's rollout share weight is multiplied by
       ``priority_weight ** priority`` (2: each priority level doubles it;
       1: priorities order gang stages only).
+    - ``small_first``: favour jobs with little work left (shortest remaining
+      work first, for mean completion time): a share weight is multiplied by
+      ``(most work left / this job's work left) ** small_first``, work being
+      the current batch and the backlog in GPU-seconds. 0 turns it off.
+    - ``path_halving_s``: favour the job on the longest remaining chain of
+      steps (reported ``path_s``, for the makespan): a share weight halves
+      for every ``path_halving_s`` seconds its chain is shorter than the
+      longest one. 0 turns it off.
     """
 
     report_ttl_s: float = 600.0
@@ -329,6 +338,8 @@ class SchedulerConfig:
     weight_by_duration: bool = False
     home_floor: bool = False
     priority_weight: float = 2.0
+    small_first: float = 3.0
+    path_halving_s: float = 350.0
 
 
 DEFAULT_CONFIG = SchedulerConfig()

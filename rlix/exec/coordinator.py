@@ -262,6 +262,7 @@ class PipelineCoordinator:
             backlog=self.driver.backlog(),
             trajectory_s=self.rec.mean_trajectory_s(),
             switch_s=self.rec.mean_switch_s(),
+            path_s=self.driver.path_s(longest_s=self.rec.longest_gen_s, train_s=self.rec.longest_train_s),
         )
 
     # ================================================================ plan calls, polls

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from rlix.core import Stage
 from rlix.exec.messages import GenResult
 from rlix.exec.recipe import Recipe, Trajectory
-from rlix.job import executor_stages, rollout_may_start
+from rlix.job import executor_stages, remaining_path_s, rollout_may_start
 
 StepKey = tuple[str, int]  # (stream name, step)
 
@@ -132,6 +132,13 @@ class StepDriver:
     def backlog(self) -> int:
         """Trajectories of steps not produced yet (streams that stopped have none)."""
         return sum((s.steps - s.next_step) * s.recipe.batch_size for s in self.streams if not self.exhausted(s))
+
+    def path_s(self, *, longest_s: float, train_s: float) -> float:
+        """The longest chain of steps still ahead among the running streams (see :func:`remaining_path_s`)."""
+        return max(
+            (remaining_path_s(s.steps - max(s.version, s.start), s.staleness, longest_s=longest_s, train_s=train_s) for s in self.streams if not s.stopped),
+            default=0.0,
+        )
 
     def planned_steps(self) -> int:
         """Steps this job will train: all of a running stream's, only those done of a stopped one."""

@@ -258,6 +258,7 @@ class RolloutEngine:
         self.batch_left = 0  # trajectories of unfinished batches
         self.completed = 0
         self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
+        self.longest_s = 0.0  # the slowest finished trajectory's seconds
         self.aborted = 0
         self._made = 0  # trajectories created: their idx
         self._sleeping = False
@@ -401,6 +402,7 @@ class RolloutEngine:
             self.running -= 1
             finished += 1
             self.completed_s += t.duration
+            self.longest_s = max(self.longest_s, t.duration)
             batch = t.batch
             batch.oldest = min(batch.oldest, t.version)
             batch.left -= 1

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import simpy
 
 from rlix.core import Event, PipelineSpec, Register, ReleaseStage, ReportDemand, RequestStage, Stage, Unregister
-from rlix.job import GangPhase, demand_report, gang_activity, rollout_gate, stage_gpus, stage_role, step_sequence
+from rlix.job import GangPhase, demand_report, gang_activity, remaining_path_s, rollout_gate, stage_gpus, stage_role, step_sequence
 from rlix.metrics import PipelineTally, UsageRecorder
 from rlix.sim.engine import Batch, EngineOptions, RolloutEngine
 from rlix.sim.trace import PipelineModel, Step, speed_curve
@@ -76,6 +76,7 @@ class SimPipeline:
         self.tally = PipelineTally(arrival_s=model.arrival_s)
         self.history: list[StepRecord] = []
         self.done = False
+        self.train_s = 0.0  # the longest measured training (rollout end to train end) so far
         options = EngineOptions(
             slots=model.slots_per_worker,
             weight_sync_s=model.switch.weight_sync_s,
@@ -158,6 +159,7 @@ class SimPipeline:
             self.trained[i] = k + 1
             self.engine.set_version(i, k + 1)
             records[k].train_end = env.now
+            self.train_s = max(self.train_s, env.now - records[k].rollout_end)
             trained[k].succeed()
             self.tally.step_latencies.append(env.now - records[k].rollout_start)
 
@@ -227,4 +229,13 @@ class SimPipeline:
             backlog=self.backlog,
             trajectory_s=self.engine.mean_trajectory_s,
             switch_s=self.model.switch.load_s + self.model.switch.weight_sync_s,  # wake + weight sync of one worker
+            path_s=self.path_s(),
+        )
+
+    def path_s(self) -> float:
+        """The longest chain still ahead among this job's streams, from the figures measured so far."""
+        longest, staleness = self.engine.longest_s, self.model.staleness
+        return max(
+            remaining_path_s(len(steps) - done, staleness, longest_s=longest, train_s=self.train_s, streaming=self.streaming)
+            for (_, steps), done in zip(self.streams, self.trained)
         )

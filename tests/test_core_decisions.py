@@ -188,6 +188,13 @@ def test_the_job_on_the_longest_chain_gets_more_of_the_split(halving_s, expected
     assert {pid: len(ws) for pid, ws in owners(sched).items()} == expected
 
 
+@pytest.mark.parametrize("knob", ["small_first", "path_halving_s"])
+def test_negative_or_infinite_urgency_knobs_are_refused_with_the_knob_named(knob):
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(SchedulingError, match=knob):
+            Scheduler(NODE8, "rlix", SchedulerConfig(**{knob: bad}))
+
+
 def test_negative_or_nan_path_seconds_are_refused():
     sched = two_jobs()
     for bad in (-1.0, float("nan"), float("inf")):

@@ -53,6 +53,10 @@ class Scheduler:
             raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
         if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
             raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
+        for name in ("small_first", "path_halving_s"):
+            value = getattr(config, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
         self.cluster = cluster
         self.config = config
         self.policy = make_policy(policy) if isinstance(policy, str) else policy

@@ -190,6 +190,28 @@ def test_a_stream_that_reaches_its_reward_stops_producing():
     assert d.exhausted(s) and d.backlog() == 0 and d.planned_steps() == 1
 
 
+@pytest.mark.parametrize(
+    ("staleness", "reward", "opened"),
+    [(0, 0.0, 2), (0, 0.9, 0), (1, 0.0, 0)],  # on-policy: the next batch; the stop reward reached: none; already open: none
+)
+def test_training_a_step_opens_the_next_batch_announced_before_it_is_produced(staleness, reward, opened):
+    s = Stream(name="", recipe=FakeRecipe(), steps=3, staleness=staleness, stop_reward=0.5)
+    d = StepDriver([s], kl=False)
+    d.produce(s, 0.0)
+    _done(d, s, 0)
+    assert d.opened_by(s, 0, mean_reward=reward) == opened
+    d.trained(s, 0, mean_reward=reward)
+    assert d.may_produce(s) == (opened > 0 or staleness > 0)  # what was announced is what may be produced now
+
+
+def test_the_last_step_opens_no_batch():
+    s = Stream(name="", recipe=FakeRecipe(), steps=1, staleness=0)
+    d = StepDriver([s], kl=False)
+    d.produce(s, 0.0)
+    _done(d, s, 0)
+    assert d.opened_by(s, 0, mean_reward=0.0) == 0
+
+
 def test_the_chain_still_ahead_comes_from_measured_figures():
     s = Stream(name="", recipe=FakeRecipe(), steps=4, staleness=0)
     d = StepDriver([s], kl=False)
@@ -241,14 +263,24 @@ class _Scheduler:
 
         self.calls: list[tuple] = []
 
-        async def request(pid, stage, role):
+        def done(value=None):  # like a Ray object ref: the call is made (and noted) when .remote() is
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(value)
+            return fut
+
+        def request(pid, stage, role):
             self.calls.append(("request", stage, role))
-            return GrantReply(gpus=gpus, queued_s=queued_s)
+            return done(GrantReply(gpus=gpus, queued_s=queued_s))
 
-        async def release(pid, stage):
+        def release(pid, stage):
             self.calls.append(("release", stage))
+            return done()
 
-        self.request, self.release = _Remote(request), _Remote(release)
+        def report(r):
+            self.calls.append(("report", r.pending))
+            return done()
+
+        self.request, self.release, self.report = _Remote(request), _Remote(release), _Remote(report)
 
 
 class _Trainer:
@@ -296,6 +328,35 @@ def test_a_gang_stage_is_booked_through_load_work_offload_and_release():
     assert marks == [((2,), Activity.SWITCH), ((2,), Activity.WORK), ((2,), Activity.SWITCH), ((2,), Activity.FREE)]
     assert [s.kind for s in link.rec.switches] == [SwitchKind.STAGE_LOAD, SwitchKind.STAGE_OFFLOAD]
     assert link.gpus_held() == () and link.rec.counters.control_calls == 2
+
+
+def test_a_stage_takes_the_gpus_over_from_the_one_before_without_a_gap():
+    """The next stage's request is made before the previous stage's release, so the scheduler
+    hears both together and cannot lend the GPUs to another job in between; a kept stage
+    stays booked until the caller releases it."""
+    from rlix.core import Role
+
+    sched = _Scheduler(gpus=(2,), queued_s=0.0)
+    link = _link(sched)
+    trainer = _Trainer(lambda samples, adapter: asyncio.sleep(0, result="done"))
+    work = lambda: trainer.train.remote([], "")  # noqa: E731
+
+    async def step():
+        await link.run(Stage.OLD_LOGPROBS, trainer, work, keep=True)
+        assert link.gpus_held() == (2,)
+        await link.run(Stage.ACTOR_TRAIN, trainer, work, after=Stage.OLD_LOGPROBS, keep=True)
+        assert link.gpus_held() == (2,)
+        await link.release(Stage.ACTOR_TRAIN)
+
+    asyncio.run(step())
+    assert sched.calls == [
+        ("request", Stage.OLD_LOGPROBS, Role.ACTOR_TRAIN),
+        ("request", Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN),
+        ("release", Stage.OLD_LOGPROBS),
+        ("release", Stage.ACTOR_TRAIN),
+    ]
+    assert link.gpus_held() == ()
+    assert [e.activity for e in link.rec.events].count(Activity.FREE) == 2
 
 
 def test_a_stage_that_hangs_misses_its_deadline_and_keeps_its_gpus_booked():

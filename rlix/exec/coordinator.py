@@ -84,6 +84,7 @@ class PipelineCoordinator:
         self.tasks: list[asyncio.Task] = []
         self.failure: asyncio.Future | None = None
         self.wake_up: asyncio.Event | None = None  # producers, trainers and the reporter re-check
+        self.announced: dict[str, int] = {}  # stream -> trajectories of its next batch, reported before it is produced
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -134,7 +135,7 @@ class PipelineCoordinator:
         gpus_train = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
         self.trainer = TrainerLink.start_gang(self.job, self.model_dir, self.emulation, cluster=self.cluster, gpus=gpus_train, nodes=self.nodes, name=f"{self.pid}/trainer")
         await self.trainer.start(self.driver.streams)  # v0 is cached on the CPU
-        await self.link.release(Stage.INIT, gpus)
+        await self.link.release(Stage.INIT)
         self.init_s = self.now() - t0
 
     def _spawn(self, gpus: Gpus, first_process: bool):
@@ -167,6 +168,7 @@ class PipelineCoordinator:
                 await self._changes()
                 continue
             _, trajs = self.driver.produce(s, self.now())
+            self.announced.pop(s.name, None)
             self.queue.add(trajs)
             self.rollout.dispatch()
 
@@ -193,8 +195,10 @@ class PipelineCoordinator:
         samples = list(scored.samples)
         stages: list[tuple[str, float]] = []
         train_stats = None
+        held = None  # each stage takes the GPUs over from the one before; the last is kept until the demand it opens is in
         for stage in self.driver.stages:
-            value, secs = await self.link.run(stage, self.trainer.handle, self.trainer.stage_call(stage, samples, s.name))
+            value, secs = await self.link.run(stage, self.trainer.handle, self.trainer.stage_call(stage, samples, s.name), after=held, keep=True)
+            held = stage
             stages.append((stage.value, secs))
             if stage is Stage.OLD_LOGPROBS:
                 samples = [replace(x, old_logprobs=o) for x, o in zip(samples, value)]
@@ -202,6 +206,7 @@ class PipelineCoordinator:
                 samples = [replace(x, ref_logprobs=r) for x, r in zip(samples, value)]
             elif stage is Stage.ACTOR_TRAIN:
                 train_stats = value
+        await self._hand_back(s, step, scored.mean_reward, held)
         await self.trainer.publish(s, step + 1, last=self.driver.stops(s, scored.mean_reward))  # into the CPU cache, then to live workers (before the gate opens)
         await self.rollout.push(s.name)
         self.driver.trained(s, step, scored.mean_reward)
@@ -220,6 +225,17 @@ class PipelineCoordinator:
         self.rec.step(record)
         if self.steplog is not None:  # eval trajectories are reported, never counted as trained
             self.steplog.write_step(record, [self.rec.trajs[t.request.traj_id] for t in batch.trajs if not t.eval], scored, train_stats)
+
+    async def _hand_back(self, s: Stream, step: int, mean_reward: float, stage: Stage) -> None:
+        """Release the step's last stage once the scheduler knows the rollout batch that training
+        it lets ``s`` queue (announced now, produced once the weights are published): both reach
+        the scheduler together, as one event does in the simulator, so the GPUs are not lent
+        to another job for the moment in between."""
+        ahead = self.driver.opened_by(s, step, mean_reward)
+        if ahead:
+            self.announced[s.name] = ahead
+            await self.link.report(self._demand())
+        await self.link.release(stage)
 
     # ================================================================ rollout hooks
 
@@ -254,12 +270,13 @@ class PipelineCoordinator:
             self.wake_up.set()
 
     def _demand(self) -> ReportDemand:
+        ahead = sum(self.announced.values())  # announced batches count as queued, no longer as backlog
         return demand_report(
             pipeline_id=self.pid,
-            pending=len(self.queue),
+            pending=len(self.queue) + ahead,
             loads=self.pool.loads(),
-            open_trajectories=self.driver.open_trajectories(),
-            backlog=self.driver.backlog(),
+            open_trajectories=self.driver.open_trajectories() + ahead,
+            backlog=self.driver.backlog() - ahead,
             trajectory_s=self.rec.mean_trajectory_s(),
             switch_s=self.rec.mean_switch_s(),
             path_s=self.driver.path_s(longest_s=self.rec.longest_gen_s, train_s=self.rec.longest_train_s),

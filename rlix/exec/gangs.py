@@ -42,11 +42,20 @@ class SchedulerLink:
         self.rec.counters.control_calls += 1
         return value
 
-    async def acquire(self, stage: Stage) -> Gpus:
-        """Ask for ``stage``'s gang; returns its GPUs once the plan grants them (no deadline: GPUs may be busy)."""
-        t = self.now()
+    async def acquire(self, stage: Stage, *, after: Stage | None = None) -> Gpus:
+        """Ask for ``stage``'s gang; returns its GPUs once the plan grants them (no deadline: GPUs may be busy).
+
+        ``after``: a stage this job holds, released once the request is in, so
+        the scheduler hears of both together (a hand-over: the GPUs are not
+        lent to another job for the moment between two stages of one step).
+        Ray runs one caller's calls to an actor in the order they were made.
+        """
         role = None if stage is Stage.INIT else stage_role(self.spec, stage)
-        reply: GrantReply = await self.sched.request.remote(self.pid, stage, role)
+        ref = self.sched.request.remote(self.pid, stage, role)
+        if after is not None:
+            await self.release(after)
+        t = self.now()
+        reply: GrantReply = await ref
         c = self.rec.counters
         c.control_s += max(0.0, self.now() - t - reply.queued_s)
         c.gpu_wait_s += reply.queued_s
@@ -55,14 +64,21 @@ class SchedulerLink:
         self._mark(stage, reply.gpus, GangPhase.LOAD)
         return reply.gpus
 
-    async def release(self, stage: Stage, gpus: Gpus) -> None:
+    async def release(self, stage: Stage) -> None:
+        gpus = self.held.pop(stage)
         self._mark(stage, gpus, GangPhase.RELEASED)  # before the call: the next holder may start right after
-        self.held.pop(stage, None)
         await self.control(self.sched.release.remote(self.pid, stage))
 
-    async def run(self, stage: Stage, trainer, work: Callable[[], Awaitable]) -> tuple[object, float]:
-        """Run ``work`` on the trainer while ``stage`` holds its GPUs; returns (value, compute seconds)."""
-        gpus = await self.acquire(stage)
+    async def report(self, report: ReportDemand) -> None:
+        await self.control(self.sched.report.remote(report))
+
+    async def run(self, stage: Stage, trainer, work: Callable[[], Awaitable], *, after: Stage | None = None, keep: bool = False) -> tuple[object, float]:
+        """Run ``work`` on the trainer while ``stage`` holds its GPUs; returns (value, compute seconds).
+
+        ``after``: a held stage handed over to this one (see :meth:`acquire`);
+        ``keep``: the GPUs stay held once offloaded, for the caller to release.
+        """
+        gpus = await self.acquire(stage, after=after)
         t = self.now()
         await call(trainer.reload.remote(), self.limits.call_timeout_s, "stage load")
         self.rec.switch(SwitchKind.STAGE_LOAD, t, self.now() - t)
@@ -74,7 +90,8 @@ class SchedulerLink:
         t = self.now()
         await call(trainer.offload.remote(), self.limits.call_timeout_s, "stage offload")
         self.rec.switch(SwitchKind.STAGE_OFFLOAD, t, self.now() - t)
-        await self.release(stage, gpus)
+        if not keep:
+            await self.release(stage)
         return value, secs
 
     async def report_loop(self, build: Callable[[], ReportDemand], changes: Callable[[], Awaitable]) -> None:
@@ -87,7 +104,7 @@ class SchedulerLink:
                 last = None  # heartbeat: resend even if unchanged
             report = build()
             if report != last:
-                await self.control(self.sched.report.remote(report))
+                await self.report(report)
                 last = report
             await asyncio.sleep(0.02)  # coalesce bursts of changes (s)
 

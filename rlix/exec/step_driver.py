@@ -83,6 +83,16 @@ class StepDriver:
         previous = (s.name, s.next_step - 1)
         return previous not in self.open or self.complete(previous)
 
+    def opened_by(self, s: Stream, step: int, mean_reward: float) -> int:
+        """Trajectories ``s`` may queue once ``step`` is trained with this mean reward: its next
+        batch, where the staleness gate is all that holds it back now (0: none)."""
+        if self.may_produce(s) or self.exhausted(s) or self.stops(s, mean_reward):
+            return 0
+        previous = (s.name, s.next_step - 1)
+        if previous in self.open and previous != (s.name, step) and not self.complete(previous):
+            return 0
+        return s.recipe.batch_size if rollout_may_start(s.next_step, step + 1, s.staleness) else 0
+
     def produce(self, s: Stream, now: float) -> tuple[int, list[Trajectory]]:
         """The next step of ``s`` and its trajectories; call only when :meth:`may_produce`."""
         if not self.may_produce(s):

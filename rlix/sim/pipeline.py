@@ -76,7 +76,7 @@ class SimPipeline:
         self.tally = PipelineTally(arrival_s=model.arrival_s)
         self.history: list[StepRecord] = []
         self.done = False
-        self.train_s = 0.0  # the longest measured training (rollout end to train end) so far
+        self.train_s = 0.0  # the longest step's stage seconds trained so far (log-probs and training), as the executor measures it
         options = EngineOptions(
             slots=model.slots_per_worker,
             weight_sync_s=model.switch.weight_sync_s,
@@ -159,7 +159,7 @@ class SimPipeline:
             self.trained[i] = k + 1
             self.engine.set_version(i, k + 1)
             records[k].train_end = env.now
-            self.train_s = max(self.train_s, env.now - records[k].rollout_end)
+            self.train_s = max(self.train_s, sum(step.stages.values()))
             trained[k].succeed()
             self.tally.step_latencies.append(env.now - records[k].rollout_start)
 

@@ -168,8 +168,24 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
         for worker in victims:
             draft.shrink(worker, ShrinkReason.REBALANCE)
         draft.expand(n.pipeline_id, bundle)
+        _prune(pool, victims, rules, phase)
         if rules.owed(n, phase):
             heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
+
+
+def _prune(pool: dict[int, RolloutWorker], victims: list[RolloutWorker], rules: DonorRules, phase: Phase) -> None:
+    """Drop from ``pool`` the victims and whatever their donors may no longer give (a speed-up
+    only: :meth:`DonorRules.may_take` checks every victim again, and ``movable`` stays a superset)."""
+    for pid in sorted({v.pipeline_id for v in victims}):
+        keep = {w.gpus[0] for w in rules.movable(pid, phase)}
+        for w in rules.draft.ledger.workers_of(pid).values():
+            if w.gpus[0] not in keep:
+                for g in w.gpus:
+                    pool.pop(g, None)
+        for v in victims:
+            if v.pipeline_id == pid:
+                for g in v.gpus:
+                    pool.pop(g, None)
 
 
 def _candidate_bundles(n: RolloutNeed, pool: dict[int, RolloutWorker]) -> list[Gpus]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -268,8 +269,8 @@ class _Scheduler:
             fut.set_result(value)
             return fut
 
-        def request(pid, stage, role):
-            self.calls.append(("request", stage, role))
+        def request(pid, stage, role, after=None):
+            self.calls.append(("request", stage, role) + ((("after", after),) if after is not None else ()))
             return done(GrantReply(gpus=gpus, queued_s=queued_s))
 
         def release(pid, stage):
@@ -331,9 +332,9 @@ def test_a_gang_stage_is_booked_through_load_work_offload_and_release():
 
 
 def test_a_stage_takes_the_gpus_over_from_the_one_before_without_a_gap():
-    """The next stage's request is made before the previous stage's release, so the scheduler
-    hears both together and cannot lend the GPUs to another job in between; a kept stage
-    stays booked until the caller releases it."""
+    """The next stage's request carries the previous stage's release, so the scheduler plans
+    with both at once and cannot lend the GPUs to another job in between; a kept stage stays
+    booked until the caller releases it."""
     from rlix.core import Role
 
     sched = _Scheduler(gpus=(2,), queued_s=0.0)
@@ -351,8 +352,7 @@ def test_a_stage_takes_the_gpus_over_from_the_one_before_without_a_gap():
     asyncio.run(step())
     assert sched.calls == [
         ("request", Stage.OLD_LOGPROBS, Role.ACTOR_TRAIN),
-        ("request", Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN),
-        ("release", Stage.OLD_LOGPROBS),
+        ("request", Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN, ("after", Stage.OLD_LOGPROBS)),
         ("release", Stage.ACTOR_TRAIN),
     ]
     assert link.gpus_held() == ()
@@ -409,3 +409,53 @@ def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
     asyncio.run(main())
 
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------ scheduler actor
+
+
+class _Coordinator:
+    """A pipeline coordinator at the process boundary: shrink and expand calls succeed at once."""
+
+    def __init__(self) -> None:
+        async def ok(*args):
+            return None
+
+        self.shrink, self.expand = _Remote(ok), _Remote(ok)
+
+
+@pytest.mark.parametrize("handover", [True, False])
+def test_a_handover_never_lends_the_gpus_between_two_stages(handover):
+    """Two stages of one step on GPU 0 while job b waits for rollout GPUs: handed over in one
+    call, GPU 0 goes from one stage to the next; released and requested apart, the plan in
+    between lends GPU 0 to b's rollout, and the next stage shrinks that worker again."""
+    from helpers import spec
+
+    from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig
+    from rlix.exec.scheduler_actor import SchedulerActor
+
+    actor_class = SchedulerActor.__ray_metadata__.modified_class  # the class itself: no Ray here
+    a, b = spec("a", (0,), (0, 1)), spec("b", (1,), (0, 1))
+
+    async def scenario():
+        sched = actor_class(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(), time.time(), 60.0)
+        await sched.start()
+        for s in (a, b):
+            await sched.register(s, _Coordinator())
+        await sched.request("a", Stage.INIT)
+        await sched.release("a", Stage.INIT)
+        await sched.request("a", Stage.OLD_LOGPROBS)
+        await sched.report(ReportDemand(pipeline_id="b", pending=8))
+        if handover:
+            reply = await sched.request("a", Stage.ACTOR_TRAIN, after=Stage.OLD_LOGPROBS)
+        else:
+            await sched.release("a", Stage.OLD_LOGPROBS)
+            reply = await sched.request("a", Stage.ACTOR_TRAIN)
+        await asyncio.sleep(0.05)  # the plans' expand calls run in the background
+        stats = await sched.stats()
+        await sched.stop()
+        return reply.gpus, stats
+
+    gpus, stats = asyncio.run(scenario())
+    assert gpus == (0,)
+    assert (stats.expands, stats.shrinks) == ((1, 0) if handover else (2, 1))  # b's worker on GPU 1 (and on 0, shrunk again)

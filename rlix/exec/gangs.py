@@ -45,17 +45,15 @@ class SchedulerLink:
     async def acquire(self, stage: Stage, *, after: Stage | None = None) -> Gpus:
         """Ask for ``stage``'s gang; returns its GPUs once the plan grants them (no deadline: GPUs may be busy).
 
-        ``after``: a stage this job holds, released once the request is in, so
-        the scheduler hears of both together (a hand-over: the GPUs are not
-        lent to another job for the moment between two stages of one step).
-        Ray runs one caller's calls to an actor in the order they were made.
+        ``after``: a stage this job holds, released in the same call, so the
+        scheduler plans with both at once (a hand-over: the GPUs are not lent
+        to another job for the moment between two stages of one step).
         """
         role = None if stage is Stage.INIT else stage_role(self.spec, stage)
-        ref = self.sched.request.remote(self.pid, stage, role)
         if after is not None:
-            await self.release(after)
+            self._mark(after, self.held.pop(after), GangPhase.RELEASED)
         t = self.now()
-        reply: GrantReply = await ref
+        reply: GrantReply = await self.sched.request.remote(self.pid, stage, role, after)
         c = self.rec.counters
         c.control_s += max(0.0, self.now() - t - reply.queued_s)
         c.gpu_wait_s += reply.queued_s

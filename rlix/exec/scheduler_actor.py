@@ -90,13 +90,20 @@ class SchedulerActor:
         self.pending.pop(pipeline_id, None)
         self._note_unmet()
 
-    async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None) -> GrantReply:
-        """Ask for a gang stage; returns once the plan grants it."""
+    async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None, after: Stage | None = None) -> GrantReply:
+        """Ask for a gang stage; returns once the plan grants it.
+
+        ``after``: a stage the pipeline holds, released in the same plan (a
+        hand-over between two stages of one step: its GPUs are never lent to
+        another pipeline in between, as in the simulator, where both events
+        happen at one instant).
+        """
         fut = asyncio.get_running_loop().create_future()
         key = (pipeline_id, stage)
         self.waiting[key] = (fut, self.now())
+        handed = (ReleaseStage(pipeline_id=pipeline_id, stage=after),) if after is not None else ()
         try:
-            await self._event(RequestStage(pipeline_id=pipeline_id, stage=stage, role=role))
+            await self._event(*handed, RequestStage(pipeline_id=pipeline_id, stage=stage, role=role))
         except SchedulingError:
             self.waiting.pop(key, None)
             raise
@@ -139,10 +146,12 @@ class SchedulerActor:
 
     # ------------------------------------------------------------ planning
 
-    async def _event(self, event) -> asyncio.Future | None:
-        """Submit and plan; returns a future done once that plan is carried out (None: nothing to do)."""
+    async def _event(self, *events) -> asyncio.Future | None:
+        """Submit the events and plan once; returns a future done once that plan is carried out (None: nothing to do)."""
         async with self.lock:  # no await inside: the core is pure and fast
-            self.core.submit(event, self.now())
+            now = self.now()
+            for event in events:
+                self.core.submit(event, now)
             return self._plan()
 
     async def _tick(self) -> None:

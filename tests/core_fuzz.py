@@ -78,8 +78,8 @@ def random_report(rng: random.Random, sched: Scheduler, spec: PipelineSpec) -> R
     )
 
 
-def run_setup(rng: random.Random, steps: int = 40) -> Scheduler:
-    """Drive one random scheduler; raises on any core exception or broken ledger."""
+def run_setup(rng: random.Random, steps: int = 40, plans: list | None = None) -> Scheduler:
+    """Drive one random scheduler; raises on any core exception or broken ledger (``plans``: each plan is appended)."""
     cluster = ClusterSpec(nodes=rng.randint(1, 3), gpus_per_node=rng.choice([1, 2, 4, 8]))
     policy = rng.choice(POLICY_NAMES)
     sched = Scheduler(cluster, policy, random_knobs(rng))
@@ -91,7 +91,9 @@ def run_setup(rng: random.Random, steps: int = 40) -> Scheduler:
         now += rng.choice([0.0, 0.5, 5.0, rng.uniform(0.0, 300.0)])
         for _ in range(rng.randint(1, 3)):
             _random_event(rng, sched, specs, live, requested, now)
-        sched.plan(now)
+        plan = sched.plan(now)
+        if plans is not None:
+            plans.append(plan)
         check_ledger(sched.ledger)
     return sched
 

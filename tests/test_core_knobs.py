@@ -42,3 +42,21 @@ def test_random_setups_and_knobs_never_raise_nor_violate(rng: random.Random):
         warnings.simplefilter("error")  # a replaced plan warns: fail on it
         sched = run_setup(rng)
     assert sched.violations == []
+
+
+def test_pruning_the_rebalance_pool_changes_no_plan(monkeypatch):
+    """Rebalance drops from its candidate pool what no receiver may take any more: a speed-up
+    only. Over random setups and knobs, every plan is the same without it."""
+    import random
+
+    from rlix.core import rebalance
+
+    def plans_of(seed: int) -> list:
+        plans: list = []
+        run_setup(random.Random(seed), plans=plans)
+        return plans
+
+    seeds = range(1500)
+    pruned = [plans_of(s) for s in seeds]
+    monkeypatch.setattr(rebalance, "_prune", lambda *args: None)
+    assert [plans_of(s) for s in seeds] == pruned

@@ -76,6 +76,7 @@ def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, 
     recipe = Recipe.from_data(job, model_dir)
     codec = recipe.codec
     assert [sum(t.eval for t in recipe.trajectories(s)) for s in range(4)] == [6, 0, 6, 0]
+    assert [recipe.step_size(s) for s in range(4)] == [len(recipe.trajectories(s)) for s in range(4)]  # what a hand-back announces
     trajs = recipe.trajectories(0)
     ids = [t.request.traj_id for t in trajs]
     assert len(set(ids)) == len(ids) and not set(ids) & {t.request.traj_id for t in recipe.trajectories(1)}

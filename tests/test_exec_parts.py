@@ -149,6 +149,9 @@ def test_application_errors_are_retried_a_bounded_number_of_times_then_fail_the_
 class FakeRecipe:
     batch_size = 2
 
+    def step_size(self, step: int) -> int:
+        return self.batch_size
+
     def trajectories(self, step: int):
         return [_traj(step * 2 + i, step=step) for i in range(2)]
 
@@ -273,8 +276,8 @@ class _Scheduler:
             self.calls.append(("request", stage, role) + ((("after", after),) if after is not None else ()))
             return done(GrantReply(gpus=gpus, queued_s=queued_s))
 
-        def release(pid, stage):
-            self.calls.append(("release", stage))
+        def release(pid, stage, report=None):
+            self.calls.append(("release", stage) + ((("report", report.pending),) if report is not None else ()))
             return done()
 
         def report(r):
@@ -459,3 +462,39 @@ def test_a_handover_never_lends_the_gpus_between_two_stages(handover):
     gpus, stats = asyncio.run(scenario())
     assert gpus == (0,)
     assert (stats.expands, stats.shrinks) == ((1, 0) if handover else (2, 1))  # b's worker on GPU 1 (and on 0, shrunk again)
+
+
+@pytest.mark.parametrize("with_release", [True, False])
+def test_the_batch_a_training_opens_is_planned_with_the_release(with_release):
+    """Job a trains on GPU 0 while b waits for rollout GPUs. Released with the demand of the
+    batch its training opens, GPU 0 goes to a's rollout at once; released first and reported
+    after, the plan in between lends GPU 0 to b, and a gets nothing while b's worker is resident."""
+    from helpers import spec
+
+    from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig
+    from rlix.exec.scheduler_actor import SchedulerActor
+
+    actor_class = SchedulerActor.__ray_metadata__.modified_class  # the class itself: no Ray here
+    a, b = spec("a", (0,), (0, 1)), spec("b", (1,), (0, 1))
+    opened = ReportDemand(pipeline_id="a", pending=4, batch_size=4, backlog=4)
+
+    async def scenario():
+        sched = actor_class(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(min_residency_s=60.0), time.time(), 60.0)
+        await sched.start()
+        for s in (a, b):
+            await sched.register(s, _Coordinator())
+        await sched.request("a", Stage.INIT)
+        await sched.release("a", Stage.INIT)
+        await sched.request("a", Stage.ACTOR_TRAIN)
+        await sched.report(ReportDemand(pipeline_id="b", pending=8, batch_size=8))
+        if with_release:
+            await sched.release("a", Stage.ACTOR_TRAIN, opened)
+        else:
+            await sched.release("a", Stage.ACTOR_TRAIN)
+            await sched.report(opened)
+        await asyncio.sleep(0.05)  # the plans' expand calls run in the background
+        holdings = await sched.holdings()
+        await sched.stop()
+        return holdings
+
+    assert asyncio.run(scenario()) == ({"a": (0,), "b": (1,)} if with_release else {"b": (0, 1)})

@@ -158,6 +158,7 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
     if not receivers:
         return
     heapq.heapify(receivers)
+    wanting = {n.pipeline_id for _, n in receivers}
     pool = {g: w for pid in sorted(draft.ledger.workers) for w in rules.movable(pid, phase) for g in w.gpus}
     while receivers and pool:
         _, n = heapq.heappop(receivers)
@@ -168,24 +169,29 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
         for worker in victims:
             draft.shrink(worker, ShrinkReason.REBALANCE)
         draft.expand(n.pipeline_id, bundle)
-        _prune(pool, victims, rules, phase)
+        _prune(pool, victims, rules, phase, wanting)
         if rules.owed(n, phase):
             heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
 
 
-def _prune(pool: dict[int, RolloutWorker], victims: list[RolloutWorker], rules: DonorRules, phase: Phase) -> None:
-    """Drop from ``pool`` the victims and whatever their donors may no longer give (a speed-up
-    only: :meth:`DonorRules.may_take` checks every victim again, and ``movable`` stays a superset)."""
-    for pid in sorted({v.pipeline_id for v in victims}):
+def _prune(pool: dict[int, RolloutWorker], victims: list[RolloutWorker], rules: DonorRules, phase: Phase, receivers: set[str]) -> None:
+    """Drop from ``pool`` what no receiver may take any more in this phase: the victims' GPUs
+    the receiver now holds (a victim's other GPUs are free now, and stay candidates), and the
+    workers their donors may no longer give. A speed-up only: :meth:`DonorRules.may_take`
+    checks every victim again. A donor that is also a receiver this phase may become able
+    to give again once it receives, so only its victims' GPUs are dropped."""
+    owner = rules.draft.owner
+    for v in victims:
+        for g in v.gpus:
+            if owner[g] is not None:
+                pool.pop(g, None)
+    for pid in sorted({v.pipeline_id for v in victims} - receivers):
         keep = {w.gpus[0] for w in rules.movable(pid, phase)}
         for w in rules.draft.ledger.workers_of(pid).values():
-            if w.gpus[0] not in keep:
+            if w.gpus[0] not in keep and w not in rules.draft.shrunk:  # a shrunk worker's GPUs: see above
                 for g in w.gpus:
-                    pool.pop(g, None)
-        for v in victims:
-            if v.pipeline_id == pid:
-                for g in v.gpus:
-                    pool.pop(g, None)
+                    if pool.get(g) is w:
+                        del pool[g]
 
 
 def _candidate_bundles(n: RolloutNeed, pool: dict[int, RolloutWorker]) -> list[Gpus]:

@@ -227,15 +227,14 @@ class PipelineCoordinator:
             self.steplog.write_step(record, [self.rec.trajs[t.request.traj_id] for t in batch.trajs if not t.eval], scored, train_stats)
 
     async def _hand_back(self, s: Stream, step: int, mean_reward: float, stage: Stage) -> None:
-        """Release the step's last stage once the scheduler knows the rollout batch that training
-        it lets ``s`` queue (announced now, produced once the weights are published): both reach
-        the scheduler together, as one event does in the simulator, so the GPUs are not lent
-        to another job for the moment in between."""
+        """Release the step's last stage with a demand report that counts the rollout batch
+        training it lets ``s`` queue (announced now, produced once the weights are published):
+        one call, planned as one, as one event is in the simulator, so the GPUs are not lent to
+        another job for the moment in between."""
         ahead = self.driver.opened_by(s, step, mean_reward)
         if ahead:
             self.announced[s.name] = ahead
-            await self.link.report(self._demand())
-        await self.link.release(stage)
+        await self.link.release(stage, self._demand() if ahead else None)
 
     # ================================================================ rollout hooks
 

@@ -62,10 +62,11 @@ class SchedulerLink:
         self._mark(stage, reply.gpus, GangPhase.LOAD)
         return reply.gpus
 
-    async def release(self, stage: Stage) -> None:
+    async def release(self, stage: Stage, report: ReportDemand | None = None) -> None:
+        """Give ``stage``'s GPUs back; ``report``: the demand from now on, planned with the release."""
         gpus = self.held.pop(stage)
         self._mark(stage, gpus, GangPhase.RELEASED)  # before the call: the next holder may start right after
-        await self.control(self.sched.release.remote(self.pid, stage))
+        await self.control(self.sched.release.remote(self.pid, stage, report))
 
     async def report(self, report: ReportDemand) -> None:
         await self.control(self.sched.report.remote(report))

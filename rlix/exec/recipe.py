@@ -197,6 +197,10 @@ class Recipe:
     def batch_size(self) -> int:
         return self.prompts_per_step * self.group_size
 
+    def step_size(self, step: int) -> int:
+        """Trajectories of ``step``: the batch, and one per eval prompt on an eval step."""
+        return self.batch_size + (len(self.eval_source.items) if self.is_eval_step(step) else 0)
+
     def trajectories(self, step: int) -> list[Trajectory]:
         """The step's trajectories (then its eval ones, on eval steps); deterministic in (seed, step)."""
         rng = random.Random(self.seed * 7919 + step)

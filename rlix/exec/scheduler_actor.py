@@ -109,8 +109,15 @@ class SchedulerActor:
             raise
         return await fut
 
-    async def release(self, pipeline_id: str, stage: Stage) -> None:
-        await self._event(ReleaseStage(pipeline_id=pipeline_id, stage=stage))
+    async def release(self, pipeline_id: str, stage: Stage, report: ReportDemand | None = None) -> None:
+        """Release a gang stage; ``report``: the pipeline's demand from now on, planned with the
+        release (the rollout batch its training opens: the GPUs are not lent out in between)."""
+        if report is None:
+            await self._event(ReleaseStage(pipeline_id=pipeline_id, stage=stage))
+            return
+        await self._event(report, ReleaseStage(pipeline_id=pipeline_id, stage=stage))
+        self.pending[report.pipeline_id] = report.pending
+        self._note_unmet()
 
     async def report(self, report: ReportDemand) -> None:
         await self._event(report)
@@ -150,9 +157,12 @@ class SchedulerActor:
         """Submit the events and plan once; returns a future done once that plan is carried out (None: nothing to do)."""
         async with self.lock:  # no await inside: the core is pure and fast
             now = self.now()
-            for event in events:
-                self.core.submit(event, now)
-            return self._plan()
+            try:
+                for event in events:
+                    self.core.submit(event, now)
+            finally:  # a refused event still leaves the ones before it planned
+                done = self._plan()
+            return done
 
     async def _tick(self) -> None:
         while True:

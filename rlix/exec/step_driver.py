@@ -91,7 +91,7 @@ class StepDriver:
         previous = (s.name, s.next_step - 1)
         if previous in self.open and previous != (s.name, step) and not self.complete(previous):
             return 0
-        return s.recipe.batch_size if rollout_may_start(s.next_step, step + 1, s.staleness) else 0
+        return s.recipe.step_size(s.next_step) if rollout_may_start(s.next_step, step + 1, s.staleness) else 0
 
     def produce(self, s: Stream, now: float) -> tuple[int, list[Trajectory]]:
         """The next step of ``s`` and its trajectories; call only when :meth:`may_produce`."""

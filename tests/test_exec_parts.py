@@ -427,28 +427,33 @@ class _Coordinator:
         self.shrink, self.expand = _Remote(ok), _Remote(ok)
 
 
-@pytest.mark.parametrize("handover", [True, False])
-def test_a_handover_never_lends_the_gpus_between_two_stages(handover):
-    """Two stages of one step on GPU 0 while job b waits for rollout GPUs: handed over in one
-    call, GPU 0 goes from one stage to the next; released and requested apart, the plan in
-    between lends GPU 0 to b's rollout, and the next stage shrinks that worker again."""
+async def _a_training_while_b_waits(stage: Stage, min_residency_s: float):
+    """A scheduler actor (the class itself: no Ray) on 2 GPUs: job a holds ``stage`` on GPU 0
+    (its training GPU, which both jobs' rollout may use), job b reports 8 trajectories queued."""
     from helpers import spec
 
     from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig
     from rlix.exec.scheduler_actor import SchedulerActor
 
-    actor_class = SchedulerActor.__ray_metadata__.modified_class  # the class itself: no Ray here
-    a, b = spec("a", (0,), (0, 1)), spec("b", (1,), (0, 1))
+    sched = SchedulerActor.__ray_metadata__.modified_class(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(min_residency_s=min_residency_s), time.time(), 60.0)
+    await sched.start()
+    for s in (spec("a", (0,), (0, 1)), spec("b", (1,), (0, 1))):
+        await sched.register(s, _Coordinator())
+    await sched.request("a", Stage.INIT)
+    await sched.release("a", Stage.INIT)
+    await sched.request("a", stage)
+    await sched.report(ReportDemand(pipeline_id="b", pending=8, batch_size=8))
+    return sched
+
+
+@pytest.mark.parametrize("handover", [True, False])
+def test_a_handover_never_lends_the_gpus_between_two_stages(handover):
+    """Two stages of one step on GPU 0 while job b waits for rollout GPUs: handed over in one
+    call, GPU 0 goes from one stage to the next; released and requested apart, the plan in
+    between lends GPU 0 to b's rollout, and the next stage shrinks that worker again."""
 
     async def scenario():
-        sched = actor_class(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(), time.time(), 60.0)
-        await sched.start()
-        for s in (a, b):
-            await sched.register(s, _Coordinator())
-        await sched.request("a", Stage.INIT)
-        await sched.release("a", Stage.INIT)
-        await sched.request("a", Stage.OLD_LOGPROBS)
-        await sched.report(ReportDemand(pipeline_id="b", pending=8))
+        sched = await _a_training_while_b_waits(Stage.OLD_LOGPROBS, min_residency_s=5.0)
         if handover:
             reply = await sched.request("a", Stage.ACTOR_TRAIN, after=Stage.OLD_LOGPROBS)
         else:
@@ -469,24 +474,12 @@ def test_the_batch_a_training_opens_is_planned_with_the_release(with_release):
     """Job a trains on GPU 0 while b waits for rollout GPUs. Released with the demand of the
     batch its training opens, GPU 0 goes to a's rollout at once; released first and reported
     after, the plan in between lends GPU 0 to b, and a gets nothing while b's worker is resident."""
-    from helpers import spec
+    from rlix.core import ReportDemand
 
-    from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig
-    from rlix.exec.scheduler_actor import SchedulerActor
-
-    actor_class = SchedulerActor.__ray_metadata__.modified_class  # the class itself: no Ray here
-    a, b = spec("a", (0,), (0, 1)), spec("b", (1,), (0, 1))
     opened = ReportDemand(pipeline_id="a", pending=4, batch_size=4, backlog=4)
 
     async def scenario():
-        sched = actor_class(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(min_residency_s=60.0), time.time(), 60.0)
-        await sched.start()
-        for s in (a, b):
-            await sched.register(s, _Coordinator())
-        await sched.request("a", Stage.INIT)
-        await sched.release("a", Stage.INIT)
-        await sched.request("a", Stage.ACTOR_TRAIN)
-        await sched.report(ReportDemand(pipeline_id="b", pending=8, batch_size=8))
+        sched = await _a_training_while_b_waits(Stage.ACTOR_TRAIN, min_residency_s=60.0)
         if with_release:
             await sched.release("a", Stage.ACTOR_TRAIN, opened)
         else:

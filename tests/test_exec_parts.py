@@ -208,6 +208,17 @@ def test_training_a_step_opens_the_next_batch_announced_before_it_is_produced(st
     assert d.may_produce(s) == (opened > 0 or staleness > 0)  # what was announced is what may be produced now
 
 
+def test_off_policy_a_training_opens_a_batch_once_the_rollout_before_it_is_done():
+    s = Stream(name="", recipe=FakeRecipe(), steps=3, staleness=1)
+    d = StepDriver([s], kl=False)
+    d.produce(s, 0.0)
+    _done(d, s, 0)
+    d.produce(s, 0.0)  # step 1 rolls out while step 0 trains
+    assert d.opened_by(s, 0, mean_reward=0.0) == 0  # step 2 waits for step 1's rollout, not for this training
+    _done(d, s, 1)
+    assert d.opened_by(s, 0, mean_reward=0.0) == 2  # now only the staleness gate holds step 2 back
+
+
 def test_the_last_step_opens_no_batch():
     s = Stream(name="", recipe=FakeRecipe(), steps=1, staleness=0)
     d = StepDriver([s], kl=False)

@@ -89,8 +89,8 @@ class StepDriver:
         if self.may_produce(s) or self.exhausted(s) or self.stops(s, mean_reward):
             return 0
         previous = (s.name, s.next_step - 1)
-        if previous in self.open and previous != (s.name, step) and not self.complete(previous):
-            return 0
+        if previous in self.open and not self.complete(previous):
+            return 0  # its previous rollout is still running (``step`` itself is complete: it is being trained)
         return s.recipe.step_size(s.next_step) if rollout_may_start(s.next_step, step + 1, s.staleness) else 0
 
     def produce(self, s: Stream, now: float) -> tuple[int, list[Trajectory]]:

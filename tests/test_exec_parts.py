@@ -291,11 +291,7 @@ class _Scheduler:
             self.calls.append(("release", stage) + ((("report", report.pending),) if report is not None else ()))
             return done()
 
-        def report(r):
-            self.calls.append(("report", r.pending))
-            return done()
-
-        self.request, self.release, self.report = _Remote(request), _Remote(release), _Remote(report)
+        self.request, self.release = _Remote(request), _Remote(release)
 
 
 class _Trainer:

@@ -1,0 +1,475 @@
+"""Shared layer: the step process of one RL job, written once as a sans-IO state machine.
+
+The rules of a step (stage order, staleness gate, demand report) are in
+:mod:`rlix.job`; this module is the *process* that applies them: what a job
+does next when something happens to it. It never waits, reads a clock or
+calls anything. Each method is an event (a grant, a rollout batch complete,
+a stage loaded, worked or offloaded, weights published), takes the time as a
+number, and returns the effects the job wants carried out, in order:
+
+    machine = StepMachine(...)
+    effects = machine.start(now)           # [RequestGang(INIT)]
+    effects = machine.granted(INIT, gpus, now)   # [Book(...), Load(INIT)]
+    ...
+
+Two interpreters drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
+timeouts stand in for the work) and the executor (:mod:`rlix.exec.coordinator`,
+asyncio over Ray actors do the work). A test can drive it by hand, event by
+event. Trajectories within a batch are the rollout engine's business (which
+slot, which worker, continuation after a shrink); the machine deals in
+batches: it queues one when the staleness gate and the rollout mode allow,
+and trains it once it is complete.
+
+A step of stream ``i``:
+
+    produce (QueueBatch) -> rolled -> wait for the training turn (one tick at a
+    time, first ready first) -> Score -> for each stage: RequestGang (handed
+    over from the stage before) -> granted -> Load -> loaded -> Work -> worked
+    -> Offload -> offloaded -> ... -> ReleaseGang (announcing the batch this
+    training opens) + Publish -> published: trained, the gate moves on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rlix.core import PipelineSpec, ReportDemand, Role, Stage, WorkerLoad
+from rlix.core.types import Gpus
+from rlix.job import GangPhase, demand_report, gang_activity, remaining_path_s, rollout_may_start, stage_gpus, stage_role
+from rlix.metrics import Activity
+
+# ------------------------------------------------------------------ effects
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestGang:
+    """Ask the scheduler for ``stage``'s gang; ``after``: a held stage released in the same call (a hand-over)."""
+
+    stage: Stage
+    role: Role | None  # None: model load, which occupies the job's init GPUs
+    after: Stage | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseGang:
+    """Give ``stage``'s GPUs back; ``announce``: trajectories of the batch this release lets the job queue.
+
+    The release carries the demand report that counts them, so the GPUs are
+    not lent to another job for the moment before the batch is produced.
+    """
+
+    stage: Stage
+    announce: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Book:
+    """From now on ``gpus`` do ``activity`` for this job's ``stage`` (``""``: nothing)."""
+
+    gpus: Gpus
+    activity: Activity
+    stage: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load:
+    """Bring the job's model (and optimizer) onto ``stage``'s GPUs; answer :meth:`StepMachine.loaded`."""
+
+    stage: Stage
+    gpus: Gpus
+
+
+@dataclass(frozen=True, kw_only=True)
+class Work:
+    """Run ``stage`` of ``step`` of ``stream`` on its GPUs; answer :meth:`StepMachine.worked`."""
+
+    stage: Stage
+    stream: int
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offload:
+    """Move the model off ``stage``'s GPUs; answer :meth:`StepMachine.offloaded`.
+
+    ``keep``: the next stage of this step runs on the same GPUs, so the model
+    stays (parked) and the offload is left to whoever takes the GPUs next; the
+    answer may come at once.
+    """
+
+    stage: Stage
+    gpus: Gpus
+    keep: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Score:
+    """Score the complete rollout of ``step`` of ``stream``; answer :meth:`StepMachine.scored`."""
+
+    stream: int
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueBatch:
+    """Produce ``step`` of ``stream`` (``size`` trajectories, none on weights older than ``version``) and queue it."""
+
+    stream: int
+    step: int
+    size: int
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Publish:
+    """``stream``'s weights after training are ``version``: cache them, sync live workers; answer
+    :meth:`StepMachine.published`. ``last``: the stream produces no further step."""
+
+    stream: int
+    version: int
+    last: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemandChanged:
+    """The job's rollout demand changed; ``urgent``: the rollout has nothing left running, plan now."""
+
+    urgent: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """Every stream is trained to its end: unregister."""
+
+
+Effect = RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | Publish | DemandChanged | Finished
+
+
+# ------------------------------------------------------------------ the job
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamSpec:
+    """One stream of steps: a full-finetune job has one, a multi-LoRA job one per adapter."""
+
+    name: str
+    steps: int  # steps end before this index
+    stop_reward: float | None = None  # a trained step with at least this mean reward is the stream's last
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """When one step of one stream rolled out and trained (seconds)."""
+
+    stream: int
+    step: int
+    version: int  # oldest weight version its rollout used
+    size: int  # trajectories
+    rollout_start: float
+    rollout_end: float = math.nan
+    train_end: float = math.nan
+
+
+@dataclass(kw_only=True)
+class _Stream:
+    spec: StreamSpec
+    start: int = 0  # first step (a resumed stream continues from its checkpoint)
+    next_step: int = 0  # next step to produce
+    version: int = 0  # steps trained = the newest weight version
+    stopped: bool = False
+    backlog: int = 0  # trajectories of the steps not produced yet
+
+
+@dataclass(kw_only=True)
+class _Tick:
+    """The training turn in progress: one step of one stream through its stages."""
+
+    stream: int
+    step: int
+    stages: tuple[Stage, ...]
+    index: int = 0
+    reward: float = 0.0
+    seconds: list[float] = field(default_factory=list)  # compute seconds of each stage so far
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPlan:
+    """What the machine needs to know of a job besides its topology."""
+
+    streams: tuple[StreamSpec, ...]
+    stages: Callable[[int, int], Sequence[Stage]]  # (stream, step) -> the step's non-rollout stages, in order
+    size: Callable[[int, int], int]  # (stream, step) -> trajectories of its rollout
+    staleness: int = 0
+    streaming: bool = False  # rollout batches may overlap: only the staleness gate orders them
+    share_load: bool = False  # consecutive stages on the same GPUs keep the model loaded
+
+
+class StepMachine:
+    """The step process of one job (every stream), from model load to its last trained step."""
+
+    def __init__(self, spec: PipelineSpec, plan: JobPlan) -> None:
+        if not plan.streams:
+            raise ValueError("a job has at least one stream of steps")
+        self.spec = spec
+        self.plan = plan
+        self.streams = [_Stream(spec=s) for s in plan.streams]
+        for i in range(len(self.streams)):
+            self._resume(i, 0)
+        self.open: dict[tuple[int, int], StepRecord] = {}  # produced, not yet trained
+        self.rolled_out: set[tuple[int, int]] = set()  # produced and rolled out, not yet trained
+        self.ready: deque[tuple[int, int]] = deque()  # rolled out, waiting for the training turn (first ready first)
+        self.tick: _Tick | None = None
+        self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
+        self.announced: dict[int, int] = {}  # stream -> trajectories of its next batch, announced before it is produced
+        self.history: list[StepRecord] = []
+        self.latencies: list[float] = []  # seconds from rollout start to trained, in training order
+        self.produced = 0  # trajectories produced so far
+        self.train_s = 0.0  # the longest step's stage compute seconds so far
+        self.admitted_s: float | None = None
+        self.finished_s: float | None = None
+        self.running = False  # model loaded: streams run
+
+    # ------------------------------------------------------------ events
+
+    def start(self, now: float) -> list[Effect]:
+        """The job is registered: ask for its model load."""
+        return [RequestGang(stage=Stage.INIT, role=None)]
+
+    def resume(self, stream: int, step: int) -> None:
+        """``stream`` continues from a checkpoint after ``step`` trained steps (tell before the model load ends)."""
+        self._resume(stream, step)
+
+    def granted(self, stage: Stage, gpus: Gpus, now: float, *, warm: bool = False) -> list[Effect]:
+        """``stage``'s gang holds ``gpus``; ``warm``: this job's model is still on them (no load)."""
+        self.held[stage] = tuple(gpus)
+        if stage is Stage.INIT:
+            self.admitted_s = now
+        if warm:
+            return self._work(stage)
+        return [self._book(stage, GangPhase.LOAD), Load(stage=stage, gpus=self.held[stage])]
+
+    def loaded(self, stage: Stage, now: float) -> list[Effect]:
+        if stage is not Stage.INIT:
+            return self._work(stage)
+        out: list[Effect] = [self._book(stage, GangPhase.RELEASED), ReleaseGang(stage=stage)]
+        del self.held[stage]
+        self.running = True
+        return out + self._produce_all(now) + self._finish_if_done(now)
+
+    def worked(self, stage: Stage, seconds: float, now: float) -> list[Effect]:
+        """``stage``'s work took ``seconds`` of compute."""
+        tick = self._tick_at(stage)
+        tick.seconds.append(seconds)
+        nxt = tick.stages[tick.index + 1] if tick.index + 1 < len(tick.stages) else None
+        keep = self.plan.share_load and nxt is not None and stage_gpus(self.spec, nxt) == stage_gpus(self.spec, stage)
+        if keep:
+            return [Offload(stage=stage, gpus=self.held[stage], keep=True)]
+        return [self._book(stage, GangPhase.OFFLOAD), Offload(stage=stage, gpus=self.held[stage])]
+
+    def offloaded(self, stage: Stage, now: float) -> list[Effect]:
+        """The model is off ``stage``'s GPUs (or parked there): release them, or hand them to the next stage."""
+        tick = self._tick_at(stage)
+        out: list[Effect] = [self._book(stage, GangPhase.RELEASED)]
+        del self.held[stage]
+        tick.index += 1
+        if tick.index < len(tick.stages):
+            nxt = tick.stages[tick.index]
+            return out + [RequestGang(stage=nxt, role=stage_role(self.spec, nxt), after=stage)]
+        return out + self._end_tick(tick, release=stage)
+
+    def scored(self, stream: int, step: int, mean_reward: float, now: float) -> list[Effect]:
+        """The batch's mean reward is known: its stages may start."""
+        tick = self.tick
+        if tick is None or (tick.stream, tick.step) != (stream, step):
+            raise RuntimeError(f"stream {stream} step {step} was not asked to be scored")
+        tick.reward = mean_reward
+        if not tick.stages:
+            return self._end_tick(tick, release=None)
+        first = tick.stages[0]
+        return [RequestGang(stage=first, role=stage_role(self.spec, first))]
+
+    def rolled(self, stream: int, step: int, now: float, *, oldest_version: float = math.inf) -> list[Effect]:
+        """Every trajectory of the batch finished; ``oldest_version``: the oldest weights any of them used."""
+        rec = self.open[(stream, step)]
+        rec.rollout_end = now
+        rec.version = int(min(oldest_version, rec.version))
+        self.rolled_out.add((stream, step))
+        out = self._produce(stream, now) if not self.plan.streaming else []
+        out.append(DemandChanged(urgent=True))
+        if self._trained_next(stream) == step:
+            self.ready.append((stream, step))
+        return out + self._next_tick()
+
+    def published(self, stream: int, now: float) -> list[Effect]:
+        """The trained weights are cached and live workers have them: the step is trained."""
+        tick = self.tick
+        if tick is None or tick.stream != stream or tick.index < len(tick.stages):
+            raise RuntimeError(f"stream {stream} has no training waiting for its weights")
+        self.tick = None
+        s = self.streams[stream]
+        rec = self.open.pop((stream, tick.step))
+        self.rolled_out.discard((stream, tick.step))
+        s.version = tick.step + 1
+        if self._stops(s, tick.reward):
+            s.stopped, s.backlog = True, 0
+        rec.train_end = now
+        self.train_s = max(self.train_s, math.fsum(tick.seconds))  # exact: the same whatever the stage order
+        self.latencies.append(now - rec.rollout_start)
+        if (stream, s.version) in self.rolled_out:
+            self.ready.append((stream, s.version))
+        out = self._produce(stream, now) + [DemandChanged()]
+        return out + self._next_tick() + self._finish_if_done(now)
+
+    # ------------------------------------------------------------ queries
+
+    def demand(self, *, pending: int, loads: Sequence[WorkerLoad], trajectory_s: float, switch_s: float, longest_s: float) -> ReportDemand:
+        """The demand report, from the rollout engine's figures and the machine's own.
+
+        An announced batch counts as queued (and no longer as backlog) until it is produced.
+        """
+        ahead = sum(self.announced.values())
+        return demand_report(
+            pipeline_id=self.spec.pipeline_id,
+            pending=pending + ahead,
+            loads=loads,
+            open_trajectories=self.open_trajectories() + ahead,
+            backlog=self.backlog() - ahead,
+            trajectory_s=trajectory_s,
+            switch_s=switch_s,
+            path_s=self.path_s(longest_s),
+        )
+
+    def open_trajectories(self) -> int:
+        """Trajectories of the batches produced and not yet rolled out (finished ones included)."""
+        return sum(rec.size for key, rec in self.open.items() if key not in self.rolled_out)
+
+    def backlog(self) -> int:
+        """Trajectories of the steps not produced yet (a stopped stream has none)."""
+        return sum(s.backlog for s in self.streams)
+
+    def path_s(self, longest_s: float) -> float:
+        """The longest chain of steps still ahead among the running streams (see :func:`remaining_path_s`)."""
+        return max(
+            (
+                remaining_path_s(
+                    s.spec.steps - s.version, self.plan.staleness, longest_s=longest_s, train_s=self.train_s, streaming=self.plan.streaming
+                )
+                for s in self.streams
+                if not s.stopped
+            ),
+            default=0.0,
+        )
+
+    def versions(self) -> dict[int, int]:
+        """Each stream's newest trained weight version."""
+        return {i: s.version for i, s in enumerate(self.streams)}
+
+    def planned_steps(self) -> int:
+        """Steps this job will train: all of a running stream's, only those done of a stopped one."""
+        return sum((s.version if s.stopped else s.spec.steps) - s.start for s in self.streams)
+
+    @property
+    def done(self) -> bool:
+        return self.finished_s is not None
+
+    # ------------------------------------------------------------ steps
+
+    def _resume(self, i: int, step: int) -> None:
+        s = self.streams[i]
+        s.start = s.next_step = s.version = step
+        s.backlog = sum(self.plan.size(i, k) for k in range(step, s.spec.steps))
+
+    def _exhausted(self, s: _Stream) -> bool:
+        return s.stopped or s.next_step >= s.spec.steps
+
+    def _may_produce(self, i: int) -> bool:
+        """The staleness gate is open and, in batch mode, the stream's previous rollout is complete."""
+        s = self.streams[i]
+        if not self.running or self._exhausted(s) or not rollout_may_start(s.next_step, s.version, self.plan.staleness):
+            return False
+        previous = (i, s.next_step - 1)
+        return self.plan.streaming or previous not in self.open or previous in self.rolled_out
+
+    def _produce(self, i: int, now: float) -> list[Effect]:
+        """Queue every batch of stream ``i`` that may start now."""
+        out: list[Effect] = []
+        while self._may_produce(i):
+            s = self.streams[i]
+            step, size = s.next_step, self.plan.size(i, s.next_step)
+            rec = StepRecord(stream=i, step=step, version=s.version, size=size, rollout_start=now)
+            self.open[(i, step)] = rec
+            self.history.append(rec)
+            s.next_step += 1
+            s.backlog -= size
+            self.produced += size
+            self.announced.pop(i, None)
+            out.append(QueueBatch(stream=i, step=step, size=size, version=s.version))
+        return out
+
+    def _produce_all(self, now: float) -> list[Effect]:
+        return [e for i in range(len(self.streams)) for e in self._produce(i, now)]
+
+    def _trained_next(self, i: int) -> int:
+        """The step of stream ``i`` to train next (its training is in order)."""
+        return self.streams[i].version
+
+    def _stops(self, s: _Stream, mean_reward: float) -> bool:
+        return s.spec.stop_reward is not None and mean_reward >= s.spec.stop_reward
+
+    def _opened_by(self, i: int, step: int, mean_reward: float) -> int:
+        """Trajectories stream ``i`` may queue once ``step`` is trained: its next batch, where the
+        staleness gate is all that holds it back now (0: none)."""
+        s = self.streams[i]
+        if self._may_produce(i) or self._exhausted(s) or self._stops(s, mean_reward):
+            return 0
+        previous = (i, s.next_step - 1)
+        if not self.plan.streaming and previous in self.open and previous not in self.rolled_out:
+            return 0  # its previous rollout is still running
+        return self.plan.size(i, s.next_step) if rollout_may_start(s.next_step, step + 1, self.plan.staleness) else 0
+
+    # ------------------------------------------------------------ training
+
+    def _next_tick(self) -> list[Effect]:
+        if self.tick is not None or not self.ready:
+            return []
+        stream, step = self.ready.popleft()
+        self.tick = _Tick(stream=stream, step=step, stages=tuple(self.plan.stages(stream, step)))
+        return [Score(stream=stream, step=step)]
+
+    def _tick_at(self, stage: Stage) -> _Tick:
+        tick = self.tick
+        if tick is None or tick.index >= len(tick.stages) or tick.stages[tick.index] is not stage:
+            raise RuntimeError(f"{self.spec.pipeline_id}: no training is at stage {stage.value}")
+        return tick
+
+    def _end_tick(self, tick: _Tick, *, release: Stage | None) -> list[Effect]:
+        s = self.streams[tick.stream]
+        out: list[Effect] = []
+        if release is not None:
+            ahead = self._opened_by(tick.stream, tick.step, tick.reward)
+            if ahead:
+                self.announced[tick.stream] = ahead
+            out.append(ReleaseGang(stage=release, announce=ahead))
+        last = self._stops(s, tick.reward) or tick.step + 1 >= s.spec.steps
+        return out + [Publish(stream=tick.stream, version=tick.step + 1, last=last)]
+
+    def _finish_if_done(self, now: float) -> list[Effect]:
+        if self.finished_s is None and all(self._exhausted(s) for s in self.streams) and not self.open and self.tick is None:
+            self.finished_s = now
+            return [Finished()]
+        return []
+
+    def _work(self, stage: Stage) -> list[Effect]:
+        if stage is Stage.INIT:
+            return [Load(stage=stage, gpus=self.held[stage])]
+        tick = self._tick_at(stage)
+        return [self._book(stage, GangPhase.WORK), Work(stage=stage, stream=tick.stream, step=tick.step)]
+
+    def _book(self, stage: Stage, phase: GangPhase) -> Book:
+        activity = gang_activity(stage, phase)
+        label = "" if activity is Activity.FREE else stage.value
+        return Book(gpus=self.held[stage], activity=activity, stage=label)
+

@@ -207,6 +207,124 @@ class JobPlan:
     share_load: bool = False  # consecutive stages on the same GPUs keep the model loaded
 
 
+class Rollouts:
+    """Which batches of a job's streams exist, may start and are rolled out, and what is outstanding."""
+
+    def __init__(self, plan: JobPlan) -> None:
+        self.plan = plan
+        self.streams = [_Stream(spec=s) for s in plan.streams]
+        for i in range(len(self.streams)):
+            self.resume(i, 0)
+        self.open: dict[tuple[int, int], StepRecord] = {}  # produced, not yet trained
+        self.rolled_out: set[tuple[int, int]] = set()  # produced and rolled out, not yet trained
+        self.announced: dict[int, int] = {}  # stream -> trajectories of its next batch, announced before it is produced
+        self.history: list[StepRecord] = []
+        self.produced = 0  # trajectories produced so far
+        self.started = False  # the model is loaded: batches may be produced
+
+    def resume(self, i: int, step: int) -> None:
+        """Stream ``i`` continues after ``step`` trained steps."""
+        s = self.streams[i]
+        s.start = s.next_step = s.version = step
+        s.backlog = sum(self.plan.size(i, k) for k in range(step, s.spec.steps))
+
+    def exhausted(self, i: int) -> bool:
+        """No further step of stream ``i`` will be produced (all produced, or stopped)."""
+        s = self.streams[i]
+        return s.stopped or s.next_step >= s.spec.steps
+
+    def may_produce(self, i: int) -> bool:
+        """The staleness gate is open and, in batch mode, the stream's previous rollout is complete."""
+        s = self.streams[i]
+        if not self.started or self.exhausted(i) or not rollout_may_start(s.next_step, s.version, self.plan.staleness):
+            return False
+        return self.plan.streaming or not self._rolling((i, s.next_step - 1))
+
+    def _rolling(self, key: tuple[int, int]) -> bool:
+        return key in self.open and key not in self.rolled_out
+
+    def produce(self, i: int, now: float) -> list[Effect]:
+        """Queue every batch of stream ``i`` that may start now."""
+        out: list[Effect] = []
+        while self.may_produce(i):
+            s = self.streams[i]
+            step, size = s.next_step, self.plan.size(i, s.next_step)
+            rec = StepRecord(stream=i, step=step, version=s.version, size=size, rollout_start=now)
+            self.open[(i, step)] = rec
+            self.history.append(rec)
+            s.next_step += 1
+            s.backlog -= size
+            self.produced += size
+            self.announced.pop(i, None)
+            out.append(QueueBatch(stream=i, step=step, size=size, version=s.version))
+        return out
+
+    def rolled(self, i: int, step: int, now: float, oldest_version: float) -> None:
+        rec = self.open[(i, step)]
+        rec.rollout_end = now
+        rec.version = int(min(oldest_version, rec.version))
+        self.rolled_out.add((i, step))
+
+    def trained(self, i: int, step: int, mean_reward: float, now: float) -> StepRecord:
+        """Step ``step`` of stream ``i`` is trained: its weights are version ``step + 1``."""
+        s = self.streams[i]
+        rec = self.open.pop((i, step))
+        self.rolled_out.discard((i, step))
+        rec.train_end = now
+        s.version = step + 1
+        if self.stops(i, mean_reward):
+            s.stopped, s.backlog = True, 0  # its stop condition holds: no further steps
+        return rec
+
+    def stops(self, i: int, mean_reward: float) -> bool:
+        """A step with this mean reward is stream ``i``'s last (its stop condition holds)."""
+        stop = self.streams[i].spec.stop_reward
+        return stop is not None and mean_reward >= stop
+
+    def opened_by(self, i: int, step: int, mean_reward: float) -> int:
+        """Trajectories stream ``i`` may queue once ``step`` is trained: its next batch, where the
+        staleness gate is all that holds it back now (0: none)."""
+        s = self.streams[i]
+        if self.may_produce(i) or self.exhausted(i) or self.stops(i, mean_reward):
+            return 0
+        if not self.plan.streaming and self._rolling((i, s.next_step - 1)):
+            return 0  # its previous rollout is still running
+        return self.plan.size(i, s.next_step) if rollout_may_start(s.next_step, step + 1, self.plan.staleness) else 0
+
+    # ------------------------------------------------------------ outstanding
+
+    def open_trajectories(self) -> int:
+        """Trajectories of the batches produced and not yet rolled out (finished ones included)."""
+        return sum(rec.size for key, rec in self.open.items() if key not in self.rolled_out)
+
+    def backlog(self) -> int:
+        """Trajectories of the steps not produced yet (a stopped stream has none)."""
+        return sum(s.backlog for s in self.streams)
+
+    def path_s(self, longest_s: float, train_s: float) -> float:
+        """The longest chain of steps still ahead among the running streams (see :func:`remaining_path_s`)."""
+        plan = self.plan
+        return max(
+            (
+                remaining_path_s(s.spec.steps - s.version, plan.staleness, longest_s=longest_s, train_s=train_s, streaming=plan.streaming)
+                for s in self.streams
+                if not s.stopped
+            ),
+            default=0.0,
+        )
+
+    def versions(self) -> dict[int, int]:
+        """Each stream's newest trained weight version."""
+        return {i: s.version for i, s in enumerate(self.streams)}
+
+    def planned_steps(self) -> int:
+        """Steps the job will train: all of a running stream's, only those done of a stopped one."""
+        return sum((s.version if s.stopped else s.spec.steps) - s.start for s in self.streams)
+
+    def done(self) -> bool:
+        return all(self.exhausted(i) for i in range(len(self.streams))) and not self.open
+
+
 class StepMachine:
     """The step process of one job (every stream), from model load to its last trained step."""
 
@@ -215,22 +333,14 @@ class StepMachine:
             raise ValueError("a job has at least one stream of steps")
         self.spec = spec
         self.plan = plan
-        self.streams = [_Stream(spec=s) for s in plan.streams]
-        for i in range(len(self.streams)):
-            self._resume(i, 0)
-        self.open: dict[tuple[int, int], StepRecord] = {}  # produced, not yet trained
-        self.rolled_out: set[tuple[int, int]] = set()  # produced and rolled out, not yet trained
+        self.rollouts = Rollouts(plan)
         self.ready: deque[tuple[int, int]] = deque()  # rolled out, waiting for the training turn (first ready first)
         self.tick: _Tick | None = None
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
-        self.announced: dict[int, int] = {}  # stream -> trajectories of its next batch, announced before it is produced
-        self.history: list[StepRecord] = []
         self.latencies: list[float] = []  # seconds from rollout start to trained, in training order
-        self.produced = 0  # trajectories produced so far
         self.train_s = 0.0  # the longest step's stage compute seconds so far
         self.admitted_s: float | None = None
         self.finished_s: float | None = None
-        self.running = False  # model loaded: streams run
 
     # ------------------------------------------------------------ events
 
@@ -240,7 +350,7 @@ class StepMachine:
 
     def resume(self, stream: int, step: int) -> None:
         """``stream`` continues from a checkpoint after ``step`` trained steps (tell before the model load ends)."""
-        self._resume(stream, step)
+        self.rollouts.resume(stream, step)
 
     def granted(self, stage: Stage, gpus: Gpus, now: float, *, warm: bool = False) -> list[Effect]:
         """``stage``'s gang holds ``gpus``; ``warm``: this job's model is still on them (no load)."""
@@ -256,16 +366,16 @@ class StepMachine:
             return self._work(stage)
         out: list[Effect] = [self._book(stage, GangPhase.RELEASED), ReleaseGang(stage=stage)]
         del self.held[stage]
-        self.running = True
-        return out + self._produce_all(now) + self._finish_if_done(now)
+        self.rollouts.started = True
+        out += [e for i in range(len(self.rollouts.streams)) for e in self.rollouts.produce(i, now)]
+        return out + self._finish_if_done(now)
 
     def worked(self, stage: Stage, seconds: float, now: float) -> list[Effect]:
         """``stage``'s work took ``seconds`` of compute."""
         tick = self._tick_at(stage)
         tick.seconds.append(seconds)
         nxt = tick.stages[tick.index + 1] if tick.index + 1 < len(tick.stages) else None
-        keep = self.plan.share_load and nxt is not None and stage_gpus(self.spec, nxt) == stage_gpus(self.spec, stage)
-        if keep:
+        if self.plan.share_load and nxt is not None and stage_gpus(self.spec, nxt) == stage_gpus(self.spec, stage):
             return [Offload(stage=stage, gpus=self.held[stage], keep=True)]
         return [self._book(stage, GangPhase.OFFLOAD), Offload(stage=stage, gpus=self.held[stage])]
 
@@ -293,13 +403,10 @@ class StepMachine:
 
     def rolled(self, stream: int, step: int, now: float, *, oldest_version: float = math.inf) -> list[Effect]:
         """Every trajectory of the batch finished; ``oldest_version``: the oldest weights any of them used."""
-        rec = self.open[(stream, step)]
-        rec.rollout_end = now
-        rec.version = int(min(oldest_version, rec.version))
-        self.rolled_out.add((stream, step))
-        out = self._produce(stream, now) if not self.plan.streaming else []
+        self.rollouts.rolled(stream, step, now, oldest_version)
+        out = self.rollouts.produce(stream, now) if not self.plan.streaming else []
         out.append(DemandChanged(urgent=True))
-        if self._trained_next(stream) == step:
+        if self.rollouts.streams[stream].version == step:  # its training is in order: the step before is trained
             self.ready.append((stream, step))
         return out + self._next_tick()
 
@@ -309,18 +416,12 @@ class StepMachine:
         if tick is None or tick.stream != stream or tick.index < len(tick.stages):
             raise RuntimeError(f"stream {stream} has no training waiting for its weights")
         self.tick = None
-        s = self.streams[stream]
-        rec = self.open.pop((stream, tick.step))
-        self.rolled_out.discard((stream, tick.step))
-        s.version = tick.step + 1
-        if self._stops(s, tick.reward):
-            s.stopped, s.backlog = True, 0
-        rec.train_end = now
+        rec = self.rollouts.trained(stream, tick.step, tick.reward, now)
         self.train_s = max(self.train_s, math.fsum(tick.seconds))  # exact: the same whatever the stage order
         self.latencies.append(now - rec.rollout_start)
-        if (stream, s.version) in self.rolled_out:
-            self.ready.append((stream, s.version))
-        out = self._produce(stream, now) + [DemandChanged()]
+        if (stream, tick.step + 1) in self.rollouts.rolled_out:
+            self.ready.append((stream, tick.step + 1))
+        out = self.rollouts.produce(stream, now) + [DemandChanged()]
         return out + self._next_tick() + self._finish_if_done(now)
 
     # ------------------------------------------------------------ queries
@@ -330,105 +431,26 @@ class StepMachine:
 
         An announced batch counts as queued (and no longer as backlog) until it is produced.
         """
-        ahead = sum(self.announced.values())
+        r = self.rollouts
+        ahead = sum(r.announced.values())
         return demand_report(
             pipeline_id=self.spec.pipeline_id,
             pending=pending + ahead,
             loads=loads,
-            open_trajectories=self.open_trajectories() + ahead,
-            backlog=self.backlog() - ahead,
+            open_trajectories=r.open_trajectories() + ahead,
+            backlog=r.backlog() - ahead,
             trajectory_s=trajectory_s,
             switch_s=switch_s,
-            path_s=self.path_s(longest_s),
+            path_s=r.path_s(longest_s, self.train_s),
         )
 
-    def open_trajectories(self) -> int:
-        """Trajectories of the batches produced and not yet rolled out (finished ones included)."""
-        return sum(rec.size for key, rec in self.open.items() if key not in self.rolled_out)
-
-    def backlog(self) -> int:
-        """Trajectories of the steps not produced yet (a stopped stream has none)."""
-        return sum(s.backlog for s in self.streams)
-
-    def path_s(self, longest_s: float) -> float:
-        """The longest chain of steps still ahead among the running streams (see :func:`remaining_path_s`)."""
-        return max(
-            (
-                remaining_path_s(
-                    s.spec.steps - s.version, self.plan.staleness, longest_s=longest_s, train_s=self.train_s, streaming=self.plan.streaming
-                )
-                for s in self.streams
-                if not s.stopped
-            ),
-            default=0.0,
-        )
-
-    def versions(self) -> dict[int, int]:
-        """Each stream's newest trained weight version."""
-        return {i: s.version for i, s in enumerate(self.streams)}
-
-    def planned_steps(self) -> int:
-        """Steps this job will train: all of a running stream's, only those done of a stopped one."""
-        return sum((s.version if s.stopped else s.spec.steps) - s.start for s in self.streams)
+    @property
+    def history(self) -> list[StepRecord]:
+        return self.rollouts.history
 
     @property
     def done(self) -> bool:
         return self.finished_s is not None
-
-    # ------------------------------------------------------------ steps
-
-    def _resume(self, i: int, step: int) -> None:
-        s = self.streams[i]
-        s.start = s.next_step = s.version = step
-        s.backlog = sum(self.plan.size(i, k) for k in range(step, s.spec.steps))
-
-    def _exhausted(self, s: _Stream) -> bool:
-        return s.stopped or s.next_step >= s.spec.steps
-
-    def _may_produce(self, i: int) -> bool:
-        """The staleness gate is open and, in batch mode, the stream's previous rollout is complete."""
-        s = self.streams[i]
-        if not self.running or self._exhausted(s) or not rollout_may_start(s.next_step, s.version, self.plan.staleness):
-            return False
-        previous = (i, s.next_step - 1)
-        return self.plan.streaming or previous not in self.open or previous in self.rolled_out
-
-    def _produce(self, i: int, now: float) -> list[Effect]:
-        """Queue every batch of stream ``i`` that may start now."""
-        out: list[Effect] = []
-        while self._may_produce(i):
-            s = self.streams[i]
-            step, size = s.next_step, self.plan.size(i, s.next_step)
-            rec = StepRecord(stream=i, step=step, version=s.version, size=size, rollout_start=now)
-            self.open[(i, step)] = rec
-            self.history.append(rec)
-            s.next_step += 1
-            s.backlog -= size
-            self.produced += size
-            self.announced.pop(i, None)
-            out.append(QueueBatch(stream=i, step=step, size=size, version=s.version))
-        return out
-
-    def _produce_all(self, now: float) -> list[Effect]:
-        return [e for i in range(len(self.streams)) for e in self._produce(i, now)]
-
-    def _trained_next(self, i: int) -> int:
-        """The step of stream ``i`` to train next (its training is in order)."""
-        return self.streams[i].version
-
-    def _stops(self, s: _Stream, mean_reward: float) -> bool:
-        return s.spec.stop_reward is not None and mean_reward >= s.spec.stop_reward
-
-    def _opened_by(self, i: int, step: int, mean_reward: float) -> int:
-        """Trajectories stream ``i`` may queue once ``step`` is trained: its next batch, where the
-        staleness gate is all that holds it back now (0: none)."""
-        s = self.streams[i]
-        if self._may_produce(i) or self._exhausted(s) or self._stops(s, mean_reward):
-            return 0
-        previous = (i, s.next_step - 1)
-        if not self.plan.streaming and previous in self.open and previous not in self.rolled_out:
-            return 0  # its previous rollout is still running
-        return self.plan.size(i, s.next_step) if rollout_may_start(s.next_step, step + 1, self.plan.staleness) else 0
 
     # ------------------------------------------------------------ training
 
@@ -446,18 +468,18 @@ class StepMachine:
         return tick
 
     def _end_tick(self, tick: _Tick, *, release: Stage | None) -> list[Effect]:
-        s = self.streams[tick.stream]
+        r = self.rollouts
         out: list[Effect] = []
         if release is not None:
-            ahead = self._opened_by(tick.stream, tick.step, tick.reward)
+            ahead = r.opened_by(tick.stream, tick.step, tick.reward)
             if ahead:
-                self.announced[tick.stream] = ahead
+                r.announced[tick.stream] = ahead
             out.append(ReleaseGang(stage=release, announce=ahead))
-        last = self._stops(s, tick.reward) or tick.step + 1 >= s.spec.steps
+        last = r.stops(tick.stream, tick.reward) or tick.step + 1 >= r.streams[tick.stream].spec.steps
         return out + [Publish(stream=tick.stream, version=tick.step + 1, last=last)]
 
     def _finish_if_done(self, now: float) -> list[Effect]:
-        if self.finished_s is None and all(self._exhausted(s) for s in self.streams) and not self.open and self.tick is None:
+        if self.finished_s is None and self.rollouts.done() and self.tick is None:
             self.finished_s = now
             return [Finished()]
         return []
@@ -472,4 +494,3 @@ class StepMachine:
         activity = gang_activity(stage, phase)
         label = "" if activity is Activity.FREE else stage.value
         return Book(gpus=self.held[stage], activity=activity, stage=label)
-

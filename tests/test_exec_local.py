@@ -18,7 +18,7 @@ def test_group_advantages_are_relative_to_the_group():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reward_rises_in_process(tmp_path, seed):
-    from rlix.exec.local import run_local
+    from local_run import run_local
 
     job = JobConfig.model_validate(
         dict(name="a", model={"size": {"seed": seed}}, task={"name": "copy"}, steps=8, seed=seed, roles={"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}})

@@ -37,7 +37,7 @@ def _job(adapters, **extra) -> JobConfig:
 
 
 def test_adapters_together_equal_adapters_alone(tmp_path):
-    from rlix.exec.local import run_local_lora
+    from local_run import run_local_lora
 
     together = run_local_lora(_job(ADAPTERS), tmp_path)
     assert [s.loss for s in together["copy_a"]] != [s.loss for s in together["rev_b"]]
@@ -49,7 +49,7 @@ def test_adapters_together_equal_adapters_alone(tmp_path):
 
 
 def test_adapter_checkpoint_resumes_where_it_stopped(tmp_path):
-    from rlix.exec.local import run_local_lora
+    from local_run import run_local_lora
 
     one = [dict(ADAPTERS[0], steps=4)]
     straight = run_local_lora(_job(one), tmp_path)["copy_a"]
@@ -62,7 +62,7 @@ def test_adapter_checkpoint_resumes_where_it_stopped(tmp_path):
 
 
 def test_stop_reward_ends_an_adapter_early(tmp_path):
-    from rlix.exec.local import run_local_lora
+    from local_run import run_local_lora
 
     out = run_local_lora(_job([dict(ADAPTERS[0], steps=5, stop_reward=0.0)]), tmp_path)
     assert len(out["copy_a"]) == 1
@@ -74,7 +74,7 @@ def test_vllm_adapter_files_are_peft_format_and_base_names_are_hf(tmp_path):
     from peft import PeftModel
 
     from rlix.exec.grpo import GrpoConfig
-    from rlix.exec.local import materialize_model
+    from rlix.exec.model import materialize_model
     from rlix.exec.lora import LoraLearner
     from rlix.exec.model import load_model
     from rlix.exec.vllm_backend import hf_base_weights, write_peft_adapter

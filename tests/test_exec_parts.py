@@ -14,7 +14,6 @@ from rlix.exec.recipe import Trajectory
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import JobStatus, StepRecord, SwitchKind, TrajRecord
 from rlix.exec.rollout_queue import RolloutQueue, TrajectoryFailed
-from rlix.exec.step_driver import StepDriver, Stream
 from rlix.exec.tasks import Prompt
 from rlix.metrics import Activity
 
@@ -143,105 +142,6 @@ def test_application_errors_are_retried_a_bounded_number_of_times_then_fail_the_
     assert len(q) == 0
 
 
-# ------------------------------------------------------------------ step driver
-
-
-class FakeRecipe:
-    batch_size = 2
-
-    def step_size(self, step: int) -> int:
-        return self.batch_size
-
-    def trajectories(self, step: int):
-        return [_traj(step * 2 + i, step=step) for i in range(2)]
-
-
-def _done(driver: StepDriver, stream: Stream, step: int) -> None:
-    for i in range(2):
-        tid = step * 2 + i
-        driver.finish(stream.name, step, GenResult(traj_id=tid, token_ids=(1,), logprobs=(0.0,), finished=True, aborted=False, weight_version=0, gen_s=0.1))
-
-
-def test_staleness_gate_and_demand_counts():
-    s = Stream(name="", recipe=FakeRecipe(), steps=4, staleness=1)
-    d = StepDriver([s], kl=True)
-    assert d.stages == (Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.ACTOR_TRAIN)
-    assert d.backlog() == 8
-    d.produce(s, now=0.0)
-    assert not d.may_produce(s)  # one batch at a time: step 1 waits for step 0's rollout
-    assert d.open_trajectories() == 2 and d.backlog() == 6
-    _done(d, s, 0)
-    assert d.complete(("", 0)) and d.open_trajectories() == 0
-    d.produce(s, now=0.0)  # staleness 1: step 1 may roll out before step 0 is trained
-    assert not d.may_produce(s)  # step 2 waits for step 0's training (and step 1's rollout)
-    assert d.open_trajectories() == 2 and d.backlog() == 4
-    _done(d, s, 1)
-    assert not d.may_produce(s)
-    d.trained(s, 0, mean_reward=0.0)
-    assert d.may_produce(s) and s.version == 1
-    with pytest.raises(RuntimeError):
-        d2 = StepDriver([Stream(name="", recipe=FakeRecipe(), steps=2, staleness=0)], kl=False)
-        d2.produce(d2.streams[0], 0.0)
-        d2.produce(d2.streams[0], 0.0)
-
-
-def test_a_stream_that_reaches_its_reward_stops_producing():
-    s = Stream(name="a", recipe=FakeRecipe(), steps=5, staleness=0, stop_reward=0.5)
-    d = StepDriver([s], kl=False)
-    d.produce(s, 0.0)
-    _done(d, s, 0)
-    d.trained(s, 0, mean_reward=0.9)
-    assert d.exhausted(s) and d.backlog() == 0 and d.planned_steps() == 1
-
-
-@pytest.mark.parametrize(
-    ("staleness", "reward", "opened"),
-    [(0, 0.0, 2), (0, 0.9, 0), (1, 0.0, 0)],  # on-policy: the next batch; the stop reward reached: none; already open: none
-)
-def test_training_a_step_opens_the_next_batch_announced_before_it_is_produced(staleness, reward, opened):
-    s = Stream(name="", recipe=FakeRecipe(), steps=3, staleness=staleness, stop_reward=0.5)
-    d = StepDriver([s], kl=False)
-    d.produce(s, 0.0)
-    _done(d, s, 0)
-    assert d.opened_by(s, 0, mean_reward=reward) == opened
-    d.trained(s, 0, mean_reward=reward)
-    assert d.may_produce(s) == (opened > 0 or staleness > 0)  # what was announced is what may be produced now
-
-
-def test_off_policy_a_training_opens_a_batch_once_the_rollout_before_it_is_done():
-    s = Stream(name="", recipe=FakeRecipe(), steps=3, staleness=1)
-    d = StepDriver([s], kl=False)
-    d.produce(s, 0.0)
-    _done(d, s, 0)
-    d.produce(s, 0.0)  # step 1 rolls out while step 0 trains
-    assert d.opened_by(s, 0, mean_reward=0.0) == 0  # step 2 waits for step 1's rollout, not for this training
-    _done(d, s, 1)
-    assert d.opened_by(s, 0, mean_reward=0.0) == 2  # now only the staleness gate holds step 2 back
-
-
-def test_the_last_step_opens_no_batch():
-    s = Stream(name="", recipe=FakeRecipe(), steps=1, staleness=0)
-    d = StepDriver([s], kl=False)
-    d.produce(s, 0.0)
-    _done(d, s, 0)
-    assert d.opened_by(s, 0, mean_reward=0.0) == 0
-
-
-def test_the_chain_still_ahead_comes_from_measured_figures():
-    s = Stream(name="", recipe=FakeRecipe(), steps=4, staleness=0)
-    d = StepDriver([s], kl=False)
-    r = Recorder("p")
-    assert d.path_s(longest_s=r.longest_gen_s, train_s=r.longest_train_s) == 0.0  # nothing measured yet
-    d.produce(s, 0.0)
-    _done(d, s, 0)
-    r.trajectory(TrajRecord(traj_id=0, step=0, gen_s=3.0, segments=1, tokens=4, weight_version=0))
-    r.trajectory(TrajRecord(traj_id=1, step=0, gen_s=7.0, segments=1, tokens=4, weight_version=0))
-    r.step(StepRecord(step=0, started_s=0.0, finished_s=12.0, mean_reward=0.0, mean_tokens=4.0, stages=(("old_logprobs", 1.0), ("actor_train", 2.0)), min_weight_version=0))
-    d.trained(s, 0, mean_reward=0.0)
-    # three steps left, each waits for a trajectory as slow as 7 s and a training of 3 s (on-policy: in series)
-    assert d.path_s(longest_s=r.longest_gen_s, train_s=r.longest_train_s) == 3 * (7.0 + 3.0)
-
-
 # ------------------------------------------------------------------ recorder
 
 
@@ -315,68 +215,46 @@ class _Trainer:
 
 
 def _link(sched, **limits):
-    from pathlib import Path
-
-    from rlix.exec.config import LimitsConfig, load_config
+    from rlix.exec.config import LimitsConfig
     from rlix.exec.gangs import SchedulerLink
 
-    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_two_jobs.yaml")
-    spec = cfg.jobs[1].pipeline_spec("large")
-    return SchedulerLink(pipeline_id="large", spec=spec, sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0)
+    return SchedulerLink(pipeline_id="large", sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0)
 
 
-def test_a_gang_stage_is_booked_through_load_work_offload_and_release():
-    from rlix.core import Role
-
-    sched = _Scheduler(gpus=(2,), queued_s=0.0)
-    link = _link(sched)
-    trainer = _Trainer(lambda samples, adapter: asyncio.sleep(0, result="trained"))
-    value, _ = asyncio.run(link.run(Stage.ACTOR_TRAIN, trainer, lambda: trainer.train.remote([], "")))
-    assert value == "trained"
-    assert sched.calls == [("request", Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN), ("release", Stage.ACTOR_TRAIN)]
-    assert trainer.calls == ["reload", "offload"]
-    marks = [(e.gpus, e.activity) for e in link.rec.events]
-    assert marks == [((2,), Activity.SWITCH), ((2,), Activity.WORK), ((2,), Activity.SWITCH), ((2,), Activity.FREE)]
-    assert [s.kind for s in link.rec.switches] == [SwitchKind.STAGE_LOAD, SwitchKind.STAGE_OFFLOAD]
-    assert link.gpus_held() == () and link.rec.counters.control_calls == 2
-
-
-def test_a_stage_takes_the_gpus_over_from_the_one_before_without_a_gap():
+def test_a_stage_takes_the_gpus_over_from_the_one_before_in_one_call():
     """The next stage's request carries the previous stage's release, so the scheduler plans
-    with both at once and cannot lend the GPUs to another job in between; a kept stage stays
-    booked until the caller releases it."""
-    from rlix.core import Role
+    with both at once and cannot lend the GPUs to another job in between."""
+    from rlix.core import ReportDemand, Role
 
     sched = _Scheduler(gpus=(2,), queued_s=0.0)
     link = _link(sched)
-    trainer = _Trainer(lambda samples, adapter: asyncio.sleep(0, result="done"))
-    work = lambda: trainer.train.remote([], "")  # noqa: E731
 
     async def step():
-        await link.run(Stage.OLD_LOGPROBS, trainer, work, keep=True)
+        assert await link.acquire(Stage.OLD_LOGPROBS, Role.ACTOR_TRAIN) == (2,)
+        await link.acquire(Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN, after=Stage.OLD_LOGPROBS)
         assert link.gpus_held() == (2,)
-        await link.run(Stage.ACTOR_TRAIN, trainer, work, after=Stage.OLD_LOGPROBS, keep=True)
-        assert link.gpus_held() == (2,)
-        await link.release(Stage.ACTOR_TRAIN)
+        await link.release(Stage.ACTOR_TRAIN, ReportDemand(pipeline_id="large", pending=4))
 
     asyncio.run(step())
     assert sched.calls == [
         ("request", Stage.OLD_LOGPROBS, Role.ACTOR_TRAIN),
         ("request", Stage.ACTOR_TRAIN, Role.ACTOR_TRAIN, ("after", Stage.OLD_LOGPROBS)),
-        ("release", Stage.ACTOR_TRAIN),
+        ("release", Stage.ACTOR_TRAIN, ("report", 4)),
     ]
-    assert link.gpus_held() == ()
-    assert [e.activity for e in link.rec.events].count(Activity.FREE) == 2
+    assert link.gpus_held() == () and link.rec.counters.control_calls == 3
 
 
-def test_a_stage_that_hangs_misses_its_deadline_and_keeps_its_gpus_booked():
+def test_a_stage_that_hangs_misses_its_deadline():
+    from rlix.exec.config import LimitsConfig
     from rlix.exec.rollout_control import WorkerTimeout
+    from rlix.exec.trainer_link import TrainerLink
 
-    link = _link(_Scheduler(gpus=(2,), queued_s=0.0), stage_timeout_s=0.05)
-    trainer = _Trainer(lambda samples, adapter: asyncio.Event().wait())  # never returns
+    async def main():
+        trainer = _Trainer(lambda samples, adapter: asyncio.Event().wait())  # never returns
+        await TrainerLink(trainer, limits=LimitsConfig(stage_timeout_s=0.05)).work(Stage.ACTOR_TRAIN, [], "")
+
     with pytest.raises(WorkerTimeout, match="stage actor_train"):
-        asyncio.run(link.run(Stage.ACTOR_TRAIN, trainer, lambda: trainer.train.remote([], "")))
-    assert link.gpus_held() == (2,)  # the coordinator's teardown frees them (and the job fails)
+        asyncio.run(main())
 
 
 def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
@@ -386,20 +264,20 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
     async def main():
         handle = _Trainer(lambda samples, adapter: None)
         link = TrainerLink(handle, limits=LimitsConfig(), checkpoint_dir="/ckpt", save_every=2)
-        streams = [Stream(name="x", recipe=FakeRecipe(), steps=6, staleness=0), Stream(name="y", recipe=FakeRecipe(), steps=6, staleness=0)]
         handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={"x": 3, "y": 0}))
-        await link.start(streams)
-        assert (streams[0].start, streams[0].next_step, streams[0].version) == (3, 3, 3)
-        await link.publish(streams[1], 1)
+        assert await link.start(["x", "y"]) == {"x": 3, "y": 0}
+        await link.publish("y", 1, steps=6)
         assert "save_adapter" not in handle.calls  # version 1 is not a multiple of save_every
-        await link.publish(streams[1], 2)
+        await link.publish("y", 2, steps=6)
         assert handle.calls.count("save_adapter") == 1  # an adapter update is checkpointed when due
-        await link.publish(streams[1], 3, last=True)
+        await link.publish("y", 3, steps=6, last=True)
         assert handle.calls.count("save_adapter") == 2  # a stream stopping early is checkpointed at its last step
-        await link.publish(Stream(name="", recipe=FakeRecipe(), steps=4, staleness=0), 4)
+        await link.publish("", 4, steps=4)
         full, version, adapters = link.weights()
-        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 2)]
+        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 3)]
         assert "save_full" in handle.calls  # the full model after its last step
+
+    asyncio.run(main())
 
 
 def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
@@ -409,14 +287,8 @@ def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
     async def main():
         handle = _Trainer(lambda samples, adapter: None)
         handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={}))
-        stream = Stream(name="", recipe=FakeRecipe(), steps=6, staleness=0)
-        await TrainerLink(handle, limits=LimitsConfig(), checkpoint_dir="/ckpt").start([stream])
-        assert (stream.start, stream.next_step, stream.version) == (2, 2, 2)  # the trainer restored 2 trained steps
-        stream = Stream(name="", recipe=FakeRecipe(), steps=6, staleness=0)
-        await TrainerLink(handle, limits=LimitsConfig()).start([stream])
-        assert stream.start == 0  # no checkpoint_dir: a fresh run
-
-    asyncio.run(main())
+        assert await TrainerLink(handle, limits=LimitsConfig(), checkpoint_dir="/ckpt").start([""]) == {"": 2}
+        assert await TrainerLink(handle, limits=LimitsConfig()).start([""]) == {}  # no checkpoint_dir: a fresh run
 
     asyncio.run(main())
 

@@ -77,7 +77,7 @@ class Session:
     def __init__(self, config: RunConfig, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None) -> None:
         import ray
 
-        from rlix.exec.local import materialize_model
+        from rlix.exec.model import materialize_model
         from rlix.exec.placement import node_ids
         from rlix.exec.scheduler_actor import SchedulerActor
 

@@ -40,7 +40,6 @@ class Recorder:
         self.counters = Counters()
         self.finished_gen_s = 0.0
         self.longest_gen_s = 0.0  # the slowest finished trajectory's generation seconds
-        self.longest_train_s = 0.0  # the longest step's stage seconds (log-probs and training)
 
     def mark(self, now: float, gpus: Gpus, activity: Activity, stage: str) -> None:
         """From ``now`` on, ``gpus`` do ``activity`` (FREE: nobody's)."""
@@ -59,7 +58,6 @@ class Recorder:
 
     def step(self, record: StepRecord) -> None:
         self.steps.append(record)
-        self.longest_train_s = max(self.longest_train_s, sum(seconds for _, seconds in record.stages))
 
     # ------------------------------------------------------------ measured means
 

@@ -9,12 +9,13 @@ Version ``v`` is the weights after ``v`` trained steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig, LimitsConfig
 from rlix.exec.messages import Emulation, TrainerJob
 from rlix.exec.rollout_control import call
-from rlix.exec.step_driver import Stream
 
 
 class TrainerLink:
@@ -44,50 +45,57 @@ class TrainerLink:
     async def call(self, ref, what: str):
         return await call(ref, self.limits.call_timeout_s, what)
 
-    async def start(self, streams: list[Stream]) -> None:
-        """Wait for the trainer; resumed streams continue from their checkpoints; the first weights are cached."""
+    async def start(self, streams: Sequence[str]) -> dict[str, int]:
+        """Wait for the trainer and cache the first weights; returns the streams that resume from a
+        checkpoint, with their trained steps (an adapter by name; the full model as ``""``)."""
         if self.started is not None:
             await self.call(self.started, "trainer start-up")  # a rank that failed to start says why here
         versions = await self.call(self.handle.adapter_versions.remote(), "trainer start-up")
-        for s in streams:
-            if s.name:
-                s.start = s.next_step = s.version = versions[s.name]
-                self.adapters[s.name] = (self.handle.adapter_snapshot.remote(s.name), s.version)
+        resumed: dict[str, int] = {}
+        for name in streams:
+            if name:
+                resumed[name] = versions[name]
+                self.adapters[name] = (self.handle.adapter_snapshot.remote(name), versions[name])
             elif self.checkpoint_dir:  # a resumed full finetune continues from its newest checkpoint
-                s.start = s.next_step = s.version = await self.call(self.handle.trained_steps.remote(), "trainer start-up")
-                self.full = (self.full[0], s.version)
+                resumed[name] = await self.call(self.handle.trained_steps.remote(), "trainer start-up")
+                self.full = (self.full[0], resumed[name])
         await self.call(self.full[0], "first weight snapshot")
+        return resumed
 
-    def stage_call(self, stage: Stage, samples, adapter: str):
-        """The remote call ``stage`` runs on the trainer (started when the stage holds its GPUs)."""
+    async def load(self) -> None:
+        """Model (and optimizer) onto the stage's GPUs."""
+        await self.call(self.handle.reload.remote(), "stage load")
+
+    async def work(self, stage: Stage, samples, adapter: str):
+        """Run ``stage`` on the trainer while it holds its GPUs (the stage's own deadline)."""
         if stage is Stage.OLD_LOGPROBS:
-            return lambda: self.handle.logprobs.remote(samples, False, adapter)
-        if stage is Stage.REF_LOGPROBS:
-            return lambda: self.handle.logprobs.remote(samples, True)
-        return lambda: self.handle.train.remote(samples, adapter)
+            ref = self.handle.logprobs.remote(samples, False, adapter)
+        elif stage is Stage.REF_LOGPROBS:
+            ref = self.handle.logprobs.remote(samples, True)
+        else:
+            ref = self.handle.train.remote(samples, adapter)
+        return await call(ref, self.limits.stage_timeout_s, f"stage {stage.value}")
 
-    async def publish(self, stream: Stream, version: int, *, last: bool = False) -> None:
-        """Cache the stream's trained weights (one adapter's, or the full model) as ``version``; checkpoint when due.
+    async def offload(self) -> None:
+        await self.call(self.handle.offload.remote(), "stage offload")
 
-        ``last``: the stream stops after this step (its stop condition holds), so it is checkpointed too.
-        """
-        adapter = stream.name
-        if adapter:
-            ref = self.handle.adapter_snapshot.remote(adapter)
+    async def publish(self, stream: str, version: int, *, steps: int, last: bool = False) -> None:
+        """Cache ``stream``'s trained weights (one adapter's, or the full model as ``""``) as ``version``;
+        checkpoint every ``save_every`` trained steps and after the stream's last (``steps``, or ``last``:
+        its stop condition holds)."""
+        due = bool(self.checkpoint_dir) and (last or version % self.save_every == 0 or version >= steps)
+        if stream:
+            ref = self.handle.adapter_snapshot.remote(stream)
             await self.call(ref, "adapter snapshot")
-            self.adapters[adapter] = (ref, version)
-            if last or self._save_due(stream, version):
-                await self.call(self.handle.save_adapter.remote(adapter), "adapter checkpoint")
+            self.adapters[stream] = (ref, version)
+            if due:
+                await self.call(self.handle.save_adapter.remote(stream), "adapter checkpoint")
         else:
             ref = self.handle.snapshot.remote()
             await self.call(ref, "weight snapshot")
             self.full = (ref, version)
-            if last or self._save_due(stream, version):
+            if due:
                 await self.call(self.handle.save_full.remote(), "checkpoint")
-
-    def _save_due(self, stream: Stream, version: int) -> bool:
-        """Checkpoint every ``save_every`` trained steps, and after the stream's last step."""
-        return bool(self.checkpoint_dir) and (version % self.save_every == 0 or version >= stream.steps)
 
     def weights(self) -> tuple:
         """(full snapshot ref, its version, ((adapter, ref, version), ...)) -- what a waking worker syncs."""

@@ -150,7 +150,7 @@ class SimPipeline:
     def new_worker_versions(self) -> tuple[dict[int, int], float]:
         """Versions a worker loads when it (re)starts, and the extra sync seconds."""
         sw = self.model.switch
-        versions = self.machine.versions()
+        versions = self.machine.rollouts.versions()
         trained = [v for v in versions.values() if v > 0]
         if self.lora:
             extra = sw.adapter_sync_s * len(trained)

@@ -1,8 +1,8 @@
-"""Executor layer: one job end to end in this process, without Ray.
+"""Tests' reference loop: one job end to end in this process, without Ray or the scheduler.
 
 The same recipe, backend and learner the Ray executor uses, called in a
-plain loop: useful to check a task/model/learning-rate choice quickly and to
-test the RL path on its own.
+plain loop, so the tests check the RL path (learning, LoRA adapters,
+checkpoints) apart from scheduling.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlix.exec.config import JobConfig
 from rlix.exec.grpo import GrpoLearner
+from rlix.exec.model import materialize_model
 from rlix.exec.recipe import Recipe
 from rlix.exec.rollout import Emulation, TorchRolloutBackend
 
@@ -24,17 +25,6 @@ class LocalStep:
     mean_reward: float
     mean_tokens: float
     loss: float
-
-
-def materialize_model(job: JobConfig, workdir: str | Path) -> Path:
-    """The job's model directory: its checkpoint, or a built random model."""
-    if job.model.path is not None:
-        return Path(job.model.path)
-    from rlix.exec.model import build_model
-
-    size = job.model.size.value()
-    tag = f"{size.arch}-h{size.hidden_size}-l{size.num_layers}-s{size.seed}"
-    return build_model(size, Path(workdir) / "models" / tag)
 
 
 @contextmanager

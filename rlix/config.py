@@ -78,9 +78,12 @@ class SchedulerModel(StrictModel):
     small_first: float = Field(default=3.0, ge=0, le=10, description="favour jobs with little work left: weight x (most work left / own work left) ** small_first (0: off)")
     path_halving_s: float = Field(default=350.0, ge=0, description="favour the job with the longest chain of steps ahead: weight halves per this many seconds of shorter chain (0: off)")
 
-    plan_interval_s: float = Field(default=5.0, gt=0, description="seconds between the control loop's periodic plans (demand, TTLs, residency)")
+    plan_interval_s: float = Field(
+        default=5.0, gt=0, description="seconds between the control loop's periodic plans (demand, TTLs, residency)"
+    )
     heartbeat_s: float | None = Field(
-        default=None, gt=0, description="seconds between re-sent demand reports of a job with open trajectories (default: report_ttl_s / 4)"
+        default=None, gt=0,
+        description="seconds between re-sent demand reports of a job with open trajectories (default: report_ttl_s / 4)",
     )
 
     @model_validator(mode="after")
@@ -114,7 +117,9 @@ class JobModel(StrictModel):
     :meth:`spec`, so a job gets the same defaults, home rule and checks in both.
     """
 
-    kind: Literal["full_finetune", "multi_lora"] = Field(default="full_finetune", description="full_finetune, or several LoRA adapters on one base")
+    kind: Literal["full_finetune", "multi_lora"] = Field(
+        default="full_finetune", description="full_finetune, or several LoRA adapters on one base"
+    )
     arrival_s: float = Field(default=0.0, ge=0, description="seconds after the start at which the job arrives")
     roles: dict[RoleName, RoleModel] = Field(description="GPU mapping of each role; actor_train and actor_infer are required")
     home: list[int] = Field(
@@ -126,7 +131,8 @@ class JobModel(StrictModel):
     slots_per_worker: int = Field(default=SLOTS_PER_WORKER, ge=1, description="trajectories one rollout worker runs at once")
     priority: int = Field(
         default=0, ge=-10, le=10,
-        description="job priority, higher wins: its gang stages go first and its rollout share weighs priority_weight ** priority",
+        description="job priority, higher wins: its gang stages go first and its rollout share weighs "
+        "priority_weight ** priority",
     )
 
     _split_home = field_validator("home", mode="before")(parse_gpus)

@@ -37,7 +37,9 @@ jobs:
 
 def _step(stream: str, step: int, t0: float) -> StepRecord:
     stages = (("old_logprobs", 0.31), ("actor_train", 0.52))
-    return StepRecord(stream=stream, step=step, started_s=t0, finished_s=t0 + 2.0, mean_reward=0.1, mean_tokens=8.0, stages=stages, min_weight_version=step)
+    return StepRecord(
+        stream=stream, step=step, started_s=t0, finished_s=t0 + 2.0, mean_reward=0.1, mean_tokens=8.0, stages=stages, min_weight_version=step
+    )
 
 
 def _trajs(stream: str, step: int, first_id: int) -> tuple[TrajRecord, ...]:
@@ -56,7 +58,8 @@ def _result(pid: str, streams: tuple[str, ...], sync_s: float) -> JobResult:
         SwitchRecord(kind=SwitchKind.SYNC, t=4.0, seconds=sync_s, synced_bytes=1024),
     )
     return JobResult(
-        pipeline_id=pid, status=JobStatus.FINISHED, arrival_s=0.5, init_s=1.25, finish_s=9.0, steps=steps, trajectories=trajs, switches=switches
+        pipeline_id=pid, status=JobStatus.FINISHED, arrival_s=0.5, init_s=1.25, finish_s=9.0,
+        steps=steps, trajectories=trajs, switches=switches,
     )
 
 

@@ -14,7 +14,16 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rlix.config import ClusterModel, JobModel, RoleModel, SchedulerModel, StrictModel, job_topology_error, one_line, read_document
+from rlix.config import (
+    ClusterModel,
+    JobModel,
+    RoleModel,
+    SchedulerModel,
+    StrictModel,
+    job_topology_error,
+    one_line,
+    read_document,
+)
 from rlix.core import PipelineSpec, SchedulerConfig
 from rlix.core.policies import POLICIES
 from rlix.exec.data import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows

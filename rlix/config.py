@@ -1,16 +1,27 @@
 """Shared layer: the config pieces both CLIs validate the same way.
 
 ``rlix-sim`` traces and ``rlix-run`` configs describe clusters, role
-mappings and scheduler knobs with these models, so a mapping is written, and
-refused, identically in both. Errors come out as one line:
+mappings, jobs and scheduler knobs with these models, and read their files
+with one loader, so a job is written, defaulted and refused identically in
+both: a trace's pipeline and an ``rlix-run`` job both extend
+:class:`JobModel`. Errors come out as one line:
 ``field.path: what is wrong; how to fix it``.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import dataclasses
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
 
-from rlix.core import ClusterSpec, SchedulerConfig
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rlix.core import ClusterSpec, PipelineSpec, SchedulerConfig, SchedulingError, Stage
+from rlix.core.topology import validate_pipeline
+from rlix.job import JobModelError, check_stage_roles, pipeline_spec
 
 
 class StrictModel(BaseModel):
@@ -49,7 +60,12 @@ class RoleModel(StrictModel):
 
 
 class SchedulerModel(StrictModel):
-    """The core's :class:`rlix.core.SchedulerConfig`, field for field."""
+    """The core's :class:`rlix.core.SchedulerConfig`, field for field, and the control loop's two periods beside it.
+
+    ``plan_interval_s`` and ``heartbeat_s`` are not policy knobs (the core
+    never reads a clock): they say how often the shell asks the core for a
+    plan and re-sends unchanged demand, and :meth:`to_config` leaves them out.
+    """
 
     report_ttl_s: float = Field(default=600.0, gt=0, description="demand reports older than this are stale (s)")
     protect_fraction: float = Field(default=0.1, ge=0, le=1, description="batch fraction left below which busy workers are kept")
@@ -62,8 +78,116 @@ class SchedulerModel(StrictModel):
     small_first: float = Field(default=3.0, ge=0, le=10, description="favour jobs with little work left: weight x (most work left / own work left) ** small_first (0: off)")
     path_halving_s: float = Field(default=350.0, ge=0, description="favour the job with the longest chain of steps ahead: weight halves per this many seconds of shorter chain (0: off)")
 
+    plan_interval_s: float = Field(
+        default=5.0, gt=0, description="seconds between the control loop's periodic plans (demand, TTLs, residency)"
+    )
+    heartbeat_s: float | None = Field(
+        default=None, gt=0,
+        description="seconds between re-sent demand reports of a job with open trajectories (default: report_ttl_s / 4)",
+    )
+
+    @model_validator(mode="after")
+    def _beat_in_time(self) -> SchedulerModel:
+        if self.heartbeat() >= self.report_ttl_s:
+            raise ValueError(
+                f"heartbeat_s: {self.heartbeat()} s is not below report_ttl_s ({self.report_ttl_s} s), so reports "
+                "would go stale between heartbeats; lower heartbeat_s or raise report_ttl_s"
+            )
+        return self
+
+    def heartbeat(self) -> float:
+        """Seconds between heartbeats: ``heartbeat_s``, or a quarter of the report TTL (well before a report goes stale)."""
+        return self.heartbeat_s if self.heartbeat_s is not None else self.report_ttl_s / 4
+
     def to_config(self) -> SchedulerConfig:
-        return SchedulerConfig(**{name: getattr(self, name) for name in SchedulerModel.model_fields})
+        """The policy knobs only (the control loop's periods stay with the shell)."""
+        return SchedulerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SchedulerConfig)})
+
+
+RoleName = Literal["actor_train", "actor_infer", "critic", "reference"]
+REQUIRED_ROLES = ("actor_train", "actor_infer")
+SLOTS_PER_WORKER = 4  # trajectories one rollout worker runs at once, when a job does not say
+
+
+class JobModel(StrictModel):
+    """What a job is to the scheduler, shared by a trace's pipeline and an ``rlix-run`` job.
+
+    The shells extend it (a trace adds its steps and costs, ``rlix-run`` its
+    model, data and algorithm) and build its :class:`PipelineSpec` with
+    :meth:`spec`, so a job gets the same defaults, home rule and checks in both.
+    """
+
+    kind: Literal["full_finetune", "multi_lora"] = Field(
+        default="full_finetune", description="full_finetune, or several LoRA adapters on one base"
+    )
+    arrival_s: float = Field(default=0.0, ge=0, description="seconds after the start at which the job arrives")
+    roles: dict[RoleName, RoleModel] = Field(description="GPU mapping of each role; actor_train and actor_infer are required")
+    home: list[int] = Field(
+        default_factory=list,
+        description="dedicated partition for the baselines (default: the training GPUs, or every GPU the job maps "
+        "when no rollout bundle lies inside its training GPUs)",
+    )
+    staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
+    slots_per_worker: int = Field(default=SLOTS_PER_WORKER, ge=1, description="trajectories one rollout worker runs at once")
+    priority: int = Field(
+        default=0, ge=-10, le=10,
+        description="job priority, higher wins: its gang stages go first and its rollout share weighs "
+        "priority_weight ** priority",
+    )
+
+    _split_home = field_validator("home", mode="before")(parse_gpus)
+
+    @model_validator(mode="after")
+    def _required_roles(self) -> JobModel:
+        for role in REQUIRED_ROLES:
+            if role not in self.roles:
+                raise ValueError(f"roles.{role} is missing; every job maps actor_train and actor_infer")
+        return self
+
+    def spec(self, pipeline_id: str, *, resumable: bool) -> PipelineSpec:
+        """The topology this job registers (an empty home becomes :func:`rlix.job.default_home`)."""
+        return pipeline_spec(
+            pipeline_id=pipeline_id,
+            roles=self.roles,
+            kind=self.kind,
+            slots_per_worker=self.slots_per_worker,
+            home=self.home,
+            resumable=resumable,
+            priority=self.priority,
+        )
+
+
+def job_topology_error(cluster: ClusterSpec, spec: PipelineSpec, stages: Iterable[Stage] = ()) -> str | None:
+    """What is wrong with a job's topology on ``cluster`` (the core's rules, and a mapping for each stage), or None."""
+    try:
+        validate_pipeline(cluster, spec)
+        check_stage_roles(spec, stages)
+    except (SchedulingError, JobModelError) as exc:
+        return str(exc)
+    return None
+
+
+def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[ValueError], what: str) -> object:
+    """A JSON or YAML file's content; ``error`` with one line when it is missing or malformed.
+
+    ``what`` names the expected file in the fix ("a trace JSON (see traces/)").
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise error(f"{path}: no such file; give the path of {what}") from None
+    if fmt == "json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise error(f"{path}:{where}: not valid YAML; fix the syntax") from None
 
 
 _HINTS = {

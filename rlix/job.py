@@ -9,7 +9,8 @@ randomness or driver imports), and both shells call it:
   job maps no ``reference`` role;
 - the staleness gate: when the rollout of a step may start;
 - the demand report, with one meaning for each of its numbers;
-- the :class:`~rlix.core.PipelineSpec` built from a job description;
+- the :class:`~rlix.core.PipelineSpec` built from a job description, and the
+  home partition of a job that names none;
 - the activity a GPU books in each phase of a gang stage (load, work, offload);
 - the lower bounds on a run's makespan.
 """
@@ -145,6 +146,25 @@ class RoleLike(Protocol):
     gpus_per_worker: int
 
 
+def default_home(roles: Mapping[str, RoleLike]) -> Gpus:
+    """A job's dedicated partition when it names none.
+
+    Its training GPUs (every mapping but ``actor_infer``) when at least one
+    rollout bundle lies inside them; otherwise (rollout on GPUs of its own,
+    disaggregated) every GPU the job maps, so the baselines that confine a
+    job to its home can still place a rollout worker.
+    """
+    train = {g for name, r in roles.items() if name != Role.ACTOR_INFER.value for g in r.gpus}
+    infer = roles.get(Role.ACTOR_INFER.value)
+    if infer is None:  # not a valid job; the topology check names the missing role
+        return tuple(sorted(train))
+    tp = infer.gpus_per_worker
+    gpus = sorted(infer.gpus)
+    if any(train.issuperset(gpus[i : i + tp]) for i in range(0, len(gpus), tp)):
+        return tuple(sorted(train))
+    return tuple(sorted(train.union(gpus)))
+
+
 def pipeline_spec(
     *,
     pipeline_id: str,
@@ -159,6 +179,7 @@ def pipeline_spec(
 
     ``resumable``: an aborted trajectory continues elsewhere with its progress
     (the executor always does this; a trace says ``preempt: continue``).
+    An empty ``home`` becomes :func:`default_home`.
     """
     specs = tuple(RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker) for name, r in sorted(roles.items()))
     return PipelineSpec(
@@ -166,7 +187,7 @@ def pipeline_spec(
         roles=specs,
         kind=JobKind(kind),
         slots_per_worker=slots_per_worker,
-        home=tuple(sorted(home)),
+        home=tuple(sorted(home)) or default_home(roles),
         resumable=resumable,
         priority=priority,
     )

@@ -51,7 +51,8 @@ def assert_config_error_names(raw: dict, field: str) -> None:
 
 def assert_replay_predicts(outputs, policy: str) -> None:
     """The simulator replaying an ``rlix-run``'s measured trace under the same policy predicts
-    the makespan within 10% and every job's completion time within 15%."""
+    the makespan within 10%, every job's completion time within 15%, and the share of GPU-seconds
+    spent switching (loads, offloads, weight syncs) within 0.02."""
     from rlix.sim.simulator import replay
     from rlix.sim.trace import load_trace
 
@@ -59,6 +60,9 @@ def assert_replay_predicts(outputs, policy: str) -> None:
     measured = outputs.metrics
     jct = {p: (sim.pipelines[p].jct_s, m.jct_s) for p, m in measured.pipelines.items()}
     print(f"{policy}: makespan sim={sim.makespan_s:.1f}s measured={measured.makespan_s:.1f}s; jct (sim, measured) {jct}")
+    switch = (sim.switch_overhead_fraction, measured.switch_overhead_fraction)
+    print(f"{policy}: switch_overhead_fraction sim={switch[0]:.4f} measured={switch[1]:.4f}")
+    assert abs(switch[0] - switch[1]) <= 0.02, (policy, "switch_overhead_fraction (sim, measured)", switch)
     assert abs(sim.makespan_s - measured.makespan_s) <= 0.10 * measured.makespan_s, (policy, sim.makespan_s, measured.makespan_s)
     for pid, (predicted, real) in jct.items():
         assert abs(predicted - real) <= 0.15 * real, (policy, pid, predicted, real)

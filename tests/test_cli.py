@@ -57,6 +57,9 @@ def test_set_overrides_a_scheduler_knob_of_the_trace(tmp_path):
     default = rlix_metrics()
     assert rlix_metrics("--set", "weight_by_duration=false") == default  # the trace's own value, restated
     assert rlix_metrics("--set", "min_residency_s=1e9", "--set", "protect_fraction=1") != default
+    # the control loop's periods are knobs of the same block: restating the defaults changes nothing, a slower loop does
+    assert rlix_metrics("--set", "plan_interval_s=5", "--set", "heartbeat_s=150") == default
+    assert rlix_metrics("--set", "plan_interval_s=60") != default
 
 
 def test_generate_writes_a_trace_that_validates(tmp_path):
@@ -122,6 +125,7 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["replay", "traces/single.json", "--set", "backlog_wieght=1"], "scheduler.backlog_wieght: Extra inputs"),
         (["replay", "traces/single.json", "--set", "backlog_weight=-1"], "scheduler.backlog_weight: Input should be greater"),
         (["replay", "traces/single.json", "--set", "weight_by_duration=1", "--set", "weight_by_duration=0"], "given twice"),
+        (["replay", "traces/single.json", "--set", "heartbeat_s=600"], "scheduler.heartbeat_s: 600.0 s is not below report_ttl_s"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(args, expected, tmp_path):

@@ -37,6 +37,8 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0]["model"].update(path="/nonexistent"), "jobs[0].model"),
         (lambda c: c["jobs"][1].update(name="small"), "jobs"),
         (lambda c: c["jobs"][0]["task"].update(name="chess"), "jobs[0].task.name"),
+        (lambda c: c["scheduler"].update(replan_interval_s=0.5), "scheduler: replan_interval_s is now plan_interval_s"),
+        (lambda c: c["scheduler"].update(heartbeat_s=10.0), "scheduler: heartbeat_s: 10.0 s is not below report_ttl_s"),
         (lambda c: c["jobs"][0].update(checkpoint_dir="/tmp/ck", roles={"actor_train": {"gpus": [0, 1]}, "actor_infer": {"gpus": "0-3"}}), "jobs[0]"),
     ],
 )

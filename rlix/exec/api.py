@@ -109,7 +109,7 @@ class Session:
                 ray.shutdown()
             raise
         self.t0 = time.time()
-        self.scheduler = SchedulerActor.remote(self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.replan_interval_s, SHRINK_CALL_S)
+        self.scheduler = SchedulerActor.remote(self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.plan_interval_s, SHRINK_CALL_S)
         ray.get(self.scheduler.start.remote(), timeout=SCHEDULER_CALL_S)
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []

@@ -12,18 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
-from rlix.core import PipelineSpec, SchedulerConfig, SchedulingError
+from rlix.config import (
+    ClusterModel,
+    JobModel,
+    RoleModel,
+    SchedulerModel,
+    StrictModel,
+    job_topology_error,
+    one_line,
+    read_document,
+)
+from rlix.core import PipelineSpec, SchedulerConfig
 from rlix.core.policies import POLICIES
-from rlix.core.topology import validate_pipeline
 from rlix.exec.data import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
 from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions, WorkerFault
 from rlix.exec.model import ModelSize
 from rlix.exec.rewards import RewardRef, check_reward
-from rlix.job import pipeline_spec as job_pipeline_spec
+from rlix.job import executor_stages
 from rlix.exec.tasks import TASKS
 
 
@@ -37,11 +44,23 @@ class ClusterConfig(ClusterModel):
 
 
 class SchedulerKnobs(SchedulerModel):
-    """The core's knobs (executor defaults: seconds-long runs), plus how often it re-plans."""
+    """The trace's scheduler block with executor defaults (seconds-long runs, a control loop of real time).
+
+    The same fields as a trace's ``scheduler``, so the recorded trace carries
+    them unchanged and a replay plans at the run's cadence.
+    """
 
     report_ttl_s: float = Field(default=30.0, gt=0, description="demand reports older than this are stale (s)")
     min_residency_s: float = Field(default=2.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them")
-    replan_interval_s: float = Field(default=0.5, gt=0, description="periodic re-plan interval (s)")
+    plan_interval_s: float = Field(default=0.5, gt=0, description="seconds between the scheduler actor's periodic plans")
+    heartbeat_s: float | None = Field(default=1.0, gt=0, description="seconds between a job's re-sent demand reports")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, raw: object) -> object:
+        if isinstance(raw, dict) and "replan_interval_s" in raw:
+            raise ValueError("replan_interval_s is now plan_interval_s (as in a trace's scheduler block); rename it")
+        return raw
 
     def core(self) -> SchedulerConfig:
         return self.to_config()
@@ -215,7 +234,9 @@ class AdapterConfig(StrictModel):
         return v
 
 
-class JobConfig(StrictModel):
+class JobConfig(JobModel):
+    """One ``rlix-run`` job: the shared job fields (:class:`rlix.config.JobModel`), and what it trains on and how."""
+
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline id prefix")
     kind: Literal["full_finetune", "multi_lora"] = Field(default="full_finetune", description="full_finetune, or several LoRA adapters on one base")
     rollout_backend: Literal["torch", "vllm"] = Field(default="torch", description="rollout engine: torch or vllm (each on GPU or CPU)")
@@ -224,7 +245,6 @@ class JobConfig(StrictModel):
     vllm: VllmConfig = Field(default_factory=VllmConfig, description="engine settings for rollout_backend: vllm")
     checkpoint_dir: str | None = Field(default=None, description="save checkpoints here every save_every steps (ticks, per adapter); a rerun resumes from the last")
     save_every: int = Field(default=1, ge=1, description="steps between checkpoints (needs checkpoint_dir)")
-    arrival_s: float = Field(default=0.0, ge=0, description="seconds after start at which the job is admitted")
     model: ModelConfig
     task: TaskConfig | None = Field(default=None, description="a digit task generated in code (or give data + rewards)")
     data: DataConfig | None = Field(default=None, description="prompts from a local file or datasets directory (with rewards; replaces task)")
@@ -237,16 +257,13 @@ class JobConfig(StrictModel):
     group_size: int = Field(default=8, ge=2, description="samples per prompt (GRPO group)")
     max_new_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=1.0, gt=0)
-    staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
-    slots_per_worker: int = Field(default=4, ge=1, description="trajectories one rollout worker runs at once")
-    priority: int = Field(default=0, ge=-10, le=10, description="job priority, higher wins: its gang stages go first and its rollout share weighs priority_weight ** priority")
-    roles: dict[Literal["actor_train", "actor_infer", "reference"], RoleConfig]
-    home: list[int] = Field(default_factory=list, description="dedicated partition for the static baselines")
+    # no critic: the executor's GRPO step trains none
+    roles: dict[Literal["actor_train", "actor_infer", "reference"], RoleConfig] = Field(
+        description="GPU mapping of each role; actor_train and actor_infer are required"
+    )
     seed: int = 0
     fault: FaultConfig = Field(default_factory=FaultConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
-
-    _split_home = field_validator("home", mode="before")(parse_gpus)
 
     @model_validator(mode="after")
     def _source(self) -> JobConfig:
@@ -294,9 +311,7 @@ class JobConfig(StrictModel):
 
     def pipeline_spec(self, pipeline_id: str) -> PipelineSpec:
         """The topology this job registers (the executor continues aborted trajectories: resumable)."""
-        return job_pipeline_spec(
-            pipeline_id=pipeline_id, roles=self.roles, kind=self.kind, slots_per_worker=self.slots_per_worker, home=self.home, resumable=True, priority=self.priority
-        )
+        return self.spec(pipeline_id, resumable=True)
 
 
 class RunConfig(StrictModel):
@@ -329,14 +344,7 @@ class RunConfig(StrictModel):
 
 def load_config(path: str | Path, **overrides: object) -> RunConfig:
     """Read, validate and topology-check a YAML config; raise :class:`ConfigError`."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file; pass the path of a YAML config") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where}: not valid YAML; fix the syntax") from None
+    raw = read_document(path, "yaml", ConfigError, "a YAML config")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping with at least 'jobs'")
     raw.update({k: v for k, v in overrides.items() if v is not None})
@@ -392,10 +400,9 @@ def check_backends(cfg: RunConfig) -> None:
 
 
 def check_topology(cfg: RunConfig) -> None:
-    """Each job's roles must fit the cluster (the core's own rules)."""
+    """Each job's roles must fit the cluster and its step's stages (the rules a trace's pipelines follow)."""
     cluster = cfg.cluster.spec()
     for i, job in enumerate(cfg.jobs):
-        try:
-            validate_pipeline(cluster, job.pipeline_spec(job.name))
-        except SchedulingError as exc:
-            raise ConfigError(f"jobs[{i}].roles: {exc}") from None
+        problem = job_topology_error(cluster, job.pipeline_spec(job.name), executor_stages(kl=job.algo.kl_coef > 0))
+        if problem is not None:
+            raise ConfigError(f"jobs[{i}].roles: {problem}")

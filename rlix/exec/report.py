@@ -2,7 +2,9 @@
 
 - ``timeline.json``: Chrome/Perfetto trace events, one track per GPU;
 - ``trace.json``: what really happened, in the rlix-trace format (explicit
-  steps from measured durations), which ``rlix-sim replay`` accepts;
+  steps from measured durations), built as the trace format's own model
+  (:class:`rlix.sim.trace.TraceModel`), so it is validated when written and
+  ``rlix-sim replay`` reads back exactly what was written;
 - ``metrics.json``: the brief's metrics, via :mod:`rlix.metrics`.
 """
 
@@ -13,12 +15,13 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.config import SchedulerModel
+from rlix.config import ClusterModel, JobModel, SchedulerModel
 from rlix.core import Stage
-from rlix.exec.config import RunConfig
+from rlix.exec.config import JobConfig, RunConfig
 from rlix.exec.records import ActivityChange, JobResult, JobStatus, SchedulerStats, SwitchKind
 from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
+from rlix.sim.trace import PipelineModel, StepModel, StreamModel, SwitchModel, TraceModel, dump_trace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,67 +66,70 @@ def _mean(xs: list[float], default: float) -> float:
     return statistics.fmean(xs) if xs else default
 
 
-def trace_json(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str]) -> dict:
-    """The run as an explicit rlix-trace (measured durations only)."""
-    pipelines = []
-    for pid, res in sorted(results.items()):
-        job = next(j for j in cfg.jobs if j.name == names[pid])
-        if not res.steps:
-            continue
-        sw = {k: [s.seconds for s in res.switches if s.kind is k] for k in SwitchKind}
-        lora = job.kind == "multi_lora"
-        pipelines.append(
-            {
-                "id": pid,
-                "kind": job.kind,
-                "arrival_s": round(res.arrival_s, 4),
-                "roles": {name: {"gpus": sorted(r.gpus), "gpus_per_worker": r.gpus_per_worker} for name, r in sorted(job.roles.items())},
-                "home": sorted(job.home),
-                "staleness": job.staleness,
-                "slots_per_worker": job.slots_per_worker,
-                "preempt": "continue",
-                "priority": job.priority,
-                "init_s": round(res.init_s, 4),
-                "switch": {
-                    "offload_s": round(_mean(sw[SwitchKind.SLEEP] + sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),
-                    "load_s": round(_mean(sw[SwitchKind.WAKE] + sw[SwitchKind.STAGE_LOAD], 0.0), 4),
-                    "weight_sync_s": 0.0 if lora else round(_mean(sw[SwitchKind.SYNC], 0.0), 4),
-                    **({"adapter_sync_s": round(_mean(sw[SwitchKind.SYNC], 0.0), 4)} if lora else {}),
-                    "resume_s": 0.0,  # a continued trajectory's re-prefill is inside its measured segments' seconds
-                },
-                **_streams_json(res, [a.name for a in job.adapters] if lora else None),
-            }
-        )
-    return {
-        "format": "rlix-trace",
-        "version": 1,
-        "name": "rlix-run",
-        "description": f"measured by rlix-run under policy {cfg.policy}",
-        "cluster": {"nodes": cfg.cluster.nodes, "gpus_per_node": cfg.cluster.gpus_per_node},
-        "scheduler": {name: getattr(cfg.scheduler, name) for name in SchedulerModel.model_fields},  # every core knob
-        "pipelines": pipelines,
-    }
+def trace_model(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str]) -> TraceModel | None:
+    """The run as an explicit rlix-trace (measured durations only); None when no job finished a step."""
+    jobs = {j.name: j for j in cfg.jobs}
+    pipelines = [_pipeline(jobs[names[pid]], pid, res) for pid, res in sorted(results.items()) if res.steps]
+    if not pipelines:
+        return None  # a trace holds at least one pipeline: nothing measured, nothing to replay
+    return TraceModel(
+        name="rlix-run",
+        description=f"measured by rlix-run under policy {cfg.policy}",
+        cluster=ClusterModel(nodes=cfg.cluster.nodes, gpus_per_node=cfg.cluster.gpus_per_node),
+        # every field of the run's scheduler block (core knobs, plan interval, heartbeat): a replay plans at the run's cadence
+        scheduler=SchedulerModel.model_validate(cfg.scheduler.model_dump()),
+        pipelines=pipelines,
+    )
 
 
-def _steps_json(res: JobResult, stream: str) -> list[dict]:
+def _pipeline(job: JobConfig, pid: str, res: JobResult) -> PipelineModel:
+    """One measured job: its shared job fields as it registered them, measured costs and steps."""
+    spec = job.pipeline_spec(pid)
+    lora = job.kind == "multi_lora"
+    return PipelineModel(
+        **job.model_dump(include=set(JobModel.model_fields) - {"arrival_s", "home"}),  # as configured
+        id=pid,
+        arrival_s=round(res.arrival_s, 4),  # measured: when it really arrived
+        home=list(spec.home),  # the partition it registered (a job naming none gets the default home)
+        preempt="continue",  # the executor continues an aborted trajectory elsewhere
+        init_s=round(res.init_s, 4),
+        switch=_switch(res, lora),
+        **_streams(res, [a.name for a in job.adapters] if lora else None),
+    )
+
+
+def _switch(res: JobResult, lora: bool) -> SwitchModel:
+    """Mean measured seconds of each kind of switch (0 where none happened)."""
+    sw = {k: [s.seconds for s in res.switches if s.kind is k] for k in SwitchKind}
+    sync = round(_mean(sw[SwitchKind.SYNC], 0.0), 4)
+    return SwitchModel(
+        offload_s=round(_mean(sw[SwitchKind.SLEEP] + sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),
+        load_s=round(_mean(sw[SwitchKind.WAKE] + sw[SwitchKind.STAGE_LOAD], 0.0), 4),
+        weight_sync_s=0.0 if lora else sync,
+        **({"adapter_sync_s": sync} if lora else {}),
+        resume_s=0.0,  # a continued trajectory's re-prefill is inside its measured segments' seconds
+    )
+
+
+def _steps(res: JobResult, stream: str) -> list[StepModel]:
     """Measured steps of one stream: each trajectory's generation seconds and the stage seconds."""
     by_step: dict[int, list[float]] = {}
     for t in res.trajectories:
         if t.stream == stream:
             by_step.setdefault(t.step, []).append(max(t.gen_s, 1e-4))
     return [
-        {"trajectories": [round(x, 4) for x in by_step.get(s.step, [1e-4])], "stages": {k: round(v, 4) for k, v in s.stages}}
+        StepModel(trajectories=[round(x, 4) for x in by_step.get(s.step, [1e-4])], stages={k: round(v, 4) for k, v in s.stages})
         for s in res.steps
         if s.stream == stream
     ]
 
 
-def _streams_json(res: JobResult, adapters: list[str] | None) -> dict:
-    """``steps`` for a full finetune; ``adapters: [{id, steps}]`` (one stream per adapter) for multi-LoRA."""
+def _streams(res: JobResult, adapters: list[str] | None) -> dict:
+    """``steps`` for a full finetune; ``adapters`` (one stream per adapter that trained) for multi-LoRA."""
     if adapters is None:
-        return {"steps": _steps_json(res, "")}
-    streams = [{"id": name, "steps": _steps_json(res, name)} for name in adapters]
-    return {"adapters": [s for s in streams if s["steps"]]}
+        return {"steps": _steps(res, "")}
+    streams = [StreamModel(id=name, steps=_steps(res, name)) for name in adapters]
+    return {"adapters": [s for s in streams if s.steps]}
 
 
 def _shape(cfg: RunConfig, pid: str, res: JobResult, names: dict[str, str]) -> JobShape:
@@ -175,13 +181,12 @@ def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str
     job_wall = sum(max(r.finish_s - r.arrival_s, 1e-9) for r in results.values())
     overhead = sum(r.control_overhead_s for r in results.values()) / max(job_wall, 1e-9)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {
-        "timeline": out_dir / "timeline.json",
-        "trace": out_dir / "trace.json",
-        "metrics": out_dir / "metrics.json",
-    }
+    files = {"timeline": out_dir / "timeline.json", "metrics": out_dir / "metrics.json"}
     files["timeline"].write_text(json.dumps(timeline_json(rec, results)))
-    files["trace"].write_text(json.dumps(trace_json(cfg, results, names), indent=1) + "\n")
+    trace = trace_model(cfg, results, names)
+    if trace is not None:  # written by the trace format itself: what rlix-sim reads back
+        files["trace"] = out_dir / "trace.json"
+        dump_trace(trace, files["trace"])
     extra = {
         "wall_s": end,
         "control_overhead_fraction": overhead,

@@ -263,6 +263,8 @@ class RolloutControl:
             full, _, adapters = self.hooks.weights()
             t = self.hooks.now()
             ref = next((r for n, r, _ in adapters if n == adapter), None) if adapter else None
+            # The sync's GPU-seconds are switching, as the simulator books a live sync (switch_overhead_fraction).
+            self._mark(w, Activity.SWITCH)
             try:
                 if adapter:
                     timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
@@ -271,6 +273,9 @@ class RolloutControl:
             except Exception as exc:  # noqa: BLE001
                 self._kill(w, f"weight sync failed: {exc}")
                 return
+            if w.granted and w.state is WorkerState.AWAKE:  # a shrink meanwhile books the GPUs itself
+                busy = any(task is not None for task in w.inflight.values())
+                self._mark(w, Activity.WORK if busy else Activity.HELD)
             if timing.synced_bytes:
                 self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)
 

@@ -2,10 +2,10 @@
 
 It owns the one :class:`rlix.core.Scheduler`, turns calls from pipeline
 coordinators into core events, re-plans after every event (and every
-``replan_interval_s`` for demand, TTLs and residency), and carries each plan
-out in order: shrinks (awaited, so GPUs are really free), then grants (the
-waiting ``request`` calls return), then expands. It makes no decision of its
-own.
+``plan_interval_s``, a knob of the config's scheduler block, for demand,
+TTLs and residency), and carries each plan out in order: shrinks (awaited,
+so GPUs are really free), then grants (the waiting ``request`` calls
+return), then expands. It makes no decision of its own.
 
 The lock guards only the core (submit + plan, no awaits inside). Plans are
 queued and carried out one after another by a single executor task, outside
@@ -44,10 +44,10 @@ from rlix.exec.records import GrantReply, SchedulerStats
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class SchedulerActor:
-    def __init__(self, cluster: ClusterSpec, policy: str, config: SchedulerConfig, t0: float, replan_interval_s: float, call_timeout_s: float = 300.0) -> None:
+    def __init__(self, cluster: ClusterSpec, policy: str, config: SchedulerConfig, t0: float, plan_interval_s: float, call_timeout_s: float = 300.0) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
-        self.replan_interval_s = replan_interval_s
+        self.plan_interval_s = plan_interval_s  # seconds between periodic plans (config scheduler.plan_interval_s)
         self.coordinators: dict[str, ray.actor.ActorHandle] = {}
         self.waiting: dict[tuple[str, Stage], tuple[asyncio.Future, float]] = {}
         self.lock = asyncio.Lock()
@@ -166,7 +166,7 @@ class SchedulerActor:
 
     async def _tick(self) -> None:
         while True:
-            await asyncio.sleep(self.replan_interval_s)
+            await asyncio.sleep(self.plan_interval_s)
             async with self.lock:
                 self._plan()
 

@@ -48,7 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", metavar="PATH", help="write the metrics as JSON")
     rp.add_argument("--plot", metavar="PATH", help="write a PNG: GPU-by-time chart and utilization per policy")
     rp.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
-    rp.add_argument("--plan-interval", type=float, default=5.0, metavar="S", help="scheduler control-loop tick in seconds (default 5)")
     rp.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                     help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true")
     rp.add_argument("--quiet", action="store_true", help="no progress bar or table (use with --json)")
@@ -88,8 +87,6 @@ def _replay(args, console: Console, err: Console) -> int:
             raise UserError(f"--policy {name}: unknown policy; choose from {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
         raise UserError("--policy: a policy is named twice; name each once")
-    if args.plan_interval <= 0:
-        raise UserError("--plan-interval: must be > 0 seconds")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
@@ -119,7 +116,7 @@ def _replay(args, console: Console, err: Console) -> int:
             def progress(now: float, done: int, _total: int, task=task, bar=bar) -> None:
                 bar.update(task, completed=done, sim=f"{now:,.0f} s")
 
-            sim = Simulation(trace, policy, plan_interval_s=args.plan_interval, keep_segments=bool(args.plot), progress=progress)
+            sim = Simulation(trace, policy, keep_segments=bool(args.plot), progress=progress)
             runs[policy] = sim.run()
         usages[policy] = (sim.usage, runs[policy].makespan_s)
         if show:

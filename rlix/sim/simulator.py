@@ -5,7 +5,9 @@ The simulator translates SimPy happenings into core events, asks
 the trace's switching costs. It decides nothing itself. Gang requests,
 releases, arrivals, departures and a pipeline's rollout demand starting or
 stopping are planned at once; finer demand changes are reported on the
-scheduler's control-loop tick (``plan_interval_s``), as heartbeats would be.
+scheduler's control-loop tick, as heartbeats would be. Both periods are the
+trace's (``scheduler.plan_interval_s`` and ``scheduler.heartbeat_s``), so a
+recorded run replays at its own cadence.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ class Simulation:
         trace: Trace,
         policy: str | Policy,
         *,
-        plan_interval_s: float = 5.0,
         keep_segments: bool = False,
         progress: Progress | None = None,
     ) -> None:
         self.trace = trace
         self.policy = policy if isinstance(policy, str) else policy.name
-        self.plan_interval_s = plan_interval_s
+        self.plan_interval_s = trace.model.scheduler.plan_interval_s  # seconds between the control loop's plans
+        self.heartbeat_s = trace.model.scheduler.heartbeat()  # seconds between re-sent demand reports
         self.progress = progress
         self.env = simpy.Environment()
         self.sched = Scheduler(trace.cluster, policy, trace.model.scheduler.to_config())
@@ -103,11 +105,10 @@ class Simulation:
 
     def _ticker(self):
         env = self.env
-        heartbeat = self.sched.config.report_ttl_s / 4  # seconds: re-report well before a report goes stale
         last_beat = 0.0
         while not self._all_done.triggered:
             yield env.timeout(self.plan_interval_s)
-            if env.now - last_beat >= heartbeat:
+            if env.now - last_beat >= self.heartbeat_s:
                 last_beat = env.now
                 self.demand_dirty.update(pid for pid, p in self.pipelines.items() if p.engine.open_n and not p.done)
             if self.demand_dirty:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from rlix.config import ClusterModel, RoleModel, SchedulerModel, StrictModel, one_line, parse_gpus
+from rlix.config import ClusterModel, JobModel, SchedulerModel, StrictModel, job_topology_error, one_line, read_document
 from rlix.core import PipelineSpec, Stage
-from rlix.job import JobModelError, JobShape, StepShape, check_stage_roles, pipeline_spec, stage_gpus
+from rlix.job import JobShape, StepShape, stage_gpus
 
 FORMAT = "rlix-trace"
 VERSION = 1
@@ -184,16 +184,11 @@ class StreamModel(StrictModel):
         return self
 
 
-class PipelineModel(StrictModel):
+class PipelineModel(JobModel):
+    """One job of the trace: the shared job fields (:class:`rlix.config.JobModel`), its costs and its steps."""
+
     id: str = Field(min_length=1)
-    kind: Literal["full_finetune", "multi_lora"] = "full_finetune"
-    arrival_s: Seconds = 0.0
-    roles: dict[Literal["actor_train", "actor_infer", "critic", "reference"], RoleModel]
-    home: list[int] = Field(default_factory=list, description="dedicated partition for the baselines (default: training GPUs)")
-    staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
-    slots_per_worker: int = Field(default=16, ge=1, description="trajectories one rollout worker runs at once")
     preempt: Literal["continue", "requeue"] = Field(default="continue", description="fate of a trajectory on a shrunk worker")
-    priority: int = Field(default=0, ge=-10, le=10, description="job priority, higher wins: its gang stages go first and its rollout share weighs priority_weight ** priority")
     init_s: Seconds = Field(default=30.0, description="model load before the first step")
     switch: SwitchModel = Field(default_factory=SwitchModel)
     rollout_mode: Literal["batch", "streaming"] = Field(
@@ -214,8 +209,6 @@ class PipelineModel(StrictModel):
     generate: GenerateModel | None = None
     adapters: list[StreamModel] | None = None
 
-    _split_home = field_validator("home", mode="before")(parse_gpus)
-
     @model_validator(mode="after")
     def _streams(self) -> PipelineModel:
         if self.kind == "multi_lora":
@@ -229,9 +222,6 @@ class PipelineModel(StrictModel):
                 raise ValueError("'adapters' is only for kind multi_lora")
             if (self.steps is None) == (self.generate is None):
                 raise ValueError("give exactly one of 'steps' (explicit) or 'generate' (compact)")
-        for role in ("actor_train", "actor_infer"):
-            if role not in self.roles:
-                raise ValueError(f"roles.{role} is missing; every pipeline maps actor_train and actor_infer")
         if self.partial_rollout and self.rollout_mode != "streaming":
             raise ValueError("partial_rollout needs rollout_mode 'streaming'")
         return self
@@ -278,23 +268,6 @@ class TraceModel(StrictModel):
         if dup:
             raise ValueError(f"pipeline ids must be unique; '{dup[0]}' appears more than once")
         return self
-
-
-def default_home(p: PipelineModel) -> tuple[int, ...]:
-    """A job's dedicated partition when the trace names none.
-
-    Its training GPUs (the non-rollout mappings) when at least one rollout
-    bundle lies inside them; otherwise (rollout on GPUs of its own) every GPU
-    the job maps, so the baselines that confine a job to its home can still
-    place a rollout worker.
-    """
-    train = {g for name, r in p.roles.items() if name != "actor_infer" for g in r.gpus}
-    infer = p.roles["actor_infer"]
-    tp = infer.gpus_per_worker
-    gpus = sorted(infer.gpus)
-    if any(train.issuperset(gpus[i : i + tp]) for i in range(0, len(gpus), tp)):
-        return tuple(sorted(train))
-    return tuple(sorted(train.union(gpus)))
 
 
 def stream_stage_names(stream: StreamModel) -> set[Stage]:
@@ -433,15 +406,7 @@ class Trace:
         return tuple(copy for p in self.model.pipelines for copy in p.copies())
 
     def spec(self, p: PipelineModel) -> PipelineSpec:
-        return pipeline_spec(
-            pipeline_id=p.id,
-            roles=p.roles,
-            kind=p.kind,
-            slots_per_worker=p.slots_per_worker,
-            home=p.home or default_home(p),
-            resumable=p.preempt == "continue",
-            priority=p.priority,
-        )
+        return p.spec(p.id, resumable=p.preempt == "continue")
 
     @cached_property
     def streams(self) -> dict[str, list[tuple[str, list[Step]]]]:
@@ -503,28 +468,16 @@ class Trace:
         return sum(len(step.trajectories) for streams in self.streams.values() for _, steps in streams for step in steps)
 
     def _check_topology(self) -> None:
-        from rlix.core import SchedulingError
-        from rlix.core.topology import validate_pipeline
-
         for i, p in enumerate(self.model.pipelines):  # copies share their template's topology
-            spec = self.spec(p)
-            try:
-                validate_pipeline(self.cluster, spec)
-                for stream in p.streams():
-                    check_stage_roles(spec, stream_stage_names(stream))
-            except (SchedulingError, JobModelError) as e:
-                raise TraceError(f"{self.source}: pipelines[{i}] ({p.id}): {e}") from None
+            stages = {stage for stream in p.streams() for stage in stream_stage_names(stream)}
+            problem = job_topology_error(self.cluster, self.spec(p), stages)
+            if problem is not None:
+                raise TraceError(f"{self.source}: pipelines[{i}] ({p.id}): {problem}")
 
 
 def load_trace(path: str | Path) -> Trace:
     """Read and validate a trace file; raise :class:`TraceError` with a one-line message."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file; give the path of a trace JSON (see traces/)") from None
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    raw = read_document(path, "json", TraceError, "a trace JSON (see traces/)")
     return parse_trace(raw, source=str(path))
 
 

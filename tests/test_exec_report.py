@@ -1,0 +1,114 @@
+"""The executor's recorded trace: written through the trace format's model, validated, and read back unchanged.
+
+No Ray: the run's records are frozen dataclasses, built here from plain values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from rlix.exec.config import parse_config
+from rlix.exec.records import JobResult, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.report import trace_model
+from rlix.job import default_home
+from rlix.sim.simulator import Simulation
+from rlix.sim.trace import dump_trace, load_trace
+
+CONFIG = """
+cluster: {nodes: 1, gpus_per_node: 4}
+scheduler: {report_ttl_s: 10.0, plan_interval_s: 0.5, heartbeat_s: 1.5}
+jobs:
+  - name: full          # disaggregated, no home: it gets the default home (all its GPUs)
+    model: {size: {}}
+    task: {name: copy}
+    slots_per_worker: 2
+    roles: {actor_train: {gpus: [0]}, actor_infer: {gpus: "1-2"}}
+  - name: lora
+    kind: multi_lora
+    model: {size: {}}
+    adapters: [{name: copy}, {name: rev, task: {name: reverse}}]
+    priority: 1
+    roles: {actor_train: {gpus: [3]}, actor_infer: {gpus: "0-3"}}
+    home: [3]
+"""
+
+
+def _step(stream: str, step: int, t0: float) -> StepRecord:
+    stages = (("old_logprobs", 0.31), ("actor_train", 0.52))
+    return StepRecord(
+        stream=stream, step=step, started_s=t0, finished_s=t0 + 2.0, mean_reward=0.1, mean_tokens=8.0, stages=stages, min_weight_version=step
+    )
+
+
+def _trajs(stream: str, step: int, first_id: int) -> tuple[TrajRecord, ...]:
+    return tuple(
+        TrajRecord(traj_id=first_id + k, stream=stream, step=step, gen_s=0.4 + 0.1 * k, segments=1, tokens=9, weight_version=step)
+        for k in range(3)
+    )
+
+
+def _result(pid: str, streams: tuple[str, ...], sync_s: float) -> JobResult:
+    steps = tuple(_step(s, i, 2.0 * i) for s in streams for i in range(2))
+    trajs = tuple(t for n, s in enumerate(streams) for i in range(2) for t in _trajs(s, i, 100 * n + 10 * i))
+    switches = (
+        SwitchRecord(kind=SwitchKind.WAKE, t=1.0, seconds=0.25),
+        SwitchRecord(kind=SwitchKind.SLEEP, t=3.0, seconds=0.125),
+        SwitchRecord(kind=SwitchKind.SYNC, t=4.0, seconds=sync_s, synced_bytes=1024),
+    )
+    return JobResult(
+        pipeline_id=pid, status=JobStatus.FINISHED, arrival_s=0.5, init_s=1.25, finish_s=9.0,
+        steps=steps, trajectories=trajs, switches=switches,
+    )
+
+
+def _recorded():
+    cfg = parse_config(yaml.safe_load(CONFIG))
+    results = {"full": _result("full", ("",), 0.0625), "lora": _result("lora", ("copy", "rev"), 0.0375)}
+    return cfg, results, trace_model(cfg, results, {"full": "full", "lora": "lora"})
+
+
+def test_recorded_trace_round_trips_through_the_trace_format(tmp_path):
+    _, _, model = _recorded()
+    first = tmp_path / "trace.json"
+    dump_trace(model, first)
+    loaded = load_trace(first)
+    assert loaded.model == model
+    again = tmp_path / "again.json"
+    dump_trace(loaded.model, again)
+    assert again.read_text() == first.read_text()
+
+
+def test_recorded_trace_carries_what_the_run_registered_and_measured():
+    cfg, _, model = _recorded()
+    full, lora = model.pipelines
+    assert full.home == list(default_home(cfg.jobs[0].roles)) == [0, 1, 2]  # the home rlix-run registered
+    assert lora.home == [3] and lora.priority == 1 and full.slots_per_worker == 2
+    assert [a.id for a in lora.adapters] == ["copy", "rev"] and all(len(a.steps) == 2 for a in lora.adapters)
+    assert full.switch.weight_sync_s == 0.0625 and lora.switch.adapter_sync_s == 0.0375 and lora.switch.weight_sync_s == 0.0
+    assert full.switch.load_s == 0.25 and full.switch.offload_s == 0.125 and full.init_s == 1.25
+    assert full.steps[0].trajectories == [0.4, 0.5, 0.6] and full.steps[0].stages == {"old_logprobs": 0.31, "actor_train": 0.52}
+
+
+def test_replay_of_a_recorded_trace_plans_at_the_runs_cadence(tmp_path):
+    _, _, model = _recorded()
+    dump_trace(model, tmp_path / "trace.json")
+    sim = Simulation(load_trace(tmp_path / "trace.json"), "static")
+    assert (sim.plan_interval_s, sim.heartbeat_s) == (0.5, 1.5)
+    m = sim.run()  # the disaggregated job's default home holds a rollout bundle, so static places it
+    assert m.trajectories_lost == 0 and set(m.pipelines) == {"full", "lora"}
+
+
+def test_a_record_the_trace_format_refuses_fails_when_the_trace_is_built():
+    cfg, results, _ = _recorded()
+    bad = results["full"]
+    bad = JobResult(**{**bad.__dict__, "steps": (StepRecord(**{**bad.steps[0].__dict__, "stages": (("warmup", 1.0),)}),)})
+    with pytest.raises(ValidationError, match="stages"):
+        trace_model(cfg, {**results, "full": bad}, {"full": "full", "lora": "lora"})
+
+
+def test_no_finished_step_means_no_trace():
+    cfg, results, _ = _recorded()
+    empty = {pid: JobResult(pipeline_id=pid, status=JobStatus.FAILED) for pid in results}
+    assert trace_model(cfg, empty, {"full": "full", "lora": "lora"}) is None

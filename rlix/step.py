@@ -124,6 +124,15 @@ class QueueBatch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DropBatch:
+    """``stream`` stopped (its stop reward was reached): ``step``, produced before, is never trained;
+    take its trajectories out of the rollout."""
+
+    stream: int
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Publish:
     """``stream``'s weights after training are ``version``: cache them, sync live workers; answer
     :meth:`StepMachine.published`. ``last``: the stream produces no further step."""
@@ -145,7 +154,7 @@ class Finished:
     """Every stream is trained to its end: unregister."""
 
 
-Effect = RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | Publish | DemandChanged | Finished
+Effect = RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | DropBatch | Publish | DemandChanged | Finished
 
 
 # ------------------------------------------------------------------ the job
@@ -265,16 +274,25 @@ class Rollouts:
         rec.version = int(min(oldest_version, rec.version))
         self.rolled_out.add((i, step))
 
-    def trained(self, i: int, step: int, mean_reward: float, now: float) -> StepRecord:
-        """Step ``step`` of stream ``i`` is trained: its weights are version ``step + 1``."""
+    def trained(self, i: int, step: int, mean_reward: float, now: float) -> tuple[StepRecord, list[int]]:
+        """Step ``step`` of stream ``i`` is trained: its weights are version ``step + 1``.
+
+        Returns the step's record and, when the stream's stop condition holds, the later steps
+        already produced, which are dropped (the trained step is the stream's last).
+        """
         s = self.streams[i]
         rec = self.open.pop((i, step))
         self.rolled_out.discard((i, step))
         rec.train_end = now
         s.version = step + 1
+        dropped = []
         if self.stops(i, mean_reward):
-            s.stopped, s.backlog = True, 0  # its stop condition holds: no further steps
-        return rec
+            s.stopped, s.backlog = True, 0
+            dropped = sorted(k for j, k in self.open if j == i)
+            for k in dropped:
+                self.produced -= self.open.pop((i, k)).size
+                self.rolled_out.discard((i, k))
+        return rec, dropped
 
     def stops(self, i: int, mean_reward: float) -> bool:
         """A step with this mean reward is stream ``i``'s last (its stop condition holds)."""
@@ -416,12 +434,14 @@ class StepMachine:
         if tick is None or tick.stream != stream or tick.index < len(tick.stages):
             raise RuntimeError(f"stream {stream} has no training waiting for its weights")
         self.tick = None
-        rec = self.rollouts.trained(stream, tick.step, tick.reward, now)
+        rec, dropped = self.rollouts.trained(stream, tick.step, tick.reward, now)
+        self.ready = deque(key for key in self.ready if key[0] != stream or key[1] not in dropped)
         self.train_s = max(self.train_s, math.fsum(tick.seconds))  # exact: the same whatever the stage order
         self.latencies.append(now - rec.rollout_start)
         if (stream, tick.step + 1) in self.rollouts.rolled_out:
             self.ready.append((stream, tick.step + 1))
-        out = self.rollouts.produce(stream, now) + [DemandChanged()]
+        out: list[Effect] = [DropBatch(stream=stream, step=k) for k in dropped]
+        out += self.rollouts.produce(stream, now) + [DemandChanged()]
         return out + self._next_tick() + self._finish_if_done(now)
 
     # ------------------------------------------------------------ queries

@@ -129,6 +129,20 @@ def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_i
     assert q.queue[0] is item and item.request.prefix_ids == ()
 
 
+def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
+    q = RolloutQueue(max_tries=3)
+    q.add([_traj(i) for i in range(4)])
+    pool = WorkerPool(slots_per_worker=1)
+    w = pool.get((0,))
+    pool.move(w, WorkerState.STARTING), pool.move(w, WorkerState.ASLEEP), pool.move(w, WorkerState.WAKING), pool.move(w, WorkerState.AWAKE)
+    [(_, running)] = q.assign(pool)
+    q.drop({running.traj_id, 2})
+    assert [x.traj_id for x in q.queue] == [1, 3]
+    q.aborted(running, None)  # a shrink hands it back: its batch is gone, so it stays out
+    q.failed(running, "EngineRefused: no")
+    assert [x.traj_id for x in q.queue] == [1, 3] and q.requeued == 0
+
+
 def test_application_errors_are_retried_a_bounded_number_of_times_then_fail_the_job():
     q = RolloutQueue(max_tries=3)
     q.add([_traj(7, step=2)])

@@ -17,6 +17,7 @@ from rlix.core import Role, Stage
 from rlix.job import STEP_STAGES, pipeline_spec, remaining_path_s, stage_gpus, stage_role, step_sequence
 from rlix.metrics import Activity
 from rlix.step import (
+    DropBatch,
     Book,
     DemandChanged,
     Effect,
@@ -49,7 +50,11 @@ class R(NamedTuple):
 def make_spec(roles: dict[str, Sequence[int]] | None = None):
     roles = roles if roles is not None else {"actor_train": ACTOR, "actor_infer": (2, 3), "reference": REFERENCE}
     return pipeline_spec(
-        pipeline_id="job", roles={n: R(tuple(g)) for n, g in roles.items()}, kind="full_finetune", slots_per_worker=2, resumable=True
+        pipeline_id="job",
+        roles={n: R(tuple(g)) for n, g in roles.items()},
+        kind="full_finetune",
+        slots_per_worker=2,
+        resumable=True,
     )
 
 
@@ -88,7 +93,9 @@ def load(m: StepMachine, now: float = 0.0) -> list[Effect]:
     return m.loaded(INIT, now)
 
 
-def train(m: StepMachine, stream: int, step: int, *, reward: float = 0.0, seconds: Sequence[float] = (), now: float = 0.0) -> list[Effect]:
+def train(
+    m: StepMachine, stream: int, step: int, *, reward: float = 0.0, seconds: Sequence[float] = (), now: float = 0.0
+) -> list[Effect]:
     """Answer a tick whose Score was asked, stage after stage; the effects that end it (the Publish among them).
 
     ``seconds``: each stage's compute seconds (default 1.0).
@@ -121,6 +128,10 @@ def demand(m: StepMachine, pending: int = 0, longest_s: float = 10.0):
     return m.demand(pending=pending, loads=(), trajectory_s=1.0, switch_s=1.0, longest_s=longest_s)
 
 
+def path_s(m: StepMachine, longest_s: float) -> float:
+    return demand(m, longest_s=longest_s).path_s
+
+
 # ------------------------------------------------------------------ model load
 
 
@@ -128,14 +139,17 @@ def test_model_load_requests_init_gang_books_switch_then_frees_and_queues_step_0
     m = machine(steps=(3,))
     assert m.start(0.0) == [RequestGang(stage=INIT, role=None)]
     assert m.admitted_s is None
-    assert m.granted(INIT, INIT_GPUS, 1.5) == [Book(gpus=INIT_GPUS, activity=SWITCH, stage="init"), Load(stage=INIT, gpus=INIT_GPUS)]
+    assert m.granted(INIT, INIT_GPUS, 1.5) == [
+        Book(gpus=INIT_GPUS, activity=SWITCH, stage="init"),
+        Load(stage=INIT, gpus=INIT_GPUS),
+    ]
     assert m.admitted_s == 1.5  # admitted: the job holds GPUs from its grant on
     assert m.loaded(INIT, 9.0) == [
         Book(gpus=INIT_GPUS, activity=FREE, stage=""),
         ReleaseGang(stage=INIT, announce=0),
         QueueBatch(stream=0, step=0, size=4, version=0),
     ]
-    assert m.running and m.held == {}
+    assert m.held == {}
     assert [(r.step, r.rollout_start) for r in m.history] == [(0, 9.0)]
 
 
@@ -149,7 +163,7 @@ def test_nothing_is_queued_before_the_model_load_ends():
     m = machine()
     m.start(0.0)
     assert of(m.granted(INIT, INIT_GPUS, 0.0), QueueBatch) == []
-    assert m.history == [] and m.open_trajectories() == 0
+    assert m.history == [] and m.rollouts.open_trajectories() == 0
 
 
 # ------------------------------------------------------------------ a whole step
@@ -160,7 +174,10 @@ def test_whole_on_policy_step_effect_by_effect():
     load(m, now=0.0)
     assert m.rolled(0, 0, 3.0) == [DemandChanged(urgent=True), Score(stream=0, step=0)]
     assert m.scored(0, 0, 0.5, 4.0) == [RequestGang(stage=REF, role=Role.REFERENCE, after=None)]
-    assert m.granted(REF, REFERENCE, 5.0) == [Book(gpus=REFERENCE, activity=SWITCH, stage="ref_logprobs"), Load(stage=REF, gpus=REFERENCE)]
+    assert m.granted(REF, REFERENCE, 5.0) == [
+        Book(gpus=REFERENCE, activity=SWITCH, stage="ref_logprobs"),
+        Load(stage=REF, gpus=REFERENCE),
+    ]
     assert m.loaded(REF, 6.0) == [Book(gpus=REFERENCE, activity=WORK, stage="ref_logprobs"), Work(stage=REF, stream=0, step=0)]
     assert m.worked(REF, 2.0, 8.0) == [
         Book(gpus=REFERENCE, activity=SWITCH, stage="ref_logprobs"),
@@ -172,21 +189,27 @@ def test_whole_on_policy_step_effect_by_effect():
     ]
     assert m.granted(TRAIN, ACTOR, 9.0) == [Book(gpus=ACTOR, activity=SWITCH, stage="actor_train"), Load(stage=TRAIN, gpus=ACTOR)]
     assert m.loaded(TRAIN, 10.0) == [Book(gpus=ACTOR, activity=WORK, stage="actor_train"), Work(stage=TRAIN, stream=0, step=0)]
-    assert m.worked(TRAIN, 3.0, 13.0) == [Book(gpus=ACTOR, activity=SWITCH, stage="actor_train"), Offload(stage=TRAIN, gpus=ACTOR)]
+    assert m.worked(TRAIN, 3.0, 13.0) == [
+        Book(gpus=ACTOR, activity=SWITCH, stage="actor_train"),
+        Offload(stage=TRAIN, gpus=ACTOR),
+    ]
     assert m.offloaded(TRAIN, 14.0) == [
         Book(gpus=ACTOR, activity=FREE, stage=""),
         ReleaseGang(stage=TRAIN, announce=5),  # the batch this training opens: step 1, 5 trajectories
         Publish(stream=0, version=1, last=False),
     ]
     assert m.published(0, 15.0) == [QueueBatch(stream=0, step=1, size=5, version=1), DemandChanged(urgent=False)]
-    assert m.versions() == {0: 1} and m.train_s == 5.0 and m.latencies == [15.0]
+    assert m.rollouts.versions() == {0: 1} and m.train_s == 5.0 and m.latencies == [15.0]
 
     assert m.rolled(0, 1, 20.0) == [DemandChanged(urgent=True), Score(stream=0, step=1)]
     end = train(m, 0, 1, now=21.0)
     assert end[-2:] == [ReleaseGang(stage=TRAIN, announce=0), Publish(stream=0, version=2, last=True)]
     assert m.published(0, 22.0) == [DemandChanged(urgent=False), Finished()]
     assert m.done and m.finished_s == 22.0
-    assert [(r.step, r.rollout_start, r.rollout_end, r.train_end) for r in m.history] == [(0, 0.0, 3.0, 15.0), (1, 15.0, 20.0, 22.0)]
+    assert [(r.step, r.rollout_start, r.rollout_end, r.train_end) for r in m.history] == [
+        (0, 0.0, 3.0, 15.0),
+        (1, 15.0, 20.0, 22.0),
+    ]
 
 
 def test_a_step_with_no_stages_publishes_at_once_without_a_release():
@@ -269,7 +292,7 @@ def test_last_release_announces_the_next_batch_and_demand_counts_it_as_queued_un
     m.published(0, 2.0)  # QueueBatch: the batch is open now, its trajectories are the engine's to count as pending
     produced = demand(m, pending=2)
     assert (produced.pending, produced.batch_size, produced.backlog) == (2, 5, 6)
-    assert m.announced == {}
+    assert m.rollouts.announced == {}
 
 
 def test_announce_is_0_on_the_last_step():
@@ -277,7 +300,7 @@ def test_announce_is_0_on_the_last_step():
     load(m)
     m.rolled(0, 0, 1.0)
     assert release_of(train(m, 0, 0)) == ReleaseGang(stage=TRAIN, announce=0)
-    assert m.announced == {}
+    assert m.rollouts.announced == {}
 
 
 def test_announce_is_0_when_the_next_batch_is_already_queued_and_still_rolling_out():
@@ -315,9 +338,9 @@ def test_stop_reward_makes_the_step_last_and_finishes_the_job():
     m.rolled(0, 1, 3.0)
     end = train(m, 0, 1, reward=1.0)
     assert end[-2:] == [ReleaseGang(stage=TRAIN, announce=0), Publish(stream=0, version=2, last=True)]
-    assert m.planned_steps() == 5  # not stopped until the weights are published
+    assert m.rollouts.planned_steps() == 5  # not stopped until the weights are published
     assert m.published(0, 4.0) == [DemandChanged(urgent=False), Finished()]
-    assert m.backlog() == 0 and m.planned_steps() == 2 and m.path_s(10.0) == 0.0
+    assert m.rollouts.backlog() == 0 and m.rollouts.planned_steps() == 2 and path_s(m, 10.0) == 0.0
     assert demand(m).backlog == 0
 
 
@@ -327,7 +350,7 @@ def test_a_stopped_stream_leaves_the_others_running():
     m.rolled(0, 0, 1.0)
     train(m, 0, 0, reward=2.0)
     assert m.published(0, 2.0) == [DemandChanged(urgent=False)]  # stream 1 still runs: no Finished
-    assert m.backlog() == 15 and m.planned_steps() == 1 + 2  # stream 1's step 1 is still to produce
+    assert m.rollouts.backlog() == 15 and m.rollouts.planned_steps() == 1 + 2  # stream 1's step 1 is still to produce
     m.rolled(1, 0, 3.0)
     train(m, 1, 0)
     m.published(1, 4.0)
@@ -336,20 +359,20 @@ def test_a_stopped_stream_leaves_the_others_running():
     assert m.published(1, 6.0)[-1] == Finished()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="step.py bug: with staleness >= 1 a batch queued before the stopping step is still trained after "
-    "Publish(last=True), and published again with last=False (so the executor would not checkpoint the final weights)",
-)
-def test_no_training_follows_the_publish_marked_last():
+def test_a_stopped_stream_drops_the_batch_it_had_queued_and_trains_nothing_after_its_last_publish():
+    """Staleness 1: step 1 is queued before step 0 is trained; step 0 reaches the stop reward, so step 1
+    is dropped (never trained, no longer produced) and the job finishes with that publish."""
     m = machine(steps=(5,), staleness=1, stop_reward=1.0)
     load(m)
-    m.rolled(0, 0, 1.0)  # queues step 1
+    (step1,) = of(m.rolled(0, 0, 1.0), QueueBatch)
+    produced = m.rollouts.produced
     end = train(m, 0, 0, reward=2.0)
     assert of(end, Publish) == [Publish(stream=0, version=1, last=True)]
-    after = m.published(0, 2.0) + m.rolled(0, 1, 3.0)
-    assert of(after, Score) == []  # the stream's last step is trained
-    assert of(after, Finished) == [Finished()]
+    after = m.published(0, 2.0)
+    assert of(after, DropBatch) == [DropBatch(stream=0, step=1)]
+    assert of(after, Score) == [] and of(after, Finished) == [Finished()]
+    assert step1.step == 1 and m.rollouts.produced == produced - step1.size and m.rollouts.planned_steps() == 1
+    assert demand(m).batch_size == 0 and demand(m).backlog == 0
 
 
 # ------------------------------------------------------------------ two streams
@@ -364,11 +387,15 @@ def test_two_streams_train_one_tick_at_a_time_first_rolled_first_trained():
     assert of(end, Score) == []
     with pytest.raises(RuntimeError):
         m.scored(0, 0, 0.0, 3.0)
-    assert m.published(1, 3.0) == [QueueBatch(stream=1, step=1, size=15, version=1), DemandChanged(urgent=False), Score(stream=0, step=0)]
+    assert m.published(1, 3.0) == [
+        QueueBatch(stream=1, step=1, size=15, version=1),
+        DemandChanged(urgent=False),
+        Score(stream=0, step=0),
+    ]
     assert m.rolled(1, 1, 4.0) == [DemandChanged(urgent=True)]  # stream 0 trains now
     assert of(train(m, 0, 0), Publish) == [Publish(stream=0, version=1, last=False)]
     assert m.published(0, 5.0)[-1] == Score(stream=1, step=1)
-    assert m.versions() == {0: 1, 1: 1}
+    assert m.rollouts.versions() == {0: 1, 1: 1}
 
 
 # ------------------------------------------------------------------ share_load, warm grant
@@ -387,7 +414,10 @@ def _to_first_worked(share_load: bool, stages=(OLD, TRAIN)) -> StepMachine:
 def test_share_load_keeps_the_model_between_stages_on_the_same_gpus():
     m = _to_first_worked(share_load=True)
     assert m.worked(OLD, 1.0, 3.0) == [Offload(stage=OLD, gpus=ACTOR, keep=True)]  # no offload booked
-    assert m.offloaded(OLD, 3.0) == [Book(gpus=ACTOR, activity=FREE, stage=""), RequestGang(stage=TRAIN, role=Role.ACTOR_TRAIN, after=OLD)]
+    assert m.offloaded(OLD, 3.0) == [
+        Book(gpus=ACTOR, activity=FREE, stage=""),
+        RequestGang(stage=TRAIN, role=Role.ACTOR_TRAIN, after=OLD),
+    ]
     m.granted(TRAIN, ACTOR, 3.0)
     m.loaded(TRAIN, 3.0)
     assert m.worked(TRAIN, 1.0, 4.0) == [Book(gpus=ACTOR, activity=SWITCH, stage="actor_train"), Offload(stage=TRAIN, gpus=ACTOR)]
@@ -395,12 +425,18 @@ def test_share_load_keeps_the_model_between_stages_on_the_same_gpus():
 
 def test_without_share_load_the_model_is_offloaded_between_stages_on_the_same_gpus():
     m = _to_first_worked(share_load=False)
-    assert m.worked(OLD, 1.0, 3.0) == [Book(gpus=ACTOR, activity=SWITCH, stage="old_logprobs"), Offload(stage=OLD, gpus=ACTOR, keep=False)]
+    assert m.worked(OLD, 1.0, 3.0) == [
+        Book(gpus=ACTOR, activity=SWITCH, stage="old_logprobs"),
+        Offload(stage=OLD, gpus=ACTOR, keep=False),
+    ]
 
 
 def test_share_load_offloads_when_the_next_stage_runs_on_other_gpus():
     m = _to_first_worked(share_load=True, stages=(OLD, REF, TRAIN))
-    assert m.worked(OLD, 1.0, 3.0) == [Book(gpus=ACTOR, activity=SWITCH, stage="old_logprobs"), Offload(stage=OLD, gpus=ACTOR, keep=False)]
+    assert m.worked(OLD, 1.0, 3.0) == [
+        Book(gpus=ACTOR, activity=SWITCH, stage="old_logprobs"),
+        Offload(stage=OLD, gpus=ACTOR, keep=False),
+    ]
 
 
 def test_warm_grant_works_at_once_without_a_load():
@@ -408,7 +444,10 @@ def test_warm_grant_works_at_once_without_a_load():
     load(m)
     m.rolled(0, 0, 1.0)
     m.scored(0, 0, 0.0, 1.0)
-    assert m.granted(OLD, ACTOR, 2.0, warm=True) == [Book(gpus=ACTOR, activity=WORK, stage="old_logprobs"), Work(stage=OLD, stream=0, step=0)]
+    assert m.granted(OLD, ACTOR, 2.0, warm=True) == [
+        Book(gpus=ACTOR, activity=WORK, stage="old_logprobs"),
+        Work(stage=OLD, stream=0, step=0),
+    ]
 
 
 # ------------------------------------------------------------------ resume
@@ -418,11 +457,11 @@ def test_resume_before_the_load_continues_from_the_checkpoint():
     m = machine(steps=(6,))
     m.start(0.0)
     m.resume(0, 3)
-    assert m.backlog() == 7 + 8 + 9 and m.planned_steps() == 3
+    assert m.rollouts.backlog() == 7 + 8 + 9 and m.rollouts.planned_steps() == 3
     assert demand(m, longest_s=10.0).path_s == remaining_path_s(3, 0, longest_s=10.0, train_s=0.0)
     m.granted(INIT, INIT_GPUS, 0.0)
     assert of(m.loaded(INIT, 1.0), QueueBatch) == [QueueBatch(stream=0, step=3, size=7, version=3)]
-    assert m.backlog() == 8 + 9 and m.versions() == {0: 3}
+    assert m.rollouts.backlog() == 8 + 9 and m.rollouts.versions() == {0: 3}
     m.rolled(0, 3, 2.0)
     assert of(train(m, 0, 3), Publish) == [Publish(stream=0, version=4, last=False)]
 
@@ -431,7 +470,7 @@ def test_resume_at_the_end_finishes_at_the_load():
     m = machine(steps=(2, 1))
     m.resume(0, 2)
     m.resume(1, 1)
-    assert load(m)[-1] == Finished() and m.planned_steps() == 0
+    assert load(m)[-1] == Finished() and m.rollouts.planned_steps() == 0
 
 
 # ------------------------------------------------------------------ errors
@@ -483,24 +522,28 @@ def test_published_before_the_last_stage_ends_raises():
 
 def test_demand_follows_batches_produced_rolled_out_and_trained():
     m = machine(steps=(3,), stages=(OLD, REF, TRAIN))
-    assert (m.open_trajectories(), m.backlog(), m.path_s(10.0)) == (0, 4 + 5 + 6, 30.0)  # three steps of 10 s rollouts
+    assert (m.rollouts.open_trajectories(), m.rollouts.backlog(), path_s(m, 10.0)) == (
+        0,
+        4 + 5 + 6,
+        30.0,
+    )  # three steps of 10 s rollouts
     load(m)
-    assert (m.open_trajectories(), m.backlog()) == (4, 5 + 6)
+    assert (m.rollouts.open_trajectories(), m.rollouts.backlog()) == (4, 5 + 6)
     m.rolled(0, 0, 1.0)
-    assert (m.open_trajectories(), m.backlog()) == (0, 5 + 6)  # rolled out: no longer open, even while trained
+    assert (m.rollouts.open_trajectories(), m.rollouts.backlog()) == (0, 5 + 6)  # rolled out: no longer open, even while trained
     train(m, 0, 0, seconds=(0.1, 0.2, 0.3))
     assert m.train_s == 0.0  # counted once the step is trained
     m.published(0, 2.0)
     assert 0.1 + 0.2 + 0.3 != 0.6 and m.train_s == 0.6  # the exact sum of the stage seconds
-    assert (m.open_trajectories(), m.backlog()) == (5, 6)
-    assert m.path_s(10.0) == remaining_path_s(2, 0, longest_s=10.0, train_s=0.6) == pytest.approx(2 * 10.0 + 2 * 0.6)
+    assert (m.rollouts.open_trajectories(), m.rollouts.backlog()) == (5, 6)
+    assert path_s(m, 10.0) == remaining_path_s(2, 0, longest_s=10.0, train_s=0.6) == pytest.approx(2 * 10.0 + 2 * 0.6)
     report = demand(m, pending=3, longest_s=10.0)
-    assert (report.pending, report.batch_size, report.backlog, report.path_s) == (3, 5, 6, m.path_s(10.0))
+    assert (report.pending, report.batch_size, report.backlog, report.path_s) == (3, 5, 6, path_s(m, 10.0))
     m.rolled(0, 1, 3.0)
     train(m, 0, 1, seconds=(0.1, 0.1, 0.1))
     m.published(0, 4.0)
     assert m.train_s == 0.6  # the longest tick so far
-    assert m.path_s(7.0) == remaining_path_s(1, 0, longest_s=7.0, train_s=0.6)
+    assert path_s(m, 7.0) == remaining_path_s(1, 0, longest_s=7.0, train_s=0.6)
 
 
 def test_path_s_uses_staleness_and_rollout_mode():
@@ -511,7 +554,7 @@ def test_path_s_uses_staleness_and_rollout_mode():
         train(m, 0, 0, seconds=(2.0, 3.0))
         m.published(0, 2.0)
         want = remaining_path_s(3, staleness, longest_s=4.0, train_s=5.0, streaming=streaming)
-        assert m.path_s(4.0) == want
+        assert path_s(m, 4.0) == want
 
 
 # ------------------------------------------------------------------ random jobs to the end
@@ -532,7 +575,9 @@ class RandomJob:
         self.spec = make_spec(roles)
         self.steps = [rng.randint(1, 5) for _ in range(rng.randint(1, 3))]
         self.stages = {
-            (i, k): step_sequence(rng.sample(allowed, rng.randint(0, len(allowed)))) for i, n in enumerate(self.steps) for k in range(n)
+            (i, k): step_sequence(rng.sample(allowed, rng.randint(0, len(allowed))))
+            for i, n in enumerate(self.steps)
+            for k in range(n)
         }
         self.sizes = {key: rng.randint(1, 8) for key in self.stages}
         self.staleness = rng.randint(0, 2)
@@ -554,6 +599,7 @@ class RandomJob:
         self.done_stages = 0  # stages of the tick offloaded so far
         self.queued: dict[int, list[int]] = {i: [] for i in range(len(self.steps))}
         self.rolled: set[tuple[int, int]] = set()
+        self.ready: list[tuple[int, int]] = []  # rolled out and next of their stream to train, first ready first
         self.published: dict[int, list[int]] = {i: [] for i in range(len(self.steps))}
         self.trained: list[tuple[int, int]] = []
         self.finished = 0
@@ -590,6 +636,7 @@ class RandomJob:
                 self.later(lambda e=e: self.grant(e.stage))
             elif isinstance(e, ReleaseGang):
                 assert e.stage in self.held and e.announce >= 0
+                assert e.stage is INIT or self.done_stages == len(self.stages[self.tick])  # other stages hand over
                 self.held.remove(e.stage)
             elif isinstance(e, Load):
                 assert e.gpus == stage_gpus(spec, e.stage)
@@ -597,14 +644,13 @@ class RandomJob:
             elif isinstance(e, Work):
                 assert (e.stream, e.step) == self.tick and e.stage is self.stage
                 seconds = self.rng.choice([0.5, 1.0, 2.5])
-                self.later(lambda e=e: self.handle(m.worked(e.stage, seconds, self.now), e.stage))
+                self.later(lambda e=e, s=seconds: self.handle(m.worked(e.stage, s, self.now), e.stage))
             elif isinstance(e, Offload):
                 assert e.gpus == stage_gpus(spec, e.stage) and e.stage is self.stage
                 self.later(lambda e=e: self.offloaded(e.stage))
             elif isinstance(e, Score):
                 assert self.tick is None, f"{e} while {self.tick} trains"  # one training tick at a time
-                assert (e.stream, e.step) in self.rolled
-                assert e.step == len(self.published[e.stream]) + m.streams[e.stream].start  # in order per stream
+                assert self.ready and (e.stream, e.step) == self.ready.pop(0)  # in order per stream, first ready first
                 self.tick, self.done_stages = (e.stream, e.step), 0
                 self.later(lambda e=e: self.handle(m.scored(e.stream, e.step, self.rng.random(), self.now)))
             elif isinstance(e, QueueBatch):
@@ -644,12 +690,16 @@ class RandomJob:
 
     def roll(self, stream: int, step: int) -> None:
         self.rolled.add((stream, step))
+        if step == len(self.published[stream]):
+            self.ready.append((stream, step))
         self.handle(self.m.rolled(stream, step, self.now))
 
     def publish(self, stream: int, version: int) -> None:
         self.published[stream].append(version)
         self.trained.append((stream, version - 1))
         self.tick = None
+        if (stream, version) in self.rolled:
+            self.ready.append((stream, version))
         self.handle(self.m.published(stream, self.now))
 
 
@@ -662,5 +712,5 @@ def test_random_jobs_train_every_step_once_in_order_within_the_staleness_bound(s
         assert job.published[i] == list(range(1, n + 1))
         assert [k for s, k in job.trained if s == i] == list(range(n))
         assert job.queued[i] == list(range(n))
-    assert job.held == set() and job.m.done and job.m.open == {} and job.m.backlog() == 0
-    assert job.m.planned_steps() == sum(job.steps) and len(job.m.latencies) == sum(job.steps)
+    assert job.held == set() and job.m.done and job.m.rollouts.open == {} and job.m.rollouts.backlog() == 0
+    assert job.m.rollouts.planned_steps() == sum(job.steps) and len(job.m.latencies) == sum(job.steps)

@@ -143,6 +143,7 @@ class Session:
             t0=self.t0,
             recipe=self.recipes.get(p.job.name),
             steplog=self._steplog(p),
+            heartbeat_s=self.config.scheduler.heartbeat(),
         )
         p.run_ref = p.coordinator.run.remote()
 

@@ -62,13 +62,14 @@ def job_plan(job: JobConfig, streams: list[StreamSpec], recipes: list[Recipe]) -
 class PipelineCoordinator:
     def __init__(
         self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler,
-        emulation: Emulation, t0: float, recipe: Recipe | None = None, steplog: StepLog | None = None,
+        emulation: Emulation, t0: float, recipe: Recipe | None = None, steplog: StepLog | None = None, heartbeat_s: float = 1.0,
     ) -> None:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.nodes, self.sched, self.emulation, self.t0 = cluster, nodes, scheduler, emulation, t0
         self.spec = job.pipeline_spec(pipeline_id)
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)
+        self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
         self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
         self.link = SchedulerLink(pipeline_id=pipeline_id, sched=scheduler, recorder=self.rec, limits=job.limits, now=self.now)
         self.pool = WorkerPool(job.slots_per_worker)
@@ -99,7 +100,7 @@ class PipelineCoordinator:
             # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
             # expand is then a wake plus a weight sync.
             self.rollout.warm(await self.link.control(self.sched.rollout_bundles.remote(self.pid)))
-            reporter = loop.create_task(self.link.report_loop(self.runner.demand, self._changes))
+            reporter = loop.create_task(self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s))
             reporter.add_done_callback(self._task_done)
             self.tasks.append(reporter)
             self.runner.start()

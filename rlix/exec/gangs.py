@@ -65,7 +65,7 @@ class SchedulerLink:
     async def report(self, report: ReportDemand) -> None:
         await self.control(self.sched.report.remote(report))
 
-    async def report_loop(self, build: Callable[[], ReportDemand], changes: Callable[[], Awaitable], heartbeat_s: float = 1.0) -> None:
+    async def report_loop(self, build: Callable[[], ReportDemand], changes: Callable[[], Awaitable], heartbeat_s: float) -> None:
         """Send ``build()`` when demand changes (bursts coalesced), and a heartbeat every ``heartbeat_s``."""
         last = None
         while True:

@@ -55,12 +55,18 @@ class RolloutQueue:
         self.max_tries = max_tries
         self.queue: collections.deque[Queued] = collections.deque()
         self.requeued = 0  # trajectories put back after an abort or a dead worker
+        self.dropped: set[int] = set()  # trajectories of batches that will never be trained
 
     def __len__(self) -> int:
         return len(self.queue)
 
     def add(self, trajs: list[Trajectory]) -> None:
         self.queue.extend(Queued(traj=t, request=t.request) for t in trajs)
+
+    def drop(self, traj_ids: set[int]) -> None:
+        """These trajectories' batch will never be trained: out of the queue, and never put back."""
+        self.dropped |= traj_ids
+        self.queue = collections.deque(q for q in self.queue if q.traj_id not in traj_ids)
 
     def assign(self, pool: WorkerPool) -> list[tuple[Worker, Queued]]:
         """Fill free slots of awake workers, lowest GPU first.
@@ -99,11 +105,15 @@ class RolloutQueue:
             q.gen_s += result.gen_s
             q.segments += 1
             q.min_version = min(q.min_version, result.weight_version)
+        if q.traj_id in self.dropped:
+            return
         self.requeued += 1
         self.queue.appendleft(q)
 
     def failed(self, q: Queued, reason: str) -> None:
         """An application error: retry from where it was, or raise once every try failed."""
+        if q.traj_id in self.dropped:
+            return
         q.errors += 1
         if q.errors >= self.max_tries:
             raise TrajectoryFailed(f"trajectory {q.traj_id} (step {q.traj.step}) failed {q.errors} times: {reason}")

@@ -35,6 +35,7 @@ from rlix.exec.trainer_link import TrainerLink
 from rlix.step import (
     Book,
     DemandChanged,
+    DropBatch,
     Effect,
     Finished,
     Load,
@@ -112,6 +113,7 @@ class StepRunner:
             Offload: self._offload,
             Score: self._score,
             QueueBatch: self._queue,
+            DropBatch: self._drop,
             Publish: self._publish,
             DemandChanged: lambda e: parts.rollout.hooks.changed(),
             Finished: lambda e: self.finished.done() or self.finished.set_result(None),
@@ -210,11 +212,17 @@ class StepRunner:
         self.p.queue.add(trajs)
         self.p.rollout.dispatch()
 
+    def _drop(self, e: DropBatch) -> None:
+        batch = self.batches.pop((e.stream, e.step))
+        self.p.queue.drop({t.request.traj_id for t in batch.trajs})
+
     def trajectory_done(self, q: Queued, result: GenResult) -> None:
         """The rollout control's hook: one trajectory finished."""
-        self.rec.trajectory(self.p.queue.finished(q, result))
         stream, step = self.names.index(q.traj.request.adapter), q.traj.step
-        batch = self.batches[(stream, step)]
+        batch = self.batches.get((stream, step))
+        if batch is None:
+            return  # its batch was dropped (the stream stopped): never trained, not recorded
+        self.rec.trajectory(self.p.queue.finished(q, result))
         batch.results[result.traj_id] = result
         self.p.rollout.hooks.changed()
         if len(batch.results) == len(batch.trajs):

@@ -274,7 +274,7 @@ class _Remote:
 
 class _Scheduler:
     def __init__(self, gpus, queued_s: float) -> None:
-        from rlix.exec.records import GrantReply
+        from rlix.exec.messages import GrantReply
 
         self.calls: list[tuple] = []
 
@@ -370,7 +370,7 @@ def test_a_stage_takes_the_gpus_over_from_the_one_before_without_a_gap():
 
 
 def test_a_stage_that_hangs_misses_its_deadline_and_keeps_its_gpus_booked():
-    from rlix.exec.rollout_control import WorkerTimeout
+    from rlix.exec.deadline import WorkerTimeout
 
     link = _link(_Scheduler(gpus=(2,), queued_s=0.0), stage_timeout_s=0.05)
     trainer = _Trainer(lambda samples, adapter: asyncio.Event().wait())  # never returns

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import ray
 
 from rlix.core.types import Gpus
+from rlix.exec.deadline import WorkerTimeout, call  # re-exported for gangs.py until it imports rlix.exec.deadline
 from rlix.exec.messages import SwitchTiming
 from rlix.exec.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.recorder import Recorder
@@ -33,10 +34,6 @@ from rlix.exec.rollout_queue import Queued, RolloutQueue, TrajectoryFailed
 from rlix.metrics import Activity
 
 ROLLOUT = "rollout"
-
-
-class WorkerTimeout(RuntimeError):
-    """A worker call missed its deadline."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,14 +54,6 @@ class Hooks:
     fatal: Callable[[BaseException], None]  # the job must fail
     lost: Callable[[Gpus], None]  # tell the scheduler the worker is gone
     changed: Callable[[], None]  # demand changed
-
-
-async def call(ref, timeout_s: float, what: str):
-    """Await a remote call with a deadline (raises :class:`WorkerTimeout`)."""
-    try:
-        return await asyncio.wait_for(ref, timeout_s)
-    except asyncio.TimeoutError:
-        raise WorkerTimeout(f"{what} took longer than {timeout_s:g} s") from None
 
 
 class RolloutControl:

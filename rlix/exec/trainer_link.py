@@ -12,8 +12,8 @@ from __future__ import annotations
 from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig, LimitsConfig
+from rlix.exec.deadline import call
 from rlix.exec.messages import Emulation, TrainerJob
-from rlix.exec.rollout_control import call
 from rlix.exec.step_driver import Stream
 
 

@@ -39,7 +39,7 @@ from rlix.core import (
     Unregister,
     WorkerLost,
 )
-from rlix.exec.records import GrantReply, SchedulerStats
+from rlix.exec.messages import GrantReply, SchedulerStats
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)

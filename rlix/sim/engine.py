@@ -328,13 +328,6 @@ class RolloutEngine:
         """GPU-seconds of adapter loads inside busy workers (booked as switching, not work)."""
         return self.weights.switch_extra
 
-    @property
-    def unmet(self) -> bool:
-        return bool(self.pending)
-
-    def target_workers(self) -> int:
-        return math.ceil((len(self.pending) + self.running) / self.slots)
-
     # ------------------------------------------------------------ the process
 
     def _kick(self) -> None:

@@ -398,8 +398,10 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
         assert handle.calls.count("save_adapter") == 2  # a stream stopping early is checkpointed at its last step
         await link.publish(Stream(name="", recipe=FakeRecipe(), steps=4, staleness=0), 4)
         full, version, adapters = link.weights()
-        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 2)]
+        assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 3)]  # y: its newest, published last
         assert "save_full" in handle.calls  # the full model after its last step
+
+    asyncio.run(main())
 
 
 def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
@@ -415,8 +417,6 @@ def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
         stream = Stream(name="", recipe=FakeRecipe(), steps=6, staleness=0)
         await TrainerLink(handle, limits=LimitsConfig()).start([stream])
         assert stream.start == 0  # no checkpoint_dir: a fresh run
-
-    asyncio.run(main())
 
     asyncio.run(main())
 

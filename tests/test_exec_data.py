@@ -238,7 +238,8 @@ def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
 
 def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
     from rlix.exec.cli import exit_status
-    from rlix.exec.records import JobResult, JobStatus
+    from rlix.exec.messages import JobResult
+    from rlix.exec.records import JobStatus
 
     ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)
     crashed = JobResult(pipeline_id="x", status=JobStatus.FAILED, error="ActorDiedError")

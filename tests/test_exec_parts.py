@@ -188,7 +188,7 @@ class _Remote:
 
 class _Scheduler:
     def __init__(self, gpus, queued_s: float) -> None:
-        from rlix.exec.records import GrantReply
+        from rlix.exec.messages import GrantReply
 
         self.calls: list[tuple] = []
 
@@ -260,7 +260,7 @@ def test_a_stage_takes_the_gpus_over_from_the_one_before_in_one_call():
 
 def test_a_stage_that_hangs_misses_its_deadline():
     from rlix.exec.config import LimitsConfig
-    from rlix.exec.rollout_control import WorkerTimeout
+    from rlix.exec.deadline import WorkerTimeout
     from rlix.exec.trainer_link import TrainerLink
 
     async def main():
@@ -303,8 +303,6 @@ def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
         handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={}))
         assert await TrainerLink(handle, limits=LimitsConfig(), checkpoint_dir="/ckpt").start([""]) == {"": 2}
         assert await TrainerLink(handle, limits=LimitsConfig()).start([""]) == {}  # no checkpoint_dir: a fresh run
-
-    asyncio.run(main())
 
 
 # ------------------------------------------------------------------ scheduler actor

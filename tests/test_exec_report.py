@@ -10,7 +10,8 @@ import yaml
 from pydantic import ValidationError
 
 from rlix.exec.config import parse_config
-from rlix.exec.records import JobResult, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.messages import JobResult
+from rlix.exec.records import JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
 from rlix.exec.report import trace_model
 from rlix.job import default_home
 from rlix.sim.simulator import Simulation

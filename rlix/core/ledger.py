@@ -93,10 +93,6 @@ class Draft:
         self._free_set: set[int] | None = None  # built on first use, then kept up to date
         self._free: list[int] | None = None
 
-    def is_free(self, gpus: Gpus) -> bool:
-        owner = self.owner
-        return all(owner[g] is None for g in gpus)
-
     def free_gpus(self) -> list[int]:
         """Free GPU ids, ascending (re-sorted only after the draft changed)."""
         if self._free is None:

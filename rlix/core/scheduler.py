@@ -45,18 +45,27 @@ from rlix.core.types import (
 from rlix.core.validate import validate_plan
 
 
+def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
+    """Refuse a cluster or knob values no plan can be made with (raises :class:`SchedulingError`).
+
+    Checked once, when a scheduler is built: both shells build theirs from user input
+    (a trace's ``scheduler`` block and ``--set``, a run config).
+    """
+    if cluster.nodes < 1 or cluster.gpus_per_node < 1:
+        raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
+    if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
+        raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
+    for name in ("small_first", "path_halving_s"):
+        value = getattr(config, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
+
+
 class Scheduler:
     """The policy core. Pure: no clock, no I/O; ``now`` is always passed in."""
 
     def __init__(self, cluster: ClusterSpec, policy: str | Policy = "rlix", config: SchedulerConfig = DEFAULT_CONFIG) -> None:
-        if cluster.nodes < 1 or cluster.gpus_per_node < 1:
-            raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
-        if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
-            raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
-        for name in ("small_first", "path_halving_s"):
-            value = getattr(config, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
+        check_settings(cluster, config)
         self.cluster = cluster
         self.config = config
         self.policy = make_policy(policy) if isinstance(policy, str) else policy

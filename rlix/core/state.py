@@ -64,6 +64,3 @@ class View:
             (e for e in self.pipelines.values() if e.state is PipelineState.ACTIVE),
             key=lambda e: e.order,
         )
-
-    def holds_gang(self, pipeline_id: str) -> bool:
-        return any(pid == pipeline_id for pid, _ in self.ledger.gangs)

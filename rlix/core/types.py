@@ -45,10 +45,6 @@ class Stage(enum.Enum):
     def priority(self) -> int:
         return _PRIORITY[self]
 
-    @property
-    def preemptable(self) -> bool:
-        return self is Stage.ROLLOUT
-
 
 _PRIORITY = {
     Stage.INIT: 0,

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlix.exec.config import ConfigError, JobConfig, RunConfig, load_config
+from rlix.exec.messages import JobProgress, JobResult
 from rlix.exec.placement import ClusterError
-from rlix.exec.records import ActivityChange, JobProgress, JobResult, JobStatus
+from rlix.exec.records import ActivityChange, JobStatus
 
 # Deadlines (s) of the driver's calls to the scheduler actor: quick book-keeping calls, and
 # the deadline the scheduler actor gives a coordinator's shrink or expand (an unreachable

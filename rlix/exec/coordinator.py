@@ -27,12 +27,12 @@ from rlix.core import ClusterSpec, Stage, WorkerLost
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig
 from rlix.exec.gangs import SchedulerLink
-from rlix.exec.messages import Emulation
 from rlix.exec.placement import actor_options
 from rlix.exec.pool import WorkerPool
 from rlix.exec.recipe import Recipe
 from rlix.exec.recorder import Recorder
-from rlix.exec.records import JobProgress, JobResult, JobStatus
+from rlix.exec.messages import Emulation, JobProgress, JobResult
+from rlix.exec.records import JobStatus
 from rlix.exec.rewards import RewardError
 from rlix.exec.rollout_control import Deadlines, Hooks, RolloutControl
 from rlix.exec.rollout_queue import RolloutQueue

@@ -15,8 +15,8 @@ from rlix.core import ReportDemand, Role, Stage
 from rlix.core.types import Gpus
 from rlix.exec.config import LimitsConfig
 from rlix.exec.recorder import Recorder
-from rlix.exec.records import GrantReply
-from rlix.exec.rollout_control import call
+from rlix.exec.messages import GrantReply
+from rlix.exec.deadline import call
 
 
 class SchedulerLink:

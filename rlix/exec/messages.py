@@ -1,17 +1,27 @@
-"""Executor layer: every message that crosses a process boundary, as frozen values.
+"""Executor layer: the messages the executor's processes send each other, as frozen values.
 
-Requests and results of rollout workers, weight and adapter snapshots, the
-trainer's samples and statistics, switch timings, and the engine settings
-sent to a worker at start-up. Backends (torch, vLLM), learners (GRPO, LoRA)
-and worker actors import this module and not each other, so the executor's
-modules form no import circle. No torch import: tensors travel inside
-snapshots as opaque values.
+Every type the executor defines to cross a process boundary lives here:
+requests and results of rollout workers, weight and adapter snapshots, the
+trainer's samples and statistics, switch timings, the engine settings sent to
+a worker at start-up, and the control plane's replies (a gang grant, the
+scheduler's statistics, a job's progress and result). Two kinds of value
+cross beside them without being defined here: the core's own events and specs
+(``PipelineSpec``, ``ReportDemand``, ``WorkerLost``, ``Stage``), sent to the
+scheduler actor as the core takes them, and the run records of
+:mod:`rlix.exec.records`, carried inside ``JobProgress`` and ``JobResult``.
+
+Backends (torch, vLLM), learners (GRPO, LoRA) and worker actors import this
+module and not each other, so the executor's modules form no import circle.
+No torch import: tensors travel inside snapshots as opaque values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from rlix.core.types import Gpus
+from rlix.exec.records import ActivityChange, JobStatus, StepRecord, SwitchRecord, TrajRecord
 
 
 # ------------------------------------------------------------------ weights
@@ -189,3 +199,66 @@ class Rendezvous:
     host: str
     port: int
     world: int
+
+
+# ------------------------------------------------------------------ control plane
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobProgress:
+    """A coordinator's answer to the driver's progress poll (the console's live view)."""
+
+    pipeline_id: str
+    status: JobStatus
+    step: int  # steps completed
+    steps: int
+    last_reward: float | None
+    gpus_held: int
+    requeued: int
+    events: tuple[ActivityChange, ...] = ()  # drained since the previous poll
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobResult:
+    """What a coordinator's run returns to the driver: the job's records, folded into the outputs."""
+
+    pipeline_id: str
+    status: JobStatus
+    error: str = ""
+    arrival_s: float = 0.0
+    init_s: float = 0.0
+    finish_s: float = 0.0
+    steps: tuple[StepRecord, ...] = ()
+    trajectories: tuple[TrajRecord, ...] = ()
+    switches: tuple[SwitchRecord, ...] = ()
+    requeued: int = 0
+    lost: int = 0
+    preemptions: int = 0  # shrinks that interrupted running trajectories (as in the simulator)
+    workers_lost: int = 0  # rollout worker processes that died or were killed (missed a deadline)
+    control_overhead_s: float = 0.0  # blocking control-plane time beyond waiting for GPUs
+    control_calls: int = 0
+    gpu_wait_s: float = 0.0  # time gang requests waited for GPUs in the scheduler
+    trainer_ranks: int = 0  # data-parallel trainer processes (one per actor_train GPU); 0 = never started
+    events: tuple[ActivityChange, ...] = ()  # not yet drained by a progress poll
+    bad_input: bool = False  # failed on the user's input (a reward function), not on rlix: exit status 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrantReply:
+    """The scheduler actor's answer to a gang request, once a plan grants it."""
+
+    gpus: Gpus
+    queued_s: float  # seconds the request waited inside the scheduler for GPUs
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerStats:
+    """The scheduler actor's counts and timings, for the driver's report."""
+
+    plans: int
+    plan_s: float  # seconds spent inside core planning
+    unmet: tuple[tuple[float, bool], ...] = ()  # (t, some pipeline has queued trajectories)
+    shrinks: int = 0
+    expands: int = 0
+    grants: int = 0
+    errors: tuple[str, ...] = field(default_factory=tuple)

@@ -15,7 +15,9 @@ just given (about to wake), or still awake on GPUs being taken back.
 - asleep: the process is up, holds no weights on the device;
 - waking: building the engine and loading the newest weights;
 - awake: generating; only awake workers take trajectories;
-- draining: aborting in-flight work and dropping weights (a shrink);
+- draining: aborting in-flight work and dropping weights (a shrink). A shrink
+  never cuts a wake short: it waits for the wake to end (awake, or dead on a
+  missed deadline), so there is no waking -> draining edge;
 - dead: the process died or was killed (e.g. it did not wake in time).
 """
 
@@ -40,7 +42,7 @@ WORKER_TRANSITIONS: dict[WorkerState | None, frozenset[WorkerState]] = {
     None: frozenset({WorkerState.STARTING}),
     WorkerState.STARTING: frozenset({WorkerState.ASLEEP, WorkerState.DEAD}),
     WorkerState.ASLEEP: frozenset({WorkerState.WAKING, WorkerState.DEAD}),
-    WorkerState.WAKING: frozenset({WorkerState.AWAKE, WorkerState.DRAINING, WorkerState.DEAD}),
+    WorkerState.WAKING: frozenset({WorkerState.AWAKE, WorkerState.DEAD}),
     WorkerState.AWAKE: frozenset({WorkerState.DRAINING, WorkerState.DEAD}),
     WorkerState.DRAINING: frozenset({WorkerState.ASLEEP, WorkerState.DEAD}),
     WorkerState.DEAD: frozenset({WorkerState.STARTING}),
@@ -114,6 +116,3 @@ class WorkerPool:
     def held_gpus(self) -> Gpus:
         """GPUs the plan gives this pipeline's rollout workers now."""
         return tuple(sorted(g for w in self.workers.values() if w.granted for g in w.gpus))
-
-    def handles(self) -> list[object]:
-        return [self.workers[f].handle for f in sorted(self.workers) if self.workers[f].handle is not None]

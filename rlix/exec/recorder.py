@@ -3,7 +3,7 @@
 Pure (times are passed in). The coordinator notes each GPU activity change,
 each switch with its measured seconds, each trained step and finished
 trajectory; the driver drains the activity changes through progress polls
-and folds the final :class:`~rlix.exec.records.JobResult` into the trace
+and folds the final :class:`~rlix.exec.messages.JobResult` into the trace
 and the metrics.
 """
 
@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlix.core.types import Gpus
-from rlix.exec.records import ActivityChange, JobProgress, JobResult, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.messages import JobProgress, JobResult
+from rlix.exec.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
 from rlix.metrics import Activity
 
 

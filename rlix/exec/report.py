@@ -18,7 +18,8 @@ from pathlib import Path
 from rlix.config import ClusterModel, JobModel, SchedulerModel
 from rlix.core import Stage
 from rlix.exec.config import JobConfig, RunConfig
-from rlix.exec.records import ActivityChange, JobResult, JobStatus, SchedulerStats, SwitchKind
+from rlix.exec.messages import JobResult, SchedulerStats
+from rlix.exec.records import ActivityChange, JobStatus, SwitchKind
 from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.sim.trace import PipelineModel, StepModel, StreamModel, SwitchModel, TraceModel, dump_trace

@@ -2,8 +2,8 @@
 
 Owned by the pipeline coordinator; runs in its event loop. It moves each
 worker through the pool's lifecycle table, calls the worker processes (every
-call with a deadline), dispatches queued trajectories to awake workers and
-sorts each outcome:
+call with a deadline), and has its :class:`~rlix.exec.rollout_dispatch.Dispatch`
+run queued trajectories on awake workers and sort each outcome:
 
 - a worker process that dies (``RayActorError``) or misses a deadline is
   killed and marked dead; its GPUs go back to the scheduler's ledger
@@ -14,6 +14,11 @@ sorts each outcome:
 Worker processes are started *warm*: one per bundle the job may use, in the
 background when the job is admitted, asleep (no device memory), so an
 expand is a wake plus a weight sync, never a cold start.
+
+The process boundary is explicit: worker handles (``handle.method.remote(...)``)
+come from the coordinator's ``spawn`` hook, and killing a process and telling
+a dead one from an application error go through :class:`Processes` (Ray's by
+default), so the races here are tested without Ray.
 """
 
 from __future__ import annotations
@@ -22,21 +27,15 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import ray
-
 from rlix.core.types import Gpus
+from rlix.exec.deadline import WorkerTimeout, call
 from rlix.exec.messages import SwitchTiming
 from rlix.exec.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import SwitchKind
-from rlix.exec.rollout_queue import Queued, RolloutQueue, TrajectoryFailed
+from rlix.exec.rollout_dispatch import ROLLOUT, Dispatch
+from rlix.exec.rollout_queue import Queued, RolloutQueue
 from rlix.metrics import Activity
-
-ROLLOUT = "rollout"
-
-
-class WorkerTimeout(RuntimeError):
-    """A worker call missed its deadline."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,24 +58,39 @@ class Hooks:
     changed: Callable[[], None]  # demand changed
 
 
-async def call(ref, timeout_s: float, what: str):
-    """Await a remote call with a deadline (raises :class:`WorkerTimeout`)."""
-    try:
-        return await asyncio.wait_for(ref, timeout_s)
-    except asyncio.TimeoutError:
-        raise WorkerTimeout(f"{what} took longer than {timeout_s:g} s") from None
+@dataclass(frozen=True, kw_only=True)
+class Processes:
+    """What the control needs of the process runtime beside the handles' calls."""
+
+    kill: Callable[[object], None]  # end a worker process now (its handle)
+    died: tuple[type[BaseException], ...]  # a call failed because the process is gone
+    refused: tuple[type[BaseException], ...]  # a call raised inside a live process (an application error)
+
+
+def ray_processes() -> Processes:
+    import ray  # only here: the control itself runs (and is tested) without Ray
+
+    return Processes(kill=ray.kill, died=(ray.exceptions.RayActorError,), refused=(ray.exceptions.RayTaskError,))
 
 
 class RolloutControl:
     """Expand, shrink, dispatch and weight pushes for one pipeline's rollout workers."""
 
-    def __init__(self, *, pool: WorkerPool, queue: RolloutQueue, recorder: Recorder, hooks: Hooks, deadlines: Deadlines, model_dir: str) -> None:
+    def __init__(
+        self, *, pool: WorkerPool, queue: RolloutQueue, recorder: Recorder, hooks: Hooks, deadlines: Deadlines, model_dir: str,
+        procs: Processes | None = None,
+    ) -> None:
         self.pool = pool
         self.queue = queue
         self.rec = recorder
         self.hooks = hooks
         self.deadlines = deadlines
         self.model_dir = model_dir
+        self.procs = procs or ray_processes()
+        self.runner = Dispatch(
+            pool=pool, queue=queue, recorder=recorder, hooks=hooks, procs=self.procs, rollout_s=deadlines.rollout_s,
+            kill=self._kill,
+        )
         self.locks: dict[int, asyncio.Lock] = {}
         self.starting: dict[int, asyncio.Task] = {}
         self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
@@ -114,7 +128,7 @@ class RolloutControl:
         if w.state is WorkerState.DEAD:
             return
         if w.handle is not None:
-            ray.kill(w.handle)
+            self.procs.kill(w.handle)
         was_granted = w.granted
         self.pool.move(w, WorkerState.DEAD)
         w.granted = False
@@ -127,7 +141,7 @@ class RolloutControl:
     def kill_all(self) -> None:
         for w in self.pool.workers.values():
             if w.handle is not None:
-                ray.kill(w.handle)
+                self.procs.kill(w.handle)
 
     # ------------------------------------------------------------ plan calls
 
@@ -212,42 +226,8 @@ class RolloutControl:
     # ------------------------------------------------------------ rollout
 
     def dispatch(self) -> None:
-        idle = {w.first for w in self.pool.free_slots() if not w.inflight}
-        for w, q in self.queue.assign(self.pool):
-            if w.first in idle:
-                idle.discard(w.first)
-                self._mark(w, Activity.WORK)
-            w.inflight[q.traj_id] = asyncio.get_running_loop().create_task(self._run(w, q))
-        self.hooks.changed()
-
-    async def _run(self, w: Worker, q: Queued) -> None:
-        try:
-            result = await call(w.handle.generate.remote(q.request), self.deadlines.rollout_s, "rollout")
-        except ray.exceptions.RayActorError:
-            result = None
-            self._kill(w, "worker process died")
-        except ray.exceptions.RayTaskError as exc:
-            result = exc
-        except WorkerTimeout as exc:
-            result = None
-            self._kill(w, str(exc))
-        w.inflight.pop(q.traj_id, None)
-        if not w.inflight and w.state is WorkerState.AWAKE:
-            self._mark(w, Activity.HELD)
-        self._sort(q, result)
-        self.dispatch()
-
-    def _sort(self, q: Queued, result) -> None:
-        if isinstance(result, ray.exceptions.RayTaskError):
-            try:
-                self.queue.failed(q, _one_line(result))
-            except TrajectoryFailed as exc:
-                self.hooks.fatal(exc)
-        elif result is None or result.aborted or not result.finished:
-            self.queue.aborted(q, result)  # continued elsewhere from where it stopped
-            self.rec.counters.requeued = self.queue.requeued
-        else:
-            self.hooks.finished(q, result)
+        """Start queued trajectories on free slots of awake workers."""
+        self.runner.dispatch()
 
     # ------------------------------------------------------------ weight pushes
 
@@ -279,9 +259,3 @@ class RolloutControl:
             if timing.synced_bytes:
                 self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)
 
-
-def _one_line(exc: BaseException) -> str:
-    """The innermost error of a remote failure, on one line."""
-    cause = getattr(exc, "cause", None) or exc
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[-1] if text else ''}"

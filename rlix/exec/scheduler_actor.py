@@ -3,16 +3,17 @@
 It owns the one :class:`rlix.core.Scheduler`, turns calls from pipeline
 coordinators into core events, re-plans after every event (and every
 ``plan_interval_s``, a knob of the config's scheduler block, for demand,
-TTLs and residency), and carries each plan out in order: shrinks (awaited,
-so GPUs are really free), then grants (the waiting ``request`` calls
-return), then expands. It makes no decision of its own.
+TTLs and residency), and carries each plan out: shrinks (awaited, so GPUs
+are really free), then grants (the waiting ``request`` calls return), then
+expands. It makes no decision of its own.
 
 The lock guards only the core (submit + plan, no awaits inside). Plans are
-queued and carried out one after another by a single executor task, outside
-the lock, so a slow shrink (a worker finishing its wake) never stalls other
-pipelines' requests and reports, and a later plan never acts before an
-earlier one's shrinks have freed the GPUs. Every call to a coordinator has a
-deadline; a coordinator that cannot be reached in time is treated as gone:
+carried out outside it, in order per GPU (:class:`~rlix.exec.gpu_order.GpuOrder`):
+an action waits only for earlier actions on its own GPUs, so a slow shrink
+(a worker finishing its wake) on some GPUs never delays a grant or an expand
+on others, nor other pipelines' requests and reports, while a grant never
+starts before the shrinks that free its GPUs. Every call to a coordinator has
+a deadline; a coordinator that cannot be reached in time is treated as gone:
 its pipeline is unregistered and the others carry on.
 """
 
@@ -25,8 +26,9 @@ import ray
 
 from rlix.core import (
     ClusterSpec,
+    Expand,
+    Grant,
     PipelineSpec,
-    Plan,
     Register,
     ReleaseStage,
     ReportDemand,
@@ -35,11 +37,13 @@ from rlix.core import (
     Scheduler,
     SchedulerConfig,
     SchedulingError,
+    Shrink,
     Stage,
     Unregister,
     WorkerLost,
 )
-from rlix.exec.records import GrantReply, SchedulerStats
+from rlix.exec.gpu_order import GpuOrder
+from rlix.exec.messages import GrantReply, SchedulerStats
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -57,11 +61,9 @@ class SchedulerActor:
         self.errors: list[str] = []
         self._specs: list[PipelineSpec] = []
         self.pending: dict[str, int] = {}  # last reported queued trajectories per pipeline
-        self.background: set[asyncio.Task] = set()
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
-        self.plans: asyncio.Queue[tuple[Plan, asyncio.Future]] = asyncio.Queue()
-        self.executor: asyncio.Task | None = None
+        self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -70,9 +72,7 @@ class SchedulerActor:
 
     async def start(self) -> None:
         if self.ticker is None:
-            loop = asyncio.get_running_loop()
-            self.ticker = loop.create_task(self._tick())
-            self.executor = loop.create_task(self._carry_out())
+            self.ticker = self.order.spawn(self._tick())
 
     async def register(self, spec: PipelineSpec, coordinator) -> None:
         await self._event(Register(spec=spec))
@@ -147,9 +147,7 @@ class SchedulerActor:
         return {k: tuple(v) for k, v in sorted(out.items())}
 
     async def stop(self) -> None:
-        for task in (self.ticker, self.executor):
-            if task is not None:
-                task.cancel()
+        self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
 
     # ------------------------------------------------------------ planning
 
@@ -171,68 +169,65 @@ class SchedulerActor:
                 self._plan()
 
     def _plan(self) -> asyncio.Future | None:
+        """Plan once and queue the plan's actions per GPU; returns a future done once all of them handed their GPUs on."""
         t0 = time.perf_counter()
         plan = self.core.plan(self.now())
         self.plan_s += time.perf_counter() - t0
         if plan.empty:
             return None
-        done = asyncio.get_running_loop().create_future()
-        self.plans.put_nowait((plan, done))
-        return done
+        after = self.order.after
+        steps = [after(s.worker.gpus, lambda s=s: self._shrink(s)) for s in plan.shrinks]
+        steps += [after(g.gpus, lambda g=g: self._grant(g)) for g in plan.grants]
+        steps += [after(e.worker.gpus, lambda e=e: self._expand(e)) for e in plan.expands]
+        return asyncio.gather(*steps)
 
-    async def _carry_out(self) -> None:
-        """Carry out queued plans in order; unregister pipelines found dead and plan again."""
-        while True:
-            plan, done = await self.plans.get()
-            try:
-                dead = await self._execute(plan)
-            except Exception as exc:  # noqa: BLE001 -- a bug here must not stop every later plan
-                self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")
-                dead = set()
-            done.set_result(None)
-            if not dead:
-                continue
-            async with self.lock:
-                for pid in sorted(dead):
-                    self.coordinators.pop(pid, None)
-                    self._fail_waiting(pid)
-                    self.pending.pop(pid, None)
-                    if pid in self.core.pipelines():
-                        self.errors.append(f"pipeline '{pid}' unreachable; unregistered")
-                        self.core.submit(Unregister(pipeline_id=pid), self.now())
-                self._plan()
-
-    async def _execute(self, plan: Plan) -> set[str]:
-        dead: set[str] = set()
-        if plan.shrinks:
-            calls = [(s.worker.pipeline_id, self._call(s.worker.pipeline_id, "shrink", s.worker.gpus, s.reason.value)) for s in plan.shrinks]
-            results = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
-            dead.update(pid for (pid, _), r in zip(calls, results) if isinstance(r, Exception))
-            self.counts["shrinks"] += len(plan.shrinks)
-        for grant in plan.grants:
-            entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
-            self.counts["grants"] += 1
-        for e in plan.expands:
-            task = asyncio.get_running_loop().create_task(self._call(e.worker.pipeline_id, "expand", e.worker.gpus, ""))
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
-            self.counts["expands"] += 1
-        return dead
-
-    async def _call(self, pipeline_id: str, method: str, gpus, reason: str) -> None:
-        coord = self.coordinators.get(pipeline_id)
+    async def _shrink(self, shrink: Shrink) -> None:
+        pid = shrink.worker.pipeline_id
+        self.counts["shrinks"] += 1
+        coord = self.coordinators.get(pid)
         if coord is None:
             return  # pipeline already gone: nothing runs there
         try:
-            ref = coord.shrink.remote(gpus, reason) if method == "shrink" else coord.expand.remote(gpus)
+            await asyncio.wait_for(coord.shrink.remote(shrink.worker.gpus, shrink.reason.value), self.call_timeout_s)
+        except Exception:  # noqa: BLE001 -- the pipeline died; its GPUs are freed by unregistering it
+            self.order.spawn(self._unreachable(pid))
+
+    async def _grant(self, grant: Grant) -> None:
+        entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
+        self.counts["grants"] += 1
+
+    async def _expand(self, expand: Expand):
+        """Send the expand (the GPUs are handed on once it is sent); its answer is awaited after."""
+        pid = expand.worker.pipeline_id
+        self.counts["expands"] += 1
+        coord = self.coordinators.get(pid)
+        if coord is None:
+            return None
+        ref = coord.expand.remote(expand.worker.gpus)
+        return self._expanded(pid, ref)
+
+    async def _expanded(self, pipeline_id: str, ref) -> None:
+        try:
             await asyncio.wait_for(ref, self.call_timeout_s)
-        except Exception as exc:  # the pipeline died; its GPUs are freed by unregistering it
-            if method == "expand":
-                self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
-                asyncio.get_running_loop().create_task(self.unregister(pipeline_id))
-            raise
+        except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
+            self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
+            await self.unregister(pipeline_id)
+
+    async def _unreachable(self, pipeline_id: str) -> None:
+        """A coordinator missed a shrink: its pipeline is unregistered, and the others are planned again."""
+        async with self.lock:
+            self.coordinators.pop(pipeline_id, None)
+            self._fail_waiting(pipeline_id)
+            self.pending.pop(pipeline_id, None)
+            if pipeline_id in self.core.pipelines():
+                self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
+                self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
+            self._plan()
+
+    def _bug(self, exc: BaseException) -> None:
+        self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")
 
     def _fail_waiting(self, pipeline_id: str) -> None:
         for key in [k for k in self.waiting if k[0] == pipeline_id]:

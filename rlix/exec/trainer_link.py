@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig, LimitsConfig
+from rlix.exec.deadline import call
 from rlix.exec.messages import Emulation, TrainerJob
-from rlix.exec.rollout_control import call
 
 
 class TrainerLink:

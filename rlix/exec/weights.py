@@ -1,16 +1,18 @@
-"""Executor layer: the trainer's versioned CPU weight cache.
+"""Executor layer: the trainer's CPU copy of its weights, taken after each step.
 
-After every training step the trainer publishes a :class:`WeightSnapshot` (a
-CPU copy of its weights, tagged with the policy version). Rollout workers
-that wake up after a shrink, or are awake when a new version appears, load
-the newest snapshot; sleeping workers are never synced.
+:func:`snapshot_of` runs inside a trainer rank: it gathers the model's
+weights whole (FSDP2 shards them) into a :class:`WeightSnapshot` on the CPU,
+tagged with the policy version. It keeps nothing: the versioned cache of
+these snapshots (the newest full snapshot and the newest of each adapter, as
+object references rollout workers sync from) is the coordinator's
+:class:`~rlix.exec.trainer_link.TrainerLink`.
 """
 
 from __future__ import annotations
 
+from rlix.exec.fsdp import full
 from rlix.exec.messages import WeightSnapshot
 
-from rlix.exec.fsdp import full
 __all__ = ["WeightSnapshot", "snapshot_of"]
 
 

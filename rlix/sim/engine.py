@@ -227,6 +227,28 @@ class WeightLoader:
         return False
 
 
+def fill_slots(w: SimWorker, pending: deque[Traj], slots: int, weights: WeightLoader, timeline: Timeline, now: float) -> int:
+    """Start trajectories from the front of ``pending`` on ``w``'s free slots (of ``slots``), each once ``w``
+    holds the weights it needs; stops at one it must wait for (a sync started). Returns how many started."""
+    started = 0
+    while pending and len(w.active) < slots:
+        t = pending[0]
+        batch = t.batch
+        delay = weights.ready_for(w, batch, now)
+        if delay is None:
+            break  # the worker syncs its weights first, or drains before it may
+        pending.popleft()
+        t.worker = w
+        if t.version < 0:
+            t.version = w.versions.get(batch.stream, -1)
+        w.active[t.idx] = t
+        if t.generating:
+            w.generating += 1
+        started += 1
+        timeline.schedule(t, w, now + delay)
+    return started
+
+
 class RolloutEngine:
     """Runs a pipeline's trajectories on the workers the plan gives it."""
 
@@ -328,13 +350,6 @@ class RolloutEngine:
         """GPU-seconds of adapter loads inside busy workers (booked as switching, not work)."""
         return self.weights.switch_extra
 
-    @property
-    def unmet(self) -> bool:
-        return bool(self.pending)
-
-    def target_workers(self) -> int:
-        return math.ceil((len(self.pending) + self.running) / self.slots)
-
     # ------------------------------------------------------------ the process
 
     def _kick(self) -> None:
@@ -367,7 +382,9 @@ class RolloutEngine:
             for g in candidates:
                 w = self.workers.get(g)
                 if w is not None and w.ready_at <= now and len(w.active) < self.slots:
-                    if self._fill(w, now):
+                    started = fill_slots(w, self.pending, self.slots, self.weights, self.timeline, now)
+                    if started:
+                        self.running += started
                         touched[g] = w
                 if not self.pending:
                     break
@@ -425,25 +442,3 @@ class RolloutEngine:
         if has != self._had_pending:
             self._had_pending = has
             self.on_pending(has)
-
-    def _fill(self, w: SimWorker, now: float) -> bool:
-        """Start pending trajectories on ``w``'s free slots; sync stale weights first."""
-        started = False
-        pending = self.pending
-        while pending and len(w.active) < self.slots:
-            t = pending[0]
-            batch = t.batch
-            delay = self.weights.ready_for(w, batch, now)
-            if delay is None:
-                break  # the worker syncs its weights first, or drains before it may
-            pending.popleft()
-            t.worker = w
-            if t.version < 0:
-                t.version = w.versions.get(batch.stream, -1)
-            w.active[t.idx] = t
-            if t.generating:
-                w.generating += 1
-            self.running += 1
-            self.timeline.schedule(t, w, now + delay)
-            started = True
-        return started

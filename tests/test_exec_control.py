@@ -1,0 +1,417 @@
+"""The executor's control plane without Ray: the scheduler actor's per-GPU order of plans, and
+one pipeline's rollout control (expand/shrink races, lost workers, weight catch-up).
+
+The actor class and the rollout control run as themselves; fakes stand only at the process
+boundary: the pipeline coordinators and rollout worker processes they call as
+``handle.method.remote(...)``, and (for the rollout control) killing a process and the
+runtime's error types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from helpers import spec
+
+from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig, Stage
+from rlix.exec.messages import GenRequest, GenResult, SwitchTiming
+from rlix.metrics import Activity
+
+
+class _Remote:
+    """A remote method at the process boundary: ``.remote(...)`` gives an awaitable, as a Ray object ref."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return asyncio.ensure_future(self.fn(*args))
+
+
+class _Coordinator:
+    """A pipeline coordinator: notes every call; a shrink waits while ``hold`` is clear (a worker finishing its wake)."""
+
+    def __init__(self, name: str, calls: list) -> None:
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+        async def shrink(gpus, reason):
+            calls.append((name, "shrink", tuple(gpus)))
+            await self.hold.wait()
+            calls.append((name, "shrunk", tuple(gpus)))
+
+        async def expand(gpus):
+            calls.append((name, "expand", tuple(gpus)))
+
+        self.shrink, self.expand = _Remote(shrink), _Remote(expand)
+
+
+def _actor(gpus: int):
+    from rlix.exec.scheduler_actor import SchedulerActor
+
+    cluster = ClusterSpec(nodes=1, gpus_per_node=gpus)
+    return SchedulerActor.__ray_metadata__.modified_class(cluster, "rlix", SchedulerConfig(), time.time(), 60.0)
+
+
+async def _settle() -> None:
+    for _ in range(20):  # let every ready task run (fakes answer at once)
+        await asyncio.sleep(0)
+
+
+async def _two_jobs_with_rollout(calls: list):
+    """Jobs a (GPUs 0-1) and b (GPUs 2-3) on 4 GPUs, each training and rolling out on its own
+    two GPUs with one 2-GPU worker; a's worker is up, b has not asked for rollout yet."""
+    sched = _actor(4)
+    await sched.start()
+    coords = {"a": _Coordinator("a", calls), "b": _Coordinator("b", calls)}
+    await sched.register(spec("a", (0, 1), (0, 1), tp=2), coords["a"])
+    await sched.register(spec("b", (2, 3), (2, 3), tp=2), coords["b"])
+    for pid in ("a", "b"):
+        await sched.request(pid, Stage.INIT)
+        await sched.release(pid, Stage.INIT)
+    await sched.report(ReportDemand(pipeline_id="a", pending=8, batch_size=8))
+    await _settle()
+    assert ("a", "expand", (0, 1)) in calls
+    return sched, coords
+
+
+def test_a_slow_shrink_delays_only_the_actions_on_its_own_gpus():
+    """a's rollout worker on GPUs 0-1 is slow to shrink for a's training. Meanwhile b's expand and
+    b's training grant on GPUs 2-3 (a shrink of b's own worker first) go through at once; a's
+    grant on GPUs 0-1 waits for the shrink that frees them, and comes once it does."""
+
+    async def scenario():
+        calls: list = []
+        sched, coords = await _two_jobs_with_rollout(calls)
+        coords["a"].hold.clear()  # a's worker is still waking: its shrink waits
+        a_train = asyncio.ensure_future(sched.request("a", Stage.ACTOR_TRAIN))
+        await _settle()
+        assert ("a", "shrink", (0, 1)) in calls and not a_train.done()
+
+        await sched.report(ReportDemand(pipeline_id="b", pending=8, batch_size=8))
+        await _settle()
+        assert ("b", "expand", (2, 3)) in calls  # not behind a's shrink
+        b_reply = await asyncio.wait_for(sched.request("b", Stage.ACTOR_TRAIN), 1.0)  # b's worker shrinks at once
+        assert b_reply.gpus == (2, 3) and calls[-2:] == [("b", "shrink", (2, 3)), ("b", "shrunk", (2, 3))]
+        assert not a_train.done()  # still behind the shrink on its own GPUs
+
+        coords["a"].hold.set()
+        a_reply = await asyncio.wait_for(a_train, 1.0)
+        assert a_reply.gpus == (0, 1)
+        assert calls.index(("a", "shrunk", (0, 1))) > calls.index(("b", "shrunk", (2, 3)))
+        stats = await sched.stats()
+        await sched.stop()
+        return stats
+
+    stats = asyncio.run(scenario())
+    assert (stats.shrinks, stats.grants, stats.expands, stats.errors) == (2, 4, 2, ())
+
+
+def test_an_expand_waits_for_the_slow_shrink_that_frees_its_gpus():
+    """a's worker on GPUs 0-1 is shrunk (a leaves), slowly; b, whose rollout may use all 4 GPUs,
+    gets an expand on 2-3 at once, and the one on 0-1 only after a's worker let them go."""
+
+    async def scenario():
+        calls: list = []
+        sched = _actor(4)
+        await sched.start()
+        coords = {"a": _Coordinator("a", calls), "b": _Coordinator("b", calls)}
+        await sched.register(spec("a", (0, 1), (0, 1), tp=2), coords["a"])
+        await sched.register(spec("b", (2, 3), (0, 1, 2, 3), tp=2), coords["b"])
+        for pid in ("a", "b"):
+            await sched.request(pid, Stage.INIT)
+            await sched.release(pid, Stage.INIT)
+        await sched.report(ReportDemand(pipeline_id="a", pending=8, batch_size=8))
+        await _settle()
+        assert calls == [("a", "expand", (0, 1))]
+
+        coords["a"].hold.clear()
+        leaving = asyncio.ensure_future(sched.unregister("a"))  # shrinks a's worker, slowly
+        await _settle()
+        await sched.report(ReportDemand(pipeline_id="b", pending=8, batch_size=8))
+        await _settle()
+        assert ("b", "expand", (2, 3)) in calls and ("b", "expand", (0, 1)) not in calls
+        assert not leaving.done()
+
+        coords["a"].hold.set()
+        await asyncio.wait_for(leaving, 1.0)
+        await _settle()
+        assert calls.index(("b", "expand", (0, 1))) > calls.index(("a", "shrunk", (0, 1)))
+        await sched.stop()
+        return await sched.holdings()
+
+    assert asyncio.run(scenario()) == {"b": (0, 1, 2, 3)}
+
+
+def test_stop_cancels_every_background_task():
+    async def scenario():
+        calls: list = []
+        sched, coords = await _two_jobs_with_rollout(calls)
+        coords["a"].hold.clear()
+        asyncio.ensure_future(sched.request("a", Stage.ACTOR_TRAIN))
+        await _settle()
+        tasks = set(sched.order.tasks)
+        assert len(tasks) >= 2  # the ticker, a's slow shrink, the grant behind it
+        await sched.stop()
+        await asyncio.sleep(0)
+        return tasks
+
+    assert all(t.cancelled() or t.done() for t in asyncio.run(scenario()))
+
+
+
+
+# ------------------------------------------------------------------ rollout control
+
+
+class _Died(RuntimeError):
+    """The runtime's error for a call whose worker process is gone (Ray: RayActorError)."""
+
+
+class _Refused(RuntimeError):
+    """The runtime's error for an application error inside a live worker (Ray: RayTaskError)."""
+
+
+class _Gate:
+    """A call that waits until opened (``never``: it hangs)."""
+
+    def __init__(self, open_: bool = True) -> None:
+        self.event = asyncio.Event()
+        if open_:
+            self.event.set()
+
+
+class _Worker:
+    """A rollout worker process: notes its calls; ``wake_gate`` and ``gen_gate`` hold wake and generate."""
+
+    def __init__(self, gpus, prepare_gate: _Gate) -> None:
+        self.gpus = tuple(gpus)
+        self.calls: list[tuple] = []
+        self.wake_gate, self.sleep_gate, self.gen_gate = _Gate(), _Gate(), _Gate()
+        self.dies_in_rollout = False
+
+        async def prepare(model_dir):
+            self.calls.append(("prepare",))
+            await prepare_gate.event.wait()
+
+        async def wake(full, *adapters):
+            self.calls.append(("wake", full))
+            await self.wake_gate.event.wait()
+            return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]))
+
+        async def update_weights(full):
+            self.calls.append(("update_weights", full))
+            return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]))
+
+        async def sleep():
+            self.calls.append(("sleep",))
+            await self.sleep_gate.event.wait()
+
+        async def generate(req):
+            self.calls.append(("generate", req.traj_id))
+            await self.gen_gate.event.wait()
+            if self.dies_in_rollout:
+                raise _Died("the worker process exited")
+            ids = req.prefix_ids + (7,) * (req.max_new_tokens - len(req.prefix_ids))
+            return GenResult(
+                traj_id=req.traj_id, token_ids=ids, logprobs=(-1.0,) * len(ids), finished=True, aborted=False,
+                weight_version=0, gen_s=0.1,
+            )
+
+        methods = {"prepare": prepare, "wake": wake, "update_weights": update_weights, "sleep": sleep, "generate": generate}
+        for name, fn in methods.items():
+            setattr(self, name, _Remote(fn))
+
+
+class _Job:
+    """The coordinator's side of one pipeline's rollout control: its hooks, and what they were told."""
+
+    def __init__(self, *, slots: int = 1, wake_s: float = 5.0) -> None:
+        from rlix.exec.pool import WorkerPool
+        from rlix.exec.recorder import Recorder
+        from rlix.exec.rollout_control import Deadlines, Hooks, Processes, RolloutControl
+        from rlix.exec.rollout_queue import RolloutQueue
+
+        self.version = 0  # newest trained weights, cached as "w<version>"
+        self.prepare_gate = _Gate()  # process start-up (spawned processes wait on it)
+        self.workers: list[_Worker] = []
+        self.killed: list[_Worker] = []
+        self.lost: list[tuple] = []
+        self.finished: list[int] = []
+        self.fatal: list[BaseException] = []
+        hooks = Hooks(
+            now=lambda: 0.0, spawn=self._spawn, weights=lambda: (f"w{self.version}", self.version, ()),
+            finished=lambda q, result: self.finished.append(q.traj_id), fatal=self.fatal.append,
+            lost=lambda gpus: self.lost.append(tuple(gpus)), changed=lambda: None,
+        )
+        procs = Processes(kill=self.killed.append, died=(_Died,), refused=(_Refused,))
+        self.pool, self.queue = WorkerPool(slots), RolloutQueue(max_tries=2)
+        self.ctl = RolloutControl(
+            pool=self.pool, queue=self.queue, recorder=Recorder("p"), hooks=hooks,
+            deadlines=Deadlines(wake_s=wake_s, call_s=5.0, rollout_s=5.0), model_dir="/model", procs=procs,
+        )
+
+    def _spawn(self, gpus, first):
+        self.workers.append(_Worker(gpus, self.prepare_gate))
+        return self.workers[-1]
+
+    def worker(self, gpus) -> _Worker:
+        return self.pool.workers[gpus[0]].handle
+
+    def marks(self, gpu: int) -> list[Activity]:
+        return [e.activity for e in self.ctl.rec.events if gpu in e.gpus]
+
+    def add(self, n: int) -> None:
+        from rlix.exec.recipe import Trajectory
+        from rlix.exec.tasks import Prompt
+
+        reqs = [GenRequest(traj_id=i, prompt_ids=(1, 2), max_new_tokens=4) for i in range(n)]
+        self.queue.add([Trajectory(step=0, prompt=Prompt(prompt_id=r.traj_id, text="x", answer="x"), request=r) for r in reqs])
+
+
+async def _warm(job: _Job, *bundles) -> None:
+    job.ctl.warm(bundles)
+    await _settle()
+
+
+def test_a_shrink_during_a_wake_waits_for_it_and_the_wake_is_not_used():
+    """The plan takes GPU 0 back while its worker wakes: the shrink waits for the wake, the woken
+    worker runs nothing and is put to sleep, and GPU 0 is freed once."""
+    from rlix.exec.pool import WorkerState
+
+    async def scenario():
+        job = _Job()
+        job.add(2)
+        await _warm(job, (0,))
+        w = job.worker((0,))
+        w.wake_gate = _Gate(open_=False)
+        expand = asyncio.ensure_future(job.ctl.expand((0,)))
+        await _settle()
+        assert job.pool.workers[0].state is WorkerState.WAKING
+        shrink = asyncio.ensure_future(job.ctl.shrink((0,), "gang"))
+        await _settle()
+        assert not shrink.done()  # waits for the wake
+        w.wake_gate.event.set()
+        await asyncio.wait_for(asyncio.gather(expand, shrink), 1.0)
+        return job, w
+
+    job, w = asyncio.run(scenario())
+    assert [c[0] for c in w.calls] == ["prepare", "wake", "sleep"]  # no trajectory ran on it
+    assert job.pool.workers[0].state is WorkerState.ASLEEP and len(job.queue) == 2
+    assert job.marks(0) == [Activity.SWITCH, Activity.SWITCH, Activity.FREE]  # never held for work; freed once
+    assert job.lost == [] and job.killed == []
+
+
+def test_an_expand_right_after_a_shrink_keeps_the_gpus_and_wakes_again():
+    """A shrink is still draining GPU 0 when the next plan gives it back: the shrink's release is
+    stale (the newer expand's generation keeps the GPUs), and the worker wakes again and works."""
+    from rlix.exec.pool import WorkerState
+
+    async def scenario():
+        job = _Job()
+        await _warm(job, (0,))
+        await job.ctl.expand((0,))
+        w = job.worker((0,))
+        w.sleep_gate = _Gate(open_=False)
+        shrink = asyncio.ensure_future(job.ctl.shrink((0,), "rebalance"))
+        await _settle()
+        assert job.pool.workers[0].state is WorkerState.DRAINING
+        expand = asyncio.ensure_future(job.ctl.expand((0,)))
+        await _settle()
+        w.sleep_gate.event.set()
+        await asyncio.wait_for(asyncio.gather(shrink, expand), 1.0)
+        job.add(1)
+        job.ctl.dispatch()
+        await _settle()
+        return job, w
+
+    job, w = asyncio.run(scenario())
+    assert [c[0] for c in w.calls] == ["prepare", "wake", "sleep", "wake", "generate"]
+    assert job.pool.workers[0].state is WorkerState.AWAKE and job.pool.held_gpus() == (0,)
+    assert Activity.FREE not in job.marks(0) and job.finished == [0]
+
+
+def test_a_shrink_before_the_process_is_up_cancels_the_expand():
+    """Expanded onto a bundle whose process is still starting, then shrunk: it never wakes."""
+    from rlix.exec.pool import WorkerState
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        expand = asyncio.ensure_future(job.ctl.expand((0,)))  # not warm: the expand starts the process
+        await _settle()
+        assert job.workers[0].calls == [("prepare",)] and not expand.done()
+        await job.ctl.shrink((0,), "rebalance")
+        job.prepare_gate.event.set()
+        await asyncio.wait_for(expand, 1.0)
+        return job
+
+    job = asyncio.run(scenario())
+    assert [c[0] for c in job.workers[0].calls] == ["prepare"]
+    assert job.pool.workers[0].state is WorkerState.ASLEEP and job.pool.held_gpus() == ()
+    assert job.marks(0)[-1] is Activity.FREE
+
+
+def test_a_worker_that_does_not_wake_in_time_is_killed_and_reported_lost():
+    from rlix.exec.pool import WorkerState
+
+    async def scenario():
+        job = _Job(wake_s=0.05)
+        job.add(1)
+        await _warm(job, (0,), (1,))
+        hung = job.worker((0,))
+        hung.wake_gate = _Gate(open_=False)  # its wake never returns
+        await asyncio.wait_for(asyncio.gather(job.ctl.expand((0,)), job.ctl.expand((1,))), 1.0)
+        await _settle()
+        return job, hung
+
+    job, hung = asyncio.run(scenario())
+    assert job.killed == [hung] and job.lost == [(0,)]
+    assert job.pool.workers[0].state is WorkerState.DEAD and job.ctl.rec.counters.workers_lost == 1
+    assert job.marks(0)[-1] is Activity.FREE and job.pool.held_gpus() == (1,)
+    assert job.finished == [0]  # the other worker took the work
+
+
+def test_a_worker_dying_mid_rollout_has_its_trajectories_continue_elsewhere():
+    async def scenario():
+        job = _Job(slots=2)
+        job.add(3)
+        await _warm(job, (0,), (1,))
+        job.worker((0,)).gen_gate = _Gate(open_=False)
+        job.worker((1,)).gen_gate = _Gate(open_=False)
+        await job.ctl.expand((0,))
+        await job.ctl.expand((1,))
+        await _settle()
+        dying = job.worker((0,))
+        running = [c[1] for c in dying.calls if c[0] == "generate"]
+        dying.dies_in_rollout = True
+        dying.gen_gate.event.set()
+        await _settle()
+        job.workers[1].gen_gate.event.set()
+        await _settle()
+        return job, dying, running
+
+    job, dying, running = asyncio.run(scenario())
+    assert running == [0, 1] and job.killed == [dying] and job.lost == [(0,)]
+    assert sorted(job.finished) == [0, 1, 2] and job.queue.requeued == 2  # nothing lost
+    assert [c[1] for c in job.workers[1].calls if c[0] == "generate"] == [2, 0, 1]
+
+
+def test_a_newer_weight_version_published_during_a_wake_is_synced_before_work():
+    async def scenario():
+        job = _Job()
+        job.add(1)
+        await _warm(job, (0,))
+        w = job.worker((0,))
+        w.wake_gate = _Gate(open_=False)
+        expand = asyncio.ensure_future(job.ctl.expand((0,)))
+        await _settle()
+        job.version = 1  # the trainer published version 1 while the worker loads version 0
+        w.wake_gate.event.set()
+        await asyncio.wait_for(expand, 1.0)
+        await _settle()
+        return w
+
+    w = asyncio.run(scenario())
+    assert w.calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("generate", 0)]

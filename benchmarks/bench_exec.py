@@ -41,7 +41,7 @@ class _NullCoordinator:
 
 def bench_scheduler(n: int) -> dict:
     from rlix.core import ClusterSpec, PipelineSpec, ReportDemand, Role, RoleSpec, SchedulerConfig, Stage
-    from rlix.exec.scheduler_actor import SchedulerActor
+    from rlix.exec.control.scheduler_actor import SchedulerActor
 
     cluster = ClusterSpec(nodes=1, gpus_per_node=4)
     sched = SchedulerActor.remote(cluster, "rlix", SchedulerConfig(), time.time(), 0.5)
@@ -97,10 +97,10 @@ def bench_h2d(nbytes: int, reps: int = 5) -> dict:
 def bench_worker(hidden: int, layers: int, reps: int, *, heads: int = 8, intermediate: int = 0, backend: str = "torch", vllm_memory: float = 0.3) -> dict:
     import torch
 
-    from rlix.exec.model import ModelSize, build_model, load_model, param_count
-    from rlix.exec.rollout import Emulation, VllmOptions
-    from rlix.exec.weights import snapshot_of
-    from rlix.exec.workers import RolloutWorkerActor
+    from rlix.exec.data.model import ModelSize, build_model, load_model, param_count
+    from rlix.exec.rollout.torch_backend import Emulation, VllmOptions
+    from rlix.exec.train.weights import snapshot_of
+    from rlix.exec.actors import RolloutWorkerActor
 
     size = ModelSize(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=intermediate or 4 * hidden)
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from rlix.exec import api
+from rlix.exec.front import api
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ number, and returns the effects the job wants carried out, in order:
     ...
 
 Two interpreters drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
-timeouts stand in for the work) and the executor (:mod:`rlix.exec.coordinator`,
+timeouts stand in for the work) and the executor (:mod:`rlix.exec.job.coordinator`,
 asyncio over Ray actors do the work). A test can drive it by hand, event by
 event. Trajectories within a batch are the rollout engine's business (which
 slot, which worker, continuation after a shrink); the machine deals in

@@ -40,7 +40,7 @@ def assert_config_error_names(raw: dict, field: str) -> None:
     """``raw`` fails to parse with one line that starts with ``field``."""
     import pytest
 
-    from rlix.exec.config import ConfigError, parse_config
+    from rlix.exec.front.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError) as info:
         parse_config(raw)

@@ -12,11 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlix.exec.config import JobConfig
-from rlix.exec.grpo import GrpoLearner
-from rlix.exec.model import materialize_model
-from rlix.exec.recipe import Recipe
-from rlix.exec.rollout import Emulation, TorchRolloutBackend
+from rlix.exec.front.config import JobConfig
+from rlix.exec.train.grpo import GrpoLearner
+from rlix.exec.data.model import materialize_model
+from rlix.exec.data.recipe import Recipe
+from rlix.exec.rollout.torch_backend import Emulation, TorchRolloutBackend
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +76,7 @@ def _run_full(job: JobConfig, workdir: str | Path, emulation: Emulation) -> list
 
 
 def _run_lora(job: JobConfig, workdir: str | Path, emulation: Emulation) -> dict[str, list[LocalStep]]:
-    from rlix.exec.lora import LoraLearner
+    from rlix.exec.train.lora import LoraLearner
 
     model_dir = materialize_model(job, workdir)
     spec = job.lora_spec()

@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def rlix_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlix.exec.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env)
+    return subprocess.run([sys.executable, "-m", "rlix.exec.front.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env)
 
 
 @pytest.mark.exec
@@ -101,9 +101,9 @@ def test_two_node_cluster_pins_every_worker_to_the_node_that_holds_its_gpus(tmp_
     from ray.cluster_utils import Cluster
 
     from rlix.core import ClusterSpec
-    from rlix.exec import api
-    from rlix.exec.config import load_config
-    from rlix.exec.placement import actor_options, node_ids
+    from rlix.exec.front import api
+    from rlix.exec.front.config import load_config
+    from rlix.exec.control.actor_placement import actor_options, node_ids
 
     nodes2 = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2})
     nodes2.add_node(num_cpus=1, num_gpus=2)

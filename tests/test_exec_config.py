@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from helpers import assert_config_error_names
-from rlix.exec.config import RunConfig, load_config
+from rlix.exec.front.config import RunConfig, load_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -53,7 +53,7 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     raw["jobs"][0]["slots_per_worker"] = 0
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "rlix.exec.cli", str(bad)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "rlix.exec.front.cli", str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "jobs[0].slots_per_worker" in lines[0], proc.stderr
@@ -61,7 +61,7 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
 
 
 def test_import_rlix_exec_is_light():
-    code = "import sys, rlix, rlix.exec, rlix.exec.config, rlix.exec.cli; print(any(m in sys.modules for m in ('ray', 'torch', 'vllm')))"
+    code = "import sys, rlix, rlix.exec, rlix.exec.front.config, rlix.exec.front.cli; print(any(m in sys.modules for m in ('ray', 'torch', 'vllm')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
 

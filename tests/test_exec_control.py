@@ -48,7 +48,7 @@ class _Coordinator:
 
 
 def _actor(gpus: int):
-    from rlix.exec.scheduler_actor import SchedulerActor
+    from rlix.exec.control.scheduler_actor import SchedulerActor
 
     cluster = ClusterSpec(nodes=1, gpus_per_node=gpus)
     return SchedulerActor.__ray_metadata__.modified_class(cluster, "rlix", SchedulerConfig(), time.time(), 60.0)
@@ -228,10 +228,10 @@ class _Job:
     """The coordinator's side of one pipeline's rollout control: its hooks, and what they were told."""
 
     def __init__(self, *, slots: int = 1, wake_s: float = 5.0) -> None:
-        from rlix.exec.pool import WorkerPool
-        from rlix.exec.recorder import Recorder
-        from rlix.exec.rollout_control import Deadlines, Hooks, Processes, RolloutControl
-        from rlix.exec.rollout_queue import RolloutQueue
+        from rlix.exec.rollout.pool import WorkerPool
+        from rlix.exec.job.recorder import Recorder
+        from rlix.exec.rollout.control import Deadlines, Hooks, Processes, RolloutControl
+        from rlix.exec.rollout.queue import RolloutQueue
 
         self.version = 0  # newest trained weights, cached as "w<version>"
         self.prepare_gate = _Gate()  # process start-up (spawned processes wait on it)
@@ -263,8 +263,8 @@ class _Job:
         return [e.activity for e in self.ctl.rec.events if gpu in e.gpus]
 
     def add(self, n: int) -> None:
-        from rlix.exec.recipe import Trajectory
-        from rlix.exec.tasks import Prompt
+        from rlix.exec.data.recipe import Trajectory
+        from rlix.exec.data.tasks import Prompt
 
         reqs = [GenRequest(traj_id=i, prompt_ids=(1, 2), max_new_tokens=4) for i in range(n)]
         self.queue.add([Trajectory(step=0, prompt=Prompt(prompt_id=r.traj_id, text="x", answer="x"), request=r) for r in reqs])
@@ -278,7 +278,7 @@ async def _warm(job: _Job, *bundles) -> None:
 def test_a_shrink_during_a_wake_waits_for_it_and_the_wake_is_not_used():
     """The plan takes GPU 0 back while its worker wakes: the shrink waits for the wake, the woken
     worker runs nothing and is put to sleep, and GPU 0 is freed once."""
-    from rlix.exec.pool import WorkerState
+    from rlix.exec.rollout.pool import WorkerState
 
     async def scenario():
         job = _Job()
@@ -306,7 +306,7 @@ def test_a_shrink_during_a_wake_waits_for_it_and_the_wake_is_not_used():
 def test_an_expand_right_after_a_shrink_keeps_the_gpus_and_wakes_again():
     """A shrink is still draining GPU 0 when the next plan gives it back: the shrink's release is
     stale (the newer expand's generation keeps the GPUs), and the worker wakes again and works."""
-    from rlix.exec.pool import WorkerState
+    from rlix.exec.rollout.pool import WorkerState
 
     async def scenario():
         job = _Job()
@@ -334,7 +334,7 @@ def test_an_expand_right_after_a_shrink_keeps_the_gpus_and_wakes_again():
 
 def test_a_shrink_before_the_process_is_up_cancels_the_expand():
     """Expanded onto a bundle whose process is still starting, then shrunk: it never wakes."""
-    from rlix.exec.pool import WorkerState
+    from rlix.exec.rollout.pool import WorkerState
 
     async def scenario():
         job = _Job()
@@ -354,7 +354,7 @@ def test_a_shrink_before_the_process_is_up_cancels_the_expand():
 
 
 def test_a_worker_that_does_not_wake_in_time_is_killed_and_reported_lost():
-    from rlix.exec.pool import WorkerState
+    from rlix.exec.rollout.pool import WorkerState
 
     async def scenario():
         job = _Job(wake_s=0.05)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from helpers import assert_config_error_names
-from rlix.exec.data import DatasetPrompts, PreparedPrompts, PromptItem, check_rows, read_rows
-from rlix.exec.rewards import RewardError, RewardRef, RewardSet
+from rlix.exec.data.sources import DatasetPrompts, PreparedPrompts, PromptItem, check_rows, read_rows
+from rlix.exec.data.rewards import RewardError, RewardRef, RewardSet
 
 pytestmark = pytest.mark.exec  # reads data with the datasets package (exec extra); no Ray, no torch
 
@@ -196,7 +196,7 @@ def test_bad_input_is_one_line_naming_job_and_field(tmp_path, case, edit, field,
             job[k] = {**job[k], **v}
         else:
             job[k] = v
-    from rlix.exec.config import ConfigError, parse_config
+    from rlix.exec.front.config import ConfigError, parse_config
 
     assert_config_error_names(raw, field)
     with pytest.raises(ConfigError) as info:
@@ -207,14 +207,14 @@ def test_bad_input_is_one_line_naming_job_and_field(tmp_path, case, edit, field,
 
 
 def test_good_data_config_parses(tmp_path):
-    from rlix.exec.config import parse_config
+    from rlix.exec.front.config import parse_config
 
     cfg = parse_config(_data_cfg(tmp_path, eval={"path": str(tmp_path / "train.jsonl")}))
     assert cfg.jobs[0].data.prompt_field == "q" and cfg.jobs[0].task is None
 
 
 def test_example_config_validates():
-    from rlix.exec.config import load_config
+    from rlix.exec.front.config import load_config
 
     cfg = load_config(ROOT / "examples" / "cpu_data.yaml")
     assert {j.name for j in cfg.jobs} == {"arith", "copy"}
@@ -229,7 +229,7 @@ def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
         raw["jobs"][0]["rewards"] = _fn("no_kwargs")
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "rlix.exec.cli", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "rlix.exec.front.cli", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "jobs[0]." in lines[0] and "arith" in lines[0], proc.stderr
@@ -237,9 +237,9 @@ def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
 
 
 def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
-    from rlix.exec.cli import exit_status
+    from rlix.exec.front.cli import exit_status
     from rlix.exec.messages import JobResult
-    from rlix.exec.records import JobStatus
+    from rlix.exec.job.records import JobStatus
 
     ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)
     crashed = JobResult(pipeline_id="x", status=JobStatus.FAILED, error="ActorDiedError")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.config import JobConfig
+from rlix.exec.front.config import JobConfig
 
 pytestmark = pytest.mark.exec
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rlix.exec.model import ModelSize, build_model
+    from rlix.exec.data.model import ModelSize, build_model
 
     return build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path_factory.mktemp("m"))
 
@@ -39,7 +39,7 @@ def _job(tmp_path: Path, **extra) -> JobConfig:
 
 
 def test_text_prompts_use_the_checkpoints_tokenizer_and_long_ones_are_counted(tmp_path, model_dir):
-    from rlix.exec.recipe import Recipe, TextCodec
+    from rlix.exec.data.recipe import Recipe, TextCodec
 
     recipe = Recipe.from_data(_job(tmp_path), model_dir)
     train = recipe.report[0]
@@ -52,8 +52,8 @@ def test_text_prompts_use_the_checkpoints_tokenizer_and_long_ones_are_counted(tm
 def test_chat_template_applied_unless_disabled(tmp_path, model_dir):
     import shutil
 
-    from rlix.exec.data import Encoder
-    from rlix.exec.model import load_tokenizer
+    from rlix.exec.data.sources import Encoder
+    from rlix.exec.data.model import load_tokenizer
 
     templated = tmp_path / "chat"
     shutil.copytree(model_dir, templated)
@@ -69,8 +69,8 @@ def test_chat_template_applied_unless_disabled(tmp_path, model_dir):
 
 
 def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, model_dir):
-    from rlix.exec.recipe import Recipe
-    from rlix.exec.rollout import GenResult
+    from rlix.exec.data.recipe import Recipe
+    from rlix.exec.rollout.torch_backend import GenResult
 
     job = _job(tmp_path, eval={"path": str(tmp_path / "d.jsonl")}, eval_every=2)
     recipe = Recipe.from_data(job, model_dir)
@@ -95,10 +95,10 @@ def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, 
 
 
 def test_metrics_jsonl_and_tensorboard(tmp_path):
-    from rlix.exec.grpo import TrainStats
-    from rlix.exec.recipe import EvalScore, ScoredStep
-    from rlix.exec.rewards import FunctionScores
-    from rlix.exec.steplog import StepLog
+    from rlix.exec.train.grpo import TrainStats
+    from rlix.exec.data.recipe import EvalScore, ScoredStep
+    from rlix.exec.data.rewards import FunctionScores
+    from rlix.exec.front.steplog import StepLog
     from rlix.metrics import Activity
 
     log = StepLog(tmp_path / "job")
@@ -124,8 +124,8 @@ def test_metrics_jsonl_and_tensorboard(tmp_path):
 def test_full_finetune_checkpoint_round_trip(tmp_path, model_dir):
     import torch
 
-    from rlix.exec import checkpoint
-    from rlix.exec.grpo import GrpoConfig, GrpoLearner, Sample
+    from rlix.exec.train import checkpoint
+    from rlix.exec.train.grpo import GrpoConfig, GrpoLearner, Sample
 
     learner = GrpoLearner(str(model_dir), "cpu", GrpoConfig(lr=1e-2))
     samples = [Sample(prompt_ids=(1, 4, 5), completion_ids=(6, 2), advantage=a, old_logprobs=(-1.0, -1.0)) for a in (1.0, -1.0)]
@@ -166,7 +166,7 @@ def test_cli_refuses_a_job_whose_prompts_are_all_too_long(tmp_path):
     }
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "rlix.exec.cli", str(cfg), "--no-console"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "rlix.exec.front.cli", str(cfg), "--no-console"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlix-run: config error: jobs[0].data.path: job 'long': "), proc.stderr

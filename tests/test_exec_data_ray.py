@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.config import load_config
-from rlix.exec.records import JobStatus
+from rlix.exec.front.config import load_config
+from rlix.exec.job.records import JobStatus
 
 pytestmark = pytest.mark.heavy
 
@@ -44,7 +44,7 @@ def _config(out: Path, ck: Path, *, arith_steps: int, with_others: bool):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     d = tmp_path_factory.mktemp("data")
     first = api.run(_config(d / "out", d / "ck", arith_steps=8, with_others=True))

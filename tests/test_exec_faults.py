@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.config import load_config
-from rlix.exec.records import JobStatus
+from rlix.exec.front.config import load_config
+from rlix.exec.job.records import JobStatus
 
 pytestmark = pytest.mark.heavy
 
@@ -19,7 +19,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_two_jobs.ya
 
 
 def run_with(tmp_path, fault: dict, limits: dict | None = None):
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE)
     small = cfg.jobs[0].model_copy(update={"steps": 2})

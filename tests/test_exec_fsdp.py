@@ -39,7 +39,7 @@ def _samples(n: int = 7, seed: int = 0):
     """``n`` trajectories of uneven prompt/completion lengths (padding differs per rank)."""
     import torch
 
-    from rlix.exec.grpo import Sample
+    from rlix.exec.train.grpo import Sample
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -59,7 +59,7 @@ def _perturbed(samples, rows, shift: float):
 
 
 def full_program(ranks, model_dir: str, _ckpt: str, dtype: str = DTYPE) -> dict:
-    from rlix.exec.grpo import GrpoConfig, GrpoLearner
+    from rlix.exec.train.grpo import GrpoConfig, GrpoLearner
 
     cfg = GrpoConfig(kl_coef=0.1, minibatches=4, lr=3e-3, seed=5)  # 7 samples in 4 minibatches: one rank is idle in some
     learner = GrpoLearner(model_dir, "cpu", cfg, ranks=ranks, dtype=dtype)
@@ -76,8 +76,8 @@ def full_program(ranks, model_dir: str, _ckpt: str, dtype: str = DTYPE) -> dict:
 
 
 def _lora(ranks, model_dir: str):
-    from rlix.exec.grpo import GrpoConfig
-    from rlix.exec.lora import LoraLearner, LoraSpec
+    from rlix.exec.train.grpo import GrpoConfig
+    from rlix.exec.train.lora import LoraLearner, LoraSpec
 
     spec = LoraSpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"), adapters=ADAPTERS)
     return LoraLearner(model_dir, "cpu", spec, {n: GrpoConfig(seed=s, lr=5e-3) for n, s in ADAPTERS}, ranks=ranks, dtype=DTYPE)
@@ -101,7 +101,7 @@ def lora_first_half(ranks, model_dir: str, ckpt: str, _dtype: str = DTYPE) -> di
     stats = [_tick(learner, "a", seed) for seed in range(2)]
     state = learner.checkpoint("a")  # every rank gathers; rank 0 writes
     if ranks.rank == 0:
-        from rlix.exec.lora import write_checkpoint
+        from rlix.exec.train.lora import write_checkpoint
 
         write_checkpoint(state, "a", ckpt)
     return {"stats": stats}
@@ -117,7 +117,7 @@ def lora_second_half(ranks, model_dir: str, ckpt: str, _dtype: str = DTYPE) -> d
 def _rank_main(rank: int, port: int, program: str, model_dir: str, ckpt: str, out: str, dtype: str) -> None:
     import torch
 
-    from rlix.exec.fsdp import Rendezvous, join, leave
+    from rlix.exec.train.fsdp import Rendezvous, join, leave
 
     torch.set_num_threads(1)
     ranks = join(Rendezvous(host="127.0.0.1", port=port, world=WORLD), rank)
@@ -146,7 +146,7 @@ def _on_ranks(program: str, model_dir, tmp_path, ckpt="", dtype=DTYPE) -> dict:
 def _on_one(program: str, model_dir, ckpt="", dtype=DTYPE) -> dict:
     import torch
 
-    from rlix.exec.fsdp import SINGLE
+    from rlix.exec.train.fsdp import SINGLE
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank does: the same kernels, the same sums
@@ -158,7 +158,7 @@ def _on_one(program: str, model_dir, ckpt="", dtype=DTYPE) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rlix.exec.model import ModelSize, build_model
+    from rlix.exec.data.model import ModelSize, build_model
 
     return build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64), tmp_path_factory.mktemp("m"))
 
@@ -188,7 +188,7 @@ def test_two_ranks_train_like_one(model_dir, tmp_path):
 
 
 def _on_one_initial(model_dir) -> dict:
-    from rlix.exec.model import load_model
+    from rlix.exec.data.model import load_model
 
     return {k: v.detach().clone() for k, v in load_model(model_dir, dtype=DTYPE).state_dict().items()}
 

@@ -25,7 +25,7 @@ TOL = 1e-9  # float64: measured differences are ~1e-15
 def ray_cpu():
     import ray
 
-    from rlix.exec.api import _pythonpath
+    from rlix.exec.front.api import _pythonpath
 
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}})
     yield
@@ -36,9 +36,9 @@ def _gang_run(gpus, model_dir):
     import ray
 
     from rlix.core import ClusterSpec
-    from rlix.exec.grpo import GrpoConfig
-    from rlix.exec.trainer_gang import TrainerGang
-    from rlix.exec.workers import TrainerJob
+    from rlix.exec.train.grpo import GrpoConfig
+    from rlix.exec.train.trainer_gang import TrainerGang
+    from rlix.exec.actors import TrainerJob
     from test_exec_fsdp import _perturbed, _samples
 
     job = TrainerJob(model_path=str(model_dir), cfg=GrpoConfig(kl_coef=0.1, minibatches=3, seed=2), dtype="float64")
@@ -60,7 +60,7 @@ def _gang_run(gpus, model_dir):
 
 
 def test_gang_of_two_trains_like_gang_of_one(ray_cpu, tmp_path):
-    from rlix.exec.model import ModelSize, build_model
+    from rlix.exec.data.model import ModelSize, build_model
 
     model_dir = build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64), tmp_path / "m")
     two = _gang_run((1, 0), model_dir)
@@ -77,9 +77,9 @@ def test_gang_of_two_trains_like_gang_of_one(ray_cpu, tmp_path):
 
 
 def test_two_gpu_actor_train_mapping_reports_two_ranks(tmp_path):
-    from rlix.exec import api
-    from rlix.exec.config import load_config
-    from rlix.exec.records import JobStatus
+    from rlix.exec.front import api
+    from rlix.exec.front.config import load_config
+    from rlix.exec.job.records import JobStatus
 
     cfg = load_config(EXAMPLE)
     raw = cfg.jobs[0].model_dump()

@@ -19,9 +19,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("vllm")
 
-from rlix.exec.model import ModelSize, build_model, load_model  # noqa: E402
-from rlix.exec.rollout import GenRequest, VllmOptions  # noqa: E402
-from rlix.exec.weights import snapshot_of  # noqa: E402
+from rlix.exec.data.model import ModelSize, build_model, load_model  # noqa: E402
+from rlix.exec.rollout.torch_backend import GenRequest, VllmOptions  # noqa: E402
+from rlix.exec.train.weights import snapshot_of  # noqa: E402
 
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
 
@@ -33,7 +33,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("level", [2, 1])
 def test_sleep_releases_gpu_memory_and_wake_serves_again(model_dir, level):
-    from rlix.exec.vllm_backend import VllmRolloutBackend
+    from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
 
     b = VllmRolloutBackend(options=VllmOptions(gpu_memory_utilization=0.2, sleep_level=level, max_model_len=256))
     b.prepare(str(model_dir), "cuda")

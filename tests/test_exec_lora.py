@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlix.exec.config import JobConfig
+from rlix.exec.front.config import JobConfig
 
 pytestmark = pytest.mark.heavy
 
@@ -73,11 +73,11 @@ def test_vllm_adapter_files_are_peft_format_and_base_names_are_hf(tmp_path):
     import torch
     from peft import PeftModel
 
-    from rlix.exec.grpo import GrpoConfig
-    from rlix.exec.model import materialize_model
-    from rlix.exec.lora import LoraLearner
-    from rlix.exec.model import load_model
-    from rlix.exec.vllm_backend import hf_base_weights, write_peft_adapter
+    from rlix.exec.train.grpo import GrpoConfig
+    from rlix.exec.data.model import materialize_model
+    from rlix.exec.train.lora import LoraLearner
+    from rlix.exec.data.model import load_model
+    from rlix.exec.rollout.vllm_backend import hf_base_weights, write_peft_adapter
 
     job = _job(ADAPTERS)
     model_dir = materialize_model(job, tmp_path)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_replay_predicts
-from rlix.exec.config import load_config
-from rlix.exec.records import JobStatus, SwitchKind
+from rlix.exec.front.config import load_config
+from rlix.exec.job.records import JobStatus, SwitchKind
 
 pytestmark = pytest.mark.heavy
 
@@ -23,7 +23,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_mixed.yaml"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     d = tmp_path_factory.mktemp("mixed")
     cfg = load_config(EXAMPLE)
@@ -77,7 +77,7 @@ def test_adapters_synced_to_live_workers_after_ticks(run):
 
 @pytest.fixture(scope="module")
 def static_run(tmp_path_factory):
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE).model_copy(update={"policy": "static"})
     return api.run(cfg, out_dir=str(tmp_path_factory.mktemp("mixed_static") / "out"))
@@ -102,7 +102,7 @@ def test_resumed_lora_job_continues_from_its_adapter_checkpoints(run, tmp_path):
     """A rerun of the LoRA job with one more step for one adapter trains exactly that step."""
     import torch
 
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE)
     lora = next(j for j in cfg.jobs if j.kind == "multi_lora")

@@ -9,12 +9,12 @@ import pytest
 
 from rlix.core import Stage
 from rlix.exec.messages import GenRequest, GenResult
-from rlix.exec.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
-from rlix.exec.recipe import Trajectory
-from rlix.exec.recorder import Recorder
-from rlix.exec.records import JobStatus, StepRecord, SwitchKind, TrajRecord
-from rlix.exec.rollout_queue import RolloutQueue, TrajectoryFailed
-from rlix.exec.tasks import Prompt
+from rlix.exec.rollout.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
+from rlix.exec.data.recipe import Trajectory
+from rlix.exec.job.recorder import Recorder
+from rlix.exec.job.records import JobStatus, StepRecord, SwitchKind, TrajRecord
+from rlix.exec.rollout.queue import RolloutQueue, TrajectoryFailed
+from rlix.exec.data.tasks import Prompt
 from rlix.metrics import Activity
 
 # ------------------------------------------------------------------ worker pool
@@ -229,8 +229,8 @@ class _Trainer:
 
 
 def _link(sched, **limits):
-    from rlix.exec.config import LimitsConfig
-    from rlix.exec.gangs import SchedulerLink
+    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.control.scheduler_link import SchedulerLink
 
     return SchedulerLink(pipeline_id="large", sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0)
 
@@ -259,9 +259,9 @@ def test_a_stage_takes_the_gpus_over_from_the_one_before_in_one_call():
 
 
 def test_a_stage_that_hangs_misses_its_deadline():
-    from rlix.exec.config import LimitsConfig
-    from rlix.exec.deadline import WorkerTimeout
-    from rlix.exec.trainer_link import TrainerLink
+    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.control.deadline import WorkerTimeout
+    from rlix.exec.train.trainer_link import TrainerLink
 
     async def main():
         trainer = _Trainer(lambda samples, adapter: asyncio.Event().wait())  # never returns
@@ -272,8 +272,8 @@ def test_a_stage_that_hangs_misses_its_deadline():
 
 
 def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
-    from rlix.exec.config import LimitsConfig
-    from rlix.exec.trainer_link import TrainerLink
+    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.train.trainer_link import TrainerLink
 
     async def main():
         handle = _Trainer(lambda samples, adapter: None)
@@ -295,8 +295,8 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
 
 
 def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
-    from rlix.exec.config import LimitsConfig
-    from rlix.exec.trainer_link import TrainerLink
+    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.train.trainer_link import TrainerLink
 
     async def main():
         handle = _Trainer(lambda samples, adapter: None)
@@ -324,7 +324,7 @@ async def _a_training_while_b_waits(stage: Stage, min_residency_s: float):
     from helpers import spec
 
     from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig
-    from rlix.exec.scheduler_actor import SchedulerActor
+    from rlix.exec.control.scheduler_actor import SchedulerActor
 
     sched = SchedulerActor.__ray_metadata__.modified_class(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(min_residency_s=min_residency_s), time.time(), 60.0)
     await sched.start()

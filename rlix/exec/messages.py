@@ -8,7 +8,7 @@ scheduler's statistics, a job's progress and result). Two kinds of value
 cross beside them without being defined here: the core's own events and specs
 (``PipelineSpec``, ``ReportDemand``, ``WorkerLost``, ``Stage``), sent to the
 scheduler actor as the core takes them, and the run records of
-:mod:`rlix.exec.records`, carried inside ``JobProgress`` and ``JobResult``.
+:mod:`rlix.exec.job.records`, carried inside ``JobProgress`` and ``JobResult``.
 
 Backends (torch, vLLM), learners (GRPO, LoRA) and worker actors import this
 module and not each other, so the executor's modules form no import circle.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlix.core.types import Gpus
-from rlix.exec.records import ActivityChange, JobStatus, StepRecord, SwitchRecord, TrajRecord
+from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchRecord, TrajRecord
 
 
 # ------------------------------------------------------------------ weights

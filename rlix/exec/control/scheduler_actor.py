@@ -1,0 +1,241 @@
+"""Executor layer: the scheduler actor, a thin Ray shell around :mod:`rlix.core`.
+
+It owns the one :class:`rlix.core.Scheduler`, turns calls from pipeline
+coordinators into core events, re-plans after every event (and every
+``plan_interval_s``, a knob of the config's scheduler block, for demand,
+TTLs and residency), and carries each plan out: shrinks (awaited, so GPUs
+are really free), then grants (the waiting ``request`` calls return), then
+expands. It makes no decision of its own.
+
+The lock guards only the core (submit + plan, no awaits inside). Plans are
+carried out outside it, in order per GPU (:class:`~rlix.exec.control.gpu_order.GpuOrder`):
+an action waits only for earlier actions on its own GPUs, so a slow shrink
+(a worker finishing its wake) on some GPUs never delays a grant or an expand
+on others, nor other pipelines' requests and reports, while a grant never
+starts before the shrinks that free its GPUs. Every call to a coordinator has
+a deadline; a coordinator that cannot be reached in time is treated as gone:
+its pipeline is unregistered and the others carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import ray
+
+from rlix.core import (
+    ClusterSpec,
+    Expand,
+    Grant,
+    PipelineSpec,
+    Register,
+    ReleaseStage,
+    ReportDemand,
+    RequestStage,
+    Role,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingError,
+    Shrink,
+    Stage,
+    Unregister,
+    WorkerLost,
+)
+from rlix.exec.control.gpu_order import GpuOrder
+from rlix.exec.messages import GrantReply, SchedulerStats
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class SchedulerActor:
+    def __init__(self, cluster: ClusterSpec, policy: str, config: SchedulerConfig, t0: float, plan_interval_s: float, call_timeout_s: float = 300.0) -> None:
+        self.core = Scheduler(cluster, policy=policy, config=config)
+        self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
+        self.plan_interval_s = plan_interval_s  # seconds between periodic plans (config scheduler.plan_interval_s)
+        self.coordinators: dict[str, ray.actor.ActorHandle] = {}
+        self.waiting: dict[tuple[str, Stage], tuple[asyncio.Future, float]] = {}
+        self.lock = asyncio.Lock()
+        self.plan_s = 0.0
+        self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
+        self.unmet: list[tuple[float, bool]] = []
+        self.errors: list[str] = []
+        self._specs: list[PipelineSpec] = []
+        self.pending: dict[str, int] = {}  # last reported queued trajectories per pipeline
+        self.ticker: asyncio.Task | None = None
+        self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
+        self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    # ------------------------------------------------------------ public calls
+
+    async def start(self) -> None:
+        if self.ticker is None:
+            self.ticker = self.order.spawn(self._tick())
+
+    async def register(self, spec: PipelineSpec, coordinator) -> None:
+        await self._event(Register(spec=spec))
+        self.coordinators[spec.pipeline_id] = coordinator
+        self._specs.append(spec)
+
+    async def unregister(self, pipeline_id: str) -> None:
+        if pipeline_id not in self.core.pipelines():
+            return  # already gone (idempotent: a killed job may be unregistered twice)
+        done = await self._event(Unregister(pipeline_id=pipeline_id))
+        if done is not None:  # its workers are shrunk (or found gone) before it is forgotten
+            await asyncio.wait([done], timeout=self.call_timeout_s)
+        self.coordinators.pop(pipeline_id, None)
+        self._fail_waiting(pipeline_id)
+        self.pending.pop(pipeline_id, None)
+        self._note_unmet()
+
+    async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None, after: Stage | None = None) -> GrantReply:
+        """Ask for a gang stage; returns once the plan grants it.
+
+        ``after``: a stage the pipeline holds, released in the same plan (a
+        hand-over between two stages of one step: its GPUs are never lent to
+        another pipeline in between, as in the simulator, where both events
+        happen at one instant).
+        """
+        fut = asyncio.get_running_loop().create_future()
+        key = (pipeline_id, stage)
+        self.waiting[key] = (fut, self.now())
+        handed = (ReleaseStage(pipeline_id=pipeline_id, stage=after),) if after is not None else ()
+        try:
+            await self._event(*handed, RequestStage(pipeline_id=pipeline_id, stage=stage, role=role))
+        except SchedulingError:
+            self.waiting.pop(key, None)
+            raise
+        return await fut
+
+    async def release(self, pipeline_id: str, stage: Stage, report: ReportDemand | None = None) -> None:
+        """Release a gang stage; ``report``: the pipeline's demand from now on, planned with the
+        release (the rollout batch its training opens: the GPUs are not lent out in between)."""
+        if report is None:
+            await self._event(ReleaseStage(pipeline_id=pipeline_id, stage=stage))
+            return
+        await self._event(report, ReleaseStage(pipeline_id=pipeline_id, stage=stage))
+        self.pending[report.pipeline_id] = report.pending
+        self._note_unmet()
+
+    async def report(self, report: ReportDemand) -> None:
+        await self._event(report)
+        self.pending[report.pipeline_id] = report.pending
+        self._note_unmet()
+
+    async def lost(self, event: WorkerLost) -> None:
+        """A pipeline's rollout worker is gone (died, or killed for not waking): its GPUs are free."""
+        try:
+            await self._event(event)
+        except SchedulingError:
+            pass  # a plan already shrank it (or the pipeline left): nothing to give back
+
+    async def rollout_bundles(self, pipeline_id: str) -> tuple[tuple[int, ...], ...]:
+        """Bundles the policy may ever give this pipeline's rollout workers (to pre-start them)."""
+        return self.core.rollout_bundles(pipeline_id)
+
+    async def stats(self) -> SchedulerStats:
+        return SchedulerStats(plans=self.core.plans_made, plan_s=self.plan_s, unmet=tuple(self.unmet), errors=tuple(self.errors), **self.counts)
+
+    async def holdings(self) -> dict[str, tuple[int, ...]]:
+        """GPUs each pipeline holds now (rollout workers and gang stages), for tests and the console."""
+        out: dict[str, list[int]] = {}
+        for g, holder in enumerate(self.core.ledger.owner):
+            if holder is not None:
+                out.setdefault(holder.pipeline_id, []).append(g)
+        return {k: tuple(v) for k, v in sorted(out.items())}
+
+    async def stop(self) -> None:
+        self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
+
+    # ------------------------------------------------------------ planning
+
+    async def _event(self, *events) -> asyncio.Future | None:
+        """Submit the events and plan once; returns a future done once that plan is carried out (None: nothing to do)."""
+        async with self.lock:  # no await inside: the core is pure and fast
+            now = self.now()
+            try:
+                for event in events:
+                    self.core.submit(event, now)
+            finally:  # a refused event still leaves the ones before it planned
+                done = self._plan()
+            return done
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.plan_interval_s)
+            async with self.lock:
+                self._plan()
+
+    def _plan(self) -> asyncio.Future | None:
+        """Plan once and queue the plan's actions per GPU; returns a future done once all of them handed their GPUs on."""
+        t0 = time.perf_counter()
+        plan = self.core.plan(self.now())
+        self.plan_s += time.perf_counter() - t0
+        if plan.empty:
+            return None
+        after = self.order.after
+        steps = [after(s.worker.gpus, lambda s=s: self._shrink(s)) for s in plan.shrinks]
+        steps += [after(g.gpus, lambda g=g: self._grant(g)) for g in plan.grants]
+        steps += [after(e.worker.gpus, lambda e=e: self._expand(e)) for e in plan.expands]
+        return asyncio.gather(*steps)
+
+    async def _shrink(self, shrink: Shrink) -> None:
+        pid = shrink.worker.pipeline_id
+        self.counts["shrinks"] += 1
+        coord = self.coordinators.get(pid)
+        if coord is None:
+            return  # pipeline already gone: nothing runs there
+        try:
+            await asyncio.wait_for(coord.shrink.remote(shrink.worker.gpus, shrink.reason.value), self.call_timeout_s)
+        except Exception:  # noqa: BLE001 -- the pipeline died; its GPUs are freed by unregistering it
+            self.order.spawn(self._unreachable(pid))
+
+    async def _grant(self, grant: Grant) -> None:
+        entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
+        self.counts["grants"] += 1
+
+    async def _expand(self, expand: Expand):
+        """Send the expand (the GPUs are handed on once it is sent); its answer is awaited after."""
+        pid = expand.worker.pipeline_id
+        self.counts["expands"] += 1
+        coord = self.coordinators.get(pid)
+        if coord is None:
+            return None
+        ref = coord.expand.remote(expand.worker.gpus)
+        return self._expanded(pid, ref)
+
+    async def _expanded(self, pipeline_id: str, ref) -> None:
+        try:
+            await asyncio.wait_for(ref, self.call_timeout_s)
+        except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
+            self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
+            await self.unregister(pipeline_id)
+
+    async def _unreachable(self, pipeline_id: str) -> None:
+        """A coordinator missed a shrink: its pipeline is unregistered, and the others are planned again."""
+        async with self.lock:
+            self.coordinators.pop(pipeline_id, None)
+            self._fail_waiting(pipeline_id)
+            self.pending.pop(pipeline_id, None)
+            if pipeline_id in self.core.pipelines():
+                self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
+                self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
+            self._plan()
+
+    def _bug(self, exc: BaseException) -> None:
+        self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")
+
+    def _fail_waiting(self, pipeline_id: str) -> None:
+        for key in [k for k in self.waiting if k[0] == pipeline_id]:
+            fut, _ = self.waiting.pop(key)
+            if not fut.done():
+                fut.set_exception(SchedulingError(f"pipeline '{pipeline_id}' was unregistered while waiting"))
+
+    def _note_unmet(self) -> None:
+        unmet = any(n > 0 for n in self.pending.values())
+        if not self.unmet or self.unmet[-1][1] != unmet:
+            self.unmet.append((self.now(), unmet))

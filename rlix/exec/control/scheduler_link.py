@@ -1,0 +1,83 @@
+"""Executor layer: one pipeline's calls to the scheduler actor.
+
+Owned by the pipeline coordinator; runs in its event loop. Every call has a
+deadline except a gang request, which waits for GPUs as long as the plan
+needs; control-plane seconds (beyond waiting for GPUs) are counted in the
+recorder. What the GPUs of a held stage do is booked by the step machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from rlix.core import ReportDemand, Role, Stage
+from rlix.core.types import Gpus
+from rlix.exec.front.config import LimitsConfig
+from rlix.exec.job.recorder import Recorder
+from rlix.exec.messages import GrantReply
+from rlix.exec.control.deadline import call
+
+
+class SchedulerLink:
+    """Gang stages, releases, demand reports and other scheduler calls of one pipeline."""
+
+    def __init__(self, *, pipeline_id: str, sched, recorder: Recorder, limits: LimitsConfig, now: Callable[[], float]) -> None:
+        self.pid = pipeline_id
+        self.sched = sched  # the scheduler actor's handle
+        self.rec = recorder
+        self.limits = limits
+        self.now = now
+        self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
+
+    async def control(self, ref) -> object:
+        """A blocking control-plane call with a deadline; all of its time counts as overhead."""
+        t = self.now()
+        value = await call(ref, self.limits.call_timeout_s, "scheduler call")
+        self.rec.counters.control_s += self.now() - t
+        self.rec.counters.control_calls += 1
+        return value
+
+    async def acquire(self, stage: Stage, role: Role | None, *, after: Stage | None = None) -> Gpus:
+        """Ask for ``stage``'s gang on ``role``'s mapping (None: the model load's GPUs); returns its
+        GPUs once the plan grants them (no deadline: GPUs may be busy).
+
+        ``after``: a stage this job holds, released in the same call, so the
+        scheduler plans with both at once (a hand-over: the GPUs are not lent
+        to another job for the moment between two stages of one step).
+        """
+        if after is not None:
+            self.held.pop(after)
+        t = self.now()
+        reply: GrantReply = await self.sched.request.remote(self.pid, stage, role, after)
+        c = self.rec.counters
+        c.control_s += max(0.0, self.now() - t - reply.queued_s)
+        c.gpu_wait_s += reply.queued_s
+        c.control_calls += 1
+        self.held[stage] = reply.gpus
+        return reply.gpus
+
+    async def release(self, stage: Stage, report: ReportDemand | None = None) -> None:
+        """Give ``stage``'s GPUs back; ``report``: the demand from now on, planned with the release."""
+        self.held.pop(stage)
+        await self.control(self.sched.release.remote(self.pid, stage, report))
+
+    async def report(self, report: ReportDemand) -> None:
+        await self.control(self.sched.report.remote(report))
+
+    async def report_loop(self, build: Callable[[], ReportDemand], changes: Callable[[], Awaitable], heartbeat_s: float) -> None:
+        """Send ``build()`` when demand changes (bursts coalesced), and a heartbeat every ``heartbeat_s``."""
+        last = None
+        while True:
+            try:
+                await asyncio.wait_for(changes(), timeout=heartbeat_s)
+            except asyncio.TimeoutError:
+                last = None  # heartbeat: resend even if unchanged
+            report = build()
+            if report != last:
+                await self.report(report)
+                last = report
+            await asyncio.sleep(0.02)  # coalesce bursts of changes (s)
+
+    def gpus_held(self) -> Gpus:
+        return tuple(sorted(g for gpus in self.held.values() for g in gpus))

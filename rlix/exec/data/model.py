@@ -1,0 +1,120 @@
+"""Executor layer: tiny standard HF models and a tokenizer made in code.
+
+Nothing is downloaded: a job names either a local checkpoint directory or a
+size to build with random weights (Qwen2 or Llama architecture) plus a
+character-level tokenizer. Built models are saved to a directory and loaded
+back with the very ``from_pretrained`` calls a real checkpoint would use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlix.exec.front.config import JobConfig
+
+# Characters the code-made tokenizer knows; tasks only use these.
+ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz+-=>:,. "
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSize:
+    """A random-weight model to build; sizes in units of the HF config."""
+
+    arch: str  # "qwen2" | "llama"
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    seed: int = 0
+
+
+def build_tokenizer(out_dir: Path):
+    """A character-level fast tokenizer saved under ``out_dir``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, BOS: 1, EOS: 2}
+    for ch in ALPHABET:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def build_model(size: ModelSize, out_dir: Path) -> Path:
+    """Build a random-weight model + tokenizer in ``out_dir``; returns the directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    marker = out_dir / "rlix_size.json"
+    wanted = json.dumps(size.__dict__, sort_keys=True)
+    if marker.exists() and marker.read_text() == wanted:
+        return out_dir  # already built with this exact size and seed
+    tok = build_tokenizer(out_dir)
+    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[size.arch]
+    config = config_cls(
+        vocab_size=len(tok),
+        hidden_size=size.hidden_size,
+        intermediate_size=size.intermediate_size,
+        num_hidden_layers=size.num_layers,
+        num_attention_heads=size.num_heads,
+        num_key_value_heads=size.num_heads,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    quiet_transformers()
+    torch.manual_seed(size.seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(str(out_dir))
+    marker.write_text(wanted)
+    return out_dir
+
+
+def quiet_transformers() -> None:
+    """No download/progress bars in worker logs."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
+def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32"):
+    """Load a causal LM exactly as a user's checkpoint would be loaded, its weights in ``dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    return model.to(device)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def param_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def materialize_model(job: JobConfig, workdir: str | Path) -> Path:
+    """The job's model directory: its checkpoint, or a built random model."""
+    if job.model.path is not None:
+        return Path(job.model.path)
+    size = job.model.size.value()
+    tag = f"{size.arch}-h{size.hidden_size}-l{size.num_layers}-s{size.seed}"
+    return build_model(size, Path(workdir) / "models" / tag)

@@ -1,0 +1,1 @@
+"""Executor layer, front end: the rlix-run CLI and Python API, the config, the live console, per-step metrics and run outputs."""

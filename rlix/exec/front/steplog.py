@@ -1,0 +1,152 @@
+"""Executor layer: what a user watches while a job trains, one line per step.
+
+Each job writes ``<output.dir>/<job>/metrics.jsonl`` as its steps finish:
+the step, each reward function's mean and std (and how many completions it
+had no opinion on), the total reward, loss, KL, mean and max response
+length (tokens), step seconds, GPU-seconds the job held, and the staleness
+of the batch (steps between the policy that generated the oldest token and
+the one trained). With ``tensorboard`` installed the same scalars go to
+event files in that directory (written with tensorboard's own writer: no
+torch, no TensorFlow). A ``data.json`` beside it says what preparing the
+job's data found. Lines are flushed as written, so a crash keeps every
+finished step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlix.exec.job.records import StepRecord, TrajRecord
+from rlix.metrics import Activity
+
+
+class HeldClock:
+    """GPU-seconds a pipeline has held (any activity but FREE), from its activity changes."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, bool] = {}
+        self.t = 0.0
+        self.total_s = 0.0  # GPU-seconds
+
+    def observe(self, t: float, gpus: tuple[int, ...], activity: Activity) -> None:
+        self.advance(t)
+        for g in gpus:
+            self.held[g] = activity is not Activity.FREE
+
+    def advance(self, t: float) -> float:
+        if t > self.t:
+            self.total_s += (t - self.t) * sum(1 for h in self.held.values() if h)
+            self.t = t
+        return self.total_s
+
+
+def _fn_key(name: str) -> str:
+    """A reward reference as a metric name: its function, qualified by its file or module stem."""
+    where, _, fn = name.rpartition(":")
+    stem = Path(where).stem if where.endswith(".py") else where.rpartition(".")[2]
+    return f"{stem}.{fn}" if stem else fn
+
+
+def step_metrics(*, step: int, scored, train, tokens: list[int], step_s: float, gpu_s: float, staleness: int) -> dict:
+    """One metrics line (flat keys, so pandas and TensorBoard read it as is)."""
+    rewards = list(scored.rewards)
+    mean = sum(rewards) / max(len(rewards), 1)
+    out: dict[str, object] = {
+        "step": step,
+        "reward_mean": mean,
+        "reward_std": (sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)) ** 0.5,
+    }
+    for f in scored.functions:
+        key = _fn_key(f.name)
+        out[f"reward/{key}/mean"] = f.mean
+        out[f"reward/{key}/std"] = f.std
+        out[f"reward/{key}/none"] = f.nones
+    out.update(
+        loss=getattr(train, "loss", None),
+        kl=getattr(train, "kl", None),
+        response_len_mean=sum(tokens) / max(len(tokens), 1),
+        response_len_max=max(tokens, default=0),
+        step_s=step_s,
+        gpu_s_held=gpu_s,
+        staleness=staleness,
+    )
+    if scored.eval is not None:
+        out["eval/reward_mean"] = scored.eval.mean_reward
+        out["eval/prompts"] = scored.eval.prompts
+        for f in scored.eval.functions:
+            out[f"eval/{_fn_key(f.name)}/mean"] = f.mean
+    return out
+
+
+class StepLog:
+    """A job's metrics.jsonl (+ TensorBoard events when importable); opened in the process that writes."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        self.clock = HeldClock()
+        self._last_gpu_s: dict[str, float] = {}
+        self._file = None
+        self._tb = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_file": None, "_tb": None}  # handles are opened where the log is used
+
+    def observe(self, t: float, gpus: tuple[int, ...], activity: Activity) -> None:
+        self.clock.observe(t, gpus, activity)
+
+    def write_data_report(self, report: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "data.json").write_text(json.dumps(report, indent=1) + "\n")
+
+    def write_step(self, record: StepRecord, trained: Sequence[TrajRecord], scored, train) -> dict:
+        """The line of one trained step: ``trained`` are its trajectory records (eval ones left out)."""
+        return self.write(
+            stream=record.stream, t=record.finished_s, step=record.step, scored=scored, train=train, tokens=[r.tokens for r in trained],
+            step_s=record.finished_s - record.started_s, staleness=record.step - min(r.weight_version for r in trained),
+        )
+
+    def write(self, *, stream: str, t: float, step: int, scored, train, tokens: list[int], step_s: float, staleness: int) -> dict:
+        """Append the step's line; GPU-seconds are those held since the stream's previous line."""
+        held = self.clock.advance(t)
+        gpu_s = held - self._last_gpu_s.get(stream, 0.0)
+        self._last_gpu_s[stream] = held
+        line = step_metrics(step=step, scored=scored, train=train, tokens=tokens, step_s=step_s, gpu_s=gpu_s, staleness=staleness)
+        if stream:
+            line = {"adapter": stream, **line}
+        self._open()
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            self._scalars(stream, step, line)
+        return line
+
+    def _open(self) -> None:
+        if self._file is not None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")  # a resumed job continues the file
+        try:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError:
+            return  # TensorBoard is optional
+        self._tb = EventFileWriter(str(self.dir))
+
+    def _scalars(self, stream: str, step: int, line: dict) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        prefix = f"{stream}/" if stream else ""
+        values = [Summary.Value(tag=prefix + k, simple_value=float(v)) for k, v in line.items() if isinstance(v, (int, float)) and k not in ("step",)]
+        self._tb.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

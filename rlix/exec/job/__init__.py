@@ -1,0 +1,1 @@
+"""Executor layer: one pipeline's coordinator, the step runner that drives the step machine, and what a pipeline records."""

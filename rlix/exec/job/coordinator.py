@@ -1,0 +1,218 @@
+"""Executor layer: one pipeline's coordinator (a light async Ray actor) wiring its parts.
+
+- :class:`~rlix.step.StepMachine`: the step process of the job (shared with
+  the simulator), driven here by :class:`~rlix.exec.job.step_runner.StepRunner`;
+- :class:`~rlix.exec.rollout.queue.RolloutQueue`: what runs next, what
+  continues after an abort, bounded retries;
+- :class:`~rlix.exec.rollout.pool.WorkerPool` + :class:`~rlix.exec.rollout.control.RolloutControl`:
+  the rollout workers' lifecycle and the plan's expand/shrink calls;
+- :class:`~rlix.exec.control.scheduler_link.SchedulerLink`: calls to the scheduler actor;
+- :class:`~rlix.exec.job.recorder.Recorder`: what happened, for the trace and metrics.
+
+The coordinator registers the job, starts the runner and the demand reports,
+answers the scheduler's expand and shrink calls, and tears everything down
+when the job ends or fails. No torch here. Every remote call has a deadline
+except a gang request, which waits for GPUs as long as the plan needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import ray
+
+from rlix.core import ClusterSpec, Stage, WorkerLost
+from rlix.core.types import Gpus
+from rlix.exec.front.config import JobConfig
+from rlix.exec.control.scheduler_link import SchedulerLink
+from rlix.exec.control.actor_placement import actor_options
+from rlix.exec.rollout.pool import WorkerPool
+from rlix.exec.data.recipe import Recipe
+from rlix.exec.job.recorder import Recorder
+from rlix.exec.messages import Emulation, JobProgress, JobResult
+from rlix.exec.job.records import JobStatus
+from rlix.exec.data.rewards import RewardError
+from rlix.exec.rollout.control import Deadlines, Hooks, RolloutControl
+from rlix.exec.rollout.queue import RolloutQueue
+from rlix.exec.job.step_runner import Parts, StepRunner
+from rlix.exec.front.steplog import StepLog
+from rlix.exec.train.trainer_link import TrainerLink
+from rlix.job import executor_stages, stage_role
+from rlix.metrics import Activity
+from rlix.step import JobPlan, StepMachine, StreamSpec
+
+
+def job_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) -> tuple[list[StreamSpec], list[Recipe]]:
+    """One stream per adapter, or one for the job (``recipe``: a data job's, built in the driver)."""
+    if job.kind == "multi_lora":
+        specs = [StreamSpec(name=a.name, steps=a.steps, stop_reward=a.stop_reward) for a in job.adapters]
+        return specs, [Recipe.for_adapter(job, i, model_dir) for i in range(len(job.adapters))]
+    return [StreamSpec(name="", steps=job.steps)], [recipe or Recipe.for_job(job, model_dir)]
+
+
+def job_plan(job: JobConfig, streams: list[StreamSpec], recipes: list[Recipe]) -> JobPlan:
+    """The job as the step machine sees it: every step runs the GRPO stages."""
+    stages = executor_stages(kl=job.algo.kl_coef > 0)
+    return JobPlan(streams=tuple(streams), stages=lambda i, k: stages, size=lambda i, k: recipes[i].step_size(k), staleness=job.staleness)
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class PipelineCoordinator:
+    def __init__(
+        self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler,
+        emulation: Emulation, t0: float, recipe: Recipe | None = None, steplog: StepLog | None = None, heartbeat_s: float = 1.0,
+    ) -> None:
+        self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
+        self.cluster, self.nodes, self.sched, self.emulation, self.t0 = cluster, nodes, scheduler, emulation, t0
+        self.spec = job.pipeline_spec(pipeline_id)
+        self.streams, self.recipes = job_streams(job, model_dir, recipe)
+        self.steplog = steplog  # per-step metrics.jsonl (None: not written)
+        self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
+        self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
+        self.link = SchedulerLink(pipeline_id=pipeline_id, sched=scheduler, recorder=self.rec, limits=job.limits, now=self.now)
+        self.pool = WorkerPool(job.slots_per_worker)
+        self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
+        self.runner: StepRunner | None = None
+        self.status = JobStatus.PENDING
+        self.arrival_s = 0.0
+        self.failure: asyncio.Future | None = None
+        self.wake_up: asyncio.Event | None = None  # the demand reporter re-checks
+        self.tasks: list[asyncio.Task] = []
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    # ================================================================ main
+
+    async def run(self) -> JobResult:
+        self.arrival_s = self.now()
+        loop = asyncio.get_running_loop()
+        self.failure, self.wake_up = loop.create_future(), asyncio.Event()
+        self.status = JobStatus.RUNNING
+        error, bad_input = "", False
+        try:
+            self.runner = self._runner()
+            me = ray.get_runtime_context().current_actor
+            await self.link.control(self.sched.register.remote(self.spec, me))
+            # Warm workers: a sleeping process on every bundle the job may use, started now in the
+            # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
+            # expand is then a wake plus a weight sync.
+            self.rollout.warm(await self.link.control(self.sched.rollout_bundles.remote(self.pid)))
+            reporter = loop.create_task(self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s))
+            reporter.add_done_callback(self._task_done)
+            self.tasks.append(reporter)
+            self.runner.start()
+            await asyncio.wait([self.runner.finished, self.failure], return_when=asyncio.FIRST_COMPLETED)
+            if self.failure.done():
+                raise self.failure.result()
+            self.status = JobStatus.FINISHED
+        except RewardError as exc:  # the user's reward function failed: a one-line reason, no traceback
+            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc}".splitlines()[0], True
+        except Exception as exc:  # one job's failure never reaches the others
+            self.status = JobStatus.FAILED
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        finally:
+            await self._teardown()
+            if self.steplog is not None:
+                self.steplog.close()
+        return self._result(error, bad_input)
+
+    def _runner(self) -> StepRunner:
+        hooks = Hooks(
+            now=self.now, spawn=self._spawn, weights=self._weights, finished=lambda q, r: self.runner.trajectory_done(q, r),
+            fatal=self._fatal, lost=self._lost, changed=self._changed,
+        )
+        limits = self.job.limits
+        deadlines = Deadlines(wake_s=limits.wake_timeout_s, call_s=limits.call_timeout_s, rollout_s=limits.rollout_timeout_s)
+        self.rollout = RolloutControl(pool=self.pool, queue=self.queue, recorder=self.rec, hooks=hooks, deadlines=deadlines, model_dir=self.model_dir)
+        parts = Parts(
+            link=self.link, rollout=self.rollout, queue=self.queue, recorder=self.rec, start_trainer=self._start_trainer,
+            steplog=self.steplog, crash_at_step=self.job.fault.crash_at_step,
+        )
+        machine = StepMachine(self.spec, job_plan(self.job, self.streams, self.recipes))
+        return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
+
+    def _start_trainer(self) -> TrainerLink:
+        gpus = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
+        return TrainerLink.start_gang(
+            self.job, self.model_dir, self.emulation, cluster=self.cluster, gpus=gpus, nodes=self.nodes, name=f"{self.pid}/trainer"
+        )
+
+    def _result(self, error: str, bad_input: bool) -> JobResult:
+        runner = self.runner
+        planned = runner.machine.rollouts.produced if runner is not None else 0
+        init_s = runner.init_s if runner is not None else 0.0
+        result = self.rec.result(self.status, error=error, arrival_s=self.arrival_s, init_s=init_s, finish_s=self.now(), planned=planned)
+        trainer = runner.trainer if runner is not None else None
+        return replace(result, bad_input=bad_input, trainer_ranks=trainer.handle.world if trainer is not None else 0)
+
+    def _spawn(self, gpus: Gpus, first_process: bool):
+        from rlix.exec.actors import RolloutWorkerActor
+
+        opts = actor_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}")
+        fault = self.job.fault.for_worker(gpus[0], first_process)
+        return RolloutWorkerActor.options(**opts).remote(self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault)
+
+    async def _teardown(self) -> None:
+        for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ())]:
+            t.cancel()
+        try:  # shrinks our workers
+            await asyncio.wait_for(self.sched.unregister.remote(self.pid), self.job.limits.call_timeout_s)
+        except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us
+            pass
+        self.rollout.kill_all()
+        trainer = self.runner.trainer if self.runner is not None else None
+        if trainer is not None:
+            trainer.handle.kill()
+        held = tuple(sorted(set(self.pool.held_gpus()) | set(self.link.gpus_held())))
+        if held:
+            self.rec.mark(self.now(), held, Activity.FREE, "")
+
+    # ================================================================ hooks
+
+    async def _changes(self) -> None:
+        self.wake_up.clear()
+        await self.wake_up.wait()
+
+    def _changed(self) -> None:
+        if self.wake_up is not None:
+            self.wake_up.set()
+
+    def _weights(self) -> tuple:
+        trainer = self.runner.trainer if self.runner is not None else None
+        return trainer.weights() if trainer is not None else (None, 0, ())
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A loop of the job that raised fails the job (a dead reporter would leave it hanging)."""
+        if not task.cancelled() and task.exception() is not None:
+            self._fatal(task.exception())
+
+    def _fatal(self, exc: BaseException) -> None:
+        if self.failure is not None and not self.failure.done():
+            self.failure.set_result(exc)
+
+    def _lost(self, gpus: Gpus) -> None:
+        task = asyncio.get_running_loop().create_task(self._report_lost(gpus))
+        self.tasks.append(task)
+
+    async def _report_lost(self, gpus: Gpus) -> None:
+        try:
+            await self.link.control(self.sched.lost.remote(WorkerLost(pipeline_id=self.pid, first_gpu=gpus[0])))
+        except Exception:  # noqa: BLE001 -- the scheduler is gone: nothing holds the GPUs any more
+            pass
+
+    # ================================================================ plan calls, polls
+
+    async def expand(self, gpus: Gpus) -> None:
+        if self.status is JobStatus.RUNNING:
+            await self.rollout.expand(gpus)
+
+    async def shrink(self, gpus: Gpus, reason: str) -> None:
+        await self.rollout.shrink(gpus, reason)
+
+    async def progress(self) -> JobProgress:
+        held = len(self.pool.held_gpus()) + len(self.link.gpus_held())
+        steps = self.runner.machine.rollouts.planned_steps() if self.runner is not None else 0
+        return self.rec.progress(self.status, steps=steps, gpus_held=held)

@@ -1,0 +1,279 @@
+"""Executor layer: the step machine (:mod:`rlix.step`) driven by asyncio over Ray actors.
+
+The machine decides what the job does next; the runner carries its effects
+out on the cluster and feeds each outcome back:
+
+- gang stages through the scheduler link (a hand-over releases the previous
+  stage in the same call), the stage's load, work and offload on the
+  trainer gang, each with its deadline;
+- a queued batch: the recipe's trajectories into the rollout queue, dispatched
+  to awake workers; a batch whose trajectories all finished is ``rolled``;
+- a score: the recipe scores the batch (the user's reward functions);
+- a publish: the trained weights into the trainer's CPU cache, then to the
+  live rollout workers, then ``published``.
+
+Effects that take time run as tasks; the machine is touched only from this
+event loop. A task that raises fails the job (through ``fatal``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field, replace
+
+from rlix.core import Stage
+from rlix.exec.control.scheduler_link import SchedulerLink
+from rlix.exec.messages import GenResult
+from rlix.exec.data.recipe import Recipe, ScoredStep, Trajectory
+from rlix.exec.job.recorder import Recorder
+from rlix.exec.job.records import StepRecord, SwitchKind
+from rlix.exec.rollout.control import RolloutControl
+from rlix.exec.rollout.queue import Queued, RolloutQueue
+from rlix.exec.front.steplog import StepLog
+from rlix.exec.train.trainer_link import TrainerLink
+from rlix.step import (
+    Book,
+    DemandChanged,
+    DropBatch,
+    Effect,
+    Finished,
+    Load,
+    Offload,
+    Publish,
+    QueueBatch,
+    ReleaseGang,
+    RequestGang,
+    Score,
+    StepMachine,
+    Work,
+)
+
+
+class FaultInjected(RuntimeError):
+    pass
+
+
+@dataclass(kw_only=True)
+class OpenBatch:
+    """A produced step's trajectories and the results in so far."""
+
+    trajs: list[Trajectory]
+    started_s: float
+    results: dict[int, GenResult] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Tick:
+    """The training step in progress: its scored samples as the stages fill them in."""
+
+    scored: ScoredStep
+    samples: list
+    stages: list[tuple[str, float]] = field(default_factory=list)  # (stage, compute seconds)
+    train_stats: object = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parts:
+    """The coordinator's parts the runner drives."""
+
+    link: SchedulerLink
+    rollout: RolloutControl
+    queue: RolloutQueue
+    recorder: Recorder
+    start_trainer: Callable[[], TrainerLink]  # the trainer gang on the job's training GPUs, starting
+    steplog: StepLog | None = None
+    crash_at_step: int | None = None  # fault drill: the job fails before training this step
+
+
+class StepRunner:
+    """Carries out one job's step-machine effects with asyncio."""
+
+    def __init__(self, machine: StepMachine, recipes: list[Recipe], parts: Parts, *, now: Callable[[], float], fatal) -> None:
+        self.machine = machine
+        self.recipes = recipes
+        self.names = [s.name for s in machine.plan.streams]
+        self.p = parts
+        self.rec = parts.recorder
+        self.now = now
+        self.fatal = fatal  # the job must fail: (exception) -> None
+        self.trainer: TrainerLink | None = None
+        self.batches: dict[tuple[int, int], OpenBatch] = {}
+        self.tick: Tick | None = None
+        self.init_s = 0.0
+        self.finished = asyncio.get_running_loop().create_future()
+        self.tasks: set[asyncio.Task] = set()  # kept until done (teardown cancels them)
+        self.releasing: asyncio.Task | None = None  # the last release: a publish waits for it
+        self._carry = {
+            RequestGang: self._request,
+            ReleaseGang: self._release,
+            Book: self._book,
+            Load: self._load,
+            Work: self._work,
+            Offload: self._offload,
+            Score: self._score,
+            QueueBatch: self._queue,
+            DropBatch: self._drop,
+            Publish: self._publish,
+            DemandChanged: lambda e: parts.rollout.hooks.changed(),
+            Finished: lambda e: self.finished.done() or self.finished.set_result(None),
+        }
+
+    def start(self) -> None:
+        self.do(self.machine.start(self.now()))
+
+    def do(self, effects: list[Effect]) -> None:
+        try:
+            for effect in effects:
+                self._carry[type(effect)](effect)
+        except Exception as exc:  # noqa: BLE001 -- a bad batch or reward fails this job alone
+            self.fatal(exc)
+
+    def _spawn(self, coro: Coroutine) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.fatal(task.exception())
+
+    def _then(self, work: Awaitable, event: Callable[[float], list[Effect]]) -> None:
+        """Run ``work``, then feed ``event(now)`` back to the machine."""
+
+        async def run() -> None:
+            await work
+            self.do(event(self.now()))
+
+        self._spawn(run())
+
+    # ------------------------------------------------------------ gang stages
+
+    def _request(self, e: RequestGang) -> None:
+        async def acquire() -> None:
+            gpus = await self.p.link.acquire(e.stage, e.role, after=e.after)
+            self.do(self.machine.granted(e.stage, gpus, self.now()))
+
+        self._spawn(acquire())
+
+    def _release(self, e: ReleaseGang) -> None:
+        # The batch the release opens rides on it, planned as one with the release.
+        report = self.demand() if e.announce else None
+        self.releasing = self._spawn(self.p.link.release(e.stage, report))
+
+    def _book(self, e: Book) -> None:
+        self.rec.mark(self.now(), e.gpus, e.activity, e.stage)
+
+    def _load(self, e: Load) -> None:
+        self._then(self._load_init() if e.stage is Stage.INIT else self._timed(SwitchKind.STAGE_LOAD, self.trainer.load()),
+                   lambda now: self.machine.loaded(e.stage, now))
+
+    async def _load_init(self) -> None:
+        """Model load: the trainer gang starts; resumed streams continue from their checkpoints."""
+        t0 = self.now()  # from the grant on: time queued for it is not load
+        self.trainer = self.p.start_trainer()
+        resumed = await self.trainer.start(self.names)  # v0 is cached on the CPU
+        for i, name in enumerate(self.names):
+            if name in resumed:
+                self.machine.resume(i, resumed[name])
+        self.init_s = self.now() - t0
+
+    async def _timed(self, kind: SwitchKind, work: Awaitable) -> None:
+        t = self.now()
+        await work
+        self.rec.switch(kind, t, self.now() - t)
+
+    def _work(self, e: Work) -> None:
+        async def work() -> None:
+            tick, t = self.tick, self.now()
+            value = await self.trainer.work(e.stage, tick.samples, self.names[e.stream])
+            seconds = self.now() - t
+            tick.stages.append((e.stage.value, seconds))
+            if e.stage is Stage.OLD_LOGPROBS:
+                tick.samples = [replace(x, old_logprobs=o) for x, o in zip(tick.samples, value)]
+            elif e.stage is Stage.REF_LOGPROBS:
+                tick.samples = [replace(x, ref_logprobs=r) for x, r in zip(tick.samples, value)]
+            elif e.stage is Stage.ACTOR_TRAIN:
+                tick.train_stats = value
+            self.do(self.machine.worked(e.stage, seconds, self.now()))
+
+        self._spawn(work())
+
+    def _offload(self, e: Offload) -> None:
+        self._then(self._timed(SwitchKind.STAGE_OFFLOAD, self.trainer.offload()), lambda now: self.machine.offloaded(e.stage, now))
+
+    # ------------------------------------------------------------ batches and weights
+
+    def _queue(self, e: QueueBatch) -> None:
+        trajs = self.recipes[e.stream].trajectories(e.step)
+        self.batches[(e.stream, e.step)] = OpenBatch(trajs=trajs, started_s=self.now())
+        self.p.queue.add(trajs)
+        self.p.rollout.dispatch()
+
+    def _drop(self, e: DropBatch) -> None:
+        batch = self.batches.pop((e.stream, e.step))
+        self.p.queue.drop({t.request.traj_id for t in batch.trajs})
+
+    def trajectory_done(self, q: Queued, result: GenResult) -> None:
+        """The rollout control's hook: one trajectory finished."""
+        stream, step = self.names.index(q.traj.request.adapter), q.traj.step
+        batch = self.batches.get((stream, step))
+        if batch is None:
+            return  # its batch was dropped (the stream stopped): never trained, not recorded
+        self.rec.trajectory(self.p.queue.finished(q, result))
+        batch.results[result.traj_id] = result
+        self.p.rollout.hooks.changed()
+        if len(batch.results) == len(batch.trajs):
+            self.do(self.machine.rolled(stream, step, self.now()))
+
+    def _score(self, e: Score) -> None:
+        if self.p.crash_at_step == e.step:
+            raise FaultInjected(f"fault.crash_at_step={e.step}")
+        batch = self.batches[(e.stream, e.step)]
+        scored = self.recipes[e.stream].score(batch.trajs, batch.results)
+        self.tick = Tick(scored=scored, samples=list(scored.samples))
+        self.do(self.machine.scored(e.stream, e.step, scored.mean_reward, self.now()))
+
+    def _publish(self, e: Publish) -> None:
+        async def publish() -> None:
+            if self.releasing is not None:
+                await self.releasing  # the release (with the batch it opens) goes first
+            name, step = self.names[e.stream], e.version - 1
+            # Into the CPU cache, then to live workers, before the gate opens.
+            await self.trainer.publish(name, e.version, steps=self.machine.plan.streams[e.stream].steps, last=e.last)
+            await self.p.rollout.push(name)
+            self._record(e.stream, step)
+            self.do(self.machine.published(e.stream, self.now()))
+
+        self._spawn(publish())
+
+    def _record(self, stream: int, step: int) -> None:
+        batch, tick = self.batches.pop((stream, step)), self.tick
+        recs = [self.rec.trajs[t.request.traj_id] for t in batch.trajs]
+        record = StepRecord(
+            stream=self.names[stream],
+            step=step,
+            started_s=batch.started_s,
+            finished_s=self.now(),
+            mean_reward=tick.scored.mean_reward,
+            mean_tokens=sum(r.tokens for r in recs) / len(recs),
+            stages=tuple(tick.stages),
+            min_weight_version=min(r.weight_version for r in recs),
+        )
+        self.rec.step(record)
+        if self.p.steplog is not None:  # eval trajectories are reported, never counted as trained
+            trained = [self.rec.trajs[t.request.traj_id] for t in batch.trajs if not t.eval]
+            self.p.steplog.write_step(record, trained, tick.scored, tick.train_stats)
+
+    # ------------------------------------------------------------ demand
+
+    def demand(self):
+        return self.machine.demand(
+            pending=len(self.p.queue),
+            loads=self.p.rollout.pool.loads(),
+            trajectory_s=self.rec.mean_trajectory_s(),
+            switch_s=self.rec.mean_switch_s(),
+            longest_s=self.rec.longest_gen_s,
+        )

@@ -1,0 +1,1 @@
+"""Executor layer, rollout: the worker pool and its lifecycle, expand/shrink and dispatch, the rollout queue, and the engines (torch, vLLM)."""

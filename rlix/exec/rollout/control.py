@@ -1,0 +1,261 @@
+"""Executor layer: carries out the plan's expand/shrink on one pipeline's rollout workers.
+
+Owned by the pipeline coordinator; runs in its event loop. It moves each
+worker through the pool's lifecycle table, calls the worker processes (every
+call with a deadline), and has its :class:`~rlix.exec.rollout.dispatch.Dispatch`
+run queued trajectories on awake workers and sort each outcome:
+
+- a worker process that dies (``RayActorError``) or misses a deadline is
+  killed and marked dead; its GPUs go back to the scheduler's ledger
+  (``WorkerLost``) and its trajectories are continued on other workers;
+- an application error in a rollout (``RayTaskError``) is retried a bounded
+  number of times by the rollout queue, then fails the job (one line).
+
+Worker processes are started *warm*: one per bundle the job may use, in the
+background when the job is admitted, asleep (no device memory), so an
+expand is a wake plus a weight sync, never a cold start.
+
+The process boundary is explicit: worker handles (``handle.method.remote(...)``)
+come from the coordinator's ``spawn`` hook, and killing a process and telling
+a dead one from an application error go through :class:`Processes` (Ray's by
+default), so the races here are tested without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlix.core.types import Gpus
+from rlix.exec.control.deadline import WorkerTimeout, call
+from rlix.exec.messages import SwitchTiming
+from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
+from rlix.exec.job.recorder import Recorder
+from rlix.exec.job.records import SwitchKind
+from rlix.exec.rollout.dispatch import ROLLOUT, Dispatch
+from rlix.exec.rollout.queue import Queued, RolloutQueue
+from rlix.metrics import Activity
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deadlines:
+    wake_s: float  # engine build + weight load
+    call_s: float  # start, sleep, weight sync
+    rollout_s: float  # one trajectory segment
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hooks:
+    """What the control asks of its coordinator (all non-blocking)."""
+
+    now: Callable[[], float]
+    spawn: Callable[[Gpus, bool], object]  # (bundle, first process on it) -> worker handle
+    weights: Callable[[], tuple]  # -> (full snapshot ref, its version, ((adapter, ref, version), ...))
+    finished: Callable[[Queued, object], None]  # (queued trajectory, its GenResult)
+    fatal: Callable[[BaseException], None]  # the job must fail
+    lost: Callable[[Gpus], None]  # tell the scheduler the worker is gone
+    changed: Callable[[], None]  # demand changed
+
+
+@dataclass(frozen=True, kw_only=True)
+class Processes:
+    """What the control needs of the process runtime beside the handles' calls."""
+
+    kill: Callable[[object], None]  # end a worker process now (its handle)
+    died: tuple[type[BaseException], ...]  # a call failed because the process is gone
+    refused: tuple[type[BaseException], ...]  # a call raised inside a live process (an application error)
+
+
+def ray_processes() -> Processes:
+    import ray  # only here: the control itself runs (and is tested) without Ray
+
+    return Processes(kill=ray.kill, died=(ray.exceptions.RayActorError,), refused=(ray.exceptions.RayTaskError,))
+
+
+class RolloutControl:
+    """Expand, shrink, dispatch and weight pushes for one pipeline's rollout workers."""
+
+    def __init__(
+        self, *, pool: WorkerPool, queue: RolloutQueue, recorder: Recorder, hooks: Hooks, deadlines: Deadlines, model_dir: str,
+        procs: Processes | None = None,
+    ) -> None:
+        self.pool = pool
+        self.queue = queue
+        self.rec = recorder
+        self.hooks = hooks
+        self.deadlines = deadlines
+        self.model_dir = model_dir
+        self.procs = procs or ray_processes()
+        self.runner = Dispatch(
+            pool=pool, queue=queue, recorder=recorder, hooks=hooks, procs=self.procs, rollout_s=deadlines.rollout_s,
+            kill=self._kill,
+        )
+        self.locks: dict[int, asyncio.Lock] = {}
+        self.starting: dict[int, asyncio.Task] = {}
+        self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
+
+    def _mark(self, w: Worker, activity: Activity) -> None:
+        self.rec.mark(self.hooks.now(), w.gpus, activity, ROLLOUT)
+
+    # ------------------------------------------------------------ processes
+
+    def warm(self, bundles) -> None:
+        """Start a sleeping process on every bundle, in the background (no GPU held, no waiting)."""
+        for gpus in bundles:
+            self._start(self.pool.get(tuple(gpus)))
+
+    def _start(self, w: Worker) -> asyncio.Task:
+        task = self.starting.get(w.first)
+        if task is None or (task.done() and w.state is WorkerState.DEAD):
+            task = self.starting[w.first] = asyncio.get_running_loop().create_task(self._boot(w))
+        return task
+
+    async def _boot(self, w: Worker) -> bool:
+        self.pool.move(w, WorkerState.STARTING)
+        w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
+        self.spawned.add(w.first)
+        try:
+            await call(w.handle.prepare.remote(self.model_dir), self.deadlines.call_s, "worker start-up")
+        except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here
+            self._kill(w, f"start-up failed: {type(exc).__name__}")
+            return False
+        self.pool.move(w, WorkerState.ASLEEP)
+        return True
+
+    def _kill(self, w: Worker, why: str) -> None:
+        """The worker is gone: kill its process, give its GPUs back, continue its work elsewhere."""
+        if w.state is WorkerState.DEAD:
+            return
+        if w.handle is not None:
+            self.procs.kill(w.handle)
+        was_granted = w.granted
+        self.pool.move(w, WorkerState.DEAD)
+        w.granted = False
+        self.rec.counters.workers_lost += 1
+        if was_granted:
+            self._mark(w, Activity.FREE)
+            self.hooks.lost(w.gpus)
+        self.hooks.changed()
+
+    def kill_all(self) -> None:
+        for w in self.pool.workers.values():
+            if w.handle is not None:
+                self.procs.kill(w.handle)
+
+    # ------------------------------------------------------------ plan calls
+
+    async def expand(self, gpus: Gpus) -> None:
+        """The plan gave us a worker on ``gpus``: wait for its process, wake it with the newest weights."""
+        w = self.pool.get(tuple(gpus))
+        gen = self.pool.bump(w)
+        w.granted = True
+        self._mark(w, Activity.SWITCH)
+        t = self.hooks.now()
+        if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):  # not warm (yet): wait for its process
+            if not await asyncio.shield(self._start(w)):
+                return
+            self.rec.switch(SwitchKind.COLD_START, t, self.hooks.now() - t)  # GPU held while the process started
+        async with self.locks.setdefault(w.first, asyncio.Lock()):
+            if w.generation != gen or w.state is not WorkerState.ASLEEP:
+                return  # shrunk meanwhile, or lost
+            self.pool.move(w, WorkerState.WAKING)
+            t = self.hooks.now()
+            try:
+                timing = await self._wake(w)
+            except Exception as exc:  # noqa: BLE001 -- dead, hung or failing: no worker here
+                self._kill(w, f"wake failed: {exc}")
+                return
+            self.pool.move(w, WorkerState.AWAKE)
+            self.rec.switch(SwitchKind.WAKE, t, self.hooks.now() - t, timing.synced_bytes)
+            if w.generation == gen:
+                self._mark(w, Activity.HELD)
+                self.dispatch()
+
+    async def _wake(self, w: Worker) -> SwitchTiming:
+        full, version, adapters = self.hooks.weights()
+        refs = [ref for _, ref, _ in adapters]
+        timing = await call(w.handle.wake.remote(full, *refs), self.deadlines.wake_s, "wake")
+        # Newer versions may have appeared while waking: the next batch never meets old weights.
+        while (cur := self.hooks.weights())[1] > timing.version:
+            timing = await call(w.handle.update_weights.remote(cur[0]), self.deadlines.call_s, "weight sync")
+        for name, ref, v in self.hooks.weights()[2]:
+            if timing.adapter_version(name) < v:
+                timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
+        return timing
+
+    async def shrink(self, gpus: Gpus, reason: str) -> None:
+        """The plan takes ``gpus`` back: abort, drop weights, re-queue what was running."""
+        w = self.pool.workers.get(gpus[0])
+        if w is None:
+            return
+        gen = self.pool.bump(w)
+        # The plan has taken the GPUs back already: a death while draining is no WorkerLost
+        # (the ledger may have placed a new worker there meanwhile).
+        held, w.granted = w.granted, False
+        if w.state is WorkerState.AWAKE and any(task is not None for task in w.inflight.values()):
+            self.rec.counters.preemptions += 1  # as the simulator counts: a shrink that interrupted running trajectories
+        if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):
+            self._release(w, gen, held)  # nothing on the GPUs yet (or any more)
+            return
+        async with self.locks.setdefault(w.first, asyncio.Lock()):
+            if w.state is WorkerState.AWAKE:
+                await self._drain(w)
+            self._release(w, gen, held)
+
+    def _release(self, w: Worker, gen: int, held: bool) -> None:
+        if w.generation == gen and held:  # a newer expand keeps the GPUs
+            self._mark(w, Activity.FREE)
+            self.hooks.changed()
+
+    async def _drain(self, w: Worker) -> None:
+        self.pool.move(w, WorkerState.DRAINING)
+        self._mark(w, Activity.SWITCH)
+        t = self.hooks.now()
+        try:
+            await call(w.handle.sleep.remote(), self.deadlines.call_s, "sleep")  # aborts in-flight generations first
+        except Exception as exc:  # noqa: BLE001
+            self._kill(w, f"sleep failed: {exc}")
+        tasks = [task for task in w.inflight.values() if task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.deadlines.call_s)
+        self.rec.switch(SwitchKind.SLEEP, t, self.hooks.now() - t)
+        if w.state is WorkerState.DRAINING:
+            self.pool.move(w, WorkerState.ASLEEP)
+
+    # ------------------------------------------------------------ rollout
+
+    def dispatch(self) -> None:
+        """Start queued trajectories on free slots of awake workers."""
+        self.runner.dispatch()
+
+    # ------------------------------------------------------------ weight pushes
+
+    async def push(self, adapter: str) -> None:
+        """Push a new version (the full weights, or one adapter) to awake workers only."""
+        live = self.pool.in_state(WorkerState.AWAKE)
+        await asyncio.gather(*(self._push(w, adapter) for w in live), return_exceptions=True)
+
+    async def _push(self, w: Worker, adapter: str) -> None:
+        async with self.locks.setdefault(w.first, asyncio.Lock()):
+            if w.state is not WorkerState.AWAKE:
+                return
+            full, _, adapters = self.hooks.weights()
+            t = self.hooks.now()
+            ref = next((r for n, r, _ in adapters if n == adapter), None) if adapter else None
+            # The sync's GPU-seconds are switching, as the simulator books a live sync (switch_overhead_fraction).
+            self._mark(w, Activity.SWITCH)
+            try:
+                if adapter:
+                    timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
+                else:
+                    timing = await call(w.handle.update_weights.remote(full), self.deadlines.call_s, "weight sync")
+            except Exception as exc:  # noqa: BLE001
+                self._kill(w, f"weight sync failed: {exc}")
+                return
+            if w.granted and w.state is WorkerState.AWAKE:  # a shrink meanwhile books the GPUs itself
+                busy = any(task is not None for task in w.inflight.values())
+                self._mark(w, Activity.WORK if busy else Activity.HELD)
+            if timing.synced_bytes:
+                self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)
+

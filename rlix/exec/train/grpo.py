@@ -1,0 +1,214 @@
+"""Executor layer: the GRPO recipe (torch), independent of Ray.
+
+Group-relative advantages, a clipped policy-gradient loss averaged over
+tokens, and an optional KL penalty to a frozen reference (the k3
+estimator). :class:`GrpoLearner` is what a trainer worker wraps; it also runs
+in-process, which is how the recipe is tested without Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
+from rlix.exec.messages import Emulation, GrpoConfig, Sample, TrainStats, WeightSnapshot
+from rlix.exec.train.weights import snapshot_of
+
+__all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats", "group_advantages"]
+
+
+def group_advantages(rewards: list[float], groups: list[int]) -> list[float]:
+    """(r - group mean) / (group std + eps): GRPO's critic-free baseline."""
+    by_group: dict[int, list[float]] = {}
+    for r, g in zip(rewards, groups):
+        by_group.setdefault(g, []).append(r)
+    stats = {}
+    for g, rs in by_group.items():
+        mean = sum(rs) / len(rs)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
+        stats[g] = (mean, std)
+    return [(r - stats[g][0]) / (stats[g][1] + 1e-4) for r, g in zip(rewards, groups)]
+
+
+class GrpoLearner:
+    """Policy (+ optional frozen reference) and its optimizer on one device, or
+    sharded over data-parallel ``ranks`` (every rank constructs it alike).
+
+    ``dtype`` is the weights' (and optimizer state's) dtype: float32 trains;
+    float64 lets a test hold N ranks to the one-rank update within ~1e-15
+    (float32 rounding, summed in another order, leaves ~1e-6 after a few steps)."""
+
+    def __init__(
+        self, model_path: str, device: str, cfg: GrpoConfig, emulation: Emulation = Emulation(), ranks: Ranks = SINGLE, dtype: str = "float32"
+    ) -> None:
+        import torch
+
+        from rlix.exec.data.model import load_model
+
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.device = device
+        self.emulation = emulation
+        self.ranks = ranks
+        self.model = ranks.shard(load_model(model_path, device, dtype))
+        self.ref = ranks.shard(load_model(model_path, device, dtype).eval()) if cfg.kl_coef > 0 else None
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.version = 0
+        self.pad_id = int(self.model.config.pad_token_id)
+
+    # ------------------------------------------------------------ offload
+
+    def offload(self) -> None:
+        """Free the device: model, reference and optimizer state to the CPU."""
+        self._move("cpu")
+
+    def reload(self) -> None:
+        self._move(self.device)
+
+    def _move(self, device: str) -> None:
+        self.model.to(device)
+        if self.ref is not None:
+            self.ref.to(device)
+        for state in self.opt.state.values():
+            for k, v in state.items():
+                if hasattr(v, "to"):
+                    state[k] = v.to(device)
+
+    def snapshot(self) -> WeightSnapshot:
+        return snapshot_of(self.model, self.version)
+
+    # ------------------------------------------------------------ scoring
+
+    def logprobs(self, samples: list[Sample], *, reference: bool = False) -> list[tuple[float, ...]]:
+        """Per-token log-probs of each completion under the policy (or the reference).
+
+        Each rank scores its share; a rank with no share still runs a forward
+        (FSDP gathers parameters collectively) and keeps nothing."""
+        import torch
+
+        model = self.ref if reference else self.model
+        t0 = time.perf_counter()
+        mine = self.ranks.share(samples)
+        with torch.no_grad():
+            lp, mask = self._token_logprobs(model, mine or samples[:1])
+        out = [tuple(float(x) for x, m in zip(row, mrow) if m) for row, mrow in zip(lp.cpu(), mask.cpu())] if mine else []
+        self._pace(mine, t0)
+        return self.ranks.unshare(out, len(samples))
+
+    def _batch(self, samples: list[Sample]):
+        import torch
+
+        seqs = [list(s.prompt_ids) + list(s.completion_ids) for s in samples]
+        width = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        tmask = torch.zeros((len(seqs), width - 1), dtype=torch.bool)  # predicts token t+1
+        for i, (s, seq) in enumerate(zip(samples, seqs)):
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
+            p = len(s.prompt_ids)
+            tmask[i, p - 1 : len(seq) - 1] = True
+        return ids.to(self.device), attn.to(self.device), tmask.to(self.device)
+
+    def _token_logprobs(self, model, samples: list[Sample]):
+        import torch
+
+        ids, attn, tmask = self._batch(samples)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision up, float64 kept
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return lp, tmask
+
+    # ------------------------------------------------------------ training
+
+    def train(self, samples: list[Sample]) -> TrainStats:
+        """One GRPO update over ``samples``; bumps the policy version."""
+        params = [p for group in self.opt.param_groups for p in group["params"]]  # the shards, under FSDP2
+        stats = self._update(samples, self.cfg, self.opt, params, self.version)
+        self.version += 1
+        return stats
+
+    def _update(self, samples: list[Sample], cfg: GrpoConfig, opt, params: list, version: int) -> TrainStats:
+        """``cfg.epochs`` passes of clipped-PG minibatch steps of ``opt`` over ``params``
+        (minibatch order seeded by ``cfg.seed + version``).
+
+        Every rank takes its share of each minibatch; the loss is normalised by
+        the whole minibatch's token count (known to every rank), so the
+        gradients summed over ranks are the one-rank gradient."""
+        import torch
+
+        t0 = time.perf_counter()
+        self.model.train()
+        order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(cfg.seed + version))
+        chunks = [order[i :: cfg.minibatches].tolist() for i in range(cfg.minibatches)]
+        tot_loss = tot_kl = tot_clip = 0.0
+        tokens = 0
+        for _ in range(cfg.epochs):
+            for chunk in chunks:
+                if not chunk:
+                    continue
+                mb = [samples[i] for i in chunk]
+                n = sum(len(s.completion_ids) for s in mb)  # tokens of the whole minibatch
+                mine = self.ranks.share(mb)
+                loss, kl, clipped = self._loss(mine or mb[:1], cfg, max(n, 1), live=bool(mine))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                clip_grad_norm(params, cfg.max_grad_norm)
+                opt.step()
+                loss_v, kl_v, clipped = self.ranks.sum([float(loss.detach()), kl, clipped])
+                tot_loss += loss_v * n
+                tot_kl += kl_v * n
+                tot_clip += clipped
+                tokens += n
+        self.model.eval()
+        self._pace(self.ranks.share(samples), t0)
+        n = max(tokens, 1)
+        return TrainStats(loss=tot_loss / n, kl=tot_kl / n, clip_fraction=tot_clip / n, tokens=tokens, seconds=time.perf_counter() - t0)
+
+    def _loss(self, mb: list[Sample], cfg: GrpoConfig, n: int, live: bool = True):
+        """(loss, kl term, clipped tokens) of ``mb``, both terms normalised by ``n`` tokens.
+
+        A rank with no share of the minibatch (``live`` False) runs ``mb`` with
+        every token masked out: it joins FSDP's collectives and adds nothing."""
+        import torch
+
+        lp, tmask = self._token_logprobs(self.model, mb)
+        old = _pad_like(lp, tmask, [s.old_logprobs for s in mb])
+        adv = torch.tensor([s.advantage for s in mb], device=lp.device).unsqueeze(1)
+        ratio = torch.exp(lp - old)
+        eps = cfg.clip_eps
+        pg = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
+        mask = tmask if live else torch.zeros_like(tmask)
+        loss = (pg * mask).sum() / n
+        kl_val = 0.0
+        if self.ref is not None and cfg.kl_coef > 0:
+            ref = _pad_like(lp, tmask, [s.ref_logprobs for s in mb])
+            log_r = ref - lp
+            kl = torch.exp(log_r) - log_r - 1  # k3: unbiased, non-negative
+            kl_term = (kl * mask).sum() / n
+            loss = loss + cfg.kl_coef * kl_term
+            kl_val = float(kl_term.detach())
+        clipped = ((ratio - 1).abs() > eps) & mask
+        return loss, kl_val, float(clipped.sum())
+
+    def _pace(self, samples: list[Sample], started: float) -> None:
+        per_tok = self.emulation.train_token_s
+        if per_tok > 0:
+            want = per_tok * sum(len(s.completion_ids) + len(s.prompt_ids) for s in samples)
+            left = want - (time.perf_counter() - started)
+            if left > 0:
+                time.sleep(left)
+
+
+def _pad_like(lp, mask, rows: list[tuple[float, ...]]):
+    """Scatter per-completion values into the [B, T-1] token grid of ``mask``."""
+    import torch
+
+    out = torch.zeros_like(lp)
+    for i, row in enumerate(rows):
+        idx = mask[i].nonzero().squeeze(-1)
+        if len(row) != len(idx):
+            raise ValueError(f"sample {i}: {len(row)} log-probs for {len(idx)} completion tokens")
+        out[i, idx] = torch.tensor(row, dtype=out.dtype, device=out.device)
+    return out

@@ -1,0 +1,102 @@
+"""Executor layer: the job's trainer actor as its coordinator uses it.
+
+Stage calls (old and reference log-probs, training) and weight snapshots,
+each with a deadline, and the versioned CPU cache of the trainer's weights:
+the newest full snapshot (or base weights of a LoRA job) and the newest
+snapshot of each adapter, as object references rollout workers sync from.
+Version ``v`` is the weights after ``v`` trained steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlix.core import ClusterSpec, Stage
+from rlix.core.types import Gpus
+from rlix.exec.front.config import JobConfig, LimitsConfig
+from rlix.exec.control.deadline import call
+from rlix.exec.messages import Emulation, TrainerJob
+
+
+class TrainerLink:
+    """Calls to one trainer actor, and the cache of its weight versions."""
+
+    def __init__(self, handle, *, limits: LimitsConfig, checkpoint_dir: str | None = None, save_every: int = 1, started=None) -> None:
+        self.handle = handle  # the trainer actor (or gang of ranks)
+        self.started = started  # done once every rank built its learner (None: nothing to wait for)
+        self.limits = limits
+        self.checkpoint_dir = checkpoint_dir  # None: no checkpoints
+        self.save_every = save_every  # checkpoint every this many steps (and after a stream's last)
+        self.full: tuple[object, int] = (handle.snapshot.remote(), 0)  # newest full snapshot ref, its version
+        self.adapters: dict[str, tuple[object, int]] = {}  # adapter -> newest snapshot ref, its version
+
+    @classmethod
+    def start_gang(cls, job: JobConfig, model_dir: str, emulation: Emulation, *, cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str) -> TrainerLink:
+        """The job's trainer: one data-parallel rank per GPU of ``gpus`` (FSDP2 when more than one), starting in the background."""
+        from rlix.exec.train.trainer_gang import TrainerGang
+
+        trainer_job = TrainerJob(
+            model_path=model_dir, cfg=job.algo.value(job.seed), emulation=emulation, lora=job.lora_spec(),
+            adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()), checkpoint_dir=job.checkpoint_dir,
+        )
+        gang = TrainerGang.start(cluster, gpus, nodes, name, trainer_job)
+        return cls(gang, limits=job.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every, started=gang.started)
+
+    async def call(self, ref, what: str):
+        return await call(ref, self.limits.call_timeout_s, what)
+
+    async def start(self, streams: Sequence[str]) -> dict[str, int]:
+        """Wait for the trainer and cache the first weights; returns the streams that resume from a
+        checkpoint, with their trained steps (an adapter by name; the full model as ``""``)."""
+        if self.started is not None:
+            await self.call(self.started, "trainer start-up")  # a rank that failed to start says why here
+        versions = await self.call(self.handle.adapter_versions.remote(), "trainer start-up")
+        resumed: dict[str, int] = {}
+        for name in streams:
+            if name:
+                resumed[name] = versions[name]
+                self.adapters[name] = (self.handle.adapter_snapshot.remote(name), versions[name])
+            elif self.checkpoint_dir:  # a resumed full finetune continues from its newest checkpoint
+                resumed[name] = await self.call(self.handle.trained_steps.remote(), "trainer start-up")
+                self.full = (self.full[0], resumed[name])
+        await self.call(self.full[0], "first weight snapshot")
+        return resumed
+
+    async def load(self) -> None:
+        """Model (and optimizer) onto the stage's GPUs."""
+        await self.call(self.handle.reload.remote(), "stage load")
+
+    async def work(self, stage: Stage, samples, adapter: str):
+        """Run ``stage`` on the trainer while it holds its GPUs (the stage's own deadline)."""
+        if stage is Stage.OLD_LOGPROBS:
+            ref = self.handle.logprobs.remote(samples, False, adapter)
+        elif stage is Stage.REF_LOGPROBS:
+            ref = self.handle.logprobs.remote(samples, True)
+        else:
+            ref = self.handle.train.remote(samples, adapter)
+        return await call(ref, self.limits.stage_timeout_s, f"stage {stage.value}")
+
+    async def offload(self) -> None:
+        await self.call(self.handle.offload.remote(), "stage offload")
+
+    async def publish(self, stream: str, version: int, *, steps: int, last: bool = False) -> None:
+        """Cache ``stream``'s trained weights (one adapter's, or the full model as ``""``) as ``version``;
+        checkpoint every ``save_every`` trained steps and after the stream's last (``steps``, or ``last``:
+        its stop condition holds)."""
+        due = bool(self.checkpoint_dir) and (last or version % self.save_every == 0 or version >= steps)
+        if stream:
+            ref = self.handle.adapter_snapshot.remote(stream)
+            await self.call(ref, "adapter snapshot")
+            self.adapters[stream] = (ref, version)
+            if due:
+                await self.call(self.handle.save_adapter.remote(stream), "adapter checkpoint")
+        else:
+            ref = self.handle.snapshot.remote()
+            await self.call(ref, "weight snapshot")
+            self.full = (ref, version)
+            if due:
+                await self.call(self.handle.save_full.remote(), "checkpoint")
+
+    def weights(self) -> tuple:
+        """(full snapshot ref, its version, ((adapter, ref, version), ...)) -- what a waking worker syncs."""
+        return self.full[0], self.full[1], tuple((n, ref, v) for n, (ref, v) in sorted(self.adapters.items()))

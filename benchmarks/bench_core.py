@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # this checkout's rlix
 
-from rlix.core import (  # noqa: E402
+from rlix.core import (
     ClusterSpec,
     PipelineSpec,
     Register,

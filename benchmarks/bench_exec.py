@@ -94,15 +94,26 @@ def bench_h2d(nbytes: int, reps: int = 5) -> dict:
     return out
 
 
-def bench_worker(hidden: int, layers: int, reps: int, *, heads: int = 8, intermediate: int = 0, backend: str = "torch", vllm_memory: float = 0.3) -> dict:
+def bench_worker(
+    hidden: int,
+    layers: int,
+    reps: int,
+    *,
+    heads: int = 8,
+    intermediate: int = 0,
+    backend: str = "torch",
+    vllm_memory: float = 0.3,
+) -> dict:
     import torch
 
+    from rlix.exec.actors import RolloutWorkerActor
     from rlix.exec.data.model import ModelSize, build_model, load_model, param_count
     from rlix.exec.rollout.torch_backend import Emulation, VllmOptions
     from rlix.exec.train.weights import snapshot_of
-    from rlix.exec.actors import RolloutWorkerActor
 
-    size = ModelSize(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=intermediate or 4 * hidden)
+    size = ModelSize(
+        arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=intermediate or 4 * hidden
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(size, Path(tmp) / "m")
         model = load_model(path)
@@ -112,7 +123,9 @@ def bench_worker(hidden: int, layers: int, reps: int, *, heads: int = 8, interme
         nbytes = snaps[0].nbytes
         del model
         opts = VllmOptions(gpu_memory_utilization=vllm_memory)
-        worker = RolloutWorkerActor.options(num_cpus=0, runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": "0"}}).remote(Emulation(), backend=backend, vllm=opts)
+        worker = RolloutWorkerActor.options(num_cpus=0, runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": "0"}}).remote(
+            Emulation(), backend=backend, vllm=opts
+        )
         t = time.perf_counter()
         ray.get(worker.prepare.remote(str(path)))
         cold = time.perf_counter() - t
@@ -167,8 +180,13 @@ def main() -> None:
         out = {
             "scheduler": bench_scheduler(args.requests),
             # vLLM's attention kernels want head_dim >= 32: its tiny model is wider
-            "worker_tiny": bench_worker(*((256, 2) if args.backend == "vllm" else (64, 2)), args.reps,
-                                        heads=4 if args.backend == "vllm" else 8, backend=args.backend, vllm_memory=args.vllm_memory),
+            "worker_tiny": bench_worker(
+                *((256, 2) if args.backend == "vllm" else (64, 2)),
+                args.reps,
+                heads=4 if args.backend == "vllm" else 8,
+                backend=args.backend,
+                vllm_memory=args.vllm_memory,
+            ),
             "worker": bench_worker(args.hidden, args.layers, args.reps, **size),
         }
     finally:

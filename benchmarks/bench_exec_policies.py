@@ -32,11 +32,16 @@ def main() -> None:
     parser.add_argument("config", nargs="?", default=str(ROOT / "examples" / "cpu_two_jobs.yaml"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--policy", action="append", help="default: rlix and static")
-    parser.add_argument("--keep", metavar="DIR", help="keep each run's outputs (trace, timeline, metrics) under DIR/<run>-<policy>")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="keep each run's outputs (trace, timeline, metrics) under DIR/<run>-<policy>"
+    )
     args = parser.parse_args()
     policies = args.policy or ["rlix", "static"]
     makespans: dict[str, list[float]] = {p: [] for p in policies}
-    print(f"{'run':>4} {'policy':>16} {'makespan s':>11} {'gpu util':>8} {'switch':>6} {'overhead %':>10} {'sim err':>7} {'jct err':>7}  jobs (jct s, reward first->last)")
+    print(
+        f"{'run':>4} {'policy':>16} {'makespan s':>11} {'gpu util':>8} {'switch':>6} {'overhead %':>10} "
+        f"{'sim err':>7} {'jct err':>7}  jobs (jct s, reward first->last)"
+    )
     switching: dict[str, list[float]] = {p: [] for p in policies}
     for r in range(args.repeats):
         for policy in policies:
@@ -78,7 +83,14 @@ def fidelity(res, policy: str) -> tuple[float, float]:
     sim = replay(load_trace(res.files["trace"]), policy)
     measured = res.metrics
     err = abs(sim.makespan_s - measured.makespan_s) / measured.makespan_s
-    jct = max((abs(sim.pipelines[p].jct_s - m.jct_s) / m.jct_s for p, m in measured.pipelines.items() if m.jct_s and p in sim.pipelines), default=0.0)
+    jct = max(
+        (
+            abs(sim.pipelines[p].jct_s - m.jct_s) / m.jct_s
+            for p, m in measured.pipelines.items()
+            if m.jct_s and p in sim.pipelines
+        ),
+        default=0.0,
+    )
     return err, jct
 
 

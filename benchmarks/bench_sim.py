@@ -28,14 +28,19 @@ def main() -> None:
     trace = load_trace(args.trace)
     total = trace.total_trajectories()  # expands the generated streams
     load_s = time.perf_counter() - t0
-    print(f"{Path(args.trace).name}: {trace.cluster.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {total:,} trajectories "
-          f"(load + expand {load_s:.2f} s)")
+    print(
+        f"{Path(args.trace).name}: {trace.cluster.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {total:,} trajectories "
+        f"(load + expand {load_s:.2f} s)"
+    )
     print(f"{'policy':>16} {'wall s':>8} {'traj/s':>10} {'plans':>7} {'makespan s':>11} {'lost':>5}")
     for policy in args.policy or ["rlix"]:
         t0 = time.perf_counter()
         m = replay(trace, policy)
         wall = time.perf_counter() - t0
-        print(f"{policy:>16} {wall:>8.1f} {total / wall:>10,.0f} {m.plans:>7,} {m.makespan_s:>11,.0f} {m.trajectories_lost:>5}", flush=True)
+        print(
+            f"{policy:>16} {wall:>8.1f} {total / wall:>10,.0f} {m.plans:>7,} {m.makespan_s:>11,.0f} {m.trajectories_lost:>5}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's rlix, and the shared generator
 
-from core_fuzz import run_setup  # noqa: E402
+from core_fuzz import run_setup
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
-from rlix.sim.simulator import replay  # noqa: E402
-from rlix.sim.trace import load_trace  # noqa: E402
+from rlix.sim.simulator import replay
+from rlix.sim.trace import load_trace
 
 
 def main() -> None:

@@ -69,20 +69,40 @@ class SchedulerModel(StrictModel):
 
     report_ttl_s: float = Field(default=600.0, gt=0, description="demand reports older than this are stale (s)")
     protect_fraction: float = Field(default=0.1, ge=0, le=1, description="batch fraction left below which busy workers are kept")
-    min_residency_s: float = Field(default=30.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them")
+    min_residency_s: float = Field(
+        default=30.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them"
+    )
     rebalance_margin_workers: float = Field(default=0.5, ge=0, description="hysteresis of the rollout split, in workers")
     backlog_weight: float = Field(default=0.0, ge=0, description="weight of not-yet-started trajectories in the rollout split")
-    weight_by_duration: bool = Field(default=False, description="split rollout capacity by remaining work (trajectories x mean seconds), not counts")
-    home_floor: bool = Field(default=False, description="a pipeline's share never drops below its home partition's rollout workers while it can use them")
-    priority_weight: float = Field(default=2.0, ge=1, le=100, description="a job's rollout share weight is multiplied by priority_weight ** priority")
-    small_first: float = Field(default=3.0, ge=0, le=10, description="favour jobs with little work left: weight x (most work left / own work left) ** small_first (0: off)")
-    path_halving_s: float = Field(default=350.0, ge=0, description="favour the job with the longest chain of steps ahead: weight halves per this many seconds of shorter chain (0: off)")
+    weight_by_duration: bool = Field(
+        default=False, description="split rollout capacity by remaining work (trajectories x mean seconds), not counts"
+    )
+    home_floor: bool = Field(
+        default=False,
+        description="a pipeline's share never drops below its home partition's rollout workers while it can use them",
+    )
+    priority_weight: float = Field(
+        default=2.0, ge=1, le=100, description="a job's rollout share weight is multiplied by priority_weight ** priority"
+    )
+    small_first: float = Field(
+        default=3.0,
+        ge=0,
+        le=10,
+        description="favour jobs with little work left: weight x (most work left / own work left) ** small_first (0: off)",
+    )
+    path_halving_s: float = Field(
+        default=350.0,
+        ge=0,
+        description="favour the job with the longest chain of steps ahead: weight halves per this many seconds "
+        "of shorter chain (0: off)",
+    )
 
     plan_interval_s: float = Field(
         default=5.0, gt=0, description="seconds between the control loop's periodic plans (demand, TTLs, residency)"
     )
     heartbeat_s: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="seconds between re-sent demand reports of a job with open trajectories (default: report_ttl_s / 4)",
     )
 
@@ -130,7 +150,9 @@ class JobModel(StrictModel):
     staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
     slots_per_worker: int = Field(default=SLOTS_PER_WORKER, ge=1, description="trajectories one rollout worker runs at once")
     priority: int = Field(
-        default=0, ge=-10, le=10,
+        default=0,
+        ge=-10,
+        le=10,
         description="job priority, higher wins: its gang stages go first and its rollout share weighs "
         "priority_weight ** priority",
     )

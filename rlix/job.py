@@ -181,7 +181,10 @@ def pipeline_spec(
     (the executor always does this; a trace says ``preempt: continue``).
     An empty ``home`` becomes :func:`default_home`.
     """
-    specs = tuple(RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker) for name, r in sorted(roles.items()))
+    specs = tuple(
+        RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker)
+        for name, r in sorted(roles.items())
+    )
     return PipelineSpec(
         pipeline_id=pipeline_id,
         roles=specs,

@@ -154,7 +154,9 @@ class Finished:
     """Every stream is trained to its end: unregister."""
 
 
-Effect = RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | DropBatch | Publish | DemandChanged | Finished
+Effect = (
+    RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | DropBatch | Publish | DemandChanged | Finished
+)
 
 
 # ------------------------------------------------------------------ the job
@@ -324,7 +326,9 @@ class Rollouts:
         plan = self.plan
         return max(
             (
-                remaining_path_s(s.spec.steps - s.version, plan.staleness, longest_s=longest_s, train_s=train_s, streaming=plan.streaming)
+                remaining_path_s(
+                    s.spec.steps - s.version, plan.staleness, longest_s=longest_s, train_s=train_s, streaming=plan.streaming
+                )
                 for s in self.streams
                 if not s.stopped
             ),
@@ -446,7 +450,9 @@ class StepMachine:
 
     # ------------------------------------------------------------ queries
 
-    def demand(self, *, pending: int, loads: Sequence[WorkerLoad], trajectory_s: float, switch_s: float, longest_s: float) -> ReportDemand:
+    def demand(
+        self, *, pending: int, loads: Sequence[WorkerLoad], trajectory_s: float, switch_s: float, longest_s: float
+    ) -> ReportDemand:
         """The demand report, from the rollout engine's figures and the machine's own.
 
         An announced batch counts as queued (and no longer as backlog) until it is produced.

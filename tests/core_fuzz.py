@@ -53,12 +53,22 @@ def random_spec(rng: random.Random, cluster: ClusterSpec, pid: str) -> PipelineS
     chosen = sorted(rng.sample(bundles, rng.randint(1, len(bundles))))
     lo = rng.randrange(n)
     train = tuple(range(lo, min(n, lo + rng.randint(1, 2 * gpn))))
-    roles = [RoleSpec(role=Role.ACTOR_TRAIN, gpus=train), RoleSpec(role=Role.ACTOR_INFER, gpus=tuple(g for b in chosen for g in b), gpus_per_worker=tp)]
+    roles = [
+        RoleSpec(role=Role.ACTOR_TRAIN, gpus=train),
+        RoleSpec(role=Role.ACTOR_INFER, gpus=tuple(g for b in chosen for g in b), gpus_per_worker=tp),
+    ]
     if rng.random() < 0.3:
         r0 = rng.randrange(n)
         roles.append(RoleSpec(role=Role.REFERENCE, gpus=tuple(range(r0, min(n, r0 + gpn)))))
     home = tuple(sorted(set(train) | set(rng.choice(chosen))))
-    return PipelineSpec(pipeline_id=pid, roles=tuple(roles), slots_per_worker=rng.randint(1, 4), home=home, resumable=rng.random() < 0.5, priority=rng.choice([0, 0, 0, 1, 2, -1]))
+    return PipelineSpec(
+        pipeline_id=pid,
+        roles=tuple(roles),
+        slots_per_worker=rng.randint(1, 4),
+        home=home,
+        resumable=rng.random() < 0.5,
+        priority=rng.choice([0, 0, 0, 1, 2, -1]),
+    )
 
 
 def random_report(rng: random.Random, sched: Scheduler, spec: PipelineSpec) -> ReportDemand:

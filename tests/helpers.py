@@ -5,21 +5,36 @@ from __future__ import annotations
 from rlix.core import PipelineSpec, Register, ReportDemand, Role, RoleSpec, Scheduler, WorkerLoad
 
 
-def spec(pid: str, train: range | tuple, infer: range | tuple, *, tp: int = 1, slots: int = 4, home=(), resumable=False, priority: int = 0, **roles) -> PipelineSpec:
+def spec(
+    pid: str,
+    train: range | tuple,
+    infer: range | tuple,
+    *,
+    tp: int = 1,
+    slots: int = 4,
+    home=(),
+    resumable=False,
+    priority: int = 0,
+    **roles,
+) -> PipelineSpec:
     role_specs = [
         RoleSpec(role=Role.ACTOR_TRAIN, gpus=tuple(train)),
         RoleSpec(role=Role.ACTOR_INFER, gpus=tuple(infer), gpus_per_worker=tp),
     ]
     for name, gpus in roles.items():
         role_specs.append(RoleSpec(role=Role(name), gpus=tuple(gpus)))
-    return PipelineSpec(pipeline_id=pid, roles=tuple(role_specs), slots_per_worker=slots, home=tuple(home), resumable=resumable, priority=priority)
+    return PipelineSpec(
+        pipeline_id=pid, roles=tuple(role_specs), slots_per_worker=slots, home=tuple(home), resumable=resumable, priority=priority
+    )
 
 
 def register(sched: Scheduler, *specs: PipelineSpec, now: float = 0.0):
     return sched.step(now, [Register(spec=s) for s in specs])
 
 
-def demand(pid: str, pending: int, loads: dict[int, int] | None = None, batch: int = 0, backlog: int = 0, trajectory_s: float = 0.0) -> ReportDemand:
+def demand(
+    pid: str, pending: int, loads: dict[int, int] | None = None, batch: int = 0, backlog: int = 0, trajectory_s: float = 0.0
+) -> ReportDemand:
     loads = loads or {}
     return ReportDemand(
         pipeline_id=pid,

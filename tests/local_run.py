@@ -12,11 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlix.exec.front.config import JobConfig
-from rlix.exec.train.grpo import GrpoLearner
 from rlix.exec.data.model import materialize_model
 from rlix.exec.data.recipe import Recipe
+from rlix.exec.front.config import JobConfig
 from rlix.exec.rollout.torch_backend import Emulation, TorchRolloutBackend
+from rlix.exec.train.grpo import GrpoLearner
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,8 +16,17 @@ from rlix.sim.trace import SCHEMA_PATH, json_schema
 ROOT = Path(__file__).parent.parent
 TRACES = ROOT / "traces"
 METRIC_KEYS = {
-    "gpu_utilization", "idle_fraction", "switch_overhead_fraction", "stranded_fraction", "throughput_steps_per_hour",
-    "trajectories_per_hour", "makespan_s", "makespan_lower_bound_s", "preemptions", "trajectories_requeued", "trajectories_lost",
+    "gpu_utilization",
+    "idle_fraction",
+    "switch_overhead_fraction",
+    "stranded_fraction",
+    "throughput_steps_per_hour",
+    "trajectories_per_hour",
+    "makespan_s",
+    "makespan_lower_bound_s",
+    "preemptions",
+    "trajectories_requeued",
+    "trajectories_lost",
 }
 PIPELINE_KEYS = {"jct_s", "step_latency_mean_s", "step_latency_p50_s", "step_latency_p99_s"}
 
@@ -125,7 +134,10 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["replay", "traces/single.json", "--set", "backlog_wieght=1"], "scheduler.backlog_wieght: Extra inputs"),
         (["replay", "traces/single.json", "--set", "backlog_weight=-1"], "scheduler.backlog_weight: Input should be greater"),
         (["replay", "traces/single.json", "--set", "weight_by_duration=1", "--set", "weight_by_duration=0"], "given twice"),
-        (["replay", "traces/single.json", "--set", "heartbeat_s=600"], "scheduler.heartbeat_s: 600.0 s is not below report_ttl_s"),
+        (
+            ["replay", "traces/single.json", "--set", "heartbeat_s=600"],
+            "scheduler.heartbeat_s: 600.0 s is not below report_ttl_s",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(args, expected, tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
-
 from helpers import demand, owners, register, spec
+
 from rlix.core import (
     ClusterSpec,
     InvariantViolation,
@@ -33,7 +33,7 @@ PROPORTIONAL = SchedulerConfig(small_first=0.0, path_halving_s=0.0)  # the split
 
 def two_jobs(policy="rlix", config=SchedulerConfig()):
     sched = Scheduler(TWO_NODES, policy, config)
-    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(0, 8)))
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
     return sched
 
 
@@ -57,7 +57,7 @@ def test_gang_stage_waits_for_another_gang_and_never_preempts_it():
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN, role=None)])
     # b's reference role is mapped over a's training GPUs
     sched2 = Scheduler(TWO_NODES, "rlix")
-    register(sched2, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(0, 8), reference=range(2, 6)))
+    register(sched2, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8), reference=range(2, 6)))
     sched2.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
     plan = sched2.step(1, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)])
     assert plan.grants == ()
@@ -68,11 +68,13 @@ def test_gang_stage_waits_for_another_gang_and_never_preempts_it():
 
 def test_blocked_high_priority_request_reserves_its_gpus():
     sched = Scheduler(NODE8, "rlix")
-    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(2, 8), range(0, 8), reference=range(6, 8)))
+    register(sched, spec("a", range(4), range(8)), spec("b", range(2, 8), range(8), reference=range(6, 8)))
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])  # holds 0-3
     # b's actor_train (priority 1) waits on 2-3; b's ref (priority 4) needs 6-7 only, which b's
     # blocked training has reserved, so it must not jump the queue.
-    plan = sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)])
+    plan = sched.step(
+        1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)]
+    )
     assert plan.grants == ()
     plan = sched.step(2, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
     assert [g.stage for g in plan.grants] == [Stage.ACTOR_TRAIN]
@@ -80,16 +82,23 @@ def test_blocked_high_priority_request_reserves_its_gpus():
 
 def test_priority_order_between_waiting_gangs():
     sched = Scheduler(NODE8, "rlix")
-    register(sched, spec("a", range(0, 8), range(0, 8)), spec("b", range(0, 8), range(0, 8)))
+    register(sched, spec("a", range(8), range(8)), spec("b", range(8), range(8)))
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
-    sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.OLD_LOGPROBS), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    sched.step(
+        1, [RequestStage(pipeline_id="b", stage=Stage.OLD_LOGPROBS), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]
+    )
     plan = sched.step(2, [ReleaseStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
     assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("a", Stage.ACTOR_TRAIN)]  # priority 1 beats 3
 
 
 def test_a_higher_priority_jobs_stage_goes_before_an_earlier_and_more_urgent_one():
     sched = Scheduler(NODE8, "rlix")
-    register(sched, spec("a", range(0, 8), range(0, 8)), spec("b", range(0, 8), range(0, 8)), spec("vip", range(0, 8), range(0, 8), priority=1))
+    register(
+        sched,
+        spec("a", range(8), range(8)),
+        spec("b", range(8), range(8)),
+        spec("vip", range(8), range(8), priority=1),
+    )
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
     # b's training (stage priority 1) asked first; vip's ref log-probs (stage priority 4) asked later
     sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
@@ -104,7 +113,7 @@ def test_a_higher_priority_jobs_stage_goes_before_an_earlier_and_more_urgent_one
 def test_out_of_range_priorities_are_refused_with_the_field_named():
     sched = Scheduler(NODE8, "rlix")
     with pytest.raises(SchedulingError, match="priority=11"):
-        register(sched, spec("a", range(0, 4), range(0, 8), priority=11))
+        register(sched, spec("a", range(4), range(8), priority=11))
     with pytest.raises(SchedulingError, match="priority_weight"):
         Scheduler(NODE8, "rlix", SchedulerConfig(priority_weight=0.5))
 
@@ -112,7 +121,7 @@ def test_out_of_range_priorities_are_refused_with_the_field_named():
 def test_static_admits_in_arrival_order_and_a_waiting_job_gets_no_rollout():
     sched = Scheduler(NODE8, "static")
     # a holds 0-3; b (home 0-7) asked first, d (home 4-7) later: d must not jump b's place in the queue
-    register(sched, spec("a", range(0, 4), range(0, 4)), spec("b", range(0, 8), range(0, 8)), spec("d", range(4, 8), range(4, 8)))
+    register(sched, spec("a", range(4), range(4)), spec("b", range(8), range(8)), spec("d", range(4, 8), range(4, 8)))
     assert [g.pipeline_id for g in sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)]).grants] == ["a"]
     sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.INIT)])
     plan = sched.step(2, [RequestStage(pipeline_id="d", stage=Stage.INIT), demand("b", 16), demand("d", 16)])
@@ -125,10 +134,12 @@ def test_static_admits_in_arrival_order_and_a_waiting_job_gets_no_rollout():
 # ------------------------------------------------------------------ rollout split
 
 
-@pytest.mark.parametrize(("priority_weight", "expected"), [(2.0, {"a": 3, "b": 5}), (1.0, {"a": 4, "b": 4}), (3.0, {"a": 2, "b": 6})])
+@pytest.mark.parametrize(
+    ("priority_weight", "expected"), [(2.0, {"a": 3, "b": 5}), (1.0, {"a": 4, "b": 4}), (3.0, {"a": 2, "b": 6})]
+)
 def test_a_higher_priority_jobs_rollout_demand_weighs_more(priority_weight, expected):
     sched = Scheduler(NODE8, "rlix", SchedulerConfig(priority_weight=priority_weight))
-    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1, priority=1))
+    register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1, priority=1))
     sched.step(0, [demand("a", 8), demand("b", 8)])  # equal demand; b's weight is priority_weight x a's
     assert {pid: len(ws) for pid, ws in owners(sched).items()} == expected
 
@@ -146,11 +157,11 @@ def test_split_by_duration_follows_remaining_work_not_counts():
     # a: 8 short trajectories (5 s), b: 8 long ones (95 s); equal counts, 19x the work
     reports = [demand("a", 8, trajectory_s=5.0), demand("b", 8, trajectory_s=95.0)]
     by_count = Scheduler(NODE8, "rlix", PROPORTIONAL)
-    register(by_count, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    register(by_count, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     by_count.step(0, reports)
     assert {pid: len(ws) for pid, ws in owners(by_count).items()} == {"a": 4, "b": 4}
     by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True, small_first=0.0, path_halving_s=0.0))
-    register(by_work, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    register(by_work, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     by_work.step(0, reports)
     # 1:19 of 8 GPUs is 0.4 : 7.6 workers; the floor is inside the share, so a gets
     # exactly its one worker and b the other 7 (not a floor each and then 1:19 of the rest)
@@ -163,7 +174,7 @@ def test_the_job_with_the_least_work_left_gets_more_of_the_split():
     counts = {}
     for small_first in (0.0, 1.0, 3.0):
         sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=small_first, path_halving_s=0.0))
-        register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+        register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
         sched.step(0, reports)
         counts[small_first] = {pid: len(ws) for pid, ws in owners(sched).items()}
     # work left 8 : 32 -> weights 8 x 4^k : 8: 4 : 4, then 6.4 : 1.6, then 7.9 : 0.1 (b keeps its floor)
@@ -172,17 +183,22 @@ def test_the_job_with_the_least_work_left_gets_more_of_the_split():
 
 def test_the_job_with_the_most_work_left_gets_a_larger_share_when_small_first_is_off():
     sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=0.0, path_halving_s=0.0, backlog_weight=1.0))
-    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     sched.step(0, [demand("a", 8), demand("b", 8, backlog=24)])
     assert {pid: len(ws) for pid, ws in owners(sched).items()} == {"a": 2, "b": 6}  # 8 : 32 of 8 GPUs
 
 
-@pytest.mark.parametrize(("halving_s", "expected"), [(0.0, {"a": 4, "b": 4}), (600.0, {"a": 3, "b": 5}), (200.0, {"a": 1, "b": 7})])
+@pytest.mark.parametrize(
+    ("halving_s", "expected"), [(0.0, {"a": 4, "b": 4}), (600.0, {"a": 3, "b": 5}), (200.0, {"a": 1, "b": 7})]
+)
 def test_the_job_on_the_longest_chain_gets_more_of_the_split(halving_s, expected):
     # equal batches; b's chain of steps still ahead is 600 s longer than a's
     sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=0.0, path_halving_s=halving_s))
-    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
-    reports = [ReportDemand(pipeline_id="a", pending=8, batch_size=8, path_s=1000.0), ReportDemand(pipeline_id="b", pending=8, batch_size=8, path_s=1600.0)]
+    register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
+    reports = [
+        ReportDemand(pipeline_id="a", pending=8, batch_size=8, path_s=1000.0),
+        ReportDemand(pipeline_id="b", pending=8, batch_size=8, path_s=1600.0),
+    ]
     sched.step(0, reports)
     # b's weight is 2 ** (600 / halving_s) times a's: 2x -> 2.67 : 5.33 workers, 8x -> 0.89 : 7.11 (a keeps its floor)
     assert {pid: len(ws) for pid, ws in owners(sched).items()} == expected
@@ -204,7 +220,7 @@ def test_negative_or_nan_path_seconds_are_refused():
 
 def test_split_by_duration_treats_an_unmeasured_pipeline_by_count():
     sched = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True))
-    register(sched, spec("a", range(0, 4), range(0, 8), slots=1), spec("b", range(4, 8), range(0, 8), slots=1))
+    register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     sched.step(0, [demand("a", 8), demand("b", 8)])  # neither has finished a trajectory yet
     assert {pid: len(ws) for pid, ws in owners(sched).items()} == {"a": 4, "b": 4}
 
@@ -272,7 +288,7 @@ def test_a_protected_batchs_stragglers_are_packed_for_a_job_that_waits():
     # 8 workers; its 4-slot workers could hold them on two. b waits with 400 queued.
     cfg = SchedulerConfig(min_residency_s=0.0, small_first=0.0, path_halving_s=0.0)
     sched = Scheduler(TWO_NODES, "rlix", cfg)
-    register(sched, spec("a", range(0, 4), range(0, 8), resumable=True), spec("b", range(4, 8), range(0, 8)))
+    register(sched, spec("a", range(4), range(8), resumable=True), spec("b", range(4, 8), range(8)))
     sched.step(0, [demand("a", 32)])
     loads = {g: 1 for g in owners(sched)["a"]}
     plan = sched.step(5, [demand("a", 0, loads, batch=100), demand("b", 400)])
@@ -283,7 +299,7 @@ def test_a_protected_batchs_stragglers_are_packed_for_a_job_that_waits():
 def test_resumable_stragglers_are_packed_onto_fewer_workers():
     cfg = SchedulerConfig(min_residency_s=0.0)
     sched = Scheduler(TWO_NODES, "rlix", cfg)
-    register(sched, spec("a", range(0, 4), range(0, 8), resumable=True), spec("b", range(4, 8), range(0, 8)))
+    register(sched, spec("a", range(4), range(8), resumable=True), spec("b", range(4, 8), range(8)))
     sched.step(0, [demand("a", 32)])
     loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers fit one 4-slot worker pair
     sched.step(5, [demand("a", 0, loads, batch=8), demand("b", 24)])
@@ -318,7 +334,7 @@ def test_unregister_frees_everything():
 
 def test_static_confines_rollout_to_home_and_stages_take_turns():
     sched = Scheduler(TWO_NODES, "static")
-    register(sched, spec("a", range(0, 2), range(0, 8), home=range(0, 4)), spec("b", range(4, 6), range(0, 8), home=range(4, 8)))
+    register(sched, spec("a", range(2), range(8), home=range(4)), spec("b", range(4, 6), range(8), home=range(4, 8)))
     sched.step(0, [demand("a", 100), demand("b", 1)])
     assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4]}  # b's 5-7 stay idle, a can't have them
     plan = sched.step(1, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
@@ -328,7 +344,7 @@ def test_static_confines_rollout_to_home_and_stages_take_turns():
 
 def test_partial_overlap_keeps_rollout_on_non_training_gpus():
     sched = Scheduler(TWO_NODES, "partial_overlap")
-    register(sched, spec("a", range(0, 2), range(0, 8), home=range(0, 4)), spec("b", range(4, 6), range(0, 8), home=range(4, 8)))
+    register(sched, spec("a", range(2), range(8), home=range(4)), spec("b", range(4, 6), range(8), home=range(4, 8)))
     sched.step(0, [demand("a", 100)])
     plan = sched.step(1, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
     assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [0, 1]
@@ -338,7 +354,7 @@ def test_partial_overlap_keeps_rollout_on_non_training_gpus():
 def test_static_refuses_a_pipeline_with_no_rollout_bundle_at_home():
     sched = Scheduler(TWO_NODES, "static")
     with pytest.raises(SchedulingError, match="no actor_infer bundle lies inside its home"):
-        register(sched, spec("a", range(0, 4), range(4, 8)))
+        register(sched, spec("a", range(4), range(4, 8)))
 
 
 # ------------------------------------------------------------------ bad input
@@ -347,12 +363,12 @@ def test_static_refuses_a_pipeline_with_no_rollout_bundle_at_home():
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        (lambda: spec("a", range(0, 4), (3, 4), tp=2), "spans nodes 0 and 1"),
-        (lambda: spec("a", range(0, 4), (0, 2), tp=2), "not contiguous"),
-        (lambda: spec("a", range(0, 4), range(0, 3), tp=2), "not a multiple"),
-        (lambda: spec("a", range(0, 4), range(6, 10)), "must lie in 0..7"),
-        (lambda: spec("", range(0, 4), range(0, 4)), "pipeline_id"),
-        (lambda: spec("a", (1, 0), range(0, 4)), "sorted and unique"),
+        (lambda: spec("a", range(4), (3, 4), tp=2), "spans nodes 0 and 1"),
+        (lambda: spec("a", range(4), (0, 2), tp=2), "not contiguous"),
+        (lambda: spec("a", range(4), range(3), tp=2), "not a multiple"),
+        (lambda: spec("a", range(4), range(6, 10)), "must lie in 0..7"),
+        (lambda: spec("", range(4), range(4)), "pipeline_id"),
+        (lambda: spec("a", (1, 0), range(4)), "sorted and unique"),
     ],
 )
 def test_bad_topology_is_refused_with_the_field_named(bad, message):
@@ -365,7 +381,7 @@ def test_bad_topology_is_refused_with_the_field_named(bad, message):
 def test_duplicate_and_unknown_events_are_refused_without_changing_state():
     sched = two_jobs()
     with pytest.raises(SchedulingError, match="already registered"):
-        register(sched, spec("a", range(0, 4), range(0, 8)))
+        register(sched, spec("a", range(4), range(8)))
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
     with pytest.raises(SchedulingError, match="duplicate request"):
         sched.submit(RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN), 1)
@@ -398,7 +414,7 @@ def test_a_plan_that_breaks_an_invariant_is_replaced_by_a_safe_plan():
             fill_idle(draft, needs)
 
     sched = Scheduler(TWO_NODES, DoubleBooking())
-    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(4, 8)))
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(4, 8)))
     sched.submit(RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN), 0)
     sched.plan(0)
     sched.submit(demand("a", 100), 1)
@@ -423,8 +439,12 @@ def test_a_plan_that_breaks_an_invariant_is_replaced_by_a_safe_plan():
 
 def test_a_wide_floor_is_placed_before_narrow_ones_take_its_bundle():
     sched = Scheduler(NODE8, "rlix")
-    register(sched, spec("a", range(0, 8), range(0, 8), slots=1), spec("b", range(0, 8), range(0, 8), slots=1),
-             spec("wide", range(0, 4), range(0, 4), tp=4, slots=1))
+    register(
+        sched,
+        spec("a", range(8), range(8), slots=1),
+        spec("b", range(8), range(8), slots=1),
+        spec("wide", range(4), range(4), tp=4, slots=1),
+    )
     sched.step(0, [demand("a", 3), demand("b", 3), demand("wide", 1)])
     assert owners(sched)["wide"] == [0]
     assert sorted(owners(sched)["a"] + owners(sched)["b"]) == [4, 5, 6, 7]
@@ -433,7 +453,7 @@ def test_a_wide_floor_is_placed_before_narrow_ones_take_its_bundle():
 def test_a_worker_goes_first_where_no_other_pipeline_could_go():
     sched = Scheduler(NODE8, "rlix")
     # 'only0' may use GPU 0 alone, inside the home of 'any', which may use all eight.
-    register(sched, spec("any", range(0, 4), range(0, 8), slots=1), spec("only0", range(4, 8), (0,), slots=1))
+    register(sched, spec("any", range(4), range(8), slots=1), spec("only0", range(4, 8), (0,), slots=1))
     plan = sched.step(0, [demand("any", 8), demand("only0", 1)])
     assert owners(sched) == {"any": [1, 2, 3, 4, 5, 6, 7], "only0": [0]}
     assert not plan.shrinks
@@ -443,7 +463,7 @@ def test_protection_never_keeps_a_pipeline_below_its_floor_but_keeps_the_donors_
     cfg = SchedulerConfig(min_residency_s=0.0)
     node = ClusterSpec(nodes=1, gpus_per_node=2)
     sched = Scheduler(node, "rlix", cfg)
-    register(sched, spec("a", range(0, 2), range(0, 2), slots=1), spec("b", range(0, 2), range(0, 2), slots=1))
+    register(sched, spec("a", range(2), range(2), slots=1), spec("b", range(2), range(2), slots=1))
     sched.step(0, [demand("a", 2, batch=100)])
     assert len(owners(sched)["a"]) == 2
     loads = {g: 1 for g in owners(sched)["a"]}
@@ -459,7 +479,11 @@ def test_packing_never_takes_a_protected_jobs_last_workers():
     cfg = SchedulerConfig(min_residency_s=0.0)
     node = ClusterSpec(nodes=1, gpus_per_node=4)
     sched = Scheduler(node, "rlix", cfg)
-    register(sched, spec("small", range(0, 4), range(0, 4), slots=4, resumable=True), spec("big", range(0, 4), range(0, 4), tp=4, slots=1))
+    register(
+        sched,
+        spec("small", range(4), range(4), slots=4, resumable=True),
+        spec("big", range(4), range(4), tp=4, slots=1),
+    )
     sched.step(0, [demand("small", 16, batch=40)])
     assert len(owners(sched)["small"]) == 4
     loads = {g: 1 for g in owners(sched)["small"]}
@@ -475,8 +499,16 @@ def test_a_worker_moves_only_after_amortising_its_switch():
     sched.step(0, [demand("a", 100)])
     loads = {g: 4 for g in owners(sched)["a"]}
     # a reports 60 s switches: its workers stay 2 x 60 s before a rebalance may take them
-    reports = lambda t: [ReportDemand(pipeline_id="a", pending=68, loads=tuple(WorkerLoad(first_gpu=g, active=4) for g in sorted(loads)),  # noqa: E731
-                                      batch_size=100, switch_s=60.0), demand("b", 100)]
+    reports = lambda t: [
+        ReportDemand(
+            pipeline_id="a",
+            pending=68,
+            loads=tuple(WorkerLoad(first_gpu=g, active=4) for g in sorted(loads)),
+            batch_size=100,
+            switch_s=60.0,
+        ),
+        demand("b", 100),
+    ]
     assert not sched.step(60, reports(60)).shrinks
     assert sched.step(121, reports(121)).shrinks
 
@@ -497,7 +529,7 @@ def test_between_donors_equally_above_their_share_the_one_furthest_from_finishin
     # a and b hold four workers each with 40 trajectories left; a is 80% through its batch,
     # b has just started. c's floor costs one worker: b gives it, not a (lower GPU ids).
     sched = Scheduler(NODE8, "rlix", SchedulerConfig(min_residency_s=0.0, small_first=0.0, path_halving_s=0.0))
-    register(sched, spec("a", range(0, 4), range(0, 8)), spec("b", range(4, 8), range(0, 8)), spec("c", (0,), range(0, 8)))
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)), spec("c", (0,), range(8)))
     sched.step(0, [demand("a", 40, batch=200), demand("b", 40)])
     assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7], "c": []}
     loads = {pid: {g: 4 for g in gpus} for pid, gpus in owners(sched).items()}

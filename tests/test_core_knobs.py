@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 import warnings
 
+from core_fuzz import run_setup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core_fuzz import run_setup
 from rlix.core import ClusterSpec, PipelineSpec, Register, ReportDemand, Role, RoleSpec, Scheduler, SchedulerConfig, check_ledger
 
 
@@ -24,8 +24,15 @@ def test_zero_residency_and_a_one_worker_margin_do_not_wedge_the_scheduler():
     s = Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        s.step(0, [Register(spec=_spec("c", (0, 1), tp=2)), Register(spec=_spec("a", (0,))),
-                   Register(spec=_spec("b", (1,))), Register(spec=_spec("e", (2, 3)))])
+        s.step(
+            0,
+            [
+                Register(spec=_spec("c", (0, 1), tp=2)),
+                Register(spec=_spec("a", (0,))),
+                Register(spec=_spec("b", (1,))),
+                Register(spec=_spec("e", (2, 3))),
+            ],
+        )
         s.step(0, [ReportDemand(pipeline_id="b", pending=1), ReportDemand(pipeline_id="e", pending=2)])
         plan = s.step(1, [ReportDemand(pipeline_id="a", pending=1), ReportDemand(pipeline_id="c", pending=10)])
         for t in range(2, 6):

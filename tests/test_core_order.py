@@ -10,13 +10,22 @@ from __future__ import annotations
 import random
 
 import pytest
-
+from core_fuzz import random_knobs, random_spec
+from helpers import demand, owners, register, spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core_fuzz import random_knobs, random_spec
-from helpers import demand, owners, register, spec
-from rlix.core import ClusterSpec, Register, ReleaseStage, ReportDemand, RequestStage, Scheduler, SchedulerConfig, Stage, WorkerLoad
+from rlix.core import (
+    ClusterSpec,
+    Register,
+    ReleaseStage,
+    ReportDemand,
+    RequestStage,
+    Scheduler,
+    SchedulerConfig,
+    Stage,
+    WorkerLoad,
+)
 
 
 def _events(rng: random.Random, specs, steps: int):
@@ -27,7 +36,17 @@ def _events(rng: random.Random, specs, steps: int):
         for s in specs:
             if rng.random() < 0.6:
                 pending = rng.choice([0, rng.randint(1, 8), rng.randint(1, 120)])
-                batch.append(("demand", s.pipeline_id, pending, rng.random(), rng.uniform(1, 300), rng.choice([0, rng.randint(0, 400)]), rng.uniform(0, 5000)))
+                batch.append(
+                    (
+                        "demand",
+                        s.pipeline_id,
+                        pending,
+                        rng.random(),
+                        rng.uniform(1, 300),
+                        rng.choice([0, rng.randint(0, 400)]),
+                        rng.uniform(0, 5000),
+                    )
+                )
             elif rng.random() < 0.15:
                 batch.append(("gang", s.pipeline_id, 0, 0.0, 0.0, 0, 0.0))
         script.append((rng.choice([0.0, 5.0, 60.0]), batch))
@@ -45,14 +64,26 @@ def _play(cluster, specs, knobs, script) -> list[dict[str, list[int]]]:
         now += dt
         for kind, pid, pending, busy, traj_s, backlog, path_s in sorted(batch):
             if kind == "gang":
-                event = ReleaseStage(pipeline_id=pid, stage=Stage.ACTOR_TRAIN) if pid in held else RequestStage(pipeline_id=pid, stage=Stage.ACTOR_TRAIN)
+                event = (
+                    ReleaseStage(pipeline_id=pid, stage=Stage.ACTOR_TRAIN)
+                    if pid in held
+                    else RequestStage(pipeline_id=pid, stage=Stage.ACTOR_TRAIN)
+                )
                 held.symmetric_difference_update({pid})
                 sched.submit(event, now)
                 continue
             slots = by_id[pid].slots_per_worker
             loads = tuple(WorkerLoad(first_gpu=w.gpus[0], active=int(busy * slots)) for w in sched.workers(pid))
             running = sum(x.active for x in loads)
-            report = ReportDemand(pipeline_id=pid, pending=pending, loads=loads, batch_size=pending + running + 10, backlog=backlog, trajectory_s=traj_s, path_s=path_s)
+            report = ReportDemand(
+                pipeline_id=pid,
+                pending=pending,
+                loads=loads,
+                batch_size=pending + running + 10,
+                backlog=backlog,
+                trajectory_s=traj_s,
+                path_s=path_s,
+            )
             sched.submit(report, now)
         sched.plan(now)
         seen.append({pid: [w.gpus[0] for w in sched.workers(pid)] for pid in sorted(by_id)})
@@ -83,7 +114,10 @@ def test_the_same_pipeline_wins_the_node_in_either_order(config, winner):
     expected = {"big": [0], "small": []} if winner == "big" else {"big": [], "small": [0]}
     for order in (("small", "big"), ("big", "small")):
         sched = Scheduler(node, "rlix", config)
-        specs = {"big": spec("big", range(0, 4), range(0, 4), tp=4, slots=1), "small": spec("small", range(0, 4), range(0, 4), slots=1)}
+        specs = {
+            "big": spec("big", range(4), range(4), tp=4, slots=1),
+            "small": spec("small", range(4), range(4), slots=1),
+        }
         register(sched, *(specs[pid] for pid in order))
         sched.step(0, [demand("small", 1), demand("big", 10)])
         assert owners(sched) == expected, order

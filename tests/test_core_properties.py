@@ -109,10 +109,19 @@ def run_and_check(policy: str, cluster, specs, actions, by_duration: bool) -> No
             granted.discard(mine[0])
         elif kind == "demand":
             slots = live[pid].slots_per_worker
-            loads = tuple(WorkerLoad(first_gpu=w.gpus[0], active=min(slots, (pending + w.gpus[0]) % (slots + 1))) for w in sched.workers(pid))
+            loads = tuple(
+                WorkerLoad(first_gpu=w.gpus[0], active=min(slots, (pending + w.gpus[0]) % (slots + 1)))
+                for w in sched.workers(pid)
+            )
             batch = pending + sum(x.active for x in loads) + 5
             report = ReportDemand(
-                pipeline_id=pid, pending=pending, loads=loads, batch_size=batch, backlog=pending * idx, trajectory_s=dt * (idx + 1), path_s=dt * 100.0 * idx
+                pipeline_id=pid,
+                pending=pending,
+                loads=loads,
+                batch_size=batch,
+                backlog=pending * idx,
+                trajectory_s=dt * (idx + 1),
+                path_s=dt * 100.0 * idx,
             )
             sched.submit(report, now)
             reports[pid] = (now, report)
@@ -139,8 +148,14 @@ def run_and_check(policy: str, cluster, specs, actions, by_duration: bool) -> No
             first_pid, first_stage = waiting[0]
             gpus = sched._requests[(first_pid, first_stage)].gpus
             home = set(live[first_pid].home_gpus)
-            partition_taken = first_stage is Stage.INIT and policy != "rlix" and any(
-                e.admitted and home & set(e.spec.home_gpus) for p, e in sched._view.pipelines.items() if p != first_pid and p in live
+            partition_taken = (
+                first_stage is Stage.INIT
+                and policy != "rlix"
+                and any(
+                    e.admitted and home & set(e.spec.home_gpus)
+                    for p, e in sched._view.pipelines.items()
+                    if p != first_pid and p in live
+                )
             )
             assert partition_taken or any(isinstance(sched.ledger.owner[g], GangHolder) for g in gpus)
         # rollout workers sit only on bundles their pipeline may use

@@ -48,7 +48,9 @@ def free_port() -> int:
 
 
 def rlix_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlix.exec.front.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "rlix.exec.front.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env
+    )
 
 
 @pytest.mark.exec
@@ -77,7 +79,16 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
     token.write_text(secrets.token_hex(32))
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     env.pop("RAY_AUTH_TOKEN", None)
-    start = [ray_cli, "start", "--head", f"--port={port}", "--num-gpus=4", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    start = [
+        ray_cli,
+        "start",
+        "--head",
+        f"--port={port}",
+        "--num-gpus=4",
+        "--num-cpus=2",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
     subprocess.run(start, check=True, capture_output=True, env=env, timeout=120)
     try:
         res = rlix_run(str(tiny_config(tmp_path, 4)), "--address", f"127.0.0.1:{port}", "--no-console", env=env)
@@ -101,9 +112,9 @@ def test_two_node_cluster_pins_every_worker_to_the_node_that_holds_its_gpus(tmp_
     from ray.cluster_utils import Cluster
 
     from rlix.core import ClusterSpec
+    from rlix.exec.control.actor_placement import actor_options, node_ids
     from rlix.exec.front import api
     from rlix.exec.front.config import load_config
-    from rlix.exec.control.actor_placement import actor_options, node_ids
 
     nodes2 = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2})
     nodes2.add_node(num_cpus=1, num_gpus=2)

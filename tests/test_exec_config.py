@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import assert_config_error_names
+
 from rlix.exec.front.config import RunConfig, load_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -33,13 +33,23 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0]["roles"]["actor_infer"].update(gpus="0-5"), "jobs[0].roles"),
         (lambda c: c.update(policy="fastest"), "policy"),
         (lambda c: c["jobs"][0].update(priority=99), "jobs[0].priority"),
-        (lambda c: c["scheduler"].update(priority_weight=0.5) if "scheduler" in c else c.update(scheduler={"priority_weight": 0.5}), "scheduler.priority_weight"),
+        (
+            lambda c: (
+                c["scheduler"].update(priority_weight=0.5) if "scheduler" in c else c.update(scheduler={"priority_weight": 0.5})
+            ),
+            "scheduler.priority_weight",
+        ),
         (lambda c: c["jobs"][0]["model"].update(path="/nonexistent"), "jobs[0].model"),
         (lambda c: c["jobs"][1].update(name="small"), "jobs"),
         (lambda c: c["jobs"][0]["task"].update(name="chess"), "jobs[0].task.name"),
         (lambda c: c["scheduler"].update(replan_interval_s=0.5), "scheduler: replan_interval_s is now plan_interval_s"),
         (lambda c: c["scheduler"].update(heartbeat_s=10.0), "scheduler: heartbeat_s: 10.0 s is not below report_ttl_s"),
-        (lambda c: c["jobs"][0].update(checkpoint_dir="/tmp/ck", roles={"actor_train": {"gpus": [0, 1]}, "actor_infer": {"gpus": "0-3"}}), "jobs[0]"),
+        (
+            lambda c: c["jobs"][0].update(
+                checkpoint_dir="/tmp/ck", roles={"actor_train": {"gpus": [0, 1]}, "actor_infer": {"gpus": "0-3"}}
+            ),
+            "jobs[0]",
+        ),
     ],
 )
 def test_bad_config_names_the_field(edit, field):
@@ -61,7 +71,10 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
 
 
 def test_import_rlix_exec_is_light():
-    code = "import sys, rlix, rlix.exec, rlix.exec.front.config, rlix.exec.front.cli; print(any(m in sys.modules for m in ('ray', 'torch', 'vllm')))"
+    code = (
+        "import sys, rlix, rlix.exec, rlix.exec.front.config, rlix.exec.front.cli; "
+        "print(any(m in sys.modules for m in ('ray', 'torch', 'vllm')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
 

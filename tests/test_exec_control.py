@@ -160,8 +160,6 @@ def test_stop_cancels_every_background_task():
     assert all(t.cancelled() or t.done() for t in asyncio.run(scenario()))
 
 
-
-
 # ------------------------------------------------------------------ rollout control
 
 
@@ -215,8 +213,13 @@ class _Worker:
                 raise _Died("the worker process exited")
             ids = req.prefix_ids + (7,) * (req.max_new_tokens - len(req.prefix_ids))
             return GenResult(
-                traj_id=req.traj_id, token_ids=ids, logprobs=(-1.0,) * len(ids), finished=True, aborted=False,
-                weight_version=0, gen_s=0.1,
+                traj_id=req.traj_id,
+                token_ids=ids,
+                logprobs=(-1.0,) * len(ids),
+                finished=True,
+                aborted=False,
+                weight_version=0,
+                gen_s=0.1,
             )
 
         methods = {"prepare": prepare, "wake": wake, "update_weights": update_weights, "sleep": sleep, "generate": generate}
@@ -228,9 +231,9 @@ class _Job:
     """The coordinator's side of one pipeline's rollout control: its hooks, and what they were told."""
 
     def __init__(self, *, slots: int = 1, wake_s: float = 5.0) -> None:
-        from rlix.exec.rollout.pool import WorkerPool
         from rlix.exec.job.recorder import Recorder
         from rlix.exec.rollout.control import Deadlines, Hooks, Processes, RolloutControl
+        from rlix.exec.rollout.pool import WorkerPool
         from rlix.exec.rollout.queue import RolloutQueue
 
         self.version = 0  # newest trained weights, cached as "w<version>"
@@ -241,15 +244,24 @@ class _Job:
         self.finished: list[int] = []
         self.fatal: list[BaseException] = []
         hooks = Hooks(
-            now=lambda: 0.0, spawn=self._spawn, weights=lambda: (f"w{self.version}", self.version, ()),
-            finished=lambda q, result: self.finished.append(q.traj_id), fatal=self.fatal.append,
-            lost=lambda gpus: self.lost.append(tuple(gpus)), changed=lambda: None,
+            now=lambda: 0.0,
+            spawn=self._spawn,
+            weights=lambda: (f"w{self.version}", self.version, ()),
+            finished=lambda q, result: self.finished.append(q.traj_id),
+            fatal=self.fatal.append,
+            lost=lambda gpus: self.lost.append(tuple(gpus)),
+            changed=lambda: None,
         )
         procs = Processes(kill=self.killed.append, died=(_Died,), refused=(_Refused,))
         self.pool, self.queue = WorkerPool(slots), RolloutQueue(max_tries=2)
         self.ctl = RolloutControl(
-            pool=self.pool, queue=self.queue, recorder=Recorder("p"), hooks=hooks,
-            deadlines=Deadlines(wake_s=wake_s, call_s=5.0, rollout_s=5.0), model_dir="/model", procs=procs,
+            pool=self.pool,
+            queue=self.queue,
+            recorder=Recorder("p"),
+            hooks=hooks,
+            deadlines=Deadlines(wake_s=wake_s, call_s=5.0, rollout_s=5.0),
+            model_dir="/model",
+            procs=procs,
         )
 
     def _spawn(self, gpus, first):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import assert_config_error_names
-from rlix.exec.data.sources import DatasetPrompts, PreparedPrompts, PromptItem, check_rows, read_rows
+
 from rlix.exec.data.rewards import RewardError, RewardRef, RewardSet
+from rlix.exec.data.sources import DatasetPrompts, PreparedPrompts, PromptItem, check_rows, read_rows
 
 pytestmark = pytest.mark.exec  # reads data with the datasets package (exec extra); no Ray, no torch
 
@@ -35,7 +35,9 @@ def _score(rs: RewardSet, completions, **columns):
 
 def test_trl_forms_run_unchanged():
     rs = _set(("reward_len", 1.0), ("match_answer", 1.0), ("echoes_prompt", 1.0), ("short_ids", 1.0))
-    out = _score(rs, ["12", "123", "9"], answer=["12", "0", "9"], prompts=["12=", "123=", "4="], completion_ids=[[1, 2], [1, 2, 3], [4]])
+    out = _score(
+        rs, ["12", "123", "9"], answer=["12", "0", "9"], prompts=["12=", "123=", "4="], completion_ids=[[1, 2], [1, 2, 3], [4]]
+    )
     by = {f.name.rpartition(":")[2]: f.values for f in out.functions}
     assert by["reward_len"] == (-1.0, 0.0, -2.0)
     assert by["match_answer"] == (1.0, 0.0, 1.0)
@@ -65,7 +67,12 @@ def test_nan_is_no_opinion():
 
 @pytest.mark.parametrize(
     "name, words",
-    [("infinite", ["infinite", "finite floats"]), ("raises", ["trl_rewards.py:raises", "raised ValueError", "bad thing"]), ("too_few", ["too_few", "returned 1 values for 3"]), ("not_numbers", ["not_numbers", "'high'"])],
+    [
+        ("infinite", ["infinite", "finite floats"]),
+        ("raises", ["trl_rewards.py:raises", "raised ValueError", "bad thing"]),
+        ("too_few", ["too_few", "returned 1 values for 3"]),
+        ("not_numbers", ["not_numbers", "'high'"]),
+    ],
 )
 def test_failing_function_is_named_in_one_line(name, words):
     with pytest.raises(RewardError) as info:
@@ -150,19 +157,59 @@ def _fn(name: str) -> list[dict]:
 
 BAD = [
     ("missing file", lambda d: {"data": {"path": str(d / "nope.jsonl")}}, "jobs[0].data.path", "no such file"),
-    ("not json", lambda d: {"data": {"path": str(_bad_json(d)), "prompt_field": "q"}}, "jobs[0].data.path", "line 2 is not valid JSON"),
-    ("unreadable parquet", lambda d: {"data": {"path": str(_touch(d / "x.parquet", "xx"))}}, "jobs[0].data.path", "not a readable Parquet"),
-    ("not a dataset dir", lambda d: {"data": {"path": str(_mkdir(d / "empty"))}}, "jobs[0].data.path", "not a datasets directory"),
+    (
+        "not json",
+        lambda d: {"data": {"path": str(_bad_json(d)), "prompt_field": "q"}},
+        "jobs[0].data.path",
+        "line 2 is not valid JSON",
+    ),
+    (
+        "unreadable parquet",
+        lambda d: {"data": {"path": str(_touch(d / "x.parquet", "xx"))}},
+        "jobs[0].data.path",
+        "not a readable Parquet",
+    ),
+    (
+        "not a dataset dir",
+        lambda d: {"data": {"path": str(_mkdir(d / "empty"))}},
+        "jobs[0].data.path",
+        "not a datasets directory",
+    ),
     ("empty", lambda d: {"data": {"path": str(_touch(d / "e.jsonl", "\n"))}}, "jobs[0].data.path", "empty"),
-    ("missing prompt field", lambda d: {"data": {"path": str(d / "train.jsonl"), "prompt_field": "question"}}, "jobs[0].data.prompt_field", "'question' is not a column"),
-    ("eval missing field", lambda d: {"eval": {"path": str(d / "train.jsonl"), "prompt_field": "nope"}}, "jobs[0].eval.prompt_field", "'nope'"),
-    ("module does not import", lambda d: {"rewards": [{"function": "no_such_pkg.mod:fn"}]}, "jobs[0].rewards[0].function", "cannot import module"),
-    ("file does not import", lambda d: {"rewards": [{"function": f"{ROOT}/tests/data/broken_import.py:fn"}]}, "jobs[0].rewards[0].function", "fails to import"),
+    (
+        "missing prompt field",
+        lambda d: {"data": {"path": str(d / "train.jsonl"), "prompt_field": "question"}},
+        "jobs[0].data.prompt_field",
+        "'question' is not a column",
+    ),
+    (
+        "eval missing field",
+        lambda d: {"eval": {"path": str(d / "train.jsonl"), "prompt_field": "nope"}},
+        "jobs[0].eval.prompt_field",
+        "'nope'",
+    ),
+    (
+        "module does not import",
+        lambda d: {"rewards": [{"function": "no_such_pkg.mod:fn"}]},
+        "jobs[0].rewards[0].function",
+        "cannot import module",
+    ),
+    (
+        "file does not import",
+        lambda d: {"rewards": [{"function": f"{ROOT}/tests/data/broken_import.py:fn"}]},
+        "jobs[0].rewards[0].function",
+        "fails to import",
+    ),
     ("no such file", lambda d: {"rewards": [{"function": "nope/r.py:fn"}]}, "jobs[0].rewards[0].function", "no file"),
     ("no such function", lambda d: {"rewards": _fn("nope")}, "jobs[0].rewards[0].function", "has no attribute 'nope'"),
     ("not callable", lambda d: {"rewards": _fn("NOT_CALLABLE")}, "jobs[0].rewards[0].function", "not callable"),
     ("not a reference", lambda d: {"rewards": [{"function": "justaname"}]}, "jobs[0].rewards[0].function", "not a reference"),
-    ("positional signature", lambda d: {"rewards": _fn("positional_only")}, "jobs[0].rewards[0].function", "cannot take TRL's arguments"),
+    (
+        "positional signature",
+        lambda d: {"rewards": _fn("positional_only")},
+        "jobs[0].rewards[0].function",
+        "cannot take TRL's arguments",
+    ),
     ("no **kwargs", lambda d: {"rewards": _fn("no_kwargs")}, "jobs[0].rewards[0].function", "cannot take TRL's arguments"),
     ("column it needs is absent", lambda d: {"rewards": _fn("needs_missing_column")}, "jobs[0].rewards[0].function", "solution"),
     ("both task and data", lambda d: {"task": {"name": "copy"}}, "jobs[0]", "both 'task' and 'data'"),
@@ -229,7 +276,9 @@ def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
         raw["jobs"][0]["rewards"] = _fn("no_kwargs")
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "rlix.exec.front.cli", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlix.exec.front.cli", str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "jobs[0]." in lines[0] and "arith" in lines[0], proc.stderr
@@ -238,12 +287,17 @@ def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
 
 def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
     from rlix.exec.front.cli import exit_status
-    from rlix.exec.messages import JobResult
     from rlix.exec.job.records import JobStatus
+    from rlix.exec.messages import JobResult
 
     ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)
     crashed = JobResult(pipeline_id="x", status=JobStatus.FAILED, error="ActorDiedError")
-    bad = JobResult(pipeline_id="arith", status=JobStatus.FAILED, error="RewardError: reward function f.py:g raised KeyError: 'a'", bad_input=True)
+    bad = JobResult(
+        pipeline_id="arith",
+        status=JobStatus.FAILED,
+        error="RewardError: reward function f.py:g raised KeyError: 'a'",
+        bad_input=True,
+    )
     assert exit_status({"copy": ok}) == 0
     assert exit_status({"copy": ok, "x": crashed}) == 1
     capsys.readouterr()

@@ -19,17 +19,24 @@ ROOT = Path(__file__).resolve().parent.parent
 def model_dir(tmp_path_factory):
     from rlix.exec.data.model import ModelSize, build_model
 
-    return build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path_factory.mktemp("m"))
+    return build_model(
+        ModelSize(arch="qwen2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path_factory.mktemp("m")
+    )
 
 
 def _job(tmp_path: Path, **extra) -> JobConfig:
-    rows = [{"q": f"{i}{i}=", "answer": f"{i}{i}", "op": "add" if i % 2 else "sub"} for i in range(6)] + [{"q": "1" * 300 + "=", "answer": "1", "op": "add"}]
+    rows = [{"q": f"{i}{i}=", "answer": f"{i}{i}", "op": "add" if i % 2 else "sub"} for i in range(6)] + [
+        {"q": "1" * 300 + "=", "answer": "1", "op": "add"}
+    ]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = dict(
         name="j",
         model={"size": {"seed": 0}},
         data={"path": str(tmp_path / "d.jsonl"), "prompt_field": "q"},
-        rewards=[{"function": f"{ROOT}/tests/data/trl_rewards.py:match_answer", "weight": 1.0}, {"function": f"{ROOT}/tests/data/trl_rewards.py:only_sub", "weight": 0.5}],
+        rewards=[
+            {"function": f"{ROOT}/tests/data/trl_rewards.py:match_answer", "weight": 1.0},
+            {"function": f"{ROOT}/tests/data/trl_rewards.py:only_sub", "weight": 0.5},
+        ],
         prompts_per_step=2,
         group_size=3,
         max_new_tokens=4,
@@ -52,16 +59,18 @@ def test_text_prompts_use_the_checkpoints_tokenizer_and_long_ones_are_counted(tm
 def test_chat_template_applied_unless_disabled(tmp_path, model_dir):
     import shutil
 
-    from rlix.exec.data.sources import Encoder
     from rlix.exec.data.model import load_tokenizer
+    from rlix.exec.data.sources import Encoder
 
     templated = tmp_path / "chat"
     shutil.copytree(model_dir, templated)
     tok = load_tokenizer(templated)
-    tok.chat_template = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}.{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+    )
     tok.save_pretrained(str(templated))
     on, off = Encoder(templated, True), Encoder(templated, False)
-    decode = lambda ids: tok.decode(list(ids), skip_special_tokens=True)  # noqa: E731
+    decode = lambda ids: tok.decode(list(ids), skip_special_tokens=True)
     assert decode(on.encode("12=")) == "u:12=.a:"
     assert decode(on.encode([{"role": "system", "content": "x"}, {"role": "user", "content": "1"}])) == "s:x.u:1.a:"
     assert decode(off.encode("12=")) == "12="
@@ -76,7 +85,9 @@ def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, 
     recipe = Recipe.from_data(job, model_dir)
     codec = recipe.codec
     assert [sum(t.eval for t in recipe.trajectories(s)) for s in range(4)] == [6, 0, 6, 0]
-    assert [recipe.step_size(s) for s in range(4)] == [len(recipe.trajectories(s)) for s in range(4)]  # what a hand-back announces
+    assert [recipe.step_size(s) for s in range(4)] == [
+        len(recipe.trajectories(s)) for s in range(4)
+    ]  # what a hand-back announces
     trajs = recipe.trajectories(0)
     ids = [t.request.traj_id for t in trajs]
     assert len(set(ids)) == len(ids) and not set(ids) & {t.request.traj_id for t in recipe.trajectories(1)}
@@ -84,7 +95,15 @@ def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, 
     def answer(t):  # every train completion right; eval ones wrong
         text = "x" if t.eval else dict(t.prompt.columns)["answer"]
         toks = codec.encode_prompt(text)[1:]
-        return GenResult(traj_id=t.request.traj_id, token_ids=toks, logprobs=(0.0,) * len(toks), finished=True, aborted=False, weight_version=0, gen_s=0.0)
+        return GenResult(
+            traj_id=t.request.traj_id,
+            token_ids=toks,
+            logprobs=(0.0,) * len(toks),
+            finished=True,
+            aborted=False,
+            weight_version=0,
+            gen_s=0.0,
+        )
 
     scored = recipe.score(trajs, {t.request.traj_id: answer(t) for t in trajs})
     assert len(scored.samples) == job.batch_size
@@ -95,24 +114,32 @@ def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, 
 
 
 def test_metrics_jsonl_and_tensorboard(tmp_path):
-    from rlix.exec.train.grpo import TrainStats
     from rlix.exec.data.recipe import EvalScore, ScoredStep
     from rlix.exec.data.rewards import FunctionScores
     from rlix.exec.front.steplog import StepLog
+    from rlix.exec.train.grpo import TrainStats
     from rlix.metrics import Activity
 
     log = StepLog(tmp_path / "job")
     log.observe(0.0, (0, 1), Activity.HELD)
     log.observe(2.0, (1,), Activity.FREE)
     f = FunctionScores(name="my/rew.py:exact", weight=1.0, values=(1.0, None, 0.0))
-    scored = ScoredStep(samples=(), rewards=(1.0, 0.0, 0.0), functions=(f,), eval=EvalScore(prompts=4, mean_reward=0.25, functions=(f,)))
+    scored = ScoredStep(
+        samples=(), rewards=(1.0, 0.0, 0.0), functions=(f,), eval=EvalScore(prompts=4, mean_reward=0.25, functions=(f,))
+    )
     stats = TrainStats(loss=0.5, kl=0.01, clip_fraction=0.0, tokens=9, seconds=1.0)
     log.write(stream="", t=3.0, step=0, scored=scored, train=stats, tokens=[2, 4, 6], step_s=3.0, staleness=0)
     log.close()
     line = json.loads((tmp_path / "job" / "metrics.jsonl").read_text().splitlines()[0])
     assert line["gpu_s_held"] == pytest.approx(2 * 2.0 + 1 * 1.0)
     assert line["reward/rew.exact/mean"] == 0.5 and line["reward/rew.exact/none"] == 1
-    assert (line["loss"], line["kl"], line["response_len_mean"], line["response_len_max"], line["eval/reward_mean"]) == (0.5, 0.01, 4.0, 6, 0.25)
+    assert (line["loss"], line["kl"], line["response_len_mean"], line["response_len_max"], line["eval/reward_mean"]) == (
+        0.5,
+        0.01,
+        4.0,
+        6,
+        0.25,
+    )
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -166,7 +193,13 @@ def test_cli_refuses_a_job_whose_prompts_are_all_too_long(tmp_path):
     }
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "rlix.exec.front.cli", str(cfg), "--no-console"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlix.exec.front.cli", str(cfg), "--no-console"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlix-run: config error: jobs[0].data.path: job 'long': "), proc.stderr

@@ -76,8 +76,19 @@ def test_metrics_file_per_step_with_eval_and_data_report(run):
     d, _, _ = run
     lines = [json.loads(x) for x in (d / "out" / "arith" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(10))  # 8 steps, then 2 more after the resume
-    for key in ("reward_mean", "reward/arith_rewards.exact_match/mean", "reward/arith_rewards.format_ok/std", "reward/arith_rewards.subtraction_sign/none",
-                "loss", "kl", "response_len_mean", "response_len_max", "step_s", "gpu_s_held", "staleness"):
+    for key in (
+        "reward_mean",
+        "reward/arith_rewards.exact_match/mean",
+        "reward/arith_rewards.format_ok/std",
+        "reward/arith_rewards.subtraction_sign/none",
+        "loss",
+        "kl",
+        "response_len_mean",
+        "response_len_max",
+        "step_s",
+        "gpu_s_held",
+        "staleness",
+    ):
         assert key in lines[0], key
     assert all(x["gpu_s_held"] > 0 and x["staleness"] == 0 for x in lines)
     assert [x["step"] for x in lines if "eval/reward_mean" in x] == [0, 4, 8]  # eval_every: 4

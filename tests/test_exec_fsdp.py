@@ -46,13 +46,18 @@ def _samples(n: int = 7, seed: int = 0):
     for i in range(n):
         p, c = 2 + i % 3, 1 + (i * 5) % 7
         ids = torch.randint(3, 40, (p + c,), generator=g).tolist()
-        out.append(Sample(prompt_ids=tuple([1] + ids[1:p]), completion_ids=tuple(ids[p:]), advantage=float(torch.randn((), generator=g))))
+        out.append(
+            Sample(prompt_ids=tuple([1] + ids[1:p]), completion_ids=tuple(ids[p:]), advantage=float(torch.randn((), generator=g)))
+        )
     return out
 
 
 def _perturbed(samples, rows, shift: float):
     """Old log-probs that differ from the policy's, so ratios clip on some tokens."""
-    return [replace(s, old_logprobs=tuple(x + shift * ((i + j) % 3 - 1) for j, x in enumerate(r))) for i, (s, r) in enumerate(zip(samples, rows))]
+    return [
+        replace(s, old_logprobs=tuple(x + shift * ((i + j) % 3 - 1) for j, x in enumerate(r)))
+        for i, (s, r) in enumerate(zip(samples, rows))
+    ]
 
 
 # ------------------------------------------------------------ the programs every rank runs
@@ -160,7 +165,9 @@ def _on_one(program: str, model_dir, ckpt="", dtype=DTYPE) -> dict:
 def model_dir(tmp_path_factory):
     from rlix.exec.data.model import ModelSize, build_model
 
-    return build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64), tmp_path_factory.mktemp("m"))
+    return build_model(
+        ModelSize(arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64), tmp_path_factory.mktemp("m")
+    )
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -183,7 +190,10 @@ def test_two_ranks_train_like_one(model_dir, tmp_path):
     assert any(s.clip_fraction > 0 for s in one["stats"]) and one["stats"][0].kl > 0  # every term of the loss is exercised
     diff = _max_diff(two["weights"], one["weights"])
     moved = _max_diff(one["weights"], _on_one_initial(model_dir))
-    print(f"1 vs 2 ranks: losses {[s.loss for s in one['stats']]} vs {[s.loss for s in two['stats']]}; max weight diff {diff:.2e} (update moved {moved:.2e})")
+    print(
+        f"1 vs 2 ranks: losses {[s.loss for s in one['stats']]} vs {[s.loss for s in two['stats']]}; max weight diff "
+        f"{diff:.2e} (update moved {moved:.2e})"
+    )
     assert diff < WEIGHT_ATOL < moved
 
 

@@ -27,19 +27,25 @@ def ray_cpu():
 
     from rlix.exec.front.api import _pythonpath
 
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}})
+    ray.init(
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
+    )
     yield
     ray.shutdown()
 
 
 def _gang_run(gpus, model_dir):
     import ray
+    from test_exec_fsdp import _perturbed, _samples
 
     from rlix.core import ClusterSpec
+    from rlix.exec.actors import TrainerJob
     from rlix.exec.train.grpo import GrpoConfig
     from rlix.exec.train.trainer_gang import TrainerGang
-    from rlix.exec.actors import TrainerJob
-    from test_exec_fsdp import _perturbed, _samples
 
     job = TrainerJob(model_path=str(model_dir), cfg=GrpoConfig(kl_coef=0.1, minibatches=3, seed=2), dtype="float64")
     gang = TrainerGang.start(ClusterSpec(nodes=1, gpus_per_node=2), gpus, [], "test/trainer", job)
@@ -62,14 +68,18 @@ def _gang_run(gpus, model_dir):
 def test_gang_of_two_trains_like_gang_of_one(ray_cpu, tmp_path):
     from rlix.exec.data.model import ModelSize, build_model
 
-    model_dir = build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64), tmp_path / "m")
+    model_dir = build_model(
+        ModelSize(arch="qwen2", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64), tmp_path / "m"
+    )
     two = _gang_run((1, 0), model_dir)
     one = _gang_run((1,), model_dir)
     assert (two["world"], two["visible"], one["visible"]) == (2, ["0", "1"], ["1"])  # rank r on the r-th lowest GPU
     for r2, r1 in zip(two["old"], one["old"], strict=True):
         assert r2 == pytest.approx(r1, abs=TOL)
     s2, s1 = two["stats"], one["stats"]
-    assert (s2.loss, s2.kl, s2.clip_fraction, s2.tokens) == pytest.approx((s1.loss, s1.kl, s1.clip_fraction, s1.tokens), rel=TOL, abs=TOL)
+    assert (s2.loss, s2.kl, s2.clip_fraction, s2.tokens) == pytest.approx(
+        (s1.loss, s1.kl, s1.clip_fraction, s1.tokens), rel=TOL, abs=TOL
+    )
     assert two["snap"].version == one["snap"].version == 1
     diff = max(float((two["snap"].tensors[k] - one["snap"].tensors[k]).abs().max()) for k in one["snap"].tensors)
     print(f"gang 2 vs 1: loss {s2.loss!r} vs {s1.loss!r}; max weight diff {diff:.2e}")
@@ -83,7 +93,9 @@ def test_two_gpu_actor_train_mapping_reports_two_ranks(tmp_path):
 
     cfg = load_config(EXAMPLE)
     raw = cfg.jobs[0].model_dump()
-    small = type(cfg.jobs[0]).model_validate({**raw, "steps": 2, "roles": {**raw["roles"], "actor_train": {**raw["roles"]["actor_train"], "gpus": [0, 1]}}})
+    small = type(cfg.jobs[0]).model_validate(
+        {**raw, "steps": 2, "roles": {**raw["roles"], "actor_train": {**raw["roles"]["actor_train"], "gpus": [0, 1]}}}
+    )
     large = cfg.jobs[1].model_copy(update={"steps": 2})
     outputs = api.run(cfg.model_copy(update={"jobs": [small, large]}), out_dir=str(tmp_path / "out"))
     assert {n: r.status for n, r in outputs.results.items()} == {"small": JobStatus.FINISHED, "large": JobStatus.FINISHED}

@@ -19,9 +19,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("vllm")
 
-from rlix.exec.data.model import ModelSize, build_model, load_model  # noqa: E402
-from rlix.exec.rollout.torch_backend import GenRequest, VllmOptions  # noqa: E402
-from rlix.exec.train.weights import snapshot_of  # noqa: E402
+from rlix.exec.data.model import ModelSize, build_model, load_model
+from rlix.exec.rollout.torch_backend import GenRequest, VllmOptions
+from rlix.exec.train.weights import snapshot_of
 
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
 

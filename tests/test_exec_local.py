@@ -21,7 +21,14 @@ def test_reward_rises_in_process(tmp_path, seed):
     from local_run import run_local
 
     job = JobConfig.model_validate(
-        dict(name="a", model={"size": {"seed": seed}}, task={"name": "copy"}, steps=8, seed=seed, roles={"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}})
+        dict(
+            name="a",
+            model={"size": {"seed": seed}},
+            task={"name": "copy"},
+            steps=8,
+            seed=seed,
+            roles={"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
+        )
     )
     steps = run_local(job, tmp_path)
     first = sum(s.mean_reward for s in steps[:2]) / 2

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import assert_replay_predicts
+
 from rlix.exec.front.config import load_config
 from rlix.exec.job.records import JobStatus, SwitchKind
 

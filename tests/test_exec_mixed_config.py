@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import assert_config_error_names
+
 from rlix.exec.front.config import ConfigError, load_config, parse_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -75,7 +75,8 @@ def test_gpu_mixed_example_asks_for_vllm():
 @pytest.mark.exec
 def test_torch_path_never_imports_vllm():
     code = (
-        "import sys, rlix, rlix.exec.front.config, rlix.exec.rollout.torch_backend, rlix.exec.train.lora, rlix.exec.job.coordinator, rlix.exec.actors;"
+        "import sys, rlix, rlix.exec.front.config, rlix.exec.rollout.torch_backend, rlix.exec.train.lora, "
+        "rlix.exec.job.coordinator, rlix.exec.actors;"
         "from rlix.exec.rollout.torch_backend import make_backend; make_backend('torch');"
         "print('vllm' in sys.modules)"
     )

@@ -8,13 +8,13 @@ import time
 import pytest
 
 from rlix.core import Stage
+from rlix.exec.data.recipe import Trajectory
+from rlix.exec.data.tasks import Prompt
+from rlix.exec.job.recorder import Recorder
+from rlix.exec.job.records import JobStatus, SwitchKind
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.rollout.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
-from rlix.exec.data.recipe import Trajectory
-from rlix.exec.job.recorder import Recorder
-from rlix.exec.job.records import JobStatus, StepRecord, SwitchKind, TrajRecord
 from rlix.exec.rollout.queue import RolloutQueue, TrajectoryFailed
-from rlix.exec.data.tasks import Prompt
 from rlix.metrics import Activity
 
 # ------------------------------------------------------------------ worker pool
@@ -23,7 +23,14 @@ from rlix.metrics import Activity
 def test_worker_lifecycle_follows_the_table_and_illegal_moves_raise():
     pool = WorkerPool(slots_per_worker=2)
     w = pool.get((2, 3))
-    for state in (WorkerState.STARTING, WorkerState.ASLEEP, WorkerState.WAKING, WorkerState.AWAKE, WorkerState.DRAINING, WorkerState.ASLEEP):
+    for state in (
+        WorkerState.STARTING,
+        WorkerState.ASLEEP,
+        WorkerState.WAKING,
+        WorkerState.AWAKE,
+        WorkerState.DRAINING,
+        WorkerState.ASLEEP,
+    ):
         pool.move(w, state)
     with pytest.raises(LifecycleError, match="cannot go from asleep to awake"):
         pool.move(w, WorkerState.AWAKE)  # a worker must wake before it runs trajectories
@@ -65,7 +72,15 @@ def _traj(i: int, step: int = 0) -> Trajectory:
 
 def _result(req: GenRequest, new: int, *, finished: bool, version: int = 0) -> GenResult:
     ids = req.prefix_ids + tuple(range(new))
-    return GenResult(traj_id=req.traj_id, token_ids=ids, logprobs=tuple(-1.0 for _ in ids), finished=finished, aborted=not finished, weight_version=version, gen_s=0.5)
+    return GenResult(
+        traj_id=req.traj_id,
+        token_ids=ids,
+        logprobs=tuple(-1.0 for _ in ids),
+        finished=finished,
+        aborted=not finished,
+        weight_version=version,
+        gen_s=0.5,
+    )
 
 
 class FakeWorker:
@@ -134,7 +149,12 @@ def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
     q.add([_traj(i) for i in range(4)])
     pool = WorkerPool(slots_per_worker=1)
     w = pool.get((0,))
-    pool.move(w, WorkerState.STARTING), pool.move(w, WorkerState.ASLEEP), pool.move(w, WorkerState.WAKING), pool.move(w, WorkerState.AWAKE)
+    (
+        pool.move(w, WorkerState.STARTING),
+        pool.move(w, WorkerState.ASLEEP),
+        pool.move(w, WorkerState.WAKING),
+        pool.move(w, WorkerState.AWAKE),
+    )
     [(_, running)] = q.assign(pool)
     q.drop({running.traj_id, 2})
     assert [x.traj_id for x in q.queue] == [1, 3]
@@ -229,10 +249,12 @@ class _Trainer:
 
 
 def _link(sched, **limits):
-    from rlix.exec.front.config import LimitsConfig
     from rlix.exec.control.scheduler_link import SchedulerLink
+    from rlix.exec.front.config import LimitsConfig
 
-    return SchedulerLink(pipeline_id="large", sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0)
+    return SchedulerLink(
+        pipeline_id="large", sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0
+    )
 
 
 def test_a_stage_takes_the_gpus_over_from_the_one_before_in_one_call():
@@ -259,8 +281,8 @@ def test_a_stage_takes_the_gpus_over_from_the_one_before_in_one_call():
 
 
 def test_a_stage_that_hangs_misses_its_deadline():
-    from rlix.exec.front.config import LimitsConfig
     from rlix.exec.control.deadline import WorkerTimeout
+    from rlix.exec.front.config import LimitsConfig
     from rlix.exec.train.trainer_link import TrainerLink
 
     async def main():
@@ -326,7 +348,9 @@ async def _a_training_while_b_waits(stage: Stage, min_residency_s: float):
     from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig
     from rlix.exec.control.scheduler_actor import SchedulerActor
 
-    sched = SchedulerActor.__ray_metadata__.modified_class(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(min_residency_s=min_residency_s), time.time(), 60.0)
+    sched = SchedulerActor.__ray_metadata__.modified_class(
+        ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(min_residency_s=min_residency_s), time.time(), 60.0
+    )
     await sched.start()
     for s in (spec("a", (0,), (0, 1)), spec("b", (1,), (0, 1))):
         await sched.register(s, _Coordinator())

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import assert_replay_predicts
+
 from rlix.exec.front.config import load_config
 from rlix.exec.job.records import JobStatus, SwitchKind
 
@@ -78,7 +78,10 @@ def test_both_policies_report_their_overheads(runs):
     # benchmarks/bench_exec_policies.py, never asserted here: a loaded machine makes them flaky.
     for policy, outputs in runs.items():
         m = outputs.metrics
-        print(f"{policy}: makespan {m.makespan_s:.1f}s switch_overhead_fraction {m.switch_overhead_fraction:.3f} control overhead {outputs.control_overhead_fraction:.4f}")
+        print(
+            f"{policy}: makespan {m.makespan_s:.1f}s switch_overhead_fraction {m.switch_overhead_fraction:.3f} control "
+            f"overhead {outputs.control_overhead_fraction:.4f}"
+        )
         assert 0.0 <= m.switch_overhead_fraction < 1.0 and 0.0 <= outputs.control_overhead_fraction < 1.0
         assert m.makespan_s >= max(m.lower_bound_work_s, m.lower_bound_critical_path_s) * 0.999
 

@@ -10,9 +10,9 @@ import yaml
 from pydantic import ValidationError
 
 from rlix.exec.front.config import parse_config
-from rlix.exec.messages import JobResult
-from rlix.exec.job.records import JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
 from rlix.exec.front.outputs import trace_model
+from rlix.exec.job.records import JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.messages import JobResult
 from rlix.job import default_home
 from rlix.sim.simulator import Simulation
 from rlix.sim.trace import dump_trace, load_trace
@@ -39,7 +39,14 @@ jobs:
 def _step(stream: str, step: int, t0: float) -> StepRecord:
     stages = (("old_logprobs", 0.31), ("actor_train", 0.52))
     return StepRecord(
-        stream=stream, step=step, started_s=t0, finished_s=t0 + 2.0, mean_reward=0.1, mean_tokens=8.0, stages=stages, min_weight_version=step
+        stream=stream,
+        step=step,
+        started_s=t0,
+        finished_s=t0 + 2.0,
+        mean_reward=0.1,
+        mean_tokens=8.0,
+        stages=stages,
+        min_weight_version=step,
     )
 
 
@@ -59,8 +66,14 @@ def _result(pid: str, streams: tuple[str, ...], sync_s: float) -> JobResult:
         SwitchRecord(kind=SwitchKind.SYNC, t=4.0, seconds=sync_s, synced_bytes=1024),
     )
     return JobResult(
-        pipeline_id=pid, status=JobStatus.FINISHED, arrival_s=0.5, init_s=1.25, finish_s=9.0,
-        steps=steps, trajectories=trajs, switches=switches,
+        pipeline_id=pid,
+        status=JobStatus.FINISHED,
+        arrival_s=0.5,
+        init_s=1.25,
+        finish_s=9.0,
+        steps=steps,
+        trajectories=trajs,
+        switches=switches,
     )
 
 

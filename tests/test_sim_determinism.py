@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 
-from bench_determinism import distinct_results  # noqa: E402
+from bench_determinism import distinct_results
 
 TRACES = Path(__file__).parent.parent / "traces"
 

@@ -11,7 +11,9 @@ from rlix.sim.trace import Trace, TraceModel
 
 
 def _trace(*pipelines: dict, nodes: int = 1, gpus_per_node: int = 8) -> Trace:
-    return Trace(TraceModel.model_validate({"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node}, "pipelines": list(pipelines)}))
+    return Trace(
+        TraceModel.model_validate({"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node}, "pipelines": list(pipelines)})
+    )
 
 
 NO_SWITCH = {"offload_s": 0, "load_s": 0, "weight_sync_s": 0, "adapter_sync_s": 0, "resume_s": 0}
@@ -43,7 +45,12 @@ def test_disjoint_rollout_without_home_replays_under_every_policy():
     job = {
         "id": "apart",
         "roles": {"actor_train": {"gpus": "0-3"}, "actor_infer": {"gpus": "4-7", "gpus_per_worker": 2}},
-        "generate": {"steps": 2, "trajectories_per_step": 16, "duration": {"median_s": 5, "p99_s": 20}, "stages": {"actor_train": 5}},
+        "generate": {
+            "steps": 2,
+            "trajectories_per_step": 16,
+            "duration": {"median_s": 5, "p99_s": 20},
+            "stages": {"actor_train": 5},
+        },
     }
     trace = _trace(job)
     assert trace.spec(trace.pipelines[0]).home == tuple(range(8))  # training GPUs hold no rollout bundle
@@ -166,7 +173,13 @@ def test_generated_agentic_turns_keep_the_plain_generation_seconds():
     gen = {"steps": 2, "trajectories_per_step": 50, "duration": {"median_s": 20, "p99_s": 200}, "seed": 5}
     plain = _trace({"id": "job", "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "1-7"}}, "generate": gen})
     tools = {"turns": 3, "turns_max": 6, "tool": {"median_s": 8, "p99_s": 60, "max_s": 120}, "seed": 1}
-    agentic = _trace({"id": "job", "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "1-7"}}, "generate": {**gen, "agentic": tools}})
+    agentic = _trace(
+        {
+            "id": "job",
+            "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "1-7"}},
+            "generate": {**gen, "agentic": tools},
+        }
+    )
     for a, b in zip(plain.streams["job"][0][1], agentic.streams["job"][0][1]):
         assert b.segments is not None and all(5 <= len(s) <= 11 and len(s) % 2 == 1 for s in b.segments)
         assert b.generation_s() == pytest.approx(a.trajectories)
@@ -224,7 +237,10 @@ def test_stage_seconds_scale_with_the_mapping_gpu_count():
 
 
 def test_stage_seconds_scale_with_the_batch_tokens():
-    steps = [{"trajectories": [10.0, 10.0], "stages": {"actor_train": 40}}, {"trajectories": [30.0, 30.0], "stages": {"actor_train": 40}}]
+    steps = [
+        {"trajectories": [10.0, 10.0], "stages": {"actor_train": 40}},
+        {"trajectories": [30.0, 30.0], "stages": {"actor_train": 40}},
+    ]
     full = _stages(_trace(_stage_job({"token_fraction": 1.0}, steps=steps)))
     assert [s["actor_train"] for s in full] == [pytest.approx(20), pytest.approx(60)]  # 0.5x and 1.5x the mean step
     half = _stages(_trace(_stage_job({"token_fraction": 0.5}, steps=steps)))
@@ -271,7 +287,12 @@ def _queued(arrivals: dict, **extra) -> dict:
         "roles": {"actor_train": {"gpus": "0-7"}, "actor_infer": {"gpus": "0-7"}},
         "init_s": 30,
         "switch": NO_SWITCH,
-        "generate": {"steps": 2, "trajectories_per_step": 32, "duration": {"median_s": 5, "p99_s": 20}, "stages": {"actor_train": 10}},
+        "generate": {
+            "steps": 2,
+            "trajectories_per_step": 32,
+            "duration": {"median_s": 5, "p99_s": 20},
+            "stages": {"actor_train": 10},
+        },
         "arrivals": arrivals,
         **extra,
     }
@@ -319,7 +340,13 @@ def _twin(pid: str, priority: int) -> dict:
         "init_s": 10,
         "switch": NO_SWITCH,
         "priority": priority,
-        "generate": {"steps": 4, "trajectories_per_step": 64, "duration": {"median_s": 5, "p99_s": 20}, "stages": {"actor_train": 10}, "seed": 3},
+        "generate": {
+            "steps": 4,
+            "trajectories_per_step": 64,
+            "duration": {"median_s": 5, "p99_s": 20},
+            "stages": {"actor_train": 10},
+            "seed": 3,
+        },
     }
 
 

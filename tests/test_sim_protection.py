@@ -49,26 +49,30 @@ def crowded_traces(draw):
         home = draw(st.integers(0, n - 1))
         tp = draw(st.sampled_from([1, 1, 2])) if gpn % 2 == 0 else 1
         lo = home - home % tp
-        pipelines.append({
-            "id": f"p{i}",
-            "kind": "full_finetune",
-            "arrival_s": draw(st.floats(0, 60)),
-            "roles": {"actor_train": {"gpus": f"{lo}-{lo + tp - 1}"},
-                      "actor_infer": {"gpus": f"0-{n - 1}", "gpus_per_worker": tp}},
-            "home": f"{lo}-{lo + tp - 1}",
-            "staleness": draw(st.integers(0, 1)),
-            "slots_per_worker": draw(st.integers(1, 4)),
-            "preempt": draw(st.sampled_from(["continue", "requeue"])),
-            "init_s": 5.0,
-            "switch": {"offload_s": 1.0, "load_s": draw(st.sampled_from([0.5, 5.0, 60.0])), "weight_sync_s": 0.5},
-            "generate": {
-                "steps": draw(st.integers(1, 2)),
-                "trajectories_per_step": draw(st.integers(4, 40)),
-                "duration": {"median_s": draw(st.floats(2, 30)), "p99_s": 200.0, "max_s": 300.0},
-                "stages": {"actor_train": draw(st.floats(1, 30))},
-                "seed": i,
-            },
-        })
+        pipelines.append(
+            {
+                "id": f"p{i}",
+                "kind": "full_finetune",
+                "arrival_s": draw(st.floats(0, 60)),
+                "roles": {
+                    "actor_train": {"gpus": f"{lo}-{lo + tp - 1}"},
+                    "actor_infer": {"gpus": f"0-{n - 1}", "gpus_per_worker": tp},
+                },
+                "home": f"{lo}-{lo + tp - 1}",
+                "staleness": draw(st.integers(0, 1)),
+                "slots_per_worker": draw(st.integers(1, 4)),
+                "preempt": draw(st.sampled_from(["continue", "requeue"])),
+                "init_s": 5.0,
+                "switch": {"offload_s": 1.0, "load_s": draw(st.sampled_from([0.5, 5.0, 60.0])), "weight_sync_s": 0.5},
+                "generate": {
+                    "steps": draw(st.integers(1, 2)),
+                    "trajectories_per_step": draw(st.integers(4, 40)),
+                    "duration": {"median_s": draw(st.floats(2, 30)), "p99_s": 200.0, "max_s": 300.0},
+                    "stages": {"actor_train": draw(st.floats(1, 30))},
+                    "seed": i,
+                },
+            }
+        )
     scheduler = {
         "protect_fraction": draw(st.sampled_from([0.1, 0.25, 0.5])),
         "min_residency_s": draw(st.sampled_from([0.0, 5.0, 30.0])),

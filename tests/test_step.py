@@ -17,9 +17,9 @@ from rlix.core import Role, Stage
 from rlix.job import STEP_STAGES, pipeline_spec, remaining_path_s, stage_gpus, stage_role, step_sequence
 from rlix.metrics import Activity
 from rlix.step import (
-    DropBatch,
     Book,
     DemandChanged,
+    DropBatch,
     Effect,
     Finished,
     JobPlan,

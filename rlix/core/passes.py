@@ -31,8 +31,8 @@ __all__ = [
     "place_on_idle",
     "proportional_shares",
     "rebalance",
-    "rollout_needs",
     "rollout_capacity",
+    "rollout_needs",
     "shrink_departed",
 ]
 

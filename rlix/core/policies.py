@@ -53,7 +53,9 @@ class StaticPolicy(Policy):
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
         passes.gang_pass(view, draft, stop_own_rollout=True, admits=self.admits)
-        busy = {pid for pid, _ in view.ledger.gangs} | {g.pipeline_id for g in draft.grants} | passes.awaiting_admission(view, draft)
+        busy = (
+            {pid for pid, _ in view.ledger.gangs} | {g.pipeline_id for g in draft.grants} | passes.awaiting_admission(view, draft)
+        )
         needs = passes.rollout_needs(view, blocked=busy)
         passes.fill_idle(draft, needs)
 

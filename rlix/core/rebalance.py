@@ -80,7 +80,9 @@ class DonorRules:
         if count <= 1 and (d.protected or self.shares[pid] > 0):
             return []
         surplus = count > d.need
-        moves = count - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers if phase is Phase.SHARE else d.resumable and surplus
+        moves = (
+            count - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers if phase is Phase.SHARE else d.resumable and surplus
+        )
         if not (surplus or moves):
             return []
         if shrunk:
@@ -174,7 +176,9 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
             heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
 
 
-def _prune(pool: dict[int, RolloutWorker], victims: list[RolloutWorker], rules: DonorRules, phase: Phase, receivers: set[str]) -> None:
+def _prune(
+    pool: dict[int, RolloutWorker], victims: list[RolloutWorker], rules: DonorRules, phase: Phase, receivers: set[str]
+) -> None:
     """Drop from ``pool`` what no receiver may take any more in this phase: the victims' GPUs
     the receiver now holds (a victim's other GPUs are free now, and stay candidates), and the
     workers their donors may no longer give. A speed-up only: :meth:`DonorRules.may_take`
@@ -204,7 +208,9 @@ def _candidate_bundles(n: RolloutNeed, pool: dict[int, RolloutWorker]) -> list[G
     return sorted(found)
 
 
-def _cheapest_takeover(draft: Draft, n: RolloutNeed, pool, rules: DonorRules, phase: Phase) -> tuple[Gpus, list[RolloutWorker]] | None:
+def _cheapest_takeover(
+    draft: Draft, n: RolloutNeed, pool, rules: DonorRules, phase: Phase
+) -> tuple[Gpus, list[RolloutWorker]] | None:
     """The receiver bundle whose takeover aborts the fewest trajectories.
 
     Ties: fewest victims, then donors furthest above their share and furthest

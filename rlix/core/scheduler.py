@@ -140,7 +140,9 @@ class Scheduler:
         check_transition(REQUEST_TRANSITIONS, None, RequestState.PENDING, where)
         gpus = self._stage_gpus(entry, event)
         self._seq += 1
-        self._requests[key] = GangRequest(pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq, job_priority=entry.spec.priority)
+        self._requests[key] = GangRequest(
+            pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq, job_priority=entry.spec.priority
+        )
 
     def _release(self, event: ReleaseStage, now: float) -> None:
         self._active(event.pipeline_id)
@@ -168,7 +170,10 @@ class Scheduler:
     def _worker_lost(self, event: WorkerLost, now: float) -> None:
         self._active(event.pipeline_id)
         if not self.ledger.drop_worker(event.pipeline_id, event.first_gpu):
-            raise SchedulingError(f"pipeline '{event.pipeline_id}' has no rollout worker at GPU {event.first_gpu}; report only workers the plan gave it")
+            raise SchedulingError(
+                f"pipeline '{event.pipeline_id}' has no rollout worker at GPU {event.first_gpu}; report only workers the plan "
+                "gave it"
+            )
 
     def _active(self, pipeline_id: str) -> PipelineEntry:
         entry = self._view.pipelines.get(pipeline_id)
@@ -222,7 +227,9 @@ class Scheduler:
         every job keeps going; if even that fails validation, nothing changes.
         """
         if all(v.invariant != violation.invariant for v in self.violations):
-            warnings.warn(f"rlix core: {violation}; plan replaced by a safe plan (no rollout moves)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"rlix core: {violation}; plan replaced by a safe plan (no rollout moves)", RuntimeWarning, stacklevel=3
+            )
         self.violations.append(violation)
         draft = Draft(self.ledger, now)
         passes.shrink_departed(self._view, draft)
@@ -252,7 +259,11 @@ class Scheduler:
         return req is not None and req.state is RequestState.GRANTED
 
     def pending_requests(self) -> list[tuple[str, Stage]]:
-        return [(r.pipeline_id, r.stage) for r in sorted(self._requests.values(), key=lambda r: r.sort_key) if r.state is RequestState.PENDING]
+        return [
+            (r.pipeline_id, r.stage)
+            for r in sorted(self._requests.values(), key=lambda r: r.sort_key)
+            if r.state is RequestState.PENDING
+        ]
 
     def pipelines(self) -> list[str]:
         return [e.spec.pipeline_id for e in self._view.active()]

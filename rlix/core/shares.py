@@ -56,7 +56,17 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
     for entry in sorted(view.active(), key=lambda e: e.spec.pipeline_id):
         report = entry.demand
         if report is None or view.now - entry.reported_at > ttl or entry.spec.pipeline_id in blocked:
-            needs.append(RolloutNeed(entry=entry, pipeline_id=entry.spec.pipeline_id, tp=entry.spec.rollout_tp, need=0, weight=0.0, protected=False, loads={}))
+            needs.append(
+                RolloutNeed(
+                    entry=entry,
+                    pipeline_id=entry.spec.pipeline_id,
+                    tp=entry.spec.rollout_tp,
+                    need=0,
+                    weight=0.0,
+                    protected=False,
+                    loads={},
+                )
+            )
             continue
         needs.append(_cached_need(view.config, entry, report))
     last = view.memo.get("urgency")
@@ -133,7 +143,10 @@ def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed]) -> list[Roll
             log_u -= alpha * math.log(max(n.work_trajectories * (r.trajectory_s or fallback), 1.0))
         logs[n.pipeline_id] = log_u
     top = max(logs.values())
-    return [_reweighed(n, n.weight * max(math.exp(logs[n.pipeline_id] - top), _MIN_FACTOR)) if n.pipeline_id in logs else n for n in needs]
+    return [
+        _reweighed(n, n.weight * max(math.exp(logs[n.pipeline_id] - top), _MIN_FACTOR)) if n.pipeline_id in logs else n
+        for n in needs
+    ]
 
 
 def _reweighed(n: RolloutNeed, weight: float) -> RolloutNeed:
@@ -191,7 +204,9 @@ def _water_level(items: list[tuple[float, float, float]], capacity: float) -> fl
     if sum(hi for _, _, hi in items) <= capacity:
         return math.inf
     # (level, kind, i): kind 0 = item i leaves its floor, 1 = item i reaches its cap
-    points = sorted([(lo / w, 0, i) for i, (w, lo, _) in enumerate(items)] + [(hi / w, 1, i) for i, (w, _, hi) in enumerate(items)])
+    points = sorted(
+        [(lo / w, 0, i) for i, (w, lo, _) in enumerate(items)] + [(hi / w, 1, i) for i, (w, _, hi) in enumerate(items)]
+    )
     fixed = sum(lo for _, lo, _ in items)
     slope = 0.0
     for level, kind, i in points:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
 
 Gpus = tuple[int, ...]
 
@@ -172,7 +171,7 @@ class GangHolder:
     stage: Stage
 
 
-Holder = Union[GangHolder, RolloutWorker]
+Holder = GangHolder | RolloutWorker
 
 
 # ---------------------------------------------------------------- events
@@ -242,7 +241,7 @@ class WorkerLost:
     first_gpu: int
 
 
-Event = Union[Register, Unregister, RequestStage, ReleaseStage, ReportDemand, WorkerLost]
+Event = Register | Unregister | RequestStage | ReleaseStage | ReportDemand | WorkerLost
 
 
 # ------------------------------------------------------------------ plan

@@ -33,7 +33,9 @@ def validate_plan(plan: Plan, ledger: Ledger, view: View) -> None:
             owner[g] = None
     for grant in plan.grants:
         req = next((r for r in view.pending if r.pipeline_id == grant.pipeline_id and r.stage is grant.stage), None)
-        _require(req is not None and req.state is RequestState.PENDING, "grant_pending_request", f"{grant} has no pending request")
+        _require(
+            req is not None and req.state is RequestState.PENDING, "grant_pending_request", f"{grant} has no pending request"
+        )
         _require(grant.gpus == req.gpus, "gang_whole_mapping", f"{grant} does not cover {req.gpus}")
         for g in grant.gpus:
             prior = current(g)
@@ -44,7 +46,11 @@ def validate_plan(plan: Plan, ledger: Ledger, view: View) -> None:
         w = e.worker
         _require(w not in shrunk, "no_shrink_and_expand", f"{w} both shrunk and expanded")
         entry = view.pipelines.get(w.pipeline_id)
-        _require(entry is not None and entry.bundle_of.get(w.gpus[0]) == w.gpus, "bundle_inside_mapping", f"{w} is not a bundle the policy allows")
+        _require(
+            entry is not None and entry.bundle_of.get(w.gpus[0]) == w.gpus,
+            "bundle_inside_mapping",
+            f"{w} is not a bundle the policy allows",
+        )
         for g in w.gpus:
             _require(current(g) is None, "no_gpu_owned_twice", f"GPU {g} expanded while {current(g)} holds it")
             owner[g] = w
@@ -60,7 +66,9 @@ def check_ledger(ledger: Ledger) -> None:
     indexed = 0
     for (pid, stage), gpus in ledger.gangs.items():
         for g in gpus:
-            _require(ledger.owner[g] == GangHolder(pipeline_id=pid, stage=stage), "no_gpu_owned_twice", f"GPU {g} gang index mismatch")
+            _require(
+                ledger.owner[g] == GangHolder(pipeline_id=pid, stage=stage), "no_gpu_owned_twice", f"GPU {g} gang index mismatch"
+            )
         indexed += len(gpus)
     for pid, workers in ledger.workers.items():
         for first, w in workers.items():

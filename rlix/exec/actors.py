@@ -13,9 +13,6 @@ import time
 
 import ray
 
-from rlix.exec.train.fsdp import Rendezvous, free_rendezvous, join
-from rlix.exec.train.grpo import GrpoLearner
-from rlix.exec.train.lora import LoraLearner
 from rlix.exec.messages import (
     AdapterSnapshot,
     Emulation,
@@ -33,6 +30,9 @@ from rlix.exec.messages import (
     WorkerFault,
 )
 from rlix.exec.rollout.torch_backend import make_backend
+from rlix.exec.train.fsdp import Rendezvous, free_rendezvous, join
+from rlix.exec.train.grpo import GrpoLearner
+from rlix.exec.train.lora import LoraLearner
 
 
 def _setup_process() -> None:
@@ -46,7 +46,12 @@ class RolloutWorkerActor:
     """One rollout worker (a TP-sized GPU bundle) of one pipeline."""
 
     def __init__(
-        self, emulation: Emulation, lora: LoraSpec | None = None, backend: str = "torch", vllm: VllmOptions = VllmOptions(), fault: WorkerFault = WorkerFault()
+        self,
+        emulation: Emulation,
+        lora: LoraSpec | None = None,
+        backend: str = "torch",
+        vllm: VllmOptions = VllmOptions(),
+        fault: WorkerFault = WorkerFault(),
     ) -> None:
         _setup_process()
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -78,7 +83,9 @@ class RolloutWorkerActor:
 
     def _timing(self, t0: float, synced: int) -> SwitchTiming:
         versions = tuple(sorted(self.backend.adapter_versions.items()))
-        return SwitchTiming(seconds=time.perf_counter() - t0, synced_bytes=synced, version=self.backend.weight_version, adapters=versions)
+        return SwitchTiming(
+            seconds=time.perf_counter() - t0, synced_bytes=synced, version=self.backend.weight_version, adapters=versions
+        )
 
     def update_adapter(self, snapshot: AdapterSnapshot) -> SwitchTiming:
         t0 = time.perf_counter()
@@ -145,7 +152,9 @@ class TrainerActor:
 
                 checkpoint.restore(self.learner, job.checkpoint_dir)  # a rerun continues from the newest checkpoint
         else:
-            self.learner = LoraLearner(job.model_path, device_for_worker(), job.lora, dict(job.adapter_cfgs), job.emulation, ranks, job.dtype)
+            self.learner = LoraLearner(
+                job.model_path, device_for_worker(), job.lora, dict(job.adapter_cfgs), job.emulation, ranks, job.dtype
+            )
             if job.checkpoint_dir:
                 self.learner.restore(job.checkpoint_dir)
         self.learner.offload()  # GPUs are only ours while a stage is granted

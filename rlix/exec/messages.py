@@ -23,7 +23,6 @@ from typing import Any
 from rlix.core.types import Gpus
 from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchRecord, TrajRecord
 
-
 # ------------------------------------------------------------------ weights
 
 
@@ -112,7 +111,9 @@ class VllmOptions:
     enforce_eager: bool = True  # no CUDA graphs: faster start, less memory
     max_model_len: int | None = None  # tokens (prompt + completion); None = the checkpoint's own limit
     dtype: str = "bfloat16"  # engine weights (the trainer's float32 snapshot is cast on load)
-    kv_cache_gib: float | None = None  # KV cache per engine rank (GiB); None: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host
+    kv_cache_gib: float | None = (
+        None  # KV cache per engine rank (GiB); None: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

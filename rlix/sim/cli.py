@@ -44,12 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay a trace under one or more policies and compare them")
     rp.add_argument("trace", help="path of an rlix-trace JSON file")
-    rp.add_argument("--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})")
+    rp.add_argument(
+        "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
+    )
     rp.add_argument("--json", metavar="PATH", help="write the metrics as JSON")
     rp.add_argument("--plot", metavar="PATH", help="write a PNG: GPU-by-time chart and utilization per policy")
     rp.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
-    rp.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                    help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true")
+    rp.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true",
+    )
     rp.add_argument("--quiet", action="store_true", help="no progress bar or table (use with --json)")
 
     gp = sub.add_parser("generate", help="write a trace for a named scenario")
@@ -69,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     try:
         args = build_parser().parse_args(argv)
-        return {"replay": _replay, "generate": _generate, "validate": _validate, "schema": _schema}[args.command](args, console, err)
+        return {"replay": _replay, "generate": _generate, "validate": _validate, "schema": _schema}[args.command](
+            args, console, err
+        )
     except (UserError, TraceError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -108,9 +117,16 @@ def _replay(args, console: Console, err: Console) -> int:
     usages = {}
     for policy in policies:
         started = time.perf_counter()
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                      TextColumn("sim {task.fields[sim]}"), TimeElapsedColumn(), console=err, transient=True,
-                      disable=not show) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TextColumn("sim {task.fields[sim]}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+            disable=not show,
+        ) as bar:
             task = bar.add_task(f"replaying {policy}", total=total, sim="0 s")
 
             def progress(now: float, done: int, _total: int, task=task, bar=bar) -> None:
@@ -157,14 +173,19 @@ def _generate(args, console: Console, err: Console) -> int:
         raise UserError(f"--output {out}: its folder does not exist; create it or pick another path")
     dump_trace(model, out)
     trace = Trace(model, str(out))
-    console.print(f"wrote {out}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, {trace.cluster.num_gpus} GPUs")
+    console.print(
+        f"wrote {out}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, {trace.cluster.num_gpus} "
+        "GPUs"
+    )
     return 0
 
 
 def _validate(args, console: Console, err: Console) -> int:
     trace = load_trace(args.trace)
     c = trace.cluster
-    console.print(f"{args.trace}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories")
+    console.print(
+        f"{args.trace}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories"
+    )
     return 0
 
 

@@ -34,7 +34,7 @@ Speed = Callable[[int], float]  # generating trajectories on a worker -> fractio
 class Batch:
     """One step's rollout of one stream: ``n`` trajectories, none started on weights older than ``version``."""
 
-    __slots__ = ("stream", "step", "version", "n", "left", "done", "lora", "oldest")
+    __slots__ = ("done", "left", "lora", "n", "oldest", "step", "stream", "version")
 
     def __init__(self, env: simpy.Environment, stream: int, step: int, version: int, n: int, lora: bool) -> None:
         self.stream = stream
@@ -48,7 +48,7 @@ class Batch:
 
 
 class Traj:
-    __slots__ = ("batch", "segments", "duration", "seg", "remaining", "started", "worker", "token", "idx", "version")
+    __slots__ = ("batch", "duration", "idx", "remaining", "seg", "segments", "started", "token", "version", "worker")
 
     def __init__(self, batch: Batch, segments: Sequence[float], idx: int) -> None:
         self.batch = batch
@@ -68,7 +68,7 @@ class Traj:
 
 
 class SimWorker:
-    __slots__ = ("worker", "ready_at", "active", "versions", "alive", "generating", "rate")
+    __slots__ = ("active", "alive", "generating", "rate", "ready_at", "versions", "worker")
 
     def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         self.worker = worker
@@ -81,7 +81,8 @@ class SimWorker:
 
 
 def settle(t: Traj, rate: float, now: float) -> None:
-    """Stamp ``t``'s progress at ``now``: its current segment ran since ``t.started`` at ``rate`` (generation) or wall time (tool)."""
+    """Stamp ``t``'s progress at ``now``: its current segment ran since ``t.started`` at ``rate``
+    (generation) or wall time (tool)."""
     t.remaining = max(t.remaining - max(0.0, now - t.started) * (rate if t.generating else 1.0), 0.0)
 
 
@@ -103,7 +104,9 @@ class Timeline:
 
     def __init__(self) -> None:
         self.ends: list[tuple[float, int, int, Traj]] = []  # (segment end, seq, token, traj); stale when token moved on
-        self.loading: list[tuple[float, int, int, SimWorker]] = []  # (ready_at, first GPU, seq, worker): a dead worker may share the GPU
+        self.loading: list[
+            tuple[float, int, int, SimWorker]
+        ] = []  # (ready_at, first GPU, seq, worker): a dead worker may share the GPU
         self._seq = 0
 
     def schedule(self, t: Traj, w: SimWorker, start: float) -> None:

@@ -208,7 +208,9 @@ class SimPipeline:
         batch = Batch(self.env, e.stream, e.step, e.version, e.size, self.lora)
         self.engine.add_batch(batch, self.streams[e.stream][1][e.step].rollout())
         self.host.request_plan()  # demand went up: plan now, not at the next tick
-        batch.done.callbacks.append(lambda _: self._do(self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.oldest)))
+        batch.done.callbacks.append(
+            lambda _: self._do(self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.oldest))
+        )
 
     def _publish(self, e: Publish) -> None:
         self.engine.set_version(e.stream, e.version)  # workers sync on demand; the engine charges it

@@ -13,11 +13,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import Patch
 
-from rlix.metrics import Activity, UsageRecorder  # noqa: E402
+from rlix.metrics import Activity, UsageRecorder
 
 BINS = 800  # time columns of the raster
 SWITCH_RGB = np.array([0.55, 0.55, 0.55])

@@ -65,7 +65,9 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics]) -> No
         table.add_row(label, *(fmt.format(_value(run, key)) for run in runs.values()))
     if "static" in runs and len(runs) > 1:
         base = runs["static"].throughput_steps_per_hour
-        table.add_row("throughput vs static", *(f"{r.throughput_steps_per_hour / base:.2f}x" if base else "-" for r in runs.values()))
+        table.add_row(
+            "throughput vs static", *(f"{r.throughput_steps_per_hour / base:.2f}x" if base else "-" for r in runs.values())
+        )
     console.print(table)
     first = next(iter(runs.values()))
     jobs = Table(title="per pipeline: jct_s / step latency p50 / p99 (s)", title_justify="left")

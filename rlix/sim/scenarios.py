@@ -88,8 +88,19 @@ def single(seed: int) -> dict:
         "description": "One full-finetune RLVR job alone on one 8-GPU node (no one to share with).",
         "cluster": {"nodes": 1, "gpus_per_node": 8},
         "pipelines": [
-            _job("rlvr-7b", arrival=0, train=(0, 7), infer=(0, 7), steps=8, trajectories=256, median_s=20, p99_s=200,
-                 max_s=400, typical_rollout_s=120, seed=seed),
+            _job(
+                "rlvr-7b",
+                arrival=0,
+                train=(0, 7),
+                infer=(0, 7),
+                steps=8,
+                trajectories=256,
+                median_s=20,
+                p99_s=200,
+                max_s=400,
+                typical_rollout_s=120,
+                seed=seed,
+            ),
         ],
     }
 
@@ -101,10 +112,33 @@ def two_jobs(seed: int) -> dict:
         "description": "Two full-finetune RLVR jobs on two 8-GPU nodes; each trains on its own node, rollout may use both.",
         "cluster": {"nodes": 2, "gpus_per_node": 8},
         "pipelines": [
-            _job("math-a", arrival=0, train=(0, 7), infer=(0, 15), steps=8, trajectories=256, median_s=20, p99_s=200,
-                 max_s=400, typical_rollout_s=120, seed=seed),
-            _job("code-b", arrival=120, train=(8, 15), infer=(0, 15), steps=8, trajectories=256, median_s=30, p99_s=300,
-                 max_s=600, typical_rollout_s=180, seed=seed + 1, staleness=1),
+            _job(
+                "math-a",
+                arrival=0,
+                train=(0, 7),
+                infer=(0, 15),
+                steps=8,
+                trajectories=256,
+                median_s=20,
+                p99_s=200,
+                max_s=400,
+                typical_rollout_s=120,
+                seed=seed,
+            ),
+            _job(
+                "code-b",
+                arrival=120,
+                train=(8, 15),
+                infer=(0, 15),
+                steps=8,
+                trajectories=256,
+                median_s=30,
+                p99_s=300,
+                max_s=600,
+                typical_rollout_s=180,
+                seed=seed + 1,
+                staleness=1,
+            ),
         ],
     }
 
@@ -129,15 +163,29 @@ def mixed_agentic(seed: int) -> dict:
     ]
     jobs = []
     for i, (pid, kind, arrival, home, n, steps, med, p99, cap, adapters, stale) in enumerate(specs):
-        job = _job(pid, kind=kind, adapters=adapters, arrival=arrival, train=(home, home + 1), infer=(0, 31), steps=steps,
-                   trajectories=n, median_s=med, p99_s=p99, max_s=cap, typical_rollout_s=med * 5,
-                   seed=seed + 17 * i, slots=16, staleness=stale)
+        job = _job(
+            pid,
+            kind=kind,
+            adapters=adapters,
+            arrival=arrival,
+            train=(home, home + 1),
+            infer=(0, 31),
+            steps=steps,
+            trajectories=n,
+            median_s=med,
+            p99_s=p99,
+            max_s=cap,
+            typical_rollout_s=med * 5,
+            seed=seed + 17 * i,
+            slots=16,
+            staleness=stale,
+        )
         job["home"] = _range(home, home + 3)
         jobs.append(job)
     return {
         "name": "mixed_agentic",
         "description": "Agentic long-tail mix on 4x8 GPUs: 6 full-finetune and 2 multi-LoRA jobs of very different sizes "
-                       "arriving over 40 minutes; each owns half a node and trains on 2 of its GPUs; rollout may use the whole cluster.",
+        "arriving over 40 minutes; each owns half a node and trains on 2 of its GPUs; rollout may use the whole cluster.",
         "cluster": {"nodes": 4, "gpus_per_node": 8},
         "pipelines": jobs,
     }
@@ -150,16 +198,29 @@ def large(seed: int) -> dict:
         node0 = 2 * i  # each job's home: two 8-GPU nodes
         kind = "multi_lora" if i % 8 == 7 else "full_finetune"
         jobs.append(
-            _job(f"job-{i:02d}", kind=kind, adapters=2, arrival=60.0 * i, train=(node0 * 8, node0 * 8 + 7),
-                 infer=(max(0, node0 - 6) * 8, min(128, node0 + 8) * 8 - 1), steps=4,
-                 trajectories=4096 if kind == "full_finetune" else 2048, median_s=20, p99_s=200, max_s=400,
-                 typical_rollout_s=120, seed=seed + i, slots=32, staleness=i % 2)
+            _job(
+                f"job-{i:02d}",
+                kind=kind,
+                adapters=2,
+                arrival=60.0 * i,
+                train=(node0 * 8, node0 * 8 + 7),
+                infer=(max(0, node0 - 6) * 8, min(128, node0 + 8) * 8 - 1),
+                steps=4,
+                trajectories=4096 if kind == "full_finetune" else 2048,
+                median_s=20,
+                p99_s=200,
+                max_s=400,
+                typical_rollout_s=120,
+                seed=seed + i,
+                slots=32,
+                staleness=i % 2,
+            )
         )
         jobs[-1]["home"] = _range(node0 * 8, node0 * 8 + 15)
     return {
         "name": "large",
         "description": "Scale test: 128 nodes x 8 GPUs, 64 jobs (8 multi-LoRA), 4 steps of 4,096 trajectories each; "
-                       "rollout mappings overlap neighbouring jobs' nodes.",
+        "rollout mappings overlap neighbouring jobs' nodes.",
         "cluster": {"nodes": 128, "gpus_per_node": 8},
         "pipelines": jobs,
     }
@@ -208,7 +269,7 @@ def verl_dapo_colocated(seed: int) -> dict:
     return {
         "name": "verl_dapo_colocated",
         "description": "verl's colocated synchronous DAPO 7B on 128 GPUs (published step: 356 s = 178 s generation + "
-                       "54 s old log-probs + 114 s actor update); 12K-token cap, vLLM sleep-mode switching.",
+        "54 s old log-probs + 114 s actor update); 12K-token cap, vLLM sleep-mode switching.",
         "cluster": {"nodes": 16, "gpus_per_node": 8},
         "pipelines": [job],
     }
@@ -245,7 +306,7 @@ def async_disaggregated(seed: int) -> dict:
     return {
         "name": "async_disaggregated",
         "description": "Fully asynchronous 7B job: rollout on GPUs 0-63, training on 64-127, staleness 1, streaming "
-                       "with partial rollout; 28K-token cap (verl fully-async), stage times from verl's DAPO 7B scaled to 64 GPUs.",
+        "with partial rollout; 28K-token cap (verl fully-async), stage times from verl's DAPO 7B scaled to 64 GPUs.",
         "cluster": {"nodes": 16, "gpus_per_node": 8},
         "pipelines": [job],
     }
@@ -267,31 +328,33 @@ def agentic_swe(seed: int) -> dict:
     jobs = []
     for i, (pid, mode, stale) in enumerate((("swe-batch", "batch", 0), ("swe-stream", "streaming", 1))):
         lo = 16 * i
-        jobs.append({
-            "id": pid,
-            "arrival_s": 600.0 * i,
-            "roles": {"actor_train": {"gpus": _range(lo, lo + 7)}, "actor_infer": {"gpus": "0-31", "gpus_per_worker": 2}},
-            "home": _range(lo, lo + 15),
-            "staleness": stale,
-            "rollout_mode": mode,
-            "slots_per_worker": 32,
-            "init_s": 90.0,
-            "switch": {"offload_s": 2.0, "load_s": 4.0, "weight_sync_s": 2.0, "adapter_sync_s": 0.2, "resume_s": 3.0},
-            "decode_speed": {"knee": 16, "exponent": 0.7},
-            "generate": {
-                "steps": 3,
-                "trajectories_per_step": 128,
-                "duration": {"median_s": _tokens_s(2_000), "p99_s": _tokens_s(20_000), "max_s": _tokens_s(48_000)},
-                "stages": {"old_logprobs": 60.0, "actor_train": 150.0},
-                "stage_jitter": 0.1,
-                "seed": seed + 10 * i,
-                "agentic": tools,
-            },
-        })
+        jobs.append(
+            {
+                "id": pid,
+                "arrival_s": 600.0 * i,
+                "roles": {"actor_train": {"gpus": _range(lo, lo + 7)}, "actor_infer": {"gpus": "0-31", "gpus_per_worker": 2}},
+                "home": _range(lo, lo + 15),
+                "staleness": stale,
+                "rollout_mode": mode,
+                "slots_per_worker": 32,
+                "init_s": 90.0,
+                "switch": {"offload_s": 2.0, "load_s": 4.0, "weight_sync_s": 2.0, "adapter_sync_s": 0.2, "resume_s": 3.0},
+                "decode_speed": {"knee": 16, "exponent": 0.7},
+                "generate": {
+                    "steps": 3,
+                    "trajectories_per_step": 128,
+                    "duration": {"median_s": _tokens_s(2_000), "p99_s": _tokens_s(20_000), "max_s": _tokens_s(48_000)},
+                    "stages": {"old_logprobs": 60.0, "actor_train": 150.0},
+                    "stage_jitter": 0.1,
+                    "seed": seed + 10 * i,
+                    "agentic": tools,
+                },
+            }
+        )
     return {
         "name": "agentic_swe",
         "description": "Two agentic SWE jobs on 4x8 GPUs: 10-100 turns per trajectory, 5 s median tool calls (p99 60 s), "
-                       "about 20 minutes a step (NeMo Gym), 48K-token cap (DeepSWE); one batch on-policy, one streaming with staleness 1.",
+        "about 20 minutes a step (NeMo Gym), 48K-token cap (DeepSWE); one batch on-policy, one streaming with staleness 1.",
         "cluster": {"nodes": 4, "gpus_per_node": 8},
         "pipelines": jobs,
     }
@@ -311,9 +374,20 @@ def queued_cluster(seed: int) -> dict:
     jobs = []
     for node in range(8):
         lo = 8 * node
-        job = _job(f"task-n{node}", arrival=0.0, train=(lo, lo + 1), infer=(0, 63), steps=4, trajectories=256,
-                   median_s=_tokens_s(500), p99_s=_tokens_s(5_000), max_s=_tokens_s(8_192),
-                   typical_rollout_s=_tokens_s(2_000), seed=seed + node, slots=32)
+        job = _job(
+            f"task-n{node}",
+            arrival=0.0,
+            train=(lo, lo + 1),
+            infer=(0, 63),
+            steps=4,
+            trajectories=256,
+            median_s=_tokens_s(500),
+            p99_s=_tokens_s(5_000),
+            max_s=_tokens_s(8_192),
+            typical_rollout_s=_tokens_s(2_000),
+            seed=seed + node,
+            slots=32,
+        )
         job["home"] = _range(lo, lo + 7)
         job["init_s"] = 20.0
         job["arrivals"] = {"per_hour": 6.0, "count": 5, "seed": seed * 31 + node}
@@ -321,7 +395,7 @@ def queued_cluster(seed: int) -> dict:
     return {
         "name": "queued_cluster",
         "description": "Multi-tenant 8x8 GPU cluster: 40 small RLVR tasks arriving as Poisson processes (6/hour per node, "
-                       "about 48/hour in all), each about 4 minutes alone; calibrated by the seed article's tasks/hour and latency figures.",
+        "about 48/hour in all), each about 4 minutes alone; calibrated by the seed article's tasks/hour and latency figures.",
         "cluster": {"nodes": 8, "gpus_per_node": 8},
         "pipelines": jobs,
     }

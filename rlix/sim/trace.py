@@ -66,7 +66,9 @@ class DurationDist(StrictModel):
 
 
 class StepModel(StrictModel):
-    trajectories: list[PositiveSeconds] | None = Field(default=None, min_length=1, description="rollout duration of each trajectory")
+    trajectories: list[PositiveSeconds] | None = Field(
+        default=None, min_length=1, description="rollout duration of each trajectory"
+    )
     segments: list[list[Seconds]] | None = Field(
         default=None,
         min_length=1,
@@ -78,10 +80,14 @@ class StepModel(StrictModel):
     @model_validator(mode="after")
     def _one_form(self) -> StepModel:
         if (self.trajectories is None) == (self.segments is None):
-            raise ValueError("give exactly one of 'trajectories' (seconds each) or 'segments' (agentic: [gen, tool, gen, ...] each)")
+            raise ValueError(
+                "give exactly one of 'trajectories' (seconds each) or 'segments' (agentic: [gen, tool, gen, ...] each)"
+            )
         for j, segs in enumerate(self.segments or ()):
             if len(segs) % 2 == 0 or sum(segs[0::2]) <= 0:
-                raise ValueError(f"segments[{j}]: give an odd number of seconds, generation first and last, with some generation > 0")
+                raise ValueError(
+                    f"segments[{j}]: give an odd number of seconds, generation first and last, with some generation > 0"
+                )
         return self
 
 
@@ -105,7 +111,9 @@ class DecodeSpeedModel(StrictModel):
 
     knee: int = Field(ge=1, description="generating trajectories a worker runs at full per-trajectory speed")
     exponent: float = Field(
-        default=1.0, ge=0, le=4,
+        default=1.0,
+        ge=0,
+        le=4,
         description="beyond the knee, speed = (knee / n) ** exponent (1: the worker's total throughput stays flat)",
     )
 
@@ -114,13 +122,16 @@ class StageCostModel(StrictModel):
     """How a step's stage seconds scale; the seconds a trace gives hold at the reference point."""
 
     reference_gpus: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="GPUs the given stage seconds were measured on; a stage whose mapping has g GPUs takes "
         "(reference_gpus / g) ** gpu_exponent of them (default: no GPU scaling)",
     )
     gpu_exponent: float = Field(default=1.0, ge=0, le=1, description="1: perfect data-parallel scaling; 0: none")
     token_fraction: float = Field(
-        default=0.0, ge=0, le=1,
+        default=0.0,
+        ge=0,
+        le=1,
         description="share of each stage's seconds that grows with the batch's tokens (its trajectories' generation "
         "seconds, relative to the stream's mean step); the rest is fixed",
     )
@@ -151,7 +162,9 @@ class ArrivalsModel(StrictModel):
     """
 
     times_s: list[Seconds] | None = Field(default=None, min_length=1, description="arrival of each copy (seconds)")
-    per_hour: float | None = Field(default=None, gt=0, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s")
+    per_hour: float | None = Field(
+        default=None, gt=0, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s"
+    )
     count: int | None = Field(default=None, ge=1, description="Poisson arrivals: how many jobs")
     seed: int = 0
 
@@ -288,9 +301,11 @@ class Step:
     generation and tool seconds.
     """
 
-    __slots__ = ("trajectories", "segments", "stages")
+    __slots__ = ("segments", "stages", "trajectories")
 
-    def __init__(self, trajectories: np.ndarray, stages: dict[Stage, float], segments: list[tuple[float, ...]] | None = None) -> None:
+    def __init__(
+        self, trajectories: np.ndarray, stages: dict[Stage, float], segments: list[tuple[float, ...]] | None = None
+    ) -> None:
         self.trajectories = trajectories
         self.segments = segments
         self.stages = stages

@@ -1,1 +1,4 @@
-"""Executor layer, control plane: the cluster's scheduler actor, one pipeline's calls to it, worker placement and call deadlines."""
+"""Executor layer, control plane.
+
+The cluster's scheduler actor, one pipeline's calls to it, worker placement and call deadlines.
+"""

@@ -51,7 +51,9 @@ def node_ids(cluster: ClusterSpec) -> list[str]:
     alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
     alive.sort(key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"]))
     if len(alive) < cluster.nodes:
-        raise ClusterError(f"cluster.nodes={cluster.nodes} but Ray has {len(alive)} alive GPU nodes; join more nodes or lower cluster.nodes")
+        raise ClusterError(
+            f"cluster.nodes={cluster.nodes} but Ray has {len(alive)} alive GPU nodes; join more nodes or lower cluster.nodes"
+        )
     return [n["NodeID"] for n in alive[: cluster.nodes]]
 
 
@@ -61,7 +63,14 @@ def actor_options(cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str)
     opts: dict = {
         "num_cpus": 0,
         "num_gpus": 0,
-        "runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": pin.cuda_visible_devices, "RLIX_WORKER": name, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}},
+        "runtime_env": {
+            "env_vars": {
+                "CUDA_VISIBLE_DEVICES": pin.cuda_visible_devices,
+                "RLIX_WORKER": name,
+                "TOKENIZERS_PARALLELISM": "false",
+                "OMP_NUM_THREADS": "1",
+            }
+        },
     }
     if nodes:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -48,7 +48,15 @@ from rlix.exec.messages import GrantReply, SchedulerStats
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class SchedulerActor:
-    def __init__(self, cluster: ClusterSpec, policy: str, config: SchedulerConfig, t0: float, plan_interval_s: float, call_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        policy: str,
+        config: SchedulerConfig,
+        t0: float,
+        plan_interval_s: float,
+        call_timeout_s: float = 300.0,
+    ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
         self.plan_interval_s = plan_interval_s  # seconds between periodic plans (config scheduler.plan_interval_s)
@@ -136,7 +144,9 @@ class SchedulerActor:
         return self.core.rollout_bundles(pipeline_id)
 
     async def stats(self) -> SchedulerStats:
-        return SchedulerStats(plans=self.core.plans_made, plan_s=self.plan_s, unmet=tuple(self.unmet), errors=tuple(self.errors), **self.counts)
+        return SchedulerStats(
+            plans=self.core.plans_made, plan_s=self.plan_s, unmet=tuple(self.unmet), errors=tuple(self.errors), **self.counts
+        )
 
     async def holdings(self) -> dict[str, tuple[int, ...]]:
         """GPUs each pipeline holds now (rollout workers and gang stages), for tests and the console."""

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 
 from rlix.core import ReportDemand, Role, Stage
 from rlix.core.types import Gpus
+from rlix.exec.control.deadline import call
 from rlix.exec.front.config import LimitsConfig
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.messages import GrantReply
-from rlix.exec.control.deadline import call
 
 
 class SchedulerLink:

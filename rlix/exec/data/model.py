@@ -35,7 +35,7 @@ class ModelSize:
 
 def build_tokenizer(out_dir: Path):
     """A character-level fast tokenizer saved under ``out_dir``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {PAD: 0, BOS: 1, EOS: 2}

@@ -18,11 +18,21 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.exec.data.sources import DataError, DatasetPrompts, Encoder, PreparedPrompts, PromptItem, is_messages, model_limit, prepare, read_rows
-from rlix.exec.train.grpo import group_advantages
-from rlix.exec.messages import GenRequest, GenResult, Sample
 from rlix.exec.data.rewards import FunctionScores, RewardBatch, RewardRef, RewardSet
+from rlix.exec.data.sources import (
+    DataError,
+    DatasetPrompts,
+    Encoder,
+    PreparedPrompts,
+    PromptItem,
+    is_messages,
+    model_limit,
+    prepare,
+    read_rows,
+)
 from rlix.exec.data.tasks import Task, make_task
+from rlix.exec.messages import GenRequest, GenResult, Sample
+from rlix.exec.train.grpo import group_advantages
 
 
 class TextCodec:
@@ -86,7 +96,9 @@ class TaskPrompts:
 
     def batch(self, step: int, n: int, rng: random.Random) -> list[PromptItem]:
         return [
-            PromptItem(row=p.prompt_id, prompt=p.text, prompt_ids=self.codec.encode_prompt(p.text), columns=(("answer", p.answer),))
+            PromptItem(
+                row=p.prompt_id, prompt=p.text, prompt_ids=self.codec.encode_prompt(p.text), columns=(("answer", p.answer),)
+            )
             for p in self.task.sample(rng, step * n, n)
         ]
 
@@ -163,7 +175,10 @@ class Recipe:
         chat messages without a chat template, no tokenizer.json to decode with).
         """
         if not (Path(model_dir) / "tokenizer.json").is_file():
-            raise DataError("path", f"{model_dir} has no tokenizer.json; save the checkpoint with a fast tokenizer (tokenizer.save_pretrained)")
+            raise DataError(
+                "path",
+                f"{model_dir} has no tokenizer.json; save the checkpoint with a fast tokenizer (tokenizer.save_pretrained)",
+            )
         encoder = Encoder(model_dir, job.data.chat_template)
         override = job.vllm.max_model_len if job.rollout_backend == "vllm" else None
         limit = model_limit(model_dir, override)
@@ -231,7 +246,10 @@ class Recipe:
         rng = random.Random(self.seed * 7919 + step + (1 << 40))
         items = self.eval_source.items
         base = self.traj_base + (1 << 31) + step * len(items)
-        return [Trajectory(step=step, prompt=it, request=self._request(base + i, it, rng), group=-1, eval=True) for i, it in enumerate(items)]
+        return [
+            Trajectory(step=step, prompt=it, request=self._request(base + i, it, rng), group=-1, eval=True)
+            for i, it in enumerate(items)
+        ]
 
     def score(self, trajs: list[Trajectory], results: dict[int, GenResult]) -> ScoredStep:
         """Rewards and group-relative advantages for a finished step (eval trajectories scored apart)."""
@@ -263,7 +281,9 @@ class Recipe:
         for t in trajs:
             for name, value in t.prompt.columns:
                 columns.setdefault(name, []).append(value)
-        return self.rewards.score(completions=completions, prompts=[t.prompt.prompt for t in trajs], completion_ids=ids, columns=columns)
+        return self.rewards.score(
+            completions=completions, prompts=[t.prompt.prompt for t in trajs], completion_ids=ids, columns=columns
+        )
 
 
 def continuation(request: GenRequest, partial: GenResult) -> GenRequest:

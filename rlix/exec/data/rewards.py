@@ -23,9 +23,9 @@ import importlib.util
 import inspect
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 # The keyword arguments TRL passes besides the dataset's columns.
 TRL_ARGS = ("completions", "prompts", "completion_ids")
@@ -71,7 +71,9 @@ def resolve(ref: RewardRef) -> Callable:
         try:
             module = importlib.import_module(where)
         except Exception as exc:
-            raise ValueError(f"cannot import module '{where}' ({type(exc).__name__}: {_one_line(exc)}); check the name, or install the package") from None
+            raise ValueError(
+                f"cannot import module '{where}' ({type(exc).__name__}: {_one_line(exc)}); check the name, or install the package"
+            ) from None
     fn = getattr(module, name, None)
     if fn is None:
         raise ValueError(f"'{where}' has no attribute '{name}'; check the function name")
@@ -175,7 +177,9 @@ class RewardSet:
             self._fns = fns
         return self._fns
 
-    def score(self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]) -> RewardBatch:
+    def score(
+        self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]
+    ) -> RewardBatch:
         """Call every function once on the batch; raise :class:`RewardError` naming a function that fails."""
         n = len(completions)
         per_fn = []
@@ -195,7 +199,10 @@ def _values(ref: RewardRef, out: object, n: int) -> tuple[float | None, ...]:
     except TypeError:
         raise RewardError(f"reward function {ref.function} returned a {type(out).__name__}, not a list of {n} floats") from None
     if len(values) != n:
-        raise RewardError(f"reward function {ref.function} returned {len(values)} values for {n} completions; return one float (or None) per completion")
+        raise RewardError(
+            f"reward function {ref.function} returned {len(values)} values for {n} completions; return one float (or None) per "
+            "completion"
+        )
     clean: list[float | None] = []
     for v in values:
         if v is None:

@@ -31,8 +31,12 @@ from rlix.exec.data.rewards import TRL_ARGS
 class DataConfig(StrictModel):
     """Prompts from a local file: JSONL, Parquet, or a ``datasets`` directory (save_to_disk)."""
 
-    path: str = Field(min_length=1, description="a .jsonl / .parquet file or a datasets directory, relative to the working directory")
-    prompt_field: str = Field(default="prompt", min_length=1, description="column holding the prompt (text, or a list of chat messages)")
+    path: str = Field(
+        min_length=1, description="a .jsonl / .parquet file or a datasets directory, relative to the working directory"
+    )
+    prompt_field: str = Field(
+        default="prompt", min_length=1, description="column holding the prompt (text, or a list of chat messages)"
+    )
     split: str = Field(default="train", description="split to read when the directory holds several (a DatasetDict)")
     chat_template: bool = Field(default=True, description="apply the tokenizer's chat template when it has one")
 
@@ -46,7 +50,9 @@ class EvalConfig(StrictModel):
 
 
 class RewardConfig(StrictModel):
-    function: str = Field(min_length=3, description="'package.module:function' or 'path/to/file.py:function' (TRL GRPOTrainer signature)")
+    function: str = Field(
+        min_length=3, description="'package.module:function' or 'path/to/file.py:function' (TRL GRPOTrainer signature)"
+    )
     weight: float = Field(default=1.0, description="weight of this function in the job's reward (weighted sum)")
 
 
@@ -140,7 +146,11 @@ def _from_list(rows: list[dict], path: str, field: str):
     try:
         return datasets.Dataset.from_list(rows)
     except Exception as exc:  # pyarrow: a column whose rows disagree on type
-        raise DataError(field, f"{path}: rows disagree on a column's type ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); make each column one type") from None
+        raise DataError(
+            field,
+            f"{path}: rows disagree on a column's type ({type(exc).__name__}: {' '.join(str(exc).split())[:160]}); make each "
+            "column one type",
+        ) from None
 
 
 def _load_parquet(p: Path, field: str):
@@ -159,7 +169,11 @@ def _load_dir(p: Path, split: str, field: str):
     try:
         ds = datasets.load_from_disk(str(p))
     except Exception as exc:
-        raise DataError(field, f"{p}: not a datasets directory ({type(exc).__name__}); save it with Dataset.save_to_disk, or give a .jsonl / .parquet file") from None
+        raise DataError(
+            field,
+            f"{p}: not a datasets directory ({type(exc).__name__}); save it with Dataset.save_to_disk, or give a .jsonl / "
+            ".parquet file",
+        ) from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise DataError("split", f"{p} has no split '{split}' (it has {', '.join(sorted(ds))}); set split to one of them")
@@ -175,15 +189,26 @@ def is_messages(value: object) -> bool:
 def check_rows(rows: Rows, prompt_field: str, field: str = "prompt_field") -> tuple[str, ...]:
     """The prompt field exists and holds text or messages on every row; returns the other columns."""
     if prompt_field not in rows.columns:
-        raise DataError(field, f"'{prompt_field}' is not a column of {rows.source} (columns: {', '.join(rows.columns)}); set prompt_field to the prompt's column")
+        raise DataError(
+            field,
+            f"'{prompt_field}' is not a column of {rows.source} (columns: {', '.join(rows.columns)}); set prompt_field to the "
+            "prompt's column",
+        )
     for i, row in enumerate(rows.rows):
         v = row[prompt_field]
         if not (isinstance(v, str) or is_messages(v)):
-            raise DataError(field, f"row {i + 1} of {rows.source}: '{prompt_field}' holds {type(v).__name__}, not text or a list of chat messages; fix the row")
+            raise DataError(
+                field,
+                f"row {i + 1} of {rows.source}: '{prompt_field}' holds {type(v).__name__}, not text or a list of chat "
+                "messages; fix the row",
+            )
     others = tuple(c for c in rows.columns if c != prompt_field)
     for c in others:
         if c in TRL_ARGS:
-            raise DataError("path", f"column '{c}' of {rows.source} has the name of a reward argument ({', '.join(TRL_ARGS)}); rename the column")
+            raise DataError(
+                "path",
+                f"column '{c}' of {rows.source} has the name of a reward argument ({', '.join(TRL_ARGS)}); rename the column",
+            )
     return others
 
 
@@ -225,7 +250,11 @@ class Encoder:
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
             return tuple(int(t) for t in ids)
         if is_messages(prompt):
-            raise DataError("chat_template", "the prompts are chat messages but the tokenizer has no chat template (or chat_template is false); give text prompts or a checkpoint with a chat template")
+            raise DataError(
+                "chat_template",
+                "the prompts are chat messages but the tokenizer has no chat template (or chat_template is false); give text "
+                "prompts or a checkpoint with a chat template",
+            )
         ids = list(self.tok(prompt, add_special_tokens=True)["input_ids"])
         bos = self.tok.bos_token_id
         if bos is not None and (not ids or ids[0] != bos):
@@ -259,7 +288,11 @@ class DatasetPrompts:
 
     def __init__(self, prepared: PreparedPrompts, seed: int) -> None:
         if not prepared.items:
-            raise DataError("path", f"{prepared.source}: all {prepared.rows} prompts are longer than the model's limit of {prepared.limit} tokens with max_new_tokens; shorten them or lower max_new_tokens")
+            raise DataError(
+                "path",
+                f"{prepared.source}: all {prepared.rows} prompts are longer than the model's limit of {prepared.limit} tokens "
+                "with max_new_tokens; shorten them or lower max_new_tokens",
+            )
         self.items = prepared.items
         self.seed = seed
         self._orders: dict[int, list[int]] = {}

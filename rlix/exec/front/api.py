@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, load_config
-from rlix.exec.messages import JobProgress, JobResult
 from rlix.exec.control.actor_placement import ClusterError
+from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, load_config
 from rlix.exec.job.records import ActivityChange, JobStatus
+from rlix.exec.messages import JobProgress, JobResult
 
 # Deadlines (s) of the driver's calls to the scheduler actor: quick book-keeping calls, and
 # the deadline the scheduler actor gives a coordinator's shrink or expand (an unreachable
@@ -75,12 +75,14 @@ class _Pipeline:
 class Session:
     """One run: a scheduler actor, and a coordinator per admitted pipeline."""
 
-    def __init__(self, config: RunConfig, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None) -> None:
+    def __init__(
+        self, config: RunConfig, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None
+    ) -> None:
         import ray
 
-        from rlix.exec.data.model import materialize_model
         from rlix.exec.control.actor_placement import node_ids
         from rlix.exec.control.scheduler_actor import SchedulerActor
+        from rlix.exec.data.model import materialize_model
 
         if policy is not None:
             config = config.model_copy(update={"policy": policy})
@@ -110,7 +112,9 @@ class Session:
                 ray.shutdown()
             raise
         self.t0 = time.time()
-        self.scheduler = SchedulerActor.remote(self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.plan_interval_s, SHRINK_CALL_S)
+        self.scheduler = SchedulerActor.remote(
+            self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.plan_interval_s, SHRINK_CALL_S
+        )
         ray.get(self.scheduler.start.remote(), timeout=SCHEDULER_CALL_S)
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
@@ -236,7 +240,9 @@ class Session:
             status = JobStatus.KILLED if p.killed_at is not None else JobStatus.FAILED
             t = p.killed_at if p.killed_at is not None else self.now()
             prev = p.progress
-            p.result = JobResult(pipeline_id=p.pipeline_id, status=status, error=type(exc).__name__, arrival_s=p.job.arrival_s, finish_s=t)
+            p.result = JobResult(
+                pipeline_id=p.pipeline_id, status=status, error=type(exc).__name__, arrival_s=p.job.arrival_s, finish_s=t
+            )
             if prev is None:
                 return
             # its GPUs are free from the moment it was killed
@@ -273,14 +279,15 @@ class Session:
 
 
 def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
-    """The recipe of every data job (its prompts tokenized with the checkpoint's tokenizer); :class:`ConfigError` if one cannot train.
+    """The recipe of every data job (its prompts tokenized with the checkpoint's tokenizer);
+    :class:`ConfigError` if one cannot train.
 
     Prints, per job, how many prompts were left out for being longer than the model's limit.
     """
     import sys
 
-    from rlix.exec.data.sources import DataError
     from rlix.exec.data.recipe import Recipe
+    from rlix.exec.data.sources import DataError
 
     out = {}
     for i, job in enumerate(config.jobs):
@@ -293,7 +300,8 @@ def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
         for prepared in recipe.report:
             if prepared.too_long:
                 print(
-                    f"rlix-run: job {job.name}: {prepared.too_long} of {prepared.rows} prompts in {prepared.source} are longer than "
+                    f"rlix-run: job {job.name}: {prepared.too_long} of {prepared.rows} prompts in {prepared.source} are longer "
+                    "than "
                     f"the model's {prepared.limit} tokens with max_new_tokens {job.max_new_tokens}; left out",
                     file=sys.stderr,
                 )
@@ -323,7 +331,9 @@ def _pythonpath() -> str:
     return os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
 
 
-def init(config: RunConfig | str | Path, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None) -> Session:
+def init(
+    config: RunConfig | str | Path, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None
+) -> Session:
     """Validate ``config`` (a path or a RunConfig) and start the control plane."""
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     return Session(cfg, address=address, policy=policy, out_dir=out_dir)

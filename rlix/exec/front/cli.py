@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     missing = [name for name in ("ray", "torch", "transformers", "peft", "datasets") if importlib.util.find_spec(name) is None]
     if missing:
-        print(f"rlix-run: the executor needs the exec extra ({', '.join(missing)} not installed); pip install -e '.[exec]'", file=sys.stderr)
+        print(
+            f"rlix-run: the executor needs the exec extra ({', '.join(missing)} not installed); pip install -e '.[exec]'",
+            file=sys.stderr,
+        )
         return 2
     from rlix.exec.front import api
     from rlix.exec.front.console import ProgressView
@@ -52,13 +55,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlix-run: config error: {exc}", file=sys.stderr)
         return 2
     m = outputs.metrics
-    print(f"makespan_s={m.makespan_s:.1f} gpu_utilization={m.gpu_utilization:.3f} idle_fraction={m.idle_fraction:.3f} "
-          f"switch_overhead_fraction={m.switch_overhead_fraction:.3f} trajectories_lost={m.trajectories_lost} "
-          f"control_overhead_fraction={outputs.control_overhead_fraction:.4f}")
+    print(
+        f"makespan_s={m.makespan_s:.1f} gpu_utilization={m.gpu_utilization:.3f} idle_fraction={m.idle_fraction:.3f} "
+        f"switch_overhead_fraction={m.switch_overhead_fraction:.3f} trajectories_lost={m.trajectories_lost} "
+        f"control_overhead_fraction={outputs.control_overhead_fraction:.4f}"
+    )
     for pid, r in sorted(outputs.results.items()):
         first = r.steps[0].mean_reward if r.steps else float("nan")
         last = r.steps[-1].mean_reward if r.steps else float("nan")
-        print(f"  {pid}: {r.status.value} steps={len(r.steps)} reward {first:.3f} -> {last:.3f} jct_s={r.finish_s - r.arrival_s:.1f}{' ' + r.error if r.error else ''}")
+        print(
+            f"  {pid}: {r.status.value} steps={len(r.steps)} reward {first:.3f} -> {last:.3f} "
+            f"jct_s={r.finish_s - r.arrival_s:.1f}{' ' + r.error if r.error else ''}"
+        )
     print("outputs: " + " ".join(f"{k}={v}" for k, v in outputs.files.items()))
     if args.json:
         with open(args.json, "w") as f:

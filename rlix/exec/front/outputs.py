@@ -18,8 +18,8 @@ from pathlib import Path
 from rlix.config import ClusterModel, JobModel, SchedulerModel
 from rlix.core import Stage
 from rlix.exec.front.config import JobConfig, RunConfig
-from rlix.exec.messages import JobResult, SchedulerStats
 from rlix.exec.job.records import ActivityChange, JobStatus, SwitchKind
+from rlix.exec.messages import JobResult, SchedulerStats
 from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.sim.trace import PipelineModel, StepModel, StreamModel, SwitchModel, TraceModel, dump_trace
@@ -34,7 +34,9 @@ class RunOutputs:
     files: dict[str, str]
 
 
-def usage_from_events(num_gpus: int, events: list[ActivityChange], unmet: tuple[tuple[float, bool], ...], end: float) -> UsageRecorder:
+def usage_from_events(
+    num_gpus: int, events: list[ActivityChange], unmet: tuple[tuple[float, bool], ...], end: float
+) -> UsageRecorder:
     rec = UsageRecorder(num_gpus, start=0.0)
     stream = [(e.t, 0, e) for e in events] + [(t, 1, u) for t, u in unmet]
     for t, kind, item in sorted(stream, key=lambda x: (x[0], x[1])):
@@ -53,13 +55,37 @@ def timeline_json(rec: UsageRecorder, results: dict[str, JobResult]) -> dict:
     for g in range(rec.num_gpus):
         ev.append({"ph": "M", "pid": 0, "tid": g, "name": "thread_name", "args": {"name": f"GPU {g}"}})
     for seg in rec.iter_segments():
-        name = f"{seg.pipeline_id}:{seg.stage or seg.activity.value}" if seg.activity is not Activity.HELD else f"{seg.pipeline_id}:held"
-        ev.append({"ph": "X", "pid": 0, "tid": seg.gpu, "ts": seg.start * 1e6, "dur": (seg.end - seg.start) * 1e6, "name": name, "cat": seg.activity.value})
+        name = (
+            f"{seg.pipeline_id}:{seg.stage or seg.activity.value}"
+            if seg.activity is not Activity.HELD
+            else f"{seg.pipeline_id}:held"
+        )
+        ev.append(
+            {
+                "ph": "X",
+                "pid": 0,
+                "tid": seg.gpu,
+                "ts": seg.start * 1e6,
+                "dur": (seg.end - seg.start) * 1e6,
+                "name": name,
+                "cat": seg.activity.value,
+            }
+        )
     ev.append({"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "jobs"}})
     for i, (pid, res) in enumerate(sorted(results.items())):
         ev.append({"ph": "M", "pid": 1, "tid": i, "name": "thread_name", "args": {"name": pid}})
         for s in res.steps:
-            ev.append({"ph": "X", "pid": 1, "tid": i, "ts": s.started_s * 1e6, "dur": (s.finished_s - s.started_s) * 1e6, "name": f"step {s.step}", "args": {"reward": s.mean_reward}})
+            ev.append(
+                {
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": i,
+                    "ts": s.started_s * 1e6,
+                    "dur": (s.finished_s - s.started_s) * 1e6,
+                    "name": f"step {s.step}",
+                    "args": {"reward": s.mean_reward},
+                }
+            )
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
 
@@ -142,9 +168,15 @@ def _shape(cfg: RunConfig, pid: str, res: JobResult, names: dict[str, str]) -> J
     streams: dict[str, list[StepShape]] = {}
     for s in res.steps:
         g = gen.get((s.stream, s.step), [0.0])
-        streams.setdefault(s.stream, []).append(StepShape(trajectory_s=sum(g), longest_s=max(g), stages=tuple((Stage(k), v) for k, v in s.stages)))
+        streams.setdefault(s.stream, []).append(
+            StepShape(trajectory_s=sum(g), longest_s=max(g), stages=tuple((Stage(k), v) for k, v in s.stages))
+        )
     return JobShape(
-        spec=job.pipeline_spec(pid), arrival_s=res.arrival_s, init_s=res.init_s, staleness=job.staleness, streams=tuple(tuple(v) for _, v in sorted(streams.items()))
+        spec=job.pipeline_spec(pid),
+        arrival_s=res.arrival_s,
+        init_s=res.init_s,
+        staleness=job.staleness,
+        streams=tuple(tuple(v) for _, v in sorted(streams.items())),
     )
 
 
@@ -156,7 +188,15 @@ def _reward_json(steps) -> dict:
     }
 
 
-def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str], events: list[ActivityChange], stats: SchedulerStats, end: float, out_dir: Path) -> RunOutputs:
+def build_outputs(
+    cfg: RunConfig,
+    results: dict[str, JobResult],
+    names: dict[str, str],
+    events: list[ActivityChange],
+    stats: SchedulerStats,
+    end: float,
+    out_dir: Path,
+) -> RunOutputs:
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     rec = usage_from_events(num_gpus, events, stats.unmet, end)
     tallies = {}
@@ -198,7 +238,10 @@ def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str
                 "status": r.status.value,
                 "error": r.error,
                 **_reward_json(r.steps),
-                "adapters": {name: _reward_json([s for s in r.steps if s.stream == name]) for name in sorted({s.stream for s in r.steps if s.stream})},
+                "adapters": {
+                    name: _reward_json([s for s in r.steps if s.stream == name])
+                    for name in sorted({s.stream for s in r.steps if s.stream})
+                },
                 "requeued": r.requeued,
                 "lost": r.lost,
                 "control_overhead_s": r.control_overhead_s,
@@ -210,4 +253,10 @@ def build_outputs(cfg: RunConfig, results: dict[str, JobResult], names: dict[str
         },
     }
     files["metrics"].write_text(json.dumps({**metrics.to_json(), "executor": extra}, indent=1) + "\n")
-    return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files={k: str(v) for k, v in files.items()})
+    return RunOutputs(
+        metrics=metrics,
+        wall_s=end,
+        control_overhead_fraction=overhead,
+        results=results,
+        files={k: str(v) for k, v in files.items()},
+    )

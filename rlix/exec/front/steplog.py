@@ -104,8 +104,14 @@ class StepLog:
     def write_step(self, record: StepRecord, trained: Sequence[TrajRecord], scored, train) -> dict:
         """The line of one trained step: ``trained`` are its trajectory records (eval ones left out)."""
         return self.write(
-            stream=record.stream, t=record.finished_s, step=record.step, scored=scored, train=train, tokens=[r.tokens for r in trained],
-            step_s=record.finished_s - record.started_s, staleness=record.step - min(r.weight_version for r in trained),
+            stream=record.stream,
+            t=record.finished_s,
+            step=record.step,
+            scored=scored,
+            train=train,
+            tokens=[r.tokens for r in trained],
+            step_s=record.finished_s - record.started_s,
+            staleness=record.step - min(r.weight_version for r in trained),
         )
 
     def write(self, *, stream: str, t: float, step: int, scored, train, tokens: list[int], step_s: float, staleness: int) -> dict:
@@ -139,7 +145,11 @@ class StepLog:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         prefix = f"{stream}/" if stream else ""
-        values = [Summary.Value(tag=prefix + k, simple_value=float(v)) for k, v in line.items() if isinstance(v, (int, float)) and k not in ("step",)]
+        values = [
+            Summary.Value(tag=prefix + k, simple_value=float(v))
+            for k, v in line.items()
+            if isinstance(v, (int, float)) and k not in ("step",)
+        ]
         self._tb.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
         self._tb.flush()
 

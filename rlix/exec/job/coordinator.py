@@ -25,19 +25,19 @@ import ray
 
 from rlix.core import ClusterSpec, Stage, WorkerLost
 from rlix.core.types import Gpus
-from rlix.exec.front.config import JobConfig
-from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.control.actor_placement import actor_options
-from rlix.exec.rollout.pool import WorkerPool
+from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.data.recipe import Recipe
-from rlix.exec.job.recorder import Recorder
-from rlix.exec.messages import Emulation, JobProgress, JobResult
-from rlix.exec.job.records import JobStatus
 from rlix.exec.data.rewards import RewardError
-from rlix.exec.rollout.control import Deadlines, Hooks, RolloutControl
-from rlix.exec.rollout.queue import RolloutQueue
-from rlix.exec.job.step_runner import Parts, StepRunner
+from rlix.exec.front.config import JobConfig
 from rlix.exec.front.steplog import StepLog
+from rlix.exec.job.recorder import Recorder
+from rlix.exec.job.records import JobStatus
+from rlix.exec.job.step_runner import Parts, StepRunner
+from rlix.exec.messages import Emulation, JobProgress, JobResult
+from rlix.exec.rollout.control import Deadlines, Hooks, RolloutControl
+from rlix.exec.rollout.pool import WorkerPool
+from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.job import executor_stages, stage_role
 from rlix.metrics import Activity
@@ -55,14 +55,27 @@ def job_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) ->
 def job_plan(job: JobConfig, streams: list[StreamSpec], recipes: list[Recipe]) -> JobPlan:
     """The job as the step machine sees it: every step runs the GRPO stages."""
     stages = executor_stages(kl=job.algo.kl_coef > 0)
-    return JobPlan(streams=tuple(streams), stages=lambda i, k: stages, size=lambda i, k: recipes[i].step_size(k), staleness=job.staleness)
+    return JobPlan(
+        streams=tuple(streams), stages=lambda i, k: stages, size=lambda i, k: recipes[i].step_size(k), staleness=job.staleness
+    )
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class PipelineCoordinator:
     def __init__(
-        self, *, pipeline_id: str, job: JobConfig, model_dir: str, cluster: ClusterSpec, nodes: list[str], scheduler,
-        emulation: Emulation, t0: float, recipe: Recipe | None = None, steplog: StepLog | None = None, heartbeat_s: float = 1.0,
+        self,
+        *,
+        pipeline_id: str,
+        job: JobConfig,
+        model_dir: str,
+        cluster: ClusterSpec,
+        nodes: list[str],
+        scheduler,
+        emulation: Emulation,
+        t0: float,
+        recipe: Recipe | None = None,
+        steplog: StepLog | None = None,
+        heartbeat_s: float = 1.0,
     ) -> None:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.nodes, self.sched, self.emulation, self.t0 = cluster, nodes, scheduler, emulation, t0
@@ -121,15 +134,27 @@ class PipelineCoordinator:
 
     def _runner(self) -> StepRunner:
         hooks = Hooks(
-            now=self.now, spawn=self._spawn, weights=self._weights, finished=lambda q, r: self.runner.trajectory_done(q, r),
-            fatal=self._fatal, lost=self._lost, changed=self._changed,
+            now=self.now,
+            spawn=self._spawn,
+            weights=self._weights,
+            finished=lambda q, r: self.runner.trajectory_done(q, r),
+            fatal=self._fatal,
+            lost=self._lost,
+            changed=self._changed,
         )
         limits = self.job.limits
         deadlines = Deadlines(wake_s=limits.wake_timeout_s, call_s=limits.call_timeout_s, rollout_s=limits.rollout_timeout_s)
-        self.rollout = RolloutControl(pool=self.pool, queue=self.queue, recorder=self.rec, hooks=hooks, deadlines=deadlines, model_dir=self.model_dir)
+        self.rollout = RolloutControl(
+            pool=self.pool, queue=self.queue, recorder=self.rec, hooks=hooks, deadlines=deadlines, model_dir=self.model_dir
+        )
         parts = Parts(
-            link=self.link, rollout=self.rollout, queue=self.queue, recorder=self.rec, start_trainer=self._start_trainer,
-            steplog=self.steplog, crash_at_step=self.job.fault.crash_at_step,
+            link=self.link,
+            rollout=self.rollout,
+            queue=self.queue,
+            recorder=self.rec,
+            start_trainer=self._start_trainer,
+            steplog=self.steplog,
+            crash_at_step=self.job.fault.crash_at_step,
         )
         machine = StepMachine(self.spec, job_plan(self.job, self.streams, self.recipes))
         return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
@@ -137,14 +162,22 @@ class PipelineCoordinator:
     def _start_trainer(self) -> TrainerLink:
         gpus = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
         return TrainerLink.start_gang(
-            self.job, self.model_dir, self.emulation, cluster=self.cluster, gpus=gpus, nodes=self.nodes, name=f"{self.pid}/trainer"
+            self.job,
+            self.model_dir,
+            self.emulation,
+            cluster=self.cluster,
+            gpus=gpus,
+            nodes=self.nodes,
+            name=f"{self.pid}/trainer",
         )
 
     def _result(self, error: str, bad_input: bool) -> JobResult:
         runner = self.runner
         planned = runner.machine.rollouts.produced if runner is not None else 0
         init_s = runner.init_s if runner is not None else 0.0
-        result = self.rec.result(self.status, error=error, arrival_s=self.arrival_s, init_s=init_s, finish_s=self.now(), planned=planned)
+        result = self.rec.result(
+            self.status, error=error, arrival_s=self.arrival_s, init_s=init_s, finish_s=self.now(), planned=planned
+        )
         trainer = runner.trainer if runner is not None else None
         return replace(result, bad_input=bad_input, trainer_ranks=trainer.handle.world if trainer is not None else 0)
 
@@ -153,7 +186,9 @@ class PipelineCoordinator:
 
         opts = actor_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}")
         fault = self.job.fault.for_worker(gpus[0], first_process)
-        return RolloutWorkerActor.options(**opts).remote(self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault)
+        return RolloutWorkerActor.options(**opts).remote(
+            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault
+        )
 
     async def _teardown(self) -> None:
         for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ())]:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlix.core.types import Gpus
-from rlix.exec.messages import JobProgress, JobResult
 from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.messages import JobProgress, JobResult
 from rlix.metrics import Activity
 
 
@@ -45,7 +45,9 @@ class Recorder:
     def mark(self, now: float, gpus: Gpus, activity: Activity, stage: str) -> None:
         """From ``now`` on, ``gpus`` do ``activity`` (FREE: nobody's)."""
         owner = self.pid if activity is not Activity.FREE else ""
-        self.events.append(ActivityChange(t=now, gpus=tuple(gpus), activity=activity, pipeline_id=owner, stage=stage if owner else ""))
+        self.events.append(
+            ActivityChange(t=now, gpus=tuple(gpus), activity=activity, pipeline_id=owner, stage=stage if owner else "")
+        )
         if self.observer is not None:
             self.observer(now, tuple(gpus), activity)
 
@@ -89,7 +91,9 @@ class Recorder:
             events=self.drain(),
         )
 
-    def result(self, status: JobStatus, *, error: str, arrival_s: float, init_s: float, finish_s: float, planned: int) -> JobResult:
+    def result(
+        self, status: JobStatus, *, error: str, arrival_s: float, init_s: float, finish_s: float, planned: int
+    ) -> JobResult:
         c = self.counters
         return JobResult(
             pipeline_id=self.pid,

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field, replace
 
 from rlix.core import Stage
 from rlix.exec.control.scheduler_link import SchedulerLink
-from rlix.exec.messages import GenResult
 from rlix.exec.data.recipe import Recipe, ScoredStep, Trajectory
+from rlix.exec.front.steplog import StepLog
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import StepRecord, SwitchKind
+from rlix.exec.messages import GenResult
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.queue import Queued, RolloutQueue
-from rlix.exec.front.steplog import StepLog
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.step import (
     Book,
@@ -167,8 +167,10 @@ class StepRunner:
         self.rec.mark(self.now(), e.gpus, e.activity, e.stage)
 
     def _load(self, e: Load) -> None:
-        self._then(self._load_init() if e.stage is Stage.INIT else self._timed(SwitchKind.STAGE_LOAD, self.trainer.load()),
-                   lambda now: self.machine.loaded(e.stage, now))
+        self._then(
+            self._load_init() if e.stage is Stage.INIT else self._timed(SwitchKind.STAGE_LOAD, self.trainer.load()),
+            lambda now: self.machine.loaded(e.stage, now),
+        )
 
     async def _load_init(self) -> None:
         """Model load: the trainer gang starts; resumed streams continue from their checkpoints."""
@@ -202,7 +204,9 @@ class StepRunner:
         self._spawn(work())
 
     def _offload(self, e: Offload) -> None:
-        self._then(self._timed(SwitchKind.STAGE_OFFLOAD, self.trainer.offload()), lambda now: self.machine.offloaded(e.stage, now))
+        self._then(
+            self._timed(SwitchKind.STAGE_OFFLOAD, self.trainer.offload()), lambda now: self.machine.offloaded(e.stage, now)
+        )
 
     # ------------------------------------------------------------ batches and weights
 

@@ -1,1 +1,4 @@
-"""Executor layer, rollout: the worker pool and its lifecycle, expand/shrink and dispatch, the rollout queue, and the engines (torch, vLLM)."""
+"""Executor layer, rollout.
+
+The worker pool and its lifecycle, expand/shrink and dispatch, the rollout queue, and the engines (torch, vLLM).
+"""

@@ -28,12 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlix.core.types import Gpus
-from rlix.exec.control.deadline import WorkerTimeout, call
-from rlix.exec.messages import SwitchTiming
-from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
+from rlix.exec.control.deadline import call
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import SwitchKind
+from rlix.exec.messages import SwitchTiming
 from rlix.exec.rollout.dispatch import ROLLOUT, Dispatch
+from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import Queued, RolloutQueue
 from rlix.metrics import Activity
 
@@ -77,7 +77,14 @@ class RolloutControl:
     """Expand, shrink, dispatch and weight pushes for one pipeline's rollout workers."""
 
     def __init__(
-        self, *, pool: WorkerPool, queue: RolloutQueue, recorder: Recorder, hooks: Hooks, deadlines: Deadlines, model_dir: str,
+        self,
+        *,
+        pool: WorkerPool,
+        queue: RolloutQueue,
+        recorder: Recorder,
+        hooks: Hooks,
+        deadlines: Deadlines,
+        model_dir: str,
         procs: Processes | None = None,
     ) -> None:
         self.pool = pool
@@ -88,7 +95,12 @@ class RolloutControl:
         self.model_dir = model_dir
         self.procs = procs or ray_processes()
         self.runner = Dispatch(
-            pool=pool, queue=queue, recorder=recorder, hooks=hooks, procs=self.procs, rollout_s=deadlines.rollout_s,
+            pool=pool,
+            queue=queue,
+            recorder=recorder,
+            hooks=hooks,
+            procs=self.procs,
+            rollout_s=deadlines.rollout_s,
             kill=self._kill,
         )
         self.locks: dict[int, asyncio.Lock] = {}
@@ -258,4 +270,3 @@ class RolloutControl:
                 self._mark(w, Activity.WORK if busy else Activity.HELD)
             if timing.synced_bytes:
                 self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)
-

@@ -19,8 +19,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from rlix.exec.control.deadline import WorkerTimeout, call
-from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.job.recorder import Recorder
+from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import Queued, RolloutQueue, TrajectoryFailed
 from rlix.metrics import Activity
 
@@ -36,7 +36,14 @@ class Dispatch:
     """Starts queued trajectories on free slots and sorts what comes back."""
 
     def __init__(
-        self, *, pool: WorkerPool, queue: RolloutQueue, recorder: Recorder, hooks: Hooks, procs: Processes, rollout_s: float,
+        self,
+        *,
+        pool: WorkerPool,
+        queue: RolloutQueue,
+        recorder: Recorder,
+        hooks: Hooks,
+        procs: Processes,
+        rollout_s: float,
         kill: Callable[[Worker, str], None],
     ) -> None:
         self.pool = pool

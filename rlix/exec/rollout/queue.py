@@ -20,10 +20,10 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from rlix.exec.messages import GenRequest, GenResult
-from rlix.exec.rollout.pool import Worker, WorkerPool
 from rlix.exec.data.recipe import Trajectory, continuation
 from rlix.exec.job.records import TrajRecord
+from rlix.exec.messages import GenRequest, GenResult
+from rlix.exec.rollout.pool import Worker, WorkerPool
 
 
 class TrajectoryFailed(RuntimeError):

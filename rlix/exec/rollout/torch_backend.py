@@ -2,8 +2,8 @@
 
 :class:`TorchRolloutBackend` implements :class:`~rlix.exec.rollout.backend.RolloutBackend`
 with HF transformers and runs without a GPU; the vLLM backend (sleep levels,
-batched engine, tensor parallelism; on GPU or CPU) slots in behind the same interface and is imported only when a config asks for it
-(:func:`make_backend`). Requests and results are the values of
+batched engine, tensor parallelism; on GPU or CPU) slots in behind the same
+interface and is imported only when a config asks for it (:func:`make_backend`). Requests and results are the values of
 :mod:`rlix.exec.messages` (re-exported here for callers of the older names).
 """
 
@@ -13,8 +13,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
 from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
+from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
 
 __all__ = ["Emulation", "GenRequest", "GenResult", "RolloutBackend", "TorchRolloutBackend", "VllmOptions", "make_backend"]
 
@@ -218,7 +218,11 @@ class TorchRolloutBackend(RolloutBackend):
 
 
 def make_backend(
-    kind: str, emulation: Emulation = Emulation(), lora: LoraSpec | None = None, vllm: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)
+    kind: str,
+    emulation: Emulation = Emulation(),
+    lora: LoraSpec | None = None,
+    vllm: VllmOptions = VllmOptions(),
+    devices: tuple[int, ...] = (0,),
 ) -> RolloutBackend:
     """The rollout backend a config names; vLLM is imported only when asked for.
 
@@ -238,5 +242,3 @@ def _pace(step_s: float, started: float) -> None:
         left = step_s - (time.perf_counter() - started)
         if left > 0:
             time.sleep(left)
-
-

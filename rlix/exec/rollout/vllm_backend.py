@@ -49,8 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
 from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
+from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
 
 
 @dataclass(kw_only=True)
@@ -136,7 +136,11 @@ def engine_args(model_path: str, devices: tuple[int, ...], options: VllmOptions,
     )
     if options.max_model_len is not None:
         kwargs["max_model_len"] = options.max_model_len
-    kv_gib = options.kv_cache_gib if options.kv_cache_gib is not None else (None if current_platform.is_cuda_alike() else CPU_KV_CACHE_GIB)
+    kv_gib = (
+        options.kv_cache_gib
+        if options.kv_cache_gib is not None
+        else (None if current_platform.is_cuda_alike() else CPU_KV_CACHE_GIB)
+    )
     if kv_gib is not None:  # a fixed KV cache per rank, instead of a fraction of the device's memory
         kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
     if lora is not None:
@@ -145,7 +149,9 @@ def engine_args(model_path: str, devices: tuple[int, ...], options: VllmOptions,
 
 
 class VllmRolloutBackend(RolloutBackend):
-    def __init__(self, lora: LoraSpec | None = None, options: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)) -> None:
+    def __init__(
+        self, lora: LoraSpec | None = None, options: VllmOptions = VllmOptions(), devices: tuple[int, ...] = (0,)
+    ) -> None:
         self.lora = lora
         self.options = options
         self.devices = devices  # the worker's bundle (node-local GPU ids): one tensor-parallel rank each
@@ -217,11 +223,16 @@ class VllmRolloutBackend(RolloutBackend):
             return
         from vllm.lora.request import LoRARequest
 
-        path = write_peft_adapter(snapshot, self.lora, self.model_path, self._adapter_dir / f"{snapshot.name}-v{snapshot.version}")
+        path = write_peft_adapter(
+            snapshot, self.lora, self.model_path, self._adapter_dir / f"{snapshot.name}-v{snapshot.version}"
+        )
         lora_id = next(self._lora_ids)  # a new id per version: vLLM caches adapters by id
         # The old version is not removed: requests still running keep it, and vLLM's LRU
         # cache evicts it once idle (max_loras leaves room for an old and a new version).
-        self._adapters[snapshot.name] = (snapshot.version, LoRARequest(f"{snapshot.name}-v{snapshot.version}", lora_id, str(path)))
+        self._adapters[snapshot.name] = (
+            snapshot.version,
+            LoRARequest(f"{snapshot.name}-v{snapshot.version}", lora_id, str(path)),
+        )
 
     def update_weights(self, snapshot: WeightSnapshot) -> None:
         with self._lock:
@@ -292,7 +303,14 @@ class VllmRolloutBackend(RolloutBackend):
             if not self._awake:
                 return unchanged_result(request, self._version)
             version, lora = self._adapters.get(request.adapter, (0, None)) if request.adapter else (self._version, None)
-            p = _Pending(request=request, version=version, lora=lora, started=time.perf_counter(), token_ids=request.prefix_ids, logprobs=request.prefix_logprobs)
+            p = _Pending(
+                request=request,
+                version=version,
+                lora=lora,
+                started=time.perf_counter(),
+                token_ids=request.prefix_ids,
+                logprobs=request.prefix_logprobs,
+            )
             self._engine.submit(p)
         p.done.wait()
         if isinstance(p.error, EngineStopped):

@@ -16,7 +16,15 @@ import shutil
 from pathlib import Path
 
 KEEP = 2  # checkpoints kept per job (the newest)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
 
 
 def _steps(directory: Path) -> list[Path]:

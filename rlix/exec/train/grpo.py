@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import time
 
-from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
 from rlix.exec.messages import Emulation, GrpoConfig, Sample, TrainStats, WeightSnapshot
+from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
 from rlix.exec.train.weights import snapshot_of
 
 __all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats", "group_advantages"]
@@ -40,7 +40,13 @@ class GrpoLearner:
     (float32 rounding, summed in another order, leaves ~1e-6 after a few steps)."""
 
     def __init__(
-        self, model_path: str, device: str, cfg: GrpoConfig, emulation: Emulation = Emulation(), ranks: Ranks = SINGLE, dtype: str = "float32"
+        self,
+        model_path: str,
+        device: str,
+        cfg: GrpoConfig,
+        emulation: Emulation = Emulation(),
+        ranks: Ranks = SINGLE,
+        dtype: str = "float32",
     ) -> None:
         import torch
 
@@ -164,7 +170,9 @@ class GrpoLearner:
         self.model.eval()
         self._pace(self.ranks.share(samples), t0)
         n = max(tokens, 1)
-        return TrainStats(loss=tot_loss / n, kl=tot_kl / n, clip_fraction=tot_clip / n, tokens=tokens, seconds=time.perf_counter() - t0)
+        return TrainStats(
+            loss=tot_loss / n, kl=tot_kl / n, clip_fraction=tot_clip / n, tokens=tokens, seconds=time.perf_counter() - t0
+        )
 
     def _loss(self, mb: list[Sample], cfg: GrpoConfig, n: int, live: bool = True):
         """(loss, kl term, clipped tokens) of ``mb``, both terms normalised by ``n`` tokens.

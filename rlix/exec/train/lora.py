@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlix.exec.messages import AdapterSnapshot, Emulation, GrpoConfig, LoraSpec, Sample, TrainStats, WeightSnapshot
 from rlix.exec.train.fsdp import SINGLE, Ranks, full, shard_like
 from rlix.exec.train.grpo import GrpoLearner
-from rlix.exec.messages import AdapterSnapshot, Emulation, GrpoConfig, LoraSpec, Sample, TrainStats, WeightSnapshot
 from rlix.exec.train.weights import snapshot_of
 
 __all__ = ["AdapterSnapshot", "LoraLearner", "LoraSpec", "wrap_with_adapters"]
@@ -52,7 +52,9 @@ def adapter_snapshot_of(model, name: str, version: int) -> AdapterSnapshot:
     """``name``'s tensors on the CPU (gathered whole under FSDP2: a collective, called by every rank)."""
     sd = model.state_dict()
     tensors = {k: full(sd[k]).detach().to("cpu", copy=True) for k in adapter_keys(sd, name)}
-    return AdapterSnapshot(name=name, version=version, tensors=tensors, nbytes=sum(t.numel() * t.element_size() for t in tensors.values()))
+    return AdapterSnapshot(
+        name=name, version=version, tensors=tensors, nbytes=sum(t.numel() * t.element_size() for t in tensors.values())
+    )
 
 
 @dataclass(kw_only=True)
@@ -67,7 +69,14 @@ class LoraLearner(GrpoLearner):
     """GRPO over several adapters of one peft model; every call names its adapter."""
 
     def __init__(
-        self, model_path: str, device: str, spec: LoraSpec, cfgs: dict[str, GrpoConfig], emulation: Emulation = Emulation(), ranks: Ranks = SINGLE, dtype: str = "float32"
+        self,
+        model_path: str,
+        device: str,
+        spec: LoraSpec,
+        cfgs: dict[str, GrpoConfig],
+        emulation: Emulation = Emulation(),
+        ranks: Ranks = SINGLE,
+        dtype: str = "float32",
     ) -> None:
         import torch
 
@@ -145,7 +154,9 @@ class LoraLearner(GrpoLearner):
         st = self.adapters[adapter]
         snap = self.adapter_snapshot(adapter)
         opt = st.opt.state_dict()
-        opt["state"] = {i: {k: full(v).detach().to("cpu", copy=True) for k, v in s.items()} for i, s in sorted(opt["state"].items())}
+        opt["state"] = {
+            i: {k: full(v).detach().to("cpu", copy=True) for k, v in s.items()} for i, s in sorted(opt["state"].items())
+        }
         return {"version": st.version, "tensors": snap.tensors, "opt": opt}
 
     def restore(self, directory: str | Path) -> dict[str, int]:
@@ -164,7 +175,9 @@ class LoraLearner(GrpoLearner):
             named = dict(self.model.named_parameters())
             self.model.load_state_dict({k: shard_like(v, named[k]) for k, v in ck["tensors"].items()}, strict=False)
             opt = ck["opt"]
-            opt["state"] = {i: {k: shard_like(v, st.params[i]) if v.dim() else v for k, v in s.items()} for i, s in opt["state"].items()}
+            opt["state"] = {
+                i: {k: shard_like(v, st.params[i]) if v.dim() else v for k, v in s.items()} for i, s in opt["state"].items()
+            }
             st.opt.load_state_dict(opt)
             st.version = int(ck["version"])
             out[name] = st.version

@@ -16,13 +16,23 @@ import ray
 
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
-from rlix.exec.messages import TrainerJob
-from rlix.exec.control.actor_placement import actor_options
 from rlix.exec.actors import TrainerActor
-
+from rlix.exec.control.actor_placement import actor_options
+from rlix.exec.messages import TrainerJob
 
 # The trainer calls a gang sends to every rank (each a method of TrainerActor).
-GANG_CALLS = ("reload", "offload", "logprobs", "train", "adapter_versions", "adapter_snapshot", "save_adapter", "snapshot", "trained_steps", "save_full")
+GANG_CALLS = (
+    "reload",
+    "offload",
+    "logprobs",
+    "train",
+    "adapter_versions",
+    "adapter_snapshot",
+    "save_adapter",
+    "snapshot",
+    "trained_steps",
+    "save_full",
+)
 
 
 class _Broadcast:
@@ -49,7 +59,10 @@ class TrainerGang:
     @classmethod
     def start(cls, cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str, job: TrainerJob) -> TrainerGang:
         """One rank per GPU of ``gpus``; ranks join and build their learners in the background."""
-        actors = [TrainerActor.options(**actor_options(cluster, (g,), nodes, f"{name}{r}")).remote(r) for r, g in enumerate(sorted(gpus))]
+        actors = [
+            TrainerActor.options(**actor_options(cluster, (g,), nodes, f"{name}{r}")).remote(r)
+            for r, g in enumerate(sorted(gpus))
+        ]
         rdv = actors[0].rendezvous.remote(len(actors))  # rank 0's host; the other ranks receive it resolved
         return cls(actors, [a.start.remote(rdv, job) for a in actors][0])
 

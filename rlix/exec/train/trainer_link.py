@@ -13,15 +13,17 @@ from collections.abc import Sequence
 
 from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
-from rlix.exec.front.config import JobConfig, LimitsConfig
 from rlix.exec.control.deadline import call
+from rlix.exec.front.config import JobConfig, LimitsConfig
 from rlix.exec.messages import Emulation, TrainerJob
 
 
 class TrainerLink:
     """Calls to one trainer actor, and the cache of its weight versions."""
 
-    def __init__(self, handle, *, limits: LimitsConfig, checkpoint_dir: str | None = None, save_every: int = 1, started=None) -> None:
+    def __init__(
+        self, handle, *, limits: LimitsConfig, checkpoint_dir: str | None = None, save_every: int = 1, started=None
+    ) -> None:
         self.handle = handle  # the trainer actor (or gang of ranks)
         self.started = started  # done once every rank built its learner (None: nothing to wait for)
         self.limits = limits
@@ -31,13 +33,28 @@ class TrainerLink:
         self.adapters: dict[str, tuple[object, int]] = {}  # adapter -> newest snapshot ref, its version
 
     @classmethod
-    def start_gang(cls, job: JobConfig, model_dir: str, emulation: Emulation, *, cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str) -> TrainerLink:
-        """The job's trainer: one data-parallel rank per GPU of ``gpus`` (FSDP2 when more than one), starting in the background."""
+    def start_gang(
+        cls,
+        job: JobConfig,
+        model_dir: str,
+        emulation: Emulation,
+        *,
+        cluster: ClusterSpec,
+        gpus: Gpus,
+        nodes: list[str],
+        name: str,
+    ) -> TrainerLink:
+        """The job's trainer: one data-parallel rank per GPU of ``gpus`` (FSDP2 when more than one),
+        starting in the background."""
         from rlix.exec.train.trainer_gang import TrainerGang
 
         trainer_job = TrainerJob(
-            model_path=model_dir, cfg=job.algo.value(job.seed), emulation=emulation, lora=job.lora_spec(),
-            adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()), checkpoint_dir=job.checkpoint_dir,
+            model_path=model_dir,
+            cfg=job.algo.value(job.seed),
+            emulation=emulation,
+            lora=job.lora_spec(),
+            adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()),
+            checkpoint_dir=job.checkpoint_dir,
         )
         gang = TrainerGang.start(cluster, gpus, nodes, name, trainer_job)
         return cls(gang, limits=job.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every, started=gang.started)

@@ -10,8 +10,8 @@ object references rollout workers sync from) is the coordinator's
 
 from __future__ import annotations
 
-from rlix.exec.train.fsdp import full
 from rlix.exec.messages import WeightSnapshot
+from rlix.exec.train.fsdp import full
 
 __all__ = ["WeightSnapshot", "snapshot_of"]
 

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rlix.core import PipelineSpec, ReportDemand, Role, Stage, WorkerLoad
 from rlix.core.types import Gpus
@@ -157,6 +158,46 @@ class Finished:
 Effect = (
     RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | DropBatch | Publish | DemandChanged | Finished
 )
+
+
+class Interpreter(Protocol):
+    """What a shell implements to drive the machine: one method per effect, each carrying it out (or
+    starting it) and feeding the outcome back to the machine when it is done."""
+
+    def request_gang(self, e: RequestGang) -> None: ...
+    def release_gang(self, e: ReleaseGang) -> None: ...
+    def book(self, e: Book) -> None: ...
+    def load(self, e: Load) -> None: ...
+    def work(self, e: Work) -> None: ...
+    def offload(self, e: Offload) -> None: ...
+    def score(self, e: Score) -> None: ...
+    def queue_batch(self, e: QueueBatch) -> None: ...
+    def drop_batch(self, e: DropBatch) -> None: ...
+    def publish(self, e: Publish) -> None: ...
+    def demand_changed(self, e: DemandChanged) -> None: ...
+    def finished(self, e: Finished) -> None: ...
+
+
+_HANDLERS: dict[type, str] = {
+    RequestGang: "request_gang",
+    ReleaseGang: "release_gang",
+    Book: "book",
+    Load: "load",
+    Work: "work",
+    Offload: "offload",
+    Score: "score",
+    QueueBatch: "queue_batch",
+    DropBatch: "drop_batch",
+    Publish: "publish",
+    DemandChanged: "demand_changed",
+    Finished: "finished",
+}
+
+
+def carry_out(effects: Iterable[Effect], interpreter: Interpreter) -> None:
+    """Hand each effect, in order, to the interpreter's method for it."""
+    for effect in effects:
+        getattr(interpreter, _HANDLERS[type(effect)])(effect)
 
 
 # ------------------------------------------------------------------ the job

@@ -714,3 +714,18 @@ def test_random_jobs_train_every_step_once_in_order_within_the_staleness_bound(s
         assert job.queued[i] == list(range(n))
     assert job.held == set() and job.m.done and job.m.rollouts.open == {} and job.m.rollouts.backlog() == 0
     assert job.m.rollouts.planned_steps() == sum(job.steps) and len(job.m.latencies) == sum(job.steps)
+
+
+def test_every_effect_has_an_interpreter_method_and_both_shells_implement_them_all():
+    import typing
+
+    from rlix.exec.job.step_runner import StepRunner
+    from rlix.sim.pipeline import SimPipeline
+    from rlix.step import _HANDLERS, Interpreter
+
+    effects = set(typing.get_args(Effect))
+    assert set(_HANDLERS) == effects
+    for name in _HANDLERS.values():
+        assert callable(getattr(Interpreter, name))
+        for shell in (SimPipeline, StepRunner):
+            assert callable(getattr(shell, name, None)), f"{shell.__name__} does not carry out {name}"

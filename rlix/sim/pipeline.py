@@ -24,6 +24,7 @@ from rlix.sim.trace import PipelineModel, Step, speed_curve
 from rlix.step import (
     Book,
     DemandChanged,
+    DropBatch,
     Effect,
     Finished,
     JobPlan,
@@ -38,6 +39,7 @@ from rlix.step import (
     StepRecord,
     StreamSpec,
     Work,
+    carry_out,
 )
 
 
@@ -90,19 +92,6 @@ class SimPipeline:
             on_change=lambda: host.demand_changed(self.pid),
             on_pending=lambda waiting: host.waiting_changed(self.pid, waiting),
         )
-        self._carry = {
-            RequestGang: self._request,
-            ReleaseGang: self._release,
-            Book: self._book,
-            Load: self._load,
-            Work: self._work,
-            Offload: self._offload,
-            Score: self._score,
-            QueueBatch: self._queue,
-            Publish: self._publish,
-            DemandChanged: self._demand_changed,
-            Finished: self._finished,
-        }
         self.env.process(self._arrive())
 
     def _engine_options(self) -> EngineOptions:
@@ -129,8 +118,7 @@ class SimPipeline:
         self._do(self.machine.start(self.env.now))
 
     def _do(self, effects: list[Effect]) -> None:
-        for effect in effects:
-            self._carry[type(effect)](effect)
+        carry_out(effects, self)
 
     def _after(self, seconds: float, then: Callable[[float], list[Effect]]) -> None:
         """Feed ``then(now)`` back to the machine ``seconds`` from now."""
@@ -170,30 +158,30 @@ class SimPipeline:
 
     # ------------------------------------------------------------ effects
 
-    def _request(self, e: RequestGang) -> None:
+    def request_gang(self, e: RequestGang) -> None:
         if e.after is not None:  # a hand-over: the release and the request are planned at one instant
-            self._release(ReleaseGang(stage=e.after))
+            self.release_gang(ReleaseGang(stage=e.after))
         self.host.submit(RequestStage(pipeline_id=self.pid, stage=e.stage, role=e.role))
         self.host.request_plan()
 
-    def _release(self, e: ReleaseGang) -> None:
+    def release_gang(self, e: ReleaseGang) -> None:
         # ``announce`` needs nothing here: the batch is queued before the plan at this instant runs.
         self.host.submit(ReleaseStage(pipeline_id=self.pid, stage=e.stage))
         self.host.request_plan()
 
-    def _book(self, e: Book) -> None:
+    def book(self, e: Book) -> None:
         self.host.usage.set(e.gpus, self.env.now, e.activity, self.pid if e.stage else "", e.stage)
 
-    def _load(self, e: Load) -> None:
+    def load(self, e: Load) -> None:
         seconds = self.model.init_s if e.stage is Stage.INIT else self.model.switch.load_s
         wait = max(self.gpus_ready[e.stage] - self.env.now, 0.0)  # a stranger's offload still running there
         self._after(wait + seconds, lambda now: self.machine.loaded(e.stage, now))
 
-    def _work(self, e: Work) -> None:
+    def work(self, e: Work) -> None:
         seconds = self.streams[e.stream][1][e.step].stages[e.stage]
         self._after(seconds, lambda now: self.machine.worked(e.stage, seconds, now))
 
-    def _offload(self, e: Offload) -> None:
+    def offload(self, e: Offload) -> None:
         offload_s = self.model.switch.offload_s
         if e.keep:  # the next stage of this step runs here: the model stays, its offload is owed to a stranger
             self.host.park(self.pid, e.gpus, offload_s)
@@ -201,10 +189,13 @@ class SimPipeline:
         else:
             self._after(offload_s, lambda now: self.machine.offloaded(e.stage, now))
 
-    def _score(self, e: Score) -> None:
+    def score(self, e: Score) -> None:
         self._do(self.machine.scored(e.stream, e.step, 0.0, self.env.now))
 
-    def _queue(self, e: QueueBatch) -> None:
+    def drop_batch(self, e: DropBatch) -> None:
+        raise RuntimeError(f"{self.pid}: a trace's streams have no stop reward, so no batch is ever dropped")
+
+    def queue_batch(self, e: QueueBatch) -> None:
         batch = Batch(self.env, e.stream, e.step, e.version, e.size, self.lora)
         self.engine.add_batch(batch, self.streams[e.stream][1][e.step].rollout())
         self.host.request_plan()  # demand went up: plan now, not at the next tick
@@ -212,16 +203,16 @@ class SimPipeline:
             lambda _: self._do(self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.oldest))
         )
 
-    def _publish(self, e: Publish) -> None:
+    def publish(self, e: Publish) -> None:
         self.engine.set_version(e.stream, e.version)  # workers sync on demand; the engine charges it
         self._do(self.machine.published(e.stream, self.env.now))
 
-    def _demand_changed(self, e: DemandChanged) -> None:
+    def demand_changed(self, e: DemandChanged) -> None:
         # Finer changes are reported on the scheduler's tick; a rollout with nothing left running lends its GPUs now.
         if e.urgent and not self.engine.pending and not self.engine.running:
             self.host.request_plan()
 
-    def _finished(self, e: Finished) -> None:
+    def finished(self, e: Finished) -> None:
         self.done = True
         self.tally.finish_s = self.env.now
         self.tally.trajectories = self.engine.completed

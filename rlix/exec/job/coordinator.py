@@ -117,7 +117,7 @@ class PipelineCoordinator:
             reporter.add_done_callback(self._task_done)
             self.tasks.append(reporter)
             self.runner.start()
-            await asyncio.wait([self.runner.finished, self.failure], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([self.runner.ended, self.failure], return_when=asyncio.FIRST_COMPLETED)
             if self.failure.done():
                 raise self.failure.result()
             self.status = JobStatus.FINISHED

@@ -47,6 +47,7 @@ from rlix.step import (
     Score,
     StepMachine,
     Work,
+    carry_out,
 )
 
 
@@ -101,31 +102,16 @@ class StepRunner:
         self.batches: dict[tuple[int, int], OpenBatch] = {}
         self.tick: Tick | None = None
         self.init_s = 0.0
-        self.finished = asyncio.get_running_loop().create_future()
+        self.ended = asyncio.get_running_loop().create_future()  # done once the machine says Finished
         self.tasks: set[asyncio.Task] = set()  # kept until done (teardown cancels them)
         self.releasing: asyncio.Task | None = None  # the last release: a publish waits for it
-        self._carry = {
-            RequestGang: self._request,
-            ReleaseGang: self._release,
-            Book: self._book,
-            Load: self._load,
-            Work: self._work,
-            Offload: self._offload,
-            Score: self._score,
-            QueueBatch: self._queue,
-            DropBatch: self._drop,
-            Publish: self._publish,
-            DemandChanged: lambda e: parts.rollout.hooks.changed(),
-            Finished: lambda e: self.finished.done() or self.finished.set_result(None),
-        }
 
     def start(self) -> None:
         self.do(self.machine.start(self.now()))
 
     def do(self, effects: list[Effect]) -> None:
         try:
-            for effect in effects:
-                self._carry[type(effect)](effect)
+            carry_out(effects, self)
         except Exception as exc:  # noqa: BLE001 -- a bad batch or reward fails this job alone
             self.fatal(exc)
 
@@ -151,22 +137,22 @@ class StepRunner:
 
     # ------------------------------------------------------------ gang stages
 
-    def _request(self, e: RequestGang) -> None:
+    def request_gang(self, e: RequestGang) -> None:
         async def acquire() -> None:
             gpus = await self.p.link.acquire(e.stage, e.role, after=e.after)
             self.do(self.machine.granted(e.stage, gpus, self.now()))
 
         self._spawn(acquire())
 
-    def _release(self, e: ReleaseGang) -> None:
+    def release_gang(self, e: ReleaseGang) -> None:
         # The batch the release opens rides on it, planned as one with the release.
         report = self.demand() if e.announce else None
         self.releasing = self._spawn(self.p.link.release(e.stage, report))
 
-    def _book(self, e: Book) -> None:
+    def book(self, e: Book) -> None:
         self.rec.mark(self.now(), e.gpus, e.activity, e.stage)
 
-    def _load(self, e: Load) -> None:
+    def load(self, e: Load) -> None:
         self._then(
             self._load_init() if e.stage is Stage.INIT else self._timed(SwitchKind.STAGE_LOAD, self.trainer.load()),
             lambda now: self.machine.loaded(e.stage, now),
@@ -187,7 +173,7 @@ class StepRunner:
         await work
         self.rec.switch(kind, t, self.now() - t)
 
-    def _work(self, e: Work) -> None:
+    def work(self, e: Work) -> None:
         async def work() -> None:
             tick, t = self.tick, self.now()
             value = await self.trainer.work(e.stage, tick.samples, self.names[e.stream])
@@ -203,20 +189,20 @@ class StepRunner:
 
         self._spawn(work())
 
-    def _offload(self, e: Offload) -> None:
+    def offload(self, e: Offload) -> None:
         self._then(
             self._timed(SwitchKind.STAGE_OFFLOAD, self.trainer.offload()), lambda now: self.machine.offloaded(e.stage, now)
         )
 
     # ------------------------------------------------------------ batches and weights
 
-    def _queue(self, e: QueueBatch) -> None:
+    def queue_batch(self, e: QueueBatch) -> None:
         trajs = self.recipes[e.stream].trajectories(e.step)
         self.batches[(e.stream, e.step)] = OpenBatch(trajs=trajs, started_s=self.now())
         self.p.queue.add(trajs)
         self.p.rollout.dispatch()
 
-    def _drop(self, e: DropBatch) -> None:
+    def drop_batch(self, e: DropBatch) -> None:
         batch = self.batches.pop((e.stream, e.step))
         self.p.queue.drop({t.request.traj_id for t in batch.trajs})
 
@@ -232,7 +218,7 @@ class StepRunner:
         if len(batch.results) == len(batch.trajs):
             self.do(self.machine.rolled(stream, step, self.now()))
 
-    def _score(self, e: Score) -> None:
+    def score(self, e: Score) -> None:
         if self.p.crash_at_step == e.step:
             raise FaultInjected(f"fault.crash_at_step={e.step}")
         batch = self.batches[(e.stream, e.step)]
@@ -240,7 +226,7 @@ class StepRunner:
         self.tick = Tick(scored=scored, samples=list(scored.samples))
         self.do(self.machine.scored(e.stream, e.step, scored.mean_reward, self.now()))
 
-    def _publish(self, e: Publish) -> None:
+    def publish(self, e: Publish) -> None:
         async def publish() -> None:
             if self.releasing is not None:
                 await self.releasing  # the release (with the batch it opens) goes first
@@ -270,6 +256,13 @@ class StepRunner:
         if self.p.steplog is not None:  # eval trajectories are reported, never counted as trained
             trained = [self.rec.trajs[t.request.traj_id] for t in batch.trajs if not t.eval]
             self.p.steplog.write_step(record, trained, tick.scored, tick.train_stats)
+
+    def demand_changed(self, e: DemandChanged) -> None:
+        self.p.rollout.hooks.changed()
+
+    def finished(self, e: Finished) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
 
     # ------------------------------------------------------------ demand
 

@@ -11,7 +11,8 @@ randomness or driver imports), and both shells call it:
 - the demand report, with one meaning for each of its numbers;
 - the :class:`~rlix.core.PipelineSpec` built from a job description, and the
   home partition of a job that names none;
-- the activity a GPU books in each phase of a gang stage (load, work, offload);
+- the activity a GPU books in each phase of a gang stage (load, work, offload)
+  and of a rollout worker (load, weight sync, busy, idle, offload);
 - the lower bounds on a run's makespan.
 """
 
@@ -215,6 +216,32 @@ def gang_activity(stage: Stage, phase: GangPhase) -> Activity:
     if phase is GangPhase.WORK and stage is not Stage.INIT:
         return Activity.WORK
     return Activity.SWITCH
+
+
+class WorkerPhase(enum.Enum):
+    """What a rollout worker's GPUs go through, in both shells."""
+
+    LOAD = "load"  # an expand: the worker wakes and loads the newest weights
+    WEIGHT_SYNC = "weight_sync"  # a newer version synced to a live worker
+    BUSY = "busy"  # generating
+    IDLE = "idle"  # awake with nothing to generate
+    OFFLOAD = "offload"  # a shrink: in-flight work aborted, weights dropped
+    GONE = "gone"  # nothing of the worker's on the GPUs any more
+
+
+_WORKER_BOOK = {
+    WorkerPhase.LOAD: (Activity.SWITCH, "load"),
+    WorkerPhase.WEIGHT_SYNC: (Activity.SWITCH, "weight_sync"),
+    WorkerPhase.BUSY: (Activity.WORK, "rollout"),
+    WorkerPhase.IDLE: (Activity.HELD, "rollout"),
+    WorkerPhase.OFFLOAD: (Activity.SWITCH, "offload"),
+    WorkerPhase.GONE: (Activity.FREE, ""),
+}
+
+
+def worker_booking(phase: WorkerPhase) -> tuple[Activity, str]:
+    """What a rollout worker's GPUs are booked as in ``phase``, and the stage label they carry."""
+    return _WORKER_BOOK[phase]
 
 
 # ------------------------------------------------------------------ lower bounds

@@ -26,9 +26,16 @@ from dataclasses import dataclass
 import simpy
 
 from rlix.core import RolloutWorker, WorkerLoad
+from rlix.job import WorkerPhase, worker_booking
 from rlix.metrics import Activity, UsageRecorder
 
 Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
+
+
+def book_worker(usage: UsageRecorder, gpus, now: float, phase: WorkerPhase, pipeline_id: str = "", fill: float = 1.0) -> None:
+    """Book a rollout worker's GPUs for ``phase``, as the job model says (:func:`rlix.job.worker_booking`)."""
+    activity, label = worker_booking(phase)
+    usage.set(gpus, now, activity, pipeline_id if activity is not Activity.FREE else "", label, fill=fill)
 
 
 class Batch:
@@ -217,7 +224,7 @@ class WeightLoader:
                 settle(t, w.rate, now)
                 self.timeline.schedule(t, w, max(w.ready_at, t.started))
         self.timeline.loads_until(w, w.ready_at)
-        self.usage.set(w.worker.gpus, now, Activity.SWITCH, self.pipeline_id, "weight_sync")
+        book_worker(self.usage, w.worker.gpus, now, WorkerPhase.WEIGHT_SYNC, self.pipeline_id)
 
     def refresh_idle(self, w: SimWorker, now: float) -> bool:
         """Streaming: an idle full-weight worker moves to the newest weights before it is needed."""
@@ -402,8 +409,8 @@ class RolloutEngine:
             if self.opts.speed is not None and w.alive:
                 self.timeline.retime(w, self.opts.speed(w.generating) if w.generating else 1.0, now)
             if w.alive and w.ready_at <= now:
-                act = Activity.WORK if w.generating else Activity.HELD
-                self.usage.set(w.worker.gpus, now, act, self.pipeline_id, "rollout", fill=w.generating / self.slots)
+                phase = WorkerPhase.BUSY if w.generating else WorkerPhase.IDLE
+                book_worker(self.usage, w.worker.gpus, now, phase, self.pipeline_id, fill=w.generating / self.slots)
         if finished or touched:
             self.on_change()
 

@@ -17,8 +17,9 @@ from collections.abc import Callable
 import simpy
 
 from rlix.core import Event, Plan, Policy, Scheduler, check_ledger
-from rlix.job import lower_bounds
+from rlix.job import WorkerPhase, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
+from rlix.sim.engine import book_worker
 from rlix.sim.pipeline import Host, SimPipeline
 from rlix.sim.trace import Trace
 
@@ -143,10 +144,10 @@ class Simulation:
                 self.gpu_ready[g] = ready
                 self._offload_stamp[g] += 1
             if offload > 0:
-                usage.set(s.worker.gpus, now, Activity.SWITCH, p.pid, "offload")
+                book_worker(usage, s.worker.gpus, now, WorkerPhase.OFFLOAD, p.pid)
                 self.env.process(self._free_after(s.worker.gpus, ready, [self._offload_stamp[g] for g in s.worker.gpus]))
             else:
-                usage.set(s.worker.gpus, now, Activity.FREE)
+                book_worker(usage, s.worker.gpus, now, WorkerPhase.GONE)
         for grant in plan.grants:
             warm = all(self.parked.get(g) == grant.pipeline_id for g in grant.gpus)
             ready = now if warm else max(self.gpu_ready[g] for g in grant.gpus)
@@ -164,14 +165,14 @@ class Simulation:
                 self.parked.pop(g, None)
             versions, sync_s = p.new_worker_versions()
             ready = max(now, max(self.gpu_ready[g] for g in w.gpus)) + p.model.switch.load_s + sync_s
-            usage.set(w.gpus, now, Activity.SWITCH, p.pid, "load")
+            book_worker(usage, w.gpus, now, WorkerPhase.LOAD, p.pid)
             p.engine.add_worker(w, ready, versions)
 
     def _free_after(self, gpus: tuple[int, ...], at: float, stamps: list[int]):
         yield self.env.timeout(at - self.env.now)
         still = [g for g, st in zip(gpus, stamps) if self._offload_stamp[g] == st]
         if still:
-            self.usage.set(still, self.env.now, Activity.FREE)
+            book_worker(self.usage, still, self.env.now, WorkerPhase.GONE)
 
     # ------------------------------------------------------------ results
 

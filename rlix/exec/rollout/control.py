@@ -32,10 +32,10 @@ from rlix.exec.control.deadline import call
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import SwitchKind
 from rlix.exec.messages import SwitchTiming
-from rlix.exec.rollout.dispatch import ROLLOUT, Dispatch
+from rlix.exec.rollout.dispatch import Dispatch, book_worker
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import Queued, RolloutQueue
-from rlix.metrics import Activity
+from rlix.job import WorkerPhase
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +107,8 @@ class RolloutControl:
         self.starting: dict[int, asyncio.Task] = {}
         self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
 
-    def _mark(self, w: Worker, activity: Activity) -> None:
-        self.rec.mark(self.hooks.now(), w.gpus, activity, ROLLOUT)
+    def _mark(self, w: Worker, phase: WorkerPhase) -> None:
+        book_worker(self.rec, self.hooks.now(), w, phase)
 
     # ------------------------------------------------------------ processes
 
@@ -146,7 +146,7 @@ class RolloutControl:
         w.granted = False
         self.rec.counters.workers_lost += 1
         if was_granted:
-            self._mark(w, Activity.FREE)
+            self._mark(w, WorkerPhase.GONE)
             self.hooks.lost(w.gpus)
         self.hooks.changed()
 
@@ -162,7 +162,7 @@ class RolloutControl:
         w = self.pool.get(tuple(gpus))
         gen = self.pool.bump(w)
         w.granted = True
-        self._mark(w, Activity.SWITCH)
+        self._mark(w, WorkerPhase.LOAD)
         t = self.hooks.now()
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):  # not warm (yet): wait for its process
             if not await asyncio.shield(self._start(w)):
@@ -181,7 +181,7 @@ class RolloutControl:
             self.pool.move(w, WorkerState.AWAKE)
             self.rec.switch(SwitchKind.WAKE, t, self.hooks.now() - t, timing.synced_bytes)
             if w.generation == gen:
-                self._mark(w, Activity.HELD)
+                self._mark(w, WorkerPhase.IDLE)
                 self.dispatch()
 
     async def _wake(self, w: Worker) -> SwitchTiming:
@@ -217,12 +217,12 @@ class RolloutControl:
 
     def _release(self, w: Worker, gen: int, held: bool) -> None:
         if w.generation == gen and held:  # a newer expand keeps the GPUs
-            self._mark(w, Activity.FREE)
+            self._mark(w, WorkerPhase.GONE)
             self.hooks.changed()
 
     async def _drain(self, w: Worker) -> None:
         self.pool.move(w, WorkerState.DRAINING)
-        self._mark(w, Activity.SWITCH)
+        self._mark(w, WorkerPhase.OFFLOAD)
         t = self.hooks.now()
         try:
             await call(w.handle.sleep.remote(), self.deadlines.call_s, "sleep")  # aborts in-flight generations first
@@ -256,7 +256,7 @@ class RolloutControl:
             t = self.hooks.now()
             ref = next((r for n, r, _ in adapters if n == adapter), None) if adapter else None
             # The sync's GPU-seconds are switching, as the simulator books a live sync (switch_overhead_fraction).
-            self._mark(w, Activity.SWITCH)
+            self._mark(w, WorkerPhase.WEIGHT_SYNC)
             try:
                 if adapter:
                     timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
@@ -267,6 +267,6 @@ class RolloutControl:
                 return
             if w.granted and w.state is WorkerState.AWAKE:  # a shrink meanwhile books the GPUs itself
                 busy = any(task is not None for task in w.inflight.values())
-                self._mark(w, Activity.WORK if busy else Activity.HELD)
+                self._mark(w, WorkerPhase.BUSY if busy else WorkerPhase.IDLE)
             if timing.synced_bytes:
                 self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)

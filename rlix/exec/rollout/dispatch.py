@@ -22,14 +22,18 @@ from rlix.exec.control.deadline import WorkerTimeout, call
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import Queued, RolloutQueue, TrajectoryFailed
-from rlix.metrics import Activity
+from rlix.job import WorkerPhase, worker_booking
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rlix.exec.rollout.control import Hooks, Processes
 
-ROLLOUT = "rollout"
+
+def book_worker(rec: Recorder, now: float, w: Worker, phase: WorkerPhase) -> None:
+    """Book ``w``'s GPUs for ``phase``, as the job model says (:func:`rlix.job.worker_booking`)."""
+    activity, label = worker_booking(phase)
+    rec.mark(now, w.gpus, activity, label)
 
 
 class Dispatch:
@@ -59,7 +63,7 @@ class Dispatch:
         for w, q in self.queue.assign(self.pool):
             if w.first in idle:
                 idle.discard(w.first)
-                self.rec.mark(self.hooks.now(), w.gpus, Activity.WORK, ROLLOUT)
+                book_worker(self.rec, self.hooks.now(), w, WorkerPhase.BUSY)
             w.inflight[q.traj_id] = asyncio.get_running_loop().create_task(self._run(w, q))
         self.hooks.changed()
 
@@ -76,7 +80,7 @@ class Dispatch:
             self.kill(w, str(exc))
         w.inflight.pop(q.traj_id, None)
         if not w.inflight and w.state is WorkerState.AWAKE:
-            self.rec.mark(self.hooks.now(), w.gpus, Activity.HELD, ROLLOUT)
+            book_worker(self.rec, self.hooks.now(), w, WorkerPhase.IDLE)
         self._sort(q, result)
         self.dispatch()
 

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlix.exec.data.model import materialize_model
 from rlix.exec.data.recipe import Recipe
 from rlix.exec.front.config import JobConfig
 from rlix.exec.rollout.torch_backend import Emulation, TorchRolloutBackend
@@ -53,7 +52,7 @@ def run_local_lora(job: JobConfig, workdir: str | Path, emulation: Emulation = E
 
 
 def _run_full(job: JobConfig, workdir: str | Path, emulation: Emulation) -> list[LocalStep]:
-    model_dir = materialize_model(job, workdir)
+    model_dir = job.model.directory(workdir)
     recipe = Recipe.for_job(job, model_dir)
     backend = TorchRolloutBackend(emulation)
     backend.load(str(model_dir), "cpu", None)
@@ -78,7 +77,7 @@ def _run_full(job: JobConfig, workdir: str | Path, emulation: Emulation) -> list
 def _run_lora(job: JobConfig, workdir: str | Path, emulation: Emulation) -> dict[str, list[LocalStep]]:
     from rlix.exec.train.lora import LoraLearner
 
-    model_dir = materialize_model(job, workdir)
+    model_dir = job.model.directory(workdir)
     spec = job.lora_spec()
     recipes = {a.name: Recipe.for_adapter(job, i, model_dir) for i, a in enumerate(job.adapters)}
     backend = TorchRolloutBackend(emulation, lora=spec)

@@ -232,7 +232,8 @@ class _Job:
 
     def __init__(self, *, slots: int = 1, wake_s: float = 5.0) -> None:
         from rlix.exec.job.recorder import Recorder
-        from rlix.exec.rollout.control import Deadlines, Hooks, Processes, RolloutControl
+        from rlix.exec.rollout.control import RolloutControl
+        from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
         from rlix.exec.rollout.pool import WorkerPool
         from rlix.exec.rollout.queue import RolloutQueue
 

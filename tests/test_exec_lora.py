@@ -73,13 +73,13 @@ def test_vllm_adapter_files_are_peft_format_and_base_names_are_hf(tmp_path):
     import torch
     from peft import PeftModel
 
-    from rlix.exec.data.model import load_model, materialize_model
+    from rlix.exec.data.model import load_model
     from rlix.exec.rollout.vllm_backend import hf_base_weights, write_peft_adapter
     from rlix.exec.train.grpo import GrpoConfig
     from rlix.exec.train.lora import LoraLearner
 
     job = _job(ADAPTERS)
-    model_dir = materialize_model(job, tmp_path)
+    model_dir = job.model.directory(tmp_path)
     spec = job.lora_spec()
     learner = LoraLearner(str(model_dir), "cpu", spec, {n: GrpoConfig(seed=s) for n, s in spec.adapters})
     with torch.no_grad():

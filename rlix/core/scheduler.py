@@ -31,6 +31,7 @@ from rlix.core.types import (
     ClusterSpec,
     Event,
     Gpus,
+    PipelineSpec,
     Plan,
     Register,
     ReleaseStage,
@@ -59,6 +60,19 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
+
+
+def requested_gpus(spec: PipelineSpec, event: RequestStage) -> Gpus:
+    """The GPUs a gang request asks for: the role it names (or the stage's default role), or the init GPUs."""
+    if event.stage is Stage.INIT and event.role is None:
+        return spec.init_gpus
+    role = event.role or DEFAULT_STAGE_ROLE[event.stage]
+    if not spec.has_role(role):
+        raise SchedulingError(
+            f"pipeline '{spec.pipeline_id}' stage {event.stage.value}: role {role.value} is not mapped; "
+            f"add a {role.value} mapping or name another role in the request"
+        )
+    return spec.role(role).gpus
 
 
 class Scheduler:
@@ -138,7 +152,7 @@ class Scheduler:
         if prior is not None:
             raise SchedulingError(f"{where}: duplicate request (already {prior.state.value}); release it before asking again")
         check_transition(REQUEST_TRANSITIONS, None, RequestState.PENDING, where)
-        gpus = self._stage_gpus(entry, event)
+        gpus = requested_gpus(entry.spec, event)
         self._seq += 1
         self._requests[key] = GangRequest(
             pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq, job_priority=entry.spec.priority
@@ -182,18 +196,6 @@ class Scheduler:
         if entry.state is not PipelineState.ACTIVE:
             raise SchedulingError(f"pipeline '{pipeline_id}' is {entry.state.value}; register a new pipeline id")
         return entry
-
-    def _stage_gpus(self, entry: PipelineEntry, event: RequestStage) -> Gpus:
-        spec = entry.spec
-        if event.stage is Stage.INIT and event.role is None:
-            return spec.init_gpus
-        role = event.role or DEFAULT_STAGE_ROLE[event.stage]
-        if not spec.has_role(role):
-            raise SchedulingError(
-                f"pipeline '{spec.pipeline_id}' stage {event.stage.value}: role {role.value} is not mapped; "
-                f"add a {role.value} mapping or name another role in the request"
-            )
-        return spec.role(role).gpus
 
     # ------------------------------------------------------------ planning
 

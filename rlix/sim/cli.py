@@ -87,9 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _replay(args, console: Console, err: Console) -> int:
-    from rlix.sim.simulator import Simulation
-
+def _checked_policies(args) -> list[str]:
+    """The policies to replay (all by default); bad flags are refused before any work."""
     policies = args.policy or list(POLICIES)
     for name in policies:
         if name not in POLICIES:
@@ -99,6 +98,13 @@ def _replay(args, console: Console, err: Console) -> int:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
+    return policies
+
+
+def _replay(args, console: Console, err: Console) -> int:
+    from rlix.sim.simulator import Simulation
+
+    policies = _checked_policies(args)
     trace = load_trace(args.trace)
     if args.seed is not None:
         trace = trace.reseeded(args.seed)

@@ -46,6 +46,21 @@ from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.messages import GrantReply, SchedulerStats
 
 
+class WaitingWork:
+    """When some pipeline had trajectories queued, from the demand reports: the times it starts and
+    stops being so (what the outputs' ``stranded_fraction`` is measured against)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, int] = {}  # last reported queued trajectories per pipeline
+        self.changes: list[tuple[float, bool]] = []  # (seconds, some pipeline has trajectories queued)
+
+    def note(self, pipeline_id: str, pending: int, now: float) -> None:
+        self.pending[pipeline_id] = pending
+        waiting = any(n > 0 for n in self.pending.values())
+        if not self.changes or self.changes[-1][1] != waiting:
+            self.changes.append((now, waiting))
+
+
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class SchedulerActor:
     def __init__(
@@ -65,10 +80,9 @@ class SchedulerActor:
         self.lock = asyncio.Lock()
         self.plan_s = 0.0
         self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
-        self.unmet: list[tuple[float, bool]] = []
         self.errors: list[str] = []
         self._specs: list[PipelineSpec] = []
-        self.pending: dict[str, int] = {}  # last reported queued trajectories per pipeline
+        self.waiting_work = WaitingWork()  # when some pipeline had trajectories queued (stranded_fraction)
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
         self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
@@ -95,8 +109,7 @@ class SchedulerActor:
             await asyncio.wait([done], timeout=self.call_timeout_s)
         self.coordinators.pop(pipeline_id, None)
         self._fail_waiting(pipeline_id)
-        self.pending.pop(pipeline_id, None)
-        self._note_unmet()
+        self.waiting_work.note(pipeline_id, 0, self.now())
 
     async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None, after: Stage | None = None) -> GrantReply:
         """Ask for a gang stage; returns once the plan grants it.
@@ -124,13 +137,11 @@ class SchedulerActor:
             await self._event(ReleaseStage(pipeline_id=pipeline_id, stage=stage))
             return
         await self._event(report, ReleaseStage(pipeline_id=pipeline_id, stage=stage))
-        self.pending[report.pipeline_id] = report.pending
-        self._note_unmet()
+        self.waiting_work.note(report.pipeline_id, report.pending, self.now())
 
     async def report(self, report: ReportDemand) -> None:
         await self._event(report)
-        self.pending[report.pipeline_id] = report.pending
-        self._note_unmet()
+        self.waiting_work.note(report.pipeline_id, report.pending, self.now())
 
     async def lost(self, event: WorkerLost) -> None:
         """A pipeline's rollout worker is gone (died, or killed for not waking): its GPUs are free."""
@@ -145,7 +156,11 @@ class SchedulerActor:
 
     async def stats(self) -> SchedulerStats:
         return SchedulerStats(
-            plans=self.core.plans_made, plan_s=self.plan_s, unmet=tuple(self.unmet), errors=tuple(self.errors), **self.counts
+            plans=self.core.plans_made,
+            plan_s=self.plan_s,
+            unmet=tuple(self.waiting_work.changes),
+            errors=tuple(self.errors),
+            **self.counts,
         )
 
     async def holdings(self) -> dict[str, tuple[int, ...]]:
@@ -230,7 +245,7 @@ class SchedulerActor:
         async with self.lock:
             self.coordinators.pop(pipeline_id, None)
             self._fail_waiting(pipeline_id)
-            self.pending.pop(pipeline_id, None)
+            self.waiting_work.note(pipeline_id, 0, self.now())
             if pipeline_id in self.core.pipelines():
                 self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
@@ -244,8 +259,3 @@ class SchedulerActor:
             fut, _ = self.waiting.pop(key)
             if not fut.done():
                 fut.set_exception(SchedulingError(f"pipeline '{pipeline_id}' was unregistered while waiting"))
-
-    def _note_unmet(self) -> None:
-        unmet = any(n > 0 for n in self.pending.values())
-        if not self.unmet or self.unmet[-1][1] != unmet:
-            self.unmet.append((self.now(), unmet))

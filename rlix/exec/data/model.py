@@ -11,10 +11,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from rlix.exec.front.config import JobConfig
 
 # Characters the code-made tokenizer knows; tasks only use these.
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz+-=>:,. "
@@ -109,12 +105,3 @@ def load_tokenizer(path: str | Path):
 
 def param_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def materialize_model(job: JobConfig, workdir: str | Path) -> Path:
-    """The job's model directory: its checkpoint, or a built random model."""
-    if job.model.path is not None:
-        return Path(job.model.path)
-    size = job.model.size.value()
-    tag = f"{size.arch}-h{size.hidden_size}-l{size.num_layers}-s{size.seed}"
-    return build_model(size, Path(workdir) / "models" / tag)

@@ -82,14 +82,13 @@ class Session:
 
         from rlix.exec.control.actor_placement import node_ids
         from rlix.exec.control.scheduler_actor import SchedulerActor
-        from rlix.exec.data.model import materialize_model
 
         if policy is not None:
             config = config.model_copy(update={"policy": policy})
         self.config = config
         self.out_dir = Path(out_dir or config.output.dir)
         self.cluster = config.cluster.spec()
-        self.models = {j.name: str(materialize_model(j, self.out_dir.parent / "_models")) for j in config.jobs}
+        self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
         where = "--address" if address else "ray.address"
         address = address or config.ray.address
@@ -209,7 +208,7 @@ class Session:
         stats = ray.get(self.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
         results = {pid: p.result for pid, p in self.pipelines.items()}
         names = {pid: p.job.name for pid, p in self.pipelines.items()}
-        return build_outputs(self.config, results, names, self._all_events(), stats, end, self.out_dir)
+        return build_outputs(self.config, results, names, freed_at_kills(self.events), stats, end, self.out_dir)
 
     def _poll(self, p: _Pipeline) -> None:
         import ray
@@ -248,24 +247,6 @@ class Session:
             # its GPUs are free from the moment it was killed
             self.events.append(ActivityChange(t=t, gpus=(), activity=_free(), pipeline_id=f"!{p.pipeline_id}", stage=""))
 
-    def _all_events(self) -> list[ActivityChange]:
-        """Events, with a killed pipeline's GPUs set free at its kill time."""
-        out: list[ActivityChange] = []
-        holder: dict[int, str] = {}
-        for e in sorted(self.events, key=lambda e: e.t):
-            if e.pipeline_id.startswith("!"):
-                dead = e.pipeline_id[1:]
-                gpus = tuple(g for g, pid in sorted(holder.items()) if pid == dead)
-                if gpus:
-                    out.append(ActivityChange(t=e.t, gpus=gpus, activity=_free(), pipeline_id="", stage=""))
-                    for g in gpus:
-                        holder.pop(g)
-                continue
-            for g in e.gpus:
-                holder[g] = e.pipeline_id
-            out.append(e)
-        return out
-
     def shutdown(self) -> None:
         import ray
 
@@ -276,6 +257,26 @@ class Session:
             pass
         if self._own_ray:
             ray.shutdown()
+
+
+def freed_at_kills(events: list[ActivityChange]) -> list[ActivityChange]:
+    """The events in time order, with a killed pipeline's GPUs set free at its kill time
+    (a kill is marked by an event whose pipeline id is ``!`` + the pipeline's)."""
+    out: list[ActivityChange] = []
+    holder: dict[int, str] = {}
+    for e in sorted(events, key=lambda e: e.t):
+        if e.pipeline_id.startswith("!"):
+            dead = e.pipeline_id[1:]
+            gpus = tuple(g for g, pid in sorted(holder.items()) if pid == dead)
+            if gpus:
+                out.append(ActivityChange(t=e.t, gpus=gpus, activity=_free(), pipeline_id="", stage=""))
+                for g in gpus:
+                    holder.pop(g)
+            continue
+        for g in e.gpus:
+            holder[g] = e.pipeline_id
+        out.append(e)
+    return out
 
 
 def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:

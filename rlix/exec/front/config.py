@@ -120,6 +120,16 @@ class ModelConfig(StrictModel):
             raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
         return self
 
+    def directory(self, workdir: str | Path) -> Path:
+        """The model's directory: the checkpoint, or a random-weight model built under ``workdir`` (once)."""
+        if self.path is not None:
+            return Path(self.path)
+        from rlix.exec.data.model import build_model
+
+        size = self.size.value()
+        tag = f"{size.arch}-h{size.hidden_size}-l{size.num_layers}-s{size.seed}"
+        return build_model(size, Path(workdir) / "models" / tag)
+
 
 class TaskConfig(StrictModel):
     name: str = Field(default="copy", description=f"one of {sorted(TASKS)}")

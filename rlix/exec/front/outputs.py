@@ -188,6 +188,33 @@ def _reward_json(steps) -> dict:
     }
 
 
+def _job_json(r: JobResult) -> dict:
+    """One job's line of the executor's section of metrics.json."""
+    return {
+        "status": r.status.value,
+        "error": r.error,
+        **_reward_json(r.steps),
+        "adapters": {
+            name: _reward_json([s for s in r.steps if s.stream == name])
+            for name in sorted({s.stream for s in r.steps if s.stream})
+        },
+        "requeued": r.requeued,
+        "lost": r.lost,
+        "control_overhead_s": r.control_overhead_s,
+        "gpu_wait_s": r.gpu_wait_s,
+        "trainer_ranks": r.trainer_ranks,
+        "switch_s": {k.value: round(sum(s.seconds for s in r.switches if s.kind is k), 4) for k in SwitchKind},
+    }
+
+
+def _tally(res: JobResult) -> PipelineTally:
+    tally = PipelineTally(arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None)
+    tally.step_latencies = [s.finished_s - s.started_s for s in res.steps]
+    tally.trajectories = len(res.trajectories)
+    tally.preemptions = res.preemptions
+    return tally
+
+
 def build_outputs(
     cfg: RunConfig,
     results: dict[str, JobResult],
@@ -197,22 +224,17 @@ def build_outputs(
     end: float,
     out_dir: Path,
 ) -> RunOutputs:
+    """The run's metrics (the simulator's vocabulary, from the recorded activity), timeline.json,
+    trace.json (replayable by rlix-sim) and metrics.json with the executor's own figures."""
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     rec = usage_from_events(num_gpus, events, stats.unmet, end)
-    tallies = {}
-    for pid, res in results.items():
-        tally = PipelineTally(arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None)
-        tally.step_latencies = [s.finished_s - s.started_s for s in res.steps]
-        tally.trajectories = len(res.trajectories)
-        tally.preemptions = res.preemptions
-        tallies[pid] = tally
     work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
     metrics = summarize(
         policy=cfg.policy,
         usage=rec,
         start=0.0,
         end=end,
-        tallies=tallies,
+        tallies={pid: _tally(res) for pid, res in results.items()},
         lower_bound_work_s=work,
         lower_bound_critical_path_s=crit,
         trajectories_requeued=sum(r.requeued for r in results.values()),
@@ -233,30 +255,8 @@ def build_outputs(
         "control_overhead_fraction": overhead,
         "scheduler_plan_s": stats.plan_s,
         "scheduler_errors": list(stats.errors),
-        "jobs": {
-            pid: {
-                "status": r.status.value,
-                "error": r.error,
-                **_reward_json(r.steps),
-                "adapters": {
-                    name: _reward_json([s for s in r.steps if s.stream == name])
-                    for name in sorted({s.stream for s in r.steps if s.stream})
-                },
-                "requeued": r.requeued,
-                "lost": r.lost,
-                "control_overhead_s": r.control_overhead_s,
-                "gpu_wait_s": r.gpu_wait_s,
-                "trainer_ranks": r.trainer_ranks,
-                "switch_s": {k.value: round(sum(s.seconds for s in r.switches if s.kind is k), 4) for k in SwitchKind},
-            }
-            for pid, r in sorted(results.items())
-        },
+        "jobs": {pid: _job_json(r) for pid, r in sorted(results.items())},
     }
     files["metrics"].write_text(json.dumps({**metrics.to_json(), "executor": extra}, indent=1) + "\n")
-    return RunOutputs(
-        metrics=metrics,
-        wall_s=end,
-        control_overhead_fraction=overhead,
-        results=results,
-        files={k: str(v) for k, v in files.items()},
-    )
+    paths = {k: str(v) for k, v in files.items()}
+    return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files=paths)

@@ -35,7 +35,8 @@ from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
 from rlix.exec.messages import Emulation, JobProgress, JobResult
-from rlix.exec.rollout.control import Deadlines, Hooks, RolloutControl
+from rlix.exec.rollout.control import RolloutControl
+from rlix.exec.rollout.hooks import Deadlines, Hooks
 from rlix.exec.rollout.pool import WorkerPool
 from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink

@@ -24,8 +24,6 @@ default), so the races here are tested without Ray.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
@@ -33,44 +31,10 @@ from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import SwitchKind
 from rlix.exec.messages import SwitchTiming
 from rlix.exec.rollout.dispatch import Dispatch, book_worker
+from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
-from rlix.exec.rollout.queue import Queued, RolloutQueue
+from rlix.exec.rollout.queue import RolloutQueue
 from rlix.job import WorkerPhase
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deadlines:
-    wake_s: float  # engine build + weight load
-    call_s: float  # start, sleep, weight sync
-    rollout_s: float  # one trajectory segment
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hooks:
-    """What the control asks of its coordinator (all non-blocking)."""
-
-    now: Callable[[], float]
-    spawn: Callable[[Gpus, bool], object]  # (bundle, first process on it) -> worker handle
-    weights: Callable[[], tuple]  # -> (full snapshot ref, its version, ((adapter, ref, version), ...))
-    finished: Callable[[Queued, object], None]  # (queued trajectory, its GenResult)
-    fatal: Callable[[BaseException], None]  # the job must fail
-    lost: Callable[[Gpus], None]  # tell the scheduler the worker is gone
-    changed: Callable[[], None]  # demand changed
-
-
-@dataclass(frozen=True, kw_only=True)
-class Processes:
-    """What the control needs of the process runtime beside the handles' calls."""
-
-    kill: Callable[[object], None]  # end a worker process now (its handle)
-    died: tuple[type[BaseException], ...]  # a call failed because the process is gone
-    refused: tuple[type[BaseException], ...]  # a call raised inside a live process (an application error)
-
-
-def ray_processes() -> Processes:
-    import ray  # only here: the control itself runs (and is tested) without Ray
-
-    return Processes(kill=ray.kill, died=(ray.exceptions.RayActorError,), refused=(ray.exceptions.RayTaskError,))
 
 
 class RolloutControl:

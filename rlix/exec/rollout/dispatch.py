@@ -16,18 +16,14 @@ with a deadline, and sorts each outcome:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from rlix.exec.control.deadline import WorkerTimeout, call
 from rlix.exec.job.recorder import Recorder
+from rlix.exec.rollout.hooks import Hooks, Processes
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import Queued, RolloutQueue, TrajectoryFailed
 from rlix.job import WorkerPhase, worker_booking
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from rlix.exec.rollout.control import Hooks, Processes
 
 
 def book_worker(rec: Recorder, now: float, w: Worker, phase: WorkerPhase) -> None:

@@ -13,7 +13,7 @@ number, and returns the effects the job wants carried out, in order:
     ...
 
 Two interpreters drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
-timeouts stand in for the work) and the executor (:mod:`rlix.exec.job.coordinator`,
+timeouts stand in for the work) and the executor (:mod:`rlix.exec.job.step_runner`,
 asyncio over Ray actors do the work). A test can drive it by hand, event by
 event. Trajectories within a batch are the rollout engine's business (which
 slot, which worker, continuation after a shrink); the machine deals in
@@ -213,8 +213,8 @@ class StreamSpec:
 
 
 @dataclass(kw_only=True)
-class StepRecord:
-    """When one step of one stream rolled out and trained (seconds)."""
+class StepTimes:
+    """When one step of one stream rolled out and trained (seconds), as both shells measure it."""
 
     stream: int
     step: int
@@ -267,11 +267,11 @@ class Rollouts:
         self.streams = [_Stream(spec=s) for s in plan.streams]
         for i in range(len(self.streams)):
             self.resume(i, 0)
-        self.open: dict[tuple[int, int], StepRecord] = {}  # produced, not yet trained
+        self.open: dict[tuple[int, int], StepTimes] = {}  # produced, not yet trained
         self.rolled_out: set[tuple[int, int]] = set()  # produced and rolled out, not yet trained
         self.announced: dict[int, int] = {}  # stream -> trajectories of its next batch, announced before it is produced
-        self.history: list[StepRecord] = []
-        self.produced = 0  # trajectories produced so far
+        self.history: list[StepTimes] = []
+        self.produced = 0  # trajectories produced for steps that will be trained (a dropped batch's leave)
         self.started = False  # the model is loaded: batches may be produced
 
     def resume(self, i: int, step: int) -> None:
@@ -301,7 +301,7 @@ class Rollouts:
         while self.may_produce(i):
             s = self.streams[i]
             step, size = s.next_step, self.plan.size(i, s.next_step)
-            rec = StepRecord(stream=i, step=step, version=s.version, size=size, rollout_start=now)
+            rec = StepTimes(stream=i, step=step, version=s.version, size=size, rollout_start=now)
             self.open[(i, step)] = rec
             self.history.append(rec)
             s.next_step += 1
@@ -312,12 +312,14 @@ class Rollouts:
         return out
 
     def rolled(self, i: int, step: int, now: float, oldest_version: float) -> None:
+        if (i, step) in self.rolled_out or (i, step) not in self.open:
+            raise RuntimeError(f"stream {i} step {step} is not rolling out (rolled out twice, or never produced)")
         rec = self.open[(i, step)]
         rec.rollout_end = now
         rec.version = int(min(oldest_version, rec.version))
         self.rolled_out.add((i, step))
 
-    def trained(self, i: int, step: int, mean_reward: float, now: float) -> tuple[StepRecord, list[int]]:
+    def trained(self, i: int, step: int, mean_reward: float, now: float) -> tuple[StepTimes, list[int]]:
         """Step ``step`` of stream ``i`` is trained: its weights are version ``step + 1``.
 
         Returns the step's record and, when the stream's stop condition holds, the later steps
@@ -417,6 +419,8 @@ class StepMachine:
 
     def granted(self, stage: Stage, gpus: Gpus, now: float, *, warm: bool = False) -> list[Effect]:
         """``stage``'s gang holds ``gpus``; ``warm``: this job's model is still on them (no load)."""
+        if stage is not Stage.INIT:
+            self._tick_at(stage)  # a grant for a stage no training is at is a protocol error
         self.held[stage] = tuple(gpus)
         if stage is Stage.INIT:
             self.admitted_s = now
@@ -512,7 +516,7 @@ class StepMachine:
         )
 
     @property
-    def history(self) -> list[StepRecord]:
+    def history(self) -> list[StepTimes]:
         return self.rollouts.history
 
     @property

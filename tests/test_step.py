@@ -729,3 +729,13 @@ def test_every_effect_has_an_interpreter_method_and_both_shells_implement_them_a
         assert callable(getattr(Interpreter, name))
         for shell in (SimPipeline, StepRunner):
             assert callable(getattr(shell, name, None)), f"{shell.__name__} does not carry out {name}"
+
+
+def test_a_batch_rolled_out_twice_or_a_grant_for_a_stage_no_training_is_at_raises():
+    m = machine(steps=(2,))
+    load(m)
+    m.rolled(0, 0, 1.0)
+    with pytest.raises(RuntimeError, match="not rolling out"):
+        m.rolled(0, 0, 1.5)  # a repeat would train the step twice
+    with pytest.raises(RuntimeError, match="no training is at stage"):
+        m.granted(Stage.ACTOR_TRAIN, (0,), 2.0)  # the step waits for its score: no stage was requested

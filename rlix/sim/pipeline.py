@@ -36,7 +36,7 @@ from rlix.step import (
     RequestGang,
     Score,
     StepMachine,
-    StepRecord,
+    StepTimes,
     StreamSpec,
     Work,
     carry_out,
@@ -109,7 +109,7 @@ class SimPipeline:
         )
 
     @property
-    def history(self) -> list[StepRecord]:
+    def history(self) -> list[StepTimes]:
         return self.machine.history
 
     def _arrive(self):
@@ -129,8 +129,6 @@ class SimPipeline:
     def grant(self, stage: Stage, gpus: tuple[int, ...], gpus_ready: float, warm: bool = False) -> None:
         """The plan granted ``stage``; the machine hears of it once the events before it at this instant are done."""
         self.gpus_ready[stage] = gpus_ready
-        if stage is Stage.INIT:
-            self.tally.admitted_s = self.env.now  # admitted: the job holds GPUs from now on
         granted = self.env.event()
         granted.callbacks.append(lambda _: self._do(self.machine.granted(stage, gpus, self.env.now, warm=warm)))
         granted.succeed()
@@ -214,6 +212,7 @@ class SimPipeline:
 
     def finished(self, e: Finished) -> None:
         self.done = True
+        self.tally.admitted_s = self.machine.admitted_s  # the model load's grant: queued until then
         self.tally.finish_s = self.env.now
         self.tally.trajectories = self.engine.completed
         self.host.submit(Unregister(pipeline_id=self.pid))

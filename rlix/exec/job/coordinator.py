@@ -89,6 +89,7 @@ class PipelineCoordinator:
         self.pool = WorkerPool(job.slots_per_worker)
         self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
         self.runner: StepRunner | None = None
+        self.rollout: RolloutControl | None = None
         self.status = JobStatus.PENDING
         self.arrival_s = 0.0
         self.failure: asyncio.Future | None = None
@@ -114,9 +115,6 @@ class PipelineCoordinator:
             # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
             # expand is then a wake plus a weight sync.
             self.rollout.warm(await self.link.control(self.sched.rollout_bundles.remote(self.pid)))
-            reporter = loop.create_task(self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s))
-            reporter.add_done_callback(self._task_done)
-            self.tasks.append(reporter)
             self.runner.start()
             await asyncio.wait([self.runner.ended, self.failure], return_when=asyncio.FIRST_COMPLETED)
             if self.failure.done():
@@ -154,11 +152,20 @@ class PipelineCoordinator:
             queue=self.queue,
             recorder=self.rec,
             start_trainer=self._start_trainer,
+            loaded=self._start_reports,
             steplog=self.steplog,
             crash_at_step=self.job.fault.crash_at_step,
         )
         machine = StepMachine(self.spec, job_plan(self.job, self.streams, self.recipes))
         return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
+
+    def _start_reports(self) -> None:
+        """Report demand from the end of the model load on: on change, and a heartbeat."""
+        reporter = asyncio.get_running_loop().create_task(
+            self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s)
+        )
+        reporter.add_done_callback(self._task_done)
+        self.tasks.append(reporter)
 
     def _start_trainer(self) -> TrainerLink:
         gpus = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
@@ -198,7 +205,8 @@ class PipelineCoordinator:
             await asyncio.wait_for(self.sched.unregister.remote(self.pid), self.job.limits.call_timeout_s)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us
             pass
-        self.rollout.kill_all()
+        if self.rollout is not None:
+            self.rollout.kill_all()
         trainer = self.runner.trainer if self.runner is not None else None
         if trainer is not None:
             trainer.handle.kill()

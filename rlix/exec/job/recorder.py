@@ -59,6 +59,11 @@ class Recorder:
         self.finished_gen_s += record.gen_s
         self.longest_gen_s = max(self.longest_gen_s, record.gen_s)
 
+    def forget(self, traj_ids: set[int]) -> None:
+        """These trajectories' batch will never be trained: they are neither finished nor lost."""
+        for tid in traj_ids & self.trajs.keys():
+            self.finished_gen_s -= self.trajs.pop(tid).gen_s
+
     def step(self, record: StepRecord) -> None:
         self.steps.append(record)
 

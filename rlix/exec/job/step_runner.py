@@ -83,6 +83,7 @@ class Parts:
     queue: RolloutQueue
     recorder: Recorder
     start_trainer: Callable[[], TrainerLink]  # the trainer gang on the job's training GPUs, starting
+    loaded: Callable[[], None]  # the model load ended: start reporting demand
     steplog: StepLog | None = None
     crash_at_step: int | None = None  # fault drill: the job fails before training this step
 
@@ -107,11 +108,13 @@ class StepRunner:
         self.releasing: asyncio.Task | None = None  # the last release: a publish waits for it
 
     def start(self) -> None:
-        self.do(self.machine.start(self.now()))
+        self.do(lambda: self.machine.start(self.now()))
 
-    def do(self, effects: list[Effect]) -> None:
+    def do(self, event: Callable[[], list[Effect]]) -> None:
+        """Tell the machine ``event`` (a call of one of its event methods) and carry out its effects;
+        anything raised on the way (a protocol error, a bad batch or reward) fails this job alone."""
         try:
-            carry_out(effects, self)
+            carry_out(event(), self)
         except Exception as exc:  # noqa: BLE001 -- a bad batch or reward fails this job alone
             self.fatal(exc)
 
@@ -131,7 +134,7 @@ class StepRunner:
 
         async def run() -> None:
             await work
-            self.do(event(self.now()))
+            self.do(lambda: event(self.now()))
 
         self._spawn(run())
 
@@ -140,7 +143,7 @@ class StepRunner:
     def request_gang(self, e: RequestGang) -> None:
         async def acquire() -> None:
             gpus = await self.p.link.acquire(e.stage, e.role, after=e.after)
-            self.do(self.machine.granted(e.stage, gpus, self.now()))
+            self.do(lambda: self.machine.granted(e.stage, gpus, self.now()))
 
         self._spawn(acquire())
 
@@ -167,6 +170,7 @@ class StepRunner:
             if name in resumed:
                 self.machine.resume(i, resumed[name])
         self.init_s = self.now() - t0
+        self.p.loaded()  # demand reports start once the model is loaded (the simulator reports none before)
 
     async def _timed(self, kind: SwitchKind, work: Awaitable) -> None:
         t = self.now()
@@ -185,7 +189,7 @@ class StepRunner:
                 tick.samples = [replace(x, ref_logprobs=r) for x, r in zip(tick.samples, value)]
             elif e.stage is Stage.ACTOR_TRAIN:
                 tick.train_stats = value
-            self.do(self.machine.worked(e.stage, seconds, self.now()))
+            self.do(lambda: self.machine.worked(e.stage, seconds, self.now()))
 
         self._spawn(work())
 
@@ -203,20 +207,27 @@ class StepRunner:
         self.p.rollout.dispatch()
 
     def drop_batch(self, e: DropBatch) -> None:
+        """Never trained: its trajectories leave the queue, and those already finished leave the record."""
         batch = self.batches.pop((e.stream, e.step))
-        self.p.queue.drop({t.request.traj_id for t in batch.trajs})
+        ids = {t.request.traj_id for t in batch.trajs}
+        self.p.queue.drop(ids)
+        self.rec.forget(ids)
 
     def trajectory_done(self, q: Queued, result: GenResult) -> None:
-        """The rollout control's hook: one trajectory finished."""
+        """The rollout control's hook: one trajectory finished (anything raised here fails the job)."""
+        self.do(lambda: self._finished_trajectory(q, result))
+
+    def _finished_trajectory(self, q: Queued, result: GenResult) -> list[Effect]:
         stream, step = self.names.index(q.traj.request.adapter), q.traj.step
         batch = self.batches.get((stream, step))
-        if batch is None:
-            return  # its batch was dropped (the stream stopped): never trained, not recorded
+        if batch is None or result.traj_id in batch.results:
+            return []  # its batch was dropped (the stream stopped), or a repeat: nothing new
         self.rec.trajectory(self.p.queue.finished(q, result))
         batch.results[result.traj_id] = result
         self.p.rollout.hooks.changed()
-        if len(batch.results) == len(batch.trajs):
-            self.do(self.machine.rolled(stream, step, self.now()))
+        if len(batch.results) < len(batch.trajs):
+            return []
+        return self.machine.rolled(stream, step, self.now())
 
     def score(self, e: Score) -> None:
         if self.p.crash_at_step == e.step:
@@ -224,7 +235,7 @@ class StepRunner:
         batch = self.batches[(e.stream, e.step)]
         scored = self.recipes[e.stream].score(batch.trajs, batch.results)
         self.tick = Tick(scored=scored, samples=list(scored.samples))
-        self.do(self.machine.scored(e.stream, e.step, scored.mean_reward, self.now()))
+        self.do(lambda: self.machine.scored(e.stream, e.step, scored.mean_reward, self.now()))
 
     def publish(self, e: Publish) -> None:
         async def publish() -> None:
@@ -235,7 +246,7 @@ class StepRunner:
             await self.trainer.publish(name, e.version, steps=self.machine.plan.streams[e.stream].steps, last=e.last)
             await self.p.rollout.push(name)
             self._record(e.stream, step)
-            self.do(self.machine.published(e.stream, self.now()))
+            self.do(lambda: self.machine.published(e.stream, self.now()))
 
         self._spawn(publish())
 

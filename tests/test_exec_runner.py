@@ -1,0 +1,257 @@
+"""The executor's step runner without Ray: a whole job through the real scheduler-actor class, step
+machine, scheduler link, trainer link, rollout control, queue, pool and recorder. Fakes stand only at
+the process boundary: the rollout worker processes, the trainer gang, and the Ray handles."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from helpers import spec
+
+from rlix.core import ClusterSpec, SchedulerConfig, Stage
+from rlix.exec.data.recipe import ScoredStep, Trajectory
+from rlix.exec.data.tasks import Prompt
+from rlix.exec.messages import GenRequest, GenResult, SwitchTiming, TrainStats
+from rlix.step import JobPlan, StepMachine, StreamSpec
+
+STAGES = (Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN)
+
+
+class _Remote:
+    """A method across a process boundary: ``.remote(...)`` starts the call and gives an awaitable."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return asyncio.ensure_future(self.fn(*args))
+
+
+class _Handle:
+    """An actor handle on an object in this process: every async method is callable as ``.remote``."""
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __getattr__(self, name):
+        return _Remote(getattr(self.obj, name))
+
+
+class _Trainer:
+    """The trainer gang: notes its calls; a snapshot is the name of the weights after ``trained`` updates."""
+
+    world = 1
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.trained = 0
+
+    async def snapshot(self):
+        return f"w{self.trained}"
+
+    async def adapter_versions(self):
+        return {}
+
+    async def reload(self):
+        self.calls.append("reload")
+
+    async def offload(self):
+        self.calls.append("offload")
+
+    async def logprobs(self, samples, reference, adapter=""):
+        self.calls.append("logprobs")
+        return [() for _ in samples]
+
+    async def train(self, samples, adapter=""):
+        self.calls.append("train")
+        self.trained += 1
+        return TrainStats(loss=0.0, kl=0.0, clip_fraction=0.0, tokens=0, seconds=0.0)
+
+    def kill(self) -> None:
+        pass
+
+
+class _Worker:
+    """A rollout worker process: wakes with the weights it is given, generates 3 tokens per request."""
+
+    def __init__(self) -> None:
+        self.version = -1
+
+    async def prepare(self, model_dir):
+        return 0.0
+
+    async def wake(self, full, *adapters):
+        return await self.update_weights(full)
+
+    async def update_weights(self, full):
+        self.version = int((await full)[1:])
+        return SwitchTiming(seconds=0.0, synced_bytes=1, version=self.version)
+
+    async def sleep(self):
+        return SwitchTiming(seconds=0.0)
+
+    async def generate(self, req: GenRequest):
+        await asyncio.sleep(0.001)
+        ids = (5, 6, 7)
+        return GenResult(
+            traj_id=req.traj_id,
+            token_ids=ids,
+            logprobs=(-1.0,) * 3,
+            finished=True,
+            aborted=False,
+            weight_version=self.version,
+            gen_s=0.001,
+        )
+
+
+class _Recipe:
+    """Two trajectories a step; each step's mean reward is ``rewards[step]``."""
+
+    def __init__(self, rewards) -> None:
+        self.rewards = rewards
+
+    def step_size(self, step: int) -> int:
+        return 2
+
+    def trajectories(self, step: int) -> list[Trajectory]:
+        reqs = [GenRequest(traj_id=2 * step + i, prompt_ids=(1,), max_new_tokens=3) for i in range(2)]
+        return [Trajectory(step=step, prompt=Prompt(prompt_id=r.traj_id, text="x", answer="x"), request=r) for r in reqs]
+
+    def score(self, trajs, results) -> ScoredStep:
+        if self.rewards[trajs[0].step] is None:
+            raise ValueError("the reward function raised")
+        return ScoredStep(samples=(), rewards=(self.rewards[trajs[0].step],) * len(trajs))
+
+
+async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=None, timeout_s: float = 20.0):
+    """One job on 2 GPUs (trains on GPU 0, rolls out on 0-1) driven to its end, or to its failure."""
+    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.control.scheduler_link import SchedulerLink
+    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.job.recorder import Recorder
+    from rlix.exec.job.records import JobStatus
+    from rlix.exec.job.step_runner import Parts, StepRunner
+    from rlix.exec.rollout.control import RolloutControl
+    from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
+    from rlix.exec.rollout.pool import WorkerPool
+    from rlix.exec.rollout.queue import RolloutQueue
+    from rlix.exec.train.trainer_link import TrainerLink
+
+    actor = SchedulerActor.__ray_metadata__.modified_class(
+        ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(), time.time(), 0.05
+    )
+    await actor.start()
+    t0, failures, trainer = time.time(), [], _Trainer()
+    now = lambda: time.time() - t0  # noqa: E731
+    job = spec("p", (0,), (0, 1), slots=2)
+    rec, pool, queue = Recorder("p"), WorkerPool(2), RolloutQueue(max_tries=2)
+    link = SchedulerLink(pipeline_id="p", sched=_Handle(actor), recorder=rec, limits=LimitsConfig(), now=now)
+    holder: dict = {}
+    changed = asyncio.Event()
+
+    async def changes() -> None:
+        changed.clear()
+        await changed.wait()
+
+    def start_reports() -> None:  # as the coordinator does once the model is loaded
+        reports.append(asyncio.ensure_future(link.report_loop(holder["runner"].demand, changes, 0.5)))
+
+    hooks = Hooks(
+        now=now,
+        spawn=lambda gpus, first: _Handle(_Worker()),
+        weights=lambda: holder["runner"].trainer.weights() if holder["runner"].trainer else (None, 0, ()),
+        finished=lambda q, r: holder["runner"].trajectory_done(q, r),
+        fatal=failures.append,
+        lost=lambda gpus: None,
+        changed=changed.set,
+    )
+    procs = Processes(kill=lambda handle: None, died=(ConnectionError,), refused=(ValueError,))
+    deadlines = Deadlines(wake_s=5.0, call_s=5.0, rollout_s=5.0)
+    rollout = RolloutControl(pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs)
+    coordinator = type("Coordinator", (), {"expand": _Remote(rollout.expand), "shrink": _Remote(rollout.shrink)})()
+    await actor.register(job, coordinator)
+    recipe = _Recipe(rewards or [0.5] * steps)
+    plan = JobPlan(
+        streams=(StreamSpec(name="", steps=steps, stop_reward=stop_reward),),
+        stages=lambda i, k: STAGES,
+        size=lambda i, k: recipe.step_size(k),
+        staleness=staleness,
+    )
+    reports = []
+    parts = Parts(
+        link=link,
+        rollout=rollout,
+        queue=queue,
+        recorder=rec,
+        start_trainer=lambda: TrainerLink(_Handle(trainer), limits=LimitsConfig()),
+        loaded=start_reports,
+    )
+    runner = holder["runner"] = StepRunner(StepMachine(job, plan), [recipe], parts, now=now, fatal=failures.append)
+    runner.start()
+    deadline = time.time() + timeout_s
+    while not runner.ended.done() and not failures and time.time() < deadline:
+        await asyncio.sleep(0.01)
+    for task in [*runner.tasks, *reports]:
+        task.cancel()
+    await actor.stop()
+    result = rec.result(
+        JobStatus.FINISHED,
+        error="",
+        arrival_s=0.0,
+        init_s=runner.init_s,
+        finish_s=now(),
+        planned=runner.machine.rollouts.produced,
+    )
+    return runner, trainer, result, failures, reports
+
+
+def test_a_job_runs_to_its_end_through_the_real_scheduler_and_parts():
+    runner, trainer, result, failures, reports = asyncio.run(_run_job(steps=3))
+    assert failures == [] and runner.ended.done()
+    assert [s.step for s in result.steps] == [0, 1, 2]
+    assert result.lost == 0 and len(result.trajectories) == 6
+    # every stage loaded, worked and offloaded on the trainer, in step order
+    assert trainer.calls == ["reload", "logprobs", "offload", "reload", "train", "offload"] * 3
+    assert runner.trainer.weights()[1] == 3  # the newest published version
+    # on-policy: each step's trajectories came from the weights of the step before
+    assert [min(t.weight_version for t in result.trajectories if t.step == k) for k in range(3)] == [0, 1, 2]
+    assert len(reports) == 1  # demand reports started once, when the model load ended
+
+
+def test_a_stream_that_stops_drops_its_queued_batch_and_loses_nothing():
+    """Staleness 1: step 1 rolls out while step 0 trains; step 0 reaches the stop reward, so step 1 is
+    dropped: never trained, and its trajectories are neither finished nor lost."""
+    runner, trainer, result, failures, _ = asyncio.run(
+        _run_job(steps=4, staleness=1, rewards=[0.9, 0.1, 0.1, 0.1], stop_reward=0.8)
+    )
+    assert failures == [] and runner.ended.done()
+    assert [s.step for s in result.steps] == [0]
+    assert result.lost == 0 and {t.step for t in result.trajectories} == {0}
+    assert trainer.calls.count("train") == 1
+
+
+def test_a_reward_function_that_raises_fails_the_job_instead_of_hanging_it():
+    runner, _, result, failures, _ = asyncio.run(_run_job(steps=3, rewards=[0.5, None, 0.5]))
+    assert [type(f) for f in failures] == [ValueError] and not runner.ended.done()
+    assert [s.step for s in result.steps] == [0]
+
+
+@pytest.mark.parametrize("step", [0, 1])
+def test_a_repeated_result_changes_nothing(step):
+    """A result delivered twice (a retried call that had in fact finished) is counted once."""
+
+    async def scenario():
+        runner, _, result, failures, _ = await _run_job(steps=2)
+        q = type("Q", (), {})()
+        traj = runner.recipes[0].trajectories(step)[0]
+        q.traj, q.traj_id = traj, traj.request.traj_id
+        again = GenResult(
+            traj_id=q.traj_id, token_ids=(1,), logprobs=(0.0,), finished=True, aborted=False, weight_version=0, gen_s=0.0
+        )
+        runner.trajectory_done(q, again)  # its batch is trained and gone: ignored
+        return failures, result
+
+    failures, result = asyncio.run(scenario())
+    assert failures == [] and len(result.trajectories) == 4

@@ -277,6 +277,8 @@ class RolloutEngine:
         self.opts = options
         self.slots = options.slots
         self.usage = usage
+        # Bookings of a busy and an idle worker, resolved once (this is the replay's hot loop).
+        self._busy, self._idle = worker_booking(WorkerPhase.BUSY), worker_booking(WorkerPhase.IDLE)
         self.on_change = on_change  # demand changed: the simulator asks for a report later
         self.on_pending = on_pending  # True / False when trajectories start / stop waiting for a slot
         self.timeline = Timeline()
@@ -409,8 +411,8 @@ class RolloutEngine:
             if self.opts.speed is not None and w.alive:
                 self.timeline.retime(w, self.opts.speed(w.generating) if w.generating else 1.0, now)
             if w.alive and w.ready_at <= now:
-                phase = WorkerPhase.BUSY if w.generating else WorkerPhase.IDLE
-                book_worker(self.usage, w.worker.gpus, now, phase, self.pipeline_id, fill=w.generating / self.slots)
+                activity, label = self._busy if w.generating else self._idle
+                self.usage.set(w.worker.gpus, now, activity, self.pipeline_id, label, fill=w.generating / self.slots)
         if finished or touched:
             self.on_change()
 

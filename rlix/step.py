@@ -484,7 +484,8 @@ class StepMachine:
             raise RuntimeError(f"stream {stream} has no training waiting for its weights")
         self.tick = None
         rec, dropped = self.rollouts.trained(stream, tick.step, tick.reward, now)
-        self.ready = deque(key for key in self.ready if key[0] != stream or key[1] not in dropped)
+        if dropped:  # a dropped step never takes its training turn
+            self.ready = deque(key for key in self.ready if key[0] != stream or key[1] not in dropped)
         self.train_s = max(self.train_s, math.fsum(tick.seconds))  # exact: the same whatever the stage order
         self.latencies.append(now - rec.rollout_start)
         if (stream, tick.step + 1) in self.rollouts.rolled_out:

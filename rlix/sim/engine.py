@@ -27,7 +27,7 @@ import simpy
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WorkerPhase, worker_booking
-from rlix.metrics import Activity, UsageRecorder
+from rlix.metrics import UsageRecorder
 
 Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
 
@@ -35,7 +35,7 @@ Speed = Callable[[int], float]  # generating trajectories on a worker -> fractio
 def book_worker(usage: UsageRecorder, gpus, now: float, phase: WorkerPhase, pipeline_id: str = "", fill: float = 1.0) -> None:
     """Book a rollout worker's GPUs for ``phase``, as the job model says (:func:`rlix.job.worker_booking`)."""
     activity, label = worker_booking(phase)
-    usage.set(gpus, now, activity, pipeline_id if activity is not Activity.FREE else "", label, fill=fill)
+    usage.set(gpus, now, activity, pipeline_id, label, fill=fill)
 
 
 class Batch:

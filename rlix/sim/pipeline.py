@@ -83,7 +83,6 @@ class SimPipeline:
         self.machine = StepMachine(spec, job_plan(model, streams))
         self.tally = PipelineTally(arrival_s=model.arrival_s, step_latencies=self.machine.latencies)
         self.gpus_ready: dict[Stage, float] = {}  # granted stage -> when its GPUs' last offload ends (seconds)
-        self.done = False
         self.engine = RolloutEngine(
             self.env,
             pipeline_id=self.pid,
@@ -107,6 +106,10 @@ class SimPipeline:
             partial=model.partial_rollout,
             speed=speed_curve(model.decode_speed),
         )
+
+    @property
+    def done(self) -> bool:
+        return self.machine.done
 
     @property
     def history(self) -> list[StepTimes]:
@@ -211,7 +214,6 @@ class SimPipeline:
             self.host.request_plan()
 
     def finished(self, e: Finished) -> None:
-        self.done = True
         self.tally.admitted_s = self.machine.admitted_s  # the model load's grant: queued until then
         self.tally.finish_s = self.env.now
         self.tally.trajectories = self.engine.completed

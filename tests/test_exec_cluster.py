@@ -16,12 +16,12 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1) -> Path:
+def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = None) -> Path:
     """One tiny full-finetune job, two steps, its rollout on every GPU of ``nodes`` x ``gpus``."""
     cfg = {
         "cluster": {"nodes": nodes, "gpus_per_node": gpus},
         "scheduler": {"min_residency_s": 5.0, "report_ttl_s": 10.0},
-        "output": {"dir": str(tmp_path / "out"), "console": False},
+        "output": {"dir": out or str(tmp_path / "out"), "console": False},
         "jobs": [
             {
                 "name": "solo",
@@ -47,9 +47,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rlix_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def rlix_run(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rlix.exec.front.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env
+        [sys.executable, "-m", "rlix.exec.front.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=400, env=env
     )
 
 
@@ -89,9 +89,12 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
         "--include-dashboard=false",
         "--disable-usage-stats",
     ]
-    subprocess.run(start, check=True, capture_output=True, env=env, timeout=120)
+    subprocess.run(start, check=True, capture_output=True, env=env, timeout=120, cwd=ROOT)
     try:
-        res = rlix_run(str(tiny_config(tmp_path, 4)), "--address", f"127.0.0.1:{port}", "--no-console", env=env)
+        # The output directory (and the model built under it) relative to where rlix-run runs, not
+        # where the cluster was started: every path is made absolute before any actor starts.
+        config = tiny_config(tmp_path, 4, out="out")
+        res = rlix_run(config.name, "--address", f"127.0.0.1:{port}", "--no-console", env=env, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-2000:]
         assert "solo: finished steps=2" in res.stdout and "trajectories_lost=0" in res.stdout
         for name in ("timeline.json", "trace.json", "metrics.json"):

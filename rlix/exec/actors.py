@@ -35,6 +35,17 @@ from rlix.exec.train.grpo import GrpoLearner
 from rlix.exec.train.lora import LoraLearner
 
 
+def require_readable(path: str, what: str) -> None:
+    """A path the driver named that this worker's node cannot read: one line naming it and the node."""
+    if not os.access(path, os.R_OK):
+        import socket
+
+        raise FileNotFoundError(
+            f"{what} {path} cannot be read on node {socket.gethostname()}; "
+            "put it on storage every node of the Ray cluster reads, under the same path"
+        )
+
+
 def _setup_process() -> None:
     import torch
 
@@ -65,6 +76,7 @@ class RolloutWorkerActor:
         """Start-up that needs no GPU (imports, config): done at the job's init."""
         from rlix.exec.control.actor_placement import device_for_worker
 
+        require_readable(model_path, "model directory")
         t0 = time.perf_counter()
         self.backend.prepare(model_path, device_for_worker())
         return time.perf_counter() - t0
@@ -142,6 +154,7 @@ class TrainerActor:
         """Join the other ranks, then build the (sharded) learner, offloaded; returns this rank."""
         from rlix.exec.control.actor_placement import device_for_worker
 
+        require_readable(job.model_path, "model directory")
         ranks = join(rdv, self.rank)
         self.checkpoint_dir = job.checkpoint_dir
         self.model_path = job.model_path

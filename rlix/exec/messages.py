@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlix.core.types import Gpus
-from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchRecord, TrajRecord
+from rlix.exec.job.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, TrajRecord
 
 # ------------------------------------------------------------------ weights
 
@@ -213,9 +213,11 @@ class JobProgress:
     status: JobStatus
     step: int  # steps completed
     steps: int
-    last_reward: float | None
+    rewards: tuple[RewardSpan, ...]  # per stream, first and last mean reward so far
     gpus_held: int
     requeued: int
+    phase: str = ""  # what a running job waits for ("loading model", "waiting for GPUs (actor_train)"); "" = working
+    phase_since_s: float = 0.0  # when that phase began (seconds since the run started)
     events: tuple[ActivityChange, ...] = ()  # drained since the previous poll
 
 
@@ -230,6 +232,7 @@ class JobResult:
     init_s: float = 0.0
     finish_s: float = 0.0
     steps: tuple[StepRecord, ...] = ()
+    steps_planned: int = 0  # steps the job meant to train in this run
     trajectories: tuple[TrajRecord, ...] = ()
     switches: tuple[SwitchRecord, ...] = ()
     requeued: int = 0

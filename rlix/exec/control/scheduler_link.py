@@ -29,6 +29,7 @@ class SchedulerLink:
         self.limits = limits
         self.now = now
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
+        self.waiting: dict[Stage, float] = {}  # gang stages asked for and not yet granted: since when
 
     async def control(self, ref) -> object:
         """A blocking control-plane call with a deadline; all of its time counts as overhead."""
@@ -48,8 +49,11 @@ class SchedulerLink:
         """
         if after is not None:
             self.held.pop(after)
-        t = self.now()
-        reply: GrantReply = await self.sched.request.remote(self.pid, stage, role, after)
+        t = self.waiting[stage] = self.now()
+        try:
+            reply: GrantReply = await self.sched.request.remote(self.pid, stage, role, after)
+        finally:
+            self.waiting.pop(stage, None)
         c = self.rec.counters
         c.control_s += max(0.0, self.now() - t - reply.queued_s)
         c.gpu_wait_s += reply.queued_s
@@ -78,6 +82,10 @@ class SchedulerLink:
                 await self.report(report)
                 last = report
             await asyncio.sleep(0.02)  # coalesce bursts of changes (s)
+
+    def waiting_since(self) -> tuple[Stage, float] | None:
+        """The stage that has waited longest for its GPUs, and since when (None: nothing waits)."""
+        return min(self.waiting.items(), key=lambda kv: (kv[1], kv[0].value), default=None)
 
     def gpus_held(self) -> Gpus:
         return tuple(sorted(g for gpus in self.held.values() for g in gpus))

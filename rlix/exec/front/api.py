@@ -16,11 +16,13 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlix.exec.control.actor_placement import ClusterError
-from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, load_config
+from rlix.exec.errors import describe
+from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, load_config
+from rlix.exec.front.joblines import job_line
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
 
@@ -29,6 +31,8 @@ from rlix.exec.messages import JobProgress, JobResult
 # coordinator's pipeline is then unregistered).
 SCHEDULER_CALL_S = 60.0
 SHRINK_CALL_S = 300.0
+# Seconds a stopped job has to end its run before its coordinator is killed.
+STOP_GRACE_S = 8.0
 
 
 def _join(address: str, gpus_needed: int, where: str) -> None:
@@ -71,6 +75,46 @@ class _Pipeline:
     progress: JobProgress | None = None
     killed_at: float | None = None
 
+    def poll(self, events: list[ActivityChange]) -> None:
+        """Ask the coordinator for its progress (its activity changes go to ``events``)."""
+        import ray
+
+        try:
+            prog = ray.get(self.coordinator.progress.remote(), timeout=10)
+        except Exception:
+            return
+        self.progress = prog
+        events.extend(prog.events)
+
+    def collect(self, session: Session) -> None:
+        """Its result once its run returned (a crashed or killed coordinator's made here), else its progress."""
+        import ray
+
+        if self.result is not None or self.coordinator is None:
+            return
+        done, _ = ray.wait([self.run_ref], timeout=0)
+        if not done:
+            self.poll(session.events)
+            return
+        try:
+            self.result = ray.get(self.run_ref)
+            session.events.extend(self.result.events)
+        except Exception as exc:  # killed or crashed coordinator process
+            # A crashed job never unregistered itself: its GPUs and its admission go back now
+            # (idempotent after a kill), or a queued job waiting for its home would wait forever.
+            session.scheduler.unregister.remote(self.pipeline_id)
+            killed = self.killed_at is not None
+            t = self.killed_at if killed else session.now()
+            error = "" if killed else describe(exc, session.out_dir / self.pipeline_id)
+            status = JobStatus.KILLED if killed else JobStatus.FAILED
+            self.result = JobResult(
+                pipeline_id=self.pipeline_id, status=status, error=error, arrival_s=self.job.arrival_s, finish_s=t
+            )
+            if self.progress is not None:  # it held GPUs: they are free from the moment it was killed
+                session.events.append(
+                    ActivityChange(t=t, gpus=(), activity=_free(), pipeline_id=f"!{self.pipeline_id}", stage="")
+                )
+
 
 class Session:
     """One run: a scheduler actor, and a coordinator per admitted pipeline."""
@@ -85,8 +129,8 @@ class Session:
 
         if policy is not None:
             config = config.model_copy(update={"policy": policy})
-        self.config = config
-        self.out_dir = Path(out_dir or config.output.dir)
+        self.config = config = absolute_paths(config, Path.cwd())  # actors' working directory is Ray's, not ours
+        self.out_dir = Path(out_dir).resolve() if out_dir else Path(config.output.dir)
         self.cluster = config.cluster.spec()
         self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
@@ -118,6 +162,7 @@ class Session:
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
         self._seq = 0
+        self.stopped_at: float | None = None  # when stop() was called
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -167,7 +212,7 @@ class Session:
         p = self.pipelines[pipeline_id]
         p.killed_at = self.now()
         if p.coordinator is not None:
-            self._poll(p)
+            p.poll(self.events)
             ray.kill(p.coordinator)  # its worker actors die with it (Ray owner fate-sharing)
         ray.get(self.scheduler.unregister.remote(pipeline_id), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)  # waits for its shrinks
 
@@ -178,74 +223,77 @@ class Session:
 
     # ------------------------------------------------------------ running
 
-    def run(self, *, on_progress=None, kill_at: dict[str, float] | None = None, poll_s: float = 0.5):
-        """Admit jobs at their arrival times, wait for all, and write the outputs."""
-        import ray
+    def run(self, *, on_progress=None, kill_at: dict[str, float] | None = None, poll_s: float = 0.5, stop=None):
+        """Admit jobs at their arrival times, wait for all, and write the outputs.
 
-        from rlix.exec.front.outputs import build_outputs
-
+        ``stop``: a callable; once it returns True every job is stopped (as
+        :meth:`stop` does) and the outputs say they are partial. A
+        KeyboardInterrupt while waiting does the same; a second one is raised.
+        """
         for j in self.config.jobs:
             if not any(p.job is j for p in self.pipelines.values()):
                 self.register(j)
         kill_at = dict(kill_at or {})
         while True:
-            now = self.now()
-            for p in self.pipelines.values():
-                if p.coordinator is None and p.killed_at is None and now >= p.job.arrival_s:
-                    self.admit(p.pipeline_id)
-            for pid, t in list(kill_at.items()):
-                if now >= t:
-                    self.kill(pid)
-                    del kill_at[pid]
-            for p in self.pipelines.values():
-                self._collect(p)
-            if on_progress is not None:
-                on_progress(self)
-            if all(p.result is not None for p in self.pipelines.values()):
-                break
-            time.sleep(poll_s)
+            try:
+                if stop is not None and stop() and self.stopped_at is None:
+                    self.stop()
+                if self._tick(on_progress, kill_at):
+                    break
+                time.sleep(poll_s)
+            except KeyboardInterrupt:
+                if self.stopped_at is not None:
+                    raise
+                self.stop()
+        return self._outputs()
+
+    def _tick(self, on_progress, kill_at: dict[str, float]) -> bool:
+        """One poll: admit, kill, collect, show; True once every job has its result."""
+        now = self.now()
+        for p in self.pipelines.values():
+            if p.coordinator is None and p.result is None and p.killed_at is None and now >= p.job.arrival_s:
+                self.admit(p.pipeline_id)
+        for pid, t in list(kill_at.items()):
+            if now >= t:
+                self.kill(pid)
+                del kill_at[pid]
+        if self.stopped_at is not None and now - self.stopped_at > STOP_GRACE_S:
+            for p in self.pipelines.values():  # a job that did not stop in time is killed
+                if p.result is None and p.killed_at is None:
+                    self.kill(p.pipeline_id)
+        for p in self.pipelines.values():
+            p.collect(self)
+        if on_progress is not None:
+            on_progress(self)
+        return all(p.result is not None for p in self.pipelines.values())
+
+    def stop(self) -> None:
+        """Stop every job now, keeping what each has done (status cancelled; the outputs say they are partial).
+
+        Jobs not admitted yet never start; running ones end their run at once
+        (killed if they have not within ``STOP_GRACE_S``).
+        """
+        self.stopped_at = now = self.now()
+        for p in self.pipelines.values():
+            if p.result is not None:
+                continue
+            if p.coordinator is None:
+                p.result = JobResult(pipeline_id=p.pipeline_id, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
+            else:
+                p.coordinator.stop.remote()
+
+    def _outputs(self):
+        import ray
+
+        from rlix.exec.front.outputs import build_outputs
+
         end = max(max((p.result.finish_s for p in self.pipelines.values()), default=0.0), 1e-3)
         stats = ray.get(self.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
         results = {pid: p.result for pid, p in self.pipelines.items()}
         names = {pid: p.job.name for pid, p in self.pipelines.items()}
-        return build_outputs(self.config, results, names, freed_at_kills(self.events), stats, end, self.out_dir)
-
-    def _poll(self, p: _Pipeline) -> None:
-        import ray
-
-        try:
-            prog = ray.get(p.coordinator.progress.remote(), timeout=10)
-        except Exception:
-            return
-        p.progress = prog
-        self.events.extend(prog.events)
-
-    def _collect(self, p: _Pipeline) -> None:
-        import ray
-
-        if p.result is not None or p.coordinator is None:
-            return
-        done, _ = ray.wait([p.run_ref], timeout=0)
-        if not done:
-            self._poll(p)
-            return
-        try:
-            p.result = ray.get(p.run_ref)
-            self.events.extend(p.result.events)
-        except Exception as exc:  # killed or crashed coordinator process
-            # A crashed job never unregistered itself: its GPUs and its admission go back now
-            # (idempotent after a kill), or a queued job waiting for its home would wait forever.
-            self.scheduler.unregister.remote(p.pipeline_id)
-            status = JobStatus.KILLED if p.killed_at is not None else JobStatus.FAILED
-            t = p.killed_at if p.killed_at is not None else self.now()
-            prev = p.progress
-            p.result = JobResult(
-                pipeline_id=p.pipeline_id, status=status, error=type(exc).__name__, arrival_s=p.job.arrival_s, finish_s=t
-            )
-            if prev is None:
-                return
-            # its GPUs are free from the moment it was killed
-            self.events.append(ActivityChange(t=t, gpus=(), activity=_free(), pipeline_id=f"!{p.pipeline_id}", stage=""))
+        partial = self.stopped_at
+        out = build_outputs(self.config, results, names, freed_at_kills(self.events), stats, end, self.out_dir, partial)
+        return replace(out, lines=tuple(job_line(p, end) for _, p in sorted(self.pipelines.items())))
 
     def shutdown(self) -> None:
         import ray

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import signal
 import sys
 
 
@@ -45,33 +47,64 @@ def main(argv: list[str] | None = None) -> int:
     from rlix.exec.front import api
     from rlix.exec.front.console import ProgressView
 
+    interrupts = Interrupts()
     try:
-        with ProgressView(enabled=cfg.output.console and not args.no_console) as view:
-            outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view)
+        with interrupts, ProgressView(enabled=cfg.output.console and not args.no_console) as view:
+            view.note = "Ctrl-C stops every job and writes the outputs so far; a second Ctrl-C exits at once"
+            outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view, stop=interrupts.requested)
     except api.ClusterError as exc:
         print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
         return 2
     except ConfigError as exc:  # data that reads but cannot train (found when tokenized, before any actor)
         print(f"rlix-run: config error: {exc}", file=sys.stderr)
         return 2
+    report(outputs, args.json)
+    if interrupts.count:
+        print(f"rlix-run: stopped by Ctrl-C; the outputs above cover the {outputs.wall_s:.0f} s run (partial)", file=sys.stderr)
+        return 130
+    return exit_status(outputs.results)
+
+
+def report(outputs, json_path: str | None) -> None:
+    """The run's figures, one summary line per job (what its last live row showed), and the output files."""
     m = outputs.metrics
     print(
         f"makespan_s={m.makespan_s:.1f} gpu_utilization={m.gpu_utilization:.3f} idle_fraction={m.idle_fraction:.3f} "
         f"switch_overhead_fraction={m.switch_overhead_fraction:.3f} trajectories_lost={m.trajectories_lost} "
         f"control_overhead_fraction={outputs.control_overhead_fraction:.4f}"
     )
-    for pid, r in sorted(outputs.results.items()):
-        first = r.steps[0].mean_reward if r.steps else float("nan")
-        last = r.steps[-1].mean_reward if r.steps else float("nan")
-        print(
-            f"  {pid}: {r.status.value} steps={len(r.steps)} reward {first:.3f} -> {last:.3f} "
-            f"jct_s={r.finish_s - r.arrival_s:.1f}{' ' + r.error if r.error else ''}"
-        )
+    for line in outputs.lines:
+        print(f"  {line.summary()}")
     print("outputs: " + " ".join(f"{k}={v}" for k, v in outputs.files.items()))
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(m.to_json(), f, indent=1)
-    return exit_status(outputs.results)
+
+
+class Interrupts:
+    """SIGINT while a run is on: the first asks every job to stop (outputs are still written), a second exits at once."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous = None
+
+    def __enter__(self) -> Interrupts:
+        self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def requested(self) -> bool:
+        return self.count > 0
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            print("\nrlix-run: stopping every job and writing the outputs; Ctrl-C again to exit at once", file=sys.stderr)
+            return
+        print("rlix-run: stopped at once; outputs not written", file=sys.stderr)
+        os._exit(130)
 
 
 def exit_status(results: dict) -> int:

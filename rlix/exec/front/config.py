@@ -406,6 +406,31 @@ class RunConfig(StrictModel):
         return self
 
 
+# ------------------------------------------------------------------ paths
+
+
+def absolute_paths(cfg: RunConfig, base: str | Path) -> RunConfig:
+    """``cfg`` with every relative path made absolute against ``base`` (the working directory
+    ``rlix-run`` was started in), so that actors, whose working directory is Ray's, read
+    what the user named: the output directory, and each job's model, data, eval and
+    checkpoint paths. Reward files are found from the same base (their RewardRef's)."""
+
+    def a(path: str | None) -> str | None:
+        return None if path is None else str((Path(base) / Path(path).expanduser()).resolve())
+
+    jobs = []
+    for job in cfg.jobs:
+        update: dict[str, object] = {"checkpoint_dir": a(job.checkpoint_dir)}
+        if job.model.path is not None:
+            update["model"] = job.model.model_copy(update={"path": a(job.model.path)})
+        for block in ("data", "eval"):
+            given = getattr(job, block)
+            if given is not None:
+                update[block] = given.model_copy(update={"path": a(given.path)})
+        jobs.append(job.model_copy(update=update))
+    return cfg.model_copy(update={"jobs": jobs, "output": cfg.output.model_copy(update={"dir": a(cfg.output.dir)})})
+
+
 # ------------------------------------------------------------------ loading
 
 

@@ -6,14 +6,30 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from rlix.exec.front.joblines import job_line
+
+COLUMNS = ("job", "status", "step", "reward", "GPUs held", "re-queued")
+
+
+def rows(session) -> list[tuple[str, ...]]:
+    """One row per pipeline, in name order: what the table shows (a job that ended shows its result)."""
+    now = session.now()
+    out = []
+    for _, p in sorted(session.pipelines.items()):
+        line = job_line(p, now)
+        step = f"{line.step}/{line.steps}"
+        out.append((line.name, line.status_text(), step, line.reward_text(), str(line.gpus_held), str(line.requeued)))
+    return out
+
 
 class ProgressView:
-    """A table refreshed on every poll: step, reward, GPUs held, re-queued trajectories."""
+    """A table refreshed on every poll: state (and for how long), steps, reward, GPUs held, re-queued trajectories."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.console = Console(stderr=True)
         self.live: Live | None = None
+        self.note = ""  # a line under the table (e.g. how to stop)
 
     def __enter__(self) -> ProgressView:
         if self.enabled:
@@ -28,14 +44,9 @@ class ProgressView:
     def __call__(self, session) -> None:
         if self.live is None:
             return
-        table = Table(title=f"rlix-run  policy={session.config.policy}  t={session.now():.1f}s")
-        for col in ("job", "status", "step", "reward", "GPUs held", "re-queued"):
+        table = Table(title=f"rlix-run  policy={session.config.policy}  t={session.now():.1f}s", caption=self.note or None)
+        for col in COLUMNS:
             table.add_column(col)
-        for pid, p in sorted(session.pipelines.items()):
-            prog = p.progress
-            status = p.result.status.value if p.result else (prog.status.value if prog else "waiting")
-            step = f"{prog.step}/{prog.steps}" if prog else f"0/{p.job.steps}"
-            reward = f"{prog.last_reward:.3f}" if prog and prog.last_reward is not None else "-"
-            held = str(prog.gpus_held) if prog and not p.result else "0"
-            table.add_row(pid, status, step, reward, held, str(prog.requeued if prog else 0))
+        for row in rows(session):
+            table.add_row(*row)
         self.live.update(table)

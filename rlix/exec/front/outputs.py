@@ -32,6 +32,7 @@ class RunOutputs:
     control_overhead_fraction: float  # job time blocked on control-plane calls beyond GPU waits / job wall time
     results: dict[str, JobResult]
     files: dict[str, str]
+    lines: tuple = ()  # per job, by name: its closing JobLine (rlix.exec.front.joblines), as the live view last showed it
 
 
 def usage_from_events(
@@ -223,9 +224,12 @@ def build_outputs(
     stats: SchedulerStats,
     end: float,
     out_dir: Path,
+    stopped_at: float | None = None,
 ) -> RunOutputs:
     """The run's metrics (the simulator's vocabulary, from the recorded activity), timeline.json,
-    trace.json (replayable by rlix-sim) and metrics.json with the executor's own figures."""
+    trace.json (replayable by rlix-sim) and metrics.json with the executor's own figures.
+
+    ``stopped_at``: the run was stopped then (Ctrl-C); metrics.json says its figures are partial."""
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     rec = usage_from_events(num_gpus, events, stats.unmet, end)
     work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
@@ -251,6 +255,8 @@ def build_outputs(
         files["trace"] = out_dir / "trace.json"
         dump_trace(trace, files["trace"])
     extra = {
+        "partial": stopped_at is not None,  # stopped before every job ended: figures cover the time run
+        "stopped_at_s": stopped_at,
         "wall_s": end,
         "control_overhead_fraction": overhead,
         "scheduler_plan_s": stats.plan_s,

@@ -29,6 +29,7 @@ from rlix.exec.control.actor_placement import actor_options
 from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.data.recipe import Recipe
 from rlix.exec.data.rewards import RewardError
+from rlix.exec.errors import describe
 from rlix.exec.front.config import JobConfig
 from rlix.exec.front.steplog import StepLog
 from rlix.exec.job.recorder import Recorder
@@ -59,6 +60,41 @@ def job_plan(job: JobConfig, streams: list[StreamSpec], recipes: list[Recipe]) -
     return JobPlan(
         streams=tuple(streams), stages=lambda i, k: stages, size=lambda i, k: recipes[i].step_size(k), staleness=job.staleness
     )
+
+
+def job_phase(runner: StepRunner | None, link: SchedulerLink, arrival_s: float) -> tuple[str, float]:
+    """What a running job waits for, and since when (seconds since the run started); "" while it works."""
+    waiting = link.waiting_since()
+    if waiting is not None:
+        stage, since = waiting
+        return ("waiting for GPUs to load" if stage is Stage.INIT else f"waiting for GPUs ({stage.value})"), since
+    if runner is None or runner.loading_since is None:
+        return "registering", arrival_s
+    if not runner.loaded:
+        return "loading model", runner.loading_since
+    return "", 0.0
+
+
+def job_result(
+    rec: Recorder, runner: StepRunner | None, status: JobStatus, error: str, bad_input: bool, arrival_s: float, now: float
+) -> JobResult:
+    """What the job's run returns: its records, and what its step machine planned."""
+    rollouts = runner.machine.rollouts if runner is not None else None
+    result = rec.result(
+        status,
+        error=error,
+        arrival_s=arrival_s,
+        init_s=runner.init_s if runner is not None else 0.0,
+        finish_s=now,
+        planned=rollouts.produced if rollouts is not None else 0,
+        steps_planned=rollouts.planned_steps() if rollouts is not None else 0,
+    )
+    trainer = runner.trainer if runner is not None else None
+    return replace(result, bad_input=bad_input, trainer_ranks=trainer.handle.world if trainer is not None else 0)
+
+
+class JobStopped(Exception):
+    """The job was asked to stop (its run ends cancelled, keeping what it did)."""
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -120,16 +156,18 @@ class PipelineCoordinator:
             if self.failure.done():
                 raise self.failure.result()
             self.status = JobStatus.FINISHED
+        except JobStopped:  # stopped on request: what was done is kept and reported
+            self.status = JobStatus.CANCELLED
         except RewardError as exc:  # the user's reward function failed: a one-line reason, no traceback
             self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc}".splitlines()[0], True
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
-            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            error = describe(exc, self.steplog.dir if self.steplog is not None else None)
         finally:
             await self._teardown()
             if self.steplog is not None:
                 self.steplog.close()
-        return self._result(error, bad_input)
+        return job_result(self.rec, self.runner, self.status, error, bad_input, self.arrival_s, self.now())
 
     def _runner(self) -> StepRunner:
         hooks = Hooks(
@@ -178,16 +216,6 @@ class PipelineCoordinator:
             nodes=self.nodes,
             name=f"{self.pid}/trainer",
         )
-
-    def _result(self, error: str, bad_input: bool) -> JobResult:
-        runner = self.runner
-        planned = runner.machine.rollouts.produced if runner is not None else 0
-        init_s = runner.init_s if runner is not None else 0.0
-        result = self.rec.result(
-            self.status, error=error, arrival_s=self.arrival_s, init_s=init_s, finish_s=self.now(), planned=planned
-        )
-        trainer = runner.trainer if runner is not None else None
-        return replace(result, bad_input=bad_input, trainer_ranks=trainer.handle.world if trainer is not None else 0)
 
     def _spawn(self, gpus: Gpus, first_process: bool):
         from rlix.exec.actors import RolloutWorkerActor
@@ -256,7 +284,12 @@ class PipelineCoordinator:
     async def shrink(self, gpus: Gpus, reason: str) -> None:
         await self.rollout.shrink(gpus, reason)
 
+    async def stop(self) -> None:
+        """Stop the job now (Ctrl-C): its run returns what was done, status cancelled."""
+        self._fatal(JobStopped())
+
     async def progress(self) -> JobProgress:
         held = len(self.pool.held_gpus()) + len(self.link.gpus_held())
         steps = self.runner.machine.rollouts.planned_steps() if self.runner is not None else 0
-        return self.rec.progress(self.status, steps=steps, gpus_held=held)
+        phase, since = job_phase(self.runner, self.link, self.arrival_s)
+        return self.rec.progress(self.status, steps=steps, gpus_held=held, phase=phase, phase_since_s=since)

@@ -13,7 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlix.core.types import Gpus
-from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.job.records import (
+    ActivityChange,
+    JobStatus,
+    StepRecord,
+    SwitchKind,
+    SwitchRecord,
+    TrajRecord,
+    reward_spans,
+)
 from rlix.exec.messages import JobProgress, JobResult
 from rlix.metrics import Activity
 
@@ -84,20 +92,32 @@ class Recorder:
         events, self.events = self.events, []
         return tuple(events)
 
-    def progress(self, status: JobStatus, *, steps: int, gpus_held: int) -> JobProgress:
+    def progress(
+        self, status: JobStatus, *, steps: int, gpus_held: int, phase: str = "", phase_since_s: float = 0.0
+    ) -> JobProgress:
         return JobProgress(
             pipeline_id=self.pid,
             status=status,
             step=len(self.steps),
             steps=steps,
-            last_reward=self.steps[-1].mean_reward if self.steps else None,
+            rewards=reward_spans(self.steps),
             gpus_held=gpus_held,
             requeued=self.counters.requeued,
+            phase=phase,
+            phase_since_s=phase_since_s,
             events=self.drain(),
         )
 
     def result(
-        self, status: JobStatus, *, error: str, arrival_s: float, init_s: float, finish_s: float, planned: int
+        self,
+        status: JobStatus,
+        *,
+        error: str,
+        arrival_s: float,
+        init_s: float,
+        finish_s: float,
+        planned: int,
+        steps_planned: int = 0,
     ) -> JobResult:
         c = self.counters
         return JobResult(
@@ -108,6 +128,7 @@ class Recorder:
             init_s=init_s,
             finish_s=finish_s,
             steps=tuple(self.steps),
+            steps_planned=steps_planned,
             trajectories=tuple(sorted(self.trajs.values(), key=lambda r: r.traj_id)),
             switches=tuple(self.switches),
             requeued=c.requeued,

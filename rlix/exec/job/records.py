@@ -72,4 +72,26 @@ class JobStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
-    KILLED = "killed"
+    KILLED = "killed"  # its coordinator process was killed
+    CANCELLED = "cancelled"  # stopped on request (Ctrl-C): what it had done is kept
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardSpan:
+    """A stream's mean reward at its first and at its last step trained (multi-LoRA: one per adapter)."""
+
+    stream: str  # the adapter ("" = full finetune)
+    first: float
+    last: float
+
+
+def reward_spans(steps: tuple[StepRecord, ...] | list[StepRecord]) -> tuple[RewardSpan, ...]:
+    """Each stream's first and last mean reward, streams by name."""
+    by: dict[str, list[StepRecord]] = {}
+    for s in steps:
+        by.setdefault(s.stream, []).append(s)
+    spans = []
+    for stream, done in sorted(by.items()):
+        done.sort(key=lambda s: s.step)
+        spans.append(RewardSpan(stream=stream, first=done[0].mean_reward, last=done[-1].mean_reward))
+    return tuple(spans)

@@ -103,6 +103,8 @@ class StepRunner:
         self.batches: dict[tuple[int, int], OpenBatch] = {}
         self.tick: Tick | None = None
         self.init_s = 0.0
+        self.loading_since: float | None = None  # the model load began (None: not yet)
+        self.loaded = False
         self.ended = asyncio.get_running_loop().create_future()  # done once the machine says Finished
         self.tasks: set[asyncio.Task] = set()  # kept until done (teardown cancels them)
         self.releasing: asyncio.Task | None = None  # the last release: a publish waits for it
@@ -163,13 +165,14 @@ class StepRunner:
 
     async def _load_init(self) -> None:
         """Model load: the trainer gang starts; resumed streams continue from their checkpoints."""
-        t0 = self.now()  # from the grant on: time queued for it is not load
+        t0 = self.loading_since = self.now()  # from the grant on: time queued for it is not load
         self.trainer = self.p.start_trainer()
         resumed = await self.trainer.start(self.names)  # v0 is cached on the CPU
         for i, name in enumerate(self.names):
             if name in resumed:
                 self.machine.resume(i, resumed[name])
         self.init_s = self.now() - t0
+        self.loaded = True
         self.p.loaded()  # demand reports start once the model is loaded (the simulator reports none before)
 
     async def _timed(self, kind: SwitchKind, work: Awaitable) -> None:

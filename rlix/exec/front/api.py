@@ -392,8 +392,9 @@ def run(config: RunConfig | str | Path, **kwargs):
     """init + run + shutdown; returns :class:`rlix.exec.front.outputs.RunOutputs`."""
     on_progress = kwargs.pop("on_progress", None)
     kill_at = kwargs.pop("kill_at", None)
+    stop = kwargs.pop("stop", None)
     session = init(config, **kwargs)
     try:
-        return session.run(on_progress=on_progress, kill_at=kill_at)
+        return session.run(on_progress=on_progress, kill_at=kill_at, stop=stop)
     finally:
         session.shutdown()

@@ -44,7 +44,10 @@ class ProgressView:
     def __call__(self, session) -> None:
         if self.live is None:
             return
-        table = Table(title=f"rlix-run  policy={session.config.policy}  t={session.now():.1f}s", caption=self.note or None)
+        running = any(p.result is None for p in session.pipelines.values())
+        table = Table(
+            title=f"rlix-run  policy={session.config.policy}  t={session.now():.1f}s", caption=self.note if running else None
+        )
         for col in COLUMNS:
             table.add_column(col)
         for row in rows(session):

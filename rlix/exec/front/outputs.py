@@ -190,15 +190,15 @@ def _reward_json(steps) -> dict:
 
 
 def _job_json(r: JobResult) -> dict:
-    """One job's line of the executor's section of metrics.json."""
+    """One job's line of the executor's section of metrics.json (a multi-LoRA job's rewards per adapter only)."""
+    adapters = sorted({s.stream for s in r.steps if s.stream})
     return {
         "status": r.status.value,
         "error": r.error,
-        **_reward_json(r.steps),
-        "adapters": {
-            name: _reward_json([s for s in r.steps if s.stream == name])
-            for name in sorted({s.stream for s in r.steps if s.stream})
-        },
+        "steps": len(r.steps),
+        "steps_planned": r.steps_planned,
+        **(_reward_json(r.steps) if not adapters else {}),
+        "adapters": {name: _reward_json([s for s in r.steps if s.stream == name]) for name in adapters},
         "requeued": r.requeued,
         "lost": r.lost,
         "control_overhead_s": r.control_overhead_s,

@@ -81,3 +81,24 @@ def assert_replay_predicts(outputs, policy: str) -> None:
     assert abs(sim.makespan_s - measured.makespan_s) <= 0.10 * measured.makespan_s, (policy, sim.makespan_s, measured.makespan_s)
     for pid, (predicted, real) in jct.items():
         assert abs(predicted - real) <= 0.15 * real, (policy, pid, predicted, real)
+
+
+class LastRows:
+    """An ``on_progress`` for :func:`rlix.exec.front.api.run` keeping the live view's last rows."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, ...]] = []
+
+    def __call__(self, session) -> None:
+        from rlix.exec.front.console import rows
+
+        self.rows = rows(session)
+
+
+def assert_last_rows_are_the_summary(outputs, last: LastRows) -> None:
+    """Each job's last live row shows what its summary line says: state, steps, rewards."""
+    assert [r[0] for r in last.rows] == [line.name for line in outputs.lines]
+    for row, line in zip(last.rows, outputs.lines, strict=True):
+        assert row[1] == line.state and row[2] == f"{line.step}/{line.steps}" and row[3] == line.reward_text(), (row, line)
+        assert f"{line.state} steps={row[2]} reward {row[3]}" in line.summary()
+        assert line.step == len(outputs.results[line.name].steps)

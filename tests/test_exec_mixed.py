@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import assert_replay_predicts
+from helpers import LastRows, assert_last_rows_are_the_summary, assert_replay_predicts
 
 from rlix.exec.front.config import load_config
 from rlix.exec.job.records import JobStatus, SwitchKind
@@ -28,7 +28,10 @@ def run(tmp_path_factory):
     d = tmp_path_factory.mktemp("mixed")
     cfg = load_config(EXAMPLE)
     jobs = [j.model_copy(update={"checkpoint_dir": str(d / "ck")}) if j.kind == "multi_lora" else j for j in cfg.jobs]
-    return api.run(cfg.model_copy(update={"jobs": jobs}), out_dir=str(d / "out"))
+    last = LastRows()
+    outputs = api.run(cfg.model_copy(update={"jobs": jobs}), out_dir=str(d / "out"), on_progress=last)
+    assert_last_rows_are_the_summary(outputs, last)  # a multi-LoRA row: each adapter's own rewards
+    return outputs
 
 
 def _rise(rewards: list[float]) -> float:

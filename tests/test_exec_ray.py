@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import assert_replay_predicts
+from helpers import LastRows, assert_last_rows_are_the_summary, assert_replay_predicts
 
 from rlix.exec.front.config import load_config
 from rlix.exec.job.records import JobStatus, SwitchKind
@@ -28,7 +28,9 @@ def runs(tmp_path_factory):
     for policy in ("rlix", "static"):
         d = tmp_path_factory.mktemp(policy)
         cfg = load_config(EXAMPLE).model_copy(update={"policy": policy})
-        out[policy] = api.run(cfg, out_dir=str(d / "out"))
+        last = LastRows()
+        out[policy] = api.run(cfg, out_dir=str(d / "out"), on_progress=last)
+        assert_last_rows_are_the_summary(out[policy], last)
     return out
 
 

@@ -118,3 +118,25 @@ def test_resumed_step_log_continues_after_its_checkpoint_without_interleaving(tm
     acc = EventAccumulator(str(job))
     acc.Reload()
     assert [e.step for e in acc.Scalars("reward_mean")] == [1, 2, 3, 4, 5]
+
+
+def test_step_n_is_the_nth_trained_step_in_metrics_and_progress(tmp_path):
+    from rlix.exec.data.recipe import ScoredStep
+    from rlix.exec.job.recorder import Recorder
+    from rlix.exec.job.records import JobStatus, StepRecord, TrajRecord
+    from rlix.exec.train.grpo import TrainStats
+
+    rec, log = Recorder("small"), StepLog(tmp_path / "small")
+    scored = ScoredStep(samples=(), rewards=(0.5,), functions=())
+    stats = TrainStats(loss=0.1, kl=0.0, clip_fraction=0.0, tokens=1, seconds=1.0)
+    for k in (4, 5):  # the machine's steps 4 and 5 of a job resumed after 4 trained steps
+        record = StepRecord(
+            step=k, started_s=k, finished_s=k + 1.0, mean_reward=0.5, mean_tokens=1.0, stages=(), min_weight_version=k
+        )
+        rec.step(record)
+        log.write_step(record, [TrajRecord(traj_id=k, step=k, gen_s=1.0, segments=1, tokens=1, weight_version=k)], scored, stats)
+    log.close()
+    assert _steps(tmp_path / "small" / "metrics.jsonl") == [("", 5), ("", 6)]
+    assert [x["staleness"] for x in read_lines(tmp_path / "small" / "metrics.jsonl")] == [0, 0]
+    progress = rec.progress(JobStatus.RUNNING, steps=8, gpus_held=0, before=4)
+    assert (progress.step, progress.steps) == (6, 8)  # the console's row: the last step's number, as in metrics.jsonl

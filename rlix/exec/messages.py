@@ -211,8 +211,8 @@ class JobProgress:
 
     pipeline_id: str
     status: JobStatus
-    step: int  # steps completed
-    steps: int
+    step: int  # steps completed (a resumed job's: those its checkpoint held included)
+    steps: int  # steps the job will have trained at its end
     last_reward: float | None
     gpus_held: int
     requeued: int

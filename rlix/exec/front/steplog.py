@@ -123,7 +123,7 @@ class StepLog:
         return self.write(
             stream=record.stream,
             t=record.finished_s,
-            step=record.step,
+            step=record.step + 1,  # step N is the Nth trained step (the machine counts from 0)
             scored=scored,
             train=train,
             tokens=[r.tokens for r in trained],

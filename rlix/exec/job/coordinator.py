@@ -258,5 +258,7 @@ class PipelineCoordinator:
 
     async def progress(self) -> JobProgress:
         held = len(self.pool.held_gpus()) + len(self.link.gpus_held())
-        steps = self.runner.machine.rollouts.planned_steps() if self.runner is not None else 0
-        return self.rec.progress(self.status, steps=steps, gpus_held=held)
+        r = self.runner.machine.rollouts if self.runner is not None else None
+        before = r.resumed_steps() if r is not None else 0  # a resumed job counts on from its checkpoint
+        steps = before + r.planned_steps() if r is not None else 0
+        return self.rec.progress(self.status, steps=steps, gpus_held=held, before=before)

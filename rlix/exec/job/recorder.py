@@ -84,11 +84,12 @@ class Recorder:
         events, self.events = self.events, []
         return tuple(events)
 
-    def progress(self, status: JobStatus, *, steps: int, gpus_held: int) -> JobProgress:
+    def progress(self, status: JobStatus, *, steps: int, gpus_held: int, before: int = 0) -> JobProgress:
+        """``before``: steps trained by an earlier run (a job resumed from its checkpoint), counted in."""
         return JobProgress(
             pipeline_id=self.pid,
             status=status,
-            step=len(self.steps),
+            step=before + len(self.steps),
             steps=steps,
             last_reward=self.steps[-1].mean_reward if self.steps else None,
             gpus_held=gpus_held,

@@ -386,6 +386,10 @@ class Rollouts:
         """Steps the job will train: all of a running stream's, only those done of a stopped one."""
         return sum((s.version if s.stopped else s.spec.steps) - s.start for s in self.streams)
 
+    def resumed_steps(self) -> int:
+        """Steps the streams' checkpoints held when the job started (trained by an earlier run)."""
+        return sum(s.start for s in self.streams)
+
     def done(self) -> bool:
         return all(self.exhausted(i) for i in range(len(self.streams))) and not self.open
 

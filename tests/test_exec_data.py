@@ -133,6 +133,31 @@ def test_prompts_are_shuffled_by_seed_and_cycle_epochs():
     assert [it.row for it in DatasetPrompts(_items(10), seed=4).batch(0, 10)] != first[:10]
 
 
+def test_eval_runs_every_eval_every_steps_and_on_the_last():
+    from rlix.exec.data.recipe import Recipe
+
+    def recipe(steps: int) -> Recipe:
+        return Recipe(
+            source=DatasetPrompts(_items(10), seed=0),
+            rewards=_set(("match_answer", 1.0)),
+            codec=None,
+            prompts_per_step=2,
+            group_size=2,
+            max_new_tokens=4,
+            temperature=1.0,
+            seed=0,
+            eval_source=DatasetPrompts(_items(3), seed=0),
+            eval_every=4,
+            last_step=steps - 1,
+        )
+
+    ten, nine = recipe(10), recipe(9)
+    assert [s for s in range(10) if ten.is_eval_step(s)] == [0, 4, 8, 9]  # steps 1, 5, 9 and the last, 10
+    assert [s for s in range(9) if nine.is_eval_step(s)] == [0, 4, 8]  # the last is one of them already
+    assert [sum(t.eval for t in ten.trajectories(s)) for s in (8, 9)] == [3, 3]
+    assert ten.step_size(9) == len(ten.trajectories(9)) == 2 * 2 + 3  # what the machine is told to expect
+
+
 # ------------------------------------------------------------------ bad input, before any actor
 
 

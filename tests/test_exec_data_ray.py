@@ -75,7 +75,9 @@ def test_raising_reward_fails_only_its_job_with_one_line(run):
 def test_metrics_file_per_step_with_eval_and_data_report(run):
     d, _, _ = run
     lines = [json.loads(x) for x in (d / "out" / "arith" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == list(range(10))  # 8 steps, then 2 more after the resume
+    assert [x["step"] for x in lines] == list(range(1, 11))  # 8 steps, then 2 more after the resume
+    earlier = [json.loads(x) for x in (d / "out" / "arith" / "previous-1" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[:8] == earlier  # the first run's log, kept aside; the rerun's starts with the steps its checkpoint holds
     for key in (
         "reward_mean",
         "reward/arith_rewards.exact_match/mean",
@@ -91,7 +93,8 @@ def test_metrics_file_per_step_with_eval_and_data_report(run):
     ):
         assert key in lines[0], key
     assert all(x["gpu_s_held"] > 0 and x["staleness"] == 0 for x in lines)
-    assert [x["step"] for x in lines if "eval/reward_mean" in x] == [0, 4, 8]  # eval_every: 4
+    # eval_every 4 from step 1, and each run's last step (8, then 10)
+    assert [x["step"] for x in lines if "eval/reward_mean" in x] == [1, 5, 8, 9, 10]
     assert json.loads((d / "out" / "arith" / "data.json").read_text())["train"]["prompts"] == 200
     assert (d / "out" / "copy" / "metrics.jsonl").is_file()
 

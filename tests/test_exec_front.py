@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -177,7 +178,8 @@ def test_the_last_row_of_a_job_is_its_summary_line_not_the_poll_before_it():
 def test_multi_lora_rewards_are_each_adapters_own():
     steps = [_step(0, 0.257, "copy"), _step(0, 0.168, "rev"), _step(1, 0.156, "copy"), _step(1, 0.180, "rev")]
     result = JobResult(pipeline_id="lora", status=JobStatus.FINISHED, steps=tuple(steps), steps_planned=4)
-    line = job_line(_Pipe("lora", _Job(steps=2, adapters=["copy", "rev"]), result=result), 10.0)
+    adapters = [SimpleNamespace(name="copy", steps=2), SimpleNamespace(name="rev", steps=2)]
+    line = job_line(_Pipe("lora", _Job(steps=2, adapters=adapters), result=result), 10.0)
     assert line.reward_text() == "copy 0.257 -> 0.156, rev 0.168 -> 0.180"
 
 
@@ -225,3 +227,18 @@ def test_a_cancelled_job_keeps_what_it_did(status):
     assert (
         job_line(_Pipe("a", _Job(), result=result), 31.0).summary() == "a: cancelled steps=2/6 reward 0.100 -> 0.200 jct_s=30.0"
     )
+
+
+def test_a_resumed_job_counts_on_from_its_checkpoint():
+    steps = (_step(8, 0.5), _step(9, 0.6))
+    result = JobResult(pipeline_id="a", status=JobStatus.FINISHED, steps=steps, steps_before=8, steps_planned=10, finish_s=9.0)
+    pipe = _Pipe("a", _Job(steps=10), progress=_progress("a", [], 0), result=result)
+    (row,) = rows(_Session([pipe], now=9.0))
+    assert row[2] == "10/10"
+    assert job_line(pipe, 9.0).summary() == "a: finished steps=10/10 (resumed at step 8) reward 0.500 -> 0.600 jct_s=9.0"
+
+
+def test_a_job_whose_model_is_loading_shows_its_configured_steps():
+    adapters = [SimpleNamespace(name="copy", steps=4), SimpleNamespace(name="rev", steps=6)]
+    pipe = _Pipe("lora", _Job(adapters=adapters), progress=_progress("lora", [], 0, phase="loading model", since=0.0))
+    assert rows(_Session([pipe], now=5.0))[0][2] == "0/10"

@@ -457,7 +457,7 @@ def test_resume_before_the_load_continues_from_the_checkpoint():
     m = machine(steps=(6,))
     m.start(0.0)
     m.resume(0, 3)
-    assert m.rollouts.backlog() == 7 + 8 + 9 and m.rollouts.planned_steps() == 3
+    assert m.rollouts.backlog() == 7 + 8 + 9 and m.rollouts.planned_steps() == 3 and m.rollouts.resumed_steps() == 3
     assert demand(m, longest_s=10.0).path_s == remaining_path_s(3, 0, longest_s=10.0, train_s=0.0)
     m.granted(INIT, INIT_GPUS, 0.0)
     assert of(m.loaded(INIT, 1.0), QueueBatch) == [QueueBatch(stream=0, step=3, size=7, version=3)]
@@ -470,7 +470,7 @@ def test_resume_at_the_end_finishes_at_the_load():
     m = machine(steps=(2, 1))
     m.resume(0, 2)
     m.resume(1, 1)
-    assert load(m)[-1] == Finished() and m.rollouts.planned_steps() == 0
+    assert load(m)[-1] == Finished() and m.rollouts.planned_steps() == 0 and m.rollouts.resumed_steps() == 3
 
 
 # ------------------------------------------------------------------ errors

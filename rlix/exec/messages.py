@@ -211,9 +211,9 @@ class JobProgress:
 
     pipeline_id: str
     status: JobStatus
-    step: int  # steps completed
-    steps: int
-    rewards: tuple[RewardSpan, ...]  # per stream, first and last mean reward so far
+    step: int  # steps completed (a resumed job's: those its checkpoint held included)
+    steps: int  # steps the job will have trained at its end
+    rewards: tuple[RewardSpan, ...]  # per stream, first and last mean reward of this run so far
     gpus_held: int
     requeued: int
     phase: str = ""  # what a running job waits for ("loading model", "waiting for GPUs (actor_train)"); "" = working
@@ -232,7 +232,8 @@ class JobResult:
     init_s: float = 0.0
     finish_s: float = 0.0
     steps: tuple[StepRecord, ...] = ()
-    steps_planned: int = 0  # steps the job meant to train in this run
+    steps_before: int = 0  # steps an earlier run trained (the job resumed from its checkpoint)
+    steps_planned: int = 0  # steps the job will have trained at its end (steps_before included)
     trajectories: tuple[TrajRecord, ...] = ()
     switches: tuple[SwitchRecord, ...] = ()
     requeued: int = 0

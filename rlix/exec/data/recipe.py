@@ -124,6 +124,7 @@ class Recipe:
         traj_base: int = 0,
         eval_source: DatasetPrompts | None = None,
         eval_every: int = 0,
+        last_step: int | None = None,
         report: tuple[PreparedPrompts, ...] = (),
     ) -> None:
         self.adapter = adapter  # multi-LoRA: the adapter this stream trains ("" = full finetune)
@@ -138,6 +139,7 @@ class Recipe:
         self.seed = seed
         self.eval_source = eval_source
         self.eval_every = eval_every
+        self.last_step = last_step  # the job's last step (counted from 0): an eval step too
         self.report = report  # what preparing the data found (rows read, prompts left out)
 
     @classmethod
@@ -205,6 +207,7 @@ class Recipe:
             seed=job.seed,
             eval_source=eval_source,
             eval_every=job.eval_every,
+            last_step=job.steps - 1,
             report=tuple(report),
         )
 
@@ -237,7 +240,12 @@ class Recipe:
         )
 
     def is_eval_step(self, step: int) -> bool:
-        return self.eval_source is not None and self.eval_every > 0 and step % self.eval_every == 0
+        """Every ``eval_every`` steps from the first, and the last (counted from 0). Its eval
+        trajectories are generated with its batch, by the policy that rolled the batch out (on
+        policy: the weights after ``step`` trained steps)."""
+        if self.eval_source is None or self.eval_every <= 0:
+            return False
+        return step % self.eval_every == 0 or step == self.last_step
 
     def _eval_trajectories(self, step: int) -> list[Trajectory]:
         """One sample per eval prompt, ids in their own range (bit 31) so they never meet training ids."""

@@ -23,6 +23,7 @@ from rlix.exec.control.actor_placement import ClusterError
 from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, load_config
 from rlix.exec.front.joblines import job_line
+from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
 
@@ -134,6 +135,7 @@ class Session:
         self.cluster = config.cluster.spec()
         self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
+        self.resumes = prepare_rerun(config, self.out_dir)  # which jobs resume (said on stderr); fresh logs
         where = "--address" if address else "ray.address"
         address = address or config.ray.address
         self._own_ray = not ray.is_initialized()

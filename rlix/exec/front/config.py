@@ -307,7 +307,7 @@ class JobConfig(JobModel):
         default=None, min_length=1, description="TRL-style reward functions with weights (with data)"
     )
     eval: EvalConfig | None = Field(default=None, description="held-out prompts scored every eval_every steps (data jobs)")
-    eval_every: int = Field(default=10, ge=1, description="steps between eval scorings (step 0 included)")
+    eval_every: int = Field(default=10, ge=1, description="steps between eval scorings (from step 1; the last step too)")
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     steps: int = Field(default=10, ge=1, description="training steps")
     prompts_per_step: int = Field(default=8, ge=1)

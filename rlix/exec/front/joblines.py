@@ -17,13 +17,14 @@ class JobLine:
     name: str
     state: str  # queued, starting, registering, loading model, waiting for GPUs (...), running, or how it ended
     since_s: float | None  # seconds in that state (None: not shown)
-    step: int  # steps trained in this run
-    steps: int  # steps it means to train in this run
+    step: int  # steps trained (a resumed job's: those of its checkpoint included)
+    steps: int  # steps it will have trained at its end
     rewards: tuple[RewardSpan, ...]
     gpus_held: int
     requeued: int
     jct_s: float | None = None  # arrival to end, once ended
     error: str = ""
+    resumed_at: int = 0  # the step its checkpoint held (0: started afresh)
 
     def status_text(self) -> str:
         return self.state if self.since_s is None else f"{self.state} {self.since_s:.0f}s"
@@ -35,7 +36,8 @@ class JobLine:
         """The closing line: how it ended, steps, reward first -> last (each adapter's own), job time, error."""
         jct = f" jct_s={self.jct_s:.1f}" if self.jct_s is not None else ""
         error = f" {self.error}" if self.error else ""
-        return f"{self.name}: {self.state} steps={self.step}/{self.steps} reward {self.reward_text()}{jct}{error}"
+        resumed = f" (resumed at step {self.resumed_at})" if self.resumed_at else ""
+        return f"{self.name}: {self.state} steps={self.step}/{self.steps}{resumed} reward {self.reward_text()}{jct}{error}"
 
 
 def reward_text(spans: tuple[RewardSpan, ...]) -> str:
@@ -46,21 +48,24 @@ def reward_text(spans: tuple[RewardSpan, ...]) -> str:
 
 
 def default_steps(job) -> int:
-    """Steps a job trains from scratch: ``steps``, per adapter for multi-LoRA."""
-    return job.steps * (len(job.adapters) if job.kind == "multi_lora" and job.adapters else 1)
+    """Steps a job trains from scratch: ``steps``, or for multi-LoRA the sum of its adapters' own."""
+    if job.kind == "multi_lora" and job.adapters:
+        return sum(a.steps for a in job.adapters)
+    return job.steps
 
 
 def job_line(p, now: float) -> JobLine:
     """The line of a session's pipeline ``p`` at ``now`` (seconds since the run started)."""
     job, prog, res = p.job, p.progress, p.result
-    planned = prog.steps if prog is not None else default_steps(job)
+    planned = prog.steps if prog is not None and prog.steps else default_steps(job)  # 0 until the model loaded
     if res is not None:
         return JobLine(
             name=p.pipeline_id,
             state=res.status.value,
             since_s=None,
-            step=len(res.steps),
+            step=res.steps_before + len(res.steps),
             steps=res.steps_planned or planned,
+            resumed_at=res.steps_before,
             rewards=reward_spans(res.steps),
             gpus_held=0,
             requeued=res.requeued,

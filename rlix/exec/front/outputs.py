@@ -83,7 +83,7 @@ def timeline_json(rec: UsageRecorder, results: dict[str, JobResult]) -> dict:
                     "tid": i,
                     "ts": s.started_s * 1e6,
                     "dur": (s.finished_s - s.started_s) * 1e6,
-                    "name": f"step {s.step}",
+                    "name": f"step {s.step + 1}",  # as in metrics.jsonl: the Nth trained step
                     "args": {"reward": s.mean_reward},
                 }
             )

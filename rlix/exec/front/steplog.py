@@ -1,7 +1,8 @@
 """Executor layer: what a user watches while a job trains, one line per step.
 
 Each job writes ``<output.dir>/<job>/metrics.jsonl`` as its steps finish:
-the step, each reward function's mean and std (and how many completions it
+the step (step N is the Nth trained step, counted from 1, as on the console,
+in checkpoint names and as TensorBoard's global step), each reward function's mean and std (and how many completions it
 had no opinion on), the total reward, loss, KL, mean and max response
 length (tokens), step seconds, GPU-seconds the job held, and the staleness
 of the batch (steps between the policy that generated the oldest token and
@@ -9,7 +10,10 @@ the one trained). With ``tensorboard`` installed the same scalars go to
 event files in that directory (written with tensorboard's own writer: no
 torch, no TensorFlow). A ``data.json`` beside it says what preparing the
 job's data found. Lines are flushed as written, so a crash keeps every
-finished step.
+finished step. A rerun finds the directory prepared by
+:mod:`rlix.exec.front.rerun`: fresh, or, for a job resuming from a checkpoint,
+a metrics.jsonl holding the lines of the steps the checkpoint holds (copied
+into the fresh TensorBoard events when they open).
 """
 
 from __future__ import annotations
@@ -81,6 +85,19 @@ def step_metrics(*, step: int, scored, train, tokens: list[int], step_s: float, 
     return out
 
 
+def read_lines(path: Path) -> list[dict]:
+    """The whole lines of a metrics.jsonl (a line cut short by a crash is left out)."""
+    out = []
+    for text in path.read_text(encoding="utf-8").splitlines() if path.is_file() else ():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("step"), int):
+            out.append(line)
+    return out
+
+
 class StepLog:
     """A job's metrics.jsonl (+ TensorBoard events when importable); opened in the process that writes."""
 
@@ -106,7 +123,7 @@ class StepLog:
         return self.write(
             stream=record.stream,
             t=record.finished_s,
-            step=record.step,
+            step=record.step + 1,  # step N is the Nth trained step (the machine counts from 0)
             scored=scored,
             train=train,
             tokens=[r.tokens for r in trained],
@@ -133,12 +150,17 @@ class StepLog:
         if self._file is not None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")  # a resumed job continues the file
+        path = self.dir / "metrics.jsonl"
+        carried = read_lines(path)
+        self._file = open(path, "a", encoding="utf-8")  # a resumed job continues the lines its checkpoint holds
         try:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:
             return  # TensorBoard is optional
+        fresh = not any(self.dir.glob("events.out.tfevents.*"))
         self._tb = EventFileWriter(str(self.dir))
+        for line in carried if fresh else ():  # fresh events mirror the whole file
+            self._scalars(line.get("adapter", ""), line["step"], line)
 
     def _scalars(self, stream: str, step: int, line: dict) -> None:
         from tensorboard.compat.proto.event_pb2 import Event

@@ -80,6 +80,7 @@ def job_result(
 ) -> JobResult:
     """What the job's run returns: its records, and what its step machine planned."""
     rollouts = runner.machine.rollouts if runner is not None else None
+    before = rollouts.resumed_steps() if rollouts is not None else 0  # a resumed job counts on from its checkpoint
     result = rec.result(
         status,
         error=error,
@@ -87,7 +88,8 @@ def job_result(
         init_s=runner.init_s if runner is not None else 0.0,
         finish_s=now,
         planned=rollouts.produced if rollouts is not None else 0,
-        steps_planned=rollouts.planned_steps() if rollouts is not None else 0,
+        steps_before=before,
+        steps_planned=before + (rollouts.planned_steps() if rollouts is not None else 0),
     )
     trainer = runner.trainer if runner is not None else None
     return replace(result, bad_input=bad_input, trainer_ranks=trainer.handle.world if trainer is not None else 0)
@@ -290,6 +292,8 @@ class PipelineCoordinator:
 
     async def progress(self) -> JobProgress:
         held = len(self.pool.held_gpus()) + len(self.link.gpus_held())
-        steps = self.runner.machine.rollouts.planned_steps() if self.runner is not None else 0
+        r = self.runner.machine.rollouts if self.runner is not None else None
+        before = r.resumed_steps() if r is not None else 0  # a resumed job counts on from its checkpoint
+        steps = before + r.planned_steps() if r is not None else 0
         phase, since = job_phase(self.runner, self.link, self.arrival_s)
-        return self.rec.progress(self.status, steps=steps, gpus_held=held, phase=phase, phase_since_s=since)
+        return self.rec.progress(self.status, steps=steps, gpus_held=held, before=before, phase=phase, phase_since_s=since)

@@ -93,12 +93,13 @@ class Recorder:
         return tuple(events)
 
     def progress(
-        self, status: JobStatus, *, steps: int, gpus_held: int, phase: str = "", phase_since_s: float = 0.0
+        self, status: JobStatus, *, steps: int, gpus_held: int, before: int = 0, phase: str = "", phase_since_s: float = 0.0
     ) -> JobProgress:
+        """``before``: steps trained by an earlier run (a job resumed from its checkpoint), counted in."""
         return JobProgress(
             pipeline_id=self.pid,
             status=status,
-            step=len(self.steps),
+            step=before + len(self.steps),
             steps=steps,
             rewards=reward_spans(self.steps),
             gpus_held=gpus_held,
@@ -117,6 +118,7 @@ class Recorder:
         init_s: float,
         finish_s: float,
         planned: int,
+        steps_before: int = 0,
         steps_planned: int = 0,
     ) -> JobResult:
         c = self.counters
@@ -128,6 +130,7 @@ class Recorder:
             init_s=init_s,
             finish_s=finish_s,
             steps=tuple(self.steps),
+            steps_before=steps_before,
             steps_planned=steps_planned,
             trajectories=tuple(sorted(self.trajs.values(), key=lambda r: r.traj_id)),
             switches=tuple(self.switches),

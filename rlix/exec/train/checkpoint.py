@@ -37,6 +37,11 @@ def latest(directory: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def step_of(found: Path) -> int:
+    """The steps trained by the checkpoint ``found`` (a ``step_<N>`` directory): N."""
+    return int(found.name.removeprefix("step_"))
+
+
 def save(learner, directory: str | Path, source_model: str | Path | None = None) -> Path:
     """Checkpoint ``learner`` (a :class:`rlix.exec.train.grpo.GrpoLearner`) at its version; returns the directory."""
     import torch

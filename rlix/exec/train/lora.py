@@ -194,3 +194,14 @@ def write_checkpoint(state: dict, adapter: str, directory: str | Path) -> Path:
     torch.save(state, tmp)
     tmp.replace(path / "state.pt")  # never a half-written checkpoint
     return path
+
+
+def saved_version(directory: str | Path, adapter: str) -> int | None:
+    """The steps ``adapter``'s checkpoint under ``directory`` holds (None: it has none); reads
+    only the version (the tensors are mapped, not loaded)."""
+    import torch
+
+    f = Path(directory) / adapter / "state.pt"
+    if not f.is_file():
+        return None
+    return int(torch.load(f, map_location="cpu", mmap=True, weights_only=False)["version"])

@@ -1,0 +1,95 @@
+"""Executor layer: what a rerun continues and what it starts afresh, settled before any actor starts.
+
+A job with ``checkpoint_dir`` resumes after the steps its checkpoints hold:
+a full finetune after its newest ``step_<N>``, each adapter of a multi-LoRA
+job after its own saved step (an adapter without one starts from the
+beginning). The driver says so on stderr, one line per resuming job.
+
+A job's directory (``<output.dir>/<job>``: ``metrics.jsonl``, TensorBoard
+events, ``data.json``, ...) never mixes two runs. The files an earlier run
+left there move to ``previous-<n>/`` (n = 1, 2, ...; nothing is deleted), so
+every run writes fresh ones. A resuming job's fresh ``metrics.jsonl`` starts
+with the earlier lines of the steps its checkpoint holds (a line's step at
+most its stream's resume step); lines of steps it will train again stay only
+in ``previous-<n>/``. :class:`~rlix.exec.front.steplog.StepLog` writes the
+carried lines into its fresh TensorBoard events when it opens them.
+Directories in the job's directory (a checkpoint directory kept there, older
+``previous-<n>``) stay where they are.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from rlix.exec.front.config import JobConfig, RunConfig
+from rlix.exec.front.steplog import read_lines
+
+
+def resume_steps(job: JobConfig) -> dict[str, int]:
+    """The step each stream of ``job`` resumes after (the full model as ``""``, an adapter by
+    name); streams without a checkpoint are left out, so a job that starts afresh has none."""
+    if not job.checkpoint_dir:
+        return {}
+    if job.kind == "multi_lora":
+        from rlix.exec.train.lora import saved_version
+
+        found = {a.name: saved_version(job.checkpoint_dir, a.name) for a in job.adapters}
+        return {name: step for name, step in found.items() if step}
+    from rlix.exec.train.checkpoint import latest, step_of
+
+    newest = latest(job.checkpoint_dir)
+    return {"": step_of(newest)} if newest is not None and step_of(newest) > 0 else {}
+
+
+def resume_line(job: JobConfig, resumes: dict[str, int]) -> str:
+    """The console's line for a resuming job."""
+    if job.kind != "multi_lora":
+        from rlix.exec.train.checkpoint import latest
+
+        step = resumes[""]
+        left = ": nothing left to train" if step >= job.steps else ""
+        where = latest(job.checkpoint_dir)
+        return f"rlix-run: job {job.name} resumes from its checkpoint at step {step} of {job.steps}{left} ({where})"
+    each = ", ".join(
+        f"{a.name} at step {resumes[a.name]} of {a.steps}" if a.name in resumes else f"{a.name} from the start"
+        for a in job.adapters
+    )
+    return f"rlix-run: job {job.name} resumes from its checkpoints: {each} ({job.checkpoint_dir})"
+
+
+def set_aside(directory: Path, resumes: dict[str, int]) -> Path | None:
+    """Move the files an earlier run left in ``directory`` to a new ``previous-<n>/`` and start a
+    ``metrics.jsonl`` with the lines of the steps ``resumes`` holds; returns where they went
+    (None: nothing was there)."""
+    files = sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
+    if not files:
+        return None
+    taken = [p.name.removeprefix("previous-") for p in directory.glob("previous-*")]
+    aside = directory / f"previous-{max((int(n) for n in taken if n.isdigit()), default=0) + 1}"
+    aside.mkdir()
+    for f in files:
+        shutil.move(f, aside / f.name)
+    kept = [line for line in read_lines(aside / "metrics.jsonl") if _held(line, resumes)]
+    if kept:
+        (directory / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept), encoding="utf-8")
+    return aside
+
+
+def _held(line: dict, resumes: dict[str, int]) -> bool:
+    """The line's step is one its stream's checkpoint holds (it will not be trained again)."""
+    return line["step"] <= resumes.get(line.get("adapter", ""), 0)
+
+
+def prepare_rerun(config: RunConfig, out_dir: str | Path) -> dict[str, dict[str, int]]:
+    """Before any actor starts: say which jobs resume from which step, and give every job's
+    directory under ``out_dir`` fresh logs. Returns each job's resume steps."""
+    out = {}
+    for job in config.jobs:
+        out[job.name] = resumes = resume_steps(job)
+        if resumes:
+            print(resume_line(job, resumes), file=sys.stderr)
+        set_aside(Path(out_dir) / job.name, resumes)
+    return out

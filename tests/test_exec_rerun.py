@@ -1,0 +1,142 @@
+"""A rerun: which jobs resume from which step (said before any actor starts), and job logs that never mix runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlix.exec.front.config import load_config
+from rlix.exec.front.rerun import prepare_rerun, resume_steps, set_aside
+from rlix.exec.front.steplog import StepLog, read_lines
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_mixed.yaml"
+
+
+def _config(tmp_path: Path):
+    """The mixed example (a full finetune ``full``, a multi-LoRA ``lora``), both with checkpoints under tmp_path."""
+    cfg = load_config(EXAMPLE)
+    jobs = [j.model_copy(update={"checkpoint_dir": str(tmp_path / "ck" / j.name)}) for j in cfg.jobs]
+    return cfg.model_copy(update={"jobs": jobs})
+
+
+def _full_checkpoint(directory: Path, step: int) -> None:
+    """A full-finetune checkpoint as checkpoint.save lays it out (only what the lookup reads)."""
+    (directory / f"step_{step:06d}").mkdir(parents=True)
+    (directory / f"step_{step:06d}" / "trainer_state.pt").write_bytes(b"")
+
+
+def _write_lines(directory: Path, lines: list[dict]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _steps(path: Path) -> list[tuple[str, int]]:
+    return [(x.get("adapter", ""), x["step"]) for x in read_lines(path)]
+
+
+def test_resume_steps_read_the_newest_full_checkpoint_and_each_adapters_own(tmp_path):
+    from rlix.exec.train.lora import write_checkpoint
+
+    full, lora = _config(tmp_path).jobs
+    assert resume_steps(full) == {} and resume_steps(lora) == {}  # no checkpoint yet: both start afresh
+    _full_checkpoint(tmp_path / "ck" / "full", 2)
+    _full_checkpoint(tmp_path / "ck" / "full", 4)
+    (tmp_path / "ck" / "full" / "step_000006").mkdir()  # no trainer_state.pt: not a checkpoint
+    write_checkpoint({"version": 3, "tensors": {}, "opt": {}}, "copy", tmp_path / "ck" / "lora")
+    assert resume_steps(full) == {"": 4}
+    assert resume_steps(lora) == {"copy": 3}  # rev has none: it starts from the beginning
+    assert resume_steps(full.model_copy(update={"checkpoint_dir": None})) == {}
+
+
+def test_prepare_rerun_says_which_jobs_resume_and_from_which_step(tmp_path, capsys):
+    from rlix.exec.train.lora import write_checkpoint
+
+    cfg = _config(tmp_path)
+    assert prepare_rerun(cfg, tmp_path / "out") == {"full": {}, "lora": {}}
+    assert capsys.readouterr().err == ""  # nothing resumes: nothing said
+    _full_checkpoint(tmp_path / "ck" / "full", 4)
+    write_checkpoint({"version": 8, "tensors": {}, "opt": {}}, "rev", tmp_path / "ck" / "lora")
+    assert prepare_rerun(cfg, tmp_path / "out") == {"full": {"": 4}, "lora": {"rev": 8}}
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"rlix-run: job full resumes from its checkpoint at step 4 of 6 ({tmp_path / 'ck' / 'full' / 'step_000004'})",
+        f"rlix-run: job lora resumes from its checkpoints: copy from the start, rev at step 8 of 8 ({tmp_path / 'ck' / 'lora'})",
+    ]
+
+
+def test_a_job_that_starts_afresh_moves_its_old_logs_aside_and_keeps_them(tmp_path):
+    job = tmp_path / "out" / "small"
+    _write_lines(job, [{"step": s, "reward_mean": 0.1} for s in (1, 2, 3)])
+    (job / "events.out.tfevents.1.host").write_bytes(b"old events")
+    (job / "ck").mkdir()  # a directory (a checkpoint kept there) stays put
+    assert set_aside(job, {}) == job / "previous-1"
+    assert sorted(p.name for p in job.iterdir()) == ["ck", "previous-1"]  # fresh: no metrics.jsonl, no events
+    assert _steps(job / "previous-1" / "metrics.jsonl") == [("", 1), ("", 2), ("", 3)]
+    assert (job / "previous-1" / "events.out.tfevents.1.host").read_bytes() == b"old events"
+    _write_lines(job, [{"step": 1}])
+    assert set_aside(job, {}) == job / "previous-2"  # every earlier run kept, numbered in order
+    assert (job / "previous-1" / "metrics.jsonl").is_file() and (job / "previous-2" / "metrics.jsonl").is_file()
+    assert set_aside(job, {}) is None and set_aside(tmp_path / "never", {}) is None  # nothing there: nothing moved
+
+
+def test_a_resuming_job_keeps_only_the_lines_its_checkpoint_holds(tmp_path):
+    job = tmp_path / "out" / "lora"
+    old = [{"adapter": a, "step": s} for s in range(1, 7) for a in ("copy", "rev")]
+    _write_lines(job, old)
+    with (job / "metrics.jsonl").open("a") as f:
+        f.write('{"adapter": "copy", "st')  # a line cut short by a crash
+    set_aside(job, {"copy": 4})  # copy's checkpoint holds 4 steps; rev has none and starts again
+    assert _steps(job / "metrics.jsonl") == [("copy", s) for s in range(1, 5)]
+    assert _steps(job / "previous-1" / "metrics.jsonl") == [(x["adapter"], x["step"]) for x in old]
+
+
+def test_resumed_step_log_continues_after_its_checkpoint_without_interleaving(tmp_path):
+    from rlix.exec.data.recipe import ScoredStep
+    from rlix.exec.train.grpo import TrainStats
+
+    job = tmp_path / "out" / "small"
+    scored = ScoredStep(samples=(), rewards=(0.5,), functions=())
+    stats = TrainStats(loss=0.1, kl=0.0, clip_fraction=0.0, tokens=1, seconds=1.0)
+
+    def run(steps: range) -> None:
+        log = StepLog(job)
+        for s in steps:
+            log.write(stream="", t=float(s), step=s, scored=scored, train=stats, tokens=[1], step_s=1.0, staleness=0)
+        log.close()
+
+    run(range(1, 4))  # steps 1-3, then a crash: the checkpoint holds 2
+    set_aside(job, {"": 2})
+    run(range(3, 6))  # the rerun trains 3, 4, 5
+    assert _steps(job / "metrics.jsonl") == [("", s) for s in range(1, 6)]
+    assert _steps(job / "previous-1" / "metrics.jsonl") == [("", s) for s in (1, 2, 3)]
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list(job.glob("events.out.tfevents.*"))) == 1  # one event file: the carried steps, then the new ones
+    acc = EventAccumulator(str(job))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward_mean")] == [1, 2, 3, 4, 5]
+
+
+def test_step_n_is_the_nth_trained_step_in_metrics_and_progress(tmp_path):
+    from rlix.exec.data.recipe import ScoredStep
+    from rlix.exec.job.recorder import Recorder
+    from rlix.exec.job.records import JobStatus, StepRecord, TrajRecord
+    from rlix.exec.train.grpo import TrainStats
+
+    rec, log = Recorder("small"), StepLog(tmp_path / "small")
+    scored = ScoredStep(samples=(), rewards=(0.5,), functions=())
+    stats = TrainStats(loss=0.1, kl=0.0, clip_fraction=0.0, tokens=1, seconds=1.0)
+    for k in (4, 5):  # the machine's steps 4 and 5 of a job resumed after 4 trained steps
+        record = StepRecord(
+            step=k, started_s=k, finished_s=k + 1.0, mean_reward=0.5, mean_tokens=1.0, stages=(), min_weight_version=k
+        )
+        rec.step(record)
+        log.write_step(record, [TrajRecord(traj_id=k, step=k, gen_s=1.0, segments=1, tokens=1, weight_version=k)], scored, stats)
+    log.close()
+    assert _steps(tmp_path / "small" / "metrics.jsonl") == [("", 5), ("", 6)]
+    assert [x["staleness"] for x in read_lines(tmp_path / "small" / "metrics.jsonl")] == [0, 0]
+    progress = rec.progress(JobStatus.RUNNING, steps=8, gpus_held=0, before=4)
+    assert (progress.step, progress.steps) == (6, 8)  # the console's row: the last step's number, as in metrics.jsonl

@@ -1,19 +1,23 @@
-"""The executor's recorded trace: written through the trace format's model, validated, and read back unchanged.
+"""The executor's outputs: the recorded trace written through the trace format's model, validated, and read
+back unchanged; the run's GPU-by-time chart drawn beside its metrics.
 
 No Ray: the run's records are frozen dataclasses, built here from plain values.
 """
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import yaml
 from pydantic import ValidationError
 
 from rlix.exec.front.config import parse_config
-from rlix.exec.front.outputs import trace_model
-from rlix.exec.job.records import JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
-from rlix.exec.messages import JobResult
+from rlix.exec.front.outputs import build_outputs, trace_model, usage_from_events
+from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
+from rlix.exec.messages import JobResult, SchedulerStats
 from rlix.job import default_home
+from rlix.metrics import Activity
 from rlix.sim.simulator import Simulation
 from rlix.sim.trace import dump_trace, load_trace
 
@@ -126,3 +130,42 @@ def test_no_finished_step_means_no_trace():
     cfg, results, _ = _recorded()
     empty = {pid: JobResult(pipeline_id=pid, status=JobStatus.FAILED) for pid in results}
     assert trace_model(cfg, empty, {"full": "full", "lora": "lora"}) is None
+
+
+NAMES = {"full": "full", "lora": "lora"}
+EVENTS = [
+    ActivityChange(t=0.5, gpus=(1, 2), activity=Activity.SWITCH, pipeline_id="full", stage=""),
+    ActivityChange(t=1.0, gpus=(1, 2), activity=Activity.WORK, pipeline_id="full", stage="rollout"),
+    ActivityChange(t=1.0, gpus=(3,), activity=Activity.WORK, pipeline_id="lora", stage="rollout"),
+    ActivityChange(t=4.0, gpus=(0,), activity=Activity.WORK, pipeline_id="full", stage="actor_train"),
+    ActivityChange(t=4.0, gpus=(1, 2), activity=Activity.HELD, pipeline_id="full", stage=""),
+    ActivityChange(t=6.0, gpus=(0, 1, 2, 3), activity=Activity.FREE, pipeline_id="", stage=""),
+]
+STATS = SchedulerStats(plans=12, plan_s=0.01, unmet=((0.0, True), (1.0, False)))
+
+
+def test_a_run_writes_its_gpu_by_time_chart_beside_its_metrics(tmp_path):
+    from rlix.sim.plot import plot_runs
+
+    cfg, results, _ = _recorded()
+    out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path / "run")
+    png = tmp_path / "run" / "timeline.png"
+    assert out.files["plot"] == str(png)
+    assert set(out.files) == {"timeline", "metrics", "trace", "plot"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the simulator's chart of the same recorded activity, byte for byte (and so deterministic)
+    plot_runs(
+        {"rlix": (usage_from_events(4, EVENTS, STATS.unmet, 9.0), 9.0)},
+        ["full", "lora"],
+        tmp_path / "sim.png",
+        "rlix-run: 2 jobs",
+    )
+    assert png.read_bytes() == (tmp_path / "sim.png").read_bytes()
+
+
+def test_without_matplotlib_a_run_writes_its_other_outputs(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rlix.sim.plot", None)  # as if matplotlib were not installed: the import fails
+    cfg, results, _ = _recorded()
+    out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path)
+    assert set(out.files) == {"timeline", "metrics", "trace"}
+    assert not (tmp_path / "timeline.png").exists() and (tmp_path / "metrics.json").is_file()

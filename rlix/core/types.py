@@ -304,7 +304,12 @@ class SchedulerConfig:
     - ``backlog_weight``: how much a pipeline's announced but not yet started
       trajectories count in its share weight. 0 (the default) splits by the
       current batches alone; larger values favour long jobs (longest work
-      first), shortening the makespan but starving short jobs.
+      first): a shorter makespan on average, paid for by the short jobs'
+      completion times. Alone (``small_first`` and ``path_halving_s`` off)
+      it shortens the makespan trace after trace and delays short jobs
+      markedly; with them on, they already weigh both sides, so the makespan
+      gain varies from trace to trace (not in every one) and the short jobs
+      pay less.
     - ``weight_by_duration``: weigh a pipeline's trajectories by its reported
       mean trajectory seconds, so the split follows remaining rollout work
       rather than trajectory counts (agentic jobs with long trajectories get

@@ -2,7 +2,8 @@
 
 For each policy: a GPU-by-time chart coloured by pipeline (rollout lighter,
 gang stages full colour, switching grey, held-but-idle pale) and GPU
-utilization over time. Segments are rasterised onto a time grid so a
+utilization over time, on one time axis in seconds, minutes or hours as the
+longest run suits, with each GPU's label in the middle of its band. Segments are rasterised onto a time grid so a
 1,024-GPU replay draws as fast as a small one.
 """
 
@@ -15,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from rlix.metrics import Activity, UsageRecorder
@@ -59,30 +61,73 @@ def raster(usage: UsageRecorder, makespan: float, pipelines: list[str]) -> tuple
     return img, np.clip(work, 0, 1).mean(axis=0)
 
 
-def plot_runs(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], path: str | Path, title: str) -> None:
-    """``runs``: policy -> (usage with segments, makespan seconds)."""
+# (unit, seconds per unit, the longest span it is used for): seconds under 3 minutes, minutes under 3 hours
+TIME_UNITS = (("s", 1.0, 180.0), ("min", 60.0, 3 * 3600.0), ("h", 3600.0, float("inf")))
+MAX_GPU_LABELS = 8
+
+
+def time_unit(span_s: float) -> tuple[str, float]:
+    """(unit name, seconds per unit) that a time axis spanning ``span_s`` seconds reads best in."""
+    return next((name, per) for name, per, below in TIME_UNITS if span_s < below)
+
+
+def gpu_ticks(num_gpus: int) -> list[int]:
+    """GPUs to label: every one up to 8, else every 2**k-th so at most 8 labels (0, 128, ... for 1,024)."""
+    step = 1
+    while num_gpus > step * MAX_GPU_LABELS:
+        step *= 2
+    return list(range(0, num_gpus, step))
+
+
+def _span(seconds: float, unit: str, per: float) -> str:
+    """A duration in the axis' unit, with its seconds when that unit is not seconds."""
+    return f"{seconds:,.0f} s" if per == 1.0 else f"{seconds / per:,.1f} {unit} ({seconds:,.0f} s)"
+
+
+def _draw_run(ax, ux, usage: UsageRecorder, makespan: float, pipelines: list[str], axis: tuple[str, float, float]) -> float:
+    """One run's GPU-by-time chart on ``ax`` and its utilization on ``ux``; ``axis``: (unit, seconds per unit, x limit).
+    Returns the run's mean utilization."""
+    unit, per, right = axis
+    img, util = raster(usage, makespan, pipelines)
+    gpus = usage.num_gpus
+    ax.imshow(img, aspect="auto", interpolation="nearest", extent=(0, makespan / per, gpus, 0))
+    ticks = gpu_ticks(gpus)
+    ax.set_yticks([g + 0.5 for g in ticks], [str(g) for g in ticks], fontsize=8)  # GPU g is the band [g, g + 1]: its middle
+    ax.set_ylabel("GPU")
+    t = np.linspace(0, makespan / per, len(util))
+    ux.fill_between(t, util, step="mid", alpha=0.6)
+    ux.set_ylim(0, 1.02)
+    ux.set_ylabel("utilization")
+    ux.set_xlabel(f"time ({unit})")
+    for a in (ax, ux):
+        a.set_xlim(0, right)
+    return float(util.mean())
+
+
+def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], title: str) -> Figure:
+    """``runs``: policy -> (usage with segments, makespan seconds). One time axis for all, in the unit the longest suits."""
     n = len(runs)
     longest = max(m for _, m in runs.values())
+    unit, per = time_unit(longest)
+    right = max(longest / per, 1e-9)  # a run of no length still gets an axis
     fig, axes = plt.subplots(2 * n, 1, figsize=(12, 3.6 * n + 1.5), gridspec_kw={"height_ratios": [3, 1] * n}, squeeze=False)
     for i, (policy, (usage, makespan)) in enumerate(runs.items()):
-        img, util = raster(usage, makespan, pipelines)
         ax, ux = axes[2 * i][0], axes[2 * i + 1][0]
-        hours = makespan / 3600
-        ax.imshow(img, aspect="auto", interpolation="nearest", extent=(0, hours, usage.num_gpus, 0))
-        ax.set_xlim(0, longest / 3600)
-        ax.set_ylabel("GPU")
-        ax.set_title(f"{policy}: makespan {makespan:,.0f} s, mean utilization {util.mean():.2f}", loc="left", fontsize=10)
-        t = np.linspace(0, hours, len(util))
-        ux.fill_between(t, util, step="mid", alpha=0.6)
-        ux.set_xlim(0, longest / 3600)
-        ux.set_ylim(0, 1.02)
-        ux.set_ylabel("utilization")
-        ux.set_xlabel("hours")
+        util = _draw_run(ax, ux, usage, makespan, pipelines, (unit, per, right))
+        ax.set_title(f"{policy}: makespan {_span(makespan, unit, per)}, mean utilization {util:.2f}", loc="left", fontsize=10)
     colours = palette(pipelines)
     handles = [Patch(color=colours[pid], label=pid) for pid in pipelines[:20]]
     handles += [Patch(color=SWITCH_RGB, label="switching"), Patch(facecolor="white", edgecolor="grey", label="free")]
     fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=2)
     fig.suptitle(f"{title}  (rollout lighter, training/log-probs full colour, held-idle pale)", fontsize=11, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 0.85, 0.97))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot_runs(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], path: str | Path, title: str) -> None:
+    """Write :func:`runs_figure` as a PNG at ``path``."""
+    fig = runs_figure(runs, pipelines, title)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)

@@ -5,7 +5,10 @@
   steps from measured durations), built as the trace format's own model
   (:class:`rlix.sim.trace.TraceModel`), so it is validated when written and
   ``rlix-sim replay`` reads back exactly what was written;
-- ``metrics.json``: the brief's metrics, via :mod:`rlix.metrics`.
+- ``metrics.json``: the brief's metrics, via :mod:`rlix.metrics`;
+- ``timeline.png``: the GPU-by-time chart and utilization, drawn as
+  ``rlix-sim replay --plot`` draws a replay (:mod:`rlix.sim.plot`), when
+  matplotlib can be imported.
 """
 
 from __future__ import annotations
@@ -208,6 +211,16 @@ def _job_json(r: JobResult) -> dict:
     }
 
 
+def timeline_png(rec: UsageRecorder, end: float, policy: str, pipelines: list[str], path: Path) -> Path | None:
+    """The run's GPU-by-time chart at ``path``, as the simulator draws a replay; None without matplotlib."""
+    try:
+        from rlix.sim.plot import plot_runs
+    except ImportError:  # matplotlib is optional for the executor: the JSON outputs say it all
+        return None
+    plot_runs({policy: (rec, end)}, pipelines, path, f"rlix-run: {len(pipelines)} jobs")
+    return path
+
+
 def _tally(res: JobResult) -> PipelineTally:
     tally = PipelineTally(arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None)
     tally.step_latencies = [s.finished_s - s.started_s for s in res.steps]
@@ -227,7 +240,7 @@ def build_outputs(
     stopped_at: float | None = None,
 ) -> RunOutputs:
     """The run's metrics (the simulator's vocabulary, from the recorded activity), timeline.json,
-    trace.json (replayable by rlix-sim) and metrics.json with the executor's own figures.
+    trace.json (replayable by rlix-sim), metrics.json with the executor's own figures and timeline.png.
 
     ``stopped_at``: the run was stopped then (Ctrl-C); metrics.json says its figures are partial."""
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
@@ -264,5 +277,7 @@ def build_outputs(
         "jobs": {pid: _job_json(r) for pid, r in sorted(results.items())},
     }
     files["metrics"].write_text(json.dumps({**metrics.to_json(), "executor": extra}, indent=1) + "\n")
+    if (plot := timeline_png(rec, end, cfg.policy, sorted(results), out_dir / "timeline.png")) is not None:
+        files["plot"] = plot
     paths = {k: str(v) for k, v in files.items()}
     return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files=paths)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rlix.exec.control.actor_placement import ClusterError
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, load_config
+from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
 
@@ -97,7 +98,7 @@ class Session:
             if address:
                 _join(address, self.cluster.num_gpus, where)
             else:
-                ray.init(
+                init_local_ray(
                     num_cpus=config.ray.num_cpus or os.cpu_count(),
                     num_gpus=self.cluster.num_gpus,
                     include_dashboard=False,

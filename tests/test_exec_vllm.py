@@ -61,9 +61,10 @@ def engines(model_dir):
     torch.set_num_threads(1)
     held: dict = {}
 
-    def get(lora: LoraSpec | None = None):
+    def get(lora: LoraSpec | None = None, new: bool = False):
+        """The held engine of that kind (``new``: a just-prepared one, never woken)."""
         key = lora
-        if held.get("key", "none") != key:
+        if held.get("key", "none") != key or new:
             if "engine" in held:
                 held.pop("engine").close()
             b = VllmRolloutBackend(lora=lora, options=OPTS)
@@ -147,25 +148,19 @@ def test_generation_and_logprobs_agree_with_the_torch_backend(model_dir, engines
         assert logprob_gap(b, model, temperature) <= LOGPROB_TOL
 
 
-def test_the_engine_is_built_at_start_up_where_it_holds_no_device_memory(model_dir):
+def test_the_engine_is_built_at_start_up_where_it_holds_no_device_memory(model_dir, engines):
     """On a CPU host prepare builds the engine and parks it: the first wake is a wake (the trainer's
     weights loaded), not a build. On a GPU the build needs the device: it is the first wake's."""
-    from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
-
-    b = VllmRolloutBackend(options=OPTS)
-    try:
-        b.prepare(str(model_dir), DEVICE)
-        if DEVICE == "cuda":
-            assert b.builds_on_wake and b.llm is None
-            return
-        assert not b.builds_on_wake and b.llm is not None and not b.awake
-        with pytest.raises(ValueError, match="snapshot"):  # parked at level 2: serves nothing before a weight load
-            b.wake(None)
-        b.wake(v0(model_dir))
-        assert b.awake and b.weight_version == 0 and not b.builds_on_wake
-        assert b.generate(_req(n=8)).token_ids
-    finally:
-        b.close()
+    b = engines(new=True)
+    if DEVICE == "cuda":
+        assert b.builds_on_wake and b.llm is None
+        return
+    assert not b.builds_on_wake and b.llm is not None and not b.awake
+    with pytest.raises(ValueError, match="snapshot"):  # parked at level 2: serves nothing before a weight load
+        b.wake(None)
+    b.wake(v0(model_dir))
+    assert b.awake and b.weight_version == 0 and not b.builds_on_wake
+    assert b.generate(_req(n=8)).token_ids
 
 
 def test_sleep_and_wake_sync_the_trainers_weights(model_dir, engines):

@@ -221,6 +221,7 @@ def gang_activity(stage: Stage, phase: GangPhase) -> Activity:
 class WorkerPhase(enum.Enum):
     """What a rollout worker's GPUs go through, in both shells."""
 
+    START = "start"  # an expand onto a worker whose process is still starting (building its engine)
     LOAD = "load"  # an expand: the worker wakes and loads the newest weights
     WEIGHT_SYNC = "weight_sync"  # a newer version synced to a live worker
     BUSY = "busy"  # generating
@@ -230,6 +231,7 @@ class WorkerPhase(enum.Enum):
 
 
 _WORKER_BOOK = {
+    WorkerPhase.START: (Activity.SWITCH, "start"),
     WorkerPhase.LOAD: (Activity.SWITCH, "load"),
     WorkerPhase.WEIGHT_SYNC: (Activity.SWITCH, "weight_sync"),
     WorkerPhase.BUSY: (Activity.WORK, "rollout"),

@@ -188,6 +188,7 @@ class _Worker:
         self.calls: list[tuple] = []
         self.wake_gate, self.sleep_gate, self.gen_gate = _Gate(), _Gate(), _Gate()
         self.dies_in_rollout = False
+        self.cold = False  # its next wake builds the engine (as a vLLM worker's first wake on a GPU)
 
         async def prepare(model_dir):
             self.calls.append(("prepare",))
@@ -196,7 +197,8 @@ class _Worker:
         async def wake(full, *adapters):
             self.calls.append(("wake", full))
             await self.wake_gate.event.wait()
-            return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]))
+            cold, self.cold = self.cold, False
+            return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]), cold=cold)
 
         async def update_weights(full):
             self.calls.append(("update_weights", full))
@@ -363,7 +365,8 @@ def test_a_shrink_before_the_process_is_up_cancels_the_expand():
     job = asyncio.run(scenario())
     assert [c[0] for c in job.workers[0].calls] == ["prepare"]
     assert job.pool.workers[0].state is WorkerState.ASLEEP and job.pool.held_gpus() == ()
-    assert job.marks(0)[-1] is Activity.FREE
+    assert [(e.activity, e.stage) for e in job.ctl.rec.events] == [(Activity.SWITCH, "start"), (Activity.FREE, "")]
+    assert job.ctl.rec.switches == []  # no cold start booked for GPUs given back before the process was up
 
 
 def test_a_worker_that_does_not_wake_in_time_is_killed_and_reported_lost():
@@ -428,3 +431,44 @@ def test_a_newer_weight_version_published_during_a_wake_is_synced_before_work():
 
     w = asyncio.run(scenario())
     assert w.calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("generate", 0)]
+
+
+def test_a_wake_that_builds_the_engine_is_booked_as_a_cold_start():
+    """A worker whose first wake builds its engine on the GPUs: that wake is a cold start, later ones are wakes
+    (and only wakes make the measured wake cost); the GPUs are switching in both."""
+    from rlix.exec.job.records import SwitchKind
+
+    async def scenario():
+        job = _Job()
+        await _warm(job, (0,))
+        job.worker((0,)).cold = True
+        await job.ctl.expand((0,))
+        await job.ctl.shrink((0,), "gang")
+        await job.ctl.expand((0,))
+        return job
+
+    job = asyncio.run(scenario())
+    assert [s.kind for s in job.ctl.rec.switches] == [SwitchKind.COLD_START, SwitchKind.SLEEP, SwitchKind.WAKE]
+    assert job.marks(0)[:2] == [Activity.SWITCH, Activity.HELD]  # built and loaded, then awake with nothing to run
+
+
+def test_an_expand_onto_a_starting_worker_books_the_start_then_the_wake():
+    """GPUs given to a worker whose process is still starting are switching ("start") until it is up, then it wakes ("load")."""
+    from rlix.exec.job.records import SwitchKind
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        expand = asyncio.ensure_future(job.ctl.expand((0,)))
+        await _settle()
+        job.prepare_gate.event.set()
+        await asyncio.wait_for(expand, 1.0)
+        return job
+
+    job = asyncio.run(scenario())
+    assert [(e.activity, e.stage) for e in job.ctl.rec.events] == [
+        (Activity.SWITCH, "start"),
+        (Activity.SWITCH, "load"),
+        (Activity.HELD, "rollout"),
+    ]
+    assert [s.kind for s in job.ctl.rec.switches] == [SwitchKind.COLD_START, SwitchKind.WAKE]

@@ -61,9 +61,10 @@ def engines(model_dir):
     torch.set_num_threads(1)
     held: dict = {}
 
-    def get(lora: LoraSpec | None = None):
+    def get(lora: LoraSpec | None = None, new: bool = False):
+        """The held engine of that kind (``new``: a just-prepared one, never woken)."""
         key = lora
-        if held.get("key", "none") != key:
+        if held.get("key", "none") != key or new:
             if "engine" in held:
                 held.pop("engine").close()
             b = VllmRolloutBackend(lora=lora, options=OPTS)
@@ -147,6 +148,21 @@ def test_generation_and_logprobs_agree_with_the_torch_backend(model_dir, engines
         assert logprob_gap(b, model, temperature) <= LOGPROB_TOL
 
 
+def test_the_engine_is_built_at_start_up_where_it_holds_no_device_memory(model_dir, engines):
+    """On a CPU host prepare builds the engine and parks it: the first wake is a wake (the trainer's
+    weights loaded), not a build. On a GPU the build needs the device: it is the first wake's."""
+    b = engines(new=True)
+    if DEVICE == "cuda":
+        assert b.builds_on_wake and b.llm is None
+        return
+    assert not b.builds_on_wake and b.llm is not None and not b.awake
+    with pytest.raises(ValueError, match="snapshot"):  # parked at level 2: serves nothing before a weight load
+        b.wake(None)
+    b.wake(v0(model_dir))
+    assert b.awake and b.weight_version == 0 and not b.builds_on_wake
+    assert b.generate(_req(n=8)).token_ids
+
+
 def test_sleep_and_wake_sync_the_trainers_weights(model_dir, engines):
     b = fresh(engines(), model_dir)
     before = b.generate(_req(temperature=1e-5))
@@ -211,9 +227,12 @@ import sys, threading, time
 from rlix.exec.messages import EngineStopped, GenRequest, VllmOptions
 from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
 
+from rlix.exec.data.model import load_model
+from rlix.exec.train.weights import snapshot_of
+
 b = VllmRolloutBackend(options=VllmOptions(**eval(sys.argv[2])))
 b.prepare(sys.argv[1], "cpu")
-b.wake(None)
+b.wake(snapshot_of(load_model(sys.argv[1]), 0))
 req = GenRequest(traj_id=1, prompt_ids=(1, 5), max_new_tokens=200, temperature=1.0, seed=0)
 out = {}
 def run():
@@ -341,8 +360,9 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     worker = RolloutWorkerActor.options(**opts).remote(Emulation(), None, "vllm", OPTS)
     try:
         assert ray.get(worker.visible_devices.remote()) == "0,1"
-        ray.get(worker.prepare.remote(str(model_dir)), timeout=120)
-        ray.get(worker.wake.remote(v0(model_dir)), timeout=300)
+        ray.get(worker.prepare.remote(str(model_dir)), timeout=300)
+        woke = ray.get(worker.wake.remote(v0(model_dir)), timeout=300)
+        assert woke.cold is (DEVICE == "cuda")  # the first wake builds the engine only where it needs the device
         got = ray.get([worker.generate.remote(_req(p, traj_id=i, n=16, seed=5)) for i, p in enumerate(PROMPTS)], timeout=120)
         assert ray.get(worker.update_weights.remote(new), timeout=120).version == 1  # the sync reaches both ranks
         got_new = ray.get([worker.generate.remote(_req(p, traj_id=i, n=16, seed=5)) for i, p in enumerate(PROMPTS)], timeout=120)
@@ -399,6 +419,8 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
         assert all(0.0 <= s.mean_reward <= 1.0 for s in r.steps)
         kinds = {s.kind for s in r.switches}
         assert SwitchKind.SLEEP in kinds and SwitchKind.WAKE in kinds  # one GPU: every gang stage shrinks rollout
+        if DEVICE == "cuda":  # the engine built on the GPU by the first wake is booked as a cold start
+            assert SwitchKind.COLD_START in kinds
         assert any(s.kind is SwitchKind.WAKE and s.synced_bytes > 0 for s in r.switches)  # woken with the trainer's weights
     assert [s.step for s in out.results["full"].steps] == [0, 1]
     assert sorted({s.stream for s in out.results["lora"].steps}) == ["a", "b"]

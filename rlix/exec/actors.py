@@ -88,15 +88,20 @@ class RolloutWorkerActor:
         t0 = time.perf_counter()
         before = self.backend.weight_version if self.backend.awake else -1
         had = self.backend.adapter_versions if self.backend.awake else {}
+        cold = self.backend.builds_on_wake
         self.backend.wake(snapshot, adapters)
         synced = snapshot.nbytes if snapshot is not None and snapshot.version != before else 0
         synced += sum(a.nbytes for a in adapters if a.version > had.get(a.name, -1))
-        return self._timing(t0, synced)
+        return self._timing(t0, synced, cold)
 
-    def _timing(self, t0: float, synced: int) -> SwitchTiming:
+    def _timing(self, t0: float, synced: int, cold: bool = False) -> SwitchTiming:
         versions = tuple(sorted(self.backend.adapter_versions.items()))
         return SwitchTiming(
-            seconds=time.perf_counter() - t0, synced_bytes=synced, version=self.backend.weight_version, adapters=versions
+            seconds=time.perf_counter() - t0,
+            synced_bytes=synced,
+            version=self.backend.weight_version,
+            adapters=versions,
+            cold=cold,
         )
 
     def update_adapter(self, snapshot: AdapterSnapshot) -> SwitchTiming:

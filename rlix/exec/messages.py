@@ -124,6 +124,7 @@ class SwitchTiming:
     synced_bytes: int = 0
     version: int = -1
     adapters: tuple[tuple[str, int], ...] = ()  # multi-LoRA: (adapter, version) the engine serves
+    cold: bool = False  # the wake built the engine on the device (a cold start, not a resume)
 
     def adapter_version(self, name: str) -> int:
         return dict(self.adapters).get(name, -1)

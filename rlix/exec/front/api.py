@@ -23,6 +23,7 @@ from rlix.exec.control.actor_placement import ClusterError
 from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, load_config
 from rlix.exec.front.joblines import job_line
+from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
@@ -143,7 +144,7 @@ class Session:
             if address:
                 _join(address, self.cluster.num_gpus, where)
             else:
-                ray.init(
+                init_local_ray(
                     num_cpus=config.ray.num_cpus or os.cpu_count(),
                     num_gpus=self.cluster.num_gpus,
                     include_dashboard=False,

@@ -51,7 +51,7 @@ class StepRecord:
 
 
 class SwitchKind(enum.Enum):
-    COLD_START = "cold_start"  # new worker process + model load
+    COLD_START = "cold_start"  # GPUs held while a worker process starts, or while its first wake builds the engine
     WAKE = "wake"  # resume a slept worker (weights synced from the CPU cache)
     SLEEP = "sleep"  # shrink: abort + drop weights
     SYNC = "sync"  # push new weights to a live worker

@@ -2,7 +2,7 @@
 
 A :class:`RolloutBackend` owns one rollout worker's engine on the GPUs the
 plan gave the worker's process. Its life: ``prepare`` (process start-up, no
-device memory) -> ``wake`` (engine built, newest CPU weights loaded) ->
+device memory) -> ``wake`` (engine built if it is not yet, newest CPU weights loaded) ->
 ``generate``/``update_weights`` while awake -> ``abort`` + ``sleep`` when the
 plan shrinks it (weights dropped) -> ``wake`` again on the next expand.
 Implementations import this module and :mod:`rlix.exec.messages` only.
@@ -59,6 +59,11 @@ class RolloutBackend(abc.ABC):
     @property
     @abc.abstractmethod
     def weight_version(self) -> int: ...
+
+    @property
+    def builds_on_wake(self) -> bool:
+        """The next wake builds the engine on the device (a cold start), not only resumes it."""
+        return False
 
     @property
     @abc.abstractmethod

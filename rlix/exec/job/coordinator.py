@@ -120,8 +120,9 @@ class PipelineCoordinator:
             if self.failure.done():
                 raise self.failure.result()
             self.status = JobStatus.FINISHED
-        except RewardError as exc:  # the user's reward function failed: a one-line reason, no traceback
-            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc}".splitlines()[0], True
+        except RewardError as exc:  # the user's reward function failed: one line, its traceback kept in the job's directory
+            where = self.steplog.dir if self.steplog is not None else None
+            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc.kept_in(where)}", True
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]

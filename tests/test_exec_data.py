@@ -81,6 +81,30 @@ def test_failing_function_is_named_in_one_line(name, words):
     assert "\n" not in msg and all(w in msg for w in words), msg
 
 
+def test_a_raise_names_the_users_line_and_its_traceback_is_kept(tmp_path):
+    """A raise deep in the standard library is placed at the user's line that called it."""
+    with pytest.raises(RewardError) as info:
+        _score(_set(("reward_len", 1.0), ("parses_json", 1.0)), ["1", "x"])
+    source = (ROOT / TRL).read_text().splitlines()
+    lineno = source.index("    return [float(json.loads(c)) for c in completions]") + 1
+    exc = info.value
+    assert exc.index == 1 and str(exc).endswith(
+        f"raised JSONDecodeError: Expecting value: line 1 column 1 (char 0) at {ROOT / TRL}:{lineno}"
+    )
+    line = exc.kept_in(tmp_path / "job")
+    assert line == f"{exc}; traceback in {tmp_path / 'job' / 'reward_error.txt'}"
+    kept = (tmp_path / "job" / "reward_error.txt").read_text()
+    assert f"line {lineno}, in parses_json" in kept and "json/decoder.py" in kept and kept.count("\n") > 6
+    assert exc.kept_in(None) == str(exc)  # no job directory: the line alone
+
+
+def test_a_bad_value_has_no_traceback_to_keep(tmp_path):
+    with pytest.raises(RewardError) as info:
+        _score(_set(("reward_len", 1.0), ("too_few", 1.0)), ["a", "b"])
+    assert info.value.index == 1 and info.value.kept_in(tmp_path) == str(info.value)
+    assert not (tmp_path / "reward_error.txt").exists()
+
+
 def test_reward_set_pickles_by_reference():
     import pickle
 

@@ -77,6 +77,110 @@ def test_chat_template_applied_unless_disabled(tmp_path, model_dir):
     assert not Encoder(model_dir, True).templated  # no template in the checkpoint: text as is
 
 
+SPELL = "Spell the word 'apple' backwards:"
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_built_tokenizer_keeps_every_printable_ascii_character(tmp_path, arch):
+    from rlix.exec.data.model import ModelSize, build_model
+    from rlix.exec.data.recipe import TextCodec
+    from rlix.exec.data.sources import Encoder
+
+    d = build_model(ModelSize(arch=arch, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path)
+    encoder, codec = Encoder(d, True), TextCodec(d)
+    every = "".join(chr(c) for c in range(32, 127)) + "\n"
+    for text in (SPELL, every):
+        ids = encoder.encode(text)
+        assert ids == codec.encode_prompt(text)  # the data path and the task path agree
+        assert len(ids) == len(text) + 1 and encoder.unk_id not in ids  # BOS, then one token per character
+        assert codec.decode(ids) == text and encoder.tok.decode(list(ids), skip_special_tokens=True) == text
+
+
+def test_characters_outside_the_alphabet_are_counted_and_reported(tmp_path, model_dir, capsys):
+    from rlix.exec.front.api import data_report, prepare_recipes
+    from rlix.exec.front.config import RunConfig
+
+    rows = [{"q": SPELL, "answer": "x"}, {"q": "Été 🙂 =", "answer": "y"}, {"q": "naïve", "answer": "z"}]
+    (tmp_path / "u.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    job = _job(tmp_path, data={"path": str(tmp_path / "u.jsonl"), "prompt_field": "q"})
+    job = job.model_copy(update={"rewards": job.rewards[:1]})
+    cfg = RunConfig.model_validate({"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [job.model_dump()]})
+    recipe = prepare_recipes(cfg, {"j": str(model_dir)})["j"]
+    train = data_report(recipe)["train"]
+    assert (train["prompts"], train["lost_prompts"], train["lost_chars"]) == (3, 2, 4)  # É, é, 🙂 and ï
+    item = recipe.source.items[1]
+    assert recipe.codec.decode(item.prompt_ids) == "t  ="  # each lost character a (skipped) unknown token, nothing shifted
+    assert len(item.prompt_ids) == len(rows[1]["q"]) + 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"rlix-run: job j: 2 of 3 prompts in {tmp_path / 'u.jsonl'} have characters the tokenizer cannot represent "
+        "(4 in all, each now its unknown token); see the README on the built-in tokenizer's alphabet\n"
+    )
+
+
+def test_a_model_built_with_an_older_tokenizer_is_built_again(tmp_path):
+    from rlix.exec.data.model import ModelSize, build_model, load_tokenizer
+
+    size = ModelSize(arch="qwen2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    build_model(size, tmp_path)
+    marker = tmp_path / "rlix_size.json"
+    marker.write_text(json.dumps(size.__dict__, sort_keys=True))  # what an older build left: no tokenizer version
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    build_model(size, tmp_path)
+    assert json.loads(marker.read_text())["tokenizer"] == 2
+    assert load_tokenizer(tmp_path).decode(load_tokenizer(tmp_path)(SPELL)["input_ids"]) == SPELL
+
+
+def _raise_line(name: str) -> int:
+    """The line of tests/data/trl_rewards.py where ``name`` raises."""
+    lines = (ROOT / "tests" / "data" / "trl_rewards.py").read_text().splitlines()
+    code = {"raises": 'raise ValueError("bad\\nthing")', "parses_json": "return [float(json.loads(c)) for c in completions]"}
+    return lines.index("    " + code[name]) + 1 if name in code else 0
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("raises", "raised ValueError: bad thing at {file}:{line}"),
+        ("parses_json", "raised JSONDecodeError: Expecting value: line 1 column 1 (char 0) at {file}:{line}"),
+        ("too_few", "returned 1 values for 8 completions"),
+        ("not_numbers", "returned 'high', not a number"),
+    ],
+)
+def test_reward_functions_are_tried_on_a_few_prompts_before_any_actor(tmp_path, model_dir, name, words):
+    from rlix.exec.front.api import prepare_recipes
+    from rlix.exec.front.config import ConfigError, RunConfig
+
+    job = _job(tmp_path)
+    rewards = [job.rewards[0], job.rewards[0].model_copy(update={"function": f"{ROOT}/tests/data/trl_rewards.py:{name}"})]
+    cfg = RunConfig.model_validate(
+        {"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [job.model_copy(update={"rewards": rewards}).model_dump()]}
+    )
+    with pytest.raises(ConfigError) as info:
+        prepare_recipes(cfg, {"j": str(model_dir)})
+    msg = str(info.value)
+    assert msg.startswith(f"jobs[0].rewards[1].function: job 'j': reward function {ROOT}/tests/data/trl_rewards.py:{name} ")
+    assert words.format(file=ROOT / "tests" / "data" / "trl_rewards.py", line=_raise_line(name)) in msg
+    assert msg.endswith(
+        ", on a dry run over the first 4 prompts with dummy completions (empty, and the prompt's own text); fix the function"
+    )
+    assert "\n" not in msg
+
+
+def test_the_dry_run_gives_each_function_empty_and_echoed_completions(tmp_path, model_dir):
+    from rlix.exec.data.recipe import Recipe
+
+    seen = []
+    recipe = Recipe.from_data(_job(tmp_path), model_dir)
+    recipe.rewards.score = lambda **kw: seen.append(kw)  # the call the functions get, as TRL makes it
+    recipe.dry_check()
+    (call,) = seen
+    assert call["completions"] == ["", "00=", "", "11=", "", "22=", "", "33="]  # the first 4 prompts, in file order
+    assert call["prompts"] == ["00=", "00=", "11=", "11=", "22=", "22=", "33=", "33="]
+    assert call["completion_ids"][:2] == [[], list(recipe.codec.encode_prompt("00=")[1:])]
+    assert call["columns"]["answer"][:3] == ["00", "00", "11"]
+
+
 def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, model_dir):
     from rlix.exec.data.recipe import Recipe
     from rlix.exec.rollout.torch_backend import GenResult

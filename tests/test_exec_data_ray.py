@@ -63,11 +63,14 @@ def test_user_job_trains_beside_others_with_reward_rising(run):
 
 
 def test_raising_reward_fails_only_its_job_with_one_line(run):
-    _, first, _ = run
+    d, first, _ = run
     broken = first.results["broken"]
     assert broken.status is JobStatus.FAILED
     assert "RewardError" in broken.error and "fails_at_run.py:flaky" in broken.error and "KeyError" in broken.error
     assert "\n" not in broken.error
+    kept = d / "out" / "broken" / "reward_error.txt"
+    assert broken.error.endswith(f"fails_at_run.py:7; traceback in {kept}"), broken.error
+    assert "Traceback (most recent call last):" in kept.read_text()
     assert broken.bad_input and not first.results["copy"].bad_input
     assert len(first.results["copy"].steps) == 4
 

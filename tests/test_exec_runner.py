@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from helpers import spec
 
 from rlix.core import ClusterSpec, SchedulerConfig, Stage
 from rlix.exec.data.recipe import ScoredStep, Trajectory
+from rlix.exec.data.rewards import RewardError, RewardRef, RewardSet
 from rlix.exec.data.tasks import Prompt
 from rlix.exec.messages import GenRequest, GenResult, SwitchTiming, TrainStats
 from rlix.step import JobPlan, StepMachine, StreamSpec
 
 STAGES = (Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN)
+DATA = Path(__file__).resolve().parent / "data"
 
 
 class _Remote:
@@ -120,8 +123,10 @@ class _Recipe:
         return [Trajectory(step=step, prompt=Prompt(prompt_id=r.traj_id, text="x", answer="x"), request=r) for r in reqs]
 
     def score(self, trajs, results) -> ScoredStep:
-        if self.rewards[trajs[0].step] is None:
-            raise ValueError("the reward function raised")
+        if self.rewards[trajs[0].step] is None:  # the user's function raises, called as a recipe calls it
+            RewardSet((RewardRef(function="trl_rewards.py:raises", base_dir=str(DATA)),)).score(
+                completions=["x"] * len(trajs), prompts=["x"] * len(trajs), completion_ids=[[1]] * len(trajs), columns={}
+            )
         return ScoredStep(samples=(), rewards=(self.rewards[trajs[0].step],) * len(trajs))
 
 
@@ -232,10 +237,21 @@ def test_a_stream_that_stops_drops_its_queued_batch_and_loses_nothing():
     assert trainer.calls.count("train") == 1
 
 
-def test_a_reward_function_that_raises_fails_the_job_instead_of_hanging_it():
+def test_a_reward_function_that_raises_fails_the_job_instead_of_hanging_it(tmp_path):
     runner, _, result, failures, _ = asyncio.run(_run_job(steps=3, rewards=[0.5, None, 0.5]))
-    assert [type(f) for f in failures] == [ValueError] and not runner.ended.done()
+    assert [type(f) for f in failures] == [RewardError] and not runner.ended.done()
     assert [s.step for s in result.steps] == [0]
+    # what the coordinator then reports: one line ending with where it raised and where its traceback is
+    line = failures[0].kept_in(tmp_path / "p")
+    lineno = (DATA / "trl_rewards.py").read_text().splitlines().index('    raise ValueError("bad\\nthing")') + 1
+    raised_at = f"{DATA / 'trl_rewards.py'}:{lineno}"
+    assert line == (
+        f"reward function trl_rewards.py:raises raised ValueError: bad thing at {raised_at}; traceback in "
+        f"{tmp_path / 'p' / 'reward_error.txt'}"
+    )
+    kept = (tmp_path / "p" / "reward_error.txt").read_text()
+    assert kept.startswith(line.partition("; traceback")[0] + "\n\nTraceback (most recent call last):")
+    assert f'File "{DATA / "trl_rewards.py"}", line {lineno}, in raises' in kept
 
 
 @pytest.mark.parametrize("step", [0, 1])

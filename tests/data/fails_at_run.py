@@ -1,5 +1,7 @@
-"""A reward function that passes the config check and fails when called (a run-time failure)."""
+"""A reward function that passes the config check and the dry run, and fails on the model's completions."""
 
 
-def flaky(completions, answer, **kwargs):
-    raise KeyError("the verifier crashed")
+def flaky(completions, prompts, answer, **kwargs):
+    """Knows only an empty completion or one that repeats its prompt (what the dry run tries); any other raises."""
+    known = {"": 0.0, **{p: 0.0 for p in prompts}}
+    return [known[c] for c in completions]

@@ -67,3 +67,10 @@ def nan_is_none(completions, **kwargs):
 
 def infinite(completions, **kwargs):
     return [float("inf")] * len(completions)
+
+
+def parses_json(completions, **kwargs):
+    """Raises inside the standard library (json) on a completion that is not JSON."""
+    import json
+
+    return [float(json.loads(c)) for c in completions]

@@ -12,9 +12,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-# Characters the code-made tokenizer knows; tasks only use these.
-ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz+-=>:,. "
-PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+# Characters the code-made tokenizer knows, one token each: newline and printable ASCII (space to '~').
+# Any other character (accents, other scripts, emoji) becomes UNK, counted when the data is prepared.
+ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+# Version of the code-made tokenizer, kept in its tokenizer_config.json and in a built model's
+# marker: a model directory built with another version is built again.
+TOKENIZER_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,28 +38,35 @@ def build_tokenizer(out_dir: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {PAD: 0, BOS: 1, EOS: 2}
+    vocab = {PAD: 0, BOS: 1, EOS: 2, UNK: 3}
     for ch in ALPHABET:
         vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        rlix_tokenizer=TOKENIZER_VERSION,  # load_tokenizer's sign to load it as saved
+    )
     fast.save_pretrained(str(out_dir))
     return fast
 
 
 def build_model(size: ModelSize, out_dir: Path) -> Path:
     """Build a random-weight model + tokenizer in ``out_dir``; returns the directory."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     marker = out_dir / "rlix_size.json"
-    wanted = json.dumps(size.__dict__, sort_keys=True)
+    wanted = json.dumps({**size.__dict__, "tokenizer": TOKENIZER_VERSION}, sort_keys=True)
     if marker.exists() and marker.read_text() == wanted:
-        return out_dir  # already built with this exact size and seed
+        return out_dir  # already built with this exact size, seed and tokenizer (nothing imported)
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
     tok = build_tokenizer(out_dir)
     config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[size.arch]
     config = config_cls(
@@ -98,8 +109,16 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32"):
 
 
 def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
+    """A checkpoint's tokenizer as ``AutoTokenizer`` loads it; the code-made one exactly as saved.
 
+    (For a qwen2 config, ``AutoTokenizer`` would rebuild the code-made tokenizer as a byte-level BPE,
+    which has no token for a space or any character outside the vocabulary and drops them.)
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg = Path(path) / "tokenizer_config.json"
+    if cfg.is_file() and "rlix_tokenizer" in json.loads(cfg.read_text()):
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path))
 
 

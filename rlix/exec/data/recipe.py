@@ -104,6 +104,7 @@ class TaskPrompts:
 
 
 DIGIT_REWARD = "rlix.exec.data.tasks:digit_match"
+DRY_ROWS = 4  # dataset rows a data job's reward functions are first tried on
 
 
 class Recipe:
@@ -280,18 +281,35 @@ class Recipe:
             ev = EvalScore(prompts=len(evals), mean_reward=sum(eb.totals) / len(eb.totals), functions=eb.functions)
         return ScoredStep(samples=samples, rewards=batch.totals, functions=batch.functions, eval=ev)
 
+    def dry_check(self, rows: int = DRY_ROWS) -> None:
+        """Call every reward function once on the first ``rows`` prompts, each with two dummy completions
+        (empty, and the prompt's own text): a function that raises or returns the wrong values raises
+        :class:`RewardError` now, before any actor starts, instead of after the models load."""
+        items = [it for it in self.source.items[:rows] for _ in range(2)]
+        texts = [("", _text(it.prompt))[k % 2] for k, it in enumerate(items)]
+        skip = 1 if self.codec.bos_id is not None else 0
+        ids = [list(self.codec.encode_prompt(t)[skip:]) if t else [] for t in texts]
+        self._call(items, texts, ids)
+
     def _rewards(self, trajs: list[Trajectory], results: dict[int, GenResult]) -> RewardBatch:
-        """Call the reward functions TRL's way: completions, prompts, completion ids and the rows' other columns."""
         ids = [list(results[t.request.traj_id].token_ids) for t in trajs]
-        texts = [self.codec.decode(tuple(x)) for x in ids]
-        completions = [[{"role": "assistant", "content": c}] if is_messages(t.prompt.prompt) else c for t, c in zip(trajs, texts)]
+        return self._call([t.prompt for t in trajs], [self.codec.decode(tuple(x)) for x in ids], ids)
+
+    def _call(self, items: list[PromptItem], texts: list[str], ids: list[list[int]]) -> RewardBatch:
+        """Call the reward functions TRL's way: completions, prompts, completion ids and the rows' other columns."""
+        completions = [[{"role": "assistant", "content": c}] if is_messages(it.prompt) else c for it, c in zip(items, texts)]
         columns: dict[str, list] = {}
-        for t in trajs:
-            for name, value in t.prompt.columns:
+        for it in items:
+            for name, value in it.columns:
                 columns.setdefault(name, []).append(value)
         return self.rewards.score(
-            completions=completions, prompts=[t.prompt.prompt for t in trajs], completion_ids=ids, columns=columns
+            completions=completions, prompts=[it.prompt for it in items], completion_ids=ids, columns=columns
         )
+
+
+def _text(prompt: object) -> str:
+    """A prompt as text: itself, or its last message's content."""
+    return str(prompt[-1]["content"]) if is_messages(prompt) else str(prompt)
 
 
 def continuation(request: GenRequest, partial: GenResult) -> GenRequest:

@@ -9,9 +9,11 @@ A job's reward is the weighted sum over its functions, a ``None`` counting 0
 (and counted, so it is reported).
 
 Functions are resolved and their signatures checked when the config is
-loaded (:func:`check_reward`); at run time a function that raises or returns
-the wrong number of values raises :class:`RewardError`, one line naming it,
-which fails only that job. No torch here: rewards run in the job's light
+loaded (:func:`check_reward`) and called on a few dataset rows with dummy
+completions before any actor starts; at run time a function that raises or
+returns the wrong number of values raises :class:`RewardError`, one line
+naming it and where it raised, which fails only that job (its traceback kept
+in the job's directory, :meth:`RewardError.kept_in`). No torch here: rewards run in the job's light
 coordinator.
 """
 
@@ -23,6 +25,7 @@ import importlib.util
 import inspect
 import math
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,26 @@ TRL_ARGS = ("completions", "prompts", "completion_ids")
 
 
 class RewardError(RuntimeError):
-    """A reward function failed at run time; the message is one line naming it."""
+    """A reward function failed; the message is one line naming it (and, when it raised, where)."""
+
+    def __init__(self, message: str, *, index: int = -1, details: str = "") -> None:
+        super().__init__(message)
+        self.index = index  # the function's place in the job's rewards (-1: not known)
+        self.details = details  # the formatted traceback of what it raised ("" when it returned a bad value)
+
+    def kept_in(self, directory: str | Path | None) -> str:
+        """The one line; with a traceback and a ``directory``, the traceback is saved there first
+        (``reward_error.txt``) and the line ends with that file's path."""
+        line = _one_line(self)
+        if not self.details or directory is None:
+            return line
+        path = Path(directory) / "reward_error.txt"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{line}\n\n{self.details}", encoding="utf-8")
+        except OSError:
+            return line
+        return f"{line}; traceback in {path}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,11 +191,11 @@ class RewardSet:
     def _functions(self) -> list[Callable]:
         if self._fns is None:
             fns = []
-            for ref in self.refs:
+            for k, ref in enumerate(self.refs):
                 try:
                     fns.append(resolve(ref))
                 except ValueError as exc:
-                    raise RewardError(f"reward function {ref.function}: {exc}") from None
+                    raise RewardError(f"reward function {ref.function}: {exc}", index=k) from None
             self._fns = fns
         return self._fns
 
@@ -183,14 +205,35 @@ class RewardSet:
         """Call every function once on the batch; raise :class:`RewardError` naming a function that fails."""
         n = len(completions)
         per_fn = []
-        for ref, fn in zip(self.refs, self._functions()):
+        for k, (ref, fn) in enumerate(zip(self.refs, self._functions())):
             try:
                 out = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
             except Exception as exc:
-                raise RewardError(f"reward function {ref.function} raised {type(exc).__name__}: {_one_line(exc)}") from None
-            per_fn.append(FunctionScores(name=ref.function, weight=ref.weight, values=_values(ref, out, n)))
+                raise RewardError(
+                    f"reward function {ref.function} raised {type(exc).__name__}: {_one_line(exc)} at {_raised_at(fn, exc)}",
+                    index=k,
+                    details="".join(traceback.format_exception(exc)),
+                ) from None
+            try:
+                values = _values(ref, out, n)
+            except RewardError as exc:
+                raise RewardError(str(exc), index=k) from None
+            per_fn.append(FunctionScores(name=ref.function, weight=ref.weight, values=values))
         totals = tuple(sum(f.weight * (f.values[i] or 0.0) for f in per_fn) for i in range(n))
         return RewardBatch(totals=totals, functions=tuple(per_fn))
+
+
+def _raised_at(fn: Callable, exc: BaseException) -> str:
+    """``file:line`` where the user's code raised: the innermost frame in the directory of ``fn``'s file
+    (its own file or a helper beside it), else the innermost frame of all."""
+    frames = traceback.extract_tb(exc.__traceback__)[1:] or traceback.extract_tb(exc.__traceback__)  # [0]: the call here
+    try:
+        home = Path(inspect.getsourcefile(inspect.unwrap(fn)) or "").resolve().parent
+    except (TypeError, OSError):
+        home = None
+    mine = [f for f in frames if home is not None and Path(f.filename).resolve().parent == home]
+    at = (mine or frames)[-1]
+    return f"{at.filename}:{at.lineno}"
 
 
 def _values(ref: RewardRef, out: object, n: int) -> tuple[float | None, ...]:

@@ -7,8 +7,8 @@ prompt to the reward functions. Reading and checking happen when the config
 is loaded (:func:`read_checked`, one-line :class:`DataError` naming the
 field); tokenizing happens in the driver once the model directory exists
 (:func:`prepare`): the checkpoint's own tokenizer, its chat template unless
-``chat_template: false``, and prompts too long for the model left out and
-counted. :class:`DatasetPrompts` then serves each step's prompts: rows
+``chat_template: false``, prompts too long for the model left out and
+counted, and characters the tokenizer has no token for counted. :class:`DatasetPrompts` then serves each step's prompts: rows
 shuffled by the job's seed, cycled epoch after epoch. Imports only pydantic
 here; ``datasets`` and ``transformers`` are imported by the functions that
 need them.
@@ -232,6 +232,8 @@ class PreparedPrompts:
     rows: int  # rows read
     too_long: int  # left out: prompt + max_new_tokens over the model's limit
     limit: int  # the model's limit (tokens per sequence)
+    lost_prompts: int = 0  # kept prompts with characters the tokenizer cannot represent (its unknown token)
+    lost_chars: int = 0  # unknown tokens in them (characters, for the built-in tokenizer)
 
 
 class Encoder:
@@ -242,6 +244,7 @@ class Encoder:
 
         self.tok = load_tokenizer(model_dir)
         self.templated = bool(chat_template and getattr(self.tok, "chat_template", None))
+        self.unk_id = self.tok.unk_token_id  # None: every character has a token (byte-level tokenizers)
 
     def encode(self, prompt: object) -> tuple[int, ...]:
         if self.templated:
@@ -270,17 +273,31 @@ def model_limit(model_dir: str | Path, override: int | None = None) -> int:
 
 
 def prepare(rows: Rows, prompt_field: str, encoder: Encoder, *, limit: int, max_new_tokens: int) -> PreparedPrompts:
-    """Tokenize every row's prompt; leave out (and count) those that do not fit ``limit`` with the completion budget."""
+    """Tokenize every row's prompt; leave out (and count) those that do not fit ``limit`` with the completion budget.
+
+    Kept prompts with characters the tokenizer has no token for are kept as encoded (the unknown token
+    in their place) and counted.
+    """
     items = []
-    too_long = 0
+    too_long = lost_prompts = lost_chars = 0
     for i, row in enumerate(rows.rows):
         ids = encoder.encode(row[prompt_field])
         if not ids or len(ids) + max_new_tokens > limit:
             too_long += 1
             continue
+        unknown = ids.count(encoder.unk_id) if encoder.unk_id is not None else 0
+        lost_prompts, lost_chars = lost_prompts + (unknown > 0), lost_chars + unknown
         cols = tuple((c, row[c]) for c in rows.columns if c != prompt_field)
         items.append(PromptItem(row=i, prompt=row[prompt_field], prompt_ids=ids, columns=cols))
-    return PreparedPrompts(source=rows.source, items=tuple(items), rows=len(rows.rows), too_long=too_long, limit=limit)
+    return PreparedPrompts(
+        source=rows.source,
+        items=tuple(items),
+        rows=len(rows.rows),
+        too_long=too_long,
+        limit=limit,
+        lost_prompts=lost_prompts,
+        lost_chars=lost_chars,
+    )
 
 
 class DatasetPrompts:

@@ -331,14 +331,16 @@ def freed_at_kills(events: list[ActivityChange]) -> list[ActivityChange]:
 
 
 def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
-    """The recipe of every data job (its prompts tokenized with the checkpoint's tokenizer);
-    :class:`ConfigError` if one cannot train.
+    """The recipe of every data job (its prompts tokenized with the checkpoint's tokenizer, its reward
+    functions tried on a few of them); :class:`ConfigError` if one cannot train.
 
-    Prints, per job, how many prompts were left out for being longer than the model's limit.
+    Prints, per job, how many prompts were left out for being longer than the model's limit, and how
+    many have characters the tokenizer cannot represent.
     """
     import sys
 
-    from rlix.exec.data.recipe import Recipe
+    from rlix.exec.data.recipe import DRY_ROWS, Recipe
+    from rlix.exec.data.rewards import RewardError
     from rlix.exec.data.sources import DataError
 
     out = {}
@@ -349,22 +351,49 @@ def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
             out[job.name] = recipe = Recipe.from_data(job, models[job.name])
         except DataError as exc:
             raise ConfigError(f"jobs[{i}].data.{exc.field}: job '{job.name}': {exc}") from None
+        try:
+            recipe.dry_check()
+        except RewardError as exc:
+            raise ConfigError(
+                f"jobs[{i}].rewards[{exc.index}].function: job '{job.name}': {exc}, on a dry run over the first {DRY_ROWS} "
+                "prompts with dummy completions (empty, and the prompt's own text); fix the function"
+            ) from None
         for prepared in recipe.report:
-            if prepared.too_long:
-                print(
-                    f"rlix-run: job {job.name}: {prepared.too_long} of {prepared.rows} prompts in {prepared.source} are longer "
-                    "than "
-                    f"the model's {prepared.limit} tokens with max_new_tokens {job.max_new_tokens}; left out",
-                    file=sys.stderr,
-                )
+            for note in _data_notes(job, prepared):
+                print(f"rlix-run: job {job.name}: {note}", file=sys.stderr)
     return out
+
+
+def _data_notes(job: JobConfig, prepared) -> list[str]:
+    """What preparing one split of a job's data changed: prompts left out, characters lost."""
+    notes = []
+    if prepared.too_long:
+        notes.append(
+            f"{prepared.too_long} of {prepared.rows} prompts in {prepared.source} are longer than the model's "
+            f"{prepared.limit} tokens with max_new_tokens {job.max_new_tokens}; left out"
+        )
+    if prepared.lost_prompts:
+        notes.append(
+            f"{prepared.lost_prompts} of {len(prepared.items)} prompts in {prepared.source} have characters the tokenizer "
+            f"cannot represent ({prepared.lost_chars} in all, each now its unknown token); see the README on the built-in "
+            "tokenizer's alphabet"
+        )
+    return notes
 
 
 def data_report(recipe) -> dict:
     """What preparing a data job's prompts found (written to its data.json)."""
     names = ("train", "eval")
     return {
-        name: {"source": p.source, "rows": p.rows, "prompts": len(p.items), "too_long": p.too_long, "limit_tokens": p.limit}
+        name: {
+            "source": p.source,
+            "rows": p.rows,
+            "prompts": len(p.items),
+            "too_long": p.too_long,
+            "limit_tokens": p.limit,
+            "lost_prompts": p.lost_prompts,
+            "lost_chars": p.lost_chars,
+        }
         for name, p in zip(names, recipe.report)
     }
 

@@ -160,8 +160,9 @@ class PipelineCoordinator:
             self.status = JobStatus.FINISHED
         except JobStopped:  # stopped on request: what was done is kept and reported
             self.status = JobStatus.CANCELLED
-        except RewardError as exc:  # the user's reward function failed: a one-line reason, no traceback
-            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc}".splitlines()[0], True
+        except RewardError as exc:  # the user's reward function failed: one line, its traceback kept in the job's directory
+            where = self.steplog.dir if self.steplog is not None else None
+            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc.kept_in(where)}", True
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
             error = describe(exc, self.steplog.dir if self.steplog is not None else None)

@@ -42,7 +42,7 @@ def _rise(rewards: list[float]) -> float:
 def _climb(rewards: list[float]) -> float:
     """Mean of the best two steps after the first two, minus the mean of the first two.
 
-    An adapter at lr 3e-2 on a tiny model may dip before it climbs, or overshoot after it climbed
+    An adapter on a tiny model may dip before it climbs, or overshoot after it climbed
     (0.26 -> 0.40 -> 0.21 was seen), and continued trajectories make the curve vary with timing;
     it has learned when two later steps stand clearly above where it started. The exact learning
     of adapters is checked in-process, without timing (tests/test_exec_lora.py)."""

@@ -55,15 +55,20 @@ def full_text(exc: BaseException) -> str:
     return plain("".join(traceback.format_exception(exc)))
 
 
-def save_traceback(exc: BaseException, directory: str | Path, name: str = "error.txt") -> Path | None:
-    """Write ``exc``'s whole traceback to ``directory/name``; the path, or None if it cannot be written."""
+def keep(text: str, directory: str | Path, name: str) -> Path | None:
+    """Write ``text`` to ``directory/name`` (a traceback kept for the user); the path, or None if it cannot be written."""
     path = Path(directory) / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(full_text(exc))
+        path.write_text(text, encoding="utf-8")
     except OSError:
         return None
     return path
+
+
+def save_traceback(exc: BaseException, directory: str | Path, name: str = "error.txt") -> Path | None:
+    """Write ``exc``'s whole traceback to ``directory/name``; the path, or None if it cannot be written."""
+    return keep(full_text(exc), directory, name)
 
 
 def describe(exc: BaseException, directory: str | Path | None) -> str:

@@ -48,13 +48,10 @@ class RewardError(RuntimeError):
         line = _one_line(self)
         if not self.details or directory is None:
             return line
-        path = Path(directory) / "reward_error.txt"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"{line}\n\n{self.details}", encoding="utf-8")
-        except OSError:
-            return line
-        return f"{line}; traceback in {path}"
+        from rlix.exec.errors import keep
+
+        path = keep(f"{line}\n\n{self.details}", directory, "reward_error.txt")
+        return line if path is None else f"{line}; traceback in {path}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -136,7 +136,7 @@ class Session:
         self.cluster = config.cluster.spec()
         self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
-        self.resumes = prepare_rerun(config, self.out_dir)  # which jobs resume (said on stderr); fresh logs
+        prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
         where = "--address" if address else "ray.address"
         address = address or config.ray.address
         self._own_ray = not ray.is_initialized()

@@ -75,12 +75,21 @@ def job_phase(runner: StepRunner | None, link: SchedulerLink, arrival_s: float) 
     return "", 0.0
 
 
+def step_counts(runner: StepRunner | None) -> tuple[int, int]:
+    """Steps an earlier run trained (a resumed job counts on from its checkpoint), and steps the job
+    will have trained at its end; (0, 0) before its step machine exists."""
+    if runner is None:
+        return 0, 0
+    rollouts = runner.machine.rollouts
+    return rollouts.resumed_steps(), rollouts.resumed_steps() + rollouts.planned_steps()
+
+
 def job_result(
     rec: Recorder, runner: StepRunner | None, status: JobStatus, error: str, bad_input: bool, arrival_s: float, now: float
 ) -> JobResult:
     """What the job's run returns: its records, and what its step machine planned."""
     rollouts = runner.machine.rollouts if runner is not None else None
-    before = rollouts.resumed_steps() if rollouts is not None else 0  # a resumed job counts on from its checkpoint
+    before, steps = step_counts(runner)
     result = rec.result(
         status,
         error=error,
@@ -89,7 +98,7 @@ def job_result(
         finish_s=now,
         planned=rollouts.produced if rollouts is not None else 0,
         steps_before=before,
-        steps_planned=before + (rollouts.planned_steps() if rollouts is not None else 0),
+        steps_planned=steps,
     )
     trainer = runner.trainer if runner is not None else None
     return replace(result, bad_input=bad_input, trainer_ranks=trainer.handle.world if trainer is not None else 0)
@@ -293,8 +302,6 @@ class PipelineCoordinator:
 
     async def progress(self) -> JobProgress:
         held = len(self.pool.held_gpus()) + len(self.link.gpus_held())
-        r = self.runner.machine.rollouts if self.runner is not None else None
-        before = r.resumed_steps() if r is not None else 0  # a resumed job counts on from its checkpoint
-        steps = before + r.planned_steps() if r is not None else 0
+        before, steps = step_counts(self.runner)
         phase, since = job_phase(self.runner, self.link, self.arrival_s)
         return self.rec.progress(self.status, steps=steps, gpus_held=held, before=before, phase=phase, phase_since_s=since)

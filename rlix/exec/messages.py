@@ -147,6 +147,18 @@ class EngineStopped(RuntimeError):
     """The rollout engine itself broke: the worker process exits, and its work goes elsewhere as a dead worker's does."""
 
 
+class PipelineUnknown(RuntimeError):
+    """The scheduler does not know this pipeline (it restarted since the pipeline registered): rejoin, then retry."""
+
+
+class PipelineGone(RuntimeError):
+    """The scheduler unregistered this pipeline (cancelled, unreachable, or its submitter gone): stop using it."""
+
+
+class NameTaken(ValueError):
+    """A job name is already in use on the cluster's scheduler."""
+
+
 # ------------------------------------------------------------------ training
 
 
@@ -268,3 +280,61 @@ class SchedulerStats:
     expands: int = 0
     grants: int = 0
     errors: tuple[str, ...] = field(default_factory=tuple)
+
+
+# ------------------------------------------------------------------ the shared scheduler service
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceInfo:
+    """What a running scheduler service manages, for a submitter joining it."""
+
+    nodes: int
+    gpus_per_node: int
+    policy: str
+    started_at: float  # time.time() when the service was first started (its clock's zero)
+    restarts: int = 0  # times Ray restarted the service's actor since
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobNote:
+    """What a pipeline tells the scheduler about its progress, for ``rlix status``."""
+
+    pipeline_id: str
+    loaded: bool  # its model is loaded (it runs steps); False while it loads
+    steps_done: int
+    steps_total: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRow:
+    """One job in ``rlix status``: its state, what it holds now, and its GPU-seconds since it registered."""
+
+    name: str
+    submitter: str  # who submitted it (host:pid of an rlix-run, or the pipeline's own client)
+    state: str  # queued, loading, running, finished, failed, cancelled
+    priority: int
+    gpus: tuple[tuple[int, str], ...]  # (GPU, what holds it: a stage name or "rollout") now
+    steps_done: int
+    steps_total: int
+    gpu_s: float  # GPU-seconds it held
+    lent_s: float  # GPU-seconds other jobs held of its home GPUs
+    borrowed_s: float  # GPU-seconds it held outside its home GPUs
+    queue_position: int | None  # 1 = next to be admitted; None = not queued
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterStatus:
+    """The scheduler service's answer to ``rlix status``."""
+
+    nodes: int
+    gpus_per_node: int
+    policy: str
+    uptime_s: float  # seconds since the service started
+    busy_gpu_s: float  # GPU-seconds some job held a GPU, since the service started
+    utilization: float  # busy_gpu_s over (GPUs x uptime)
+    idle_fraction: float  # 1 - utilization
+    queue_length: int
+    jobs: tuple[JobRow, ...]
+    restarts: int = 0

@@ -1,0 +1,207 @@
+"""The rlix client library: how a pipeline speaks with the cluster's rlix scheduler.
+
+rlix's own job coordinator is built on it, and so can a pipeline written
+outside rlix (its own loop, its own rollout engine). The protocol:
+
+1. ``sched = connect()`` finds the cluster's scheduler service (a named Ray
+   actor; ``rlix scheduler start`` or the first ``rlix-run --address`` starts it).
+2. ``client = Client(sched, "my-job", workers=...)``; ``await client.register(spec, endpoint)``
+   registers the pipeline's GPU topology (a :class:`rlix.core.PipelineSpec`)
+   and the *endpoint*: a Ray actor of the pipeline that the scheduler calls
+   with three async methods, ``expand(gpus)`` (start a rollout worker on these
+   GPUs), ``shrink(gpus, reason)`` (stop the one there; return once its GPUs
+   are free) and ``stop()`` (the job was cancelled: end the run).
+3. Gang stages: ``gpus = await client.request(Stage.ACTOR_TRAIN)`` waits until a
+   plan grants the stage; ``await client.release(stage)`` gives it back.
+   ``request(next, after=held)`` is a hand-over: ``held`` is released and
+   ``next`` asked for in one plan, so no other job slips in between.
+4. ``await client.report(ReportDemand(...))`` says how many trajectories wait
+   (the scheduler sizes the pipeline's rollout workers from it);
+   ``client.lost(first_gpu)`` reports a rollout worker that died;
+   ``client.note(...)`` reports progress for ``rlix status``.
+5. ``await client.unregister("finished")`` at the end (or failed, cancelled):
+   every GPU it holds goes back.
+
+A scheduler that restarts (its actor killed, its node lost) forgets its
+pipelines. The client notices (a call fails, or its keep-alive does) and
+rejoins: it registers again with what it holds (the gang stages it was
+granted, its rollout workers from ``workers()``, its last demand), then
+retries the call. Until the scheduler is back, the pipeline keeps what it
+holds and waits. All calls are coroutines; run them in one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from rlix.core import ReportDemand, Role, Stage, WorkerLost
+from rlix.core.types import Gpus, PipelineSpec
+
+SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
+NAMESPACE = "rlix"  # the Ray namespace it lives in
+RESTART_WAIT_S = 120.0  # how long a client waits for a restarting scheduler before giving up
+
+
+class SchedulerGone(RuntimeError):
+    """The scheduler did not come back (stopped, or restarting for longer than ``RESTART_WAIT_S``)."""
+
+
+def connect(address: str | None = None):
+    """The cluster's scheduler service (a Ray actor handle); joins Ray at ``address`` first if not joined.
+
+    Raises :class:`SchedulerGone` if no scheduler service runs on the cluster.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or "auto", log_to_driver=False)
+    try:
+        return ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
+    except ValueError:
+        raise SchedulerGone("no rlix scheduler runs on this Ray cluster; start one with 'rlix scheduler start'") from None
+
+
+class Client:
+    """One pipeline's calls to the scheduler, surviving the scheduler's restarts.
+
+    ``workers``: returns the bundles (GPU tuples) of the rollout workers the
+    pipeline holds now (asked only when rejoining a restarted scheduler).
+    ``timeout_s``: the deadline of every call except a gang request, which
+    waits for GPUs as long as the plan needs.
+    """
+
+    def __init__(
+        self,
+        scheduler,
+        pipeline_id: str,
+        *,
+        workers: Callable[[], tuple[Gpus, ...]] = tuple,
+        timeout_s: float = 60.0,
+        keepalive_s: float = 1.0,
+        on_gone: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.sched = scheduler
+        self.pipeline_id = pipeline_id
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.keepalive_s = keepalive_s  # seconds between keep-alive calls (how soon a restart is noticed)
+        self.on_gone = on_gone  # called if the keep-alive finds the pipeline unregistered or the scheduler gone
+        self.held: dict[Stage, Gpus] = {}  # gang stages granted and not released
+        self.rejoins = 0  # times this pipeline rejoined a restarted scheduler
+        self._spec: PipelineSpec | None = None
+        self._endpoint = None
+        self._demand: ReportDemand | None = None
+        self._keepalive: asyncio.Task | None = None
+        self._rejoining: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------ the protocol
+
+    async def register(self, spec: PipelineSpec, endpoint) -> None:
+        """Register the pipeline's topology and its endpoint actor; starts the keep-alive."""
+        self._spec, self._endpoint = spec, endpoint
+        self._rejoining = asyncio.Lock()
+        await self._call("register", spec, endpoint)
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    async def rollout_bundles(self) -> tuple[Gpus, ...]:
+        """The bundles the policy may ever give this pipeline's rollout workers (to start them early)."""
+        return await self._call("rollout_bundles", self.pipeline_id)
+
+    async def request(self, stage: Stage, role: Role | None = None, *, after: Stage | None = None):
+        """Ask for ``stage``'s gang on ``role``'s GPUs (None: the stage's default role, or the model
+        load's GPUs for INIT); returns the :class:`rlix.exec.messages.GrantReply` once granted.
+        ``after``: a held stage released in the same plan (a hand-over)."""
+        if after is not None:
+            self.held.pop(after)
+        reply = await self._call("request", self.pipeline_id, stage, role, after, wait=True)
+        self.held[stage] = reply.gpus
+        return reply
+
+    async def release(self, stage: Stage, report: ReportDemand | None = None) -> None:
+        """Give ``stage``'s GPUs back; ``report``: the demand from now on, planned with the release."""
+        self.held.pop(stage)
+        if report is not None:
+            self._demand = report
+        await self._call("release", self.pipeline_id, stage, report)
+
+    async def report(self, report: ReportDemand) -> None:
+        self._demand = report
+        await self._call("report", report)
+
+    async def lost(self, first_gpu: int) -> None:
+        """A rollout worker of the pipeline died (the plan did not shrink it): its GPUs are free."""
+        await self._call("lost", WorkerLost(pipeline_id=self.pipeline_id, first_gpu=first_gpu))
+
+    async def note(self, note) -> None:
+        """Progress for ``rlix status`` (a :class:`rlix.exec.messages.JobNote`)."""
+        await self._call("note", note)
+
+    async def unregister(self, status: str = "finished", error: str = "") -> None:
+        """Leave: every GPU the pipeline holds goes back (its rollout workers are shrunk first)."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self.held.clear()
+        await asyncio.wait_for(self.sched.unregister.remote(self.pipeline_id, status, error), self.timeout_s)
+
+    # ------------------------------------------------------------ restarts
+
+    async def _call(self, method: str, *args, wait: bool = False):
+        """Call the scheduler; if it restarted meanwhile, rejoin and call again."""
+        from ray.exceptions import RayActorError
+
+        from rlix.exec.messages import PipelineUnknown
+
+        while True:
+            ref = getattr(self.sched, method).remote(*args)
+            try:
+                return await (ref if wait else asyncio.wait_for(ref, self.timeout_s))
+            except PipelineUnknown:
+                await self._rejoin()
+            except RayActorError:  # died under the call: Ray restarts it, and the call is asked again
+                await self._wait_back()
+                await self._rejoin()
+
+    async def _wait_back(self) -> None:
+        """Wait for the scheduler's actor to answer again (:class:`SchedulerGone` after ``RESTART_WAIT_S``)."""
+        from ray.exceptions import RayActorError
+
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RESTART_WAIT_S
+        while True:
+            try:
+                await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)
+                return
+            except (RayActorError, asyncio.TimeoutError):
+                if loop.time() > give_up:
+                    raise SchedulerGone(f"the rlix scheduler did not come back within {RESTART_WAIT_S:g} s") from None
+                await asyncio.sleep(0.5)
+
+    async def _rejoin(self) -> None:
+        """Register again with what the pipeline holds (once, however many calls noticed the restart)."""
+        from rlix.core import Rejoin
+
+        async with self._rejoining:
+            if await self.sched.knows.remote(self.pipeline_id):
+                return  # another call rejoined meanwhile
+            event = Rejoin(
+                spec=self._spec,
+                gangs=tuple(sorted(self.held.items(), key=lambda kv: kv[0].value)),
+                workers=tuple(sorted(self.workers())),
+                demand=self._demand,
+            )
+            await asyncio.wait_for(self.sched.rejoin.remote(event, self._endpoint), self.timeout_s)
+            self.rejoins += 1
+
+    async def _keep_alive(self) -> None:
+        """Ask every ``keepalive_s`` whether the scheduler still knows the pipeline (rejoins if not)."""
+        from rlix.exec.messages import PipelineGone
+
+        while True:
+            await asyncio.sleep(self.keepalive_s)
+            try:
+                await self._call("alive", self.pipeline_id)
+            except (PipelineGone, SchedulerGone) as exc:
+                if self.on_gone is not None:
+                    self.on_gone(exc)
+                return

@@ -1,0 +1,1 @@
+"""Executor layer: the shared scheduler service (one per Ray cluster) and its tools (``rlix``)."""

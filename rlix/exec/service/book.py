@@ -1,0 +1,81 @@
+"""Executor layer: the jobs a scheduler service knows, apart from the GPUs they hold.
+
+Who submitted each job and when its submitter last renewed its lease, what
+each job said of its progress, and how it ended. The core knows only
+registered pipelines; a submitter claims its jobs' names first (so two
+submitters never run two jobs of one name), and a job that ended stays
+listed for ``rlix status``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlix.exec.messages import JobNote, NameTaken
+
+ENDED = ("finished", "failed", "cancelled")
+
+
+@dataclass(kw_only=True)
+class Claim:
+    name: str
+    submitter: str
+    priority: int
+    steps_total: int
+    seq: int  # claim order: the tie-breaker between queued jobs
+
+
+class JobBook:
+    """Claims with leases, progress notes and endings, by job name (the pipeline id on the cluster)."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s  # a submitter silent this long is gone (seconds)
+        self.claims: dict[str, Claim] = {}
+        self.renewed: dict[str, float] = {}  # submitter -> when it last renewed
+        self.notes: dict[str, JobNote] = {}
+        self.ended: dict[str, tuple[str, str]] = {}  # name -> (state, error)
+        self.cancel_asked: set[str] = set()
+        self._seq = 0
+
+    def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], active: set[str], now: float) -> None:
+        """Claim ``(name, priority, steps)`` jobs for ``submitter``; :class:`NameTaken` (nothing claimed) if one is in use.
+
+        ``active``: names of pipelines registered now (an unclaimed external pipeline's included).
+        """
+        for name, _, _ in jobs:
+            owner = self.claims.get(name)
+            if owner is not None and owner.submitter != submitter and name not in self.ended:
+                raise NameTaken(f"job '{name}' is already on this cluster (submitted by {owner.submitter}); rename the job")
+            if owner is None and name in active:
+                raise NameTaken(f"job '{name}' is already running on this cluster; rename the job")
+        for name, priority, steps in jobs:
+            if self.claims.get(name) is None or self.claims[name].submitter != submitter:
+                self._seq += 1
+                self.claims[name] = Claim(name=name, submitter=submitter, priority=priority, steps_total=steps, seq=self._seq)
+                self.ended.pop(name, None)
+                self.notes.pop(name, None)
+                self.cancel_asked.discard(name)
+        self.renewed[submitter] = now
+
+    def renew(self, submitter: str, now: float) -> tuple[str, ...]:
+        """The submitter is alive; returns its job names whose cancel was asked for."""
+        self.renewed[submitter] = now
+        return tuple(sorted(n for n in self.cancel_asked if self.claims.get(n) and self.claims[n].submitter == submitter))
+
+    def expired(self, now: float) -> list[str]:
+        """Submitters whose lease ran out (forgotten here; the caller unregisters their pipelines)."""
+        gone = sorted(s for s, t in self.renewed.items() if now - t > self.lease_s)
+        for s in gone:
+            del self.renewed[s]
+        return gone
+
+    def jobs_of(self, submitter: str) -> list[str]:
+        return sorted(n for n, c in self.claims.items() if c.submitter == submitter)
+
+    def end(self, name: str, state: str, error: str = "") -> None:
+        if name not in self.ended:
+            self.ended[name] = (state if state in ENDED else "failed", error)
+
+    def open_jobs(self) -> list[str]:
+        """Claimed jobs that have not ended, in claim order."""
+        return [c.name for c in sorted(self.claims.values(), key=lambda c: c.seq) if c.name not in self.ended]

@@ -114,7 +114,9 @@ class Client:
         ``after``: a held stage released in the same plan (a hand-over)."""
         if after is not None:
             self.held.pop(after)
-        reply = await self._call("request", self.pipeline_id, stage, role, after, wait=True)
+        # After a rejoin the new scheduler never knew ``after`` (it is no longer held): a plain request.
+        again = ("request", (self.pipeline_id, stage, role, None))
+        reply = await self._call("request", self.pipeline_id, stage, role, after, wait=True, again=again)
         self.held[stage] = reply.gpus
         return reply
 
@@ -123,7 +125,9 @@ class Client:
         self.held.pop(stage)
         if report is not None:
             self._demand = report
-        await self._call("release", self.pipeline_id, stage, report)
+        # After a rejoin the stage is already free (the pipeline rejoined without it); only the demand is news.
+        again = ("report", (report,)) if report is not None else None
+        await self._call("release", self.pipeline_id, stage, report, again=again)
 
     async def report(self, report: ReportDemand) -> None:
         self._demand = report
@@ -146,8 +150,12 @@ class Client:
 
     # ------------------------------------------------------------ restarts
 
-    async def _call(self, method: str, *args, wait: bool = False):
-        """Call the scheduler; if it restarted meanwhile, rejoin and call again."""
+    async def _call(self, method: str, *args, wait: bool = False, again: tuple | None | bool = True):
+        """Call the scheduler; if it restarted meanwhile, rejoin and call again.
+
+        ``again``: what to call after a rejoin: True the same, None nothing,
+        or ``(method, args)`` (the pipeline's state already moved on).
+        """
         from ray.exceptions import RayActorError
 
         from rlix.exec.messages import PipelineUnknown
@@ -161,6 +169,10 @@ class Client:
             except RayActorError:  # died under the call: Ray restarts it, and the call is asked again
                 await self._wait_back()
                 await self._rejoin()
+            if again is None:
+                return None
+            if again is not True:
+                (method, args), again = again, True
 
     async def _wait_back(self) -> None:
         """Wait for the scheduler's actor to answer again (:class:`SchedulerGone` after ``RESTART_WAIT_S``)."""

@@ -15,6 +15,10 @@ on others, nor other pipelines' requests and reports, while a grant never
 starts before the shrinks that free its GPUs. Every call to a coordinator has
 a deadline; a coordinator that cannot be reached in time is treated as gone:
 its pipeline is unregistered and the others carry on.
+
+The same actor, named and detached, is the cluster's shared scheduler
+service; its service calls (claims, status, cancel, rejoining after a
+restart) are :class:`rlix.exec.service.calls.ServiceCalls`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.messages import GrantReply, SchedulerStats
+from rlix.exec.service.book import JobBook
+from rlix.exec.service.calls import ServiceCalls
+from rlix.exec.service.usage import ClusterUsage
 
 
 class WaitingWork:
@@ -62,7 +69,7 @@ class WaitingWork:
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
-class SchedulerActor:
+class SchedulerActor(ServiceCalls):
     def __init__(
         self,
         cluster: ClusterSpec,
@@ -71,6 +78,8 @@ class SchedulerActor:
         t0: float,
         plan_interval_s: float,
         call_timeout_s: float = 300.0,
+        lease_s: float = 15.0,
+        rejoin_s: float = 5.0,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
@@ -86,6 +95,13 @@ class SchedulerActor:
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
         self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
+        self.book = JobBook(lease_s)  # jobs by name: claims, progress notes, endings
+        self.usage = ClusterUsage(cluster.num_gpus, start=self.now())  # GPU-seconds per job, and the timeline
+        self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
+        self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
+        # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they had time to.
+        self.restarts = int(ray.get_runtime_context().was_current_actor_reconstructed)
+        self.rejoin_until = self.now() + rejoin_s if self.restarts else float("-inf")
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -93,23 +109,28 @@ class SchedulerActor:
     # ------------------------------------------------------------ public calls
 
     async def start(self) -> None:
+        self._start_loops()
+
+    def _start_loops(self) -> None:
+        """The periodic plan and the liveness watch (a restarted actor starts them on its first event)."""
         if self.ticker is None:
             self.ticker = self.order.spawn(self._tick())
+            self.order.spawn(self._watch())
 
     async def register(self, spec: PipelineSpec, coordinator) -> None:
+        self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         await self._event(Register(spec=spec))
-        self.coordinators[spec.pipeline_id] = coordinator
-        self._specs.append(spec)
+        self._joined(spec, coordinator)
 
-    async def unregister(self, pipeline_id: str) -> None:
+    async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
+        self.book.end(pipeline_id, status, error)
         if pipeline_id not in self.core.pipelines():
             return  # already gone (idempotent: a killed job may be unregistered twice)
+        self.gone.add(pipeline_id)
         done = await self._event(Unregister(pipeline_id=pipeline_id))
         if done is not None:  # its workers are shrunk (or found gone) before it is forgotten
             await asyncio.wait([done], timeout=self.call_timeout_s)
-        self.coordinators.pop(pipeline_id, None)
-        self._fail_waiting(pipeline_id)
-        self.waiting_work.note(pipeline_id, 0, self.now())
+        self._forget(pipeline_id)
 
     async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None, after: Stage | None = None) -> GrantReply:
         """Ask for a gang stage; returns once the plan grants it.
@@ -119,6 +140,7 @@ class SchedulerActor:
         another pipeline in between, as in the simulator, where both events
         happen at one instant).
         """
+        self._known(pipeline_id)
         fut = asyncio.get_running_loop().create_future()
         key = (pipeline_id, stage)
         self.waiting[key] = (fut, self.now())
@@ -133,18 +155,25 @@ class SchedulerActor:
     async def release(self, pipeline_id: str, stage: Stage, report: ReportDemand | None = None) -> None:
         """Release a gang stage; ``report``: the pipeline's demand from now on, planned with the
         release (the rollout batch its training opens: the GPUs are not lent out in between)."""
+        self._known(pipeline_id)
         if report is None:
             await self._event(ReleaseStage(pipeline_id=pipeline_id, stage=stage))
             return
         await self._event(report, ReleaseStage(pipeline_id=pipeline_id, stage=stage))
-        self.waiting_work.note(report.pipeline_id, report.pending, self.now())
+        self._demand(report)
 
     async def report(self, report: ReportDemand) -> None:
+        self._known(report.pipeline_id)
         await self._event(report)
+        self._demand(report)
+
+    def _demand(self, report: ReportDemand) -> None:
+        self.demands[report.pipeline_id] = report
         self.waiting_work.note(report.pipeline_id, report.pending, self.now())
 
     async def lost(self, event: WorkerLost) -> None:
         """A pipeline's rollout worker is gone (died, or killed for not waking): its GPUs are free."""
+        self._known(event.pipeline_id)
         try:
             await self._event(event)
         except SchedulingError:
@@ -152,6 +181,7 @@ class SchedulerActor:
 
     async def rollout_bundles(self, pipeline_id: str) -> tuple[tuple[int, ...], ...]:
         """Bundles the policy may ever give this pipeline's rollout workers (to pre-start them)."""
+        self._known(pipeline_id)
         return self.core.rollout_bundles(pipeline_id)
 
     async def stats(self) -> SchedulerStats:
@@ -178,6 +208,7 @@ class SchedulerActor:
 
     async def _event(self, *events) -> asyncio.Future | None:
         """Submit the events and plan once; returns a future done once that plan is carried out (None: nothing to do)."""
+        self._start_loops()
         async with self.lock:  # no await inside: the core is pure and fast
             now = self.now()
             try:
@@ -185,6 +216,7 @@ class SchedulerActor:
                     self.core.submit(event, now)
             finally:  # a refused event still leaves the ones before it planned
                 done = self._plan()
+                self._account()
             return done
 
     async def _tick(self) -> None:
@@ -192,9 +224,15 @@ class SchedulerActor:
             await asyncio.sleep(self.plan_interval_s)
             async with self.lock:
                 self._plan()
+                self._account()
 
     def _plan(self) -> asyncio.Future | None:
-        """Plan once and queue the plan's actions per GPU; returns a future done once all of them handed their GPUs on."""
+        """Plan once and queue the plan's actions per GPU; returns a future done once all of them handed their GPUs on.
+
+        Not while a restarted scheduler waits for its pipelines to rejoin (their GPUs are not known yet).
+        """
+        if self.now() < self.rejoin_until:
+            return None
         t0 = time.perf_counter()
         plan = self.core.plan(self.now())
         self.plan_s += time.perf_counter() - t0
@@ -243,13 +281,22 @@ class SchedulerActor:
     async def _unreachable(self, pipeline_id: str) -> None:
         """A coordinator missed a shrink: its pipeline is unregistered, and the others are planned again."""
         async with self.lock:
-            self.coordinators.pop(pipeline_id, None)
-            self._fail_waiting(pipeline_id)
-            self.waiting_work.note(pipeline_id, 0, self.now())
+            self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():
+                self.gone.add(pipeline_id)
+                self.book.end(pipeline_id, "failed", "unreachable")
                 self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
+            self._account()
+
+    def _forget(self, pipeline_id: str) -> None:
+        """What this shell keeps of a pipeline that left: its endpoint, waiting requests, demand and home."""
+        self.coordinators.pop(pipeline_id, None)
+        self._fail_waiting(pipeline_id)
+        self.waiting_work.note(pipeline_id, 0, self.now())
+        self.demands.pop(pipeline_id, None)
+        self.usage.set_home(pipeline_id, ())
 
     def _bug(self, exc: BaseException) -> None:
         self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")

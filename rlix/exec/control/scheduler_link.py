@@ -1,9 +1,12 @@
 """Executor layer: one pipeline's calls to the scheduler actor.
 
-Owned by the pipeline coordinator; runs in its event loop. Every call has a
-deadline except a gang request, which waits for GPUs as long as the plan
-needs; control-plane seconds (beyond waiting for GPUs) are counted in the
-recorder. What the GPUs of a held stage do is booked by the step machine.
+Owned by the pipeline coordinator; runs in its event loop. The calls go
+through the public client library (:class:`rlix.client.Client`, which also
+rejoins a restarted scheduler); this link adds what the job records of them:
+control-plane seconds (beyond waiting for GPUs) and GPU waits, counted in
+the recorder, and which stage waits since when (the live view). Every call
+has a deadline except a gang request, which waits for GPUs as long as the
+plan needs. What the GPUs of a held stage do is booked by the step machine.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from rlix.client import Client
 from rlix.core import ReportDemand, Role, Stage
 from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
@@ -22,19 +26,32 @@ from rlix.exec.messages import GrantReply
 class SchedulerLink:
     """Gang stages, releases, demand reports and other scheduler calls of one pipeline."""
 
-    def __init__(self, *, pipeline_id: str, sched, recorder: Recorder, limits: LimitsConfig, now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        pipeline_id: str,
+        sched,
+        recorder: Recorder,
+        limits: LimitsConfig,
+        now: Callable[[], float],
+        workers: Callable[[], tuple[Gpus, ...]] = tuple,
+        keepalive_s: float = 1.0,
+        on_gone: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.pid = pipeline_id
-        self.sched = sched  # the scheduler actor's handle
+        self.client = Client(
+            sched, pipeline_id, workers=workers, timeout_s=limits.call_timeout_s, keepalive_s=keepalive_s, on_gone=on_gone
+        )
+        self.held = self.client.held  # gang stages granted and not yet released
         self.rec = recorder
         self.limits = limits
         self.now = now
-        self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
         self.waiting: dict[Stage, float] = {}  # gang stages asked for and not yet granted: since when
 
-    async def control(self, ref) -> object:
-        """A blocking control-plane call with a deadline; all of its time counts as overhead."""
+    async def control(self, coro) -> object:
+        """A blocking control-plane call (a client coroutine) with a deadline; all of its time counts as overhead."""
         t = self.now()
-        value = await call(ref, self.limits.call_timeout_s, "scheduler call")
+        value = await call(coro, self.limits.call_timeout_s, "scheduler call")
         self.rec.counters.control_s += self.now() - t
         self.rec.counters.control_calls += 1
         return value
@@ -47,27 +64,23 @@ class SchedulerLink:
         scheduler plans with both at once (a hand-over: the GPUs are not lent
         to another job for the moment between two stages of one step).
         """
-        if after is not None:
-            self.held.pop(after)
         t = self.waiting[stage] = self.now()
         try:
-            reply: GrantReply = await self.sched.request.remote(self.pid, stage, role, after)
+            reply: GrantReply = await self.client.request(stage, role, after=after)
         finally:
             self.waiting.pop(stage, None)
         c = self.rec.counters
         c.control_s += max(0.0, self.now() - t - reply.queued_s)
         c.gpu_wait_s += reply.queued_s
         c.control_calls += 1
-        self.held[stage] = reply.gpus
         return reply.gpus
 
     async def release(self, stage: Stage, report: ReportDemand | None = None) -> None:
         """Give ``stage``'s GPUs back; ``report``: the demand from now on, planned with the release."""
-        self.held.pop(stage)
-        await self.control(self.sched.release.remote(self.pid, stage, report))
+        await self.control(self.client.release(stage, report))
 
     async def report(self, report: ReportDemand) -> None:
-        await self.control(self.sched.report.remote(report))
+        await self.control(self.client.report(report))
 
     async def report_loop(self, build: Callable[[], ReportDemand], changes: Callable[[], Awaitable], heartbeat_s: float) -> None:
         """Send ``build()`` when demand changes (bursts coalesced), and a heartbeat every ``heartbeat_s``."""

@@ -9,6 +9,11 @@
 
 ``api.run(config)`` does all of it. ``session.kill(pid)`` stops a pipeline;
 its GPUs go back to the others.
+
+With an address (``address=``, the config's ``ray.address``, or Ray's
+``RAY_ADDRESS``), the run's jobs go to the cluster's shared scheduler
+service (:mod:`rlix.exec.front.shared`) and share its GPUs with every other
+submitter's; without one, the run starts a local Ray and a private scheduler.
 """
 
 from __future__ import annotations
@@ -25,14 +30,12 @@ from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_p
 from rlix.exec.front.joblines import job_line
 from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
+from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
 
-# Deadlines (s) of the driver's calls to the scheduler actor: quick book-keeping calls, and
-# the deadline the scheduler actor gives a coordinator's shrink or expand (an unreachable
-# coordinator's pipeline is then unregistered).
-SCHEDULER_CALL_S = 60.0
-SHRINK_CALL_S = 300.0
+from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
+
 # Seconds a stopped job has to end its run before its coordinator is killed.
 STOP_GRACE_S = 8.0
 
@@ -133,16 +136,26 @@ class Session:
             config = config.model_copy(update={"policy": policy})
         self.config = config = absolute_paths(config, Path.cwd())  # actors' working directory is Ray's, not ours
         self.out_dir = Path(out_dir).resolve() if out_dir else Path(config.output.dir)
-        self.cluster = config.cluster.spec()
         self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
-        prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
-        where = "--address" if address else "ray.address"
-        address = address or config.ray.address
+        where = "--address" if address else ("ray.address" if config.ray.address else "RAY_ADDRESS")
         self._own_ray = not ray.is_initialized()
+        address = joins_shared(address, config) if self._own_ray else None
+        self.submission: Submission | None = None
+        if address:  # the cluster's shared scheduler: its cluster and the job names are checked before anything starts
+            given = "cluster" in config.model_fields_set
+            _join(address, config.cluster.spec().num_gpus if given else 0, where)
+            try:
+                self.submission = Submission(config)
+            except BaseException:
+                ray.shutdown()
+                raise
+            self.config = config = self.submission.config
+        self.cluster = config.cluster.spec()
+        prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
         if self._own_ray:
             if address:
-                _join(address, self.cluster.num_gpus, where)
+                pass
             else:
                 init_local_ray(
                     num_cpus=config.ray.num_cpus or os.cpu_count(),
@@ -158,10 +171,13 @@ class Session:
                 ray.shutdown()
             raise
         self.t0 = time.time()
-        self.scheduler = SchedulerActor.remote(
-            self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.plan_interval_s, SHRINK_CALL_S
-        )
-        ray.get(self.scheduler.start.remote(), timeout=SCHEDULER_CALL_S)
+        if self.submission is not None:
+            self.scheduler = self.submission.scheduler
+        else:
+            self.scheduler = SchedulerActor.remote(
+                self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.plan_interval_s, SHRINK_CALL_S
+            )
+            ray.get(self.scheduler.start.remote(), timeout=SCHEDULER_CALL_S)
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
         self._seq = 0

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import ray
 
-from rlix.core import ClusterSpec, Stage, WorkerLost
+from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.control.actor_placement import actor_options
 from rlix.exec.control.scheduler_link import SchedulerLink
@@ -35,7 +35,7 @@ from rlix.exec.front.steplog import StepLog
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
-from rlix.exec.messages import Emulation, JobProgress, JobResult
+from rlix.exec.messages import Emulation, JobNote, JobProgress, JobResult
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.hooks import Deadlines, Hooks
 from rlix.exec.rollout.pool import WorkerPool
@@ -126,14 +126,23 @@ class PipelineCoordinator:
         heartbeat_s: float = 1.0,
     ) -> None:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
-        self.cluster, self.nodes, self.sched, self.emulation, self.t0 = cluster, nodes, scheduler, emulation, t0
+        self.cluster, self.nodes, self.emulation, self.t0 = cluster, nodes, emulation, t0
         self.spec = job.pipeline_spec(pipeline_id)
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)
         self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
         self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
-        self.link = SchedulerLink(pipeline_id=pipeline_id, sched=scheduler, recorder=self.rec, limits=job.limits, now=self.now)
         self.pool = WorkerPool(job.slots_per_worker)
+        self.link = SchedulerLink(
+            pipeline_id=pipeline_id,
+            sched=scheduler,
+            recorder=self.rec,
+            limits=job.limits,
+            now=self.now,
+            workers=self.pool.bundles,
+            keepalive_s=heartbeat_s,
+            on_gone=self._fatal,
+        )
         self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
         self.runner: StepRunner | None = None
         self.rollout: RolloutControl | None = None
@@ -157,12 +166,13 @@ class PipelineCoordinator:
         try:
             self.runner = self._runner()
             me = ray.get_runtime_context().current_actor
-            await self.link.control(self.sched.register.remote(self.spec, me))
+            await self.link.control(self.link.client.register(self.spec, me))
             # Warm workers: a sleeping process on every bundle the job may use, started now in the
             # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
             # expand is then a wake plus a weight sync.
-            self.rollout.warm(await self.link.control(self.sched.rollout_bundles.remote(self.pid)))
+            self.rollout.warm(await self.link.control(self.link.client.rollout_bundles()))
             self.runner.start()
+            self._keep(self._note_loop())
             await asyncio.wait([self.runner.ended, self.failure], return_when=asyncio.FIRST_COMPLETED)
             if self.failure.done():
                 raise self.failure.result()
@@ -176,7 +186,7 @@ class PipelineCoordinator:
             self.status = JobStatus.FAILED
             error = describe(exc, self.steplog.dir if self.steplog is not None else None)
         finally:
-            await self._teardown()
+            await self._teardown(error)
             if self.steplog is not None:
                 self.steplog.close()
         return job_result(self.rec, self.runner, self.status, error, bad_input, self.arrival_s, self.now())
@@ -211,11 +221,25 @@ class PipelineCoordinator:
 
     def _start_reports(self) -> None:
         """Report demand from the end of the model load on: on change, and a heartbeat."""
-        reporter = asyncio.get_running_loop().create_task(
-            self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s)
-        )
-        reporter.add_done_callback(self._task_done)
-        self.tasks.append(reporter)
+        self._keep(self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s))
+
+    def _keep(self, coro) -> None:
+        """Run one of the job's loops until teardown (one that raises fails the job)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(self._task_done)
+        self.tasks.append(task)
+
+    async def _note_loop(self) -> None:
+        """Tell the scheduler the job's progress when it changes (for ``rlix status``)."""
+        last = None
+        while True:
+            before, steps = step_counts(self.runner)
+            done = before + len(self.rec.steps)
+            note = JobNote(pipeline_id=self.pid, loaded=self.runner.loaded, steps_done=done, steps_total=steps)
+            if note != last:  # not a blocking call of the job's: not counted as control overhead
+                await self.link.client.note(note)
+                last = note
+            await asyncio.sleep(self.heartbeat_s)
 
     def _start_trainer(self) -> TrainerLink:
         gpus = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
@@ -238,11 +262,12 @@ class PipelineCoordinator:
             self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault
         )
 
-    async def _teardown(self) -> None:
+    async def _teardown(self, error: str) -> None:
         for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ())]:
             t.cancel()
+        state = self.status.value if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else "failed"
         try:  # shrinks our workers
-            await asyncio.wait_for(self.sched.unregister.remote(self.pid), self.job.limits.call_timeout_s)
+            await self.link.client.unregister(state, error)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us
             pass
         if self.rollout is not None:
@@ -283,7 +308,7 @@ class PipelineCoordinator:
 
     async def _report_lost(self, gpus: Gpus) -> None:
         try:
-            await self.link.control(self.sched.lost.remote(WorkerLost(pipeline_id=self.pid, first_gpu=gpus[0])))
+            await self.link.control(self.link.client.lost(gpus[0]))
         except Exception:  # noqa: BLE001 -- the scheduler is gone: nothing holds the GPUs any more
             pass
 

@@ -113,6 +113,10 @@ class WorkerPool:
         """Trajectories running per awake worker (the demand report's ``loads``)."""
         return tuple(WorkerLoad(first_gpu=w.first, active=len(w.inflight)) for w in self.in_state(WorkerState.AWAKE))
 
+    def bundles(self) -> tuple[Gpus, ...]:
+        """Bundles of the rollout workers the plan gives this pipeline now (what a rejoin reports)."""
+        return tuple(w.gpus for f, w in sorted(self.workers.items()) if w.granted)
+
     def held_gpus(self) -> Gpus:
         """GPUs the plan gives this pipeline's rollout workers now."""
         return tuple(sorted(g for w in self.workers.values() if w.granted for g in w.gpus))

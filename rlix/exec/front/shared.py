@@ -1,0 +1,90 @@
+"""Executor layer: a run's jobs submitted to the cluster's shared scheduler service.
+
+``rlix-run CONFIG --address A`` (or inside ``ray job submit``, where Ray sets
+``RAY_ADDRESS``) joins the cluster's rlix scheduler, starting it if none
+runs, instead of starting a private one. Before anything starts: the
+config's ``cluster`` block (if it has one) must be the scheduler's, and the
+job names must be free on the cluster; either failing is a one-line config
+error. While the run lasts, the submission renews its lease (a submitter
+that dies loses its jobs, and their GPUs go back to the others) and learns
+which of its jobs ``rlix cancel`` asked to stop before they started.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from rlix.exec.front.config import ConfigError, RunConfig, check_topology
+from rlix.exec.service import connect
+
+RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several times longer)
+
+
+class Submission:
+    """One ``rlix-run``'s claim on the shared scheduler: its jobs' names, renewed while it runs."""
+
+    def __init__(self, config: RunConfig) -> None:
+        """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it."""
+        import ray
+
+        from rlix.exec.messages import NameTaken
+
+        given = "cluster" in config.model_fields_set
+        handle = connect.find()
+        if handle is None:
+            cluster = config.cluster.spec() if given else connect.ray_cluster()
+            handle = connect.start(cluster, config.policy, config.scheduler)
+        self.scheduler = handle
+        self.info = info = ray.get(handle.info.remote(), timeout=connect.SCHEDULER_CALL_S)
+        have = (info.nodes, info.gpus_per_node)
+        if given and (config.cluster.nodes, config.cluster.gpus_per_node) != have:
+            raise ConfigError(
+                f"cluster: the config says {config.cluster.nodes} nodes x {config.cluster.gpus_per_node} GPUs, but the "
+                f"rlix scheduler on this Ray cluster manages {have[0]} x {have[1]}; remove the cluster block to use the scheduler's"
+            )
+        cluster = config.cluster.model_copy(update={"nodes": info.nodes, "gpus_per_node": info.gpus_per_node})
+        self.config = config.model_copy(update={"cluster": cluster})
+        check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
+        self.submitter = f"{socket.gethostname()}:{os.getpid()}"
+        self.jobs = tuple((j.name, j.priority, _steps(j)) for j in config.jobs)
+        try:
+            ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
+        except NameTaken as exc:
+            names = [j.name for j in config.jobs]
+            index = next((i for i, n in enumerate(names) if f"'{n}'" in str(exc)), 0)
+            raise ConfigError(f"jobs[{index}].name: {exc}") from None
+        self._renewed = 0.0
+
+    def renew(self, now: float) -> tuple[str, ...]:
+        """Renew the lease (every ``RENEW_S``); returns the jobs whose cancel was asked for before they started."""
+        import ray
+
+        if now - self._renewed < RENEW_S:
+            return ()
+        self._renewed = now
+        try:
+            return ray.get(self.scheduler.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
+        except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
+            return ()
+
+    def leave(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.scheduler.leave.remote(self.submitter), timeout=connect.SCHEDULER_CALL_S)
+        except Exception:  # noqa: BLE001 -- the service is gone: nothing to leave
+            pass
+
+    def to_run_clock(self, t: float, run_t0: float) -> float:
+        """A time of the service's clock (seconds since it started) on the run's (seconds since the run started)."""
+        return t + self.info.started_at - run_t0
+
+
+def _steps(job) -> int:
+    return sum(a.steps for a in job.adapters) if job.kind == "multi_lora" else job.steps
+
+
+def joins_shared(address: str | None, config: RunConfig) -> str | None:
+    """The Ray address a run joins the shared scheduler at (None: a private local run)."""
+    return address or config.ray.address or os.environ.get("RAY_ADDRESS") or None

@@ -1,0 +1,153 @@
+"""Executor layer: the scheduler actor's calls as a service shared by independent submitters.
+
+Mixed into :class:`rlix.exec.control.scheduler_actor.SchedulerActor`: job
+names claimed per submitter under a lease, progress notes, ``rlix status``,
+``rlix cancel``, the timeline, and what keeps a shared cluster whole when
+a party disappears: submitters whose lease runs out and pipelines whose
+endpoint no longer answers are unregistered (their GPUs go to the others),
+and a restarted scheduler waits ``rejoin_s`` for its pipelines to rejoin
+with what they hold before it plans again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from rlix.core import Rejoin, Stage
+from rlix.exec.messages import ClusterStatus, JobNote, PipelineGone, PipelineUnknown, ServiceInfo
+from rlix.exec.service.status import cluster_status
+
+LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
+
+
+class ServiceCalls:
+    """Service calls of the scheduler actor (state: ``self.book``, ``self.usage``, ``self.gone``)."""
+
+    async def info(self) -> ServiceInfo:
+        self._start_loops()
+        c = self.core.cluster
+        return ServiceInfo(
+            nodes=c.nodes, gpus_per_node=c.gpus_per_node, policy=self.core.policy.name, started_at=self.t0, restarts=self.restarts
+        )
+
+    async def knows(self, pipeline_id: str) -> bool:
+        return pipeline_id in self.core.pipelines()
+
+    async def alive(self, pipeline_id: str) -> None:
+        """A pipeline's keep-alive: raises if this scheduler does not know it (it restarted, or dropped it)."""
+        self._known(pipeline_id)
+
+    async def rejoin(self, event: Rejoin, endpoint) -> None:
+        """A pipeline registered with this scheduler before its restart registers again with its holdings."""
+        pid = event.spec.pipeline_id
+        if pid in self.core.pipelines():
+            return
+        await self._event(event)
+        self._joined(event.spec, endpoint)
+        if event.demand is not None:
+            self.demands[pid] = event.demand
+
+    async def note(self, note: JobNote) -> None:
+        self._known(note.pipeline_id)
+        self.book.notes[note.pipeline_id] = note
+
+    async def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...]) -> tuple[str, ...]:
+        """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use), or
+        renew its lease; returns those of its jobs whose cancel was asked for."""
+        self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
+        return self.book.renew(submitter, self.now())
+
+    async def leave(self, submitter: str) -> None:
+        """A submitter is done: its lease ends (its jobs stay listed as they ended)."""
+        self.book.renewed.pop(submitter, None)
+        for name in self.book.jobs_of(submitter):
+            self.book.end(name, "cancelled")
+
+    async def cancel(self, name: str) -> str:
+        """Cancel a job: a running one is asked to stop (it ends cancelled); one not started never starts."""
+        if name in self.book.ended:
+            return f"job '{name}' already {self.book.ended[name][0]}"
+        endpoint = self.coordinators.get(name)
+        if endpoint is not None:
+            endpoint.stop.remote()
+            return f"job '{name}' asked to stop"
+        if name in self.book.claims:
+            self.book.cancel_asked.add(name)
+            self.book.end(name, "cancelled")
+            return f"job '{name}' cancelled before it started"
+        raise KeyError(f"no job '{name}' on this cluster; see rlix status")
+
+    async def cancel_all(self) -> int:
+        """Cancel every job not ended (``rlix scheduler stop --force``); returns how many."""
+        names = sorted(set(self.book.open_jobs()) | set(self.core.pipelines()))
+        for name in names:
+            await self.cancel(name)
+        return len(names)
+
+    async def busy(self) -> list[str]:
+        """Jobs not ended: registered pipelines and claimed jobs (``rlix scheduler stop`` refuses while any)."""
+        return sorted(set(self.book.open_jobs()) | set(self.core.pipelines()))
+
+    async def status(self) -> ClusterStatus:
+        self._account()
+        return cluster_status(self, self.now())
+
+    async def timeline(self):
+        """The cluster's activity since the service started: (recorder closed now, now, jobs)."""
+        now = self.now()
+        self._account()
+        rec = self.usage.timeline(now)
+        return rec, now, sorted(rec.by_pipeline)
+
+    # ------------------------------------------------------------ keeping the cluster whole
+
+    def _known(self, pipeline_id: str) -> None:
+        if pipeline_id in self.gone:
+            raise PipelineGone(f"pipeline '{pipeline_id}' was unregistered by the scheduler")
+        if pipeline_id not in self.core.pipelines():
+            raise PipelineUnknown(f"pipeline '{pipeline_id}' is not registered with this scheduler")
+
+    def _joined(self, spec, endpoint) -> None:
+        self.coordinators[spec.pipeline_id] = endpoint
+        self._specs.append(spec)
+        self.usage.set_home(spec.pipeline_id, spec.home_gpus)
+        self._account()
+
+    async def _watch(self) -> None:
+        """Every ``LIVENESS_S``: drop submitters whose lease ran out, and pipelines whose endpoint is gone."""
+        from ray.exceptions import RayActorError
+
+        while True:
+            await asyncio.sleep(LIVENESS_S)
+            for submitter in self.book.expired(self.now()):
+                for name in self.book.jobs_of(submitter):
+                    self.book.end(name, "failed", f"its submitter {submitter} is gone")
+                    if name in self.core.pipelines():
+                        self.order.spawn(self._unreachable(name))
+            for pid, endpoint in list(self.coordinators.items()):
+                try:
+                    await asyncio.wait_for(endpoint.__ray_ready__.remote(), self.call_timeout_s)
+                except (RayActorError, asyncio.TimeoutError):
+                    self.book.end(pid, "failed", "its process is gone")
+                    self.order.spawn(self._unreachable(pid))
+
+    def _holders(self) -> list:
+        """What holds each GPU now, as the usage accounting books it."""
+        from rlix.core.types import GangHolder
+        from rlix.metrics import Activity
+
+        out = []
+        for holder in self.core.ledger.owner:
+            if holder is None:
+                out.append(None)
+            elif isinstance(holder, GangHolder):
+                out.append((holder.pipeline_id, holder.stage.value, Activity.WORK))
+            else:
+                report = self.demands.get(holder.pipeline_id)
+                loads = {w.first_gpu: w.active for w in report.loads} if report is not None else {}
+                busy = loads.get(holder.gpus[0], 1) > 0
+                out.append((holder.pipeline_id, Stage.ROLLOUT.value, Activity.WORK if busy else Activity.HELD))
+        return out
+
+    def _account(self) -> None:
+        self.usage.update(self.now(), self._holders())

@@ -1,0 +1,92 @@
+"""Executor layer: find, start and stop the cluster's scheduler service (from a driver process).
+
+The service is the scheduler actor, named ``rlix-scheduler`` in the ``rlix``
+namespace, detached (it outlives the process that started it) and restarted
+by Ray if it dies. ``rlix scheduler start`` starts it; so does the first
+``rlix-run --address`` that finds none, with its config's policy and
+scheduler block. Its cluster (nodes x GPUs per node) is given, or read from
+the Ray cluster's alive GPU nodes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rlix.client import NAMESPACE, SERVICE_NAME
+from rlix.core import ClusterSpec
+
+SCHEDULER_CALL_S = 30.0  # deadline of a driver's call to the service (s)
+SHRINK_CALL_S = 60.0  # deadline of the service's shrink and expand calls to a pipeline (s)
+
+
+class ServiceError(RuntimeError):
+    """The service cannot be started or reached as asked (a one-line message with the fix)."""
+
+
+def ray_cluster() -> ClusterSpec:
+    """The cluster as Ray sees it: its alive GPU nodes, each with the same number of GPUs."""
+    import ray
+
+    counts = sorted(int(n["Resources"]["GPU"]) for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0))
+    if not counts:
+        raise ServiceError("the Ray cluster has no GPUs; start its nodes with --num-gpus N, or give the cluster (--nodes, --gpus)")
+    if counts[0] != counts[-1]:
+        raise ServiceError(
+            f"the Ray cluster's GPU nodes have {counts[0]} to {counts[-1]} GPUs; rlix needs the same on every node: "
+            "give --gpus N (per node) and --nodes M explicitly"
+        )
+    return ClusterSpec(nodes=len(counts), gpus_per_node=counts[0])
+
+
+def find():
+    """The running service's actor handle, or None."""
+    import ray
+
+    try:
+        return ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def start(cluster: ClusterSpec, policy: str, knobs):
+    """Start the service (or get the one a concurrent starter made); returns its handle.
+
+    ``knobs``: a :class:`rlix.exec.front.config.SchedulerKnobs` (the config's scheduler block).
+    """
+    import ray
+
+    from rlix.exec.control.scheduler_actor import SchedulerActor
+
+    heartbeat = knobs.heartbeat()
+    handle = SchedulerActor.options(
+        name=SERVICE_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1, get_if_exists=True
+    ).remote(
+        cluster,
+        policy,
+        knobs.core(),
+        time.time(),
+        knobs.plan_interval_s,
+        SHRINK_CALL_S,
+        lease_s=15.0,
+        rejoin_s=max(5.0, 3 * heartbeat),
+    )
+    ray.get(handle.start.remote(), timeout=SCHEDULER_CALL_S)
+    return handle
+
+
+def stop(handle, *, force: bool, wait_s: float = 60.0) -> str:
+    """Stop the service: refused while jobs run (:class:`ServiceError`) unless ``force``, which
+    cancels them and waits up to ``wait_s`` for them to leave first."""
+    import ray
+
+    busy = ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S)
+    if busy and not force:
+        raise ServiceError(f"{len(busy)} jobs are not done ({', '.join(busy)}); wait, cancel them, or use --force")
+    if busy:
+        ray.get(handle.cancel_all.remote(), timeout=SCHEDULER_CALL_S)
+        deadline = time.time() + wait_s
+        while time.time() < deadline and ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S):
+            time.sleep(0.5)
+    ray.get(handle.stop.remote(), timeout=SCHEDULER_CALL_S)
+    ray.kill(handle, no_restart=True)
+    return f"rlix scheduler stopped ({len(busy)} jobs cancelled)" if busy else "rlix scheduler stopped"

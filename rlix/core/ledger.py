@@ -7,6 +7,7 @@ the ledger itself changes only when a validated plan is applied.
 
 from __future__ import annotations
 
+from rlix.core.errors import InvariantViolation
 from rlix.core.types import (
     Expand,
     GangHolder,
@@ -53,6 +54,16 @@ class Ledger:
         self.free_count += len(w.gpus)
         return True
 
+    def restore_gang(self, pipeline_id: str, stage: Stage, gpus: Gpus) -> None:
+        """Record a gang stage granted before the scheduler restarted, on GPUs that are free here."""
+        self._check_free(gpus, f"stage {stage.value} of pipeline '{pipeline_id}'")
+        self._take_gang(pipeline_id, stage, gpus)
+
+    def restore_worker(self, worker: RolloutWorker, now: float) -> None:
+        """Record a rollout worker placed before the scheduler restarted, as placed at ``now``."""
+        self._check_free(worker.gpus, str(worker))
+        self._take_worker(worker, now)
+
     def apply(self, plan: Plan) -> None:
         for shrink in plan.shrinks:
             w = shrink.worker
@@ -62,18 +73,28 @@ class Ledger:
             del self.placed_at[w.gpus[0]]
             self.free_count += len(w.gpus)
         for grant in plan.grants:
-            holder = GangHolder(pipeline_id=grant.pipeline_id, stage=grant.stage)
-            for g in grant.gpus:
-                self.owner[g] = holder
-            self.gangs[(grant.pipeline_id, grant.stage)] = grant.gpus
-            self.free_count -= len(grant.gpus)
+            self._take_gang(grant.pipeline_id, grant.stage, grant.gpus)
         for expand in plan.expands:
-            w = expand.worker
-            for g in w.gpus:
-                self.owner[g] = w
-            self.workers.setdefault(w.pipeline_id, {})[w.gpus[0]] = w
-            self.placed_at[w.gpus[0]] = plan.now
-            self.free_count -= len(w.gpus)
+            self._take_worker(expand.worker, plan.now)
+
+    def _check_free(self, gpus: Gpus, what: str) -> None:
+        held = [g for g in gpus if self.owner[g] is not None]
+        if held:
+            raise InvariantViolation("no_gpu_owned_twice", f"{what}: GPU {held[0]} is held by {self.owner[held[0]]}")
+
+    def _take_gang(self, pipeline_id: str, stage: Stage, gpus: Gpus) -> None:
+        holder = GangHolder(pipeline_id=pipeline_id, stage=stage)
+        for g in gpus:
+            self.owner[g] = holder
+        self.gangs[(pipeline_id, stage)] = gpus
+        self.free_count -= len(gpus)
+
+    def _take_worker(self, w: RolloutWorker, now: float) -> None:
+        for g in w.gpus:
+            self.owner[g] = w
+        self.workers.setdefault(w.pipeline_id, {})[w.gpus[0]] = w
+        self.placed_at[w.gpus[0]] = now
+        self.free_count -= len(w.gpus)
 
 
 class Draft:

@@ -23,17 +23,18 @@ from rlix.core.lifecycle import (
     check_transition,
 )
 from rlix.core.policies import Policy, make_policy
+from rlix.core.rejoin import check_demand, check_holdings
 from rlix.core.state import GangRequest, PipelineEntry, View
-from rlix.core.topology import validate_pipeline
+from rlix.core.topology import requested_gpus, validate_pipeline
 from rlix.core.types import (
     DEFAULT_CONFIG,
-    DEFAULT_STAGE_ROLE,
     ClusterSpec,
     Event,
     Gpus,
     PipelineSpec,
     Plan,
     Register,
+    Rejoin,
     ReleaseStage,
     ReportDemand,
     RequestStage,
@@ -60,19 +61,6 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
-
-
-def requested_gpus(spec: PipelineSpec, event: RequestStage) -> Gpus:
-    """The GPUs a gang request asks for: the role it names (or the stage's default role), or the init GPUs."""
-    if event.stage is Stage.INIT and event.role is None:
-        return spec.init_gpus
-    role = event.role or DEFAULT_STAGE_ROLE[event.stage]
-    if not spec.has_role(role):
-        raise SchedulingError(
-            f"pipeline '{spec.pipeline_id}' stage {event.stage.value}: role {role.value} is not mapped; "
-            f"add a {role.value} mapping or name another role in the request"
-        )
-    return spec.role(role).gpus
 
 
 class Scheduler:
@@ -108,11 +96,28 @@ class Scheduler:
         return self.plan(now)
 
     def _register(self, event: Register, now: float) -> None:
-        spec = event.spec
+        self._add(self._checked_entry(event.spec))
+
+    def _rejoin(self, event: Rejoin, now: float) -> None:
+        """Rebuild a pipeline's state from what it holds after this scheduler restarted (see :class:`Rejoin`)."""
+        entry = self._checked_entry(event.spec)
+        held = check_holdings(event, entry.rollout_bundles, self.ledger, seq=entry.order)
+        self._add(entry)
+        for req in held.requests:
+            self.ledger.restore_gang(req.pipeline_id, req.stage, req.gpus)
+            self._requests[(req.pipeline_id, req.stage)] = req
+            self._seq = req.seq
+        for worker in held.workers:
+            self.ledger.restore_worker(worker, now)
+        entry.admitted = event.admitted or bool(held.requests or held.workers)
+        if event.demand is not None:
+            entry.record_demand(event.demand, now)
+
+    def _checked_entry(self, spec: PipelineSpec) -> PipelineEntry:
+        """The entry of a pipeline joining with ``spec``, once checked; not recorded yet."""
         pid = spec.pipeline_id
         validate_pipeline(self.cluster, spec)
-        entry = self._view.pipelines.get(pid)
-        if entry is not None:
+        if pid in self._view.pipelines:
             raise SchedulingError(f"pipeline '{pid}' is already registered; pipeline ids must be unique")
         check_transition(PIPELINE_TRANSITIONS, None, PipelineState.ACTIVE, f"pipeline '{pid}'")
         bundles = self.policy.rollout_bundles(spec)
@@ -121,17 +126,11 @@ class Scheduler:
                 f"pipeline '{pid}': no actor_infer bundle lies inside its home GPUs under policy "
                 f"'{self.policy.name}'; map actor_infer onto at least one home bundle"
             )
-        bundle_of: dict[int, Gpus] = {g: b for b in bundles for g in b}
-        home = set(spec.home_gpus)
-        self._seq += 1
-        self._view.pipelines[pid] = PipelineEntry(
-            spec=spec,
-            order=self._seq,
-            rollout_bundles=bundles,
-            bundle_of=bundle_of,
-            bundle_rank={b: i for i, b in enumerate(bundles)},
-            home_workers=sum(1 for b in bundles if home.issuperset(b)),
-        )
+        return PipelineEntry.joining(spec, order=self._seq + 1, rollout_bundles=bundles)
+
+    def _add(self, entry: PipelineEntry) -> None:
+        self._seq = entry.order
+        self._view.pipelines[entry.spec.pipeline_id] = entry
 
     def _unregister(self, event: Unregister, now: float) -> None:
         entry = self._active(event.pipeline_id)
@@ -172,14 +171,8 @@ class Scheduler:
 
     def _report(self, event: ReportDemand, now: float) -> None:
         entry = self._active(event.pipeline_id)
-        if event.pending < 0 or event.backlog < 0 or any(load.active < 0 for load in event.loads):
-            raise SchedulingError(f"pipeline '{event.pipeline_id}': demand counts must be >= 0")
-        for name in ("trajectory_s", "switch_s", "path_s"):
-            value = getattr(event, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise SchedulingError(f"pipeline '{event.pipeline_id}': {name} must be a finite number >= 0")
-        entry.demand = event
-        entry.reported_at = now
+        check_demand(event)
+        entry.record_demand(event, now)
 
     def _worker_lost(self, event: WorkerLost, now: float) -> None:
         self._active(event.pipeline_id)
@@ -278,4 +271,5 @@ _HANDLERS = {
     ReleaseStage: Scheduler._release,
     ReportDemand: Scheduler._report,
     WorkerLost: Scheduler._worker_lost,
+    Rejoin: Scheduler._rejoin,
 }

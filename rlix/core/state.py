@@ -29,6 +29,24 @@ class PipelineEntry:
     # an object of rlix.core.shares, typed loosely here to keep this module below it.
     need_cache: object = None
 
+    @classmethod
+    def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:
+        """The entry of a pipeline that joins now, its rollout workers allowed on ``rollout_bundles``."""
+        home = set(spec.home_gpus)
+        return cls(
+            spec=spec,
+            order=order,
+            rollout_bundles=rollout_bundles,
+            bundle_of={g: b for b in rollout_bundles for g in b},
+            bundle_rank={b: i for i, b in enumerate(rollout_bundles)},
+            home_workers=sum(1 for b in rollout_bundles if home.issuperset(b)),
+        )
+
+    def record_demand(self, report: ReportDemand, now: float) -> None:
+        """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""
+        self.demand = report
+        self.reported_at = now
+
 
 @dataclass(kw_only=True)
 class GangRequest:

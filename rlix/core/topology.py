@@ -8,7 +8,7 @@ straddle machines.
 from __future__ import annotations
 
 from rlix.core.errors import SchedulingError
-from rlix.core.types import ClusterSpec, PipelineSpec, Role
+from rlix.core.types import DEFAULT_STAGE_ROLE, ClusterSpec, Gpus, PipelineSpec, RequestStage, Role, Stage
 
 REQUIRED_ROLES = (Role.ACTOR_TRAIN, Role.ACTOR_INFER)
 
@@ -61,3 +61,16 @@ def _validate_role(cluster: ClusterSpec, where: str, role: str, gpus: tuple[int,
                 f"{field}: bundle {bundle} spans nodes {cluster.node_of(bundle[0])} and "
                 f"{cluster.node_of(bundle[-1])}; align bundles to nodes of {cluster.gpus_per_node} GPUs"
             )
+
+
+def requested_gpus(spec: PipelineSpec, event: RequestStage) -> Gpus:
+    """The GPUs a gang request asks for: the role it names (or the stage's default role), or the init GPUs."""
+    if event.stage is Stage.INIT and event.role is None:
+        return spec.init_gpus
+    role = event.role or DEFAULT_STAGE_ROLE[event.stage]
+    if not spec.has_role(role):
+        raise SchedulingError(
+            f"pipeline '{spec.pipeline_id}' stage {event.stage.value}: role {role.value} is not mapped; "
+            f"add a {role.value} mapping or name another role in the request"
+        )
+    return spec.role(role).gpus

@@ -241,7 +241,27 @@ class WorkerLost:
     first_gpu: int
 
 
-Event = Register | Unregister | RequestStage | ReleaseStage | ReportDemand | WorkerLost
+@dataclass(frozen=True, kw_only=True)
+class Rejoin:
+    """A pipeline that held GPUs under a scheduler that has since restarted registers again with
+    what it holds, so the new scheduler's ledger matches the cluster.
+
+    ``spec`` is the topology it registered before; ``gangs`` the gang stages granted to it
+    before the restart, each with its GPUs; ``workers`` the bundles of the rollout workers it
+    holds; ``demand`` its latest demand report. ``admitted`` says its model load was granted
+    before the restart: it counts as started (its home taken) even while it holds nothing; a
+    pipeline holding any GPU counts as started anyway. Stages it still waits for are not
+    listed here: it asks for them again with :class:`RequestStage` after rejoining.
+    """
+
+    spec: PipelineSpec
+    gangs: tuple[tuple[Stage, Gpus], ...] = ()
+    workers: tuple[Gpus, ...] = ()
+    demand: ReportDemand | None = None
+    admitted: bool = False
+
+
+Event = Register | Unregister | RequestStage | ReleaseStage | ReportDemand | WorkerLost | Rejoin
 
 
 # ------------------------------------------------------------------ plan

@@ -89,6 +89,7 @@ class Client:
         self.on_gone = on_gone  # called if the keep-alive finds the pipeline unregistered or the scheduler gone
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not released
         self.rejoins = 0  # times this pipeline rejoined a restarted scheduler
+        self.admitted = False  # it was granted GPUs once (its home stays taken under a partitioning policy)
         self._spec: PipelineSpec | None = None
         self._endpoint = None
         self._demand: ReportDemand | None = None
@@ -118,6 +119,7 @@ class Client:
         again = ("request", (self.pipeline_id, stage, role, None))
         reply = await self._call("request", self.pipeline_id, stage, role, after, wait=True, again=again)
         self.held[stage] = reply.gpus
+        self.admitted = True
         return reply
 
     async def release(self, stage: Stage, report: ReportDemand | None = None) -> None:
@@ -165,6 +167,8 @@ class Client:
             try:
                 return await (ref if wait else asyncio.wait_for(ref, self.timeout_s))
             except PipelineUnknown:
+                if self._spec is None:  # never registered: nothing to rejoin with
+                    raise
                 await self._rejoin()
             except RayActorError:  # died under the call: Ray restarts it, and the call is asked again
                 await self._wait_back()
@@ -201,6 +205,7 @@ class Client:
                 gangs=tuple(sorted(self.held.items(), key=lambda kv: kv[0].value)),
                 workers=tuple(sorted(self.workers())),
                 demand=self._demand,
+                admitted=self.admitted,
             )
             await asyncio.wait_for(self.sched.rejoin.remote(event, self._endpoint), self.timeout_s)
             self.rejoins += 1

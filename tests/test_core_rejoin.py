@@ -201,8 +201,11 @@ def test_a_registered_id_bad_spec_or_bad_demand_is_refused():
     sched = Scheduler(NODE8, "rlix")
     register(sched, spec("a", range(4), range(8)))
     refused(sched, Rejoin(spec=spec("a", range(4), range(8))), "already registered")
-    sched.step(1, [Unregister(pipeline_id="a")])
-    refused(sched, Rejoin(spec=spec("a", range(4), range(8))), "already registered")
+    sched.submit(Unregister(pipeline_id="a"), 1)
+    refused(sched, Rejoin(spec=spec("a", range(4), range(8))), "already registered")  # still leaving
+    sched.plan(1)
+    sched.submit(Register(spec=spec("a", range(4), range(8))), 2)  # once it left, its id may run again
+    assert sched.pipelines() == ["a"]
     refused(sched, Rejoin(spec=spec("c", range(4), range(9))), "actor_infer: GPU ids must lie in 0..7")
     refused(sched, Rejoin(spec=spec("c", range(4), range(8)), demand=demand("z", 3)), "demand report is for pipeline 'z'")
     bad = ReportDemand(pipeline_id="c", pending=-1)

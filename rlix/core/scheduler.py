@@ -117,7 +117,9 @@ class Scheduler:
         """The entry of a pipeline joining with ``spec``, once checked; not recorded yet."""
         pid = spec.pipeline_id
         validate_pipeline(self.cluster, spec)
-        if pid in self._view.pipelines:
+        old = self._view.pipelines.get(pid)
+        # An id may be used again once its pipeline left and a plan freed what it held (a job run again).
+        if old is not None and (old.state is PipelineState.ACTIVE or pid in self._view.departed):
             raise SchedulingError(f"pipeline '{pid}' is already registered; pipeline ids must be unique")
         check_transition(PIPELINE_TRANSITIONS, None, PipelineState.ACTIVE, f"pipeline '{pid}'")
         bundles = self.policy.rollout_bundles(spec)

@@ -100,7 +100,8 @@ class SchedulerActor(ServiceCalls):
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they had time to.
-        self.restarts = int(ray.get_runtime_context().was_current_actor_reconstructed)
+        context = ray.get_runtime_context()
+        self.restarts = int(context.get_actor_id() is not None and context.was_current_actor_reconstructed)
         self.rejoin_until = self.now() + rejoin_s if self.restarts else float("-inf")
 
     def now(self) -> float:

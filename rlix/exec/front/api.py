@@ -33,7 +33,6 @@ from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
-
 from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
@@ -153,17 +152,14 @@ class Session:
             self.config = config = self.submission.config
         self.cluster = config.cluster.spec()
         prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
-        if self._own_ray:
-            if address:
-                pass
-            else:
-                init_local_ray(
-                    num_cpus=config.ray.num_cpus or os.cpu_count(),
-                    num_gpus=self.cluster.num_gpus,
-                    include_dashboard=False,
-                    log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
-                    runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
-                )
+        if self._own_ray and not address:
+            init_local_ray(
+                num_cpus=config.ray.num_cpus or os.cpu_count(),
+                num_gpus=self.cluster.num_gpus,
+                include_dashboard=False,
+                log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
+                runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
+            )
         try:
             self.nodes = node_ids(self.cluster)
         except ClusterError:
@@ -269,6 +265,11 @@ class Session:
     def _tick(self, on_progress, kill_at: dict[str, float]) -> bool:
         """One poll: admit, kill, collect, show; True once every job has its result."""
         now = self.now()
+        if self.submission is not None:  # renew the lease; jobs `rlix cancel` stopped before they started never start
+            for pid in self.submission.renew(now):
+                p = self.pipelines.get(pid)
+                if p is not None and p.coordinator is None and p.result is None:
+                    p.result = JobResult(pipeline_id=pid, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
         for p in self.pipelines.values():
             if p.coordinator is None and p.result is None and p.killed_at is None and now >= p.job.arrival_s:
                 self.admit(p.pipeline_id)
@@ -308,6 +309,9 @@ class Session:
 
         end = max(max((p.result.finish_s for p in self.pipelines.values()), default=0.0), 1e-3)
         stats = ray.get(self.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
+        if self.submission is not None:  # the shared scheduler's clock started before this run
+            unmet = ((self.submission.to_run_clock(t, self.t0), w) for t, w in stats.unmet)
+            stats = replace(stats, unmet=tuple((max(t, 0.0), w) for t, w in unmet))
         results = {pid: p.result for pid, p in self.pipelines.items()}
         names = {pid: p.job.name for pid, p in self.pipelines.items()}
         partial = self.stopped_at
@@ -317,6 +321,10 @@ class Session:
     def shutdown(self) -> None:
         import ray
 
+        if self.submission is not None:  # the shared scheduler stays; this run's claim ends
+            self.submission.leave()
+            ray.shutdown()
+            return
         try:
             ray.get(self.scheduler.stop.remote(), timeout=5)
             ray.kill(self.scheduler)

@@ -41,7 +41,8 @@ class Submission:
         if given and (config.cluster.nodes, config.cluster.gpus_per_node) != have:
             raise ConfigError(
                 f"cluster: the config says {config.cluster.nodes} nodes x {config.cluster.gpus_per_node} GPUs, but the "
-                f"rlix scheduler on this Ray cluster manages {have[0]} x {have[1]}; remove the cluster block to use the scheduler's"
+                f"rlix scheduler on this Ray cluster manages {have[0]} x {have[1]}; "
+                "remove the cluster block to use the scheduler's"
             )
         cluster = config.cluster.model_copy(update={"nodes": info.nodes, "gpus_per_node": info.gpus_per_node})
         self.config = config.model_copy(update={"cluster": cluster})

@@ -233,13 +233,16 @@ class PipelineCoordinator:
         """Tell the scheduler the job's progress when it changes (for ``rlix status``)."""
         last = None
         while True:
-            before, steps = step_counts(self.runner)
-            done = before + len(self.rec.steps)
-            note = JobNote(pipeline_id=self.pid, loaded=self.runner.loaded, steps_done=done, steps_total=steps)
+            note = self._note()
             if note != last:  # not a blocking call of the job's: not counted as control overhead
                 await self.link.client.note(note)
                 last = note
             await asyncio.sleep(self.heartbeat_s)
+
+    def _note(self) -> JobNote:
+        before, steps = step_counts(self.runner)
+        loaded = self.runner is not None and self.runner.loaded
+        return JobNote(pipeline_id=self.pid, loaded=loaded, steps_done=before + len(self.rec.steps), steps_total=steps)
 
     def _start_trainer(self) -> TrainerLink:
         gpus = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
@@ -266,6 +269,10 @@ class PipelineCoordinator:
         for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ())]:
             t.cancel()
         state = self.status.value if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else "failed"
+        try:  # its last progress, for rlix status
+            await asyncio.wait_for(self.link.client.note(self._note()), self.job.limits.call_timeout_s)
+        except Exception:  # noqa: BLE001 -- never registered, or the scheduler is gone
+            pass
         try:  # shrinks our workers
             await self.link.client.unregister(state, error)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us

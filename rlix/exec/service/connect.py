@@ -29,7 +29,7 @@ def ray_cluster() -> ClusterSpec:
 
     counts = sorted(int(n["Resources"]["GPU"]) for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0))
     if not counts:
-        raise ServiceError("the Ray cluster has no GPUs; start its nodes with --num-gpus N, or give the cluster (--nodes, --gpus)")
+        raise ServiceError("the Ray cluster has no GPUs; start its nodes with --num-gpus N, or give --nodes and --gpus")
     if counts[0] != counts[-1]:
         raise ServiceError(
             f"the Ray cluster's GPU nodes have {counts[0]} to {counts[-1]} GPUs; rlix needs the same on every node: "

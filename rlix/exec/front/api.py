@@ -19,54 +19,23 @@ submitter's; without one, the run starts a local Ray and a private scheduler.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlix.exec.control.actor_placement import ClusterError
 from rlix.exec.errors import describe
-from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, load_config
+from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.front.joblines import job_line
 from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
-from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
+from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S, join
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
 STOP_GRACE_S = 8.0
-
-
-def _join(address: str, gpus_needed: int, where: str) -> None:
-    """Connect to an existing Ray cluster, failing fast with one line if it is not there.
-
-    ``where`` names the setting the address came from (``--address`` or ``ray.address``).
-    """
-    import ray
-
-    hint = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
-    if address != "auto":
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except (OSError, ValueError):
-            raise ClusterError(f"{where} {address}: no Ray cluster answers there; {hint}") from None
-    try:
-        ray.init(address=address, log_to_driver=False)
-    except ConnectionError:
-        raise ClusterError(
-            f"{where} {address}: no Ray cluster accepted the connection; {hint} "
-            "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
-        ) from None
-    have = int(ray.cluster_resources().get("GPU", 0))
-    if have < gpus_needed:
-        ray.shutdown()
-        raise ClusterError(
-            f"{where} {address}: the Ray cluster has {have} GPUs but cluster in the config needs {gpus_needed}; "
-            "add nodes or lower cluster.nodes / cluster.gpus_per_node"
-        )
 
 
 @dataclass(kw_only=True)
@@ -136,14 +105,16 @@ class Session:
         self.config = config = absolute_paths(config, Path.cwd())  # actors' working directory is Ray's, not ours
         self.out_dir = Path(out_dir).resolve() if out_dir else Path(config.output.dir)
         self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
-        self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
         where = "--address" if address else ("ray.address" if config.ray.address else "RAY_ADDRESS")
         self._own_ray = not ray.is_initialized()
         address = joins_shared(address, config) if self._own_ray else None
+        if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
+            check_topology(config)
+        self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
         self.submission: Submission | None = None
         if address:  # the cluster's shared scheduler: its cluster and the job names are checked before anything starts
             given = "cluster" in config.model_fields_set
-            _join(address, config.cluster.spec().num_gpus if given else 0, where)
+            join(address, config.cluster.spec().num_gpus if given else 0, where)
             try:
                 self.submission = Submission(config)
             except BaseException:

@@ -9,6 +9,7 @@ GPU topology against the cluster with the core's own validator.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -448,7 +449,7 @@ def parse_config(raw: dict) -> RunConfig:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(one_line(exc)) from None
-    check_topology(cfg)
+    check_topology(cfg, loose="cluster" not in cfg.model_fields_set)
     check_backends(cfg)
     check_data(cfg)
     return cfg
@@ -492,9 +493,16 @@ def check_backends(cfg: RunConfig) -> None:
             )
 
 
-def check_topology(cfg: RunConfig) -> None:
-    """Each job's roles must fit the cluster and its step's stages (the rules a trace's pipelines follow)."""
+def check_topology(cfg: RunConfig, *, loose: bool = False) -> None:
+    """Each job's roles must fit the cluster and its step's stages (the rules a trace's pipelines follow).
+
+    ``loose``: the config has no cluster block, so the cluster is not known yet (a shared scheduler's
+    is); the roles are checked against one node as large as they need, and again once it is known.
+    """
     cluster = cfg.cluster.spec()
+    if loose:
+        top = max((g for job in cfg.jobs for spec in job.pipeline_spec(job.name).roles for g in spec.gpus), default=0)
+        cluster = replace(cluster, nodes=1, gpus_per_node=max(cluster.num_gpus, top + 1))
     for i, job in enumerate(cfg.jobs):
         problem = job_topology_error(cluster, job.pipeline_spec(job.name), executor_stages(kl=job.algo.kl_coef > 0))
         if problem is not None:

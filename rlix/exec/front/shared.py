@@ -52,9 +52,10 @@ class Submission:
         try:
             ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
         except NameTaken as exc:
+            message = str(getattr(exc, "cause", exc))  # the service's own words, without Ray's wrapping
             names = [j.name for j in config.jobs]
-            index = next((i for i, n in enumerate(names) if f"'{n}'" in str(exc)), 0)
-            raise ConfigError(f"jobs[{index}].name: {exc}") from None
+            index = next((i for i, n in enumerate(names) if f"'{n}'" in message), 0)
+            raise ConfigError(f"jobs[{index}].name: {message}") from None
         self._renewed = 0.0
 
     def renew(self, now: float) -> tuple[str, ...]:

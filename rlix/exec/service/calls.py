@@ -63,19 +63,20 @@ class ServiceCalls:
         for name in self.book.jobs_of(submitter):
             self.book.end(name, "cancelled")
 
-    async def cancel(self, name: str) -> str:
-        """Cancel a job: a running one is asked to stop (it ends cancelled); one not started never starts."""
+    async def cancel(self, name: str) -> tuple[bool, str]:
+        """Cancel a job: a running one is asked to stop (it ends cancelled); one not started never starts.
+        Returns (whether the job was found, what was done)."""
         if name in self.book.ended:
-            return f"job '{name}' already {self.book.ended[name][0]}"
+            return True, f"job '{name}' already {self.book.ended[name][0]}"
         endpoint = self.coordinators.get(name)
         if endpoint is not None:
             endpoint.stop.remote()
-            return f"job '{name}' asked to stop"
+            return True, f"job '{name}' asked to stop"
         if name in self.book.claims:
             self.book.cancel_asked.add(name)
             self.book.end(name, "cancelled")
-            return f"job '{name}' cancelled before it started"
-        raise KeyError(f"no job '{name}' on this cluster; see rlix status")
+            return True, f"job '{name}' cancelled before it started"
+        return False, f"no job '{name}' on this cluster; see rlix status"
 
     async def cancel_all(self) -> int:
         """Cancel every job not ended (``rlix scheduler stop --force``); returns how many."""

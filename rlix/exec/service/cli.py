@@ -59,13 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _connect(args):
     """Join the Ray cluster; the service's handle (None only for ``scheduler start`` when none runs)."""
-    from rlix.exec.front.api import ClusterError, _join
     from rlix.exec.service import connect
 
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
-        _join(address, 0, "--address")
-    except ClusterError as exc:
+        connect.join(address, 0, "--address", quiet=True)
+    except connect.ClusterError as exc:
         raise UserError(str(exc)) from None
     handle = connect.find()
     if handle is None and (args.command, getattr(args, "action", None)) != ("scheduler", "start"):
@@ -149,12 +148,9 @@ def _cancel(handle, args) -> int:
 
     from rlix.exec.service import connect
 
-    try:
-        print(ray.get(handle.cancel.remote(args.job), timeout=connect.SCHEDULER_CALL_S))
-    except KeyError as exc:
-        print(f"rlix: {exc.args[0]}", file=sys.stderr)
-        return 1
-    return 0
+    found, message = ray.get(handle.cancel.remote(args.job), timeout=connect.SCHEDULER_CALL_S)
+    print(message if found else f"rlix: {message}", file=sys.stdout if found else sys.stderr)
+    return 0 if found else 1
 
 
 def _timeline(handle, args) -> int:

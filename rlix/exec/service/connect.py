@@ -10,10 +10,12 @@ the Ray cluster's alive GPU nodes.
 
 from __future__ import annotations
 
+import socket
 import time
 
 from rlix.client import NAMESPACE, SERVICE_NAME
 from rlix.core import ClusterSpec
+from rlix.exec.control.actor_placement import ClusterError
 
 SCHEDULER_CALL_S = 30.0  # deadline of a driver's call to the service (s)
 SHRINK_CALL_S = 60.0  # deadline of the service's shrink and expand calls to a pipeline (s)
@@ -21,6 +23,39 @@ SHRINK_CALL_S = 60.0  # deadline of the service's shrink and expand calls to a p
 
 class ServiceError(RuntimeError):
     """The service cannot be started or reached as asked (a one-line message with the fix)."""
+
+
+def join(address: str, gpus_needed: int, where: str, *, quiet: bool = False) -> None:
+    """Connect to an existing Ray cluster, failing fast with one line if it is not there.
+
+    ``where`` names the setting the address came from (``--address`` or ``ray.address``);
+    ``quiet``: without Ray's notices on connecting (the ``rlix`` tools).
+    """
+    import logging
+
+    import ray
+
+    hint = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
+    if address != "auto":
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError):
+            raise ClusterError(f"{where} {address}: no Ray cluster answers there; {hint}") from None
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING if quiet else logging.INFO)
+    except ConnectionError:
+        raise ClusterError(
+            f"{where} {address}: no Ray cluster accepted the connection; {hint} "
+            "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
+        ) from None
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if have < gpus_needed:
+        ray.shutdown()
+        raise ClusterError(
+            f"{where} {address}: the Ray cluster has {have} GPUs but cluster in the config needs {gpus_needed}; "
+            "add nodes or lower cluster.nodes / cluster.gpus_per_node"
+        )
 
 
 def ray_cluster() -> ClusterSpec:

@@ -1,0 +1,104 @@
+"""Figures of the shared scheduler service on a local Ray cluster of 4 logical GPUs.
+
+    python benchmarks/bench_service.py [--delay 20] [--steps 30]
+
+1. Makespan of two jobs submitted by two ``rlix-run --address`` processes,
+   the second ``--delay`` seconds after the first, against the same two jobs
+   run from one config (the second with ``arrival_s`` = delay).
+2. ``rlix status``: the scheduler's answer (one actor call from a joined
+   driver) and the whole command (a fresh process: Python, Ray connection,
+   answer), while both jobs run.
+3. How long a SIGKILLed submitter's GPUs take to come back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from service_cluster import ServiceCluster, job, jobs_by_name, wait_for, write_config  # noqa: E402
+
+PROBE = """
+import time, json
+h = ray.get_actor('rlix-scheduler', namespace='rlix')
+ray.get(h.status.remote())
+took = []
+for _ in range(40):
+    t = time.perf_counter(); ray.get(h.status.remote()); took.append(time.perf_counter() - t); time.sleep(0.05)
+print(json.dumps(took))
+"""
+
+
+def makespans(c: ServiceCluster, tmp: Path, delay: float, steps: int) -> tuple[float, float, list[float], list[float]]:
+    one = write_config(tmp / "one.yaml", [job("a1", "0-1", steps), job("b1", "2-3", steps, arrival_s=delay)])
+    t = time.time()
+    res = subprocess.run(
+        [sys.executable, "-m", "rlix.exec.front.cli", str(one), "--no-console"], capture_output=True, env=c.env, cwd=tmp
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    single = time.time() - t
+    makespan = json.loads((tmp / "out_one" / "metrics.json").read_text())["makespan_s"]
+    print(f"one config (private scheduler): {single:.1f} s wall, from the command to its exit (makespan_s {makespan:.1f})")
+    c.start()
+    assert c.rlix("scheduler", "start", "--set", "min_residency_s=2", "--set", "report_ttl_s=10").returncode == 0
+    first = write_config(tmp / "first.yaml", [job("a2", "0-1", steps)])
+    second = write_config(tmp / "second.yaml", [job("b2", "2-3", steps)])
+    t0 = time.time()
+    a = c.submit(first)
+    time.sleep(delay)
+    b = c.submit(second)
+    wait_for(lambda s: {jobs_by_name(s).get(n, {}).get("state") for n in ("a2", "b2")} == {"running"}, c, 180)
+    probe = c.python(PROBE)
+    calls = json.loads(probe.stdout.strip().splitlines()[-1])
+    commands = [c.status()[1] for _ in range(5)]
+    assert a.wait() == 0 and b.wait() == 0
+    shared = time.time() - t0
+    return single, shared, calls, commands
+
+
+def killed_submitter(c: ServiceCluster, tmp: Path) -> float:
+    keep = write_config(tmp / "keep.yaml", [job("k3", "0-1", 6)])
+    lose = write_config(tmp / "lose.yaml", [job("l3", "2-3", 60)])
+    k, lo = c.submit(keep), c.submit(lose)
+    wait_for(lambda s: jobs_by_name(s).get("l3", {}).get("state") == "running", c, 180)
+    lo.send_signal(signal.SIGKILL)
+    t = time.time()
+    wait_for(lambda s: not jobs_by_name(s)["l3"]["gpus"], c, 120, every_s=0.2)
+    back = time.time() - t
+    assert k.wait() == 0
+    return back
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--delay", type=float, default=20.0, help="seconds between the two submissions")
+    ap.add_argument("--steps", type=int, default=30, help="steps of each job")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        c = ServiceCluster(tmp)
+        try:
+            single, shared, calls, commands = makespans(c, tmp, args.delay, args.steps)
+            print(f"two submitters (shared service): {shared:.1f} s wall, from the first submission to the last exit")
+            print(f"  ratio {shared / single:.3f} (target <= 1.10)")
+            q = statistics.quantiles(calls, n=20)
+            print(f"rlix status, scheduler answer: median {statistics.median(calls) * 1e3:.1f} ms, p95 {q[18] * 1e3:.1f} ms")
+            print(f"rlix status, whole command: median {statistics.median(commands):.2f} s, max {max(commands):.2f} s")
+            print(f"SIGKILLed submitter: its GPUs back after {killed_submitter(c, tmp):.1f} s (target <= 30 s)")
+        finally:
+            c.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""A Ray cluster of 4 logical GPUs with the rlix scheduler service, for the service's tests and benchmark.
+
+The cluster has a token of its own (nothing is read from ``~/.ray``); submitters
+are ``rlix-run --address`` processes, and the tools are ``rlix ... --address``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = {"size": {"arch": "qwen2", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job(name: str, home: str, steps: int, *, arrival_s: float = 0.0, priority: int = 0) -> dict:
+    """A tiny copy-task job: trains on its 2-GPU home, may roll out on all 4 GPUs."""
+    return {
+        "name": name,
+        "model": MODEL,
+        "task": {"name": "copy", "min_len": 1, "max_len": 6},
+        "steps": steps,
+        "prompts_per_step": 8,
+        "group_size": 4,
+        "max_new_tokens": 8,
+        "slots_per_worker": 4,
+        "arrival_s": arrival_s,
+        "priority": priority,
+        "home": home,
+        "roles": {"actor_train": {"gpus": home}, "actor_infer": {"gpus": "0-3"}},
+    }
+
+
+def write_config(path: Path, jobs: list[dict], *, cluster: dict | None = None) -> Path:
+    cfg = {
+        "scheduler": {"min_residency_s": 2.0, "report_ttl_s": 10.0},
+        "output": {"dir": str(path.parent / f"out_{path.stem}"), "console": False},
+        "jobs": jobs,
+    }
+    if cluster is not None:
+        cfg["cluster"] = cluster
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class ServiceCluster:
+    """``ray start --head`` with 4 GPUs and a token of its own; commands run against it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        token = tmp / "ray_auth_token"
+        token.write_text(secrets.token_hex(32))
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        self.env.pop("RAY_AUTH_TOKEN", None)
+        self.env.pop("RAY_ADDRESS", None)
+        self.ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+
+    def start(self) -> None:
+        cmd = [self.ray, "start", "--head", f"--port={self.port}", "--num-gpus=4", "--num-cpus=2"]
+        cmd += ["--include-dashboard=false", "--disable-usage-stats"]
+        subprocess.run(cmd, check=True, capture_output=True, env=self.env, timeout=120, cwd=ROOT)
+
+    def stop(self) -> None:
+        subprocess.run([self.ray, "stop", "--force"], capture_output=True, env=self.env, timeout=120)
+
+    def rlix(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "rlix.exec.service.cli", *args, "--address", self.address]
+        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=ROOT)
+
+    def submit(self, config: Path, *extra: str, via_env: bool = False) -> subprocess.Popen:
+        """``rlix-run CONFIG --address A`` in the background (its output in CONFIG.out / .err).
+
+        ``via_env``: the address in ``RAY_ADDRESS`` instead, as Ray gives a job's entrypoint.
+        """
+        where = [] if via_env else ["--address", self.address]
+        env = {**self.env, "RAY_ADDRESS": self.address} if via_env else self.env
+        cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(config), *where, "--no-console", *extra]
+        out, err = open(config.with_suffix(".out"), "w"), open(config.with_suffix(".err"), "w")
+        return subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=config.parent)
+
+    def status(self) -> tuple[dict, float]:
+        """``rlix status --json`` and the seconds it took (the whole command, Ray connection included)."""
+        t = time.perf_counter()
+        res = self.rlix("status", "--json")
+        assert res.returncode == 0, res.stderr[-2000:]
+        return json.loads(res.stdout), time.perf_counter() - t
+
+    def python(self, code: str) -> subprocess.CompletedProcess:
+        """Run ``code`` in a driver joined to the cluster (``ray`` imported, joined)."""
+        prelude = f"import ray\nray.init(address='{self.address}', log_to_driver=False)\n"
+        return subprocess.run(
+            [sys.executable, "-c", prelude + code], capture_output=True, text=True, env=self.env, timeout=120, cwd=ROOT
+        )
+
+
+def jobs_by_name(status: dict) -> dict[str, dict]:
+    return {j["name"]: j for j in status["jobs"]}
+
+
+def gpus_held(status: dict) -> int:
+    return sum(len(j["gpus"]) for j in status["jobs"])
+
+
+def wait_for(predicate, cluster: ServiceCluster, timeout_s: float, every_s: float = 1.0) -> dict:
+    """Poll ``rlix status`` until ``predicate(status)``; returns that status (AssertionError on timeout)."""
+    deadline = time.time() + timeout_s
+    while True:
+        status, _ = cluster.status()
+        if predicate(status):
+            return status
+        assert time.time() < deadline, f"not reached within {timeout_s} s: {json.dumps(status)[:2000]}"
+        time.sleep(every_s)

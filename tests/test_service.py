@@ -1,0 +1,149 @@
+"""The shared scheduler service: independent ``rlix-run --address`` submitters on one Ray cluster.
+
+One Ray cluster (4 logical GPUs, a token of its own) and one service for the
+module; each test submits jobs of its own names. ``rlix status --json`` is
+polled while jobs run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+from service_cluster import ServiceCluster, gpus_held, job, jobs_by_name, wait_for, write_config
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.heavy, pytest.mark.exec]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = ServiceCluster(tmp_path_factory.mktemp("service"))
+    c.start()
+    try:
+        res = c.rlix("scheduler", "start", "--set", "min_residency_s=2", "--set", "report_ttl_s=10")
+        assert res.returncode == 0 and "rlix scheduler started: 1 x 4 GPUs, policy rlix" in res.stdout, res.stderr
+        yield c
+    finally:
+        c.stop()
+
+
+def finished(proc, timeout_s: float = 300) -> int:
+    return proc.wait(timeout=timeout_s)
+
+
+def metrics(config) -> dict:
+    return json.loads((config.parent / f"out_{config.stem}" / "metrics.json").read_text())
+
+
+def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
+    first = write_config(tmp_path / "first.yaml", [job("alpha", "0-1", steps=40)])
+    second = write_config(tmp_path / "second.yaml", [job("beta", "2-3", steps=4)])
+    a = cluster.submit(first)
+    wait_for(lambda s: jobs_by_name(s).get("alpha", {}).get("state") == "running", cluster, 120)
+    # while alpha runs (its rollout spread over beta's home too); found through RAY_ADDRESS, as a Ray job's entrypoint is
+    b = cluster.submit(second, via_env=True)
+    both, seen, latencies = False, [], []
+    while a.poll() is None or b.poll() is None:
+        status, took = cluster.status()
+        latencies.append(took)
+        seen.append(status)
+        assert gpus_held(status) <= 4, status  # never more GPUs held than the cluster has
+        held = {j["name"] for j in status["jobs"] if j["gpus"]}
+        both |= {"alpha", "beta"} <= held
+        time.sleep(0.5)
+    assert a.returncode == 0, first.with_suffix(".err").read_text()[-2000:]
+    assert b.returncode == 0, second.with_suffix(".err").read_text()[-2000:]
+    assert both, "the two jobs never held GPUs at the same time"
+    final, _ = cluster.status()
+    jobs = jobs_by_name(final)
+    assert jobs["alpha"]["state"] == jobs["beta"]["state"] == "finished"
+    assert (jobs["alpha"]["steps_done"], jobs["beta"]["steps_done"]) == (40, 4)
+    # alpha's rollout used beta's home before beta came: borrowed by alpha is lent by beta
+    assert jobs["alpha"]["borrowed_s"] > 0 and jobs["beta"]["lent_s"] > 0
+    # every busy GPU-second is some job's
+    assert sum(j["gpu_s"] for j in final["jobs"]) == pytest.approx(final["busy_gpu_s"], rel=1e-9)
+    assert 0 < final["utilization"] <= 1 and final["idle_fraction"] == pytest.approx(1 - final["utilization"])
+    assert metrics(first)["trajectories_lost"] == metrics(second)["trajectories_lost"] == 0
+    median = sorted(latencies)[len(latencies) // 2]
+    print(f"rlix status: {len(latencies)} answers, median {median:.2f} s, max {max(latencies):.2f} s")
+
+
+def test_a_killed_submitter_loses_its_jobs_and_their_gpus_go_back(cluster, tmp_path):
+    keep = write_config(tmp_path / "keep.yaml", [job("gamma", "0-1", steps=4)])
+    lose = write_config(tmp_path / "lose.yaml", [job("delta", "2-3", steps=30)])
+    g, d = cluster.submit(keep), cluster.submit(lose)
+    wait_for(lambda s: bool(jobs_by_name(s).get("delta", {}).get("gpus")), cluster, 150)
+    d.send_signal(signal.SIGKILL)
+    t = time.time()
+    status = wait_for(lambda s: not jobs_by_name(s)["delta"]["gpus"], cluster, 60, every_s=0.5)
+    back_s = time.time() - t
+    print(f"a SIGKILLed submitter's GPUs were back after {back_s:.1f} s")
+    assert back_s <= 30
+    assert finished(g) == 0, keep.with_suffix(".err").read_text()[-2000:]
+    status, _ = cluster.status()
+    assert jobs_by_name(status)["delta"]["state"] == "failed"
+
+
+def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, tmp_path):
+    one = write_config(tmp_path / "one.yaml", [job("epsilon", "0-1", steps=20)])
+    two = write_config(tmp_path / "two.yaml", [job("zeta", "2-3", steps=20)])
+    e, z = cluster.submit(one), cluster.submit(two)
+    wait_for(lambda s: {jobs_by_name(s).get(n, {}).get("state") for n in ("epsilon", "zeta")} == {"running"}, cluster, 150)
+    res = cluster.python("ray.kill(ray.get_actor('rlix-scheduler', namespace='rlix'), no_restart=False)\n")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert finished(e) == 0, one.with_suffix(".err").read_text()[-2000:]
+    assert finished(z) == 0, two.with_suffix(".err").read_text()[-2000:]
+    assert metrics(one)["trajectories_lost"] == metrics(two)["trajectories_lost"] == 0
+    status, _ = cluster.status()
+    assert status["restarts"] == 1
+    jobs = jobs_by_name(status)
+    assert jobs["epsilon"]["state"] == jobs["zeta"]["state"] == "finished"  # they rejoined and ended under the new one
+
+
+def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
+    long = write_config(tmp_path / "long.yaml", [job("eta", "0-1", steps=40)])
+    p = cluster.submit(long)
+    wait_for(lambda s: "eta" in jobs_by_name(s), cluster, 60)
+    # a second job of the same name: one line, exit 2, nothing started
+    clash = write_config(tmp_path / "clash.yaml", [job("eta", "2-3", steps=2)])
+    res = cluster.submit(clash)
+    assert res.wait(timeout=120) == 2
+    err = clash.with_suffix(".err").read_text().strip().splitlines()
+    assert err[-1].startswith("rlix-run: config error: jobs[0].name: job 'eta' is already on this cluster"), err[-1]
+    assert "Traceback" not in "".join(err) and not (tmp_path / "out_clash").exists()
+    # a cluster block the scheduler does not manage: one line, exit 2
+    wrong = write_config(tmp_path / "wrong.yaml", [job("theta", "0-1", steps=2)], cluster={"nodes": 2, "gpus_per_node": 2})
+    assert cluster.submit(wrong).wait(timeout=120) == 2
+    last = wrong.with_suffix(".err").read_text().strip().splitlines()[-1]
+    assert "cluster: the config says 2 nodes x 2 GPUs, but the rlix scheduler on this Ray cluster manages 1 x 4" in last
+    # a stop while a job runs is refused
+    res = cluster.rlix("scheduler", "stop")
+    assert res.returncode == 1 and "jobs are not done (eta)" in res.stderr
+    # cancel: the job ends cancelled, its submitter exits 1 with its outputs written
+    wait_for(lambda s: jobs_by_name(s)["eta"]["state"] in ("loading", "running"), cluster, 120)
+    res = cluster.rlix("cancel", "eta")
+    assert res.returncode == 0 and "job 'eta' asked to stop" in res.stdout
+    assert p.wait(timeout=120) == 1
+    assert "eta: cancelled" in long.with_suffix(".out").read_text()
+    status = wait_for(lambda s: jobs_by_name(s)["eta"]["state"] == "cancelled", cluster, 30)
+    assert not jobs_by_name(status)["eta"]["gpus"]
+    res = cluster.rlix("cancel", "nobody")
+    assert res.returncode == 1 and "no job 'nobody' on this cluster" in res.stderr
+
+
+def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):
+    png = tmp_path / "cluster.png"
+    res = cluster.rlix("timeline", "--plot", str(png))
+    assert res.returncode == 0 and png.stat().st_size > 10_000, res.stderr
+    status, _ = cluster.status()  # nothing runs now: the chart holds every busy GPU-second
+    res = cluster.rlix("timeline")
+    segments = json.loads(res.stdout)["segments"]
+    assert sum(s["end"] - s["start"] for s in segments) == pytest.approx(status["busy_gpu_s"], abs=1e-6)
+    assert {s["job"] for s in segments} == {j["name"] for j in status["jobs"] if j["gpu_s"] > 0}
+    nowhere = ServiceCluster(tmp_path)
+    res = nowhere.rlix("status")
+    assert res.returncode == 2 and "no Ray cluster answers there" in res.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in res.stderr

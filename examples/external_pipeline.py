@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import socket
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -359,15 +360,22 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"--steps {args.steps} --batch {args.batch}: both must be >= 1")
     try:
         home = tuple(sorted(parse_gpus(args.gpus)))
-        sched = connect(args.address)
-        info = ray.get(sched.info.remote())
-        cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
-        spec = pipeline_spec(args.name, home, cluster, args.priority)
-        validate_pipeline(cluster, spec)
-    except (ValueError, SchedulingError) as exc:
+    except ValueError as exc:
         return refuse(f"--gpus {args.gpus}: {exc}")
-    except (ConnectionError, SchedulerGone) as exc:
+    try:
+        if args.address is not None:  # fail fast where nothing listens (joining Ray would wait minutes)
+            host, _, port = args.address.removeprefix("ray://").rpartition(":")
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        sched = connect(args.address)
+    except (OSError, ValueError, SchedulerGone) as exc:
         return refuse(f"--address {args.address}: {exc}")
+    info = ray.get(sched.info.remote())
+    cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
+    spec = pipeline_spec(args.name, home, cluster, args.priority)
+    try:
+        validate_pipeline(cluster, spec)
+    except SchedulingError as exc:
+        return refuse(f"--gpus {args.gpus}: {exc}")
     settings = Settings(steps=args.steps, batch=args.batch, seed=args.seed)
     pipeline = BanditPipeline.remote(sched, spec, settings)
     ref = pipeline.run.remote()

@@ -27,6 +27,12 @@ EXAMPLE = ROOT / "examples" / "external_pipeline.py"
 RLIX_COMMAND = shutil.which("rlix") is not None and importlib.util.find_spec("rlix.exec.service.cli") is not None
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def example():
     """The example's module, imported from its path (examples/ is not a package)."""
     name = "external_pipeline_example"
@@ -171,6 +177,7 @@ def test_topology_trains_at_home_and_rolls_out_anywhere():
     [
         (["--gpus", "a,b"], "external_pipeline: --gpus a,b: 'a,b' is not a GPU list"),
         (["--steps", "0"], "external_pipeline: --steps 0 --batch 32: both must be >= 1"),
+        (["--address", f"127.0.0.1:{free_port()}"], "external_pipeline: --address 127.0.0.1:"),  # nothing listens
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(args, message, capsys):
@@ -180,12 +187,6 @@ def test_bad_arguments_are_one_line_exit_2(args, message, capsys):
 
 
 # ------------------------------------------------------------------ beside an rlix-run job
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rlix_job_config(tmp_path: Path) -> Path:

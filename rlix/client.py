@@ -37,9 +37,8 @@ from collections.abc import Callable
 
 from rlix.core import ReportDemand, Role, Stage, WorkerLost
 from rlix.core.types import Gpus, PipelineSpec
+from rlix.exec.service.connect import NAMESPACE, SERVICE_NAME, join
 
-SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
-NAMESPACE = "rlix"  # the Ray namespace it lives in
 RESTART_WAIT_S = 120.0  # how long a client waits for a restarting scheduler before giving up
 
 
@@ -48,14 +47,18 @@ class SchedulerGone(RuntimeError):
 
 
 def connect(address: str | None = None):
-    """The cluster's scheduler service (a Ray actor handle); joins Ray at ``address`` first if not joined.
+    """The cluster's scheduler service (a Ray actor handle); joins Ray at ``address`` (default:
+    ``RAY_ADDRESS``, else ``auto``) first if not joined.
 
-    Raises :class:`SchedulerGone` if no scheduler service runs on the cluster.
+    Raises :class:`rlix.exec.control.actor_placement.ClusterError` (one line) if no Ray cluster
+    answers there, and :class:`SchedulerGone` if no scheduler service runs on it.
     """
+    import os
+
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or "auto", log_to_driver=False)
+        join(address or os.environ.get("RAY_ADDRESS") or "auto", 0, "address", quiet=True)
     try:
         return ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
     except ValueError:

@@ -16,6 +16,7 @@ import os
 import socket
 
 from rlix.exec.front.config import ConfigError, RunConfig, check_topology
+from rlix.exec.front.joblines import default_steps
 from rlix.exec.service import connect
 
 RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several times longer)
@@ -48,7 +49,7 @@ class Submission:
         self.config = config.model_copy(update={"cluster": cluster})
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
         self.submitter = f"{socket.gethostname()}:{os.getpid()}"
-        self.jobs = tuple((j.name, j.priority, _steps(j)) for j in config.jobs)
+        self.jobs = tuple((j.name, j.priority, default_steps(j)) for j in config.jobs)
         try:
             ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
         except NameTaken as exc:
@@ -81,10 +82,6 @@ class Submission:
     def to_run_clock(self, t: float, run_t0: float) -> float:
         """A time of the service's clock (seconds since it started) on the run's (seconds since the run started)."""
         return t + self.info.started_at - run_t0
-
-
-def _steps(job) -> int:
-    return sum(a.steps for a in job.adapters) if job.kind == "multi_lora" else job.steps
 
 
 def joins_shared(address: str | None, config: RunConfig) -> str | None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import socket
 import time
 
-from rlix.client import NAMESPACE, SERVICE_NAME
 from rlix.core import ClusterSpec
 from rlix.exec.control.actor_placement import ClusterError
 
+SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
+NAMESPACE = "rlix"  # the Ray namespace it lives in
 SCHEDULER_CALL_S = 30.0  # deadline of a driver's call to the service (s)
 SHRINK_CALL_S = 60.0  # deadline of the service's shrink and expand calls to a pipeline (s)
 

@@ -96,6 +96,8 @@ class Client:
         self._spec: PipelineSpec | None = None
         self._endpoint = None
         self._demand: ReportDemand | None = None
+        self._note = None  # the latest progress note (sent again after a rejoin)
+        self._life = ""  # the id of the scheduler's life this pipeline last (re)joined
         self._keepalive: asyncio.Task | None = None
         self._rejoining: asyncio.Lock | None = None
 
@@ -105,7 +107,8 @@ class Client:
         """Register the pipeline's topology and its endpoint actor; starts the keep-alive."""
         self._spec, self._endpoint = spec, endpoint
         self._rejoining = asyncio.Lock()
-        await self._call("register", spec, endpoint)
+        self._life = (await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)).life
+        await self._call("register", spec, endpoint, again=None)
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def rollout_bundles(self) -> tuple[Gpus, ...]:
@@ -144,6 +147,7 @@ class Client:
 
     async def note(self, note) -> None:
         """Progress for ``rlix status`` (a :class:`rlix.exec.messages.JobNote`)."""
+        self._note = note
         await self._call("note", note)
 
     async def unregister(self, status: str = "finished", error: str = "") -> None:
@@ -174,23 +178,25 @@ class Client:
                     raise
                 await self._rejoin()
             except RayActorError:  # died under the call: Ray restarts it, and the call is asked again
-                await self._wait_back()
+                if not await self._restarted():
+                    raise  # unreachable for a moment, not restarted: the call may have run; not guessed at
                 await self._rejoin()
             if again is None:
                 return None
             if again is not True:
                 (method, args), again = again, True
 
-    async def _wait_back(self) -> None:
-        """Wait for the scheduler's actor to answer again (:class:`SchedulerGone` after ``RESTART_WAIT_S``)."""
+    async def _restarted(self) -> bool:
+        """Wait for the scheduler's actor to answer again; whether it restarted since this pipeline
+        joined (:class:`SchedulerGone` after ``RESTART_WAIT_S``)."""
         from ray.exceptions import RayActorError
 
         loop = asyncio.get_running_loop()
         give_up = loop.time() + RESTART_WAIT_S
         while True:
             try:
-                await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)
-                return
+                info = await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)
+                return info.life != self._life
             except (RayActorError, asyncio.TimeoutError):
                 if loop.time() > give_up:
                     raise SchedulerGone(f"the rlix scheduler did not come back within {RESTART_WAIT_S:g} s") from None
@@ -211,7 +217,10 @@ class Client:
                 admitted=self.admitted,
             )
             await asyncio.wait_for(self.sched.rejoin.remote(event, self._endpoint), self.timeout_s)
+            self._life = (await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)).life
             self.rejoins += 1
+            if self._note is not None:  # the restarted scheduler lost what the pipeline said of its progress
+                await asyncio.wait_for(self.sched.note.remote(self._note), self.timeout_s)
 
     async def _keep_alive(self) -> None:
         """Ask every ``keepalive_s`` whether the scheduler still knows the pipeline (rejoins if not)."""
@@ -225,3 +234,5 @@ class Client:
                 if self.on_gone is not None:
                     self.on_gone(exc)
                 return
+            except Exception:  # noqa: BLE001 -- a slow or refused call: the next keep-alive tries again
+                continue

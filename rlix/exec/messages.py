@@ -294,6 +294,7 @@ class ServiceInfo:
     policy: str
     started_at: float  # time.time() when the service was first started (its clock's zero)
     restarts: int = 0  # times Ray restarted the service's actor since
+    life: str = ""  # an id of this life of the actor (new at each restart)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import ray
 
@@ -42,6 +43,7 @@ from rlix.core import (
     SchedulerConfig,
     SchedulingError,
     Shrink,
+    ShrinkReason,
     Stage,
     Unregister,
     WorkerLost,
@@ -51,6 +53,29 @@ from rlix.exec.messages import GrantReply, SchedulerStats
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.calls import ServiceCalls
 from rlix.exec.service.usage import ClusterUsage
+
+
+def prom_export():
+    """The service's metrics exporter, in an actor; None elsewhere (a test building the class in-process)."""
+    if ray.get_runtime_context().get_actor_id() is None:
+        return None
+    from rlix.exec.service.prom import PromExport
+
+    return PromExport()
+
+
+def restarts_so_far() -> int:
+    """How many times Ray restarted this actor (0 outside an actor, or on its first life)."""
+    context = ray.get_runtime_context()
+    actor = context.get_actor_id()
+    if actor is None or not context.was_current_actor_reconstructed:
+        return 0
+    try:  # the count is in the GCS actor table (read directly: no dashboard needed)
+        from ray._private.state import actors
+
+        return int(actors(actor_id=actor).get("NumRestarts", 1))
+    except Exception:  # noqa: BLE001 -- restarted at least once, count unknown
+        return 1
 
 
 class WaitingWork:
@@ -100,8 +125,9 @@ class SchedulerActor(ServiceCalls):
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they had time to.
-        context = ray.get_runtime_context()
-        self.restarts = int(context.get_actor_id() is not None and context.was_current_actor_reconstructed)
+        self.restarts = restarts_so_far()
+        self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
+        self.prom = prom_export()  # Prometheus metrics through Ray's metrics API (None outside an actor)
         self.rejoin_until = self.now() + rejoin_s if self.restarts else float("-inf")
 
     def now(self) -> float:
@@ -125,13 +151,16 @@ class SchedulerActor(ServiceCalls):
 
     async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
         self.book.end(pipeline_id, status, error)
-        if pipeline_id not in self.core.pipelines():
-            return  # already gone (idempotent: a killed job may be unregistered twice)
+        endpoint = self.coordinators.get(pipeline_id)
+        try:
+            done = await self._event(Unregister(pipeline_id=pipeline_id))
+        except SchedulingError:
+            return  # already gone (idempotent: a killed job may be unregistered twice, concurrently too)
         self.gone.add(pipeline_id)
-        done = await self._event(Unregister(pipeline_id=pipeline_id))
         if done is not None:  # its workers are shrunk (or found gone) before it is forgotten
             await asyncio.wait([done], timeout=self.call_timeout_s)
-        self._forget(pipeline_id)
+        if self.coordinators.get(pipeline_id) is endpoint:  # not a new run of the same name registered meanwhile
+            self._forget(pipeline_id)
 
     async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None, after: Stage | None = None) -> GrantReply:
         """Ask for a gang stage; returns once the plan grants it.
@@ -224,8 +253,11 @@ class SchedulerActor(ServiceCalls):
         while True:
             await asyncio.sleep(self.plan_interval_s)
             async with self.lock:
-                self._plan()
-                self._account()
+                try:
+                    self._plan()
+                    self._account()
+                except Exception as exc:  # noqa: BLE001 -- recorded; the next tick plans again
+                    self._bug(exc)
 
     def _plan(self) -> asyncio.Future | None:
         """Plan once and queue the plan's actions per GPU; returns a future done once all of them handed their GPUs on.
@@ -236,7 +268,11 @@ class SchedulerActor(ServiceCalls):
             return None
         t0 = time.perf_counter()
         plan = self.core.plan(self.now())
-        self.plan_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.plan_s += took
+        if self.prom is not None:
+            self.prom.observe_plan(took)
+            self._count_preemptions(plan.shrinks)
         if plan.empty:
             return None
         after = self.order.after
@@ -290,6 +326,14 @@ class SchedulerActor(ServiceCalls):
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
             self._account()
+
+    def _count_preemptions(self, shrinks) -> None:
+        """Shrinks for another stage or job of workers that had trajectories running (as last reported)."""
+        for s in shrinks:
+            report = self.demands.get(s.worker.pipeline_id)
+            loads = {w.first_gpu: w.active for w in report.loads} if report is not None else {}
+            if s.reason is not ShrinkReason.UNREGISTER and loads.get(s.worker.gpus[0], 0) > 0:
+                self.prom.count_preemptions(1, s.worker.pipeline_id)
 
     def _forget(self, pipeline_id: str) -> None:
         """What this shell keeps of a pipeline that left: its endpoint, waiting requests, demand and home."""

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlix.exec.control.actor_placement import ClusterError
+from rlix.exec.control.actor_placement import ClusterError  # noqa: F401 -- rlix-run catches api.ClusterError
 from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.front.joblines import job_line
@@ -97,9 +97,6 @@ class Session:
     ) -> None:
         import ray
 
-        from rlix.exec.control.actor_placement import node_ids
-        from rlix.exec.control.scheduler_actor import SchedulerActor
-
         if policy is not None:
             config = config.model_copy(update={"policy": policy})
         self.config = config = absolute_paths(config, Path.cwd())  # actors' working directory is Ray's, not ours
@@ -122,6 +119,22 @@ class Session:
                 raise
             self.config = config = self.submission.config
         self.cluster = config.cluster.spec()
+        try:
+            self._start(config, address)
+        except BaseException:
+            if self.submission is not None:  # its claims go at once, not when their lease runs out
+                self.submission.leave()
+            if self._own_ray:
+                ray.shutdown()
+            raise
+
+    def _start(self, config: RunConfig, address: str | None) -> None:
+        """Fresh logs, then the local Ray (no address), the node map, and a private scheduler (no service)."""
+        import ray
+
+        from rlix.exec.control.actor_placement import node_ids
+        from rlix.exec.control.scheduler_actor import SchedulerActor
+
         prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
         if self._own_ray and not address:
             init_local_ray(
@@ -131,12 +144,7 @@ class Session:
                 log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
                 runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
             )
-        try:
-            self.nodes = node_ids(self.cluster)
-        except ClusterError:
-            if self._own_ray:
-                ray.shutdown()
-            raise
+        self.nodes = node_ids(self.cluster)
         self.t0 = time.time()
         if self.submission is not None:
             self.scheduler = self.submission.scheduler
@@ -236,11 +244,14 @@ class Session:
     def _tick(self, on_progress, kill_at: dict[str, float]) -> bool:
         """One poll: admit, kill, collect, show; True once every job has its result."""
         now = self.now()
-        if self.submission is not None:  # renew the lease; jobs `rlix cancel` stopped before they started never start
-            for pid in self.submission.renew(now):
+        if self.submission is not None:  # jobs `rlix cancel` stopped: not started never start, started ones stop
+            for pid in sorted(self.submission.cancelled):
                 p = self.pipelines.get(pid)
-                if p is not None and p.coordinator is None and p.result is None:
+                if p is not None and p.result is None and p.coordinator is None:
                     p.result = JobResult(pipeline_id=pid, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
+                elif p is not None and p.result is None:
+                    p.coordinator.stop.remote()
+            self.submission.cancelled.clear()
         for p in self.pipelines.values():
             if p.coordinator is None and p.result is None and p.killed_at is None and now >= p.job.arrival_s:
                 self.admit(p.pipeline_id)

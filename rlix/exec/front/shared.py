@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import uuid
 
 from rlix.exec.front.config import ConfigError, RunConfig, check_topology
 from rlix.exec.front.joblines import default_steps
@@ -33,8 +35,10 @@ class Submission:
 
         given = "cluster" in config.model_fields_set
         handle = connect.find()
-        if handle is None:
+        if handle is None:  # the first submission starts the service, once its jobs are known to fit
             cluster = config.cluster.spec() if given else connect.ray_cluster()
+            cluster_block = config.cluster.model_copy(update={"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node})
+            check_topology(config.model_copy(update={"cluster": cluster_block}))
             handle = connect.start(cluster, config.policy, config.scheduler)
         self.scheduler = handle
         self.info = info = ray.get(handle.info.remote(), timeout=connect.SCHEDULER_CALL_S)
@@ -48,7 +52,7 @@ class Submission:
         cluster = config.cluster.model_copy(update={"nodes": info.nodes, "gpus_per_node": info.gpus_per_node})
         self.config = config.model_copy(update={"cluster": cluster})
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
-        self.submitter = f"{socket.gethostname()}:{os.getpid()}"
+        self.submitter = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.jobs = tuple((j.name, j.priority, default_steps(j)) for j in config.jobs)
         try:
             ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
@@ -57,23 +61,26 @@ class Submission:
             names = [j.name for j in config.jobs]
             index = next((i for i, n in enumerate(names) if f"'{n}'" in message), 0)
             raise ConfigError(f"jobs[{index}].name: {message}") from None
-        self._renewed = 0.0
+        self.cancelled: set[str] = set()  # jobs whose cancel was asked for (read by the run's poll)
+        self._done = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, name="rlix-lease", daemon=True)
+        self._renewer.start()
 
-    def renew(self, now: float) -> tuple[str, ...]:
-        """Renew the lease (every ``RENEW_S``); returns the jobs whose cancel was asked for before they started."""
+    def _renew(self) -> None:
+        """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""
         import ray
 
-        if now - self._renewed < RENEW_S:
-            return ()
-        self._renewed = now
-        try:
-            return ray.get(self.scheduler.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
-        except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
-            return ()
+        while not self._done.wait(RENEW_S):
+            try:
+                ref = self.scheduler.claim.remote(self.submitter, self.jobs, True)
+                self.cancelled.update(ray.get(ref, timeout=connect.SCHEDULER_CALL_S))
+            except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
+                pass
 
     def leave(self) -> None:
         import ray
 
+        self._done.set()
         try:
             ray.get(self.scheduler.leave.remote(self.submitter), timeout=connect.SCHEDULER_CALL_S)
         except Exception:  # noqa: BLE001 -- the service is gone: nothing to leave

@@ -37,21 +37,29 @@ class JobBook:
         self.cancel_asked: set[str] = set()
         self._seq = 0
 
-    def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], active: set[str], now: float) -> None:
+    def claim(
+        self, submitter: str, jobs: tuple[tuple[str, int, int], ...], active: set[str], now: float, *, renew: bool = False
+    ) -> None:
         """Claim ``(name, priority, steps)`` jobs for ``submitter``; :class:`NameTaken` (nothing claimed) if one is in use.
 
         ``active``: names of pipelines registered now (an unclaimed external pipeline's included).
+        ``renew``: the submitter claims its own jobs again (its lease; or after the service restarted,
+        when its running jobs rejoined unclaimed): nothing it claimed is reset.
         """
         for name, _, _ in jobs:
             owner = self.claims.get(name)
-            if owner is not None and owner.submitter != submitter and name not in self.ended:
+            theirs = owner is not None and owner.submitter != submitter
+            if theirs and (name not in self.ended or name in active):
                 raise NameTaken(f"job '{name}' is already on this cluster (submitted by {owner.submitter}); rename the job")
-            if owner is None and name in active:
+            if owner is None and name in active and not renew:
                 raise NameTaken(f"job '{name}' is already running on this cluster; rename the job")
         for name, priority, steps in jobs:
-            if self.claims.get(name) is None or self.claims[name].submitter != submitter:
-                self._seq += 1
-                self.claims[name] = Claim(name=name, submitter=submitter, priority=priority, steps_total=steps, seq=self._seq)
+            mine = self.claims.get(name) is not None and self.claims[name].submitter == submitter
+            if mine and renew:
+                continue
+            self._seq += 1
+            self.claims[name] = Claim(name=name, submitter=submitter, priority=priority, steps_total=steps, seq=self._seq)
+            if not renew:  # a new run of the name: nothing of an earlier one carries over
                 self.ended.pop(name, None)
                 self.notes.pop(name, None)
                 self.cancel_asked.discard(name)

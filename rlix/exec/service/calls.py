@@ -27,7 +27,12 @@ class ServiceCalls:
         self._start_loops()
         c = self.core.cluster
         return ServiceInfo(
-            nodes=c.nodes, gpus_per_node=c.gpus_per_node, policy=self.core.policy.name, started_at=self.t0, restarts=self.restarts
+            nodes=c.nodes,
+            gpus_per_node=c.gpus_per_node,
+            policy=self.core.policy.name,
+            started_at=self.t0,
+            restarts=self.restarts,
+            life=self.life,
         )
 
     async def knows(self, pipeline_id: str) -> bool:
@@ -51,10 +56,10 @@ class ServiceCalls:
         self._known(note.pipeline_id)
         self.book.notes[note.pipeline_id] = note
 
-    async def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...]) -> tuple[str, ...]:
+    async def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], renew: bool = False) -> tuple[str, ...]:
         """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use), or
-        renew its lease; returns those of its jobs whose cancel was asked for."""
-        self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
+        (``renew``) renew its lease; returns those of its jobs whose cancel was asked for."""
+        self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now(), renew=renew)
         return self.book.renew(submitter, self.now())
 
     async def leave(self, submitter: str) -> None:
@@ -116,21 +121,35 @@ class ServiceCalls:
 
     async def _watch(self) -> None:
         """Every ``LIVENESS_S``: drop submitters whose lease ran out, and pipelines whose endpoint is gone."""
-        from ray.exceptions import RayActorError
-
         while True:
             await asyncio.sleep(LIVENESS_S)
-            for submitter in self.book.expired(self.now()):
-                for name in self.book.jobs_of(submitter):
-                    self.book.end(name, "failed", f"its submitter {submitter} is gone")
-                    if name in self.core.pipelines():
-                        self.order.spawn(self._unreachable(name))
-            for pid, endpoint in list(self.coordinators.items()):
-                try:
-                    await asyncio.wait_for(endpoint.__ray_ready__.remote(), self.call_timeout_s)
-                except (RayActorError, asyncio.TimeoutError):
-                    self.book.end(pid, "failed", "its process is gone")
-                    self.order.spawn(self._unreachable(pid))
+            try:
+                for submitter in self.book.expired(self.now()):
+                    for name in self.book.jobs_of(submitter):
+                        if name not in self.book.ended and name in self.core.pipelines():
+                            self.order.spawn(self.unregister(name, "failed", f"its submitter {submitter} is gone"))
+                        self.book.end(name, "failed", f"its submitter {submitter} is gone")
+                endpoints = list(self.coordinators.items())
+                answers = await asyncio.gather(*(self._answers(e) for _, e in endpoints))
+                for (pid, _), alive in zip(endpoints, answers):
+                    if not alive:
+                        self.book.end(pid, "failed", "its process is gone")
+                        self.order.spawn(self._unreachable(pid))
+                if self.prom is not None:
+                    self._account()
+                    self.prom.update(cluster_status(self, self.now()))
+            except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
+                self._bug(exc)
+
+    async def _answers(self, endpoint) -> bool:
+        """Whether a pipeline's endpoint actor is alive (a dead one fails at once; a hung one within the deadline)."""
+        from ray.exceptions import RayActorError
+
+        try:
+            await asyncio.wait_for(endpoint.__ray_ready__.remote(), self.call_timeout_s)
+        except (RayActorError, asyncio.TimeoutError):
+            return False
+        return True
 
     def _holders(self) -> list:
         """What holds each GPU now, as the usage accounting books it."""

@@ -33,10 +33,12 @@ def queue_order(service, held: dict) -> list[str]:
     return waiting
 
 
-def job_state(service, name: str, held: dict) -> str:
+def job_state(service, name: str, held: dict, queue: list[str]) -> str:
     book = service.book
     if name in book.ended:
         return book.ended[name][0]
+    if name in queue:
+        return "queued"
     note = book.notes.get(name)
     if note is not None and note.loaded:
         return "running"
@@ -50,6 +52,7 @@ def cluster_status(service, now: float) -> ClusterStatus:
     held = held_gpus(service.core.ledger)
     queue = queue_order(service, held)
     usage, book = service.usage, service.book
+    busy = usage.busy_gpu_s(now)  # integrated to now: the rows below read the same figures
     specs = {s.pipeline_id: s for s in service._specs}
     names = list(dict.fromkeys([*book.claims, *specs]))
     rows = []
@@ -59,7 +62,7 @@ def cluster_status(service, now: float) -> ClusterStatus:
             JobRow(
                 name=name,
                 submitter=claim.submitter if claim is not None else "client",
-                state=job_state(service, name, held),
+                state=job_state(service, name, held, queue),
                 priority=spec.priority if spec is not None else claim.priority,
                 gpus=tuple(held.get(name, ())),
                 steps_done=note.steps_done if note is not None else 0,
@@ -71,9 +74,9 @@ def cluster_status(service, now: float) -> ClusterStatus:
                 error=book.ended.get(name, ("", ""))[1],
             )
         )
-    busy = usage.busy_gpu_s(now)
     c = service.core.cluster
-    util = busy / (c.num_gpus * now) if now > 0 else 0.0
+    span = now - usage.start  # since the service (re)started: what its figures cover
+    util = busy / (c.num_gpus * span) if span > 0 else 0.0
     return ClusterStatus(
         nodes=c.nodes,
         gpus_per_node=c.gpus_per_node,

@@ -1,0 +1,133 @@
+"""The scheduler service's parts without Ray: the job book, GPU accounting, status, the metrics' samples."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rlix.exec.messages import ClusterStatus, JobRow, NameTaken
+from rlix.exec.service.book import JobBook
+from rlix.exec.service.prom import samples
+from rlix.exec.service.usage import ClusterUsage
+from rlix.metrics import Activity
+
+ROOT = Path(__file__).resolve().parent.parent
+W = Activity.WORK
+
+
+def test_names_are_unique_on_the_cluster_until_their_job_ends():
+    book = JobBook(lease_s=10)
+    book.claim("s1", (("a", 0, 5), ("b", 1, 3)), set(), 0.0)
+    with pytest.raises(NameTaken, match="job 'a' is already on this cluster .submitted by s1"):
+        book.claim("s2", (("c", 0, 1), ("a", 0, 1)), set(), 1.0)
+    assert "c" not in book.claims  # nothing of a refused claim is kept
+    with pytest.raises(NameTaken, match="already running"):  # an external pipeline's name, never claimed
+        book.claim("s2", (("ext", 0, 1),), {"ext"}, 1.0)
+    book.end("a", "finished")
+    book.claim("s2", (("a", 0, 7),), set(), 2.0)  # a name whose job ended may run again
+    assert book.claims["a"].submitter == "s2" and "a" not in book.ended and book.open_jobs() == ["b", "a"]
+
+
+def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_names():
+    book = JobBook(lease_s=10)
+    book.claim("s1", (("a", 0, 5),), set(), 0.0)
+    book.end("a", "finished")
+    book.claim("s1", (("a", 0, 5),), set(), 1.0, renew=True)
+    assert book.ended["a"] == ("finished", "")  # a renewal does not make an ended job look new
+    fresh = JobBook(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
+    with pytest.raises(NameTaken):
+        fresh.claim("s2", (("a", 0, 5),), {"a"}, 0.0)
+    fresh.claim("s1", (("a", 0, 5),), {"a"}, 0.0, renew=True)
+    assert fresh.claims["a"].submitter == "s1"
+
+
+def test_leases_lapse_and_cancels_reach_their_submitter():
+    book = JobBook(lease_s=10)
+    book.claim("s1", (("a", 0, 5),), set(), 0.0)
+    book.claim("s2", (("b", 0, 5),), set(), 0.0)
+    book.cancel_asked.add("b")
+    assert book.renew("s1", 5.0) == () and book.renew("s2", 5.0) == ("b",)
+    book.renew("s1", 12.0)
+    assert book.expired(16.0) == ["s2"] and book.jobs_of("s2") == ["b"]
+    assert book.expired(16.0) == []
+
+
+def test_gpu_seconds_used_borrowed_and_lent_add_up():
+    usage = ClusterUsage(4)
+    usage.set_home("a", (0, 1))
+    usage.set_home("b", (2, 3))
+    usage.update(0.0, [("a", "rollout", W)] * 4)  # a rolls out on every GPU, b's home included
+    usage.update(10.0, [("a", "actor_train", W), ("a", "actor_train", W), ("b", "init", W), None])
+    assert usage.busy_gpu_s(20.0) == pytest.approx(40 + 30)
+    assert usage.used == pytest.approx({"a": 60.0, "b": 10.0})
+    assert usage.borrowed == pytest.approx({"a": 20.0}) and usage.lent == pytest.approx({"b": 20.0})
+    rec = usage.timeline(20.0)  # the chart holds the same GPU-seconds, by job
+    assert sum(e - s for _, s, e, *_ in rec.segments) == pytest.approx(70.0)
+    usage.update(30.0, [None] * 4)  # the live recorder went on past the copy
+    assert sum(e - s for _, s, e, *_ in usage.recorder.segments) == pytest.approx(70.0 + 30.0)
+
+
+def test_overlapping_homes_share_what_they_lent():
+    usage = ClusterUsage(2)
+    usage.set_home("a", (0, 1))
+    usage.set_home("b", (0, 1))
+    usage.set_home("c", ())
+    usage.update(0.0, [("c", "rollout", W), None])
+    usage.integrate(10.0)
+    assert usage.lent == pytest.approx({"a": 5.0, "b": 5.0}) and usage.borrowed == pytest.approx({"c": 10.0})
+
+
+def row(name: str, gpus, state="running") -> JobRow:
+    return JobRow(
+        name=name,
+        submitter="s",
+        state=state,
+        priority=0,
+        gpus=tuple(gpus),
+        steps_done=1,
+        steps_total=2,
+        gpu_s=3.0,
+        lent_s=1.0,
+        borrowed_s=0.5,
+        queue_position=None,
+    )
+
+
+def status(*rows: JobRow) -> ClusterStatus:
+    return ClusterStatus(
+        nodes=1,
+        gpus_per_node=4,
+        policy="rlix",
+        uptime_s=10,
+        busy_gpu_s=20,
+        utilization=0.5,
+        idle_fraction=0.5,
+        queue_length=1,
+        jobs=rows,
+    )
+
+
+def test_metric_samples_follow_the_snapshot_and_zero_what_is_gone():
+    first = samples(status(row("a", [(0, "rollout"), (1, "rollout"), (2, "actor_train")]), row("b", [], "queued")))
+    values = {(n, t): v for n, t, v in first}
+    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "rollout")))] == 2
+    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "actor_train")))] == 1
+    assert values[("rlix_idle_gpus", ())] == 1 and values[("rlix_gpus_total", ())] == 4
+    assert values[("rlix_jobs", (("state", "running"),))] == 1 and values[("rlix_jobs", (("state", "queued"),))] == 1
+    assert values[("rlix_job_gpu_seconds", (("job", "a"), ("kind", "lent")))] == 1.0
+    second = samples(status(row("a", [(0, "rollout")])), {(n, t) for n, t, _ in first})
+    values = {(n, t): v for n, t, v in second}
+    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "actor_train")))] == 0  # a stage no longer held reads 0
+    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "rollout")))] == 1 and values[("rlix_idle_gpus", ())] == 3
+
+
+def test_the_dashboard_reads_only_metrics_the_service_exports():
+    exported = {f"ray_{n}" for n, _, _ in samples(status(row("a", [(0, "rollout")])))}
+    exported |= {"ray_rlix_preemptions_total", "ray_rlix_plan_latency_seconds_bucket"}
+    dash = json.loads((ROOT / "dashboards" / "rlix-grafana.json").read_text())
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\bray_rlix_\w+", t["expr"])}
+    assert used and used <= exported, used - exported
+    assert {p["title"] for p in dash["panels"]} >= {"GPUs held per job", "Plan latency", "Queue length"}

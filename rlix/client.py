@@ -170,6 +170,7 @@ class Client:
         from rlix.exec.messages import PipelineUnknown
 
         while True:
+            life = self._life  # the scheduler's life the call is sent to
             ref = getattr(self.sched, method).remote(*args)
             try:
                 return await (ref if wait else asyncio.wait_for(ref, self.timeout_s))
@@ -178,7 +179,7 @@ class Client:
                     raise
                 await self._rejoin()
             except RayActorError:  # died under the call: Ray restarts it, and the call is asked again
-                if not await self._restarted():
+                if not await self._restarted(life):
                     raise  # unreachable for a moment, not restarted: the call may have run; not guessed at
                 await self._rejoin()
             if again is None:
@@ -186,9 +187,9 @@ class Client:
             if again is not True:
                 (method, args), again = again, True
 
-    async def _restarted(self) -> bool:
-        """Wait for the scheduler's actor to answer again; whether it restarted since this pipeline
-        joined (:class:`SchedulerGone` after ``RESTART_WAIT_S``)."""
+    async def _restarted(self, life: str) -> bool:
+        """Wait for the scheduler's actor to answer again; whether it has restarted since its life
+        ``life`` (:class:`SchedulerGone` after ``RESTART_WAIT_S``)."""
         from ray.exceptions import RayActorError
 
         loop = asyncio.get_running_loop()
@@ -196,7 +197,7 @@ class Client:
         while True:
             try:
                 info = await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)
-                return info.life != self._life
+                return info.life != life
             except (RayActorError, asyncio.TimeoutError):
                 if loop.time() > give_up:
                     raise SchedulerGone(f"the rlix scheduler did not come back within {RESTART_WAIT_S:g} s") from None

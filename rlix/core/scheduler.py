@@ -117,8 +117,7 @@ class Scheduler:
         """The entry of a pipeline joining with ``spec``, once checked; not recorded yet."""
         pid = spec.pipeline_id
         validate_pipeline(self.cluster, spec)
-        old = self._view.pipelines.get(pid)
-        # An id may be used again once its pipeline left and a plan freed what it held (a job run again).
+        old = self._view.pipelines.get(pid)  # an id may run again once a plan freed what its pipeline held
         if old is not None and (old.state is PipelineState.ACTIVE or pid in self._view.departed):
             raise SchedulingError(f"pipeline '{pid}' is already registered; pipeline ids must be unique")
         check_transition(PIPELINE_TRANSITIONS, None, PipelineState.ACTIVE, f"pipeline '{pid}'")

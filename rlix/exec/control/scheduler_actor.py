@@ -16,6 +16,7 @@ starts before the shrinks that free its GPUs. Every call to a coordinator has
 a deadline; a coordinator that cannot be reached in time is treated as gone:
 its pipeline is unregistered and the others carry on.
 
+Carrying plans out is :class:`~rlix.exec.control.plan_execution.PlanExecution`.
 The same actor, named and detached, is the cluster's shared scheduler
 service; its service calls (claims, status, cancel, rejoining after a
 restart) are :class:`rlix.exec.service.calls.ServiceCalls`.
@@ -31,8 +32,6 @@ import ray
 
 from rlix.core import (
     ClusterSpec,
-    Expand,
-    Grant,
     PipelineSpec,
     Register,
     ReleaseStage,
@@ -42,13 +41,12 @@ from rlix.core import (
     Scheduler,
     SchedulerConfig,
     SchedulingError,
-    Shrink,
-    ShrinkReason,
     Stage,
     Unregister,
     WorkerLost,
 )
 from rlix.exec.control.gpu_order import GpuOrder
+from rlix.exec.control.plan_execution import PlanExecution
 from rlix.exec.messages import GrantReply, SchedulerStats
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.calls import ServiceCalls
@@ -94,7 +92,7 @@ class WaitingWork:
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
-class SchedulerActor(ServiceCalls):
+class SchedulerActor(ServiceCalls, PlanExecution):
     def __init__(
         self,
         cluster: ClusterSpec,
@@ -259,62 +257,6 @@ class SchedulerActor(ServiceCalls):
                 except Exception as exc:  # noqa: BLE001 -- recorded; the next tick plans again
                     self._bug(exc)
 
-    def _plan(self) -> asyncio.Future | None:
-        """Plan once and queue the plan's actions per GPU; returns a future done once all of them handed their GPUs on.
-
-        Not while a restarted scheduler waits for its pipelines to rejoin (their GPUs are not known yet).
-        """
-        if self.now() < self.rejoin_until:
-            return None
-        t0 = time.perf_counter()
-        plan = self.core.plan(self.now())
-        took = time.perf_counter() - t0
-        self.plan_s += took
-        if self.prom is not None:
-            self.prom.observe_plan(took)
-            self._count_preemptions(plan.shrinks)
-        if plan.empty:
-            return None
-        after = self.order.after
-        steps = [after(s.worker.gpus, lambda s=s: self._shrink(s)) for s in plan.shrinks]
-        steps += [after(g.gpus, lambda g=g: self._grant(g)) for g in plan.grants]
-        steps += [after(e.worker.gpus, lambda e=e: self._expand(e)) for e in plan.expands]
-        return asyncio.gather(*steps)
-
-    async def _shrink(self, shrink: Shrink) -> None:
-        pid = shrink.worker.pipeline_id
-        self.counts["shrinks"] += 1
-        coord = self.coordinators.get(pid)
-        if coord is None:
-            return  # pipeline already gone: nothing runs there
-        try:
-            await asyncio.wait_for(coord.shrink.remote(shrink.worker.gpus, shrink.reason.value), self.call_timeout_s)
-        except Exception:  # noqa: BLE001 -- the pipeline died; its GPUs are freed by unregistering it
-            self.order.spawn(self._unreachable(pid))
-
-    async def _grant(self, grant: Grant) -> None:
-        entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
-        if entry is not None and not entry[0].done():
-            entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
-        self.counts["grants"] += 1
-
-    async def _expand(self, expand: Expand):
-        """Send the expand (the GPUs are handed on once it is sent); its answer is awaited after."""
-        pid = expand.worker.pipeline_id
-        self.counts["expands"] += 1
-        coord = self.coordinators.get(pid)
-        if coord is None:
-            return None
-        ref = coord.expand.remote(expand.worker.gpus)
-        return self._expanded(pid, ref)
-
-    async def _expanded(self, pipeline_id: str, ref) -> None:
-        try:
-            await asyncio.wait_for(ref, self.call_timeout_s)
-        except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
-            self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
-            await self.unregister(pipeline_id)
-
     async def _unreachable(self, pipeline_id: str) -> None:
         """A coordinator missed a shrink: its pipeline is unregistered, and the others are planned again."""
         async with self.lock:
@@ -326,14 +268,6 @@ class SchedulerActor(ServiceCalls):
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
             self._account()
-
-    def _count_preemptions(self, shrinks) -> None:
-        """Shrinks for another stage or job of workers that had trajectories running (as last reported)."""
-        for s in shrinks:
-            report = self.demands.get(s.worker.pipeline_id)
-            loads = {w.first_gpu: w.active for w in report.loads} if report is not None else {}
-            if s.reason is not ShrinkReason.UNREGISTER and loads.get(s.worker.gpus[0], 0) > 0:
-                self.prom.count_preemptions(1, s.worker.pipeline_id)
 
     def _forget(self, pipeline_id: str) -> None:
         """What this shell keeps of a pipeline that left: its endpoint, waiting requests, demand and home."""

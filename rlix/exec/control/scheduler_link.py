@@ -96,6 +96,31 @@ class SchedulerLink:
                 last = report
             await asyncio.sleep(0.02)  # coalesce bursts of changes (s)
 
+    async def lost(self, first_gpu: int) -> None:
+        """Report a rollout worker that died (a plan that shrank it first, or a scheduler gone, leaves nothing to do)."""
+        try:
+            await self.control(self.client.lost(first_gpu))
+        except Exception:  # noqa: BLE001 -- the scheduler is gone: nothing holds the GPUs any more
+            pass
+
+    async def note_loop(self, build: Callable[[], object], every_s: float) -> None:
+        """Send ``build()`` (a progress note, for ``rlix status``) whenever it changed, checked every ``every_s``.
+        Not a blocking call of the job's: not counted as control overhead."""
+        last = None
+        while True:
+            note = build()
+            if note != last:
+                await self.client.note(note)
+                last = note
+            await asyncio.sleep(every_s)
+
+    async def last_note(self, note) -> None:
+        """The job's last progress note, as it ends (nothing if it never registered or the scheduler is gone)."""
+        try:
+            await asyncio.wait_for(self.client.note(note), self.limits.call_timeout_s)
+        except Exception:  # noqa: BLE001 -- best effort: the job's own outputs have the figures
+            pass
+
     def waiting_since(self) -> tuple[Stage, float] | None:
         """The stage that has waited longest for its GPUs, and since when (None: nothing waits)."""
         return min(self.waiting.items(), key=lambda kv: (kv[1], kv[0].value), default=None)

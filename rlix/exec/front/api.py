@@ -32,7 +32,7 @@ from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import JobProgress, JobResult
-from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S, join
+from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
 STOP_GRACE_S = 8.0
@@ -108,15 +108,8 @@ class Session:
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
             check_topology(config)
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
-        self.submission: Submission | None = None
-        if address:  # the cluster's shared scheduler: its cluster and the job names are checked before anything starts
-            given = "cluster" in config.model_fields_set
-            join(address, config.cluster.spec().num_gpus if given else 0, where)
-            try:
-                self.submission = Submission(config)
-            except BaseException:
-                ray.shutdown()
-                raise
+        self.submission = Submission.join(config, address, where) if address else None
+        if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
         self.cluster = config.cluster.spec()
         try:
@@ -185,19 +178,10 @@ class Session:
             emulation=self.config.emulation.value(),
             t0=self.t0,
             recipe=self.recipes.get(p.job.name),
-            steplog=self._steplog(p),
+            steplog=step_log(self.out_dir / p.pipeline_id, self.recipes.get(p.job.name)),
             heartbeat_s=self.config.scheduler.heartbeat(),
         )
         p.run_ref = p.coordinator.run.remote()
-
-    def _steplog(self, p: _Pipeline):
-        from rlix.exec.front.steplog import StepLog
-
-        log = StepLog(self.out_dir / p.pipeline_id)
-        recipe = self.recipes.get(p.job.name)
-        if recipe is not None:
-            log.write_data_report(data_report(recipe))
-        return log
 
     def kill(self, pipeline_id: str) -> None:
         """Kill a running pipeline; its GPUs are released and the others carry on."""
@@ -245,13 +229,8 @@ class Session:
         """One poll: admit, kill, collect, show; True once every job has its result."""
         now = self.now()
         if self.submission is not None:  # jobs `rlix cancel` stopped: not started never start, started ones stop
-            for pid in sorted(self.submission.cancelled):
-                p = self.pipelines.get(pid)
-                if p is not None and p.result is None and p.coordinator is None:
-                    p.result = JobResult(pipeline_id=pid, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
-                elif p is not None and p.result is None:
-                    p.coordinator.stop.remote()
-            self.submission.cancelled.clear()
+            for pid in self.submission.take_cancelled():
+                self._cancel(pid, now)
         for p in self.pipelines.values():
             if p.coordinator is None and p.result is None and p.killed_at is None and now >= p.job.arrival_s:
                 self.admit(p.pipeline_id)
@@ -269,6 +248,16 @@ class Session:
             on_progress(self)
         return all(p.result is not None for p in self.pipelines.values())
 
+    def _cancel(self, pipeline_id: str, now: float) -> None:
+        """End one job cancelled: one not started never starts; a running one stops (its run ends cancelled)."""
+        p = self.pipelines.get(pipeline_id)
+        if p is None or p.result is not None:
+            return
+        if p.coordinator is None:
+            p.result = JobResult(pipeline_id=p.pipeline_id, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
+        else:
+            p.coordinator.stop.remote()
+
     def stop(self) -> None:
         """Stop every job now, keeping what each has done (status cancelled; the outputs say they are partial).
 
@@ -276,29 +265,11 @@ class Session:
         (killed if they have not within ``STOP_GRACE_S``).
         """
         self.stopped_at = now = self.now()
-        for p in self.pipelines.values():
-            if p.result is not None:
-                continue
-            if p.coordinator is None:
-                p.result = JobResult(pipeline_id=p.pipeline_id, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
-            else:
-                p.coordinator.stop.remote()
+        for pid in list(self.pipelines):
+            self._cancel(pid, now)
 
     def _outputs(self):
-        import ray
-
-        from rlix.exec.front.outputs import build_outputs
-
-        end = max(max((p.result.finish_s for p in self.pipelines.values()), default=0.0), 1e-3)
-        stats = ray.get(self.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
-        if self.submission is not None:  # the shared scheduler's clock started before this run
-            unmet = ((self.submission.to_run_clock(t, self.t0), w) for t, w in stats.unmet)
-            stats = replace(stats, unmet=tuple((max(t, 0.0), w) for t, w in unmet))
-        results = {pid: p.result for pid, p in self.pipelines.items()}
-        names = {pid: p.job.name for pid, p in self.pipelines.items()}
-        partial = self.stopped_at
-        out = build_outputs(self.config, results, names, freed_at_kills(self.events), stats, end, self.out_dir, partial)
-        return replace(out, lines=tuple(job_line(p, end) for _, p in sorted(self.pipelines.items())))
+        return session_outputs(self)
 
     def shutdown(self) -> None:
         import ray
@@ -314,6 +285,35 @@ class Session:
             pass
         if self._own_ray:
             ray.shutdown()
+
+
+def step_log(job_dir: Path, recipe):
+    """A job's per-step log (its data report written first, for a data job)."""
+    from rlix.exec.front.steplog import StepLog
+
+    log = StepLog(job_dir)
+    if recipe is not None:
+        log.write_data_report(data_report(recipe))
+    return log
+
+
+def session_outputs(session: Session):
+    """Every output of a session whose jobs all have their results (:class:`rlix.exec.front.outputs.RunOutputs`)."""
+    import ray
+
+    from rlix.exec.front.outputs import build_outputs
+
+    pipelines = session.pipelines
+    end = max(max((p.result.finish_s for p in pipelines.values()), default=0.0), 1e-3)
+    stats = ray.get(session.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
+    if session.submission is not None:  # the shared scheduler's clock started before this run
+        unmet = ((session.submission.to_run_clock(t, session.t0), w) for t, w in stats.unmet)
+        stats = replace(stats, unmet=tuple((max(t, 0.0), w) for t, w in unmet))
+    results = {pid: p.result for pid, p in pipelines.items()}
+    names = {pid: p.job.name for pid, p in pipelines.items()}
+    events = freed_at_kills(session.events)
+    out = build_outputs(session.config, results, names, events, stats, end, session.out_dir, session.stopped_at)
+    return replace(out, lines=tuple(job_line(p, end) for _, p in sorted(pipelines.items())))
 
 
 def freed_at_kills(events: list[ActivityChange]) -> list[ActivityChange]:

@@ -66,6 +66,25 @@ class Submission:
         self._renewer = threading.Thread(target=self._renew, name="rlix-lease", daemon=True)
         self._renewer.start()
 
+    @classmethod
+    def join(cls, config: RunConfig, address: str, where: str) -> Submission:
+        """Join the Ray cluster at ``address`` (named by ``where``) and submit there; Ray is left again on failure."""
+        import ray
+
+        given = "cluster" in config.model_fields_set
+        connect.join(address, config.cluster.spec().num_gpus if given else 0, where)
+        try:
+            return cls(config)
+        except BaseException:
+            ray.shutdown()
+            raise
+
+    def take_cancelled(self) -> list[str]:
+        """The jobs whose cancel was asked for since the last call."""
+        names = sorted(self.cancelled)
+        self.cancelled.difference_update(names)
+        return names
+
     def _renew(self) -> None:
         """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""
         import ray

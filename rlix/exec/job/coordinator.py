@@ -104,6 +104,13 @@ def job_result(
     return replace(result, bad_input=bad_input, trainer_ranks=trainer.handle.world if trainer is not None else 0)
 
 
+def job_note(pipeline_id: str, runner: StepRunner | None, rec: Recorder) -> JobNote:
+    """The job's progress for ``rlix status``."""
+    before, steps = step_counts(runner)
+    loaded = runner is not None and runner.loaded
+    return JobNote(pipeline_id=pipeline_id, loaded=loaded, steps_done=before + len(rec.steps), steps_total=steps)
+
+
 class JobStopped(Exception):
     """The job was asked to stop (its run ends cancelled, keeping what it did)."""
 
@@ -133,15 +140,9 @@ class PipelineCoordinator:
         self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
         self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
         self.pool = WorkerPool(job.slots_per_worker)
+        calls = {"recorder": self.rec, "limits": job.limits, "now": self.now, "keepalive_s": heartbeat_s}
         self.link = SchedulerLink(
-            pipeline_id=pipeline_id,
-            sched=scheduler,
-            recorder=self.rec,
-            limits=job.limits,
-            now=self.now,
-            workers=self.pool.bundles,
-            keepalive_s=heartbeat_s,
-            on_gone=self._fatal,
+            pipeline_id=pipeline_id, sched=scheduler, workers=self.pool.bundles, on_gone=self._fatal, **calls
         )
         self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
         self.runner: StepRunner | None = None
@@ -172,7 +173,7 @@ class PipelineCoordinator:
             # expand is then a wake plus a weight sync.
             self.rollout.warm(await self.link.control(self.link.client.rollout_bundles()))
             self.runner.start()
-            self._keep(self._note_loop())
+            self._keep(self.link.note_loop(lambda: job_note(self.pid, self.runner, self.rec), self.heartbeat_s))
             await asyncio.wait([self.runner.ended, self.failure], return_when=asyncio.FIRST_COMPLETED)
             if self.failure.done():
                 raise self.failure.result()
@@ -229,21 +230,6 @@ class PipelineCoordinator:
         task.add_done_callback(self._task_done)
         self.tasks.append(task)
 
-    async def _note_loop(self) -> None:
-        """Tell the scheduler the job's progress when it changes (for ``rlix status``)."""
-        last = None
-        while True:
-            note = self._note()
-            if note != last:  # not a blocking call of the job's: not counted as control overhead
-                await self.link.client.note(note)
-                last = note
-            await asyncio.sleep(self.heartbeat_s)
-
-    def _note(self) -> JobNote:
-        before, steps = step_counts(self.runner)
-        loaded = self.runner is not None and self.runner.loaded
-        return JobNote(pipeline_id=self.pid, loaded=loaded, steps_done=before + len(self.rec.steps), steps_total=steps)
-
     def _start_trainer(self) -> TrainerLink:
         gpus = self.spec.role(stage_role(self.spec, Stage.ACTOR_TRAIN)).gpus
         return TrainerLink.start_gang(
@@ -269,10 +255,7 @@ class PipelineCoordinator:
         for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ())]:
             t.cancel()
         state = self.status.value if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else "failed"
-        try:  # its last progress, for rlix status
-            await asyncio.wait_for(self.link.client.note(self._note()), self.job.limits.call_timeout_s)
-        except Exception:  # noqa: BLE001 -- never registered, or the scheduler is gone
-            pass
+        await self.link.last_note(job_note(self.pid, self.runner, self.rec))
         try:  # shrinks our workers
             await self.link.client.unregister(state, error)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us
@@ -310,14 +293,7 @@ class PipelineCoordinator:
             self.failure.set_result(exc)
 
     def _lost(self, gpus: Gpus) -> None:
-        task = asyncio.get_running_loop().create_task(self._report_lost(gpus))
-        self.tasks.append(task)
-
-    async def _report_lost(self, gpus: Gpus) -> None:
-        try:
-            await self.link.control(self.link.client.lost(gpus[0]))
-        except Exception:  # noqa: BLE001 -- the scheduler is gone: nothing holds the GPUs any more
-            pass
+        self.tasks.append(asyncio.get_running_loop().create_task(self.link.lost(gpus[0])))
 
     # ================================================================ plan calls, polls
 

@@ -147,3 +147,14 @@ def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):
     res = nowhere.rlix("status")
     assert res.returncode == 2 and "no Ray cluster answers there" in res.stderr.strip().splitlines()[-1]
     assert "Traceback" not in res.stderr
+
+
+def test_a_forced_stop_cancels_the_running_jobs_first(cluster, tmp_path):
+    last = write_config(tmp_path / "last.yaml", [job("kappa", "0-1", steps=40)])
+    p = cluster.submit(last)
+    wait_for(lambda s: jobs_by_name(s).get("kappa", {}).get("state") in ("loading", "running"), cluster, 120)
+    res = cluster.rlix("scheduler", "stop", "--force")
+    assert res.returncode == 0 and "rlix scheduler stopped (1 jobs cancelled)" in res.stdout, res.stderr[-2000:]
+    assert p.wait(timeout=120) == 1 and "kappa: cancelled" in last.with_suffix(".out").read_text()
+    res = cluster.rlix("status")
+    assert res.returncode == 2 and "no rlix scheduler runs on the Ray cluster" in res.stderr

@@ -31,7 +31,7 @@ from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
-from rlix.exec.messages import JobProgress, JobResult
+from rlix.exec.messages import JobProgress, JobResult, SchedulerStats
 from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
@@ -305,7 +305,10 @@ def session_outputs(session: Session):
 
     pipelines = session.pipelines
     end = max(max((p.result.finish_s for p in pipelines.values()), default=0.0), 1e-3)
-    stats = ray.get(session.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
+    try:
+        stats = ray.get(session.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
+    except ray.exceptions.RayActorError:  # a shared scheduler stopped (rlix scheduler stop --force): no counts
+        stats = SchedulerStats(plans=0, plan_s=0.0)
     if session.submission is not None:  # the shared scheduler's clock started before this run
         unmet = ((session.submission.to_run_clock(t, session.t0), w) for t, w in stats.unmet)
         stats = replace(stats, unmet=tuple((max(t, 0.0), w) for t, w in unmet))

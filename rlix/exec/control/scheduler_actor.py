@@ -53,9 +53,14 @@ from rlix.exec.service.calls import ServiceCalls
 from rlix.exec.service.usage import ClusterUsage
 
 
+def in_actor() -> bool:
+    """Whether this code runs in a Ray actor (asked without starting Ray, as ``get_runtime_context`` would)."""
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 def prom_export():
     """The service's metrics exporter, in an actor; None elsewhere (a test building the class in-process)."""
-    if ray.get_runtime_context().get_actor_id() is None:
+    if not in_actor():
         return None
     from rlix.exec.service.prom import PromExport
 
@@ -64,10 +69,9 @@ def prom_export():
 
 def restarts_so_far() -> int:
     """How many times Ray restarted this actor (0 outside an actor, or on its first life)."""
-    context = ray.get_runtime_context()
-    actor = context.get_actor_id()
-    if actor is None or not context.was_current_actor_reconstructed:
+    if not in_actor() or not ray.get_runtime_context().was_current_actor_reconstructed:
         return 0
+    actor = ray.get_runtime_context().get_actor_id()
     try:  # the count is in the GCS actor table (read directly: no dashboard needed)
         from ray._private.state import actors
 

@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
-import os
 import re
-import secrets
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +14,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
+from service_cluster import ServiceCluster, free_port, job, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "external_pipeline.py"
-# The rlix command is installed, and this checkout has the module it runs.
-RLIX_COMMAND = shutil.which("rlix") is not None and importlib.util.find_spec("rlix.exec.service.cli") is not None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def example():
@@ -189,36 +176,6 @@ def test_bad_arguments_are_one_line_exit_2(args, message, capsys):
 # ------------------------------------------------------------------ beside an rlix-run job
 
 
-def rlix_job_config(tmp_path: Path) -> Path:
-    """One tiny full-finetune job, four steps, at home on GPUs 0-1, its rollout on any of the 4 GPUs."""
-    cfg = {
-        "output": {"dir": str(tmp_path / "out"), "console": False},
-        "jobs": [
-            {
-                "name": "solo",
-                "model": {"size": {"arch": "qwen2", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
-                "task": {"name": "copy", "min_len": 1, "max_len": 6},
-                "steps": 4,
-                "prompts_per_step": 4,
-                "group_size": 4,
-                "max_new_tokens": 8,
-                "slots_per_worker": 4,
-                "home": [0, 1],
-                "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": "0-3"}},
-            }
-        ],
-    }
-    path = tmp_path / "solo.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def status(rlix: str, address: str, env: dict) -> dict:
-    res = subprocess.run([rlix, "status", "--address", address, "--json"], capture_output=True, text=True, env=env, timeout=60)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout)
-
-
 def holding(snapshot: dict) -> dict[str, list[int]]:
     """The GPUs each job holds in a status snapshot (jobs holding none left out)."""
     return {job["name"]: [gpu for gpu, _ in job["gpus"]] for job in snapshot["jobs"] if job["gpus"]}
@@ -226,42 +183,29 @@ def holding(snapshot: dict) -> dict[str, list[int]]:
 
 @pytest.mark.heavy
 @pytest.mark.exec
-@pytest.mark.skipif(not RLIX_COMMAND, reason="needs the 'rlix' command (rlix scheduler start, rlix status)")
 def test_external_pipeline_beside_rlix_run(tmp_path):
-    rlix = shutil.which("rlix")
-    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    token = tmp_path / "ray_auth_token"  # a token of its own: nothing is read from ~/.ray
-    token.write_text(secrets.token_hex(32))
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    env.pop("RAY_AUTH_TOKEN", None)
-    start = [ray_cli, "start", "--head", f"--port={port}", "--num-gpus=4", "--num-cpus=2"]
-    subprocess.run([*start, "--include-dashboard=false", "--disable-usage-stats"], check=True, env=env, timeout=120, cwd=ROOT)
+    cluster = ServiceCluster(tmp_path)
+    cluster.start()
     procs: list[subprocess.Popen] = []
     try:
-        res = subprocess.run(
-            [rlix, "scheduler", "start", "--address", address], capture_output=True, text=True, env=env, timeout=120
-        )
+        res = cluster.rlix("scheduler", "start")
         assert res.returncode == 0, res.stderr[-2000:]
-
-        def spawn(name: str, *cmd: str) -> subprocess.Popen:
-            out, err = (open(tmp_path / f"{name}.{s}", "w") for s in ("out", "err"))  # noqa: SIM115 -- closed with the process
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=tmp_path))
-            return procs[-1]
-
-        cli = [sys.executable, "-m", "rlix.exec.front.cli"]
-        run = spawn("run", *cli, str(rlix_job_config(tmp_path)), "--address", address, "--no-console")
+        solo = write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=4)])  # its rollout may use all 4 GPUs
+        run = cluster.submit(solo)
+        procs.append(run)
         ext = None
         snapshots = []
         deadline = time.monotonic() + 600
         while run.poll() is None or (ext is not None and ext.poll() is None):
             assert time.monotonic() < deadline, "the two jobs did not end within 600 s"
-            snapshots.append(status(rlix, address, env))
+            snapshots.append(cluster.status()[0])
             if ext is None and "solo" in holding(snapshots[-1]):  # the rlix-run job holds GPUs: the example joins it
-                ext = spawn("ext", sys.executable, str(EXAMPLE), "--address", address, "--name", "bandit", "--gpus", "2,3")
+                cmd = [sys.executable, str(EXAMPLE), "--address", cluster.address, "--name", "bandit", "--gpus", "2,3"]
+                out, err = (open(tmp_path / f"ext.{s}", "w") for s in ("out", "err"))
+                ext = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=cluster.env, cwd=tmp_path)
+                procs.append(ext)
             time.sleep(1.0)
-        logs = {name: (tmp_path / name).read_text()[-3000:] for name in ("run.out", "run.err", "ext.out", "ext.err")}
+        logs = {name: (tmp_path / name).read_text()[-3000:] for name in ("solo.out", "solo.err", "ext.out", "ext.err")}
         assert run.returncode == 0, logs
         assert ext is not None and ext.returncode == 0, logs
 
@@ -276,4 +220,4 @@ def test_external_pipeline_beside_rlix_run(tmp_path):
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        cluster.stop()

@@ -3,6 +3,8 @@
     rlix-sim replay traces/mixed_agentic.json            # every policy, side by side
     rlix-sim replay TRACE --policy rlix --json out.json --plot out.png
     rlix-sim generate mixed_agentic -o traces/mixed_agentic.json
+    rlix-sim whatif TRACE --add JOB.json --at 600      # one more job: every JCT before and after
+    rlix-sim sweep TRACE ... --knob small_first=0,3 --seeds 0,1 --out sweep/   # a grid of replays on Ray
     rlix-sim validate TRACE
     rlix-sim schema
 
@@ -44,20 +46,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay a trace under one or more policies and compare them")
     rp.add_argument("trace", help="path of an rlix-trace JSON file")
-    rp.add_argument(
-        "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
-    )
     rp.add_argument("--json", metavar="PATH", help="write the metrics as JSON")
     rp.add_argument("--plot", metavar="PATH", help="write a PNG: GPU-by-time chart and utilization per policy")
-    rp.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
-    rp.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KNOB=VALUE",
-        help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true",
-    )
+    _add_replay_options(rp)
     rp.add_argument("--quiet", action="store_true", help="no progress bar or table (use with --json)")
+
+    wp = sub.add_parser("whatif", help="predict a new job's JCT and how every existing job's JCT would change")
+    wp.add_argument("trace", help="path of an rlix-trace JSON file")
+    wp.add_argument("--add", required=True, metavar="JOB.json", help="one pipeline, written as a pipeline entry of a trace")
+    wp.add_argument("--at", type=float, metavar="T", help="the job's arrival (seconds; default: its own arrival_s)")
+    _add_replay_options(wp)
+    wp.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    wp.add_argument("--quiet", action="store_true", help="no progress or tables (use with --json)")
+
+    sw = sub.add_parser("sweep", help="replay traces x knob values x seeds x policies in parallel on Ray")
+    sw.add_argument("traces", nargs="+", metavar="TRACE", help="rlix-trace JSON files")
+    sw.add_argument(
+        "--knob", action="append", default=[], metavar="NAME=V1,V2,...", help="a scheduler knob and its values (repeatable)"
+    )
+    sw.add_argument(
+        "--seeds", default=None, metavar="S1,S2,...", help="redraw generated streams with each seed (default: the traces' own)"
+    )
+    sw.add_argument(
+        "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
+    )
+    sw.add_argument("--address", metavar="ADDR", help="join this Ray cluster (default: start a local one for the sweep)")
+    sw.add_argument("--out", default="sweep", metavar="DIR", help="folder for sweep.csv, sweep.json, sweep.png (default: sweep/)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
     gp = sub.add_parser("generate", help="write a trace for a named scenario")
     gp.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
@@ -71,14 +86,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_replay_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
+    )
+    parser.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     console = Console()
     err = Console(stderr=True)
     try:
         args = build_parser().parse_args(argv)
-        return {"replay": _replay, "generate": _generate, "validate": _validate, "schema": _schema}[args.command](
-            args, console, err
-        )
+        commands = {"replay": _replay, "whatif": _whatif, "sweep": _sweep, "generate": _generate, "validate": _validate}
+        return {**commands, "schema": _schema}[args.command](args, console, err)
     except (UserError, TraceError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -95,7 +123,7 @@ def _checked_policies(args) -> list[str]:
             raise UserError(f"--policy {name}: unknown policy; choose from {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
         raise UserError("--policy: a policy is named twice; name each once")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+    for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
         if path and not Path(path).resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
     return policies
@@ -105,11 +133,7 @@ def _replay(args, console: Console, err: Console) -> int:
     from rlix.sim.simulator import Simulation
 
     policies = _checked_policies(args)
-    trace = load_trace(args.trace)
-    if args.seed is not None:
-        trace = trace.reseeded(args.seed)
-    if args.set:
-        trace = trace.with_scheduler(_knobs(args.set))
+    trace = _as_asked(load_trace(args.trace), args)
     name = trace.model.name or Path(args.trace).stem
     total = trace.total_trajectories()
     show = not args.quiet
@@ -156,6 +180,54 @@ def _replay(args, console: Console, err: Console) -> int:
         if show:
             console.print(f"wrote {args.plot}")
     return 0
+
+
+def _as_asked(trace: Trace, args) -> Trace:
+    """``trace`` with the command's ``--seed`` and ``--set`` applied."""
+    if args.seed is not None:
+        trace = trace.reseeded(args.seed)
+    if args.set:
+        trace = trace.with_scheduler(_knobs(args.set))
+    return trace
+
+
+def _whatif(args, console: Console, err: Console) -> int:
+    from rlix.sim.whatif import add_job, load_job, print_whatif, whatif, whatif_json
+
+    policies = _checked_policies(args)
+    if args.at is not None and not args.at >= 0:
+        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a number >= 0")
+    base = load_trace(args.trace)
+    job = load_job(args.add, args.at)
+    with_job = _as_asked(add_job(base, job, args.add), args)
+    base = _as_asked(base, args)
+    name = base.model.name or Path(args.trace).stem
+    show = not args.quiet
+    if show:
+        ids = ", ".join(job.job_ids())
+        console.print(f"[bold]{name}[/] + {ids}: {base.cluster.num_gpus} GPUs; policies: {', '.join(policies)}")
+    with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("", total=None)
+        results = whatif(
+            base,
+            with_job,
+            job.job_ids(),
+            policies,
+            lambda policy, label: bar.update(task, description=f"replaying {policy} {label}"),
+        )
+    if show:
+        print_whatif(console, results)
+    if args.json:
+        write_json(whatif_json(name, args.trace, args.add, results), args.json)
+        if show:
+            console.print(f"wrote {args.json}")
+    return 0
+
+
+def _sweep(args, console: Console, err: Console) -> int:
+    from rlix.sim.sweep import run_sweep_command
+
+    return run_sweep_command(args, console, err, UserError)
 
 
 def _knobs(pairs: list[str]) -> dict[str, str]:

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
-from rlix.sim import scenarios
+from rlix.sim import scenarios, sweep
 from rlix.sim.report import print_table, results_json, write_json
 from rlix.sim.trace import Trace, TraceError, dump_trace, json_schema, load_trace
 
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="replay traces x knob values x seeds x policies in parallel on Ray")
     sw.add_argument("traces", nargs="+", metavar="TRACE", help="rlix-trace JSON files")
     sw.add_argument(
-        "--knob", action="append", default=[], metavar="NAME=V1,V2,...", help="a scheduler knob and its values (repeatable)"
+        "--knob", action="append", required=True, metavar="NAME=V1,V2,...", help="a scheduler knob and its values (repeatable)"
     )
     sw.add_argument(
         "--seeds", default=None, metavar="S1,S2,...", help="redraw generated streams with each seed (default: the traces' own)"
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         commands = {"replay": _replay, "whatif": _whatif, "sweep": _sweep, "generate": _generate, "validate": _validate}
         return {**commands, "schema": _schema}[args.command](args, console, err)
-    except (UserError, TraceError) as e:
+    except (UserError, TraceError, sweep.SweepError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -115,14 +115,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _checked_policies(args) -> list[str]:
-    """The policies to replay (all by default); bad flags are refused before any work."""
-    policies = args.policy or list(POLICIES)
+def _policies(names: list[str] | None) -> list[str]:
+    """The policies asked for (all by default), each known and named once."""
+    policies = names or list(POLICIES)
     for name in policies:
         if name not in POLICIES:
             raise UserError(f"--policy {name}: unknown policy; choose from {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
         raise UserError("--policy: a policy is named twice; name each once")
+    return policies
+
+
+def _checked_policies(args) -> list[str]:
+    """The policies to replay (all by default); bad flags are refused before any work."""
+    policies = _policies(args.policy)
     for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
         if path and not Path(path).resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
@@ -147,20 +153,11 @@ def _replay(args, console: Console, err: Console) -> int:
     usages = {}
     for policy in policies:
         started = time.perf_counter()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TextColumn("sim {task.fields[sim]}"),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-            disable=not show,
-        ) as bar:
-            task = bar.add_task(f"replaying {policy}", total=total, sim="0 s")
+        with _bar(err, show) as bar:
+            task = bar.add_task(f"replaying {policy}", total=total, sim="sim 0 s")
 
             def progress(now: float, done: int, _total: int, task=task, bar=bar) -> None:
-                bar.update(task, completed=done, sim=f"{now:,.0f} s")
+                bar.update(task, completed=done, sim=f"sim {now:,.0f} s")
 
             sim = Simulation(trace, policy, keep_segments=bool(args.plot), progress=progress)
             runs[policy] = sim.run()
@@ -225,9 +222,51 @@ def _whatif(args, console: Console, err: Console) -> int:
 
 
 def _sweep(args, console: Console, err: Console) -> int:
-    from rlix.sim.sweep import run_sweep_command
+    from rlix.sim.sweep_plot import print_summary
 
-    return run_sweep_command(args, console, err, UserError)
+    try:
+        import ray  # noqa: F401  (the exec extra)
+    except ImportError:
+        raise UserError("sweep runs its replays on Ray, which is not installed; pip install -e '.[exec]'") from None
+    policies = _policies(args.policy)
+    knobs = [sweep.parse_knob(k) for k in args.knob]
+    if len({k.name for k in knobs}) != len(knobs):
+        raise UserError("--knob: a knob is named twice; give each knob once with all its values")
+    seeds = sweep.parse_seeds(args.seeds)
+    texts = sweep.load_texts(args.traces, knobs)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file; give a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    cells = sweep.grid(args.traces, knobs, seeds, policies)
+    show = not args.quiet
+    started = time.perf_counter()
+    with _bar(err, show) as bar:
+        task = bar.add_task("sweep", total=len(cells), sim="")
+
+        def done(row: sweep.SweepRow) -> None:
+            bar.update(task, advance=1, sim=f"{row.trace}/{row.policy}")
+
+        rows = sweep.run_on_ray(cells, texts, args.address, done)
+    paths = sweep.write_outputs(out, knobs, seeds, policies, rows)
+    if show:
+        print_summary(console, rows, knobs)
+        console.print(f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {', '.join(map(str, paths))}")
+    return 0
+
+
+def _bar(err: Console, show: bool) -> Progress:
+    """The progress bar of a replay or a sweep (on stderr; ``sim`` says what finished or how far the clock is)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[sim]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    )
 
 
 def _knobs(pairs: list[str]) -> dict[str, str]:

@@ -261,32 +261,31 @@ SWEEP_TRACES = ("traces/two_jobs.json", "traces/single.json", "traces/agentic_sw
 
 @pytest.mark.heavy
 def test_sweep_on_ray_equals_the_same_replays_in_one_process(tmp_path):
-    """3 traces x 3 values of small_first x 2 seeds x 3 policies = 54 replays (about 25 s on 2 cores, Ray start included)."""
+    """3 traces x 3 values of small_first x 2 seeds under rlix = 18 replays on Ray, then the same 18 here, one by one.
+
+    The command took 12-24 s on 2 cores (Ray's start included) as the machine's load went from light to heavy.
+    """
     out = tmp_path / "ray"
-    args = ["sweep", *SWEEP_TRACES, "--knob", "small_first=0,1,3", "--seeds", "0,1", "--out", str(out)]
+    args = ["sweep", *SWEEP_TRACES, "--knob", "small_first=0,1,3", "--seeds", "0,1", "--policy", "rlix", "--out", str(out)]
     started = time.perf_counter()
     res = run_cli(*args, env=ray_env(tmp_path))
     wall = time.perf_counter() - started
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "54 replays in" in res.stdout, res.stdout
-    print(f"sweep of 54 replays: {wall:.1f} s wall (the command, Ray start included)")
+    assert "18 replays in" in res.stdout, res.stdout
+    print(f"sweep of 18 replays: {wall:.1f} s wall (the command, Ray start included)")
 
     knob = sweep.Knob(name="small_first", values=("0", "1", "3"))
     texts = sweep.load_texts(list(SWEEP_TRACES), [knob])
-    cells = sweep.grid(list(SWEEP_TRACES), [knob], [0, 1], list(POLICIES))
+    cells = sweep.grid(list(SWEEP_TRACES), [knob], [0, 1], ["rlix"])
     here = tmp_path / "here"
     here.mkdir()
-    sweep.write_outputs(
-        here, [knob], [0, 1], list(POLICIES), sweep.sorted_rows([sweep.run_cell(c, texts[c.source]) for c in cells])
-    )
+    sweep.write_outputs(here, [knob], [0, 1], ["rlix"], sweep.sorted_rows([sweep.run_cell(c, texts[c.source]) for c in cells]))
     for name in ("sweep.csv", "sweep.json", "sweep.png"):
         assert (out / name).read_bytes() == (here / name).read_bytes(), name
 
     rows = json.loads((out / "sweep.json").read_text())["rows"]
-    assert len(rows) == 54
-    cell = next(
-        r for r in rows if r["trace"] == "two_jobs" and r["policy"] == "rlix" and r["seed"] == 1 and r["small_first"] == 0.0
-    )
+    assert len(rows) == 18 and len({(r["trace"], r["seed"], r["small_first"]) for r in rows}) == 18
+    cell = next(r for r in rows if r["trace"] == "two_jobs" and r["seed"] == 1 and r["small_first"] == 0.0)
     direct = replay(load_trace(ROOT / "traces/two_jobs.json").reseeded(1).with_scheduler({"small_first": "0"}), "rlix")
     assert cell["makespan_s"] == direct.makespan_s and cell["plans"] == direct.plans
     assert cell["mean_jct_s"] == sum(p.jct_s for p in direct.pipelines.values()) / len(direct.pipelines)
@@ -299,19 +298,19 @@ def test_sweep_joins_a_running_cluster_with_address(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, ray; ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False); "
+            "import sys, ray; ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False); "
             "print(ray.get_runtime_context().gcs_address, flush=True); sys.stdin.read()",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "head.err").open("w"),
         text=True,
         env=env,
         cwd=ROOT,
     )
     try:
         address = head.stdout.readline().strip()
-        assert address, "the head driver printed no address"
+        assert address, (tmp_path / "head.err").read_text()[-3000:]
         res = run_cli("sweep", "traces/single.json", "--knob", "small_first=0,3", "--policy", "rlix", "--address", address,
                       "--out", str(tmp_path / "s"), "--quiet", env=env)  # fmt: skip
         assert res.returncode == 0, res.stderr[-3000:]

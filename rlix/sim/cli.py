@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -192,8 +193,8 @@ def _whatif(args, console: Console, err: Console) -> int:
     from rlix.sim.whatif import add_job, load_job, print_whatif, whatif, whatif_json
 
     policies = _checked_policies(args)
-    if args.at is not None and not args.at >= 0:
-        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a number >= 0")
+    if args.at is not None and not 0 <= args.at < math.inf:
+        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a finite number >= 0")
     base = load_trace(args.trace)
     job = load_job(args.add, args.at)
     with_job = _as_asked(add_job(base, job, args.add), args)

@@ -3,6 +3,8 @@
     rlix-sim replay traces/mixed_agentic.json            # every policy, side by side
     rlix-sim replay TRACE --policy rlix --json out.json --plot out.png
     rlix-sim generate mixed_agentic -o traces/mixed_agentic.json
+    rlix-sim whatif TRACE --add JOB.json --at 600      # one more job: every JCT before and after
+    rlix-sim sweep TRACE ... --knob small_first=0,3 --seeds 0,1 --out sweep/   # a grid of replays on Ray
     rlix-sim validate TRACE
     rlix-sim schema
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -22,7 +25,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
-from rlix.sim import scenarios
+from rlix.sim import scenarios, sweep
 from rlix.sim.report import print_table, results_json, write_json
 from rlix.sim.trace import Trace, TraceError, dump_trace, json_schema, load_trace
 
@@ -44,20 +47,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay a trace under one or more policies and compare them")
     rp.add_argument("trace", help="path of an rlix-trace JSON file")
-    rp.add_argument(
-        "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
-    )
     rp.add_argument("--json", metavar="PATH", help="write the metrics as JSON")
     rp.add_argument("--plot", metavar="PATH", help="write a PNG: GPU-by-time chart and utilization per policy")
-    rp.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
-    rp.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KNOB=VALUE",
-        help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true",
-    )
+    _add_replay_options(rp)
     rp.add_argument("--quiet", action="store_true", help="no progress bar or table (use with --json)")
+
+    wp = sub.add_parser("whatif", help="predict a new job's JCT and how every existing job's JCT would change")
+    wp.add_argument("trace", help="path of an rlix-trace JSON file")
+    wp.add_argument("--add", required=True, metavar="JOB.json", help="one pipeline, written as a pipeline entry of a trace")
+    wp.add_argument("--at", type=float, metavar="T", help="the job's arrival (seconds; default: its own arrival_s)")
+    _add_replay_options(wp)
+    wp.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    wp.add_argument("--quiet", action="store_true", help="no progress or tables (use with --json)")
+
+    sw = sub.add_parser("sweep", help="replay traces x knob values x seeds x policies in parallel on Ray")
+    sw.add_argument("traces", nargs="+", metavar="TRACE", help="rlix-trace JSON files")
+    sw.add_argument(
+        "--knob", action="append", required=True, metavar="NAME=V1,V2,...", help="a scheduler knob and its values (repeatable)"
+    )
+    sw.add_argument(
+        "--seeds", default=None, metavar="S1,S2,...", help="redraw generated streams with each seed (default: the traces' own)"
+    )
+    sw.add_argument(
+        "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
+    )
+    sw.add_argument("--address", metavar="ADDR", help="join this Ray cluster (default: start a local one for the sweep)")
+    sw.add_argument("--out", default="sweep", metavar="DIR", help="folder for sweep.csv, sweep.json, sweep.png (default: sweep/)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
     gp = sub.add_parser("generate", help="write a trace for a named scenario")
     gp.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
@@ -71,15 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_replay_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
+    )
+    parser.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="override a scheduler knob of the trace (repeatable), e.g. --set weight_by_duration=true",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     console = Console()
     err = Console(stderr=True)
     try:
         args = build_parser().parse_args(argv)
-        return {"replay": _replay, "generate": _generate, "validate": _validate, "schema": _schema}[args.command](
-            args, console, err
-        )
-    except (UserError, TraceError) as e:
+        commands = {"replay": _replay, "whatif": _whatif, "sweep": _sweep, "generate": _generate, "validate": _validate}
+        return {**commands, "schema": _schema}[args.command](args, console, err)
+    except (UserError, TraceError, sweep.SweepError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -87,15 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _checked_policies(args) -> list[str]:
-    """The policies to replay (all by default); bad flags are refused before any work."""
-    policies = args.policy or list(POLICIES)
+def _policies(names: list[str] | None) -> list[str]:
+    """The policies asked for (all by default), each known and named once."""
+    policies = names or list(POLICIES)
     for name in policies:
         if name not in POLICIES:
             raise UserError(f"--policy {name}: unknown policy; choose from {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
         raise UserError("--policy: a policy is named twice; name each once")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+    return policies
+
+
+def _checked_policies(args) -> list[str]:
+    """The policies to replay (all by default); bad flags are refused before any work."""
+    policies = _policies(args.policy)
+    for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
         if path and not Path(path).resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
     return policies
@@ -105,11 +140,7 @@ def _replay(args, console: Console, err: Console) -> int:
     from rlix.sim.simulator import Simulation
 
     policies = _checked_policies(args)
-    trace = load_trace(args.trace)
-    if args.seed is not None:
-        trace = trace.reseeded(args.seed)
-    if args.set:
-        trace = trace.with_scheduler(_knobs(args.set))
+    trace = _as_asked(load_trace(args.trace), args)
     name = trace.model.name or Path(args.trace).stem
     total = trace.total_trajectories()
     show = not args.quiet
@@ -123,20 +154,11 @@ def _replay(args, console: Console, err: Console) -> int:
     usages = {}
     for policy in policies:
         started = time.perf_counter()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TextColumn("sim {task.fields[sim]}"),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-            disable=not show,
-        ) as bar:
-            task = bar.add_task(f"replaying {policy}", total=total, sim="0 s")
+        with _bar(err, show) as bar:
+            task = bar.add_task(f"replaying {policy}", total=total, sim="sim 0 s")
 
             def progress(now: float, done: int, _total: int, task=task, bar=bar) -> None:
-                bar.update(task, completed=done, sim=f"{now:,.0f} s")
+                bar.update(task, completed=done, sim=f"sim {now:,.0f} s")
 
             sim = Simulation(trace, policy, keep_segments=bool(args.plot), progress=progress)
             runs[policy] = sim.run()
@@ -156,6 +178,96 @@ def _replay(args, console: Console, err: Console) -> int:
         if show:
             console.print(f"wrote {args.plot}")
     return 0
+
+
+def _as_asked(trace: Trace, args) -> Trace:
+    """``trace`` with the command's ``--seed`` and ``--set`` applied."""
+    if args.seed is not None:
+        trace = trace.reseeded(args.seed)
+    if args.set:
+        trace = trace.with_scheduler(_knobs(args.set))
+    return trace
+
+
+def _whatif(args, console: Console, err: Console) -> int:
+    from rlix.sim.whatif import add_job, load_job, print_whatif, whatif, whatif_json
+
+    policies = _checked_policies(args)
+    if args.at is not None and not 0 <= args.at < math.inf:
+        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a finite number >= 0")
+    base = load_trace(args.trace)
+    job = load_job(args.add, args.at)
+    with_job = _as_asked(add_job(base, job, args.add), args)
+    base = _as_asked(base, args)
+    name = base.model.name or Path(args.trace).stem
+    show = not args.quiet
+    if show:
+        ids = ", ".join(job.job_ids())
+        console.print(f"[bold]{name}[/] + {ids}: {base.cluster.num_gpus} GPUs; policies: {', '.join(policies)}")
+    with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("", total=None)
+        results = whatif(
+            base,
+            with_job,
+            job.job_ids(),
+            policies,
+            lambda policy, label: bar.update(task, description=f"replaying {policy} {label}"),
+        )
+    if show:
+        print_whatif(console, results)
+    if args.json:
+        write_json(whatif_json(name, args.trace, args.add, results), args.json)
+        if show:
+            console.print(f"wrote {args.json}")
+    return 0
+
+
+def _sweep(args, console: Console, err: Console) -> int:
+    from rlix.sim.sweep_plot import print_summary
+
+    try:
+        import ray  # noqa: F401  (the exec extra)
+    except ImportError:
+        raise UserError("sweep runs its replays on Ray, which is not installed; pip install -e '.[exec]'") from None
+    policies = _policies(args.policy)
+    knobs = [sweep.parse_knob(k) for k in args.knob]
+    if len({k.name for k in knobs}) != len(knobs):
+        raise UserError("--knob: a knob is named twice; give each knob once with all its values")
+    seeds = sweep.parse_seeds(args.seeds)
+    texts = sweep.load_texts(args.traces, knobs)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file; give a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    cells = sweep.grid(args.traces, knobs, seeds, policies)
+    show = not args.quiet
+    started = time.perf_counter()
+    with _bar(err, show) as bar:
+        task = bar.add_task("sweep", total=len(cells), sim="")
+
+        def done(row: sweep.SweepRow) -> None:
+            bar.update(task, advance=1, sim=f"{row.trace}/{row.policy}")
+
+        rows = sweep.run_on_ray(cells, texts, args.address, done)
+    paths = sweep.write_outputs(out, knobs, seeds, policies, rows)
+    if show:
+        print_summary(console, rows, knobs)
+        console.print(f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {', '.join(map(str, paths))}")
+    return 0
+
+
+def _bar(err: Console, show: bool) -> Progress:
+    """The progress bar of a replay or a sweep (on stderr; ``sim`` says what finished or how far the clock is)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[sim]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    )
 
 
 def _knobs(pairs: list[str]) -> dict[str, str]:

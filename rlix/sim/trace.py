@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from rlix.config import ClusterModel, JobModel, SchedulerModel, StrictModel, job_topology_error, one_line, read_document
-from rlix.core import PipelineSpec, Stage
+from rlix.core import ClusterSpec, PipelineSpec, Stage
 from rlix.job import JobShape, StepShape, stage_gpus
 
 FORMAT = "rlix-trace"
@@ -484,10 +484,15 @@ class Trace:
 
     def _check_topology(self) -> None:
         for i, p in enumerate(self.model.pipelines):  # copies share their template's topology
-            stages = {stage for stream in p.streams() for stage in stream_stage_names(stream)}
-            problem = job_topology_error(self.cluster, self.spec(p), stages)
+            problem = pipeline_topology_error(self.cluster, p)
             if problem is not None:
                 raise TraceError(f"{self.source}: pipelines[{i}] ({p.id}): {problem}")
+
+
+def pipeline_topology_error(cluster: ClusterSpec, p: PipelineModel) -> str | None:
+    """What is wrong with pipeline ``p``'s mappings on ``cluster`` (the core's rules, a mapping for each stage), or None."""
+    stages = {stage for stream in p.streams() for stage in stream_stage_names(stream)}
+    return job_topology_error(cluster, p.spec(p.id, resumable=p.preempt == "continue"), stages)
 
 
 def load_trace(path: str | Path) -> Trace:

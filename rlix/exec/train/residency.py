@@ -32,11 +32,12 @@ STAGE_PARTS: dict[Stage, tuple[LearnerPart, ...]] = {
 
 @dataclass(frozen=True, kw_only=True)
 class Move:
-    """One part (``name``: the adapter of a LoRA optimizer, else "") moved to ``device``; bytes of its tensors."""
+    """One part (``name``: the adapter of a LoRA optimizer, else "") moved onto the learner's device or
+    to the host; bytes of its tensors."""
 
     part: LearnerPart
     name: str
-    device: str
+    onto_device: bool
     nbytes: int
 
 
@@ -112,4 +113,4 @@ class Residency:
         obj = self._parts[(part, name)]
         nbytes = _optimizer_to(obj, device) if part is LearnerPart.OPTIMIZER else _module_to(obj, device)
         self._on_device[(part, name)] = onto_device
-        self.moves.append(Move(part=part, name=name, device=device, nbytes=nbytes))
+        self.moves.append(Move(part=part, name=name, onto_device=onto_device, nbytes=nbytes))

@@ -44,18 +44,28 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0]["task"].update(name="chess"), "jobs[0].task.name"),
         (lambda c: c["scheduler"].update(replan_interval_s=0.5), "scheduler: replan_interval_s is now plan_interval_s"),
         (lambda c: c["scheduler"].update(heartbeat_s=10.0), "scheduler: heartbeat_s: 10.0 s is not below report_ttl_s"),
-        (
-            lambda c: c["jobs"][0].update(
-                checkpoint_dir="/tmp/ck", roles={"actor_train": {"gpus": [0, 1]}, "actor_infer": {"gpus": "0-3"}}
-            ),
-            "jobs[0]",
-        ),
+        (lambda c: c["jobs"][0].update(train={"precision": "fp8"}), "jobs[0].train.precision"),
+        (lambda c: c["jobs"][0].update(train={"logprob_chunk_tokens": 0}), "jobs[0].train.logprob_chunk_tokens"),
     ],
 )
 def test_bad_config_names_the_field(edit, field):
     raw = _base()
     edit(raw)
     assert_config_error_names(raw, field)
+
+
+def test_a_multi_gpu_full_finetune_may_checkpoint_and_says_how_it_trains():
+    raw = _base()
+    raw["jobs"][0].update(
+        checkpoint_dir="/tmp/ck",
+        roles={"actor_train": {"gpus": [0, 1]}, "actor_infer": {"gpus": "0-3"}},
+        train={"precision": "bf16", "activation_checkpointing": True},
+    )
+    job = RunConfig.model_validate(raw).jobs[0]
+    assert job.checkpoint_dir == "/tmp/ck"  # sharded (DCP) checkpoints: any actor_train size
+    options = job.train.value()
+    assert (options.precision, options.activation_checkpointing, options.logprob_chunk_tokens) == ("bf16", True, 1024)
+    assert RunConfig.model_validate(_base()).jobs[0].train.value().precision == "auto"  # bf16 on CUDA, fp32 on a CPU
 
 
 def test_cli_bad_config_exits_2_with_one_line(tmp_path):

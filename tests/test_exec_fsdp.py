@@ -80,6 +80,57 @@ def full_program(ranks, model_dir: str, _ckpt: str, dtype: str = DTYPE) -> dict:
     return {"old": old, "stats": stats, "after": after, "weights": learner.snapshot().tensors}
 
 
+def _full(ranks, model_dir: str, dtype: str = DTYPE, **options):
+    from rlix.exec.messages import TrainOptions
+    from rlix.exec.train.grpo import GrpoConfig, GrpoLearner
+
+    cfg = GrpoConfig(kl_coef=0.1, minibatches=4, lr=3e-3, seed=5)
+    return GrpoLearner(model_dir, "cpu", cfg, ranks=ranks, dtype=dtype, options=TrainOptions(**options))
+
+
+def _full_step(learner, seed: int):
+    samples = _samples(seed=seed)
+    samples = _perturbed(samples, learner.logprobs(samples), 0.3)
+    ref = learner.logprobs(samples, reference=True)
+    return learner.train([replace(s, ref_logprobs=tuple(x - 0.1 for x in r)) for s, r in zip(samples, ref)])
+
+
+def _whole_state(learner) -> dict:
+    """Weights and optimizer state, gathered whole (a collective), on the CPU."""
+    from rlix.exec.train.fsdp import full
+
+    opt = learner.opt.state_dict()["state"]
+    return {
+        "weights": learner.snapshot().tensors,
+        "opt": {i: {k: full(v).detach().to("cpu", copy=True) for k, v in s.items()} for i, s in sorted(opt.items())},
+    }
+
+
+def full_checkpoint_save(ranks, model_dir: str, ckpt: str, dtype: str = DTYPE) -> dict:
+    from rlix.exec.train import checkpoint
+
+    learner = _full(ranks, model_dir, dtype)
+    stats = [_full_step(learner, seed) for seed in range(2)]
+    checkpoint.save(learner, ckpt, model_dir)  # every rank writes its shards
+    return {"stats": stats, "state": _whole_state(learner)}
+
+
+def full_checkpoint_resume(ranks, model_dir: str, ckpt: str, dtype: str = DTYPE) -> dict:
+    from rlix.exec.train import checkpoint
+
+    learner = _full(ranks, model_dir, dtype)
+    step = checkpoint.restore(learner, ckpt)
+    state = _whole_state(learner)
+    return {"step": step, "state": state, "next": _full_step(learner, 2)}
+
+
+def precision_program(ranks, model_dir: str, _ckpt: str, precision: str) -> dict:
+    """Float32 master weights computing in ``precision`` (bf16 on 2 ranks: FSDP2's mixed-precision policy)."""
+    learner = _full(ranks, model_dir, "float32", precision=precision)
+    samples = _samples()
+    return {"old": learner.logprobs(samples), "stats": [_full_step(learner, seed) for seed in range(2)]}
+
+
 def _lora(ranks, model_dir: str):
     from rlix.exec.train.grpo import GrpoConfig
     from rlix.exec.train.lora import LoraLearner, LoraSpec
@@ -228,6 +279,43 @@ def test_checkpoint_written_by_two_ranks_resumes(model_dir, tmp_path):
     straight = _on_one("lora_straight", model_dir)["stats"]
     _assert_same_stats(first + rest2["stats"], straight)
     _assert_same_stats(first + rest1["stats"], straight)
+
+
+def test_full_checkpoint_written_by_two_ranks_resumes_on_one_and_on_two(model_dir, tmp_path):
+    """Sharded (DCP) full-finetune checkpoint: weights and optimizer state come back exactly on 1 and on 2
+    ranks, and the next step trains alike on both; the HF export holds the same weights."""
+    import torch
+
+    from rlix.exec.data.model import load_model
+
+    ckpt = tmp_path / "ck"
+    saved = _on_ranks("full_checkpoint_save", model_dir, tmp_path, ckpt)["state"]
+    assert sorted(p.name for p in (ckpt / "step_000002" / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    exported = load_model(ckpt / "step_000002", dtype=DTYPE).state_dict()
+    assert all(torch.equal(exported[k], saved["weights"][k]) for k in exported)
+    two = _on_ranks("full_checkpoint_resume", model_dir, tmp_path, ckpt)
+    one = _on_one("full_checkpoint_resume", model_dir, ckpt)
+    for resumed in (one, two):
+        assert resumed["step"] == 2
+        assert _max_diff(resumed["state"]["weights"], saved["weights"]) == 0.0
+        assert sorted(resumed["state"]["opt"]) == sorted(saved["opt"])
+        for i, st in saved["opt"].items():
+            assert sorted(st) == sorted(resumed["state"]["opt"][i]) == ["exp_avg", "exp_avg_sq", "step"]
+            assert all(torch.equal(v, resumed["state"]["opt"][i][k]) for k, v in st.items()), i
+    _assert_same_stats([two["next"]], [one["next"]])
+
+
+def test_two_ranks_in_bf16_train_within_tolerance_of_fp32(model_dir, tmp_path):
+    """FSDP2's MixedPrecisionPolicy (bf16 parameters, fp32 gradient reduction) over gloo, against one fp32 rank."""
+    two = _on_ranks("precision_program", model_dir, tmp_path, dtype="bf16")
+    one = _on_one("precision_program", model_dir, "", "fp32")
+    lp_diff = max(abs(a - b) for r2, r1 in zip(two["old"], one["old"]) for a, b in zip(r2, r1))
+    loss_diff = max(abs(s2.loss - s1.loss) for s2, s1 in zip(two["stats"], one["stats"], strict=True))
+    print(f"2 ranks bf16 vs 1 rank fp32: log-probs differ by {lp_diff:.2e}, losses (2 steps) by {loss_diff:.2e}")
+    # Measured: log-probs 1.3e-3 apart, losses 7.3e-5 (one rank's autocast against fp32: 4.3e-5 at most, see
+    # test_exec_trainer.py); the bounds fail on fp32 by mistake (below 1e-5) or on a wrong cast or reduction.
+    assert 1e-5 < lp_diff < 1e-2
+    assert loss_diff < 3e-4
 
 
 def lora_straight(ranks, model_dir: str, _ckpt: str, _dtype: str = DTYPE) -> dict:

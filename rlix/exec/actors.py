@@ -20,6 +20,7 @@ from rlix.exec.messages import (
     EngineStopped,
     GenRequest,
     GenResult,
+    LearnerPart,
     LoraSpec,
     Sample,
     SwitchTiming,
@@ -164,23 +165,24 @@ class TrainerActor:
         self.checkpoint_dir = job.checkpoint_dir
         self.model_path = job.model_path
         if job.lora is None:
-            self.learner = GrpoLearner(job.model_path, device_for_worker(), job.cfg, job.emulation, ranks, job.dtype)
+            self.learner = GrpoLearner(job.model_path, device_for_worker(), job.cfg, job.emulation, ranks, job.dtype, job.train)
             if job.checkpoint_dir:
                 from rlix.exec.train import checkpoint
 
                 checkpoint.restore(self.learner, job.checkpoint_dir)  # a rerun continues from the newest checkpoint
         else:
             self.learner = LoraLearner(
-                job.model_path, device_for_worker(), job.lora, dict(job.adapter_cfgs), job.emulation, ranks, job.dtype
+                job.model_path, device_for_worker(), job.lora, dict(job.adapter_cfgs), job.emulation, ranks, job.dtype, job.train
             )
             if job.checkpoint_dir:
                 self.learner.restore(job.checkpoint_dir)
         self.learner.offload()  # GPUs are only ours while a stage is granted
         return self.rank
 
-    def reload(self) -> float:
+    def reload(self, parts: tuple[LearnerPart, ...] = tuple(LearnerPart)) -> float:
+        """``parts`` of the learner onto the GPU (a stage moves only what it uses); seconds taken."""
         t0 = time.perf_counter()
-        self.learner.reload()
+        self.learner.reload(parts)
         return time.perf_counter() - t0
 
     def offload(self) -> float:

@@ -18,6 +18,7 @@ No torch import: tensors travel inside snapshots as opaque values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from rlix.core.types import Gpus
@@ -193,6 +194,28 @@ class TrainStats:
     seconds: float
 
 
+class LearnerPart(Enum):
+    """What of a learner a stage moves onto its GPUs (and what offload moves back)."""
+
+    POLICY = "policy"  # the trained model (old log-probs, training)
+    REFERENCE = "reference"  # the frozen reference (reference log-probs)
+    OPTIMIZER = "optimizer"  # the optimizer state (training only)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """How the trainer computes: precision, activation checkpointing, log-prob chunks.
+
+    ``precision`` ``bf16`` computes in bfloat16 (FSDP2's mixed-precision policy over
+    several ranks, autocast on one) while the optimizer keeps the weights' own dtype
+    (float32 master weights); ``fp32`` computes in the weights' dtype; ``auto`` is bf16
+    on a CUDA device and fp32 on a CPU (where bfloat16 kernels are slow)."""
+
+    precision: str = "auto"  # "auto" | "bf16" | "fp32"
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (less memory, ~1/3 more compute)
+    logprob_chunk_tokens: int = 1024  # tokens whose full-vocabulary log-softmax is computed at once
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainerJob:
     """What every trainer rank builds: the same model, recipe and (LoRA) adapters."""
@@ -203,7 +226,8 @@ class TrainerJob:
     lora: LoraSpec | None = None
     adapter_cfgs: tuple[tuple[str, GrpoConfig], ...] = ()
     checkpoint_dir: str | None = None
-    dtype: str = "float32"  # weights and optimizer state
+    dtype: str = "float32"  # weights and optimizer state (the master weights under bf16 precision)
+    train: TrainOptions = TrainOptions()
 
 
 @dataclass(frozen=True, kw_only=True)

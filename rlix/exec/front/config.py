@@ -31,7 +31,7 @@ from rlix.exec.data.model import ModelSize
 from rlix.exec.data.rewards import RewardRef, check_reward
 from rlix.exec.data.sources import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
 from rlix.exec.data.tasks import TASKS
-from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, VllmOptions, WorkerFault
+from rlix.exec.messages import Emulation, GrpoConfig, LoraSpec, TrainOptions, VllmOptions, WorkerFault
 from rlix.job import executor_stages
 
 
@@ -163,6 +163,25 @@ class AlgoConfig(StrictModel):
 
     def value(self, seed: int) -> GrpoConfig:
         return GrpoConfig(seed=seed, **self.model_dump())
+
+
+class TrainConfig(StrictModel):
+    """How the trainer computes: precision, activation checkpointing, log-prob chunks (one setting per job)."""
+
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto",
+        description="bf16: bfloat16 compute with fp32 master weights (FSDP2 mixed precision; autocast on one GPU); "
+        "fp32; auto: bf16 on a CUDA device, fp32 on a CPU host",
+    )
+    activation_checkpointing: bool = Field(
+        default=False, description="recompute each decoder layer in backward: less activation memory, ~1/3 more compute"
+    )
+    logprob_chunk_tokens: int = Field(
+        default=1024, ge=1, description="tokens whose full-vocabulary log-softmax is computed at once (fp32 per chunk only)"
+    )
+
+    def value(self) -> TrainOptions:
+        return TrainOptions(**self.model_dump())
 
 
 RoleConfig = RoleModel
@@ -310,6 +329,7 @@ class JobConfig(JobModel):
     eval: EvalConfig | None = Field(default=None, description="held-out prompts scored every eval_every steps (data jobs)")
     eval_every: int = Field(default=10, ge=1, description="steps between eval scorings (from step 1; the last step too)")
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig, description="how the trainer computes (precision, memory)")
     steps: int = Field(default=10, ge=1, description="training steps")
     prompts_per_step: int = Field(default=8, ge=1)
     group_size: int = Field(default=8, ge=2, description="samples per prompt (GRPO group)")
@@ -353,12 +373,6 @@ class JobConfig(JobModel):
                 raise ValueError("roles.reference is not used by multi_lora jobs; remove it")
         elif self.adapters is not None:
             raise ValueError("'adapters' is only for kind multi_lora; remove it or set kind: multi_lora")
-        elif self.checkpoint_dir and "actor_train" in self.roles and len(self.roles["actor_train"].gpus) > 1:
-            # A full-finetune checkpoint is written from whole (unsharded) weights by one process.
-            raise ValueError(
-                "checkpoint_dir: full-finetune checkpoints need a one-GPU actor_train mapping; drop checkpoint_dir or train on "
-                "one GPU"
-            )
         return self
 
     def lora_spec(self) -> LoraSpec | None:

@@ -159,7 +159,7 @@ class StepRunner:
 
     def load(self, e: Load) -> None:
         self._then(
-            self._load_init() if e.stage is Stage.INIT else self._timed(SwitchKind.STAGE_LOAD, self.trainer.load()),
+            self._load_init() if e.stage is Stage.INIT else self._timed(SwitchKind.STAGE_LOAD, self.trainer.load(e.stage)),
             lambda now: self.machine.loaded(e.stage, now),
         )
 

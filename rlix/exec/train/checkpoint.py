@@ -1,13 +1,18 @@
 """Executor layer: full-finetune checkpoints (torch), independent of Ray.
 
-``save(learner, dir)`` writes ``dir/step_<N>/``: a loadable HF checkpoint
-(``save_pretrained`` plus the tokenizer files of the model it started from)
-and ``trainer_state.pt`` (optimizer state and N, the steps trained). It is
-written under a temporary name and renamed, so a crash never leaves a
-half-written checkpoint; the newest :data:`KEEP` are kept. ``restore``
-loads the newest into a fresh learner and returns N, the step a rerun
-continues from. The frozen reference model is not saved: it is the starting
-checkpoint, which a rerun loads again.
+``save(learner, dir)`` writes ``dir/step_<N>/``: the trainer's state as a
+sharded ``torch.distributed.checkpoint`` (DCP) under ``dcp/`` (each rank
+writes its own shards of the weights and optimizer state, so no process ever
+holds the whole optimizer), a loadable HF checkpoint (``save_pretrained`` of
+the whole weights by rank 0, plus the tokenizer files of the model it
+started from) and ``trainer_state.pt`` (N, the steps trained), written last.
+It is written under a temporary name and renamed, so a crash never leaves a
+half-written checkpoint; the newest :data:`KEEP` are kept. ``restore`` loads
+the newest into a fresh learner on any number of ranks (DCP reshards what N
+ranks wrote for M) and returns N, the step a rerun continues from. A
+checkpoint of several ranks lies on a file system every rank reads and
+writes (one machine, or a shared one). The frozen reference model is not
+saved: it is the starting checkpoint, which a rerun loads again.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import shutil
 from pathlib import Path
 
 KEEP = 2  # checkpoints kept per job (the newest)
+DCP_DIR = "dcp"  # the sharded trainer state inside a checkpoint
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -43,39 +49,83 @@ def step_of(found: Path) -> int:
 
 
 def save(learner, directory: str | Path, source_model: str | Path | None = None) -> Path:
-    """Checkpoint ``learner`` (a :class:`rlix.exec.train.grpo.GrpoLearner`) at its version; returns the directory."""
-    import torch
+    """Checkpoint ``learner`` (a :class:`rlix.exec.train.grpo.GrpoLearner`) at its version; returns the directory.
 
-    directory = Path(directory)
+    Every rank calls it (the shards are written and the whole weights gathered together)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    directory, ranks = Path(directory), learner.ranks
+    lead = ranks.rank == 0
     final = directory / f"step_{learner.version:06d}"
     tmp = directory / f".tmp_step_{learner.version:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    learner.model.save_pretrained(str(tmp))
+    if lead:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    ranks.barrier()  # the directory exists (and holds nothing stale) before any rank writes
+    dcp.save(_trainer_state(learner), checkpoint_id=str(tmp / DCP_DIR), no_dist=ranks.world == 1)
+    _save_hf(learner, tmp, source_model)
+    if lead:
+        torch.save({"version": learner.version}, tmp / "trainer_state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.replace(final)
+        for old in _steps(directory)[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
+    ranks.barrier()  # no rank returns (and, say, saves again) before the checkpoint is in place
+    return final
+
+
+def _trainer_state(learner) -> dict:
+    """The learner's weights and optimizer state as DCP saves and loads them: each rank's shards,
+    keyed by parameter name (so any number of ranks reads them back)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optim = get_state_dict(learner.model, learner.opt)
+    return {"model": model, "optim": optim}
+
+
+def _save_hf(learner, tmp: Path, source_model: str | Path | None) -> None:
+    """The whole weights as an HF checkpoint (gathered: a collective), written by rank 0 with the tokenizer."""
+    whole = learner.snapshot().tensors if learner.ranks.world > 1 else None  # one rank: its own state dict
+    if learner.ranks.rank != 0:
+        return
+    learner.model.save_pretrained(str(tmp), state_dict=whole)
     for name in TOKENIZER_FILES if source_model else ():
         src = Path(source_model) / name
         if src.is_file():
             shutil.copy2(src, tmp / name)
-    torch.save({"version": learner.version, "opt": learner.opt.state_dict()}, tmp / "trainer_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.replace(final)
-    for old in _steps(directory)[:-KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def restore(learner, directory: str | Path) -> int:
-    """Load the newest checkpoint under ``directory`` into ``learner``; returns its step (0 if none)."""
+    """Load the newest checkpoint under ``directory`` into ``learner`` (every rank calls it); returns its
+    step (0 if none)."""
     import torch
-
-    from rlix.exec.data.model import load_model
 
     found = latest(directory)
     if found is None:
         return 0
-    weights = load_model(found, "cpu").state_dict()
-    learner.model.load_state_dict(weights)
-    state = torch.load(found / "trainer_state.pt", map_location=learner.device, weights_only=False)
-    learner.opt.load_state_dict(state["opt"])
+    if (found / DCP_DIR).is_dir():
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = _trainer_state(learner)  # the shapes and shards to read into
+        dcp.load(state, checkpoint_id=str(found / DCP_DIR), no_dist=learner.ranks.world == 1)
+        set_state_dict(learner.model, learner.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        _restore_whole(learner, found)
+    state = torch.load(found / "trainer_state.pt", map_location="cpu", weights_only=False)
     learner.version = int(state["version"])
     return learner.version
+
+
+def _restore_whole(learner, found: Path) -> None:
+    """A checkpoint of the earlier layout (one rank: HF weights, and the optimizer in trainer_state.pt)."""
+    import torch
+
+    from rlix.exec.data.model import load_model
+
+    if learner.ranks.world > 1:
+        raise ValueError(f"{found}: a one-rank checkpoint of an earlier rlix resumes on one rank only; train on one GPU")
+    learner.model.load_state_dict(load_model(found, "cpu").state_dict())
+    state = torch.load(found / "trainer_state.pt", map_location=learner.device, weights_only=False)
+    learner.opt.load_state_dict(state["opt"])

@@ -74,21 +74,31 @@ class Ranks:
         dist.all_reduce(t)
         return t.tolist()
 
-    def shard(self, model):
-        """``model`` sharded by FSDP2 (each decoder layer its own unit, then the root); unchanged on one rank."""
+    def barrier(self) -> None:
+        """Wait until every rank gets here (a collective; nothing on one rank)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def shard(self, model, mp_policy=None):
+        """``model`` sharded by FSDP2 (each decoder layer its own unit, then the root), computing as
+        ``mp_policy`` says (None: in the weights' dtype); unchanged on one rank."""
         if self.world == 1:
             return model
-        from torch.distributed.fsdp import FSDPModule, fully_shard
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        mp = mp_policy or MixedPrecisionPolicy()
 
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the HF model
         layer_types = set(getattr(base, "_no_split_modules", None) or ())
         for module in list(model.modules()):
             if type(module).__name__ in layer_types:
-                fully_shard(module, mesh=self.mesh)
+                fully_shard(module, mesh=self.mesh, mp_policy=mp)
         # The root too reshards after forward (its default keeps embeddings and
         # head whole): between calls every parameter is its shard, the one the
         # optimizer holds, and only shards are offloaded.
-        fully_shard(model, mesh=self.mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=True, mp_policy=mp)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)  # sum, not mean: see the module docstring

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 
-from rlix.exec.messages import Emulation, GrpoConfig, Sample, TrainStats, WeightSnapshot
+from rlix.exec.messages import Emulation, GrpoConfig, LearnerPart, Sample, TrainOptions, TrainStats, WeightSnapshot
+from rlix.exec.train.compute import autocast, mixed_precision_policy, token_logprobs, uses_bf16
 from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
+from rlix.exec.train.residency import ALL_PARTS, Residency
 from rlix.exec.train.weights import snapshot_of
 
 __all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats", "group_advantages"]
@@ -37,7 +40,10 @@ class GrpoLearner:
 
     ``dtype`` is the weights' (and optimizer state's) dtype: float32 trains;
     float64 lets a test hold N ranks to the one-rank update within ~1e-15
-    (float32 rounding, summed in another order, leaves ~1e-6 after a few steps)."""
+    (float32 rounding, summed in another order, leaves ~1e-6 after a few steps).
+    ``options`` says how it computes (:class:`TrainOptions`: bf16 or fp32,
+    activation checkpointing, log-prob chunks). Each stage uses only some of
+    its parts (:class:`~rlix.exec.train.residency.Residency`)."""
 
     def __init__(
         self,
@@ -47,6 +53,7 @@ class GrpoLearner:
         emulation: Emulation = Emulation(),
         ranks: Ranks = SINGLE,
         dtype: str = "float32",
+        options: TrainOptions = TrainOptions(),
     ) -> None:
         import torch
 
@@ -54,32 +61,43 @@ class GrpoLearner:
 
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
-        self.device = device
-        self.emulation = emulation
-        self.ranks = ranks
-        self.model = ranks.shard(load_model(model_path, device, dtype))
-        self.ref = ranks.shard(load_model(model_path, device, dtype).eval()) if cfg.kl_coef > 0 else None
+        self._setup(device, emulation, ranks, options)
+        self.model = self._prepare(load_model(model_path, device, dtype), train=True)
+        self.ref = self._prepare(load_model(model_path, device, dtype).eval(), train=False) if cfg.kl_coef > 0 else None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.version = 0
         self.pad_id = int(self.model.config.pad_token_id)
+        self.residency.add(LearnerPart.POLICY, self.model)
+        if self.ref is not None:
+            self.residency.add(LearnerPart.REFERENCE, self.ref)
+        self.residency.add(LearnerPart.OPTIMIZER, self.opt)
+
+    def _setup(self, device: str, emulation: Emulation, ranks: Ranks, options: TrainOptions) -> None:
+        self.device = device
+        self.emulation = emulation
+        self.ranks = ranks
+        self.options = options
+        self.bf16 = uses_bf16(options.precision, device)
+        self.residency = Residency(device)
+
+    def _prepare(self, model, *, train: bool):
+        """``model`` set up to compute as :attr:`options` say, and sharded over the ranks."""
+        if train and self.options.activation_checkpointing:
+            # Non-reentrant: works with frozen inputs (LoRA's base) and with FSDP2's hooks.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        dtype = next(model.parameters()).dtype
+        return self.ranks.shard(model, mixed_precision_policy(dtype) if self.bf16 else None)
 
     # ------------------------------------------------------------ offload
 
     def offload(self) -> None:
-        """Free the device: model, reference and optimizer state to the CPU."""
-        self._move("cpu")
+        """Free the device: whatever of model, reference and optimizer state is on it goes to the CPU,
+        and the device's cached memory back to the driver."""
+        self.residency.offload()
 
-    def reload(self) -> None:
-        self._move(self.device)
-
-    def _move(self, device: str) -> None:
-        self.model.to(device)
-        if self.ref is not None:
-            self.ref.to(device)
-        for state in self.opt.state.values():
-            for k, v in state.items():
-                if hasattr(v, "to"):
-                    state[k] = v.to(device)
+    def reload(self, parts: Iterable[LearnerPart] = ALL_PARTS) -> None:
+        """``parts`` onto the device (a stage's: :data:`~rlix.exec.train.residency.STAGE_PARTS`)."""
+        self.residency.need(parts)
 
     def snapshot(self) -> WeightSnapshot:
         return snapshot_of(self.model, self.version)
@@ -93,6 +111,7 @@ class GrpoLearner:
         (FSDP gathers parameters collectively) and keeps nothing."""
         import torch
 
+        self.residency.need([LearnerPart.REFERENCE if reference else LearnerPart.POLICY])
         model = self.ref if reference else self.model
         t0 = time.perf_counter()
         mine = self.ranks.share(samples)
@@ -118,19 +137,17 @@ class GrpoLearner:
         return ids.to(self.device), attn.to(self.device), tmask.to(self.device)
 
     def _token_logprobs(self, model, samples: list[Sample]):
-        import torch
-
         ids, attn, tmask = self._batch(samples)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision up, float64 kept
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return lp, tmask
+        with autocast(self.device, self.bf16 and self.ranks.world == 1):  # several ranks: FSDP2's policy casts
+            logits = model(input_ids=ids, attention_mask=attn).logits
+        return token_logprobs(logits[:, :-1], ids[:, 1:], self.options.logprob_chunk_tokens), tmask
 
     # ------------------------------------------------------------ training
 
     def train(self, samples: list[Sample]) -> TrainStats:
         """One GRPO update over ``samples``; bumps the policy version."""
         params = [p for group in self.opt.param_groups for p in group["params"]]  # the shards, under FSDP2
+        self.residency.need([LearnerPart.POLICY, LearnerPart.OPTIMIZER])
         stats = self._update(samples, self.cfg, self.opt, params, self.version)
         self.version += 1
         return stats

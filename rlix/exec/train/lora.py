@@ -14,7 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlix.exec.messages import AdapterSnapshot, Emulation, GrpoConfig, LoraSpec, Sample, TrainStats, WeightSnapshot
+from rlix.exec.messages import (
+    AdapterSnapshot,
+    Emulation,
+    GrpoConfig,
+    LearnerPart,
+    LoraSpec,
+    Sample,
+    TrainOptions,
+    TrainStats,
+    WeightSnapshot,
+)
 from rlix.exec.train.fsdp import SINGLE, Ranks, full, shard_like
 from rlix.exec.train.grpo import GrpoLearner
 from rlix.exec.train.weights import snapshot_of
@@ -77,34 +87,26 @@ class LoraLearner(GrpoLearner):
         emulation: Emulation = Emulation(),
         ranks: Ranks = SINGLE,
         dtype: str = "float32",
+        options: TrainOptions = TrainOptions(),
     ) -> None:
         import torch
 
         from rlix.exec.data.model import load_model
 
         self.spec = spec
-        self.device = device
-        self.emulation = emulation
-        self.ranks = ranks
+        self._setup(device, emulation, ranks, options)
         self.ref = None
-        self.model = ranks.shard(wrap_with_adapters(load_model(model_path, device, dtype), spec).eval())
+        self.model = self._prepare(wrap_with_adapters(load_model(model_path, device, dtype), spec).eval(), train=True)
         self.pad_id = int(self.model.config.pad_token_id)
+        self.residency.add(LearnerPart.POLICY, self.model)
         self.adapters: dict[str, _AdapterState] = {}
         named = dict(self.model.named_parameters())
         for name, _ in spec.adapters:
             params = [named[k] for k in sorted(adapter_keys(named, name))]
             opt = torch.optim.AdamW(params, lr=cfgs[name].lr, weight_decay=0.0)
             self.adapters[name] = _AdapterState(cfg=cfgs[name], opt=opt, params=params)
+            self.residency.add(LearnerPart.OPTIMIZER, opt, name)  # each adapter's optimizer moves on its own
         self.version = 0
-
-    # The optimizers' state moves with the model (one list of optimizers).
-    def _move(self, device: str) -> None:
-        self.model.to(device)
-        for st in self.adapters.values():
-            for state in st.opt.state.values():
-                for k, v in state.items():
-                    if hasattr(v, "to"):
-                        state[k] = v.to(device)
 
     def _use(self, adapter: str) -> None:
         self.model.set_adapter(adapter)  # forward through this adapter only; only its params need grads
@@ -117,6 +119,7 @@ class LoraLearner(GrpoLearner):
         """One GRPO tick of ``adapter`` with its own optimizer; bumps its version."""
         st = self.adapters[adapter]
         self._use(adapter)
+        self.residency.need([LearnerPart.POLICY, LearnerPart.OPTIMIZER], [adapter, ""])  # only this adapter's optimizer
         stats = self._update(samples, st.cfg, st.opt, st.params, st.version)
         st.version += 1
         return stats

@@ -16,6 +16,7 @@ from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
 from rlix.exec.front.config import JobConfig, LimitsConfig
 from rlix.exec.messages import Emulation, TrainerJob
+from rlix.exec.train.residency import ALL_PARTS, STAGE_PARTS
 
 
 class TrainerLink:
@@ -55,6 +56,7 @@ class TrainerLink:
             lora=job.lora_spec(),
             adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()),
             checkpoint_dir=job.checkpoint_dir,
+            train=job.train.value(),
         )
         gang = TrainerGang.start(cluster, gpus, nodes, name, trainer_job)
         return cls(gang, limits=job.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every, started=gang.started)
@@ -79,9 +81,10 @@ class TrainerLink:
         await self.call(self.full[0], "first weight snapshot")
         return resumed
 
-    async def load(self) -> None:
-        """Model (and optimizer) onto the stage's GPUs."""
-        await self.call(self.handle.reload.remote(), "stage load")
+    async def load(self, stage: Stage | None = None) -> None:
+        """What ``stage`` uses (policy, reference, optimizer state) onto its GPUs; everything for ``None``."""
+        parts = STAGE_PARTS.get(stage, ALL_PARTS) if stage is not None else ALL_PARTS
+        await self.call(self.handle.reload.remote(parts), "stage load")
 
     async def work(self, stage: Stage, samples, adapter: str):
         """Run ``stage`` on the trainer while it holds its GPUs (the stage's own deadline)."""

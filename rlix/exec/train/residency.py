@@ -1,0 +1,116 @@
+"""Executor layer: where a learner's parts live (its device or the host), and every move between them.
+
+A learner holds its GPUs only while a stage is granted. Each stage moves onto
+the device only the parts it uses (:data:`STAGE_PARTS`: old log-probs the
+policy, reference log-probs the reference, training the policy and the
+optimizer state); a stage method that finds a part it uses still on the host
+moves it then. Offload moves back whatever is on the device and then returns
+the caching allocator's memory (:func:`release_cached_memory`), so the GPU is
+free for the next holder (a waking vLLM engine checks for free memory, not
+for memory PyTorch merely keeps cached). Every move goes through
+:meth:`Residency.place`, which records it (:class:`Move`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rlix.core import Stage
+from rlix.exec.messages import LearnerPart
+
+HOST = "cpu"
+ALL_PARTS = tuple(LearnerPart)
+# What each of the trainer's stages computes with (training reads the reference's
+# log-probs from its samples: the reference model itself stays on the host).
+STAGE_PARTS: dict[Stage, tuple[LearnerPart, ...]] = {
+    Stage.OLD_LOGPROBS: (LearnerPart.POLICY,),
+    Stage.REF_LOGPROBS: (LearnerPart.REFERENCE,),
+    Stage.ACTOR_TRAIN: (LearnerPart.POLICY, LearnerPart.OPTIMIZER),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Move:
+    """One part (``name``: the adapter of a LoRA optimizer, else "") moved onto the learner's device or
+    to the host; bytes of its tensors."""
+
+    part: LearnerPart
+    name: str
+    onto_device: bool
+    nbytes: int
+
+
+def release_cached_memory(device: str) -> bool:
+    """Give the caching allocator's unused blocks on ``device`` back to the driver; True if it had any to give
+    (a CUDA device), False on a CPU (whose allocator returns freed memory itself)."""
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return False
+    torch.cuda.synchronize()  # copies to the host still in flight hold their blocks until they finish
+    torch.cuda.empty_cache()
+    return True
+
+
+def _optimizer_to(opt, device: str) -> int:
+    """Move ``opt``'s state tensors to ``device`` (the step counts stay where the optimizer keeps them); bytes moved."""
+    import torch
+
+    moved = 0
+    for state in opt.state.values():
+        for k, v in state.items():
+            if torch.is_tensor(v) and k != "step":
+                state[k] = v.to(device)
+                moved += v.numel() * v.element_size()
+    return moved
+
+
+def _module_to(module, device: str) -> int:
+    module.to(device)
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+class Residency:
+    """The parts of one learner (modules and optimizers, by :class:`LearnerPart` and name) and where each is."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._parts: dict[tuple[LearnerPart, str], object] = {}
+        self._on_device: dict[tuple[LearnerPart, str], bool] = {}
+        self.moves: list[Move] = []  # every move, in order
+        self.releases = 0  # offloads that returned cached device memory
+
+    def add(self, part: LearnerPart, obj, name: str = "") -> None:
+        """Track ``obj`` (a module, or an optimizer when ``part`` is OPTIMIZER); it starts on the device."""
+        self._parts[(part, name)] = obj
+        self._on_device[(part, name)] = True
+
+    def on_device(self, part: LearnerPart, name: str = "") -> bool:
+        return self._on_device[(part, name)]
+
+    def need(self, parts: Iterable[LearnerPart], names: Iterable[str] | None = None) -> None:
+        """Every tracked key of ``parts`` (only those named ``names``, if given) on the device."""
+        parts, wanted = set(parts), None if names is None else set(names)
+        for part, name in list(self._parts):
+            if part in parts and (wanted is None or name in wanted) and not self._on_device[(part, name)]:
+                self.place(part, name, onto_device=True)
+
+    def offload(self) -> None:
+        """Everything on the device to the host, then the device's cached memory back to the driver."""
+        for part, name in list(self._parts):
+            if self._on_device[(part, name)]:
+                self.place(part, name, onto_device=False)
+        if release_cached_memory(self.device):
+            self.releases += 1
+
+    def place(self, part: LearnerPart, name: str, *, onto_device: bool) -> None:
+        """The one place a part moves: onto this learner's device, or to the host; recorded.
+
+        (A CPU learner's parts move from the CPU to the CPU: nothing is copied, but every
+        move is made and recorded as on a GPU, which is how the rules are tested.)"""
+        device = self.device if onto_device else HOST
+        obj = self._parts[(part, name)]
+        nbytes = _optimizer_to(obj, device) if part is LearnerPart.OPTIMIZER else _module_to(obj, device)
+        self._on_device[(part, name)] = onto_device
+        self.moves.append(Move(part=part, name=name, onto_device=onto_device, nbytes=nbytes))

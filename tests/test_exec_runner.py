@@ -49,6 +49,7 @@ class _Trainer:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.loaded: list[tuple[str, ...]] = []  # the learner parts each stage load asked for
         self.trained = 0
 
     async def snapshot(self):
@@ -57,8 +58,9 @@ class _Trainer:
     async def adapter_versions(self):
         return {}
 
-    async def reload(self):
+    async def reload(self, parts):
         self.calls.append("reload")
+        self.loaded.append(tuple(sorted(p.value for p in parts)))
 
     async def offload(self):
         self.calls.append("offload")
@@ -219,6 +221,8 @@ def test_a_job_runs_to_its_end_through_the_real_scheduler_and_parts():
     assert result.lost == 0 and len(result.trajectories) == 6
     # every stage loaded, worked and offloaded on the trainer, in step order
     assert trainer.calls == ["reload", "logprobs", "offload", "reload", "train", "offload"] * 3
+    # the log-prob stage leaves the optimizer state where it is; training moves the policy and its optimizer
+    assert trainer.loaded == [("policy",), ("optimizer", "policy")] * 3
     assert runner.trainer.weights()[1] == 3  # the newest published version
     # on-policy: each step's trajectories came from the weights of the step before
     assert [min(t.weight_version for t in result.trajectories if t.step == k) for k in range(3)] == [0, 1, 2]

@@ -35,13 +35,40 @@ def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_name
     book = JobBook(lease_s=10)
     book.claim("s1", (("a", 0, 5),), set(), 0.0)
     book.end("a", "finished")
-    book.claim("s1", (("a", 0, 5),), set(), 1.0, renew=True)
+    book.renew_claims("s1", (("a", 0, 5),), 1.0)
     assert book.ended["a"] == ("finished", "")  # a renewal does not make an ended job look new
     fresh = JobBook(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
     with pytest.raises(NameTaken):
         fresh.claim("s2", (("a", 0, 5),), {"a"}, 0.0)
-    fresh.claim("s1", (("a", 0, 5),), {"a"}, 0.0, renew=True)
+    fresh.renew_claims("s1", (("a", 0, 5),), 0.0)
     assert fresh.claims["a"].submitter == "s1"
+
+
+def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
+    book = JobBook(lease_s=10)
+    book.claim("s1", (("a", 0, 5), ("b", 0, 5)), set(), 0.0)
+    book.end("a", "finished")
+    book.claim("s2", (("a", 0, 3),), set(), 1.0)  # a new job of the ended name
+    book.renew_claims("s1", (("a", 0, 5), ("b", 0, 5)), 12.0)  # s1 still lists a: the renewal must hold anyway
+    book.renew_claims("s2", (("a", 0, 3),), 12.0)
+    assert book.expired(20.0) == [] and book.claims["a"].submitter == "s2" and book.claims["b"].submitter == "s1"
+
+
+def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
+    book = JobBook(lease_s=10)
+    book.claim("s1", (("a", 0, 5), ("c", 0, 5)), set(), 0.0)
+    with pytest.raises(NameTaken, match="submitted by s1"):
+        book.registering("a", "")  # an external pipeline
+    with pytest.raises(NameTaken, match="submitted by s1"):
+        book.registering("a", "s2")
+    book.registering("a", "s1")  # the submitter's own coordinator
+    book.cancel_asked.add("c")
+    book.end("c", "cancelled")
+    with pytest.raises(NameTaken, match="cancelled before it started"):
+        book.registering("c", "s1")
+    book.end("a", "finished")
+    book.registering("a", "")  # once its job ended, the name may run again: nothing of the old run is kept
+    assert "a" not in book.claims and "a" not in book.ended
 
 
 def test_leases_lapse_and_cancels_reach_their_submitter():

@@ -49,7 +49,7 @@ from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
 from rlix.exec.messages import GrantReply, SchedulerStats
 from rlix.exec.service.book import JobBook
-from rlix.exec.service.calls import ServiceCalls
+from rlix.exec.service.calls import ServiceCalls, kill_actor
 from rlix.exec.service.usage import ClusterUsage
 
 
@@ -146,9 +146,13 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             self.ticker = self.order.spawn(self._tick())
             self.order.spawn(self._watch())
 
-    async def register(self, spec: PipelineSpec, coordinator) -> None:
-        self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
+    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "") -> None:
+        """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
+        job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
+        await self._rejoin_window()
+        self.book.registering(spec.pipeline_id, submitter)
         await self._event(Register(spec=spec))
+        self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         self._joined(spec, coordinator)
 
     async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
@@ -262,7 +266,11 @@ class SchedulerActor(ServiceCalls, PlanExecution):
                     self._bug(exc)
 
     async def _unreachable(self, pipeline_id: str) -> None:
-        """A coordinator missed a shrink: its pipeline is unregistered, and the others are planned again."""
+        """A coordinator missed a shrink: it is killed (with the processes it owns) and its pipeline
+        unregistered, and the others are planned again."""
+        endpoint = self.coordinators.get(pipeline_id)
+        if endpoint is not None:
+            kill_actor(endpoint)
         async with self.lock:
             self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():

@@ -55,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"rlix: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a Ray error: the service died, is restarting, or did not answer in time
+        from ray.exceptions import RayError
+
+        if not isinstance(exc, RayError):
+            raise
+        print(f"rlix: the rlix scheduler did not answer ({type(exc).__name__}); try again, or see 'rlix status'", file=sys.stderr)
+        return 2
 
 
 def _connect(args):

@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         handle = _connect(args)
-        return COMMANDS[(args.command, getattr(args, "action", None))](handle, args)
+        code = COMMANDS[(args.command, getattr(args, "action", None))](handle, args)
+        if args.command in READ_ONLY and argv is None:  # a tool's reading: leave without Ray's slow teardown
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except UserError as exc:
         print(f"rlix: {exc}", file=sys.stderr)
         return 2
@@ -179,6 +184,8 @@ def _timeline(handle, args) -> int:
     print(json.dumps({"now_s": now, "num_gpus": rec.num_gpus, "segments": segments}, indent=1))
     return 0
 
+
+READ_ONLY = ("status", "timeline")  # commands that change nothing on the service
 
 COMMANDS = {
     ("scheduler", "start"): _start,

@@ -99,7 +99,7 @@ def main() -> int:
         try:
             c.start()
             shared, arrival, calls, commands = shared_run(c, tmp, args.delay, args.steps)
-            print(f"two submitters (shared service): makespan {shared:.1f} s (second run started {arrival:.1f} s after the first)")
+            print(f"two submitters (shared service): makespan {shared:.1f} s (second run {arrival:.1f} s after the first)")
             q = statistics.quantiles(calls, n=20)
             print(f"rlix status, scheduler answer: median {statistics.median(calls) * 1e3:.1f} ms, p95 {q[18] * 1e3:.1f} ms")
             print(f"rlix status, whole command: median {statistics.median(commands):.2f} s, max {max(commands):.2f} s")

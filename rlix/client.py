@@ -40,7 +40,7 @@ from rlix.core.types import Gpus, PipelineSpec
 from rlix.exec.service.connect import NAMESPACE, SERVICE_NAME, join
 
 RESTART_WAIT_S = 120.0  # how long a client waits for a restarting scheduler before giving up
-KEEPALIVE_S = 1.0  # seconds between keep-alive calls: how soon a restart is noticed (well inside its rejoin window)
+KEEPALIVE_S = 1.0  # seconds between keep-alive calls: how soon a restart is noticed
 
 
 class SchedulerGone(RuntimeError):

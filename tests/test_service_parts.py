@@ -11,6 +11,7 @@ import pytest
 from rlix.exec.messages import ClusterStatus, JobRow, NameTaken
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.prom import samples
+from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
 
@@ -158,3 +159,19 @@ def test_the_dashboard_reads_only_metrics_the_service_exports():
     used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\bray_rlix_\w+", t["expr"])}
     assert used and used <= exported, used - exported
     assert {p["title"] for p in dash["panels"]} >= {"GPUs held per job", "Plan latency", "Queue length"}
+
+
+def test_a_restarted_scheduler_plans_once_every_pipeline_it_had_is_back_or_gone_or_at_its_deadline():
+    first = Roster(restarted=False, persist=False, now=0.0, max_wait_s=30.0)
+    first.joined("a")
+    assert not first.waiting(0.0)  # a first life waits for nobody
+    again = Roster(restarted=True, persist=False, now=100.0, max_wait_s=30.0)
+    again.expected = {"a", "b"}  # what the previous life had registered (read back from Ray's store in an actor)
+    assert again.waiting(101.0)
+    again.joined("a")
+    assert again.waiting(102.0)
+    again.left("b")  # gone (dropped, or it ended) instead of rejoining
+    assert not again.waiting(103.0) and again.pipelines == {"a"}
+    late = Roster(restarted=True, persist=False, now=0.0, max_wait_s=30.0)
+    late.expected = {"c"}
+    assert late.waiting(29.9) and not late.waiting(30.0)

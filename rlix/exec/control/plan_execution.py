@@ -24,7 +24,7 @@ class PlanExecution:
 
         Not while a restarted scheduler waits for its pipelines to rejoin (their GPUs are not known yet).
         """
-        if self.now() < self.rejoin_until:
+        if self.roster.waiting(self.now()):
             return None
         t0 = time.perf_counter()
         plan = self.core.plan(self.now())

@@ -50,6 +50,7 @@ from rlix.exec.control.plan_execution import PlanExecution
 from rlix.exec.messages import GrantReply, SchedulerStats
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.calls import ServiceCalls, kill_actor
+from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 
 
@@ -106,7 +107,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         plan_interval_s: float,
         call_timeout_s: float = 300.0,
         lease_s: float = 15.0,
-        rejoin_s: float = 5.0,
+        rejoin_s: float = 30.0,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
@@ -126,11 +127,11 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.usage = ClusterUsage(cluster.num_gpus, start=self.now())  # GPU-seconds per job, and the timeline
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
-        # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they had time to.
+        # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
         self.restarts = restarts_so_far()
+        self.roster = Roster(restarted=self.restarts > 0, persist=in_actor(), now=self.now(), max_wait_s=rejoin_s)
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
         self.prom = prom_export()  # Prometheus metrics through Ray's metrics API (None outside an actor)
-        self.rejoin_until = self.now() + rejoin_s if self.restarts else float("-inf")
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -288,6 +289,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.demands.pop(pipeline_id, None)
         self.usage.set_home(pipeline_id, ())
+        self.roster.left(pipeline_id)
 
     def _bug(self, exc: BaseException) -> None:
         self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")

@@ -5,8 +5,8 @@ names claimed per submitter under a lease, progress notes, ``rlix status``,
 ``rlix cancel``, the timeline, and what keeps a shared cluster whole when
 a party disappears: submitters whose lease runs out and pipelines whose
 endpoint no longer answers are unregistered (their GPUs go to the others),
-and a restarted scheduler waits ``rejoin_s`` for its pipelines to rejoin
-with what they hold before it plans again.
+and a restarted scheduler waits for its pipelines to rejoin with what they
+hold before it plans again (:class:`rlix.exec.service.roster.Roster`).
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ class ServiceCalls:
     async def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...]) -> None:
         """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use).
 
-        Waits out a restarted scheduler's rejoin window first: until its pipelines have
-        rejoined, a name that is running may not look so."""
+        Waits while a restarted scheduler's pipelines rejoin: until they have, a name that is running may not look so."""
         await self._rejoin_window()
         self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
 
@@ -146,10 +145,9 @@ class ServiceCalls:
     # ------------------------------------------------------------ keeping the cluster whole
 
     async def _rejoin_window(self) -> None:
-        """Wait until a restarted scheduler's pipelines have had their time to rejoin (no wait otherwise)."""
-        delay = self.rejoin_until - self.now()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        """Wait until a restarted scheduler's pipelines have rejoined (no wait otherwise)."""
+        while self.roster.waiting(self.now()):
+            await asyncio.sleep(0.2)
 
     async def _drop(self, pipeline_id: str, status: str, error: str) -> None:
         """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is
@@ -173,6 +171,7 @@ class ServiceCalls:
 
     def _joined(self, spec, endpoint) -> None:
         self.coordinators[spec.pipeline_id] = endpoint
+        self.roster.joined(spec.pipeline_id)
         self._specs.append(spec)
         self.usage.set_home(spec.pipeline_id, spec.home_gpus)
         self._account()

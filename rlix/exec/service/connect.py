@@ -20,7 +20,7 @@ SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
 NAMESPACE = "rlix"  # the Ray namespace it lives in
 SCHEDULER_CALL_S = 30.0  # deadline of a driver's call to the service (s)
 SHRINK_CALL_S = 300.0  # deadline of a scheduler's shrink and expand calls to a pipeline (s; a vLLM cold wake can take 100)
-REJOIN_S = 5.0  # a restarted service plans nothing for this long, while its pipelines rejoin (their keep-alive is 1 s)
+REJOIN_S = 30.0  # a restarted service plans nothing until its pipelines rejoined, or for this long at most (s)
 
 
 class ServiceError(ClusterError):

@@ -118,7 +118,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.plan_s = 0.0
         self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
         self.errors: list[str] = []
-        self._specs: list[PipelineSpec] = []
+        self.specs: dict[str, PipelineSpec] = {}  # each pipeline's latest registered topology, by name
         self.waiting_work = WaitingWork()  # when some pipeline had trajectories queued (stranded_fraction)
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator

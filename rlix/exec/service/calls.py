@@ -172,7 +172,7 @@ class ServiceCalls:
     def _joined(self, spec, endpoint) -> None:
         self.coordinators[spec.pipeline_id] = endpoint
         self.roster.joined(spec.pipeline_id)
-        self._specs.append(spec)
+        self.specs[spec.pipeline_id] = spec
         self.usage.set_home(spec.pipeline_id, spec.home_gpus)
         self._account()
 

@@ -40,6 +40,7 @@ from rlix.core.types import Gpus, PipelineSpec
 from rlix.exec.service.connect import NAMESPACE, SERVICE_NAME, join
 
 RESTART_WAIT_S = 120.0  # how long a client waits for a restarting scheduler before giving up
+KEEPALIVE_S = 1.0  # seconds between keep-alive calls: how soon a restart is noticed
 
 
 class SchedulerGone(RuntimeError):
@@ -71,7 +72,10 @@ class Client:
     ``workers``: returns the bundles (GPU tuples) of the rollout workers the
     pipeline holds now (asked only when rejoining a restarted scheduler).
     ``timeout_s``: the deadline of every call except a gang request, which
-    waits for GPUs as long as the plan needs.
+    waits for GPUs as long as the plan needs. ``on_gone``: called once if the
+    scheduler dropped the pipeline (cancelled, unreachable, its holdings refused
+    after a restart) or did not come back. ``submitter``: the ``rlix-run``
+    submission that claimed the job's name ("" for a pipeline that claimed none).
     """
 
     def __init__(
@@ -81,10 +85,12 @@ class Client:
         *,
         workers: Callable[[], tuple[Gpus, ...]] = tuple,
         timeout_s: float = 60.0,
-        keepalive_s: float = 1.0,
+        keepalive_s: float = KEEPALIVE_S,
         on_gone: Callable[[BaseException], None] | None = None,
+        submitter: str = "",
     ) -> None:
         self.sched = scheduler
+        self.submitter = submitter  # the rlix-run that claimed the job's name ("" for none)
         self.pipeline_id = pipeline_id
         self.workers = workers
         self.timeout_s = timeout_s
@@ -108,7 +114,7 @@ class Client:
         self._spec, self._endpoint = spec, endpoint
         self._rejoining = asyncio.Lock()
         self._life = (await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)).life
-        await self._call("register", spec, endpoint, again=None)
+        await self._call("register", spec, endpoint, self.submitter, again=None)
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def rollout_bundles(self) -> tuple[Gpus, ...]:
@@ -205,7 +211,8 @@ class Client:
 
     async def _rejoin(self) -> None:
         """Register again with what the pipeline holds (once, however many calls noticed the restart)."""
-        from rlix.core import Rejoin
+        from rlix.core import Rejoin, SchedulingError
+        from rlix.exec.messages import PipelineGone
 
         async with self._rejoining:
             if await self.sched.knows.remote(self.pipeline_id):
@@ -217,7 +224,10 @@ class Client:
                 demand=self._demand,
                 admitted=self.admitted,
             )
-            await asyncio.wait_for(self.sched.rejoin.remote(event, self._endpoint), self.timeout_s)
+            try:
+                await asyncio.wait_for(self.sched.rejoin.remote(event, self._endpoint), self.timeout_s)
+            except (SchedulingError, PipelineGone) as exc:  # its holdings clash with the new ledger: it must stop
+                raise PipelineGone(f"the restarted rlix scheduler refused pipeline '{self.pipeline_id}': {exc}") from None
             self._life = (await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)).life
             self.rejoins += 1
             if self._note is not None:  # the restarted scheduler lost what the pipeline said of its progress

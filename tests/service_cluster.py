@@ -127,3 +127,31 @@ def wait_for(predicate, cluster: ServiceCluster, timeout_s: float, every_s: floa
             return status
         assert time.time() < deadline, f"not reached within {timeout_s} s: {json.dumps(status)[:2000]}"
         time.sleep(every_s)
+
+
+def gpu_intervals(*configs: Path) -> dict[int, list[tuple[float, float, str]]]:
+    """What the submitters' own processes did on each GPU, on one clock: from each run's
+    timeline.json (times from its start) and metrics.json (its start, Unix seconds)."""
+    out: dict[int, list[tuple[float, float, str]]] = {}
+    for config in configs:
+        run = config.parent / f"out_{config.stem}"
+        start = json.loads((run / "metrics.json").read_text())["executor"]["started_at_unix_s"]
+        for e in json.loads((run / "timeline.json").read_text())["traceEvents"]:
+            if e.get("ph") == "X" and e.get("pid") == 0:
+                t = start + e["ts"] / 1e6
+                out.setdefault(e["tid"], []).append((t, t + e["dur"] / 1e6, e["name"].split(":")[0]))
+    return out
+
+
+def overlaps(intervals: dict[int, list[tuple[float, float, str]]], slack_s: float = 0.05) -> list[tuple]:
+    """(gpu, a, b) where two jobs worked on one GPU at once (beyond ``slack_s`` of clock jitter)."""
+    found = []
+    for gpu, spans in sorted(intervals.items()):
+        spans = sorted(spans)
+        for i, (s1, e1, j1) in enumerate(spans):
+            for s2, e2, j2 in spans[i + 1 :]:
+                if s2 >= e1 - slack_s:
+                    break
+                if j1 != j2 and min(e1, e2) - s2 > slack_s:
+                    found.append((gpu, (j1, s1, e1), (j2, s2, e2)))
+    return found

@@ -105,6 +105,14 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
         res = rlix_run(str(tiny_config(big, 8)), "--address", f"127.0.0.1:{port}", env=env)
         assert res.returncode == 2
         assert "the Ray cluster has 4 GPUs but cluster in the config needs 8" in res.stderr.strip().splitlines()[-1]
+
+        # Without an address, a run starts its own local cluster, even while `ray start` runs one here
+        # (a plain ray.init() would join that one and refuse the run's GPU count).
+        own = tmp_path / "own"
+        own.mkdir()
+        res = rlix_run(str(tiny_config(own, 2)), "--no-console", env=env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "solo: finished steps=2" in res.stdout
     finally:
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env, timeout=120)
 

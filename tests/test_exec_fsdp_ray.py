@@ -28,6 +28,7 @@ def ray_cpu():
     from rlix.exec.front.api import _pythonpath
 
     ray.init(
+        address="local",  # a new cluster, even where `ray start` runs one on this machine
         num_cpus=2,
         num_gpus=2,
         include_dashboard=False,

@@ -87,6 +87,7 @@ def ray_local():
 
     root = str(Path(__file__).resolve().parent.parent)
     ray.init(
+        address="local",  # a new cluster, even where `ray start` runs one on this machine
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

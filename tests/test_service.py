@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from service_cluster import ServiceCluster, gpus_held, job, jobs_by_name, wait_for, write_config
+from service_cluster import ServiceCluster, gpu_intervals, gpus_held, job, jobs_by_name, overlaps, wait_for, write_config
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.heavy, pytest.mark.exec]
@@ -67,24 +67,33 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
     assert sum(j["gpu_s"] for j in final["jobs"]) == pytest.approx(final["busy_gpu_s"], rel=1e-9)
     assert 0 < final["utilization"] <= 1 and final["idle_fraction"] == pytest.approx(1 - final["utilization"])
     assert metrics(first)["trajectories_lost"] == metrics(second)["trajectories_lost"] == 0
+    assert metrics(first)["executor"]["shared"] and metrics(first)["policy"] == "rlix"
+    # what the two submitters' processes really did: both on beta's home, never two jobs on one GPU at once
+    spans = gpu_intervals(first, second)
+    assert {j for g in (2, 3) for *_, j in spans.get(g, [])} == {"alpha", "beta"}, spans
+    assert not overlaps(spans), overlaps(spans)[:3]
     median = sorted(latencies)[len(latencies) // 2]
     print(f"rlix status: {len(latencies)} answers, median {median:.2f} s, max {max(latencies):.2f} s")
 
 
 def test_a_killed_submitter_loses_its_jobs_and_their_gpus_go_back(cluster, tmp_path):
-    keep = write_config(tmp_path / "keep.yaml", [job("gamma", "0-1", steps=4)])
+    keep = write_config(tmp_path / "keep.yaml", [job("gamma", "0-1", steps=12)])
     lose = write_config(tmp_path / "lose.yaml", [job("delta", "2-3", steps=30)])
     g, d = cluster.submit(keep), cluster.submit(lose)
-    wait_for(lambda s: bool(jobs_by_name(s).get("delta", {}).get("gpus")), cluster, 150)
+    wait_for(lambda s: bool(jobs_by_name(s).get("delta", {}).get("gpus")) and "gamma" in jobs_by_name(s), cluster, 150)
+    killed_at = time.time()
     d.send_signal(signal.SIGKILL)
-    t = time.time()
     status = wait_for(lambda s: not jobs_by_name(s)["delta"]["gpus"], cluster, 60, every_s=0.5)
-    back_s = time.time() - t
+    back_s = time.time() - killed_at
     print(f"a SIGKILLed submitter's GPUs were back after {back_s:.1f} s")
     assert back_s <= 30
+    assert jobs_by_name(status)["gamma"]["state"] not in ("finished", "failed", "cancelled"), status  # on at the kill
     assert finished(g) == 0, keep.with_suffix(".err").read_text()[-2000:]
     status, _ = cluster.status()
     assert jobs_by_name(status)["delta"]["state"] == "failed"
+    # gamma's own processes then worked on delta's home
+    late = [j for gpu in (2, 3) for s, _, j in gpu_intervals(keep).get(gpu, []) if s > killed_at]
+    assert "gamma" in late
 
 
 def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, tmp_path):
@@ -97,6 +106,7 @@ def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, tmp_path):
     assert finished(e) == 0, one.with_suffix(".err").read_text()[-2000:]
     assert finished(z) == 0, two.with_suffix(".err").read_text()[-2000:]
     assert metrics(one)["trajectories_lost"] == metrics(two)["trajectories_lost"] == 0
+    assert not overlaps(gpu_intervals(one, two)), overlaps(gpu_intervals(one, two))[:3]  # across the restart too
     status, _ = cluster.status()
     assert status["restarts"] == 1
     jobs = jobs_by_name(status)
@@ -119,6 +129,11 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     assert cluster.submit(wrong).wait(timeout=120) == 2
     last = wrong.with_suffix(".err").read_text().strip().splitlines()[-1]
     assert "cluster: the config says 2 nodes x 2 GPUs, but the rlix scheduler on this Ray cluster manages 1 x 4" in last
+    # a policy other than the scheduler's: one line, exit 2
+    other = write_config(tmp_path / "other.yaml", [job("iota", "0-1", steps=2)])
+    assert cluster.submit(other, "--policy", "static").wait(timeout=120) == 2
+    last = other.with_suffix(".err").read_text().strip().splitlines()[-1]
+    assert "policy: the config asks for 'static', but the rlix scheduler on this Ray cluster runs 'rlix'" in last, last
     # a stop while a job runs is refused
     res = cluster.rlix("scheduler", "stop")
     assert res.returncode == 1 and "jobs are not done (eta)" in res.stderr

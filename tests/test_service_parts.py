@@ -11,6 +11,7 @@ import pytest
 from rlix.exec.messages import ClusterStatus, JobRow, NameTaken
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.prom import samples
+from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
 
@@ -35,13 +36,40 @@ def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_name
     book = JobBook(lease_s=10)
     book.claim("s1", (("a", 0, 5),), set(), 0.0)
     book.end("a", "finished")
-    book.claim("s1", (("a", 0, 5),), set(), 1.0, renew=True)
+    book.renew_claims("s1", (("a", 0, 5),), 1.0)
     assert book.ended["a"] == ("finished", "")  # a renewal does not make an ended job look new
     fresh = JobBook(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
     with pytest.raises(NameTaken):
         fresh.claim("s2", (("a", 0, 5),), {"a"}, 0.0)
-    fresh.claim("s1", (("a", 0, 5),), {"a"}, 0.0, renew=True)
+    fresh.renew_claims("s1", (("a", 0, 5),), 0.0)
     assert fresh.claims["a"].submitter == "s1"
+
+
+def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
+    book = JobBook(lease_s=10)
+    book.claim("s1", (("a", 0, 5), ("b", 0, 5)), set(), 0.0)
+    book.end("a", "finished")
+    book.claim("s2", (("a", 0, 3),), set(), 1.0)  # a new job of the ended name
+    book.renew_claims("s1", (("a", 0, 5), ("b", 0, 5)), 12.0)  # s1 still lists a: the renewal must hold anyway
+    book.renew_claims("s2", (("a", 0, 3),), 12.0)
+    assert book.expired(20.0) == [] and book.claims["a"].submitter == "s2" and book.claims["b"].submitter == "s1"
+
+
+def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
+    book = JobBook(lease_s=10)
+    book.claim("s1", (("a", 0, 5), ("c", 0, 5)), set(), 0.0)
+    with pytest.raises(NameTaken, match="submitted by s1"):
+        book.registering("a", "")  # an external pipeline
+    with pytest.raises(NameTaken, match="submitted by s1"):
+        book.registering("a", "s2")
+    book.registering("a", "s1")  # the submitter's own coordinator
+    book.cancel_asked.add("c")
+    book.end("c", "cancelled")
+    with pytest.raises(NameTaken, match="cancelled before it started"):
+        book.registering("c", "s1")
+    book.end("a", "finished")
+    book.registering("a", "")  # once its job ended, the name may run again: nothing of the old run is kept
+    assert "a" not in book.claims and "a" not in book.ended
 
 
 def test_leases_lapse_and_cancels_reach_their_submitter():
@@ -131,3 +159,19 @@ def test_the_dashboard_reads_only_metrics_the_service_exports():
     used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\bray_rlix_\w+", t["expr"])}
     assert used and used <= exported, used - exported
     assert {p["title"] for p in dash["panels"]} >= {"GPUs held per job", "Plan latency", "Queue length"}
+
+
+def test_a_restarted_scheduler_plans_once_every_pipeline_it_had_is_back_or_gone_or_at_its_deadline():
+    first = Roster(restarted=False, persist=False, now=0.0, max_wait_s=30.0)
+    first.joined("a")
+    assert not first.waiting(0.0)  # a first life waits for nobody
+    again = Roster(restarted=True, persist=False, now=100.0, max_wait_s=30.0)
+    again.expected = {"a", "b"}  # what the previous life had registered (read back from Ray's store in an actor)
+    assert again.waiting(101.0)
+    again.joined("a")
+    assert again.waiting(102.0)
+    again.left("b")  # gone (dropped, or it ended) instead of rejoining
+    assert not again.waiting(103.0) and again.pipelines == {"a"}
+    late = Roster(restarted=True, persist=False, now=0.0, max_wait_s=30.0)
+    late.expected = {"c"}
+    assert late.waiting(29.9) and not late.waiting(30.0)

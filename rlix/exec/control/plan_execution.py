@@ -24,7 +24,7 @@ class PlanExecution:
 
         Not while a restarted scheduler waits for its pipelines to rejoin (their GPUs are not known yet).
         """
-        if self.now() < self.rejoin_until:
+        if self.roster.waiting(self.now()):
             return None
         t0 = time.perf_counter()
         plan = self.core.plan(self.now())
@@ -73,7 +73,7 @@ class PlanExecution:
             await asyncio.wait_for(ref, self.call_timeout_s)
         except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
             self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
-            await self.unregister(pipeline_id)
+            await self._drop(pipeline_id, "failed", f"an expand failed: {type(exc).__name__}")
 
     def _count_preemptions(self, shrinks) -> None:
         """Shrinks for another stage or job of workers that had trajectories running (as last reported)."""

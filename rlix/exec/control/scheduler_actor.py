@@ -49,7 +49,8 @@ from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
 from rlix.exec.messages import GrantReply, SchedulerStats
 from rlix.exec.service.book import JobBook
-from rlix.exec.service.calls import ServiceCalls
+from rlix.exec.service.calls import ServiceCalls, kill_actor
+from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 
 
@@ -106,7 +107,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         plan_interval_s: float,
         call_timeout_s: float = 300.0,
         lease_s: float = 15.0,
-        rejoin_s: float = 5.0,
+        rejoin_s: float = 30.0,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
@@ -117,7 +118,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.plan_s = 0.0
         self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
         self.errors: list[str] = []
-        self._specs: list[PipelineSpec] = []
+        self.specs: dict[str, PipelineSpec] = {}  # each pipeline's latest registered topology, by name
         self.waiting_work = WaitingWork()  # when some pipeline had trajectories queued (stranded_fraction)
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
@@ -126,11 +127,11 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.usage = ClusterUsage(cluster.num_gpus, start=self.now())  # GPU-seconds per job, and the timeline
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
-        # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they had time to.
+        # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
         self.restarts = restarts_so_far()
+        self.roster = Roster(restarted=self.restarts > 0, persist=in_actor(), now=self.now(), max_wait_s=rejoin_s)
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
         self.prom = prom_export()  # Prometheus metrics through Ray's metrics API (None outside an actor)
-        self.rejoin_until = self.now() + rejoin_s if self.restarts else float("-inf")
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -146,9 +147,13 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             self.ticker = self.order.spawn(self._tick())
             self.order.spawn(self._watch())
 
-    async def register(self, spec: PipelineSpec, coordinator) -> None:
-        self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
+    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "") -> None:
+        """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
+        job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
+        await self._rejoin_window()
+        self.book.registering(spec.pipeline_id, submitter)
         await self._event(Register(spec=spec))
+        self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         self._joined(spec, coordinator)
 
     async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
@@ -262,7 +267,11 @@ class SchedulerActor(ServiceCalls, PlanExecution):
                     self._bug(exc)
 
     async def _unreachable(self, pipeline_id: str) -> None:
-        """A coordinator missed a shrink: its pipeline is unregistered, and the others are planned again."""
+        """A coordinator missed a shrink: it is killed (with the processes it owns) and its pipeline
+        unregistered, and the others are planned again."""
+        endpoint = self.coordinators.get(pipeline_id)
+        if endpoint is not None:
+            kill_actor(endpoint)
         async with self.lock:
             self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():
@@ -280,6 +289,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.demands.pop(pipeline_id, None)
         self.usage.set_home(pipeline_id, ())
+        self.roster.left(pipeline_id)
 
     def _bug(self, exc: BaseException) -> None:
         self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")

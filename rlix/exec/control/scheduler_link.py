@@ -35,12 +35,12 @@ class SchedulerLink:
         limits: LimitsConfig,
         now: Callable[[], float],
         workers: Callable[[], tuple[Gpus, ...]] = tuple,
-        keepalive_s: float = 1.0,
         on_gone: Callable[[BaseException], None] | None = None,
+        submitter: str = "",
     ) -> None:
         self.pid = pipeline_id
         self.client = Client(
-            sched, pipeline_id, workers=workers, timeout_s=limits.call_timeout_s, keepalive_s=keepalive_s, on_gone=on_gone
+            sched, pipeline_id, workers=workers, timeout_s=limits.call_timeout_s, on_gone=on_gone, submitter=submitter
         )
         self.held = self.client.held  # gang stages granted and not yet released
         self.rec = recorder

@@ -180,6 +180,7 @@ class Session:
             recipe=self.recipes.get(p.job.name),
             steplog=step_log(self.out_dir / p.pipeline_id, self.recipes.get(p.job.name)),
             heartbeat_s=self.config.scheduler.heartbeat(),
+            submitter=self.submission.submitter if self.submission is not None else "",
         )
         p.run_ref = p.coordinator.run.remote()
 
@@ -244,6 +245,8 @@ class Session:
                     self.kill(p.pipeline_id)
         for p in self.pipelines.values():
             p.collect(self)
+        if self.submission is not None:
+            self.submission.ended(p.job.name for p in self.pipelines.values() if p.result is not None)
         if on_progress is not None:
             on_progress(self)
         return all(p.result is not None for p in self.pipelines.values())
@@ -315,7 +318,18 @@ def session_outputs(session: Session):
     results = {pid: p.result for pid, p in pipelines.items()}
     names = {pid: p.job.name for pid, p in pipelines.items()}
     events = freed_at_kills(session.events)
-    out = build_outputs(session.config, results, names, events, stats, end, session.out_dir, session.stopped_at)
+    out = build_outputs(
+        session.config,
+        results,
+        names,
+        events,
+        stats,
+        end,
+        session.out_dir,
+        session.stopped_at,
+        started_at=session.t0,
+        shared=session.submission is not None,
+    )
     return replace(out, lines=tuple(job_line(p, end) for _, p in sorted(pipelines.items())))
 
 

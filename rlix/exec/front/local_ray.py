@@ -25,13 +25,16 @@ class _DropAuthOnNotice(logging.Filter):
 
 
 def init_local_ray(**kwargs) -> None:
-    """``ray.init(**kwargs)`` for a new local cluster (no address), minus Ray's notice that token auth is on."""
+    """``ray.init(**kwargs)`` for a new local cluster, minus Ray's notice that token auth is on.
+
+    Always a new one (``address="local"``): a plain ``ray.init()`` joins a cluster that
+    ``ray start`` runs on this machine, and then refuses the run's CPU and GPU counts."""
     import ray
 
     logger = logging.getLogger(AUTH_LOGGER)
     quiet = _DropAuthOnNotice()
     logger.addFilter(quiet)
     try:
-        ray.init(**kwargs)
+        ray.init(address="local", **kwargs)
     finally:
         logger.removeFilter(quiet)

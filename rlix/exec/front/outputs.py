@@ -238,11 +238,16 @@ def build_outputs(
     end: float,
     out_dir: Path,
     stopped_at: float | None = None,
+    *,
+    started_at: float = 0.0,
+    shared: bool = False,
 ) -> RunOutputs:
     """The run's metrics (the simulator's vocabulary, from the recorded activity), timeline.json,
     trace.json (replayable by rlix-sim), metrics.json with the executor's own figures and timeline.png.
 
-    ``stopped_at``: the run was stopped then (Ctrl-C); metrics.json says its figures are partial."""
+    ``stopped_at``: the run was stopped then (Ctrl-C); metrics.json says its figures are partial.
+    ``started_at``: the run's start (Unix seconds; every time in the outputs counts from it).
+    ``shared``: the jobs ran under the cluster's shared scheduler, beside other submissions' jobs."""
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     rec = usage_from_events(num_gpus, events, stats.unmet, end)
     work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
@@ -270,6 +275,10 @@ def build_outputs(
     extra = {
         "partial": stopped_at is not None,  # stopped before every job ended: figures cover the time run
         "stopped_at_s": stopped_at,
+        "started_at_unix_s": started_at,
+        # under the shared scheduler, the cluster-wide fractions count this run's jobs only (other submissions'
+        # use shows as idle) and the scheduler's counts cover every job since it started: see rlix status
+        "shared": shared,
         "wall_s": end,
         "control_overhead_fraction": overhead,
         "scheduler_plan_s": stats.plan_s,

@@ -49,11 +49,17 @@ class Submission:
                 f"rlix scheduler on this Ray cluster manages {have[0]} x {have[1]}; "
                 "remove the cluster block to use the scheduler's"
             )
+        if "policy" in config.model_fields_set and config.policy != info.policy:
+            raise ConfigError(
+                f"policy: the config asks for '{config.policy}', but the rlix scheduler on this Ray cluster runs "
+                f"'{info.policy}'; remove policy (and --policy) to use the scheduler's"
+            )
         cluster = config.cluster.model_copy(update={"nodes": info.nodes, "gpus_per_node": info.gpus_per_node})
-        self.config = config.model_copy(update={"cluster": cluster})
+        self.config = config.model_copy(update={"cluster": cluster, "policy": info.policy})
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
         self.submitter = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.jobs = tuple((j.name, j.priority, default_steps(j)) for j in config.jobs)
+        self.open = self.jobs  # the jobs this run has not seen end (what a renewal keeps claimed)
         try:
             ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
         except NameTaken as exc:
@@ -70,11 +76,18 @@ class Submission:
     def join(cls, config: RunConfig, address: str, where: str) -> Submission:
         """Join the Ray cluster at ``address`` (named by ``where``) and submit there; Ray is left again on failure."""
         import ray
+        from ray.exceptions import RayError
 
         given = "cluster" in config.model_fields_set
         connect.join(address, config.cluster.spec().num_gpus if given else 0, where)
         try:
             return cls(config)
+        except RayError as exc:
+            ray.shutdown()
+            raise connect.ServiceError(
+                f"{where} {address}: the rlix scheduler there did not answer ({type(exc).__name__}); "
+                "see 'rlix status', or restart it with 'rlix scheduler stop --force'"
+            ) from None
         except BaseException:
             ray.shutdown()
             raise
@@ -85,13 +98,18 @@ class Submission:
         self.cancelled.difference_update(names)
         return names
 
+    def ended(self, names) -> None:
+        """The run saw these jobs end: renewals no longer claim them (the name is free for others)."""
+        gone = set(names)
+        self.open = tuple(j for j in self.open if j[0] not in gone)
+
     def _renew(self) -> None:
         """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""
         import ray
 
         while not self._done.wait(RENEW_S):
             try:
-                ref = self.scheduler.claim.remote(self.submitter, self.jobs, True)
+                ref = self.scheduler.renew.remote(self.submitter, self.open)
                 self.cancelled.update(ray.get(ref, timeout=connect.SCHEDULER_CALL_S))
             except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
                 pass

@@ -131,6 +131,7 @@ class PipelineCoordinator:
         recipe: Recipe | None = None,
         steplog: StepLog | None = None,
         heartbeat_s: float = 1.0,
+        submitter: str = "",
     ) -> None:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.nodes, self.emulation, self.t0 = cluster, nodes, emulation, t0
@@ -140,7 +141,7 @@ class PipelineCoordinator:
         self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
         self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
         self.pool = WorkerPool(job.slots_per_worker)
-        calls = {"recorder": self.rec, "limits": job.limits, "now": self.now, "keepalive_s": heartbeat_s}
+        calls = {"recorder": self.rec, "limits": job.limits, "now": self.now, "submitter": submitter}
         self.link = SchedulerLink(
             pipeline_id=pipeline_id, sched=scheduler, workers=self.pool.bundles, on_gone=self._fatal, **calls
         )

@@ -37,33 +37,55 @@ class JobBook:
         self.cancel_asked: set[str] = set()
         self._seq = 0
 
-    def claim(
-        self, submitter: str, jobs: tuple[tuple[str, int, int], ...], active: set[str], now: float, *, renew: bool = False
-    ) -> None:
+    def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], active: set[str], now: float) -> None:
         """Claim ``(name, priority, steps)`` jobs for ``submitter``; :class:`NameTaken` (nothing claimed) if one is in use.
 
         ``active``: names of pipelines registered now (an unclaimed external pipeline's included).
-        ``renew``: the submitter claims its own jobs again (its lease; or after the service restarted,
-        when its running jobs rejoined unclaimed): nothing it claimed is reset.
         """
         for name, _, _ in jobs:
             owner = self.claims.get(name)
             theirs = owner is not None and owner.submitter != submitter
             if theirs and (name not in self.ended or name in active):
                 raise NameTaken(f"job '{name}' is already on this cluster (submitted by {owner.submitter}); rename the job")
-            if owner is None and name in active and not renew:
+            if owner is None and name in active:
                 raise NameTaken(f"job '{name}' is already running on this cluster; rename the job")
         for name, priority, steps in jobs:
-            mine = self.claims.get(name) is not None and self.claims[name].submitter == submitter
-            if mine and renew:
-                continue
-            self._seq += 1
-            self.claims[name] = Claim(name=name, submitter=submitter, priority=priority, steps_total=steps, seq=self._seq)
-            if not renew:  # a new run of the name: nothing of an earlier one carries over
-                self.ended.pop(name, None)
-                self.notes.pop(name, None)
-                self.cancel_asked.discard(name)
+            self._take(submitter, name, priority, steps)
+            self.ended.pop(name, None)  # a new run of the name: nothing of an earlier one carries over
+            self.notes.pop(name, None)
+            self.cancel_asked.discard(name)
         self.renewed[submitter] = now
+
+    def renew_claims(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], now: float) -> None:
+        """The submitter is alive, and ``jobs`` (those it has not seen end) are still its own.
+
+        Never refused: a name someone else holds now is left to them, and one the
+        book has seen end stays ended. A name the book does not know (the service
+        restarted and forgot its claims; the job may have rejoined already) is
+        claimed again for the submitter.
+        """
+        for name, priority, steps in jobs:
+            if name not in self.claims and name not in self.ended:
+                self._take(submitter, name, priority, steps)
+        self.renewed[submitter] = now
+
+    def _take(self, submitter: str, name: str, priority: int, steps: int) -> None:
+        self._seq += 1
+        self.claims[name] = Claim(name=name, submitter=submitter, priority=priority, steps_total=steps, seq=self._seq)
+
+    def registering(self, name: str, submitter: str) -> None:
+        """A pipeline of this name registers for ``submitter`` ("": one that claimed no name);
+        :class:`NameTaken` if another submitter holds the name, or its cancel was asked for."""
+        claim = self.claims.get(name)
+        if claim is not None and name not in self.ended and claim.submitter != submitter:
+            raise NameTaken(f"job '{name}' is already on this cluster (submitted by {claim.submitter}); rename the job")
+        if claim is not None and claim.submitter == submitter and name in self.cancel_asked:
+            raise NameTaken(f"job '{name}' was cancelled before it started")
+        if claim is None or name in self.ended:  # a new run of the name: nothing of an earlier one carries over
+            self.claims.pop(name, None)
+            self.ended.pop(name, None)
+            self.notes.pop(name, None)
+            self.cancel_asked.discard(name)
 
     def renew(self, submitter: str, now: float) -> tuple[str, ...]:
         """The submitter is alive; returns its job names whose cancel was asked for."""

@@ -5,8 +5,8 @@ names claimed per submitter under a lease, progress notes, ``rlix status``,
 ``rlix cancel``, the timeline, and what keeps a shared cluster whole when
 a party disappears: submitters whose lease runs out and pipelines whose
 endpoint no longer answers are unregistered (their GPUs go to the others),
-and a restarted scheduler waits ``rejoin_s`` for its pipelines to rejoin
-with what they hold before it plans again.
+and a restarted scheduler waits for its pipelines to rejoin with what they
+hold before it plans again (:class:`rlix.exec.service.roster.Roster`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,23 @@ from rlix.exec.messages import ClusterStatus, JobNote, PipelineGone, PipelineUnk
 from rlix.exec.service.status import cluster_status
 
 LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
+LIVENESS_DEADLINE_S = 10.0  # an endpoint that does not answer within this is gone (s)
+CANCEL_GRACE_S = 30.0  # a cancelled job still registered this long after its cancel is killed (s)
+
+
+def same_actor(a, b) -> bool:
+    """Whether two Ray actor handles name one actor."""
+    return a is not None and b is not None and a._actor_id == b._actor_id
+
+
+def kill_actor(handle) -> None:
+    """Kill an actor (and what it owns), once and for all; quiet if it is gone already."""
+    import ray
+
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # noqa: BLE001 -- already dead
+        pass
 
 
 class ServiceCalls:
@@ -46,7 +63,9 @@ class ServiceCalls:
         """A pipeline registered with this scheduler before its restart registers again with its holdings."""
         pid = event.spec.pipeline_id
         if pid in self.core.pipelines():
-            return
+            if same_actor(self.coordinators.get(pid), endpoint):
+                return  # another of its calls rejoined first
+            raise PipelineGone(f"pipeline '{pid}' is registered by another process now; stop this one")
         await self._event(event)
         self._joined(event.spec, endpoint)
         if event.demand is not None:
@@ -56,10 +75,16 @@ class ServiceCalls:
         self._known(note.pipeline_id)
         self.book.notes[note.pipeline_id] = note
 
-    async def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], renew: bool = False) -> tuple[str, ...]:
-        """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use), or
-        (``renew``) renew its lease; returns those of its jobs whose cancel was asked for."""
-        self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now(), renew=renew)
+    async def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...]) -> None:
+        """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use).
+
+        Waits while a restarted scheduler's pipelines rejoin: until they have, a name that is running may not look so."""
+        await self._rejoin_window()
+        self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
+
+    async def renew(self, submitter: str, jobs: tuple[tuple[str, int, int], ...]) -> tuple[str, ...]:
+        """``submitter``'s lease, with the jobs it has not seen end; returns those whose cancel was asked for."""
+        self.book.renew_claims(submitter, jobs, self.now())
         return self.book.renew(submitter, self.now())
 
     async def leave(self, submitter: str) -> None:
@@ -69,13 +94,15 @@ class ServiceCalls:
             self.book.end(name, "cancelled")
 
     async def cancel(self, name: str) -> tuple[bool, str]:
-        """Cancel a job: a running one is asked to stop (it ends cancelled); one not started never starts.
+        """Cancel a job: a running one is asked to stop (it ends cancelled; killed if it has not
+        left within ``CANCEL_GRACE_S``); one not started never starts.
         Returns (whether the job was found, what was done)."""
         if name in self.book.ended:
             return True, f"job '{name}' already {self.book.ended[name][0]}"
         endpoint = self.coordinators.get(name)
         if endpoint is not None:
             endpoint.stop.remote()
+            self.order.spawn(self._stopped_or_killed(name, endpoint))
             return True, f"job '{name}' asked to stop"
         if name in self.book.claims:
             self.book.cancel_asked.add(name)
@@ -89,6 +116,16 @@ class ServiceCalls:
         for name in names:
             await self.cancel(name)
         return len(names)
+
+    async def kill_all(self) -> list[str]:
+        """Kill every pipeline still registered and give its GPUs back (a forced stop whose cancels
+        were not obeyed in time); returns their names."""
+        names = sorted(self.core.pipelines())
+        for name in names:
+            await self._drop(name, "cancelled", "killed: the scheduler was stopped")
+        for name in self.book.open_jobs():
+            self.book.end(name, "cancelled", "the scheduler was stopped")
+        return names
 
     async def busy(self) -> list[str]:
         """Jobs not ended: registered pipelines and claimed jobs (``rlix scheduler stop`` refuses while any)."""
@@ -107,6 +144,25 @@ class ServiceCalls:
 
     # ------------------------------------------------------------ keeping the cluster whole
 
+    async def _rejoin_window(self) -> None:
+        """Wait until a restarted scheduler's pipelines have rejoined (no wait otherwise)."""
+        while self.roster.waiting(self.now()):
+            await asyncio.sleep(0.2)
+
+    async def _drop(self, pipeline_id: str, status: str, error: str) -> None:
+        """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is
+        killed first, so no GPU is given to another job while its processes still run there."""
+        endpoint = self.coordinators.get(pipeline_id)
+        if endpoint is not None:
+            kill_actor(endpoint)
+        await self.unregister(pipeline_id, status, error)
+
+    async def _stopped_or_killed(self, name: str, endpoint) -> None:
+        """A cancelled job that has not left within ``CANCEL_GRACE_S`` is killed."""
+        await asyncio.sleep(CANCEL_GRACE_S)
+        if self.coordinators.get(name) is endpoint and name in self.core.pipelines():
+            await self._drop(name, "cancelled", f"did not stop within {CANCEL_GRACE_S:g} s of its cancel; killed")
+
     def _known(self, pipeline_id: str) -> None:
         if pipeline_id in self.gone:
             raise PipelineGone(f"pipeline '{pipeline_id}' was unregistered by the scheduler")
@@ -115,7 +171,8 @@ class ServiceCalls:
 
     def _joined(self, spec, endpoint) -> None:
         self.coordinators[spec.pipeline_id] = endpoint
-        self._specs.append(spec)
+        self.roster.joined(spec.pipeline_id)
+        self.specs[spec.pipeline_id] = spec
         self.usage.set_home(spec.pipeline_id, spec.home_gpus)
         self._account()
 
@@ -127,7 +184,7 @@ class ServiceCalls:
                 for submitter in self.book.expired(self.now()):
                     for name in self.book.jobs_of(submitter):
                         if name not in self.book.ended and name in self.core.pipelines():
-                            self.order.spawn(self.unregister(name, "failed", f"its submitter {submitter} is gone"))
+                            self.order.spawn(self._drop(name, "failed", f"its submitter {submitter} is gone"))
                         self.book.end(name, "failed", f"its submitter {submitter} is gone")
                 endpoints = list(self.coordinators.items())
                 answers = await asyncio.gather(*(self._answers(e) for _, e in endpoints))
@@ -146,7 +203,7 @@ class ServiceCalls:
         from ray.exceptions import RayActorError
 
         try:
-            await asyncio.wait_for(endpoint.__ray_ready__.remote(), self.call_timeout_s)
+            await asyncio.wait_for(endpoint.__ray_ready__.remote(), LIVENESS_DEADLINE_S)
         except (RayActorError, asyncio.TimeoutError):
             return False
         return True

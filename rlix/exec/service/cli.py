@@ -51,9 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         handle = _connect(args)
-        return COMMANDS[(args.command, getattr(args, "action", None))](handle, args)
+        code = COMMANDS[(args.command, getattr(args, "action", None))](handle, args)
+        if args.command in READ_ONLY and argv is None:  # a tool's reading: leave without Ray's slow teardown
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except UserError as exc:
         print(f"rlix: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a Ray error: the service died, is restarting, or did not answer in time
+        from ray.exceptions import RayError
+
+        if not isinstance(exc, RayError):
+            raise
+        print(f"rlix: the rlix scheduler did not answer ({type(exc).__name__}); try again, or see 'rlix status'", file=sys.stderr)
         return 2
 
 
@@ -172,6 +184,8 @@ def _timeline(handle, args) -> int:
     print(json.dumps({"now_s": now, "num_gpus": rec.num_gpus, "segments": segments}, indent=1))
     return 0
 
+
+READ_ONLY = ("status", "timeline")  # commands that change nothing on the service
 
 COMMANDS = {
     ("scheduler", "start"): _start,

@@ -19,10 +19,11 @@ from rlix.exec.control.actor_placement import ClusterError
 SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
 NAMESPACE = "rlix"  # the Ray namespace it lives in
 SCHEDULER_CALL_S = 30.0  # deadline of a driver's call to the service (s)
-SHRINK_CALL_S = 60.0  # deadline of the service's shrink and expand calls to a pipeline (s)
+SHRINK_CALL_S = 300.0  # deadline of a scheduler's shrink and expand calls to a pipeline (s; a vLLM cold wake can take 100)
+REJOIN_S = 30.0  # a restarted service plans nothing until its pipelines rejoined, or for this long at most (s)
 
 
-class ServiceError(RuntimeError):
+class ServiceError(ClusterError):
     """The service cannot be started or reached as asked (a one-line message with the fix)."""
 
 
@@ -93,7 +94,6 @@ def start(cluster: ClusterSpec, policy: str, knobs):
 
     from rlix.exec.control.scheduler_actor import SchedulerActor
 
-    heartbeat = knobs.heartbeat()
     handle = SchedulerActor.options(
         name=SERVICE_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1, get_if_exists=True
     ).remote(
@@ -104,7 +104,7 @@ def start(cluster: ClusterSpec, policy: str, knobs):
         knobs.plan_interval_s,
         SHRINK_CALL_S,
         lease_s=15.0,
-        rejoin_s=max(5.0, 3 * heartbeat),
+        rejoin_s=REJOIN_S,
     )
     ray.get(handle.start.remote(), timeout=SCHEDULER_CALL_S)
     return handle
@@ -112,17 +112,23 @@ def start(cluster: ClusterSpec, policy: str, knobs):
 
 def stop(handle, *, force: bool, wait_s: float = 60.0) -> str:
     """Stop the service: refused while jobs run (:class:`ServiceError`) unless ``force``, which
-    cancels them and waits up to ``wait_s`` for them to leave first."""
+    cancels them and waits up to ``wait_s`` for them to leave first; jobs still there then are
+    killed (their processes with them), so none runs on with nothing arbitrating its GPUs."""
     import ray
 
     busy = ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S)
     if busy and not force:
         raise ServiceError(f"{len(busy)} jobs are not done ({', '.join(busy)}); wait, cancel them, or use --force")
+    killed = []
     if busy:
         ray.get(handle.cancel_all.remote(), timeout=SCHEDULER_CALL_S)
         deadline = time.time() + wait_s
         while time.time() < deadline and ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S):
             time.sleep(0.5)
+        killed = ray.get(handle.kill_all.remote(), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)
     ray.get(handle.stop.remote(), timeout=SCHEDULER_CALL_S)
     ray.kill(handle, no_restart=True)
-    return f"rlix scheduler stopped ({len(busy)} jobs cancelled)" if busy else "rlix scheduler stopped"
+    if not busy:
+        return "rlix scheduler stopped"
+    late = f"; killed after {wait_s:g} s: {', '.join(killed)}" if killed else ""
+    return f"rlix scheduler stopped ({len(busy)} jobs cancelled{late})"

@@ -3,7 +3,7 @@
 Ray exports every ``ray.util.metrics`` metric from each node's metrics agent
 in the Prometheus text format, with ``ray_`` before its name (so
 ``rlix_gpus_held`` is scraped as ``ray_rlix_gpus_held``). The service sets
-its gauges from each status snapshot (every ``EXPORT_S`` seconds), observes
+its gauges from a status snapshot every 2 s (the liveness check's period), observes
 each plan's latency, and counts preemptions as plans make them.
 
 =========================== ============ ======================================================
@@ -27,7 +27,6 @@ from collections import Counter
 
 from rlix.exec.messages import ClusterStatus
 
-EXPORT_S = 5.0  # seconds between gauge updates from a status snapshot
 PLAN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 STATES = ("queued", "loading", "running", "finished", "failed", "cancelled")
 

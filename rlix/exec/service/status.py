@@ -53,7 +53,7 @@ def cluster_status(service, now: float) -> ClusterStatus:
     queue = queue_order(service, held)
     usage, book = service.usage, service.book
     busy = usage.busy_gpu_s(now)  # integrated to now: the rows below read the same figures
-    specs = {s.pipeline_id: s for s in service._specs}
+    specs = service.specs
     names = list(dict.fromkeys([*book.claims, *specs]))
     rows = []
     for name in names:

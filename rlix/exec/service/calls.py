@@ -116,7 +116,7 @@ class ServiceCalls:
     def _joined(self, spec, endpoint) -> None:
         self.coordinators[spec.pipeline_id] = endpoint
         self._specs.append(spec)
-        self.usage.set_home(spec.pipeline_id, spec.home_gpus)
+        self.usage.set_home(self.now(), spec.pipeline_id, spec.home_gpus)
         self._account()
 
     async def _watch(self) -> None:

@@ -27,6 +27,8 @@ import enum
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from rlix.lending import HomeBook
+
 
 class Activity(enum.Enum):
     FREE = "free"
@@ -70,6 +72,7 @@ class UsageRecorder:
         self._held_by: dict[str, int] = {}  # pipeline -> GPUs it holds idle now
         self._held = 0
         self.held_while_waiting = 0.0
+        self.homes = HomeBook(num_gpus, start)  # GPU-seconds used, lent and borrowed per pipeline
 
     def set(self, gpus, now: float, activity: Activity, pipeline_id: str = "", stage: str = "", fill: float = 1.0) -> None:
         """From ``now`` on, ``gpus`` do ``activity`` (for ``pipeline_id``'s ``stage``).
@@ -88,6 +91,7 @@ class UsageRecorder:
             if old is activity and self._who[g] == who:
                 continue
             self._close(g, now)
+            self.homes.hold(g, now, "" if activity is Activity.FREE else pipeline_id)
             if (old is Activity.FREE) != (activity is Activity.FREE):
                 self._free += 1 if activity is Activity.FREE else -1
             if old is Activity.HELD:
@@ -132,6 +136,7 @@ class UsageRecorder:
 
     def close(self, now: float) -> None:
         self._flush_stranded(now)
+        self.homes.settle(now)
         for g in range(self.num_gpus):
             self._close(g, now)
             self._since[g] = now
@@ -178,6 +183,9 @@ class PipelineMetrics:
     step_latency_p50_s: float
     step_latency_p99_s: float
     gpu_seconds_work: float
+    gpu_seconds_used: float  # held, any activity (rlix.lending)
+    gpu_seconds_lent: float  # of its home, held by other jobs while it was there
+    gpu_seconds_borrowed: float  # held outside its home
     preemptions: int
     queue_delay_s: float  # arrival to the grant of its model load (the job's admission)
 
@@ -249,6 +257,9 @@ class PipelineTally:
             step_latency_p50_s=percentile(lat, 50),
             step_latency_p99_s=percentile(lat, 99),
             gpu_seconds_work=usage.by_pipeline.get(pipeline_id, {}).get(Activity.WORK, 0.0),
+            gpu_seconds_used=usage.homes.used.get(pipeline_id, 0.0),
+            gpu_seconds_lent=usage.homes.lent.get(pipeline_id, 0.0),
+            gpu_seconds_borrowed=usage.homes.borrowed.get(pipeline_id, 0.0),
             preemptions=self.preemptions,
             queue_delay_s=(self.arrival_s if self.admitted_s is None else self.admitted_s) - self.arrival_s,
         )

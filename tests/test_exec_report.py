@@ -169,3 +169,18 @@ def test_without_matplotlib_a_run_writes_its_other_outputs(tmp_path, monkeypatch
     out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path)
     assert set(out.files) == {"timeline", "metrics", "trace"}
     assert not (tmp_path / "timeline.png").exists() and (tmp_path / "metrics.json").is_file()
+
+
+def test_metrics_say_what_each_job_used_lent_and_borrowed(tmp_path):
+    import json
+
+    cfg, results, _ = _recorded()
+    events = [  # lora rolls out on full's home (GPUs 0-2, its default home) until full takes it back at 3 s
+        ActivityChange(t=1.0, gpus=(0, 1, 2, 3), activity=Activity.WORK, pipeline_id="lora", stage="rollout"),
+        ActivityChange(t=3.0, gpus=(0, 1, 2), activity=Activity.WORK, pipeline_id="full", stage="rollout"),
+        ActivityChange(t=6.0, gpus=(0, 1, 2, 3), activity=Activity.FREE, pipeline_id="", stage=""),
+    ]
+    build_outputs(cfg, results, NAMES, events, STATS, 9.0, tmp_path)
+    jobs = json.loads((tmp_path / "metrics.json").read_text())["pipelines"]
+    got = {pid: (p["gpu_seconds_used"], p["gpu_seconds_lent"], p["gpu_seconds_borrowed"]) for pid, p in jobs.items()}
+    assert got == {"full": (9.0, 6.0, 0.0), "lora": (11.0, 0.0, 6.0)}  # whole seconds: exact

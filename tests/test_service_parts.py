@@ -85,8 +85,8 @@ def test_leases_lapse_and_cancels_reach_their_submitter():
 
 def test_gpu_seconds_used_borrowed_and_lent_add_up():
     usage = ClusterUsage(4)
-    usage.set_home("a", (0, 1))
-    usage.set_home("b", (2, 3))
+    usage.set_home(0.0, "a", (0, 1))
+    usage.set_home(0.0, "b", (2, 3))
     usage.update(0.0, [("a", "rollout", W)] * 4)  # a rolls out on every GPU, b's home included
     usage.update(10.0, [("a", "actor_train", W), ("a", "actor_train", W), ("b", "init", W), None])
     assert usage.busy_gpu_s(20.0) == pytest.approx(40 + 30)
@@ -100,9 +100,9 @@ def test_gpu_seconds_used_borrowed_and_lent_add_up():
 
 def test_overlapping_homes_share_what_they_lent():
     usage = ClusterUsage(2)
-    usage.set_home("a", (0, 1))
-    usage.set_home("b", (0, 1))
-    usage.set_home("c", ())
+    usage.set_home(0.0, "a", (0, 1))
+    usage.set_home(0.0, "b", (0, 1))
+    usage.set_home(0.0, "c", ())
     usage.update(0.0, [("c", "rollout", W), None])
     usage.integrate(10.0)
     assert usage.lent == pytest.approx({"a": 5.0, "b": 5.0}) and usage.borrowed == pytest.approx({"c": 10.0})

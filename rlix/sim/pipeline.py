@@ -117,6 +117,7 @@ class SimPipeline:
 
     def _arrive(self):
         yield self.env.timeout(self.model.arrival_s)
+        self.host.usage.homes.set_home(self.env.now, self.pid, self.spec.home_gpus)
         self.host.submit(Register(spec=self.spec))
         self._do(self.machine.start(self.env.now))
 
@@ -217,6 +218,7 @@ class SimPipeline:
         self.tally.admitted_s = self.machine.admitted_s  # the model load's grant: queued until then
         self.tally.finish_s = self.env.now
         self.tally.trajectories = self.engine.completed
+        self.host.usage.homes.set_home(self.env.now, self.pid, ())
         self.host.submit(Unregister(pipeline_id=self.pid))
         self.host.request_plan()
         self.host.finished(self.pid)

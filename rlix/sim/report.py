@@ -69,15 +69,26 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics]) -> No
             "throughput vs static", *(f"{r.throughput_steps_per_hour / base:.2f}x" if base else "-" for r in runs.values())
         )
     console.print(table)
-    first = next(iter(runs.values()))
-    jobs = Table(title="per pipeline: jct_s / step latency p50 / p99 (s)", title_justify="left")
+    _per_pipeline(
+        console,
+        "per pipeline: jct_s / step latency p50 / p99 (s)",
+        runs,
+        lambda p: f"{p.jct_s:,.0f} / {p.step_latency_p50_s:,.0f} / {p.step_latency_p99_s:,.0f}",
+    )
+    _per_pipeline(
+        console,
+        "per pipeline: GPU-seconds used / lent (its home, held by others) / borrowed (outside its home)",
+        runs,
+        lambda p: f"{p.gpu_seconds_used:,.0f} / {p.gpu_seconds_lent:,.0f} / {p.gpu_seconds_borrowed:,.0f}",
+    )
+
+
+def _per_pipeline(console: Console, title: str, runs: dict[str, RunMetrics], cell) -> None:
+    """One row per pipeline, one column per run: ``cell(PipelineMetrics)``."""
+    jobs = Table(title=title, title_justify="left")
     jobs.add_column("pipeline")
     for name in runs:
         jobs.add_column(name, justify="right")
-    for pid in first.pipelines:
-        cells = []
-        for run in runs.values():
-            p = run.pipelines[pid]
-            cells.append(f"{p.jct_s:,.0f} / {p.step_latency_p50_s:,.0f} / {p.step_latency_p99_s:,.0f}")
-        jobs.add_row(pid, *cells)
+    for pid in next(iter(runs.values())).pipelines:
+        jobs.add_row(pid, *(cell(run.pipelines[pid]) for run in runs.values()))
     console.print(jobs)

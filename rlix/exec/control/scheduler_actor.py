@@ -288,7 +288,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self._fail_waiting(pipeline_id)
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.demands.pop(pipeline_id, None)
-        self.usage.set_home(pipeline_id, ())
+        self.usage.set_home(self.now(), pipeline_id, ())
         self.roster.left(pipeline_id)
 
     def _bug(self, exc: BaseException) -> None:

@@ -39,18 +39,37 @@ class RunOutputs:
 
 
 def usage_from_events(
-    num_gpus: int, events: list[ActivityChange], unmet: tuple[tuple[float, bool], ...], end: float
+    num_gpus: int,
+    events: list[ActivityChange],
+    unmet: tuple[tuple[float, bool], ...],
+    end: float,
+    homes: tuple[tuple[float, str, tuple[int, ...]], ...] = (),
 ) -> UsageRecorder:
+    """The run's activity replayed into a recorder; ``homes``: (time, job, its home from then on, () once it left)."""
     rec = UsageRecorder(num_gpus, start=0.0)
-    stream = [(e.t, 0, e) for e in events] + [(t, 1, u) for t, u in unmet]
-    for t, kind, item in sorted(stream, key=lambda x: (x[0], x[1])):
+    stream = [(t, 0, i, (pid, gpus)) for i, (t, pid, gpus) in enumerate(homes)]
+    stream += [(e.t, 1, i, e) for i, e in enumerate(events)] + [(t, 2, i, u) for i, (t, u) in enumerate(unmet)]
+    for t, kind, _, item in sorted(stream, key=lambda x: x[:3]):
         t = min(t, end)
         if kind == 0:
+            rec.homes.set_home(t, *item)
+        elif kind == 1:
             rec.set(item.gpus, t, item.activity, item.pipeline_id, item.stage)
         else:
             rec.set_unmet_demand(t, item)
     rec.close(end)
     return rec
+
+
+def _homes(
+    cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str]
+) -> tuple[tuple[float, str, tuple[int, ...]], ...]:
+    """Each job's home from its arrival until it ended (rlix.lending)."""
+    out = []
+    for pid, res in sorted(results.items()):
+        job = next(j for j in cfg.jobs if j.name == names[pid])
+        out += [(res.arrival_s, pid, job.pipeline_spec(pid).home_gpus), (max(res.finish_s, res.arrival_s), pid, ())]
+    return tuple(out)
 
 
 def timeline_json(rec: UsageRecorder, results: dict[str, JobResult]) -> dict:
@@ -249,7 +268,7 @@ def build_outputs(
     ``started_at``: the run's start (Unix seconds; every time in the outputs counts from it).
     ``shared``: the jobs ran under the cluster's shared scheduler, beside other submissions' jobs."""
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    rec = usage_from_events(num_gpus, events, stats.unmet, end)
+    rec = usage_from_events(num_gpus, events, stats.unmet, end, _homes(cfg, results, names))
     work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
     metrics = summarize(
         policy=cfg.policy,

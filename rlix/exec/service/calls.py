@@ -173,7 +173,7 @@ class ServiceCalls:
         self.coordinators[spec.pipeline_id] = endpoint
         self.roster.joined(spec.pipeline_id)
         self.specs[spec.pipeline_id] = spec
-        self.usage.set_home(spec.pipeline_id, spec.home_gpus)
+        self.usage.set_home(self.now(), spec.pipeline_id, spec.home_gpus)
         self._account()
 
     async def _watch(self) -> None:

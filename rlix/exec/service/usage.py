@@ -1,11 +1,10 @@
 """Executor layer: what the service's GPUs did since it started, from the ledger's changes.
 
-Per job: GPU-seconds held, borrowed (held outside its home GPUs) and lent
-(its home GPUs held by another job, shared equally when homes overlap).
-Every GPU-second some job holds is counted once in ``used``, so the jobs'
-``used`` add up to the cluster's busy GPU-seconds. The same changes feed a
-:class:`rlix.metrics.UsageRecorder`, whose segments draw the cluster's
-timeline as the simulator draws a replay.
+Per job: GPU-seconds held, borrowed and lent, in the book every shell keeps
+(:class:`rlix.lending.HomeBook`, inside the recorder). Every GPU-second some
+job holds is counted once in ``used``, so the jobs' ``used`` add up to the
+cluster's busy GPU-seconds. The same changes draw the cluster's timeline as
+the simulator draws a replay.
 """
 
 from __future__ import annotations
@@ -22,22 +21,16 @@ class ClusterUsage:
         self.num_gpus = num_gpus
         self.recorder = UsageRecorder(num_gpus, start=start)
         self.start = start
-        self.mark = start  # integrated up to here (s)
         self.held: list[Holder | None] = [None] * num_gpus
-        self.homes: dict[str, frozenset[int]] = {}
-        self.used: dict[str, float] = {}
-        self.lent: dict[str, float] = {}
-        self.borrowed: dict[str, float] = {}
+        book = self.recorder.homes
+        self.used, self.lent, self.borrowed = book.used, book.lent, book.borrowed
 
-    def set_home(self, job: str, gpus) -> None:
-        """The job's home GPUs (its partition), from its registration on; ``()`` once it left."""
-        self.homes.pop(job, None)
-        if gpus:
-            self.homes[job] = frozenset(gpus)
+    def set_home(self, now: float, job: str, gpus) -> None:
+        """The job's home GPUs (its partition) from ``now`` on; ``()`` once it left."""
+        self.recorder.homes.set_home(now, job, gpus)
 
     def update(self, now: float, held: list[Holder | None]) -> None:
         """From ``now`` on, GPU ``g`` is held as ``held[g]`` (None: free)."""
-        self.integrate(now)
         for g, (old, new) in enumerate(zip(self.held, held)):
             if old != new:
                 if new is None:
@@ -47,20 +40,8 @@ class ClusterUsage:
         self.held = list(held)
 
     def integrate(self, now: float) -> None:
-        dt = now - self.mark
-        if dt <= 0:
-            return
-        self.mark = now
-        for g, h in enumerate(self.held):
-            if h is None:
-                continue
-            job = h[0]
-            self.used[job] = self.used.get(job, 0.0) + dt
-            if g not in self.homes.get(job, ()):
-                self.borrowed[job] = self.borrowed.get(job, 0.0) + dt
-            owners = [j for j, home in self.homes.items() if g in home and j != job]
-            for j in owners:
-                self.lent[j] = self.lent.get(j, 0.0) + dt / len(owners)
+        """Account every held GPU-second up to ``now``."""
+        self.recorder.homes.settle(now)
 
     def busy_gpu_s(self, now: float) -> float:
         self.integrate(now)

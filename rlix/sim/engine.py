@@ -152,13 +152,13 @@ class Timeline:
             return loading[0][0] if loading else None
         return min(ends[0][0], loading[0][0]) if loading else ends[0][0]
 
-    def loaded(self, now: float) -> list[SimWorker]:
-        """Live workers whose load (or weight sync) ended by ``now``."""
-        out = []
+    def loaded(self, now: float) -> dict[int, SimWorker]:
+        """Live workers whose load (or weight sync) ended by ``now``, by first GPU."""
+        out = {}
         while self.loading and self.loading[0][0] <= now:
             w = heapq.heappop(self.loading)[3]
             if w.alive:
-                out.append(w)
+                out[w.worker.gpus[0]] = w
         return out
 
     def ending(self, now: float):
@@ -418,7 +418,7 @@ class RolloutEngine:
             self._timer.callbacks.append(self._wake)
 
     def _advance(self, now: float) -> None:
-        touched = {w.worker.gpus[0]: w for w in self.timeline.loaded(now)}
+        touched = self.timeline.loaded(now)
         finished = self._segments_ending(now, touched)
         if self.pending:
             # Only workers whose state changed can have a usable free slot,

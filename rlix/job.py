@@ -19,6 +19,7 @@ randomness or driver imports), and both shells call it:
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -385,6 +386,7 @@ def _chain_after(
     return after_roll, after_train
 
 
+@functools.lru_cache(maxsize=4096)  # pure; every demand report asks, with the same figures between two trainings
 def remaining_path_s(steps_left: int, staleness: int, *, longest_s: float, train_s: float, streaming: bool = False) -> float:
     """Seconds of one stream's chain still ahead, from what was measured so far.
 

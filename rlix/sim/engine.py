@@ -23,7 +23,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
+from simpy.events import URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WorkerPhase, worker_booking
@@ -146,16 +148,17 @@ class Timeline:
             heapq.heappop(ends)
         while loading and not loading[0][3].alive:
             heapq.heappop(loading)
-        times = [h[0][0] for h in (ends, loading) if h]
-        return min(times) if times else None
+        if not ends:
+            return loading[0][0] if loading else None
+        return min(ends[0][0], loading[0][0]) if loading else ends[0][0]
 
-    def loaded(self, now: float) -> list[SimWorker]:
-        """Live workers whose load (or weight sync) ended by ``now``."""
-        out = []
+    def loaded(self, now: float) -> dict[int, SimWorker]:
+        """Live workers whose load (or weight sync) ended by ``now``, by first GPU."""
+        out = {}
         while self.loading and self.loading[0][0] <= now:
             w = heapq.heappop(self.loading)[3]
             if w.alive:
-                out.append(w)
+                out[w.worker.gpus[0]] = w
         return out
 
     def ending(self, now: float):
@@ -165,6 +168,19 @@ class Timeline:
             _, _, token, t = heapq.heappop(ends)
             if token == t.token:
                 yield t
+
+
+class _Kick(simpy.Event):
+    """An event that fires at the current instant before the ordinary (normal-priority) ones,
+    as SimPy's own :class:`~simpy.events.Interruption` does."""
+
+    def __init__(self, env: simpy.Environment, callback: Callable[[simpy.Event], None]) -> None:
+        # Triggered at creation, as SimPy's own Timeout and Interruption initialise themselves.
+        self.env = env
+        self.callbacks = [callback]
+        self._value = None
+        self._ok = True
+        env.schedule(self, URGENT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +304,7 @@ class RolloutEngine:
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self.pending: deque[Traj] = deque()
+        self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.running = 0
         self.batch_left = 0  # trajectories of unfinished batches
         self.completed = 0
@@ -295,15 +312,19 @@ class RolloutEngine:
         self.longest_s = 0.0  # the slowest finished trajectory's seconds
         self.aborted = 0
         self._made = 0  # trajectories created: their idx
-        self._sleeping = False
-        self.proc = env.process(self._run())
+        self._sleeping = True  # waiting for its timer (or, with none, for a kick)
+        self._timer: simpy.Event | None = None  # the one wake-up that counts; a superseded one is ignored
 
     # ------------------------------------------------------------ commands
 
-    def add_batch(self, batch: Batch, trajectories: Sequence[Sequence[float]] | Sequence[float]) -> None:
+    def add_batch(self, batch: Batch, trajectories: Sequence[Sequence[float]] | Sequence[float] | np.ndarray) -> None:
         """Queue a batch: one duration per trajectory, or one segment list per trajectory."""
         base = self._made
-        self.pending.extend(Traj(batch, s if isinstance(s, tuple) else (float(s),), base + j) for j, s in enumerate(trajectories))
+        if isinstance(trajectories, np.ndarray):  # one float per trajectory: convert once, not item by item
+            segments = [(s,) for s in trajectories.tolist()]
+        else:
+            segments = [s if isinstance(s, tuple) else (float(s),) for s in trajectories]
+        self.pending.extend(Traj(batch, s, base + j) for j, s in enumerate(segments))
         self._made += batch.n
         self.batch_left += batch.n
         self.open_n += batch.n
@@ -349,8 +370,14 @@ class RolloutEngine:
 
     def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
         """(trajectories waiting for a slot, running trajectories per busy worker)."""
-        loads = tuple(WorkerLoad(first_gpu=g, active=len(w.active)) for g, w in sorted(self.workers.items()) if w.active)
-        return len(self.pending), loads
+        return len(self.pending), tuple(self._load(g, len(w.active)) for g, w in sorted(self.workers.items()) if w.active)
+
+    def _load(self, first_gpu: int, active: int) -> WorkerLoad:
+        """The (immutable) load value, made once per worker and count: reports repeat them tick after tick."""
+        load = self._loads.get(first_gpu)
+        if load is None or load.active != active:
+            load = self._loads[first_gpu] = WorkerLoad(first_gpu=first_gpu, active=active)
+        return load
 
     @property
     def mean_trajectory_s(self) -> float:
@@ -365,27 +392,33 @@ class RolloutEngine:
     # ------------------------------------------------------------ the process
 
     def _kick(self) -> None:
-        if self._sleeping and self.env.active_process is not self.proc:
+        """Wake now, ahead of the ordinary events of this instant (as a SimPy interrupt would)."""
+        if self._sleeping:
             self._sleeping = False
-            self.proc.interrupt()
+            self._timer = _Kick(self.env, self._wake)
 
-    def _run(self):
-        env = self.env
-        while True:
-            wake = self.timeline.next_wake()
-            self._sleeping = True
-            try:
-                if wake is None:
-                    yield env.event()  # nothing scheduled: wait for a kick
-                else:
-                    yield env.timeout(max(wake - env.now, 0.0))
-            except simpy.Interrupt:
-                pass
-            self._sleeping = False
-            self._advance(env.now)
+    def _wake(self, event: simpy.Event) -> None:
+        """The engine's one callback: advance to now, then sleep until the next change.
+
+        A plain callback, not a SimPy process: a wake happens once per
+        trajectory segment, and resuming a generator for each costs more
+        than the work it does. The order of events is the same as a process
+        sleeping on a timeout and interrupted by :meth:`_kick`.
+        """
+        if event is not self._timer:
+            return  # a timer a kick superseded
+        self._sleeping = False  # kicks while it advances change nothing: it looks at the timeline after
+        self._advance(self.env.now)
+        wake = self.timeline.next_wake()
+        self._sleeping = True
+        if wake is None:
+            self._timer = None  # nothing scheduled: wait for a kick
+        else:
+            self._timer = self.env.timeout(max(wake - self.env.now, 0.0))
+            self._timer.callbacks.append(self._wake)
 
     def _advance(self, now: float) -> None:
-        touched = {w.worker.gpus[0]: w for w in self.timeline.loaded(now)}
+        touched = self.timeline.loaded(now)
         finished = self._segments_ending(now, touched)
         if self.pending:
             # Only workers whose state changed can have a usable free slot,

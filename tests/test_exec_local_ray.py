@@ -49,7 +49,7 @@ def test_local_start_drops_only_the_auth_on_notice(monkeypatch, auth_log):
 
     monkeypatch.setattr("ray.init", fake_init)
     local_ray.init_local_ray(num_cpus=2, include_dashboard=False)
-    assert seen == {"num_cpus": 2, "include_dashboard": False}
+    assert seen == {"address": "local", "num_cpus": 2, "include_dashboard": False}  # always a new cluster of its own
     assert not any(m.startswith(local_ray.AUTH_ON_NOTICE) for m in auth_log.messages)
     assert any(m.startswith("Token authentication is disabled") for m in auth_log.messages)  # a real risk still shows
     assert "something else" in auth_log.messages

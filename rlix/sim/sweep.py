@@ -236,7 +236,7 @@ def run_on_ray(
         ray.init(address=address, **common)
     else:
         # address="local": a new cluster of our own, even where `ray start` left one that ray.init() would join.
-        init_local_ray(address="local", num_cpus=os.cpu_count(), include_dashboard=False, **common)
+        init_local_ray(num_cpus=os.cpu_count(), include_dashboard=False, **common)
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
         refs = {source: ray.put(text) for source, text in sorted(texts.items())}

@@ -418,6 +418,9 @@ class RunConfig(StrictModel):
         for i, n in enumerate(names):
             if n in names[:i]:
                 raise ValueError(f"jobs[{i}].name: '{n}' is already used by jobs[{names.index(n)}]; give every job a unique name")
+        problem = self.scheduler.tenant_error([j.tenant for j in self.jobs], "jobs")
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

@@ -102,7 +102,7 @@ class RlixPolicy(Policy):
         shares = tenants.tenant_shares(view, draft, needs, passes.rollout_capacity(view, draft))
         passes.place_on_idle(draft, needs, shares)
         passes.rebalance(view, draft, needs, shares)
-        passes.fill_idle(draft, needs, shares)
+        passes.fill_idle(draft, needs, shares, caps=tenants.worker_caps(view, needs, shares))
 
 
 def _inside_home(spec: PipelineSpec) -> tuple[Gpus, ...]:

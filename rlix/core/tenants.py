@@ -19,6 +19,7 @@ split alone, exactly as without this module.
 from __future__ import annotations
 
 from rlix.core.ledger import Draft
+from rlix.core.placement import whole
 from rlix.core.shares import RolloutNeed, proportional_shares, water_level
 from rlix.core.state import GangRequest, View
 
@@ -60,6 +61,13 @@ def tenant_shares(view: View, draft: Draft, needs: list[RolloutNeed], capacity_g
         if name in groups:
             shares.update(proportional_shares(groups[name], max(rollout, 0.0)))
     return shares
+
+
+def worker_caps(view: View, needs: list[RolloutNeed], shares: dict[str, float]) -> dict[str, int]:
+    """The most rollout workers each job of a tenant with a borrowing limit may hold: its share, whole
+    (idle GPUs beyond it stay idle: the tenant's limit holds even on an idle cluster)."""
+    limited = {t.name for t in view.config.tenants if t.borrow_limit_gpus is not None}
+    return {n.pipeline_id: whole(shares.get(n.pipeline_id, 0.0)) for n in needs if n.entry.spec.tenant in limited}
 
 
 def _fit_floors(bounds: list[tuple[float, float, float]], total: float, held: list[int]) -> list[tuple[float, float, float]]:

@@ -19,7 +19,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rlix.core import ClusterSpec, PipelineSpec, SchedulerConfig, SchedulingError, Stage
+from rlix.core import ClusterSpec, PipelineSpec, SchedulerConfig, SchedulingError, Stage, TenantSpec
 from rlix.core.topology import validate_pipeline
 from rlix.job import JobModelError, check_stage_roles, pipeline_spec
 
@@ -59,6 +59,34 @@ class RoleModel(StrictModel):
     _split_gpus = field_validator("gpus", mode="before")(parse_gpus)
 
 
+class TenantModel(StrictModel):
+    """A tenant with a share of the cluster (:class:`rlix.core.TenantSpec`); jobs name it in ``tenant``."""
+
+    name: str = Field(min_length=1, description="the tenant's name, as jobs give it")
+    weight: float = Field(default=1.0, gt=0, description="its share against the other tenants' when all want more")
+    guarantee_gpus: int = Field(default=0, ge=0, description="GPUs it gets whenever its jobs can use them")
+    borrow_limit_gpus: int | None = Field(
+        default=None, ge=0, description="GPUs it may hold beyond its guarantee (default: no limit)"
+    )
+
+    def spec(self) -> TenantSpec:
+        return TenantSpec(**self.model_dump())
+
+
+def parse_tenants(value: object) -> object:
+    """``"a:2:8:4,b:1"`` (name:weight[:guarantee[:borrow limit]], as ``--set tenants=...`` gives it) as a list."""
+    if not isinstance(value, str):
+        return value
+    out = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        fields = item.split(":")
+        if len(fields) > 4 or not fields[0]:
+            raise ValueError(f"'{item}' is not a tenant; write name:weight[:guarantee_gpus[:borrow_limit_gpus]]")
+        keys = ("name", "weight", "guarantee_gpus", "borrow_limit_gpus")
+        out.append(dict(zip(keys, fields)))
+    return out
+
+
 class SchedulerModel(StrictModel):
     """The core's :class:`rlix.core.SchedulerConfig`, field for field, and the control loop's two periods beside it.
 
@@ -96,6 +124,10 @@ class SchedulerModel(StrictModel):
         description="favour the job with the longest chain of steps ahead: weight halves per this many seconds "
         "of shorter chain (0: off)",
     )
+    tenants: list[TenantModel] = Field(
+        default_factory=list,
+        description="tenants with shares: weight, guaranteed GPUs and a borrowing limit (none: no tenant split)",
+    )
 
     plan_interval_s: float = Field(
         default=5.0, gt=0, description="seconds between the control loop's periodic plans (demand, TTLs, residency)"
@@ -105,6 +137,8 @@ class SchedulerModel(StrictModel):
         gt=0,
         description="seconds between re-sent demand reports of a job with open trajectories (default: report_ttl_s / 4)",
     )
+
+    _split_tenants = field_validator("tenants", mode="before")(parse_tenants)
 
     @model_validator(mode="after")
     def _beat_in_time(self) -> SchedulerModel:
@@ -121,7 +155,21 @@ class SchedulerModel(StrictModel):
 
     def to_config(self) -> SchedulerConfig:
         """The policy knobs only (the control loop's periods stay with the shell)."""
-        return SchedulerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SchedulerConfig)})
+        knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(SchedulerConfig) if f.name != "tenants"}
+        return SchedulerConfig(**knobs, tenants=tuple(t.spec() for t in self.tenants))
+
+    def tenant_error(self, tenants: list[str], where: str) -> str | None:
+        """What is wrong with the jobs' ``tenants`` (named ``where[i].tenant``) against these, or None."""
+        declared = [t.name for t in self.tenants]
+        if len(set(declared)) != len(declared):
+            return "scheduler.tenants: two tenants have one name; give each its own"
+        for i, name in enumerate(tenants):
+            if name and name not in declared:
+                return (
+                    f"{where}[{i}].tenant: '{name}' is not declared in scheduler.tenants "
+                    f"(declared: {', '.join(declared) or 'none'}); declare it there or remove the job's tenant"
+                )
+        return None
 
 
 RoleName = Literal["actor_train", "actor_infer", "critic", "reference"]
@@ -156,6 +204,7 @@ class JobModel(StrictModel):
         description="job priority, higher wins: its gang stages go first and its rollout share weighs "
         "priority_weight ** priority",
     )
+    tenant: str = Field(default="", description="the tenant the job belongs to (declared in scheduler.tenants)")
 
     _split_home = field_validator("home", mode="before")(parse_gpus)
 
@@ -176,6 +225,7 @@ class JobModel(StrictModel):
             home=self.home,
             resumable=resumable,
             priority=self.priority,
+            tenant=self.tenant,
         )
 
 

@@ -176,6 +176,7 @@ def pipeline_spec(
     home: Iterable[int] = (),
     resumable: bool,
     priority: int = 0,
+    tenant: str = "",
 ) -> PipelineSpec:
     """The topology a job registers, built the same way from a trace and from an executor config.
 
@@ -195,6 +196,7 @@ def pipeline_spec(
         home=tuple(sorted(home)) or default_home(roles),
         resumable=resumable,
         priority=priority,
+        tenant=tenant,
     )
 
 

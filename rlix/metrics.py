@@ -188,6 +188,17 @@ class PipelineMetrics:
     gpu_seconds_borrowed: float  # held outside its home
     preemptions: int
     queue_delay_s: float  # arrival to the grant of its model load (the job's admission)
+    tenant: str = ""  # the tenant it belongs to ("" for none)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantMetrics:
+    """A tenant's jobs together: GPU-seconds used, lent and borrowed (sums of its jobs')."""
+
+    jobs: int
+    gpu_seconds_used: float
+    gpu_seconds_lent: float
+    gpu_seconds_borrowed: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,10 +228,12 @@ class RunMetrics:
     trajectories_lost: int
     plans: int
     pipelines: dict[str, PipelineMetrics] = field(default_factory=dict)
+    tenants: dict[str, TenantMetrics] = field(default_factory=dict)  # only where jobs name tenants
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["pipelines"] = {k: asdict(v) for k, v in sorted(self.pipelines.items())}
+        out["tenants"] = {k: asdict(v) for k, v in sorted(self.tenants.items())}
         return out
 
 
@@ -243,6 +256,7 @@ class PipelineTally:
     step_latencies: list[float] = field(default_factory=list)
     trajectories: int = 0
     preemptions: int = 0
+    tenant: str = ""
 
     def to_metrics(self, usage: UsageRecorder, pipeline_id: str, end: float) -> PipelineMetrics:
         finish = self.finish_s if self.finish_s is not None else end
@@ -262,6 +276,7 @@ class PipelineTally:
             gpu_seconds_borrowed=usage.homes.borrowed.get(pipeline_id, 0.0),
             preemptions=self.preemptions,
             queue_delay_s=(self.arrival_s if self.admitted_s is None else self.admitted_s) - self.arrival_s,
+            tenant=self.tenant,
         )
 
 
@@ -312,4 +327,19 @@ def summarize(
         trajectories_lost=trajectories_lost,
         plans=plans,
         pipelines=pipelines,
+        tenants=tenant_totals(pipelines),
     )
+
+
+def tenant_totals(pipelines: dict[str, PipelineMetrics]) -> dict[str, TenantMetrics]:
+    """Per tenant named by some job, its jobs' GPU-seconds summed (in pipeline-id order)."""
+    out: dict[str, TenantMetrics] = {}
+    for name in sorted({p.tenant for p in pipelines.values() if p.tenant}):
+        mine = [p for _, p in sorted(pipelines.items()) if p.tenant == name]
+        out[name] = TenantMetrics(
+            jobs=len(mine),
+            gpu_seconds_used=sum(p.gpu_seconds_used for p in mine),
+            gpu_seconds_lent=sum(p.gpu_seconds_lent for p in mine),
+            gpu_seconds_borrowed=sum(p.gpu_seconds_borrowed for p in mine),
+        )
+    return out

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from helpers import assert_config_error_names
 
-from rlix.exec.front.config import RunConfig, load_config
+from rlix.exec.front.config import RunConfig, load_config, parse_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -94,3 +94,20 @@ def test_a_jobs_priority_reaches_its_pipeline_spec():
     raw["jobs"][1]["priority"] = 2
     cfg = RunConfig.model_validate(raw)
     assert [j.pipeline_spec(j.name).priority for j in cfg.jobs] == [0, 2]
+
+
+def test_tenants_in_a_run_config():
+    raw = _base()
+    raw["scheduler"]["tenants"] = "research:2:2:1,prod:1"  # as --set gives it, or a list of mappings
+    raw["jobs"][0]["tenant"] = "research"
+    raw["jobs"][1]["tenant"] = "prod"
+    cfg = parse_config(raw)
+    assert [j.pipeline_spec(j.name).tenant for j in cfg.jobs] == ["research", "prod"]
+    assert [(t.name, t.weight, t.guarantee_gpus, t.borrow_limit_gpus) for t in cfg.scheduler.core().tenants] == [
+        ("research", 2.0, 2, 1),
+        ("prod", 1.0, 0, None),
+    ]
+    raw["jobs"][1]["tenant"] = "ops"
+    assert_config_error_names(raw, "jobs[1].tenant: 'ops' is not declared in scheduler.tenants")
+    raw["scheduler"].pop("tenants")  # naming the shared scheduler's tenants: checked when the job registers
+    assert parse_config(raw).jobs[1].tenant == "ops"

@@ -108,9 +108,10 @@ def test_overlapping_homes_share_what_they_lent():
     assert usage.lent == pytest.approx({"a": 5.0, "b": 5.0}) and usage.borrowed == pytest.approx({"c": 10.0})
 
 
-def row(name: str, gpus, state="running") -> JobRow:
+def row(name: str, gpus, state="running", tenant: str = "") -> JobRow:
     return JobRow(
         name=name,
+        tenant=tenant,
         submitter="s",
         state=state,
         priority=0,
@@ -175,3 +176,19 @@ def test_a_restarted_scheduler_plans_once_every_pipeline_it_had_is_back_or_gone_
     late = Roster(restarted=True, persist=False, now=0.0, max_wait_s=30.0)
     late.expected = {"c"}
     assert late.waiting(29.9) and not late.waiting(30.0)
+
+
+def test_the_status_table_shows_tenants_where_jobs_name_them():
+    from rich.console import Console
+
+    from rlix.exec.service.show import status_table
+
+    def shown(*rows: JobRow) -> list[str]:
+        console = Console(width=200, record=True)
+        status_table(status(*rows), console)
+        return [" ".join(w for w in line.split() if w not in "┃│") for line in console.export_text().splitlines()]
+
+    assert "TENANT" not in shown(row("a", [(0, "rollout")]))[1]
+    lines = shown(row("a", [(0, "rollout")], tenant="research"), row("b", [(1, "rollout")]))
+    rows = [line.split() for line in lines if line.split() and line.split()[0] in ("JOB", "a", "b")]
+    assert [r[:3] for r in rows] == [["JOB", "TENANT", "STATE"], ["a", "research", "running"], ["b", "-", "running"]]

@@ -29,13 +29,17 @@ def place_on_idle(draft: Draft, needs: list[RolloutNeed], shares: dict[str, floa
     _hand_out(draft, needs, shares, {n.pipeline_id: whole(shares[n.pipeline_id]) for n in needs})
 
 
-def fill_idle(draft: Draft, needs: list[RolloutNeed], shares: dict[str, float] | None = None) -> None:
+def fill_idle(
+    draft: Draft, needs: list[RolloutNeed], shares: dict[str, float] | None = None, caps: dict[str, int] | None = None
+) -> None:
     """Work conservation: free bundles to every pipeline below its need.
 
     Without ``shares`` (the baselines), the shortfall is measured against the need.
+    ``caps``: pipelines that may hold no more workers than this (a tenant's borrowing limit).
     """
     shares = shares if shares is not None else {n.pipeline_id: float(n.need) for n in needs}
-    _hand_out(draft, needs, shares, {n.pipeline_id: n.need for n in needs})
+    caps = caps or {}
+    _hand_out(draft, needs, shares, {n.pipeline_id: min(n.need, caps.get(n.pipeline_id, n.need)) for n in needs})
 
 
 def whole(share: float) -> int:

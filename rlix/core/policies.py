@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from typing import ClassVar
 
-from rlix.core import passes
+from rlix.core import passes, tenants
 from rlix.core.errors import SchedulingError
 from rlix.core.ledger import Draft
 from rlix.core.state import GangRequest, View
@@ -90,14 +90,19 @@ class RlixPolicy(Policy):
         bundles = spec.role(Role.ACTOR_INFER).bundles
         return tuple(sorted(bundles, key=lambda b: (not home.issuperset(b), b[0])))
 
+    def admits(self, view: View, draft: Draft, req: GangRequest) -> bool:
+        """A job starts once its model-load gang fits, and, if its tenant has a borrowing limit, fits under it."""
+        return tenants.admits_under_limit(view, draft, req)
+
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
-        passes.gang_pass(view, draft, stop_own_rollout=False)
+        # Admission is asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
+        passes.gang_pass(view, draft, stop_own_rollout=False, admits=self.admits if view.config.tenants else None)
         needs = passes.rollout_needs(view, blocked=set())
-        shares = passes.proportional_shares(needs, passes.rollout_capacity(view, draft))
+        shares = tenants.tenant_shares(view, draft, needs, passes.rollout_capacity(view, draft))
         passes.place_on_idle(draft, needs, shares)
         passes.rebalance(view, draft, needs, shares)
-        passes.fill_idle(draft, needs, shares)
+        passes.fill_idle(draft, needs, shares, caps=tenants.worker_caps(view, needs, shares))
 
 
 def _inside_home(spec: PipelineSpec) -> tuple[Gpus, ...]:

@@ -61,6 +61,42 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
+    check_tenants(cluster, config)
+
+
+def check_tenants(cluster: ClusterSpec, config: SchedulerConfig) -> None:
+    """Tenants with unique non-empty names, positive finite weights, and guarantees the cluster can hold."""
+    names = [t.name for t in config.tenants]
+    if "" in names or len(set(names)) != len(names):
+        raise SchedulingError("tenants: every tenant needs a name of its own")
+    for t in config.tenants:
+        if not (math.isfinite(t.weight) and t.weight > 0):
+            raise SchedulingError(f"tenants: '{t.name}' has weight {t.weight}; use a positive number")
+        if t.guarantee_gpus < 0 or (t.borrow_limit_gpus is not None and t.borrow_limit_gpus < 0):
+            raise SchedulingError(f"tenants: '{t.name}' has a negative guarantee or borrowing limit")
+    promised = sum(t.guarantee_gpus for t in config.tenants)
+    if promised > cluster.num_gpus:
+        raise SchedulingError(
+            f"tenants: their guarantees add up to {promised} GPUs but the cluster has {cluster.num_gpus}; lower them"
+        )
+
+
+def check_tenant(config: SchedulerConfig, spec: PipelineSpec) -> None:
+    """A job names a declared tenant, and its model load fits under that tenant's limit."""
+    if not spec.tenant:
+        return
+    if all(t.name != spec.tenant for t in config.tenants):
+        declared = ", ".join(t.name for t in config.tenants) or "none"
+        raise SchedulingError(
+            f"pipeline '{spec.pipeline_id}': tenant '{spec.tenant}' is not declared (declared: {declared}); "
+            "declare it in the scheduler's tenants or remove the job's tenant"
+        )
+    limit = config.tenant(spec.tenant).limit_gpus
+    if len(spec.init_gpus) > limit:
+        raise SchedulingError(
+            f"pipeline '{spec.pipeline_id}': its model load needs {len(spec.init_gpus)} GPUs, more than tenant "
+            f"'{spec.tenant}' may hold ({limit:g}); raise the tenant's guarantee or borrowing limit"
+        )
 
 
 class Scheduler:
@@ -117,6 +153,7 @@ class Scheduler:
         """The entry of a pipeline joining with ``spec``, once checked; not recorded yet."""
         pid = spec.pipeline_id
         validate_pipeline(self.cluster, spec)
+        check_tenant(self._view.config, spec)
         old = self._view.pipelines.get(pid)  # an id may run again once a plan freed what its pipeline held
         if old is not None and (old.state is PipelineState.ACTIVE or pid in self._view.departed):
             raise SchedulingError(f"pipeline '{pid}' is already registered; pipeline ids must be unique")

@@ -187,13 +187,13 @@ def proportional_shares(needs: list[RolloutNeed], capacity_gpus: int) -> dict[st
     lows = {n.pipeline_id: float(n.floor * n.tp) for n in floored}
     if sum(lows.values()) > capacity_gpus:  # home floors do not all fit: one worker each
         lows = {n.pipeline_id: float(n.tp) for n in floored}
-    level = _water_level([(n.weight, lows[n.pipeline_id], float(n.need * n.tp)) for n in floored], float(capacity_gpus))
+    level = water_level([(n.weight, lows[n.pipeline_id], float(n.need * n.tp)) for n in floored], float(capacity_gpus))
     for n in floored:
         shares[n.pipeline_id] = min(float(n.need * n.tp), max(lows[n.pipeline_id], level * n.weight)) / n.tp
     return shares
 
 
-def _water_level(items: list[tuple[float, float, float]], capacity: float) -> float:
+def water_level(items: list[tuple[float, float, float]], capacity: float) -> float:
     """The level L with sum(clamp(L x w, lo, hi)) == capacity (inf if all fit at hi).
 
     ``items`` are (weight > 0, lo, hi) in a fixed order. The sum is piecewise

@@ -10,6 +10,7 @@ Times are seconds (floats) supplied by the caller; GPUs are integer ids
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 Gpus = tuple[int, ...]
@@ -118,7 +119,9 @@ class PipelineSpec:
     rollout), so the planner may pack stragglers onto fewer workers.
     ``priority`` ranks jobs (higher wins, default 0): a higher-priority job's
     gang stages go before every lower-priority job's, and its rollout share
-    weight is multiplied by ``priority_weight ** priority``.
+    weight is multiplied by ``priority_weight ** priority``. ``tenant`` names
+    the tenant the job belongs to (one of :attr:`SchedulerConfig.tenants`;
+    "" for none).
     """
 
     pipeline_id: str
@@ -128,6 +131,7 @@ class PipelineSpec:
     home: Gpus = ()
     resumable: bool = False
     priority: int = 0
+    tenant: str = ""  # the tenant it belongs to (SchedulerConfig.tenants); "" for none
 
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:
@@ -308,6 +312,26 @@ class Plan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TenantSpec:
+    """A tenant's share of the cluster (the Kueue model): its jobs' GPUs, together, are split
+    with the other tenants' by ``weight``; it gets at least ``guarantee_gpus`` whenever its jobs
+    can use them, and never more than ``guarantee_gpus + borrow_limit_gpus`` (None: no limit)."""
+
+    name: str
+    weight: float = 1.0
+    guarantee_gpus: int = 0
+    borrow_limit_gpus: int | None = None
+
+    @property
+    def limit_gpus(self) -> float:
+        """The most GPUs its jobs may hold together (inf: no limit)."""
+        return math.inf if self.borrow_limit_gpus is None else float(self.guarantee_gpus + self.borrow_limit_gpus)
+
+
+NO_TENANT = TenantSpec(name="")  # the tenant of jobs that name none, when tenants are declared
+
+
+@dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """Knobs of the rollout split (shared by every policy).
 
@@ -348,6 +372,12 @@ class SchedulerConfig:
       steps (reported ``path_s``, for the makespan): a share weight halves
       for every ``path_halving_s`` seconds its chain is shorter than the
       longest one. 0 turns it off.
+    - ``tenants``: tenants with shares (:class:`TenantSpec`). The GPUs are first
+      split between tenants by weight, each within its guarantee and limit
+      (gang stages count towards their tenant), then each tenant's rollout part
+      between its jobs as above; a job whose tenant has a limit is admitted only
+      when its model load fits under it. Jobs that name no tenant form one
+      tenant of weight 1. None declared: no tenant split at all.
     """
 
     report_ttl_s: float = 600.0
@@ -360,6 +390,11 @@ class SchedulerConfig:
     priority_weight: float = 2.0
     small_first: float = 3.0
     path_halving_s: float = 350.0
+    tenants: tuple[TenantSpec, ...] = ()
+
+    def tenant(self, name: str) -> TenantSpec:
+        """The declared tenant ``name`` (:data:`NO_TENANT` for "" or an undeclared name)."""
+        return next((t for t in self.tenants if t.name == name), NO_TENANT)
 
 
 DEFAULT_CONFIG = SchedulerConfig()

@@ -347,6 +347,7 @@ class JobRow:
     borrowed_s: float  # GPU-seconds it held outside its home GPUs
     queue_position: int | None  # 1 = next to be admitted; None = not queued
     error: str = ""
+    tenant: str = ""  # the tenant it belongs to ("" for none)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -81,7 +81,7 @@ class SimPipeline:
         self.streams = streams
         self.lora = model.kind == "multi_lora"
         self.machine = StepMachine(spec, job_plan(model, streams))
-        self.tally = PipelineTally(arrival_s=model.arrival_s, step_latencies=self.machine.latencies)
+        self.tally = PipelineTally(arrival_s=model.arrival_s, step_latencies=self.machine.latencies, tenant=spec.tenant)
         self.gpus_ready: dict[Stage, float] = {}  # granted stage -> when its GPUs' last offload ends (seconds)
         self.engine = RolloutEngine(
             self.env,

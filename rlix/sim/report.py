@@ -81,6 +81,22 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics]) -> No
         runs,
         lambda p: f"{p.gpu_seconds_used:,.0f} / {p.gpu_seconds_lent:,.0f} / {p.gpu_seconds_borrowed:,.0f}",
     )
+    first = next(iter(runs.values()))
+    if first.tenants:
+        tenants = Table(title="per tenant: jobs, GPU-seconds used / lent / borrowed", title_justify="left")
+        tenants.add_column("tenant")
+        for name in runs:
+            tenants.add_column(name, justify="right")
+        for name in first.tenants:
+            cells = [run.tenants[name] for run in runs.values()]
+            tenants.add_row(
+                name,
+                *(
+                    f"{t.jobs}: {t.gpu_seconds_used:,.0f} / {t.gpu_seconds_lent:,.0f} / {t.gpu_seconds_borrowed:,.0f}"
+                    for t in cells
+                ),
+            )
+        console.print(tenants)
 
 
 def _per_pipeline(console: Console, title: str, runs: dict[str, RunMetrics], cell) -> None:

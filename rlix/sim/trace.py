@@ -280,6 +280,9 @@ class TraceModel(StrictModel):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"pipeline ids must be unique; '{dup[0]}' appears more than once")
+        problem = self.scheduler.tenant_error([p.tenant for p in self.pipelines], "pipelines")
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

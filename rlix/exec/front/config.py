@@ -418,6 +418,10 @@ class RunConfig(StrictModel):
         for i, n in enumerate(names):
             if n in names[:i]:
                 raise ValueError(f"jobs[{i}].name: '{n}' is already used by jobs[{names.index(n)}]; give every job a unique name")
+        # A config that declares no tenants may name the shared scheduler's: the core checks those at registration.
+        problem = self.scheduler.tenant_error([j.tenant for j in self.jobs], "jobs") if self.scheduler.tenants else None
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

@@ -67,7 +67,7 @@ def _homes(
     """Each job's home from its arrival until it ended (rlix.lending)."""
     out = []
     for pid, res in sorted(results.items()):
-        job = next(j for j in cfg.jobs if j.name == names[pid])
+        job = _job(cfg, names[pid])
         out += [(res.arrival_s, pid, job.pipeline_spec(pid).home_gpus), (max(res.finish_s, res.arrival_s), pid, ())]
     return tuple(out)
 
@@ -184,7 +184,7 @@ def _streams(res: JobResult, adapters: list[str] | None) -> dict:
 
 def _shape(cfg: RunConfig, pid: str, res: JobResult, names: dict[str, str]) -> JobShape:
     """A measured job as the job model's bounds see it (one stream per adapter)."""
-    job = next(j for j in cfg.jobs if j.name == names[pid])
+    job = _job(cfg, names[pid])
     gen: dict[tuple[str, int], list[float]] = {}
     for t in res.trajectories:
         gen.setdefault((t.stream, t.step), []).append(t.gen_s)
@@ -240,8 +240,15 @@ def timeline_png(rec: UsageRecorder, end: float, policy: str, pipelines: list[st
     return path
 
 
-def _tally(res: JobResult) -> PipelineTally:
-    tally = PipelineTally(arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None)
+def _job(cfg: RunConfig, name: str):
+    """The config's job of this name."""
+    return next(j for j in cfg.jobs if j.name == name)
+
+
+def _tally(res: JobResult, tenant: str) -> PipelineTally:
+    tally = PipelineTally(
+        arrival_s=res.arrival_s, finish_s=res.finish_s if res.status is JobStatus.FINISHED else None, tenant=tenant
+    )
     tally.step_latencies = [s.finished_s - s.started_s for s in res.steps]
     tally.trajectories = len(res.trajectories)
     tally.preemptions = res.preemptions
@@ -275,7 +282,7 @@ def build_outputs(
         usage=rec,
         start=0.0,
         end=end,
-        tallies={pid: _tally(res) for pid, res in results.items()},
+        tallies={pid: _tally(res, _job(cfg, names[pid]).tenant) for pid, res in results.items()},
         lower_bound_work_s=work,
         lower_bound_critical_path_s=crit,
         trajectories_requeued=sum(r.requeued for r in results.values()),

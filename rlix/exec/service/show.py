@@ -24,11 +24,13 @@ def status_table(status: ClusterStatus, console: Console | None = None) -> None:
         f"idle {status.idle_fraction:.3f}, queued {status.queue_length}"
     )
     table = Table(show_edge=False, pad_edge=False)
-    for name in ("JOB", "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "LENT", "BORROWED", "QUEUE", "SUBMITTER"):
+    tenants = any(r.tenant for r in status.jobs)
+    columns = ("JOB", "TENANT") if tenants else ("JOB",)
+    for name in (*columns, "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "LENT", "BORROWED", "QUEUE", "SUBMITTER"):
         table.add_column(name, justify="right" if name in ("PRI", "GPU-S", "LENT", "BORROWED", "QUEUE") else "left")
     for r in status.jobs:
         table.add_row(
-            r.name,
+            *((r.name, r.tenant or "-") if tenants else (r.name,)),
             r.state + (f" ({r.error})" if r.error else ""),
             str(r.priority),
             gpu_text(r),

@@ -64,6 +64,7 @@ def cluster_status(service, now: float) -> ClusterStatus:
                 submitter=claim.submitter if claim is not None else "client",
                 state=job_state(service, name, held, queue),
                 priority=spec.priority if spec is not None else claim.priority,
+                tenant=spec.tenant if spec is not None else "",
                 gpus=tuple(held.get(name, ())),
                 steps_done=note.steps_done if note is not None else 0,
                 steps_total=note.steps_total if note is not None else (claim.steps_total if claim is not None else 0),

@@ -1,0 +1,90 @@
+"""Core layer: tenants with shares, the level above the jobs' rollout split.
+
+With tenants declared (:attr:`SchedulerConfig.tenants`), the cluster's GPUs
+are split between tenants first, the Kueue way: each tenant's total (the
+GPUs its jobs hold for gang stages, plus its rollout share) is
+``clamp(level x weight, floor, cap)`` with one water level for all, where
+the floor is its guarantee and the cap its guarantee plus borrowing limit,
+both cut to what its jobs can use. Gang stages are not preemptable, so they
+count towards their tenant as they are; what is left of a tenant's total is
+its rollout capacity, split between its own jobs by
+:func:`rlix.core.shares.proportional_shares`. A tenant with a limit admits a
+new job only while its model load fits under that limit.
+
+Tenants are visited in name order and sums run in that order, so
+registration order cannot change a float. No tenant declared: the jobs'
+split alone, exactly as without this module.
+"""
+
+from __future__ import annotations
+
+from rlix.core.ledger import Draft
+from rlix.core.placement import whole
+from rlix.core.shares import RolloutNeed, proportional_shares, water_level
+from rlix.core.state import GangRequest, View
+
+
+def tenant_gang_gpus(view: View, draft: Draft) -> dict[str, int]:
+    """GPUs each tenant's jobs hold for gang stages, or are granted in this plan."""
+    out: dict[str, int] = {}
+    held = [(pid, len(gpus)) for (pid, _), gpus in view.ledger.gangs.items()]
+    held += [(g.pipeline_id, len(g.gpus)) for g in draft.grants]
+    for pid, n in sorted(held):
+        tenant = view.pipelines[pid].spec.tenant
+        out[tenant] = out.get(tenant, 0) + n
+    return out
+
+
+def tenant_shares(view: View, draft: Draft, needs: list[RolloutNeed], capacity_gpus: int) -> dict[str, float]:
+    """Each pipeline's rollout share, in workers: tenants first, then the jobs of each tenant."""
+    config = view.config
+    if not config.tenants:
+        return proportional_shares(needs, capacity_gpus)
+    gangs = tenant_gang_gpus(view, draft)
+    groups: dict[str, list[RolloutNeed]] = {}
+    for n in needs:
+        groups.setdefault(n.entry.spec.tenant, []).append(n)
+    names = sorted(set(groups) | set(gangs))
+    bounds = []
+    for name in names:
+        t, held = config.tenant(name), gangs.get(name, 0)
+        usable = float(sum(n.need * n.tp for n in groups.get(name, ())))
+        floor = held + min(usable, max(0.0, t.guarantee_gpus - held))
+        cap = held + min(usable, max(0.0, t.limit_gpus - held))
+        bounds.append((t.weight, floor, cap))
+    total = float(capacity_gpus + sum(gangs.values()))
+    bounds = _fit_floors(bounds, total, [gangs.get(n, 0) for n in names])
+    level = water_level(bounds, total)
+    shares: dict[str, float] = {}
+    for name, (weight, floor, cap) in zip(names, bounds):
+        rollout = min(cap, max(floor, level * weight)) - gangs.get(name, 0)
+        if name in groups:
+            shares.update(proportional_shares(groups[name], max(rollout, 0.0)))
+    return shares
+
+
+def worker_caps(view: View, needs: list[RolloutNeed], shares: dict[str, float]) -> dict[str, int]:
+    """The most rollout workers each job of a tenant with a borrowing limit may hold: its share, whole
+    (idle GPUs beyond it stay idle: the tenant's limit holds even on an idle cluster)."""
+    limited = {t.name for t in view.config.tenants if t.borrow_limit_gpus is not None}
+    return {n.pipeline_id: whole(shares.get(n.pipeline_id, 0.0)) for n in needs if n.entry.spec.tenant in limited}
+
+
+def _fit_floors(bounds: list[tuple[float, float, float]], total: float, held: list[int]) -> list[tuple[float, float, float]]:
+    """Guarantees that together exceed the GPUs there are (gang stages beyond a guarantee) are cut
+    in proportion, above what each tenant's gang stages hold."""
+    wanted = sum(floor - h for (_, floor, _), h in zip(bounds, held))
+    room = total - sum(held)
+    if wanted <= room or wanted <= 0:
+        return bounds
+    scale = max(room, 0.0) / wanted
+    return [(w, h + (floor - h) * scale, cap) for (w, floor, cap), h in zip(bounds, held)]
+
+
+def admits_under_limit(view: View, draft: Draft, req: GangRequest) -> bool:
+    """A job's model load starts only while its tenant's gang stages, with it, fit under the tenant's limit."""
+    tenant = view.config.tenant(view.pipelines[req.pipeline_id].spec.tenant)
+    if tenant.borrow_limit_gpus is None:
+        return True
+    held = tenant_gang_gpus(view, draft).get(tenant.name, 0)
+    return held + len(req.gpus) <= tenant.limit_gpus

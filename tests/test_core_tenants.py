@@ -1,0 +1,104 @@
+"""Tenants with shares (the Kueue model) in the policy core: weights, guarantees, borrowing limits, admission."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from helpers import demand, owners, register, spec
+
+from rlix.core import ClusterSpec, ReleaseStage, RequestStage, Scheduler, SchedulerConfig, SchedulingError, Stage, TenantSpec
+
+NODE12 = ClusterSpec(nodes=1, gpus_per_node=12)
+PLAIN = dict(small_first=0.0, path_halving_s=0.0)  # the split by current demand alone
+
+
+def job(pid: str, tenant: str, train=(0,), infer=range(12)):
+    return replace(spec(pid, train, infer, home=train), tenant=tenant)
+
+
+def held(sched: Scheduler, *pids: str) -> int:
+    """Rollout GPUs the pipelines hold now."""
+    got = owners(sched)
+    return sum(len(got.get(p, [])) for p in pids)
+
+
+def tenants(*specs: TenantSpec) -> SchedulerConfig:
+    return SchedulerConfig(tenants=specs, min_residency_s=0.0, **PLAIN)
+
+
+def test_weights_split_the_cluster_between_tenants_then_their_jobs():
+    sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a", weight=2.0), TenantSpec(name="b", weight=1.0)))
+    register(sched, job("a1", "a"), job("a2", "a"), job("b1", "b"))
+    sched.step(0, [demand("a1", 400), demand("a2", 400), demand("b1", 400)])
+    assert held(sched, "a1", "a2") == 8 and held(sched, "b1") == 4  # 2:1 although a has two jobs and b one
+    assert held(sched, "a1") == held(sched, "a2") == 4
+    # without tenants the three jobs split it three ways
+    flat = Scheduler(NODE12, "rlix", SchedulerConfig(min_residency_s=0.0, **PLAIN))
+    register(flat, job("a1", ""), job("a2", ""), job("b1", ""))
+    flat.step(0, [demand("a1", 400), demand("a2", 400), demand("b1", 400)])
+    assert [held(flat, p) for p in ("a1", "a2", "b1")] == [4, 4, 4]
+
+
+def test_a_guarantee_holds_against_any_weight_and_a_limit_caps_even_an_idle_cluster():
+    sched = Scheduler(
+        NODE12,
+        "rlix",
+        tenants(TenantSpec(name="small", weight=0.01, guarantee_gpus=5), TenantSpec(name="big", weight=100.0)),
+    )
+    register(sched, job("s", "small"), job("g", "big"))
+    sched.step(0, [demand("s", 400), demand("g", 400)])
+    assert held(sched, "s") == 5 and held(sched, "g") == 7
+    capped = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="t", guarantee_gpus=2, borrow_limit_gpus=1)))
+    register(capped, job("x", "t"))
+    capped.step(0, [demand("x", 400)])
+    assert held(capped, "x") == 3  # guarantee 2 + borrowing 1, though 9 GPUs stay idle
+
+
+def test_gang_stages_count_towards_their_tenant():
+    sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a"), TenantSpec(name="b")))
+    register(sched, job("a1", "a", train=range(4)), job("b1", "b", train=(11,)))
+    sched.step(0, [RequestStage(pipeline_id="a1", stage=Stage.ACTOR_TRAIN), demand("a1", 0), demand("b1", 400)])
+    sched.step(1, [demand("b1", 400)])
+    assert held(sched, "b1") == 8  # everything but a's training gang: a wants no rollout now
+    sched.step(2, [ReleaseStage(pipeline_id="a1", stage=Stage.ACTOR_TRAIN), demand("a1", 400), demand("b1", 400)])
+    sched.step(3, [demand("a1", 400), demand("b1", 400)])
+    assert held(sched, "a1") == held(sched, "b1") == 6
+    sched.step(4, [RequestStage(pipeline_id="a1", stage=Stage.ACTOR_TRAIN)])
+    sched.step(5, [demand("a1", 400), demand("b1", 400)])
+    assert held(sched, "a1") == 2 and held(sched, "b1") == 6  # a's 6: 4 training, 2 rollout
+
+
+def test_a_tenant_at_its_limit_admits_its_next_job_once_a_model_load_fits():
+    sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="t", guarantee_gpus=4, borrow_limit_gpus=0)))
+    register(sched, job("first", "t", train=range(4)), job("second", "t", train=range(4, 8)))
+    plan = sched.step(0, [RequestStage(pipeline_id="first", stage=Stage.INIT)])
+    assert [g.pipeline_id for g in plan.grants] == ["first"]
+    plan = sched.step(1, [RequestStage(pipeline_id="second", stage=Stage.INIT)])
+    assert plan.grants == ()  # its GPUs are free, but the tenant would hold 8 > 4
+    plan = sched.step(2, [ReleaseStage(pipeline_id="first", stage=Stage.INIT)])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("second", Stage.INIT)]
+
+
+@pytest.mark.parametrize(
+    ("config", "job_spec", "message"),
+    [
+        (tenants(TenantSpec(name="a")), job("x", "nobody"), "tenant 'nobody' is not declared (declared: a)"),
+        (
+            tenants(TenantSpec(name="a", guarantee_gpus=1, borrow_limit_gpus=1)),
+            job("x", "a", train=range(4)),
+            "its model load needs 4 GPUs, more than tenant 'a' may hold (2)",
+        ),
+    ],
+)
+def test_a_job_of_an_undeclared_tenant_or_over_its_limit_is_refused(config, job_spec, message):
+    sched = Scheduler(NODE12, "rlix", config)
+    with pytest.raises(SchedulingError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        register(sched, job_spec)
+
+
+def test_tenants_the_cluster_cannot_honour_are_refused():
+    with pytest.raises(SchedulingError, match="guarantees add up to 14 GPUs but the cluster has 12"):
+        Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a", guarantee_gpus=8), TenantSpec(name="b", guarantee_gpus=6)))
+    with pytest.raises(SchedulingError, match="every tenant needs a name of its own"):
+        Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a"), TenantSpec(name="a")))

@@ -51,7 +51,7 @@ class _Trainer:
         self.calls: list[str] = []
         self.trained = 0
 
-    async def snapshot(self):
+    async def weights(self):
         return f"w{self.trained}"
 
     async def adapter_versions(self):

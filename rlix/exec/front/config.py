@@ -268,7 +268,7 @@ class VllmConfig(StrictModel):
         default=None, ge=16, description="tokens per sequence (prompt + completion); default: the checkpoint's limit"
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)"
+        default="bfloat16", description="engine weight dtype (the trainer publishes its weights in it)"
     )
     kv_cache_gib: float | None = Field(
         default=None,
@@ -386,6 +386,16 @@ class JobConfig(JobModel):
             target_modules=base.target_modules,
             adapters=tuple((a.name, a.seed) for a in self.adapters),
         )
+
+    def sync_dtype(self) -> str:
+        """The dtype the trainer publishes its weights in for rollout workers: what the engine serves.
+
+        A vLLM engine serves ``vllm.dtype`` (bfloat16 unless set), so its weights travel in it.
+        The torch engine gets bfloat16 too, on every device: half of float32's bytes per
+        sync; on a GPU it serves bfloat16, on a CPU host it computes in float32 (bfloat16
+        matmuls are slow there) on the bfloat16-rounded weights, as a GPU engine would
+        see them. Only a vLLM engine set to float32 gets float32 weights."""
+        return self.vllm.dtype if self.rollout_backend == "vllm" else "bfloat16"
 
     @property
     def batch_size(self) -> int:

@@ -57,7 +57,7 @@ class _Trainer:
     async def adapter_versions(self):
         return {}
 
-    async def reload(self):
+    async def reload(self, parts=()):
         self.calls.append("reload")
 
     async def offload(self):

@@ -191,7 +191,7 @@ def main() -> None:
     args = ap.parse_args()
     for key, value in PRESETS.get(args.preset, {}).items():
         setattr(args, key, value)
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
         size = {"heads": args.heads, "intermediate": args.intermediate, "backend": args.backend, "vllm_memory": args.vllm_memory}
         out = {

@@ -54,7 +54,15 @@ def _setup_process() -> None:
     torch.set_num_threads(1)
 
 
-@ray.remote(max_concurrency=64)
+CONTROL_THREADS = 8  # threads beyond the slots: wake, sleep, weight and adapter syncs never queue behind generation
+
+
+def worker_concurrency(slots_per_worker: int) -> int:
+    """The worker actor's threads for a job: one per generation slot, plus :data:`CONTROL_THREADS`."""
+    return slots_per_worker + CONTROL_THREADS
+
+
+@ray.remote(max_concurrency=worker_concurrency(64))  # the default; a job's coordinator sets its own (worker_options)
 class RolloutWorkerActor:
     """One rollout worker (a TP-sized GPU bundle) of one pipeline."""
 

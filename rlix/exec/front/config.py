@@ -218,10 +218,15 @@ class FaultConfig(StrictModel):
 class LimitsConfig(StrictModel):
     """Deadlines and retry bounds of the job's control plane (a stuck call is handled, never waited on forever)."""
 
+    # 600 s: a vLLM worker's first wake on a GPU builds its engine. For a 7B model that is reading
+    # ~15 GB of bf16 weights (30-60 s at 0.25-0.5 GB/s from shared storage), memory profiling and
+    # KV-cache allocation, and without enforce_eager torch.compile plus CUDA-graph capture (1-3 min);
+    # vLLM's own figure for a cold reload is 30-100+ s. 120 s killed such a worker mid-build.
     wake_timeout_s: float = Field(
-        default=120.0,
+        default=600.0,
         gt=0,
-        description="seconds a rollout worker may take to wake (engine + weights); then it is killed and its GPUs given back",
+        description="seconds a rollout worker may take to wake (the first wake on a GPU builds the vLLM engine: "
+        "600 s covers a 7B model); then it is killed and its GPUs given back",
     )
     call_timeout_s: float = Field(
         default=300.0, gt=0, description="seconds any other worker or scheduler call may take (start, sleep, weight sync, stage)"

@@ -6,10 +6,13 @@
 
 - scheduler round trip: one gang request + release through the Ray scheduler
   actor (no GPU contention, so it is pure control-plane time), and one demand report;
+- cold start: the worker's ``prepare`` (imports, config) *and* its first
+  ``wake`` (on a GPU the vLLM engine is built there);
 - shrink / expand: a rollout worker's ``sleep`` (abort + drop weights) and
-  ``wake`` (re-allocate + load the newest CPU snapshot), as a coordinator sees them;
-- weight sync: bytes per second from the trainer's CPU cache (Ray object store)
-  into an awake worker (``update_weights``); on a GPU also the plain
+  ``wake`` (re-allocate + load a new published version), as a coordinator sees them;
+- weight sync: bytes per second from the trainer's published buckets (Ray
+  object store) into an awake worker (``update_weights``), a new version every
+  repetition (a sync that moved no bytes is not counted); on a GPU also the plain
   host-to-device copy speed of the same bytes (pinned and pageable), and the
   sync's fraction of it.
 
@@ -104,12 +107,14 @@ def bench_worker(
     backend: str = "torch",
     vllm_memory: float = 0.3,
 ) -> dict:
+    """One rollout worker: cold start (process start-up *and* the engine build with the first weights),
+    then ``reps`` times shrink, expand with a new version, and an awake sync of another new version."""
     import torch
 
     from rlix.exec.actors import RolloutWorkerActor
     from rlix.exec.data.model import ModelSize, build_model, load_model, param_count
     from rlix.exec.rollout.torch_backend import Emulation, VllmOptions
-    from rlix.exec.train.weights import snapshot_of
+    from rlix.exec.train.weights import publish_of
 
     size = ModelSize(
         arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=intermediate or 4 * hidden
@@ -118,42 +123,54 @@ def bench_worker(
         path = build_model(size, Path(tmp) / "m")
         model = load_model(path)
         params = param_count(model)
-        snaps = [snapshot_of(model, v) for v in (1, 2)]
-        refs = [ray.put(s) for s in snaps]
-        nbytes = snaps[0].nbytes
-        del model
         opts = VllmOptions(gpu_memory_utilization=vllm_memory)
+
+        def version(v: int):
+            """The trainer's publish of version ``v`` (one object-store put, as a trainer's return is)."""
+            return ray.put(publish_of(model, v, opts.dtype if backend == "vllm" else "bfloat16"))
+
         worker = RolloutWorkerActor.options(num_cpus=0, runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": "0"}}).remote(
             Emulation(), backend=backend, vllm=opts
         )
+        first = version(1)
         t = time.perf_counter()
         ray.get(worker.prepare.remote(str(path)))
+        prepare_s = time.perf_counter() - t
+        woke = ray.get(worker.wake.remote(first))  # the engine build where it needs the device (a GPU)
         cold = time.perf_counter() - t
-        expand, shrink, sync = [], [], []
+        expand, shrink, sync, synced = [], [], [], []
         for i in range(reps):
-            t = time.perf_counter()
-            ray.get(worker.wake.remote(refs[i % 2]))
-            expand.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            ray.get(worker.update_weights.remote(refs[(i + 1) % 2]))
-            sync.append(time.perf_counter() - t)
             t = time.perf_counter()
             ray.get(worker.sleep.remote())
             shrink.append(time.perf_counter() - t)
+            ref = version(2 * i + 2)
+            t = time.perf_counter()
+            ray.get(worker.wake.remote(ref))
+            expand.append(time.perf_counter() - t)
+            ref = version(2 * i + 3)  # a new version every time: a no-op sync would read as infinitely fast
+            t = time.perf_counter()
+            timing = ray.get(worker.update_weights.remote(ref))
+            if timing.synced_bytes:
+                sync.append(time.perf_counter() - t)
+                synced.append(timing.synced_bytes)
         ray.kill(worker)
+    if not sync:
+        raise RuntimeError("no weight sync moved any bytes: the worker refused every new version")
     out = {
         "backend": backend,
         "params": params,
-        "weight_bytes": nbytes,
+        "weight_bytes": synced[0],
+        "prepare_s": prepare_s,
         "cold_start_s": cold,
+        "first_wake_built_engine": woke.cold,
         "expand_s_mean": statistics.fmean(expand),
         "expand_s_p50": statistics.median(expand),
         "shrink_s_mean": statistics.fmean(shrink),
         "weight_sync_s_mean": statistics.fmean(sync),
-        "weight_sync_GBps": nbytes / statistics.fmean(sync) / 1e9,
+        "weight_sync_GBps": sum(synced) / sum(sync) / 1e9,
     }
     if torch.cuda.is_available():
-        out |= bench_h2d(nbytes)
+        out |= bench_h2d(synced[0])
         out["weight_sync_fraction_of_pageable_h2d"] = out["weight_sync_GBps"] / out["h2d_pageable_GBps"]
         out["weight_sync_fraction_of_pinned_h2d"] = out["weight_sync_GBps"] / out["h2d_pinned_GBps"]
     return out

@@ -68,7 +68,7 @@ def _run_full(job: JobConfig, workdir: str | Path, emulation: Emulation) -> list
             ref = learner.logprobs(samples, reference=True)
             samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref)]
         stats = learner.train(samples)
-        backend.update_weights(learner.snapshot())
+        backend.update_weights(learner.publish())
         tokens = sum(len(s.completion_ids) for s in samples) / len(samples)
         out.append(LocalStep(step=step, mean_reward=scored.mean_reward, mean_tokens=tokens, loss=stats.loss))
     return out
@@ -85,7 +85,7 @@ def _run_lora(job: JobConfig, workdir: str | Path, emulation: Emulation) -> dict
     learner = LoraLearner(str(model_dir), "cpu", spec, {a.name: a.algo.value(a.seed) for a in job.adapters}, emulation)
     if job.checkpoint_dir:
         learner.restore(job.checkpoint_dir)
-    backend.wake(learner.snapshot(), tuple(learner.adapter_snapshot(n) for n in spec.names))
+    backend.wake(learner.publish(), tuple(learner.adapter_snapshot(n) for n in spec.names))
     out: dict[str, list[LocalStep]] = {a.name: [] for a in job.adapters}
     live = {a.name: a for a in job.adapters}
     while live:

@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 
 from rlix.exec.data.model import ModelSize, build_model, load_model
 from rlix.exec.rollout.torch_backend import GenRequest, VllmOptions
-from rlix.exec.train.weights import snapshot_of
+from rlix.exec.train.weights import publish_of
 
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
 
@@ -45,7 +45,7 @@ def test_sleep_releases_gpu_memory_and_wake_serves_again(model_dir, level):
         b.sleep()
         free_asleep = torch.cuda.mem_get_info()[0]
         assert not b.awake and free_asleep > free_awake  # KV cache (and level 2: weights) released
-        b.wake(snapshot_of(load_model(model_dir), 0))
+        b.wake(publish_of(load_model(model_dir), 0))
         assert torch.cuda.mem_get_info()[0] < free_asleep  # mapped back
         assert b.generate(req).token_ids == before.token_ids
     finally:

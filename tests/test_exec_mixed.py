@@ -84,8 +84,9 @@ def test_adapters_synced_to_live_workers_after_ticks(run):
     syncs = [s for s in r.switches if s.kind is SwitchKind.SYNC]
     assert syncs and all(s.synced_bytes > 0 for s in syncs)
     # an adapter sync moves only that adapter: far less than a cold-woken worker's base + adapters
+    # (the base travels as bf16 buckets, the adapters as fp32: 8x on this model, 14x before in fp32)
     wakes = [s.synced_bytes for s in r.switches if s.kind is SwitchKind.WAKE and s.synced_bytes]
-    assert wakes and 10 * max(s.synced_bytes for s in syncs) < max(wakes)
+    assert wakes and 5 * max(s.synced_bytes for s in syncs) < max(wakes)
 
 
 @pytest.fixture(scope="module")

@@ -242,7 +242,7 @@ class _Trainer:
             return _Remote(f)
 
         self.reload, self.offload = note("reload"), note("offload")
-        self.snapshot, self.adapter_snapshot = note("snapshot", "w"), note("adapter_snapshot", "a")
+        self.weights, self.adapter_snapshot = note("weights", "w"), note("adapter_snapshot", "a")
         self.save_adapter, self.adapter_versions = note("save_adapter"), note("adapter_versions", {"x": 3})
         self.save_full, self.trained_steps = note("save_full"), note("trained_steps", 2)
         self.train = _Remote(work)

@@ -52,7 +52,7 @@ class _Trainer:
         self.loaded: list[tuple[str, ...]] = []  # the learner parts each stage load asked for
         self.trained = 0
 
-    async def snapshot(self):
+    async def weights(self):
         return f"w{self.trained}"
 
     async def adapter_versions(self):

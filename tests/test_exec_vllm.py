@@ -28,7 +28,7 @@ from rlix.exec.data.recipe import continuation
 from rlix.exec.rollout.torch_backend import GenRequest, TorchRolloutBackend, VllmOptions
 from rlix.exec.train.grpo import GrpoConfig
 from rlix.exec.train.lora import LoraLearner, LoraSpec
-from rlix.exec.train.weights import snapshot_of
+from rlix.exec.train.weights import publish_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
@@ -98,7 +98,7 @@ def ray_local():
 
 
 def v0(model_dir):
-    return snapshot_of(load_model(model_dir), 0)
+    return publish_of(load_model(model_dir), 0, OPTS.dtype)
 
 
 def fresh(b, model_dir, adapters=()):
@@ -178,7 +178,7 @@ def test_sleep_and_wake_sync_the_trainers_weights(model_dir, engines):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
-    b.wake(snapshot_of(model, 3))
+    b.wake(publish_of(model, 3, OPTS.dtype))
     assert b.weight_version == 3
     after = b.generate(_req(temperature=1e-5))
     assert after.weight_version == 3 and after.token_ids != before.token_ids
@@ -229,11 +229,11 @@ from rlix.exec.messages import EngineStopped, GenRequest, VllmOptions
 from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
 
 from rlix.exec.data.model import load_model
-from rlix.exec.train.weights import snapshot_of
+from rlix.exec.train.weights import publish_of
 
 b = VllmRolloutBackend(options=VllmOptions(**eval(sys.argv[2])))
 b.prepare(sys.argv[1], "cpu")
-b.wake(snapshot_of(load_model(sys.argv[1]), 0))
+b.wake(publish_of(load_model(sys.argv[1]), 0, b.options.dtype))
 req = GenRequest(traj_id=1, prompt_ids=(1, 5), max_new_tokens=200, temperature=1.0, seed=0)
 out = {}
 def run():
@@ -312,7 +312,7 @@ def test_lora_adapters_served_per_request_and_updated_alone(model_dir, engines):
     b = engines(SPEC)
     if b.awake:
         b.sleep()
-    b.wake(learner.snapshot(), adapters)
+    b.wake(learner.publish(OPTS.dtype), adapters)
     base = b.generate(_req(adapter="a", temperature=1e-5))
     plain = b.generate(_req(temperature=1e-5))
     assert base.token_ids == plain.token_ids  # fresh adapters (B = 0) leave the base model's output
@@ -330,7 +330,7 @@ def test_lora_adapters_served_per_request_and_updated_alone(model_dir, engines):
     assert other.token_ids == base.token_ids  # "b" untouched
     assert b.generate(_req(temperature=1e-5)).token_ids == plain.token_ids  # the base too
     b.sleep()
-    b.wake(learner.snapshot(), tuple(learner.adapter_snapshot(n) for n in SPEC.names))  # resumed: every adapter back
+    b.wake(learner.publish(OPTS.dtype), tuple(learner.adapter_snapshot(n) for n in SPEC.names))  # resumed: every adapter back
     assert b.adapter_versions == {"a": 1, "b": 0}
     assert b.generate(_req(adapter="a", temperature=1e-5)).token_ids == tuned.token_ids
 
@@ -353,7 +353,7 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(p.numel() + 1)) * 0.5)
-    new = snapshot_of(model, 1)
+    new = publish_of(model, 1, OPTS.dtype)
     single.update_weights(new)
     want_new = [single.generate(_req(p, traj_id=i, n=16, seed=5)) for i, p in enumerate(PROMPTS)]
 

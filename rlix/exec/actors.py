@@ -27,6 +27,7 @@ from rlix.exec.messages import (
     TrainerJob,
     TrainStats,
     VllmOptions,
+    WeightBuckets,
     WeightSnapshot,
     WorkerFault,
 )
@@ -53,7 +54,15 @@ def _setup_process() -> None:
     torch.set_num_threads(1)
 
 
-@ray.remote(max_concurrency=64)
+CONTROL_THREADS = 8  # threads beyond the slots: wake, sleep, weight and adapter syncs never queue behind generation
+
+
+def worker_concurrency(slots_per_worker: int) -> int:
+    """The worker actor's threads for a job: one per generation slot, plus :data:`CONTROL_THREADS`."""
+    return slots_per_worker + CONTROL_THREADS
+
+
+@ray.remote(max_concurrency=worker_concurrency(64))  # the default; a job's coordinator sets its own (worker_options)
 class RolloutWorkerActor:
     """One rollout worker (a TP-sized GPU bundle) of one pipeline."""
 
@@ -82,8 +91,9 @@ class RolloutWorkerActor:
         self.backend.prepare(model_path, device_for_worker())
         return time.perf_counter() - t0
 
-    def wake(self, snapshot: WeightSnapshot | None, *adapters: AdapterSnapshot) -> SwitchTiming:
-        """Resume with ``snapshot`` (full weights, or the base) and every current adapter."""
+    def wake(self, snapshot: WeightBuckets | None, *adapters: AdapterSnapshot) -> SwitchTiming:
+        """Resume with ``snapshot`` (the trainer's published full weights, or the base) and every current
+        adapter; the timing's ``synced_bytes`` are the bytes of the weights it loaded."""
         if self.fault.hang_wake:
             threading.Event().wait()  # injected: a wake that never returns (the caller's deadline kills us)
         t0 = time.perf_counter()
@@ -117,7 +127,7 @@ class RolloutWorkerActor:
         self.backend.sleep()
         return SwitchTiming(seconds=time.perf_counter() - t0)
 
-    def update_weights(self, snapshot: WeightSnapshot) -> SwitchTiming:
+    def update_weights(self, snapshot: WeightBuckets) -> SwitchTiming:
         t0 = time.perf_counter()
         if not self.backend.awake or snapshot.version <= self.backend.weight_version:
             return SwitchTiming(seconds=0.0, version=self.backend.weight_version)
@@ -150,6 +160,7 @@ class TrainerActor:
         self.rank = rank
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.checkpoint_dir: str | None = None
+        self.sync_dtype = "bfloat16"
         self.learner: GrpoLearner | None = None
 
     def rendezvous(self, world: int) -> Rendezvous:
@@ -163,6 +174,7 @@ class TrainerActor:
         require_readable(job.model_path, "model directory")
         ranks = join(rdv, self.rank)
         self.checkpoint_dir = job.checkpoint_dir
+        self.sync_dtype = job.sync_dtype
         self.model_path = job.model_path
         if job.lora is None:
             self.learner = GrpoLearner(job.model_path, device_for_worker(), job.cfg, job.emulation, ranks, job.dtype, job.train)
@@ -220,8 +232,13 @@ class TrainerActor:
         return str(self.learner.save(adapter, self.checkpoint_dir))  # every rank gathers, rank 0 writes
 
     def snapshot(self) -> WeightSnapshot:
-        """The CPU copy of the newest weights (cached by Ray's object store)."""
+        """The whole newest weights in the trainer's dtype (a collective; in-process checks only)."""
         return self.learner.snapshot()
+
+    def weights(self) -> WeightBuckets | None:
+        """The newest weights as rollout workers load them: rank 0 returns the buckets, which Ray's
+        object store then holds once for every worker; other ranks return None."""
+        return self.learner.publish(self.sync_dtype)
 
     def visible_devices(self) -> str:
         return self.visible

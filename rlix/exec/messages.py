@@ -29,10 +29,42 @@ from rlix.exec.job.records import ActivityChange, JobStatus, RewardSpan, StepRec
 
 @dataclass(frozen=True, kw_only=True)
 class WeightSnapshot:
-    """Policy weights at ``version`` (0 = initial), tensors on the CPU."""
+    """Policy weights at ``version`` (0 = initial), tensors on the CPU, in the trainer's own dtype.
+
+    In-process only (checkpoints, tests): what crosses to rollout workers is
+    :class:`WeightBuckets`."""
 
     version: int
     tensors: Any  # mapping parameter name -> CPU torch.Tensor (a state dict)
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorSlot:
+    """Where one parameter lies in a :class:`WeightBuckets`: bucket, offset and length in elements."""
+
+    name: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int  # elements from the bucket's start (64-byte aligned)
+    numel: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightBuckets:
+    """Policy weights at ``version`` as a few flat buffers and an index: what a trainer publishes once
+    per version and every rollout worker loads.
+
+    ``buckets`` are numpy ``uint8`` arrays holding ``dtype`` elements (numpy has no
+    bfloat16): Ray stores them out of band, so a worker on the same node reads them
+    as read-only views of the object store's shared memory, without unpickling
+    per-parameter tensors. Tied parameters share one slot's bytes. ``nbytes`` is
+    the bytes of the buckets (what one sync moves)."""
+
+    version: int
+    dtype: str  # "bfloat16" | "float16" | "float32": the elements' dtype (torch name)
+    buckets: tuple[Any, ...]  # numpy uint8 arrays
+    slots: tuple[TensorSlot, ...]
     nbytes: int
 
 
@@ -227,6 +259,7 @@ class TrainerJob:
     adapter_cfgs: tuple[tuple[str, GrpoConfig], ...] = ()
     checkpoint_dir: str | None = None
     dtype: str = "float32"  # weights and optimizer state (the master weights under bf16 precision)
+    sync_dtype: str = "bfloat16"  # the dtype of the weights published to rollout workers (what the engine serves)
     train: TrainOptions = TrainOptions()
 
 

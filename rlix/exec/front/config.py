@@ -218,10 +218,15 @@ class FaultConfig(StrictModel):
 class LimitsConfig(StrictModel):
     """Deadlines and retry bounds of the job's control plane (a stuck call is handled, never waited on forever)."""
 
+    # 600 s: a vLLM worker's first wake on a GPU builds its engine. For a 7B model that is reading
+    # ~15 GB of bf16 weights (30-60 s at 0.25-0.5 GB/s from shared storage), memory profiling and
+    # KV-cache allocation, and without enforce_eager torch.compile plus CUDA-graph capture (1-3 min);
+    # vLLM's own figure for a cold reload is 30-100+ s. 120 s killed such a worker mid-build.
     wake_timeout_s: float = Field(
-        default=120.0,
+        default=600.0,
         gt=0,
-        description="seconds a rollout worker may take to wake (engine + weights); then it is killed and its GPUs given back",
+        description="seconds a rollout worker may take to wake (the first wake on a GPU builds the vLLM engine: "
+        "600 s covers a 7B model); then it is killed and its GPUs given back",
     )
     call_timeout_s: float = Field(
         default=300.0, gt=0, description="seconds any other worker or scheduler call may take (start, sleep, weight sync, stage)"
@@ -268,7 +273,7 @@ class VllmConfig(StrictModel):
         default=None, ge=16, description="tokens per sequence (prompt + completion); default: the checkpoint's limit"
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        default="bfloat16", description="engine weight dtype (trainer snapshots are cast on load)"
+        default="bfloat16", description="engine weight dtype (the trainer publishes its weights in it)"
     )
     kv_cache_gib: float | None = Field(
         default=None,
@@ -386,6 +391,16 @@ class JobConfig(JobModel):
             target_modules=base.target_modules,
             adapters=tuple((a.name, a.seed) for a in self.adapters),
         )
+
+    def sync_dtype(self) -> str:
+        """The dtype the trainer publishes its weights in for rollout workers: what the engine serves.
+
+        A vLLM engine serves ``vllm.dtype`` (bfloat16 unless set), so its weights travel in it.
+        The torch engine gets bfloat16 too, on every device: half of float32's bytes per
+        sync; on a GPU it serves bfloat16, on a CPU host it computes in float32 (bfloat16
+        matmuls are slow there) on the bfloat16-rounded weights, as a GPU engine would
+        see them. Only a vLLM engine set to float32 gets float32 weights."""
+        return self.vllm.dtype if self.rollout_backend == "vllm" else "bfloat16"
 
     @property
     def batch_size(self) -> int:

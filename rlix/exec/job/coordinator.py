@@ -37,7 +37,7 @@ from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
 from rlix.exec.messages import Emulation, JobNote, JobProgress, JobResult
 from rlix.exec.rollout.control import RolloutControl
-from rlix.exec.rollout.hooks import Deadlines, Hooks
+from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
 from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
@@ -111,6 +111,40 @@ def job_note(pipeline_id: str, runner: StepRunner | None, rec: Recorder) -> JobN
     return JobNote(pipeline_id=pipeline_id, loaded=loaded, steps_done=before + len(rec.steps), steps_total=steps)
 
 
+def worker_options(cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str, slots_per_worker: int) -> dict:
+    """Ray options of a rollout worker on ``gpus``: its placement, and a thread per generation slot plus
+    room for control calls (so a sleep or a sync never waits for a slot)."""
+    from rlix.exec.actors import worker_concurrency
+
+    return {**actor_options(cluster, gpus, nodes, name), "max_concurrency": worker_concurrency(slots_per_worker)}
+
+
+PROCESS_EXIT_S = 30.0  # seconds a killed process may take to be reported dead before its GPUs are given back anyway
+
+
+async def end_processes(handles: list, timeout_s: float, procs: Processes) -> int:
+    """Kill every process of ``handles`` and wait until the runtime reports each dead (a call to it fails
+    with one of ``procs.died``), at most ``timeout_s`` seconds in all; returns how many were not
+    confirmed dead in time."""
+    for h in handles:
+        procs.kill(h)
+
+    async def gone(h) -> None:
+        while True:
+            try:
+                await h.visible_devices.remote()
+            except procs.died:
+                return
+            await asyncio.sleep(0.05)  # still answering: the kill has not landed yet
+
+    if not handles:
+        return 0
+    done, pending = await asyncio.wait([asyncio.ensure_future(gone(h)) for h in handles], timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    return len(pending)
+
+
 class JobStopped(Exception):
     """The job was asked to stop (its run ends cancelled, keeping what it did)."""
 
@@ -153,6 +187,7 @@ class PipelineCoordinator:
         self.failure: asyncio.Future | None = None
         self.wake_up: asyncio.Event | None = None  # the demand reporter re-checks
         self.tasks: list[asyncio.Task] = []
+        self.procs = ray_processes()  # how worker and trainer processes are killed, and told dead
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -206,7 +241,13 @@ class PipelineCoordinator:
         limits = self.job.limits
         deadlines = Deadlines(wake_s=limits.wake_timeout_s, call_s=limits.call_timeout_s, rollout_s=limits.rollout_timeout_s)
         self.rollout = RolloutControl(
-            pool=self.pool, queue=self.queue, recorder=self.rec, hooks=hooks, deadlines=deadlines, model_dir=self.model_dir
+            pool=self.pool,
+            queue=self.queue,
+            recorder=self.rec,
+            hooks=hooks,
+            deadlines=deadlines,
+            model_dir=self.model_dir,
+            procs=self.procs,
         )
         parts = Parts(
             link=self.link,
@@ -246,7 +287,7 @@ class PipelineCoordinator:
     def _spawn(self, gpus: Gpus, first_process: bool):
         from rlix.exec.actors import RolloutWorkerActor
 
-        opts = actor_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}")
+        opts = worker_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
         fault = self.job.fault.for_worker(gpus[0], first_process)
         return RolloutWorkerActor.options(**opts).remote(
             self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault
@@ -257,18 +298,22 @@ class PipelineCoordinator:
             t.cancel()
         state = self.status.value if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else "failed"
         await self.link.last_note(job_note(self.pid, self.runner, self.rec))
-        try:  # shrinks our workers
+        # Our processes go first, and are gone, before unregister lets the scheduler give our GPUs
+        # to anyone else: a new holder never races a dying engine or trainer for device memory.
+        await end_processes(self._processes(), PROCESS_EXIT_S, self.procs)
+        try:
             await self.link.client.unregister(state, error)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us
             pass
-        if self.rollout is not None:
-            self.rollout.kill_all()
-        trainer = self.runner.trainer if self.runner is not None else None
-        if trainer is not None:
-            trainer.handle.kill()
         held = tuple(sorted(set(self.pool.held_gpus()) | set(self.link.gpus_held())))
         if held:
             self.rec.mark(self.now(), held, Activity.FREE, "")
+
+    def _processes(self) -> list:
+        """Handles of every worker and trainer process this job started."""
+        workers = self.rollout.handles() if self.rollout is not None else []
+        trainer = self.runner.trainer if self.runner is not None else None
+        return [*workers, *(trainer.handle.actors if trainer is not None else ())]
 
     # ================================================================ hooks
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 
-from rlix.exec.messages import AdapterSnapshot, GenRequest, GenResult, WeightSnapshot
+from rlix.exec.messages import AdapterSnapshot, GenRequest, GenResult, WeightBuckets
 
 
 class RolloutBackend(abc.ABC):
@@ -22,10 +22,10 @@ class RolloutBackend(abc.ABC):
     def prepare(self, model_path: str, device: str) -> None:
         """Process start-up without touching the device: imports, config, tokenizer."""
 
-    def load(self, model_path: str, device: str, snapshot: WeightSnapshot | None) -> None:
-        """Cold start: prepare, then build the engine (checkpoint weights or ``snapshot``)."""
+    def load(self, model_path: str, device: str, weights: WeightBuckets | None) -> None:
+        """Cold start: prepare, then build the engine (checkpoint weights or ``weights``)."""
         self.prepare(model_path, device)
-        self.wake(snapshot)
+        self.wake(weights)
 
     @abc.abstractmethod
     def generate(self, request: GenRequest) -> GenResult:
@@ -40,11 +40,11 @@ class RolloutBackend(abc.ABC):
         """Drop the weights (and caches) so the GPUs can be given away."""
 
     @abc.abstractmethod
-    def wake(self, snapshot: WeightSnapshot | None) -> None:
-        """Rebuild the engine, loading ``snapshot`` if newer than what it had."""
+    def wake(self, weights: WeightBuckets | None) -> None:
+        """Rebuild the engine, loading ``weights`` (the trainer's published buckets) if newer than what it had."""
 
     @abc.abstractmethod
-    def update_weights(self, snapshot: WeightSnapshot) -> None:
+    def update_weights(self, weights: WeightBuckets) -> None:
         """Load newer weights into an awake engine."""
 
     @abc.abstractmethod

@@ -114,10 +114,9 @@ class RolloutControl:
             self.hooks.lost(w.gpus)
         self.hooks.changed()
 
-    def kill_all(self) -> None:
-        for w in self.pool.workers.values():
-            if w.handle is not None:
-                self.procs.kill(w.handle)
+    def handles(self) -> list:
+        """Every worker process this job started (dead ones included: killing twice is harmless)."""
+        return [w.handle for _, w in sorted(self.pool.workers.items()) if w.handle is not None]
 
     # ------------------------------------------------------------ plan calls
 

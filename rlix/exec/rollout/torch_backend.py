@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
+from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions, WeightBuckets
 from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
 
 __all__ = ["Emulation", "GenRequest", "GenResult", "RolloutBackend", "TorchRolloutBackend", "VllmOptions", "make_backend"]
@@ -50,6 +50,7 @@ class TorchRolloutBackend(RolloutBackend):
         self.eos_id = -1
         self._version = -1
         self._flight = _Flight()
+        self._staging = None  # PinnedStaging on a CUDA device, reused across syncs
 
     # ---------------------------------------------------------- lifecycle
 
@@ -91,29 +92,36 @@ class TorchRolloutBackend(RolloutBackend):
 
             torch.cuda.empty_cache()
 
-    def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
+    def wake(self, weights: WeightBuckets | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
         with self._flight.cond:
             if not self._awake:
-                if snapshot is None:
-                    from rlix.exec.data.model import load_model
-
-                    model = load_model(self.model_path)
-                    if self.lora is not None:
-                        from rlix.exec.train.lora import wrap_with_adapters
-
-                        model = wrap_with_adapters(model, self.lora)
-                    snapshot = WeightSnapshot(version=0, tensors=model.state_dict(), nbytes=0)
                 self.model.to_empty(device=self.device)
-                self._load(snapshot)
                 for name, buf in self._buffers.items():
                     mod, _, leaf = name.rpartition(".")
                     self.model.get_submodule(mod)._buffers[leaf] = buf.to(self.device)
+                if weights is None:
+                    self._load_checkpoint()
+                else:
+                    self._load(weights)
                 self._awake = True
                 self._adapter_versions = {n: 0 for n in (self.lora.names if self.lora else ())}
-            elif snapshot is not None and snapshot.version != self._version:
-                self._load(snapshot)
+            elif weights is not None and weights.version != self._version:
+                self._load(weights)
             for a in adapters:
                 self._load_adapter(a)
+
+    def _load_checkpoint(self) -> None:
+        """The checkpoint's own weights, exactly (version 0; no trainer has published any yet)."""
+        from rlix.exec.data.model import load_model
+
+        model = load_model(self.model_path)
+        if self.lora is not None:
+            from rlix.exec.train.lora import wrap_with_adapters
+
+            model = wrap_with_adapters(model, self.lora)
+        self.model.load_state_dict(model.state_dict(), strict=True)
+        self._tie()
+        self._version = 0
 
     def update_adapter(self, snapshot: AdapterSnapshot) -> None:
         with self._flight.cond:
@@ -132,15 +140,24 @@ class TorchRolloutBackend(RolloutBackend):
     def adapter_versions(self) -> dict[str, int]:
         return dict(self._adapter_versions)
 
-    def _load(self, snapshot: WeightSnapshot) -> None:
-        self.model.load_state_dict(snapshot.tensors, strict=True)
-        if self.lora is None or "lm_head" not in self.lora.target_modules:
-            self.model.tie_weights()  # a LoRA-wrapped lm_head has its own base weight in the snapshot
-        self._version = snapshot.version
+    def _load(self, weights: WeightBuckets) -> None:
+        """Copy the published buckets into the engine's parameters (cast to the engine's dtype): on a CPU
+        straight from the object store's memory, on CUDA through the pinned staging buffer."""
+        from rlix.exec.train.weights import PinnedStaging, load_into
 
-    def update_weights(self, snapshot: WeightSnapshot) -> None:
+        if self._staging is None and self.device.startswith("cuda"):
+            self._staging = PinnedStaging()
+        load_into(self.model, weights, self.device, self._staging)
+        self._tie()
+        self._version = weights.version
+
+    def _tie(self) -> None:
+        if self.lora is None or "lm_head" not in self.lora.target_modules:
+            self.model.tie_weights()  # a LoRA-wrapped lm_head has its own base weight in the weights
+
+    def update_weights(self, weights: WeightBuckets) -> None:
         with self._flight.cond:
-            self._load(snapshot)
+            self._load(weights)
 
     @property
     def weight_version(self) -> int:

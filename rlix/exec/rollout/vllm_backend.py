@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions, WeightSnapshot
+from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions, WeightBuckets
 from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
 
 
@@ -73,16 +73,19 @@ class _Pending:
     error: Exception | None = None  # vLLM refused the request (e.g. prompt longer than max_model_len)
 
 
-def hf_base_weights(tensors: dict) -> dict:
-    """HF parameter names of a snapshot: a peft model's base weights, or a plain model's."""
-    out = {}
-    for k, v in tensors.items():
+def hf_base_pairs(pairs):
+    """(HF parameter name, tensor) of a peft model's base weights, or a plain model's (lazily)."""
+    for k, v in pairs:
         if ".lora_A." in k or ".lora_B." in k:
             continue
         if k.startswith("base_model.model."):
             k = k[len("base_model.model.") :].replace(".base_layer.", ".")
-        out[k] = v
-    return out
+        yield k, v
+
+
+def hf_base_weights(tensors: dict) -> dict:
+    """HF parameter names of a state dict: a peft model's base weights, or a plain model's."""
+    return dict(hf_base_pairs(tensors.items()))
 
 
 def write_peft_adapter(snapshot: AdapterSnapshot, spec: LoraSpec, base_path: str, out_dir: Path) -> Path:
@@ -168,6 +171,8 @@ class VllmRolloutBackend(RolloutBackend):
         self._lock = threading.Condition()
         self._engine: EngineThread | None = None  # built on the first wake
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
+        self._device = "cpu"  # set by prepare
+        self._staging = None  # PinnedStaging on one GPU, reused across syncs
 
     @property
     def llm(self):
@@ -185,6 +190,7 @@ class VllmRolloutBackend(RolloutBackend):
         start, see :attr:`builds_on_wake`).
         """
         self.model_path = model_path
+        self._device = device
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         eos = cfg["eos_token_id"]
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
@@ -214,7 +220,7 @@ class VllmRolloutBackend(RolloutBackend):
         if self._engine is not None and self._engine.failure is not None:
             raise EngineStopped(str(self._engine.failure)) from self._engine.failure
 
-    def wake(self, snapshot: WeightSnapshot | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
+    def wake(self, snapshot: WeightBuckets | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
         with self._lock:
             self._check_engine()
             if not self._awake:
@@ -236,13 +242,22 @@ class VllmRolloutBackend(RolloutBackend):
                     if name not in self._adapters:
                         self._adapters[name] = (0, None)  # version 0 = base weights, no LoRA yet
 
-    def _load(self, snapshot: WeightSnapshot) -> None:
-        # A list, not a generator: with tensor parallelism it is sent to every rank's process.
-        weights = list(hf_base_weights(snapshot.tensors).items())
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    def _load(self, weights: WeightBuckets) -> None:
+        """The published buckets into the engine in place. One GPU (the engine core in this process): a
+        generator of device tensors, each bucket carried over through the pinned staging buffer as the
+        model's loader asks for it. A CPU host, or a tensor-parallel engine (whose ranks are other
+        processes, so the list is sent to each): zero-copy views of the object store's buffers."""
+        from rlix.exec.train.weights import PinnedStaging, device_tensors
+
+        if self._device.startswith("cuda") and len(self.devices) == 1:
+            self._staging = self._staging or PinnedStaging()
+            pairs = hf_base_pairs(device_tensors(weights, self._device, self._staging))
+        else:
+            pairs = list(hf_base_pairs(device_tensors(weights, "cpu")))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
         # Prefix caching is on by default: cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache(reset_running_requests=True)
-        self._version = snapshot.version
+        self._version = weights.version
 
     def _register(self, snapshot: AdapterSnapshot) -> None:
         if snapshot.version <= self._adapters.get(snapshot.name, (-1, None))[0]:
@@ -260,7 +275,7 @@ class VllmRolloutBackend(RolloutBackend):
             LoRARequest(f"{snapshot.name}-v{snapshot.version}", lora_id, str(path)),
         )
 
-    def update_weights(self, snapshot: WeightSnapshot) -> None:
+    def update_weights(self, snapshot: WeightBuckets) -> None:
         with self._lock:
             self._check_engine()
             if self._awake:

@@ -12,11 +12,20 @@ import math
 import time
 from collections.abc import Iterable
 
-from rlix.exec.messages import Emulation, GrpoConfig, LearnerPart, Sample, TrainOptions, TrainStats, WeightSnapshot
+from rlix.exec.messages import (
+    Emulation,
+    GrpoConfig,
+    LearnerPart,
+    Sample,
+    TrainOptions,
+    TrainStats,
+    WeightBuckets,
+    WeightSnapshot,
+)
 from rlix.exec.train.compute import autocast, mixed_precision_policy, token_logprobs, uses_bf16
 from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
 from rlix.exec.train.residency import ALL_PARTS, Residency
-from rlix.exec.train.weights import snapshot_of
+from rlix.exec.train.weights import publish_of, snapshot_of
 
 __all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats", "group_advantages"]
 
@@ -101,6 +110,11 @@ class GrpoLearner:
 
     def snapshot(self) -> WeightSnapshot:
         return snapshot_of(self.model, self.version)
+
+    def publish(self, dtype: str = "bfloat16") -> WeightBuckets | None:
+        """The weights as rollout workers load them (``dtype`` buckets); rank 0 keeps them, the others
+        return None (a collective under FSDP2)."""
+        return publish_of(self.model, self.version, dtype, keep=self.ranks.rank == 0)
 
     # ------------------------------------------------------------ scoring
 

@@ -23,11 +23,12 @@ from rlix.exec.messages import (
     Sample,
     TrainOptions,
     TrainStats,
+    WeightBuckets,
     WeightSnapshot,
 )
 from rlix.exec.train.fsdp import SINGLE, Ranks, full, shard_like
 from rlix.exec.train.grpo import GrpoLearner
-from rlix.exec.train.weights import snapshot_of
+from rlix.exec.train.weights import publish_of, snapshot_of
 
 __all__ = ["AdapterSnapshot", "LoraLearner", "LoraSpec", "wrap_with_adapters"]
 
@@ -132,6 +133,10 @@ class LoraLearner(GrpoLearner):
     def snapshot(self) -> WeightSnapshot:
         """Base + every adapter as they are now (what a waking rollout engine loads)."""
         return snapshot_of(self.model, 0)
+
+    def publish(self, dtype: str = "bfloat16") -> WeightBuckets | None:
+        """Base + every adapter as a waking rollout engine loads them (version 0: the base never trains)."""
+        return publish_of(self.model, 0, dtype, keep=self.ranks.rank == 0)
 
     def adapter_snapshot(self, adapter: str) -> AdapterSnapshot:
         return adapter_snapshot_of(self.model, adapter, self.adapters[adapter].version)

@@ -30,6 +30,7 @@ GANG_CALLS = (
     "adapter_snapshot",
     "save_adapter",
     "snapshot",
+    "weights",
     "trained_steps",
     "save_full",
 )

@@ -2,8 +2,10 @@
 
 Stage calls (old and reference log-probs, training) and weight snapshots,
 each with a deadline, and the versioned CPU cache of the trainer's weights:
-the newest full snapshot (or base weights of a LoRA job) and the newest
-snapshot of each adapter, as object references rollout workers sync from.
+the newest full weights (or base weights of a LoRA job), published once per
+version as bf16 buckets in Ray's object store (:mod:`rlix.exec.train.weights`),
+and the newest snapshot of each adapter, as object references rollout workers
+sync from.
 Version ``v`` is the weights after ``v`` trained steps.
 """
 
@@ -30,7 +32,7 @@ class TrainerLink:
         self.limits = limits
         self.checkpoint_dir = checkpoint_dir  # None: no checkpoints
         self.save_every = save_every  # checkpoint every this many steps (and after a stream's last)
-        self.full: tuple[object, int] = (handle.snapshot.remote(), 0)  # newest full snapshot ref, its version
+        self.full: tuple[object, int] = (handle.weights.remote(), 0)  # newest full snapshot ref, its version
         self.adapters: dict[str, tuple[object, int]] = {}  # adapter -> newest snapshot ref, its version
 
     @classmethod
@@ -57,6 +59,7 @@ class TrainerLink:
             adapter_cfgs=tuple((a.name, a.algo.value(a.seed)) for a in job.adapters or ()),
             checkpoint_dir=job.checkpoint_dir,
             train=job.train.value(),
+            sync_dtype=job.sync_dtype(),
         )
         gang = TrainerGang.start(cluster, gpus, nodes, name, trainer_job)
         return cls(gang, limits=job.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every, started=gang.started)
@@ -111,7 +114,7 @@ class TrainerLink:
             if due:
                 await self.call(self.handle.save_adapter.remote(stream), "adapter checkpoint")
         else:
-            ref = self.handle.snapshot.remote()
+            ref = self.handle.weights.remote()
             await self.call(ref, "weight snapshot")
             self.full = (ref, version)
             if due:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.messages import ClusterStatus, JobRow, NameTaken
+from rlix.exec.messages import ClusterStatus, JobClaim, JobRow, NameTaken
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.prom import samples
 from rlix.exec.service.roster import Roster
@@ -19,45 +19,49 @@ ROOT = Path(__file__).resolve().parent.parent
 W = Activity.WORK
 
 
+def c(name: str, priority: int, steps: int) -> JobClaim:
+    return JobClaim(name=name, priority=priority, steps=steps)
+
+
 def test_names_are_unique_on_the_cluster_until_their_job_ends():
     book = JobBook(lease_s=10)
-    book.claim("s1", (("a", 0, 5), ("b", 1, 3)), set(), 0.0)
+    book.claim("s1", (c("a", 0, 5), c("b", 1, 3)), set(), 0.0)
     with pytest.raises(NameTaken, match="job 'a' is already on this cluster .submitted by s1"):
-        book.claim("s2", (("c", 0, 1), ("a", 0, 1)), set(), 1.0)
+        book.claim("s2", (c("c", 0, 1), c("a", 0, 1)), set(), 1.0)
     assert "c" not in book.claims  # nothing of a refused claim is kept
     with pytest.raises(NameTaken, match="already running"):  # an external pipeline's name, never claimed
-        book.claim("s2", (("ext", 0, 1),), {"ext"}, 1.0)
+        book.claim("s2", (c("ext", 0, 1),), {"ext"}, 1.0)
     book.end("a", "finished")
-    book.claim("s2", (("a", 0, 7),), set(), 2.0)  # a name whose job ended may run again
+    book.claim("s2", (c("a", 0, 7),), set(), 2.0)  # a name whose job ended may run again
     assert book.claims["a"].submitter == "s2" and "a" not in book.ended and book.open_jobs() == ["b", "a"]
 
 
 def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_names():
     book = JobBook(lease_s=10)
-    book.claim("s1", (("a", 0, 5),), set(), 0.0)
+    book.claim("s1", (c("a", 0, 5),), set(), 0.0)
     book.end("a", "finished")
-    book.renew_claims("s1", (("a", 0, 5),), 1.0)
+    book.renew_claims("s1", (c("a", 0, 5),), 1.0)
     assert book.ended["a"] == ("finished", "")  # a renewal does not make an ended job look new
     fresh = JobBook(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
     with pytest.raises(NameTaken):
-        fresh.claim("s2", (("a", 0, 5),), {"a"}, 0.0)
-    fresh.renew_claims("s1", (("a", 0, 5),), 0.0)
+        fresh.claim("s2", (c("a", 0, 5),), {"a"}, 0.0)
+    fresh.renew_claims("s1", (c("a", 0, 5),), 0.0)
     assert fresh.claims["a"].submitter == "s1"
 
 
 def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
     book = JobBook(lease_s=10)
-    book.claim("s1", (("a", 0, 5), ("b", 0, 5)), set(), 0.0)
+    book.claim("s1", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
     book.end("a", "finished")
-    book.claim("s2", (("a", 0, 3),), set(), 1.0)  # a new job of the ended name
-    book.renew_claims("s1", (("a", 0, 5), ("b", 0, 5)), 12.0)  # s1 still lists a: the renewal must hold anyway
-    book.renew_claims("s2", (("a", 0, 3),), 12.0)
+    book.claim("s2", (c("a", 0, 3),), set(), 1.0)  # a new job of the ended name
+    book.renew_claims("s1", (c("a", 0, 5), c("b", 0, 5)), 12.0)  # s1 still lists a: the renewal must hold anyway
+    book.renew_claims("s2", (c("a", 0, 3),), 12.0)
     assert book.expired(20.0) == [] and book.claims["a"].submitter == "s2" and book.claims["b"].submitter == "s1"
 
 
 def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
     book = JobBook(lease_s=10)
-    book.claim("s1", (("a", 0, 5), ("c", 0, 5)), set(), 0.0)
+    book.claim("s1", (c("a", 0, 5), c("c", 0, 5)), set(), 0.0)
     with pytest.raises(NameTaken, match="submitted by s1"):
         book.registering("a", "")  # an external pipeline
     with pytest.raises(NameTaken, match="submitted by s1"):
@@ -74,8 +78,8 @@ def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
 
 def test_leases_lapse_and_cancels_reach_their_submitter():
     book = JobBook(lease_s=10)
-    book.claim("s1", (("a", 0, 5),), set(), 0.0)
-    book.claim("s2", (("b", 0, 5),), set(), 0.0)
+    book.claim("s1", (c("a", 0, 5),), set(), 0.0)
+    book.claim("s2", (c("b", 0, 5),), set(), 0.0)
     book.cancel_asked.add("b")
     assert book.renew("s1", 5.0) == () and book.renew("s2", 5.0) == ("b",)
     book.renew("s1", 12.0)

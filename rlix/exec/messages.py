@@ -192,6 +192,32 @@ class NameTaken(ValueError):
     """A job name is already in use on the cluster's scheduler."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class JobClaim:
+    """A job an ``rlix-run`` submission claims on the shared scheduler, by name."""
+
+    name: str
+    priority: int
+    steps: int  # steps it will train (rlix status shows steps done of these)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelReply:
+    """What ``rlix cancel`` did: whether the job was found, and what happened to it."""
+
+    found: bool
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineReply:
+    """The cluster's activity since the service started, for ``rlix timeline``."""
+
+    recorder: object  # a rlix.metrics.UsageRecorder, closed at ``now``
+    now: float  # seconds since the service started
+    jobs: tuple[str, ...]
+
+
 # ------------------------------------------------------------------ training
 
 

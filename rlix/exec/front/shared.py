@@ -31,7 +31,7 @@ class Submission:
         """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it."""
         import ray
 
-        from rlix.exec.messages import NameTaken
+        from rlix.exec.messages import JobClaim, NameTaken
 
         given = "cluster" in config.model_fields_set
         handle = connect.find()
@@ -58,7 +58,7 @@ class Submission:
         self.config = config.model_copy(update={"cluster": cluster, "policy": info.policy})
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
         self.submitter = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.jobs = tuple((j.name, j.priority, default_steps(j)) for j in config.jobs)
+        self.jobs = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j)) for j in config.jobs)
         self.open = self.jobs  # the jobs this run has not seen end (what a renewal keeps claimed)
         try:
             ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
@@ -101,7 +101,7 @@ class Submission:
     def ended(self, names) -> None:
         """The run saw these jobs end: renewals no longer claim them (the name is free for others)."""
         gone = set(names)
-        self.open = tuple(j for j in self.open if j[0] not in gone)
+        self.open = tuple(j for j in self.open if j.name not in gone)
 
     def _renew(self) -> None:
         """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""

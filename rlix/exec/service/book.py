@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlix.exec.messages import JobNote, NameTaken
+from rlix.exec.messages import JobClaim, JobNote, NameTaken
 
 ENDED = ("finished", "failed", "cancelled")
 
@@ -37,26 +37,26 @@ class JobBook:
         self.cancel_asked: set[str] = set()
         self._seq = 0
 
-    def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], active: set[str], now: float) -> None:
-        """Claim ``(name, priority, steps)`` jobs for ``submitter``; :class:`NameTaken` (nothing claimed) if one is in use.
+    def claim(self, submitter: str, jobs: tuple[JobClaim, ...], active: set[str], now: float) -> None:
+        """Claim ``jobs`` for ``submitter``; :class:`NameTaken` (nothing claimed) if one is in use.
 
         ``active``: names of pipelines registered now (an unclaimed external pipeline's included).
         """
-        for name, _, _ in jobs:
+        for name in (j.name for j in jobs):
             owner = self.claims.get(name)
             theirs = owner is not None and owner.submitter != submitter
             if theirs and (name not in self.ended or name in active):
                 raise NameTaken(f"job '{name}' is already on this cluster (submitted by {owner.submitter}); rename the job")
             if owner is None and name in active:
                 raise NameTaken(f"job '{name}' is already running on this cluster; rename the job")
-        for name, priority, steps in jobs:
-            self._take(submitter, name, priority, steps)
-            self.ended.pop(name, None)  # a new run of the name: nothing of an earlier one carries over
-            self.notes.pop(name, None)
-            self.cancel_asked.discard(name)
+        for job in jobs:
+            self._take(submitter, job)
+            self.ended.pop(job.name, None)  # a new run of the name: nothing of an earlier one carries over
+            self.notes.pop(job.name, None)
+            self.cancel_asked.discard(job.name)
         self.renewed[submitter] = now
 
-    def renew_claims(self, submitter: str, jobs: tuple[tuple[str, int, int], ...], now: float) -> None:
+    def renew_claims(self, submitter: str, jobs: tuple[JobClaim, ...], now: float) -> None:
         """The submitter is alive, and ``jobs`` (those it has not seen end) are still its own.
 
         Never refused: a name someone else holds now is left to them, and one the
@@ -64,14 +64,16 @@ class JobBook:
         restarted and forgot its claims; the job may have rejoined already) is
         claimed again for the submitter.
         """
-        for name, priority, steps in jobs:
-            if name not in self.claims and name not in self.ended:
-                self._take(submitter, name, priority, steps)
+        for job in jobs:
+            if job.name not in self.claims and job.name not in self.ended:
+                self._take(submitter, job)
         self.renewed[submitter] = now
 
-    def _take(self, submitter: str, name: str, priority: int, steps: int) -> None:
+    def _take(self, submitter: str, job: JobClaim) -> None:
         self._seq += 1
-        self.claims[name] = Claim(name=name, submitter=submitter, priority=priority, steps_total=steps, seq=self._seq)
+        self.claims[job.name] = Claim(
+            name=job.name, submitter=submitter, priority=job.priority, steps_total=job.steps, seq=self._seq
+        )
 
     def registering(self, name: str, submitter: str) -> None:
         """A pipeline of this name registers for ``submitter`` ("": one that claimed no name);

@@ -14,7 +14,16 @@ from __future__ import annotations
 import asyncio
 
 from rlix.core import Rejoin, Stage
-from rlix.exec.messages import ClusterStatus, JobNote, PipelineGone, PipelineUnknown, ServiceInfo
+from rlix.exec.messages import (
+    CancelReply,
+    ClusterStatus,
+    JobClaim,
+    JobNote,
+    PipelineGone,
+    PipelineUnknown,
+    ServiceInfo,
+    TimelineReply,
+)
 from rlix.exec.service.status import cluster_status
 
 LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
@@ -75,14 +84,14 @@ class ServiceCalls:
         self._known(note.pipeline_id)
         self.book.notes[note.pipeline_id] = note
 
-    async def claim(self, submitter: str, jobs: tuple[tuple[str, int, int], ...]) -> None:
+    async def claim(self, submitter: str, jobs: tuple[JobClaim, ...]) -> None:
         """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use).
 
         Waits while a restarted scheduler's pipelines rejoin: until they have, a name that is running may not look so."""
         await self._rejoin_window()
         self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
 
-    async def renew(self, submitter: str, jobs: tuple[tuple[str, int, int], ...]) -> tuple[str, ...]:
+    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...]) -> tuple[str, ...]:
         """``submitter``'s lease, with the jobs it has not seen end; returns those whose cancel was asked for."""
         self.book.renew_claims(submitter, jobs, self.now())
         return self.book.renew(submitter, self.now())
@@ -93,22 +102,21 @@ class ServiceCalls:
         for name in self.book.jobs_of(submitter):
             self.book.end(name, "cancelled")
 
-    async def cancel(self, name: str) -> tuple[bool, str]:
+    async def cancel(self, name: str) -> CancelReply:
         """Cancel a job: a running one is asked to stop (it ends cancelled; killed if it has not
-        left within ``CANCEL_GRACE_S``); one not started never starts.
-        Returns (whether the job was found, what was done)."""
+        left within ``CANCEL_GRACE_S``); one not started never starts."""
         if name in self.book.ended:
-            return True, f"job '{name}' already {self.book.ended[name][0]}"
+            return CancelReply(found=True, message=f"job '{name}' already {self.book.ended[name][0]}")
         endpoint = self.coordinators.get(name)
         if endpoint is not None:
             endpoint.stop.remote()
             self.order.spawn(self._stopped_or_killed(name, endpoint))
-            return True, f"job '{name}' asked to stop"
+            return CancelReply(found=True, message=f"job '{name}' asked to stop")
         if name in self.book.claims:
             self.book.cancel_asked.add(name)
             self.book.end(name, "cancelled")
-            return True, f"job '{name}' cancelled before it started"
-        return False, f"no job '{name}' on this cluster; see rlix status"
+            return CancelReply(found=True, message=f"job '{name}' cancelled before it started")
+        return CancelReply(found=False, message=f"no job '{name}' on this cluster; see rlix status")
 
     async def cancel_all(self) -> int:
         """Cancel every job not ended (``rlix scheduler stop --force``); returns how many."""
@@ -135,12 +143,12 @@ class ServiceCalls:
         self._account()
         return cluster_status(self, self.now())
 
-    async def timeline(self):
-        """The cluster's activity since the service started: (recorder closed now, now, jobs)."""
+    async def timeline(self) -> TimelineReply:
+        """The cluster's activity since the service started."""
         now = self.now()
         self._account()
         rec = self.usage.timeline(now)
-        return rec, now, sorted(rec.by_pipeline)
+        return TimelineReply(recorder=rec, now=now, jobs=tuple(sorted(rec.by_pipeline)))
 
     # ------------------------------------------------------------ keeping the cluster whole
 

@@ -160,9 +160,9 @@ def _cancel(handle, args) -> int:
 
     from rlix.exec.service import connect
 
-    found, message = ray.get(handle.cancel.remote(args.job), timeout=connect.SCHEDULER_CALL_S)
-    print(message if found else f"rlix: {message}", file=sys.stdout if found else sys.stderr)
-    return 0 if found else 1
+    reply = ray.get(handle.cancel.remote(args.job), timeout=connect.SCHEDULER_CALL_S)
+    print(reply.message if reply.found else f"rlix: {reply.message}", file=sys.stdout if reply.found else sys.stderr)
+    return 0 if reply.found else 1
 
 
 def _timeline(handle, args) -> int:
@@ -170,7 +170,8 @@ def _timeline(handle, args) -> int:
 
     from rlix.exec.service import connect
 
-    rec, now, jobs = ray.get(handle.timeline.remote(), timeout=connect.SCHEDULER_CALL_S)
+    reply = ray.get(handle.timeline.remote(), timeout=connect.SCHEDULER_CALL_S)
+    rec, now, jobs = reply.recorder, reply.now, list(reply.jobs)
     if args.plot:
         from rlix.sim.plot import plot_runs
 

@@ -92,10 +92,12 @@ class RlixPolicy(Policy):
 
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
-        passes.gang_pass(view, draft, stop_own_rollout=False)
+        passes.gang_pass(view, draft, stop_own_rollout=False, owners_first=view.config.home_guarantee)
         needs = passes.rollout_needs(view, blocked=set())
-        shares = passes.proportional_shares(needs, passes.rollout_capacity(view, draft))
+        guaranteed = passes.guarantees(view, draft, needs)
+        shares = passes.proportional_shares(needs, passes.rollout_capacity(view, draft), guaranteed)
         passes.place_on_idle(draft, needs, shares)
+        passes.reclaim_homes(view, draft, needs, guaranteed)
         passes.rebalance(view, draft, needs, shares)
         passes.fill_idle(draft, needs, shares)
 

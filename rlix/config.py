@@ -109,6 +109,10 @@ class SchedulerModel(StrictModel):
         default=False,
         description="a pipeline's share never drops below its home partition's rollout workers while it can use them",
     )
+    home_guarantee: bool = Field(
+        default=False,
+        description="a job with demand gets at least its free home bundles back at once from borrowers (sharing incentive)",
+    )
     priority_weight: float = Field(
         default=2.0, ge=1, le=100, description="a job's rollout share weight is multiplied by priority_weight ** priority"
     )

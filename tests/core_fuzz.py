@@ -43,6 +43,7 @@ def random_knobs(rng: random.Random) -> SchedulerConfig:
         priority_weight=rng.choice([1.0, 2.0, rng.uniform(1.0, 10.0)]),
         small_first=rng.choice([0.0, 1.0, 3.0, rng.uniform(0.0, 10.0)]),
         path_halving_s=rng.choice([0.0, 350.0, rng.uniform(0.01, 5000.0)]),
+        home_guarantee=rng.random() < 0.3,
     )
 
 

@@ -43,6 +43,7 @@ def snapshot(sched: Scheduler) -> list[Rejoin]:
                 workers=tuple(w.gpus for w in sched.workers(pid)),
                 demand=entry.demand,
                 admitted=entry.admitted,
+                admitted_at=entry.admitted_at if entry.admitted else None,
             )
         )
     return out

@@ -340,7 +340,7 @@ class _Coordinator:
         self.shrink, self.expand = _Remote(ok), _Remote(ok)
 
 
-async def _a_training_while_b_waits(stage: Stage, min_residency_s: float):
+async def _a_training_while_b_waits(stage: Stage, min_residency_s: float, home_guarantee: bool = False):
     """A scheduler actor (the class itself: no Ray) on 2 GPUs: job a holds ``stage`` on GPU 0
     (its training GPU, which both jobs' rollout may use), job b reports 8 trajectories queued."""
     from helpers import spec
@@ -349,7 +349,11 @@ async def _a_training_while_b_waits(stage: Stage, min_residency_s: float):
     from rlix.exec.control.scheduler_actor import SchedulerActor
 
     sched = SchedulerActor.__ray_metadata__.modified_class(
-        ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(min_residency_s=min_residency_s), time.time(), 60.0
+        ClusterSpec(nodes=1, gpus_per_node=2),
+        "rlix",
+        SchedulerConfig(min_residency_s=min_residency_s, home_guarantee=home_guarantee),
+        time.time(),
+        60.0,
     )
     await sched.start()
     for s in (spec("a", (0,), (0, 1)), spec("b", (1,), (0, 1))):
@@ -406,3 +410,20 @@ def test_the_batch_a_training_opens_is_planned_with_the_release(with_release):
         return holdings
 
     assert asyncio.run(scenario()) == ({"a": (0,), "b": (1,)} if with_release else {"b": (0, 1)})
+
+
+def test_with_the_home_guarantee_a_report_after_the_release_takes_the_home_back():
+    """As above, released first and reported after, with ``home_guarantee`` on: a's report takes
+    GPU 0 (its home) back from b at once, although b's worker is younger than its residency."""
+    from rlix.core import ReportDemand
+
+    async def scenario():
+        sched = await _a_training_while_b_waits(Stage.ACTOR_TRAIN, min_residency_s=60.0, home_guarantee=True)
+        await sched.release("a", Stage.ACTOR_TRAIN)
+        await sched.report(ReportDemand(pipeline_id="a", pending=4, batch_size=4, backlog=4))
+        await asyncio.sleep(0.05)  # the plans' expand calls run in the background
+        holdings = await sched.holdings()
+        await sched.stop()
+        return holdings
+
+    assert asyncio.run(scenario()) == {"a": (0,), "b": (1,)}

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlix.core.homes import gang_order, guarantees
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
-from rlix.core.rebalance import rebalance
+from rlix.core.rebalance import rebalance, reclaim_homes
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
 from rlix.core.state import GangRequest, View
 from rlix.core.types import GangHolder, RolloutWorker, ShrinkReason, Stage
@@ -27,10 +28,12 @@ __all__ = [
     "awaiting_admission",
     "fill_idle",
     "gang_pass",
+    "guarantees",
     "home_is_free",
     "place_on_idle",
     "proportional_shares",
     "rebalance",
+    "reclaim_homes",
     "rollout_capacity",
     "rollout_needs",
     "shrink_departed",
@@ -39,7 +42,7 @@ __all__ = [
 # ------------------------------------------------------------- gang stages
 
 
-def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admission = None) -> None:
+def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admission = None, owners_first: bool = False) -> None:
     """Grant pending gang stages in priority order, preempting rollout only.
 
     A request starts only if none of its GPUs is held by another gang stage
@@ -55,7 +58,7 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     reserved: set[int] = set()
     queued: set[int] = set()  # homes of jobs refused admission this round
     owner = draft.owner
-    for req in view.pending:
+    for req in gang_order(view) if owners_first else view.pending:
         gpus = req.gpus
         queue_home = view.pipelines[req.pipeline_id].spec.home_gpus if req.stage is Stage.INIT and admits is not None else ()
         if queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)):

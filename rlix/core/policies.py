@@ -97,10 +97,13 @@ class RlixPolicy(Policy):
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
         # Admission is asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
-        passes.gang_pass(view, draft, stop_own_rollout=False, admits=self.admits if view.config.tenants else None)
+        admits = self.admits if view.config.tenants else None
+        passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=view.config.home_guarantee)
         needs = passes.rollout_needs(view, blocked=set())
-        shares = tenants.tenant_shares(view, draft, needs, passes.rollout_capacity(view, draft))
+        guaranteed = passes.guarantees(view, draft, needs)
+        shares = tenants.tenant_shares(view, draft, needs, passes.rollout_capacity(view, draft), guaranteed)
         passes.place_on_idle(draft, needs, shares)
+        passes.reclaim_homes(view, draft, needs, guaranteed)
         passes.rebalance(view, draft, needs, shares)
         passes.fill_idle(draft, needs, shares, caps=tenants.worker_caps(view, needs, shares))
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import enum
 import heapq
 
+from rlix.core.homes import owned_bundles
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed
 from rlix.core.state import View
-from rlix.core.types import Gpus, RolloutWorker, ShrinkReason
+from rlix.core.types import GangHolder, Gpus, RolloutWorker, ShrinkReason
 
 _EPS = 1e-9
 # A moved worker must first have held its GPUs this many times its own switch
@@ -55,13 +56,8 @@ class DonorRules:
         return count < n.need
 
     def worth_a_switch(self, n: RolloutNeed) -> bool:
-        """The receiver would keep one more worker busy longer than it takes to switch it in.
-
-        Unknown work or switch cost (0): allowed, as before switch costs were reported.
-        """
-        if n.switch_s <= 0 or n.work_s <= 0:
-            return True
-        return n.work_s / (self.draft.worker_count(n.pipeline_id) + 1) > n.switch_s
+        """The receiver would keep one more worker busy longer than it takes to switch it in."""
+        return pays_for_switch(n, self.draft.worker_count(n.pipeline_id), first_free=self.cfg.home_guarantee)
 
     def movable(self, pid: str, phase: Phase) -> list[RolloutWorker]:
         """Workers of ``pid`` that some receiver could take in this phase.
@@ -141,11 +137,71 @@ class DonorRules:
         return (self.shares[d.pipeline_id] - self.draft.worker_count(d.pipeline_id), -d.remaining_fraction)
 
 
+def pays_for_switch(n: RolloutNeed, count: int, *, first_free: bool) -> bool:
+    """``n`` holding ``count`` workers would keep one more busy longer than it takes to switch it in.
+
+    Unknown work or switch cost (0): allowed, as before switch costs were reported.
+    ``first_free`` (``home_guarantee``): a job with demand and no worker at all is
+    allowed too (it is never left waiting for lack of work per worker: its work is
+    only an estimate from the mean trajectory, and its straggler may be long).
+    """
+    if n.switch_s <= 0 or n.work_s <= 0 or (first_free and count == 0):
+        return True
+    return n.work_s / (count + 1) > n.switch_s
+
+
 def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float]) -> None:
     """Move workers to pipelines owed them (shares), then to pipelines short of work."""
     rules = DonorRules(view, draft, needs, shares)
     for phase in (Phase.SHARE, Phase.WORK):
         _phase(draft, needs, rules, phase)
+
+
+def reclaim_homes(view: View, draft: Draft, needs: list[RolloutNeed], guaranteed: dict[str, int]) -> None:
+    """A job below its guarantee takes its home bundles back from borrowers, at once.
+
+    The borrowers' residency and protection do not count: they borrowed on
+    the owner's terms; only a borrower's last worker stays while it has
+    demand (it would have nowhere to go). Bundles go fewest aborted trajectories
+    first, then lowest GPU id; a bundle a gang holds, or with a worker
+    expanded in this plan, is skipped. Jobs in pipeline-id order.
+    """
+    if not guaranteed:  # home_guarantee off, or no owner wants its home
+        return
+    owned = owned_bundles(view)
+    by_pid = {n.pipeline_id: n for n in needs}
+    owner = draft.owner
+    for pid in sorted(guaranteed):
+        n = by_pid[pid]
+        if draft.worker_count(pid) >= guaranteed[pid] or not pays_for_switch(n, draft.worker_count(pid), first_free=True):
+            continue
+        options = []
+        for bundle in owned.get(pid, ()):
+            holders = {owner[g] for g in bundle} - {None}
+            if any(isinstance(h, GangHolder) or h.pipeline_id == pid or h in draft.expanded for h in holders):
+                continue
+            victims = sorted(holders, key=lambda w: w.sort_key)
+            if any(_last_wanted(draft, by_pid.get(v.pipeline_id)) for v in victims):
+                continue
+            aborted = sum(by_pid[v.pipeline_id].loads.get(v.gpus[0], 0) for v in victims if v.pipeline_id in by_pid)
+            options.append(((aborted, bundle[0]), bundle, victims))
+        options.sort(key=lambda o: o[0])
+        for _, bundle, victims in options:
+            if draft.worker_count(pid) >= guaranteed[pid]:
+                break
+            if any(owner[g] is not None and owner[g] not in victims for g in bundle):
+                continue  # taken earlier in this loop
+            if any(v not in draft.shrunk and _last_wanted(draft, by_pid.get(v.pipeline_id)) for v in victims):
+                continue  # an earlier reclaim in this loop left it one worker
+            for v in victims:
+                if v not in draft.shrunk:
+                    draft.shrink(v, ShrinkReason.REBALANCE)
+            draft.expand(pid, bundle)
+
+
+def _last_wanted(draft: Draft, n: RolloutNeed | None) -> bool:
+    """``n`` has demand and one worker left."""
+    return n is not None and n.need > 0 and draft.worker_count(n.pipeline_id) <= 1
 
 
 def _receiver_key(draft: Draft, n: RolloutNeed, shares: dict[str, float]) -> tuple:

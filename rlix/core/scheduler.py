@@ -145,7 +145,8 @@ class Scheduler:
             self._seq = req.seq
         for worker in held.workers:
             self.ledger.restore_worker(worker, now)
-        entry.admitted = event.admitted or bool(held.requests or held.workers)
+        if event.admitted or held.requests or held.workers:
+            entry.admit(now if event.admitted_at is None else min(event.admitted_at, now))
         if event.demand is not None:
             entry.record_demand(event.demand, now)
 
@@ -245,9 +246,9 @@ class Scheduler:
         self.ledger.apply(plan)
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
-            view.pipelines[grant.pipeline_id].admitted = True  # holds GPUs: its home is taken
+            view.pipelines[grant.pipeline_id].admit(now)  # holds GPUs: its home is taken
         for expand in plan.expands:
-            view.pipelines[expand.worker.pipeline_id].admitted = True
+            view.pipelines[expand.worker.pipeline_id].admit(now)
         view.departed.clear()
         self.plans_made += 1
         return plan

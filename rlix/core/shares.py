@@ -168,25 +168,33 @@ def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand,
     return weight * config.priority_weight**spec.priority
 
 
-def proportional_shares(needs: list[RolloutNeed], capacity_gpus: int) -> dict[str, float]:
+def proportional_shares(
+    needs: list[RolloutNeed], capacity_gpus: int, guaranteed: dict[str, int] | None = None
+) -> dict[str, float]:
     """Each pipeline's share of ``capacity_gpus``, in workers (fractional).
 
     The one-worker floor is inside the share, not on top of it: a share is
-    ``clamp(level x weight, one worker, need)`` in GPUs, with one water level
-    for everybody, chosen so the shares add up to the capacity. When the
-    capacity cannot hold every floor, floors go by :func:`rank_key` (most
-    weight first) while they fit; the others get nothing this round.
+    ``clamp(level x weight, floor, need)`` in GPUs, with one water level
+    for everybody, chosen so the shares add up to the capacity. A job's
+    ``guaranteed`` workers (its free home bundles, see :mod:`rlix.core.homes`;
+    they always fit) are its floor first; then, while the capacity holds
+    them, one worker each for the others by :func:`rank_key` (most weight
+    first); the others get nothing this round.
     """
+    guaranteed = guaranteed or {}
     shares = {n.pipeline_id: 0.0 for n in needs}
-    left = capacity_gpus
+    left = capacity_gpus - sum(guaranteed[n.pipeline_id] * n.tp for n in needs if n.pipeline_id in guaranteed)
     floored = []
-    for n in sorted((n for n in needs if n.need > 0), key=rank_key):
-        if n.tp <= left:
+    for n in sorted((n for n in needs if n.need > 0), key=lambda n: (n.pipeline_id not in guaranteed, rank_key(n))):
+        if n.pipeline_id in guaranteed:
+            floored.append(n)
+        elif n.tp <= left:
             floored.append(n)
             left -= n.tp
-    lows = {n.pipeline_id: float(n.floor * n.tp) for n in floored}
-    if sum(lows.values()) > capacity_gpus:  # home floors do not all fit: one worker each
-        lows = {n.pipeline_id: float(n.tp) for n in floored}
+    owed = {n.pipeline_id: float(guaranteed.get(n.pipeline_id, 0) * n.tp) for n in floored}
+    lows = {n.pipeline_id: max(owed[n.pipeline_id], float(n.floor * n.tp)) for n in floored}
+    if sum(lows.values()) > capacity_gpus:  # home floors do not all fit: guarantees, else one worker each
+        lows = {n.pipeline_id: max(owed[n.pipeline_id], float(n.tp)) for n in floored}
     level = water_level([(n.weight, lows[n.pipeline_id], float(n.need * n.tp)) for n in floored], float(capacity_gpus))
     for n in floored:
         shares[n.pipeline_id] = min(float(n.need * n.tp), max(lows[n.pipeline_id], level * n.weight)) / n.tp

@@ -23,6 +23,7 @@ class PipelineEntry:
     home_workers: int = 0  # candidate bundles inside the pipeline's home GPUs
     state: PipelineState = PipelineState.ACTIVE
     admitted: bool = False  # it was granted GPUs (its INIT, or any stage or worker): its home is taken
+    admitted_at: float = float("inf")  # when it was admitted: the first admitted owns a shared home
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):
@@ -41,6 +42,12 @@ class PipelineEntry:
             bundle_rank={b: i for i, b in enumerate(rollout_bundles)},
             home_workers=sum(1 for b in rollout_bundles if home.issuperset(b)),
         )
+
+    def admit(self, now: float) -> None:
+        """It holds GPUs from ``now`` on (if not already): its home is taken."""
+        if not self.admitted:
+            self.admitted = True
+            self.admitted_at = now
 
     def record_demand(self, report: ReportDemand, now: float) -> None:
         """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""

@@ -35,11 +35,14 @@ def tenant_gang_gpus(view: View, draft: Draft) -> dict[str, int]:
     return out
 
 
-def tenant_shares(view: View, draft: Draft, needs: list[RolloutNeed], capacity_gpus: int) -> dict[str, float]:
-    """Each pipeline's rollout share, in workers: tenants first, then the jobs of each tenant."""
+def tenant_shares(
+    view: View, draft: Draft, needs: list[RolloutNeed], capacity_gpus: int, guaranteed: dict[str, int] | None = None
+) -> dict[str, float]:
+    """Each pipeline's rollout share, in workers: tenants first, then the jobs of each tenant.
+    ``guaranteed``: home workers owed to jobs (``home_guarantee``), honoured inside each tenant's part."""
     config = view.config
     if not config.tenants:
-        return proportional_shares(needs, capacity_gpus)
+        return proportional_shares(needs, capacity_gpus, guaranteed)
     gangs = tenant_gang_gpus(view, draft)
     groups: dict[str, list[RolloutNeed]] = {}
     for n in needs:
@@ -59,7 +62,7 @@ def tenant_shares(view: View, draft: Draft, needs: list[RolloutNeed], capacity_g
     for name, (weight, floor, cap) in zip(names, bounds):
         rollout = min(cap, max(floor, level * weight)) - gangs.get(name, 0)
         if name in groups:
-            shares.update(proportional_shares(groups[name], max(rollout, 0.0)))
+            shares.update(proportional_shares(groups[name], max(rollout, 0.0), guaranteed))
     return shares
 
 

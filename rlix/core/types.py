@@ -254,7 +254,10 @@ class Rejoin:
     before the restart, each with its GPUs; ``workers`` the bundles of the rollout workers it
     holds; ``demand`` its latest demand report. ``admitted`` says its model load was granted
     before the restart: it counts as started (its home taken) even while it holds nothing; a
-    pipeline holding any GPU counts as started anyway. Stages it still waits for are not
+    pipeline holding any GPU counts as started anyway. ``admitted_at`` is when it was
+    admitted (the ``now`` of that plan), so a restarted scheduler knows which of two jobs
+    sharing a home came first (``home_guarantee``); None: at the rejoin, ties broken by
+    pipeline id. Stages it still waits for are not
     listed here: it asks for them again with :class:`RequestStage` after rejoining.
     """
 
@@ -263,6 +266,7 @@ class Rejoin:
     workers: tuple[Gpus, ...] = ()
     demand: ReportDemand | None = None
     admitted: bool = False
+    admitted_at: float | None = None
 
 
 Event = Register | Unregister | RequestStage | ReleaseStage | ReportDemand | WorkerLost | Rejoin
@@ -361,6 +365,18 @@ class SchedulerConfig:
       the split is then by trajectory counts.
     - ``home_floor``: a pipeline's share never drops below its home
       partition's rollout workers while it can use them.
+    - ``home_guarantee``: sharing incentive. A job with rollout demand is
+      guaranteed as many workers as the free bundles of its home partition
+      it could use (those its own gang stages do not hold, at most its
+      need): its share never drops below that, and workers of other jobs
+      on those bundles (borrowers) are shrunk at once to give them back,
+      whatever their residency or protection. Others borrow a home only
+      while its owner does not want it. Where homes overlap (jobs queued
+      for one partition), the job admitted first owns the GPUs, and the
+      others' gang stages go after its own of the same job priority. A job
+      with demand and no worker is never refused one for lack of work per
+      worker. Off by default (it costs makespan on mixed_agentic: see the
+      README); off, the split alone decides.
     - ``priority_weight``: a job's rollout share weight is multiplied by
       ``priority_weight ** priority`` (2: each priority level doubles it;
       1: priorities order gang stages only).
@@ -387,6 +403,7 @@ class SchedulerConfig:
     backlog_weight: float = 0.0
     weight_by_duration: bool = False
     home_floor: bool = False
+    home_guarantee: bool = False
     priority_weight: float = 2.0
     small_first: float = 3.0
     path_halving_s: float = 350.0

@@ -1,0 +1,78 @@
+"""Core layer: home partitions as guarantees (sharing incentive).
+
+Under ``static`` a job rolls out on the bundles of its own home partition
+whenever its own gang stages leave them free. Under ``rlix`` it is owed at
+least as much: its *guarantee* is the number of those bundles it could use
+now, and lending them to others lasts only while it does not want them. A
+GPU whose homes overlap (jobs queued for one partition) belongs to the job
+admitted first, the one ``static`` would be running there; the others are
+guests until it leaves.
+"""
+
+from __future__ import annotations
+
+from rlix.core.ledger import Draft
+from rlix.core.shares import RolloutNeed
+from rlix.core.state import GangRequest, View
+from rlix.core.types import GangHolder, Gpus
+
+
+def home_owners(view: View) -> dict[int, str]:
+    """GPU -> the job that owns it: the earliest-admitted active job whose home holds it (first
+    come, first served, as ``static`` admits; jobs admitted at one instant by pipeline id)."""
+    return _homes(view)[0]
+
+
+def owned_bundles(view: View) -> dict[str, tuple[Gpus, ...]]:
+    """Each admitted job's rollout bundles lying wholly on GPUs it owns (see :func:`home_owners`).
+
+    Recomputed only when the admitted jobs change.
+    """
+    return _homes(view)[1]
+
+
+def _homes(view: View) -> tuple[dict[int, str], dict[str, tuple[Gpus, ...]]]:
+    admitted = sorted((e for e in view.active() if e.admitted), key=lambda e: (e.admitted_at, e.spec.pipeline_id))
+    key = tuple((e.spec.pipeline_id, e.order) for e in admitted)
+    memo = view.memo.get("homes")
+    if isinstance(memo, tuple) and memo[0] == key:
+        return memo[1]
+    owners: dict[int, str] = {}
+    owned: dict[str, tuple[Gpus, ...]] = {}
+    for e in admitted:  # the first admitted owns a shared home
+        pid = e.spec.pipeline_id
+        mine = {g for g in e.spec.home_gpus if g not in owners}
+        owners.update((g, pid) for g in sorted(mine))
+        owned[pid] = tuple(b for b in e.rollout_bundles if mine.issuperset(b))
+    view.memo["homes"] = (key, (owners, owned))
+    return owners, owned
+
+
+def gang_order(view: View) -> list[GangRequest]:
+    """Pending gang requests, a guest's after every owner's of the same job priority: a job is a guest
+    while some GPU of its home is another job's (it shares a partition it was not first in)."""
+    owners = home_owners(view)
+    guests = {
+        r.pipeline_id
+        for r in view.pending
+        if any(owners.get(g, r.pipeline_id) != r.pipeline_id for g in view.pipelines[r.pipeline_id].spec.home_gpus)
+    }
+    return sorted(view.pending, key=lambda r: (-r.job_priority, r.pipeline_id in guests, r.stage.priority, r.seq))
+
+
+def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, int]:
+    """Workers each job with demand is guaranteed now: its owned home bundles no gang
+    stage holds (or is granted in this draft), at most its need. Jobs without one are absent."""
+    if not view.config.home_guarantee:
+        return {}
+    owned = owned_bundles(view)
+    owner = draft.owner
+    out: dict[str, int] = {}
+    for n in needs:
+        bundles = owned.get(n.pipeline_id, ())
+        if n.need <= 0 or not bundles:
+            continue
+        free = sum(1 for b in bundles if not any(isinstance(owner[g], GangHolder) for g in b))
+        if free:
+            out[n.pipeline_id] = min(n.need, free)
+    return out

@@ -1,0 +1,86 @@
+"""Core decisions: home partitions as guarantees (``home_guarantee``, off by default: on here)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import demand, owners, register, spec
+
+from rlix.core import ClusterSpec, ReleaseStage, ReportDemand, RequestStage, Scheduler, SchedulerConfig, ShrinkReason, Stage
+
+TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
+ON = SchedulerConfig(home_guarantee=True)
+
+
+def test_a_home_comes_back_first():
+    # a borrows b's idle home; when b (started: its model load granted) wants it, b gets all
+    # four home workers back at once, although a's workers are younger than min_residency_s
+    # and a has more demand.
+    sched = Scheduler(TWO_NODES, "rlix", ON)
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
+    sched.step(0, [demand("a", 800), RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id="b", stage=Stage.INIT)])
+    assert owners(sched)["a"] == list(range(8))
+    plan = sched.step(5, [demand("a", 800), demand("b", 16)])
+    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [4, 5, 6, 7]
+    assert {s.reason for s in plan.shrinks} == {ShrinkReason.REBALANCE}
+    assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
+
+
+def test_without_the_guarantee_the_split_alone_decides():
+    sched = Scheduler(TWO_NODES, "rlix")  # the default: off
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
+    sched.step(0, [demand("a", 800), RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id="b", stage=Stage.INIT)])
+    plan = sched.step(5, [demand("a", 800), demand("b", 16)])
+    assert len(owners(sched)["b"]) < 4 and not plan.shrinks  # a's workers are too young to move
+
+
+def test_a_guest_waits_for_the_owners_home():
+    # a and b share one home; a was admitted first, so it owns it: b (a queued job under static)
+    # gets a worker once a no longer needs both.
+    node = ClusterSpec(nodes=1, gpus_per_node=2)
+    sched = Scheduler(node, "rlix", SchedulerConfig(min_residency_s=0.0, home_guarantee=True))
+    register(sched, spec("b", range(2), range(2), slots=1), spec("a", range(2), range(2), slots=1))
+    sched.step(0, [demand("a", 4)])
+    assert owners(sched)["a"] == [0, 1]
+    sched.step(5, [demand("a", 2, {0: 1, 1: 1}), demand("b", 50)])
+    assert owners(sched) == {"a": [0, 1], "b": []}
+    sched.step(10, [demand("a", 0, {0: 1}), demand("b", 50)])
+    assert owners(sched) == {"a": [0], "b": [1]}
+
+
+def test_a_guests_gang_stage_goes_after_the_owners():
+    # b's home lies in a's (a was admitted first): b asked first, a's training still goes first.
+    sched = Scheduler(TWO_NODES, "rlix", ON)
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4), range(8)))
+    sched.step(0, [demand("a", 8)])
+    plan = sched.step(
+        1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]
+    )
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("a", Stage.ACTOR_TRAIN)]
+    assert sched.pending_requests() == [("b", Stage.ACTOR_TRAIN)]
+
+
+def test_a_guests_gang_stage_goes_in_request_order_without_the_guarantee():
+    sched = Scheduler(TWO_NODES, "rlix")
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4), range(8)))
+    sched.step(0, [demand("a", 8)])
+    plan = sched.step(
+        1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]
+    )
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.ACTOR_TRAIN)]
+
+
+@pytest.mark.parametrize("guarantee", [False, True])
+def test_a_job_with_demand_and_no_worker_gets_one_whatever_its_work_per_worker(guarantee):
+    # b's 40 one-second trajectories are not worth a 30 s switch: without the guarantee b gets
+    # no busy worker (tests/test_core_decisions.py); with it, b gets the one worker a job with
+    # demand is never refused (its work is only an estimate from the mean), and no second one.
+    sched = Scheduler(TWO_NODES, "rlix", SchedulerConfig(min_residency_s=0.0, home_guarantee=guarantee))
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
+    sched.step(0, [demand("a", 100)])
+    loads = {g: 4 for g in owners(sched)["a"]}
+    short = ReportDemand(pipeline_id="b", pending=40, trajectory_s=1.0, switch_s=30.0, batch_size=40)
+    plan = sched.step(5, [demand("a", 68, loads), short])
+    assert len(plan.shrinks) == guarantee and len(owners(sched)["b"]) == guarantee
+    assert not sched.step(7, [demand("a", 68, loads), short]).shrinks

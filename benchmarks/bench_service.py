@@ -41,27 +41,28 @@ print(json.dumps(took))
 
 
 def run_span(config: Path) -> tuple[float, float]:
-    """(start, end) of an rlix-run's jobs in Unix seconds: its start and its last job's end (its makespan after it)."""
+    """(start, end) of an rlix-run's jobs in Unix seconds: its start and its last job's end (its makespan after it).
+    Prints each job's completion time and the GPU-seconds of its model load and stages."""
     m = json.loads((config.parent / f"out_{config.stem}" / "metrics.json").read_text())
     start = m["executor"]["started_at_unix_s"]
+    for name, p in sorted(m["pipelines"].items()):
+        used = p["gpu_seconds_used"]
+        print(f"  {config.stem}: {name} jct {p['jct_s']:.1f} s, arrived {p['arrival_s']:.1f} s, GPU-s used {used:.0f}")
     return start, start + m["makespan_s"]
 
 
-def shared_run(c: ServiceCluster, tmp: Path, delay: float, steps: int) -> tuple[float, float, list[float], list[float]]:
-    """Two submitters ``delay`` s apart: (makespan, the second's arrival after the first's start, status answers, commands)."""
+def shared_run(c: ServiceCluster, tmp: Path, delay: float, steps: int) -> tuple[float, float]:
+    """Two submitters ``delay`` s apart: (makespan, the second's arrival after the first's start). Nothing else runs
+    meanwhile: on a 2-core machine a status command every second would itself slow the jobs."""
     assert c.rlix("scheduler", "start", "--set", "min_residency_s=2", "--set", "report_ttl_s=10").returncode == 0
     first = write_config(tmp / "first.yaml", [job("a2", "0-1", steps)])
     second = write_config(tmp / "second.yaml", [job("b2", "2-3", steps)])
     a = c.submit(first)
     time.sleep(delay)
     b = c.submit(second)
-    wait_for(lambda s: jobs_by_name(s).get("b2", {}).get("state") in ("running", "finished"), c, 180)
-    probe = c.python(PROBE)
-    calls = json.loads(probe.stdout.strip().splitlines()[-1])
-    commands = [c.status()[1] for _ in range(5)]
     assert a.wait() == 0 and b.wait() == 0
     (s1, e1), (s2, e2) = run_span(first), run_span(second)
-    return max(e1, e2) - s1, s2 - s1, calls, commands
+    return max(e1, e2) - s1, s2 - s1
 
 
 def one_config(c: ServiceCluster, tmp: Path, arrival_s: float, steps: int) -> float:
@@ -75,17 +76,22 @@ def one_config(c: ServiceCluster, tmp: Path, arrival_s: float, steps: int) -> fl
     return end - start
 
 
-def killed_submitter(c: ServiceCluster, tmp: Path) -> float:
-    keep = write_config(tmp / "keep.yaml", [job("k3", "0-1", 6)])
+def killed_submitter(c: ServiceCluster, tmp: Path) -> tuple[float, list[float], list[float]]:
+    """``rlix status`` while two jobs run (the scheduler's answers, whole commands), then one submitter
+    SIGKILLed: (seconds until its GPUs are back, answers, commands)."""
+    keep = write_config(tmp / "keep.yaml", [job("k3", "0-1", 30)])
     lose = write_config(tmp / "lose.yaml", [job("l3", "2-3", 60)])
     k, lo = c.submit(keep), c.submit(lose)
-    wait_for(lambda s: jobs_by_name(s).get("l3", {}).get("state") == "running", c, 180)
+    wait_for(lambda s: {jobs_by_name(s).get(n, {}).get("state") for n in ("k3", "l3")} == {"running"}, c, 180)
+    probe = c.python(PROBE)
+    calls = json.loads(probe.stdout.strip().splitlines()[-1])
+    commands = [c.status()[1] for _ in range(5)]
     lo.send_signal(signal.SIGKILL)
     t = time.time()
     wait_for(lambda s: not jobs_by_name(s)["l3"]["gpus"], c, 120, every_s=0.2)
     back = time.time() - t
     assert k.wait() == 0
-    return back
+    return back, calls, commands
 
 
 def main() -> int:
@@ -98,12 +104,13 @@ def main() -> int:
         c = ServiceCluster(tmp)
         try:
             c.start()
-            shared, arrival, calls, commands = shared_run(c, tmp, args.delay, args.steps)
+            shared, arrival = shared_run(c, tmp, args.delay, args.steps)
             print(f"two submitters (shared service): makespan {shared:.1f} s (second run {arrival:.1f} s after the first)")
+            back, calls, commands = killed_submitter(c, tmp)
             q = statistics.quantiles(calls, n=20)
             print(f"rlix status, scheduler answer: median {statistics.median(calls) * 1e3:.1f} ms, p95 {q[18] * 1e3:.1f} ms")
             print(f"rlix status, whole command: median {statistics.median(commands):.2f} s, max {max(commands):.2f} s")
-            print(f"SIGKILLed submitter: its GPUs back after {killed_submitter(c, tmp):.1f} s (target <= 30 s)")
+            print(f"SIGKILLed submitter: its GPUs back after {back:.1f} s (target <= 30 s)")
         finally:
             c.stop()
         single = one_config(c, tmp, arrival, args.steps)

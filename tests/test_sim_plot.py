@@ -103,3 +103,15 @@ def test_plot_runs_writes_a_png(tmp_path):
     plot_runs({"rlix": (_usage(4, 90.0), 90.0)}, ["a", "b"], path, "test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not plt.get_fignums()  # the figure is closed once written
+
+
+def test_a_segment_ending_at_a_makespan_whose_last_bin_rounds_past_the_raster_is_drawn():
+    from rlix.sim.plot import BINS, raster
+
+    makespan = 45.425028562545776  # BINS / makespan x makespan rounds to just above BINS
+    assert makespan * (BINS / makespan) > BINS
+    usage = UsageRecorder(1)
+    usage.set((0,), makespan - 0.1, Activity.WORK, "a", "rollout")
+    usage.close(makespan)
+    img, util = raster(usage, makespan, ["a"])
+    assert img.shape[1] == BINS and util[-1] > 0  # the last bin holds the segment's work

@@ -41,8 +41,9 @@ def raster(usage: UsageRecorder, makespan: float, pipelines: list[str]) -> tuple
     work = np.zeros((gpus, BINS))
     scale = BINS / max(makespan, 1e-9)
     for g, start, end, act, pid, stage in usage.segments:
-        a, b = int(start * scale), int(np.ceil(end * scale))
-        b = max(b, a + 1)
+        # bins [a, b) inside the raster: end x scale can round past BINS at the makespan itself
+        a = min(int(start * scale), BINS - 1)
+        b = min(max(int(np.ceil(end * scale)), a + 1), BINS)
         if act is Activity.SWITCH:
             rgb = SWITCH_RGB
         else:

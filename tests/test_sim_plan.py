@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlix.sim import sweep
+from rlix.sim import sweep, sweep_plot
 from rlix.sim.cli import main
 from rlix.sim.simulator import replay
 from rlix.sim.trace import load_trace
@@ -189,10 +189,10 @@ def test_a_cell_is_a_replay_and_outputs_do_not_depend_on_finishing_order(tmp_pat
 
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
-    sweep.write_outputs(first, [KNOB], [0, 1], ["rlix"], sweep.sorted_rows(rows))
+    sweep_plot.write_outputs(first, [KNOB], [0, 1], ["rlix"], sweep.sorted_rows(rows))
     shuffled = rows[:]
     random.Random(5).shuffle(shuffled)
-    sweep.write_outputs(second, [KNOB], [0, 1], ["rlix"], sweep.sorted_rows(shuffled))
+    sweep_plot.write_outputs(second, [KNOB], [0, 1], ["rlix"], sweep.sorted_rows(shuffled))
     for name in ("sweep.csv", "sweep.json", "sweep.png"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     lines = (first / "sweep.csv").read_text().splitlines()
@@ -281,7 +281,8 @@ def test_sweep_on_ray_equals_the_same_replays_in_one_process(tmp_path):
     cells = sweep.grid(list(SWEEP_TRACES), [knob], [0, 1], ["rlix"])
     here = tmp_path / "here"
     here.mkdir()
-    sweep.write_outputs(here, [knob], [0, 1], ["rlix"], sweep.sorted_rows([sweep.run_cell(c, texts[c.source]) for c in cells]))
+    in_process = sweep.sorted_rows([sweep.run_cell(c, texts[c.source]) for c in cells])
+    sweep_plot.write_outputs(here, [knob], [0, 1], ["rlix"], in_process)
     for name in ("sweep.csv", "sweep.json", "sweep.png"):
         assert (out / name).read_bytes() == (here / name).read_bytes(), name
 

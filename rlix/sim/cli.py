@@ -249,7 +249,9 @@ def _sweep(args, console: Console, err: Console) -> int:
             bar.update(task, advance=1, sim=f"{row.trace}/{row.policy}")
 
         rows = sweep.run_on_ray(cells, texts, args.address, done)
-    paths = sweep.write_outputs(out, knobs, seeds, policies, rows)
+    from rlix.sim.sweep_plot import write_outputs
+
+    paths = write_outputs(out, knobs, seeds, policies, rows)
     if show:
         print_summary(console, rows, knobs)
         console.print(f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {', '.join(map(str, paths))}")

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from rlix.config import read_document
 from rlix.metrics import RunMetrics
-from rlix.sim.report import write_json
 from rlix.sim.simulator import replay
 from rlix.sim.trace import Trace, TraceError, parse_trace
 
@@ -275,13 +274,3 @@ def sweep_csv(rows: list[SweepRow]) -> str:
     for r in rows:
         writer.writerow("" if v is None else repr(v) if isinstance(v, float) else v for v in r.columns().values())
     return out.getvalue()
-
-
-def write_outputs(out_dir: Path, knobs, seeds, policies, rows: list[SweepRow]) -> list[Path]:
-    from rlix.sim.sweep_plot import plot_sweep
-
-    paths = [out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.png"]
-    paths[0].write_text(sweep_csv(rows))
-    write_json(sweep_json(knobs, seeds, policies, rows), paths[1])
-    plot_sweep(rows, knobs, policies, paths[2])
-    return paths

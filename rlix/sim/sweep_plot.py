@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
-from rlix.sim.sweep import Knob, SweepRow
+from rlix.sim.report import write_json
+from rlix.sim.sweep import Knob, SweepRow, sweep_csv, sweep_json
 
 KNOB_AXIS = 2  # where the knobs' positions start in a row's sort key (after trace and policy)
 
@@ -84,3 +85,12 @@ def print_summary(console: Console, rows: list[SweepRow], knobs: Sequence[Knob])
             f"{_mean([r.max_jct_s for r in group]):,.0f}",
         )
     console.print(table)
+
+
+def write_outputs(out_dir: Path, knobs, seeds, policies, rows: list[SweepRow]) -> list[Path]:
+    """The sweep's table (CSV, JSON) and its plot in ``out_dir``."""
+    paths = [out_dir / "sweep.csv", out_dir / "sweep.json", out_dir / "sweep.png"]
+    paths[0].write_text(sweep_csv(rows))
+    write_json(sweep_json(knobs, seeds, policies, rows), paths[1])
+    plot_sweep(rows, knobs, policies, paths[2])
+    return paths

@@ -255,6 +255,28 @@ def _tally(res: JobResult, tenant: str) -> PipelineTally:
     return tally
 
 
+def run_metrics(
+    cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str], events: list[ActivityChange], stats, end: float
+) -> tuple[UsageRecorder, RunMetrics]:
+    """The run's recorded activity and its metrics, in the simulator's vocabulary."""
+    num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    rec = usage_from_events(num_gpus, events, stats.unmet, end, _homes(cfg, results, names))
+    work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
+    metrics = summarize(
+        policy=cfg.policy,
+        usage=rec,
+        start=0.0,
+        end=end,
+        tallies={pid: _tally(res, _job(cfg, names[pid]).tenant) for pid, res in results.items()},
+        lower_bound_work_s=work,
+        lower_bound_critical_path_s=crit,
+        trajectories_requeued=sum(r.requeued for r in results.values()),
+        trajectories_lost=sum(r.lost for r in results.values()),
+        plans=stats.plans,
+    )
+    return rec, metrics
+
+
 def build_outputs(
     cfg: RunConfig,
     results: dict[str, JobResult],
@@ -274,21 +296,7 @@ def build_outputs(
     ``stopped_at``: the run was stopped then (Ctrl-C); metrics.json says its figures are partial.
     ``started_at``: the run's start (Unix seconds; every time in the outputs counts from it).
     ``shared``: the jobs ran under the cluster's shared scheduler, beside other submissions' jobs."""
-    num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    rec = usage_from_events(num_gpus, events, stats.unmet, end, _homes(cfg, results, names))
-    work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)
-    metrics = summarize(
-        policy=cfg.policy,
-        usage=rec,
-        start=0.0,
-        end=end,
-        tallies={pid: _tally(res, _job(cfg, names[pid]).tenant) for pid, res in results.items()},
-        lower_bound_work_s=work,
-        lower_bound_critical_path_s=crit,
-        trajectories_requeued=sum(r.requeued for r in results.values()),
-        trajectories_lost=sum(r.lost for r in results.values()),
-        plans=stats.plans,
-    )
+    rec, metrics = run_metrics(cfg, results, names, events, stats, end)
     job_wall = sum(max(r.finish_s - r.arrival_s, 1e-9) for r in results.values())
     overhead = sum(r.control_overhead_s for r in results.values()) / max(job_wall, 1e-9)
     out_dir.mkdir(parents=True, exist_ok=True)

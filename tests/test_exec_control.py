@@ -347,6 +347,38 @@ def test_an_expand_right_after_a_shrink_keeps_the_gpus_and_wakes_again():
     assert Activity.FREE not in job.marks(0) and job.finished == [0]
 
 
+def test_a_rejoin_during_a_shrink_reports_the_worker_until_its_gpus_are_free():
+    """The scheduler restarts while a shrink drains GPU 0: the rejoin reports the worker (it is still
+    on the GPU, so the restarted scheduler gives it to no one), and once the drain is done the
+    worker is reported lost, which frees it in the new ledger. On GPU 1 the restarted scheduler's
+    own expand takes the worker over first: nothing is reported lost there."""
+    from rlix.exec.rollout.pool import WorkerState
+
+    async def scenario():
+        job = _Job()
+        await _warm(job, (0,), (1,))
+        await job.ctl.expand((0,))
+        await job.ctl.expand((1,))
+        for gpus in ((0,), (1,)):
+            job.worker(gpus).sleep_gate = _Gate(open_=False)
+        shrinks = [asyncio.ensure_future(job.ctl.shrink(g, "rebalance")) for g in ((0,), (1,))]
+        await _settle()
+        assert job.pool.workers[0].state is WorkerState.DRAINING
+        reported = job.ctl.rejoin_bundles()
+        expand = asyncio.ensure_future(job.ctl.expand((1,)))  # the new scheduler keeps GPU 1 for the job
+        await _settle()
+        assert job.lost == []  # still draining
+        for gpus in ((0,), (1,)):
+            job.worker(gpus).sleep_gate.event.set()
+        await asyncio.wait_for(asyncio.gather(*shrinks, expand), 1.0)
+        return job, reported
+
+    job, reported = asyncio.run(scenario())
+    assert reported == ((0,), (1,))
+    assert job.lost == [(0,)]
+    assert job.pool.bundles() == ((1,),)
+
+
 def test_a_shrink_before_the_process_is_up_cancels_the_expand():
     """Expanded onto a bundle whose process is still starting, then shrunk: it never wakes."""
     from rlix.exec.rollout.pool import WorkerState

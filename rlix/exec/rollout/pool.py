@@ -61,6 +61,7 @@ class Worker:
     state: WorkerState | None = None
     granted: bool = False  # the plan gives this pipeline the bundle's GPUs now
     generation: int = 0  # bumped by every expand and shrink: an older call finds itself stale
+    leaving: int = 0  # shrinks under way: the plan took the GPUs back, the worker is still on them
     handle: object | None = None
     inflight: dict[int, object] = field(default_factory=dict)  # trajectory id -> the shell's task
 
@@ -114,8 +115,9 @@ class WorkerPool:
         return tuple(WorkerLoad(first_gpu=w.first, active=len(w.inflight)) for w in self.in_state(WorkerState.AWAKE))
 
     def bundles(self) -> tuple[Gpus, ...]:
-        """Bundles of the rollout workers the plan gives this pipeline now (what a rejoin reports)."""
-        return tuple(w.gpus for f, w in sorted(self.workers.items()) if w.granted)
+        """Bundles this pipeline's workers are on now: granted by the plan, or still being freed by a
+        shrink (what a rejoin reports: a restarted scheduler must not give those GPUs to another job yet)."""
+        return tuple(w.gpus for f, w in sorted(self.workers.items()) if w.granted or w.leaving)
 
     def held_gpus(self) -> Gpus:
         """GPUs the plan gives this pipeline's rollout workers now."""

@@ -144,6 +144,30 @@ def test_an_expand_waits_for_the_slow_shrink_that_frees_its_gpus():
     assert asyncio.run(scenario()) == {"b": (0, 1, 2, 3)}
 
 
+def test_a_rejoining_pipeline_keeps_the_admission_time_of_the_scheduler_before_its_restart():
+    """The service keeps when each pipeline was first given GPUs beside its roster; a restarted
+    service gives a rejoining pipeline that time back (who of two jobs sharing a home came first)."""
+    from rlix.core import Rejoin
+
+    async def scenario():
+        calls: list = []
+        first = _actor(2)
+        await first.start()
+        await first.register(spec("a", (0, 1), (0, 1)), _Coordinator("a", calls))
+        await first.request("a", Stage.INIT)
+        admitted = first.roster.pipelines["a"]
+        await first.stop()
+        again = _actor(2)  # the restarted life, with what the previous one kept
+        again.roster.before = dict(first.roster.pipelines)
+        await asyncio.sleep(0.05)
+        await again.rejoin(Rejoin(spec=spec("a", (0, 1), (0, 1)), gangs=((Stage.INIT, (0, 1)),)), _Coordinator("a", calls))
+        await again.stop()
+        return admitted, again.core.admitted_at("a"), again.now()
+
+    admitted, rejoined, now = asyncio.run(scenario())
+    assert admitted is not None and rejoined == admitted < now - 0.04
+
+
 def test_stop_cancels_every_background_task():
     async def scenario():
         calls: list = []

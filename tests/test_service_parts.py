@@ -176,7 +176,7 @@ def test_a_restarted_scheduler_plans_once_every_pipeline_it_had_is_back_or_gone_
     again.joined("a")
     assert again.waiting(102.0)
     again.left("b")  # gone (dropped, or it ended) instead of rejoining
-    assert not again.waiting(103.0) and again.pipelines == {"a"}
+    assert not again.waiting(103.0) and again.pipelines == {"a": None}
     late = Roster(restarted=True, persist=False, now=0.0, max_wait_s=30.0)
     late.expected = {"c"}
     assert late.waiting(29.9) and not late.waiting(30.0)

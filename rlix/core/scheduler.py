@@ -302,6 +302,11 @@ class Scheduler:
     def pipelines(self) -> list[str]:
         return [e.spec.pipeline_id for e in self._view.active()]
 
+    def admitted_at(self, pipeline_id: str) -> float | None:
+        """When a plan first gave the pipeline GPUs (None: not yet, or not registered)."""
+        entry = self._view.pipelines.get(pipeline_id)
+        return entry.admitted_at if entry is not None and entry.admitted else None
+
 
 _HANDLERS = {
     Register: Scheduler._register,

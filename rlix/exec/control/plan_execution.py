@@ -35,6 +35,8 @@ class PlanExecution:
             self._count_preemptions(plan.shrinks)
         if plan.empty:
             return None
+        for pid in {g.pipeline_id for g in plan.grants} | {e.worker.pipeline_id for e in plan.expands}:
+            self.roster.admitted(pid, plan.now)  # kept across a restart: who of a shared home came first
         after = self.order.after
         steps = [after(s.worker.gpus, lambda s=s: self._shrink(s)) for s in plan.shrinks]
         steps += [after(g.gpus, lambda g=g: self._grant(g)) for g in plan.grants]

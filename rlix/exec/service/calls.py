@@ -12,6 +12,7 @@ hold before it plans again (:class:`rlix.exec.service.roster.Roster`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from rlix.core import Rejoin, Stage
 from rlix.exec.messages import (
@@ -75,6 +76,8 @@ class ServiceCalls:
             if same_actor(self.coordinators.get(pid), endpoint):
                 return  # another of its calls rejoined first
             raise PipelineGone(f"pipeline '{pid}' is registered by another process now; stop this one")
+        if event.admitted_at is None:  # when the previous life admitted it, as it kept it
+            event = dataclasses.replace(event, admitted_at=self.roster.admitted_before(pid))
         await self._event(event)
         self._joined(event.spec, endpoint)
         if event.demand is not None:
@@ -179,7 +182,7 @@ class ServiceCalls:
 
     def _joined(self, spec, endpoint) -> None:
         self.coordinators[spec.pipeline_id] = endpoint
-        self.roster.joined(spec.pipeline_id)
+        self.roster.joined(spec.pipeline_id, self.core.admitted_at(spec.pipeline_id))
         self.specs[spec.pipeline_id] = spec
         self.usage.set_home(self.now(), spec.pipeline_id, spec.home_gpus)
         self._account()

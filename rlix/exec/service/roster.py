@@ -1,11 +1,14 @@
 """Executor layer: which pipelines a scheduler service must hear from again after its restart.
 
-The service writes the ids of its registered pipelines to Ray's internal
-key-value store (which lives in the cluster's control store, not in the
-actor) every time one joins or leaves. A restarted service reads them back
+The service writes the ids of its registered pipelines, with when each was
+admitted, to Ray's internal key-value store (which lives in the cluster's
+control store, not in the actor) every time one joins, is admitted or
+leaves. A restarted service reads them back
 and plans nothing until every one of them has rejoined with what it holds,
 or left, or ``max_wait_s`` has passed: the GPUs of a pipeline not heard from
-yet are not known to be free. Outside a Ray actor (a test building the
+yet are not known to be free. A rejoining pipeline keeps its admission time,
+so the order in which jobs sharing a home were admitted survives the restart.
+Outside a Ray actor (a test building the
 scheduler in-process) nothing is written and nothing is awaited.
 """
 
@@ -22,32 +25,43 @@ class Roster:
 
     def __init__(self, *, restarted: bool, persist: bool, now: float, max_wait_s: float) -> None:
         self.persist = persist
-        self.pipelines: set[str] = set()
-        self.expected: set[str] = self._load() if restarted and persist else set()  # still to rejoin
+        self.pipelines: dict[str, float | None] = {}  # registered pipelines -> when admitted (None: not yet)
+        self.before: dict[str, float | None] = self._load() if restarted and persist else {}  # the previous life's
+        self.expected: set[str] = set(self.before)  # still to rejoin
         self.until = now + max_wait_s if restarted else float("-inf")
 
     def waiting(self, now: float) -> bool:
         """Whether planning waits for pipelines of the scheduler's previous life to rejoin."""
         return bool(self.expected) and now < self.until
 
-    def joined(self, pipeline_id: str) -> None:
+    def admitted_before(self, pipeline_id: str) -> float | None:
+        """When the previous life admitted a rejoining pipeline (None: it had not, or it is new)."""
+        return self.before.get(pipeline_id)
+
+    def joined(self, pipeline_id: str, admitted_at: float | None = None) -> None:
         self.expected.discard(pipeline_id)
-        self.pipelines.add(pipeline_id)
+        self.pipelines[pipeline_id] = admitted_at
         self._save()
+
+    def admitted(self, pipeline_id: str, at: float) -> None:
+        """A plan gave the pipeline GPUs for the first time at ``at``."""
+        if pipeline_id in self.pipelines and self.pipelines[pipeline_id] is None:
+            self.pipelines[pipeline_id] = at
+            self._save()
 
     def left(self, pipeline_id: str) -> None:
         self.expected.discard(pipeline_id)
-        self.pipelines.discard(pipeline_id)
+        self.pipelines.pop(pipeline_id, None)
         self._save()
 
     def _save(self) -> None:
         if self.persist:
             from ray.experimental.internal_kv import _internal_kv_put
 
-            _internal_kv_put(KV_KEY, json.dumps(sorted(self.pipelines)), namespace=KV_NAMESPACE)
+            _internal_kv_put(KV_KEY, json.dumps(self.pipelines, sort_keys=True), namespace=KV_NAMESPACE)
 
-    def _load(self) -> set[str]:
+    def _load(self) -> dict[str, float | None]:
         from ray.experimental.internal_kv import _internal_kv_get
 
         raw = _internal_kv_get(KV_KEY, namespace=KV_NAMESPACE)
-        return set(json.loads(raw)) if raw else set()
+        return dict(json.loads(raw)) if raw else {}

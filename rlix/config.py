@@ -128,6 +128,11 @@ class SchedulerModel(StrictModel):
         description="favour the job with the longest chain of steps ahead: weight halves per this many seconds "
         "of shorter chain (0: off)",
     )
+    lost_cooldown_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="seconds a bundle whose rollout worker was lost (died, or did not wake) gets no worker of that job (0: off)",
+    )
     tenants: list[TenantModel] = Field(
         default_factory=list,
         description="tenants with shares: weight, guaranteed GPUs and a borrowing limit (none: no tenant split)",

@@ -57,7 +57,7 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
     if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
         raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
-    for name in ("small_first", "path_halving_s"):
+    for name in ("small_first", "path_halving_s", "lost_cooldown_s"):
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
@@ -111,6 +111,7 @@ class Scheduler:
         self._view = View(cluster=cluster, config=config, ledger=self.ledger, now=0.0)
         self._requests: dict[tuple[str, Stage], GangRequest] = {}
         self._seq = 0
+        self._cooling: dict[str, PipelineEntry] = {}  # pipelines with a bundle cooling down after a lost worker
         self.plans_made = 0
         # Plans the policy got wrong and the core replaced by a safe plan (a policy bug:
         # each one is also warned about, once per invariant).
@@ -214,12 +215,17 @@ class Scheduler:
         entry.record_demand(event, now)
 
     def _worker_lost(self, event: WorkerLost, now: float) -> None:
-        self._active(event.pipeline_id)
+        entry = self._active(event.pipeline_id)
+        bundle = entry.bundle_of.get(event.first_gpu)
         if not self.ledger.drop_worker(event.pipeline_id, event.first_gpu):
             raise SchedulingError(
                 f"pipeline '{event.pipeline_id}' has no rollout worker at GPU {event.first_gpu}; report only workers the plan "
                 "gave it"
             )
+        cooldown = self._view.config.lost_cooldown_s
+        if cooldown > 0 and bundle is not None:  # not placed there again for a while (a failing wake is no loop)
+            entry.cool(bundle, now + cooldown)
+            self._cooling[event.pipeline_id] = entry
 
     def _active(self, pipeline_id: str) -> PipelineEntry:
         entry = self._view.pipelines.get(pipeline_id)
@@ -235,6 +241,8 @@ class Scheduler:
         """Decide, validate and record the plan for time ``now`` (seconds)."""
         view = self._view
         view.now = now
+        for pid in [p for p, e in self._cooling.items() if not e.warm_up(now)]:
+            del self._cooling[pid]
         view.pending = sorted((r for r in self._requests.values() if r.state is RequestState.PENDING), key=lambda r: r.sort_key)
         draft = Draft(self.ledger, now)
         self.policy.plan(view, draft)

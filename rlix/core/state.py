@@ -29,6 +29,7 @@ class PipelineEntry:
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):
     # an object of rlix.core.shares, typed loosely here to keep this module below it.
     need_cache: object = None
+    cooling: dict[Gpus, float] = field(default_factory=dict)  # bundle -> until when no worker goes there (lost one)
 
     @classmethod
     def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:
@@ -42,6 +43,19 @@ class PipelineEntry:
             bundle_rank={b: i for i, b in enumerate(rollout_bundles)},
             home_workers=sum(1 for b in rollout_bundles if home.issuperset(b)),
         )
+
+    def cool(self, bundle: Gpus, until: float) -> None:
+        """No rollout worker on ``bundle`` until ``until`` (its last one was lost): it leaves the candidates."""
+        self.cooling[bundle] = until
+        for g in bundle:
+            self.bundle_of.pop(g, None)
+
+    def warm_up(self, now: float) -> bool:
+        """Bundles whose cooldown is over are candidates again; whether some still cool."""
+        for bundle in [b for b, until in self.cooling.items() if until <= now]:
+            del self.cooling[bundle]
+            self.bundle_of.update(dict.fromkeys(bundle, bundle))
+        return bool(self.cooling)
 
     def admit(self, now: float) -> None:
         """It holds GPUs from ``now`` on (if not already): its home is taken."""

@@ -388,6 +388,10 @@ class SchedulerConfig:
       steps (reported ``path_s``, for the makespan): a share weight halves
       for every ``path_halving_s`` seconds its chain is shorter than the
       longest one. 0 turns it off.
+    - ``lost_cooldown_s``: a rollout worker reported lost (its process died,
+      or it did not wake: a GPU short of memory, a failing device) is not
+      placed again on that bundle for that job for this many seconds, so a
+      failing wake is not retried in a loop; 0: at once.
     - ``tenants``: tenants with shares (:class:`TenantSpec`). The GPUs are first
       split between tenants by weight, each within its guarantee and limit
       (gang stages count towards their tenant), then each tenant's rollout part
@@ -407,6 +411,7 @@ class SchedulerConfig:
     priority_weight: float = 2.0
     small_first: float = 3.0
     path_halving_s: float = 350.0
+    lost_cooldown_s: float = 30.0
     tenants: tuple[TenantSpec, ...] = ()
 
     def tenant(self, name: str) -> TenantSpec:

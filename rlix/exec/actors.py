@@ -13,6 +13,7 @@ import time
 
 import ray
 
+from rlix.exec.device_memory import MemoryCheck
 from rlix.exec.messages import (
     AdapterSnapshot,
     Emulation,
@@ -81,6 +82,7 @@ class RolloutWorkerActor:
         # The bundle placement pinned this process to (logical ids on a CPU host): a vLLM engine spans it.
         devices = tuple(int(g) for g in self.visible.split(",") if g.strip()) or (0,)
         self.backend = make_backend(backend, emulation, lora, vllm, devices)
+        self.memory: MemoryCheck | None = None  # free memory on the first device, checked before every wake
 
     def prepare(self, model_path: str) -> float:
         """Start-up that needs no GPU (imports, config): done at the job's init."""
@@ -88,7 +90,8 @@ class RolloutWorkerActor:
 
         require_readable(model_path, "model directory")
         t0 = time.perf_counter()
-        self.backend.prepare(model_path, device_for_worker())
+        self.memory = MemoryCheck(device_for_worker())
+        self.backend.prepare(model_path, self.memory.device)
         return time.perf_counter() - t0
 
     def wake(self, snapshot: WeightBuckets | None, *adapters: AdapterSnapshot) -> SwitchTiming:
@@ -100,7 +103,8 @@ class RolloutWorkerActor:
         before = self.backend.weight_version if self.backend.awake else -1
         had = self.backend.adapter_versions if self.backend.awake else {}
         cold = self.backend.builds_on_wake
-        self.backend.wake(snapshot, adapters)
+        self.memory.wait_for("wake")  # what the first wake took must be free (NotEnoughMemory: reported lost)
+        self.memory.measure("wake", lambda: self.backend.wake(snapshot, adapters))
         synced = snapshot.nbytes if snapshot is not None and snapshot.version != before else 0
         synced += sum(a.nbytes for a in adapters if a.version > had.get(a.name, -1))
         return self._timing(t0, synced, cold)

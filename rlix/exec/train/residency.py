@@ -7,8 +7,12 @@ optimizer state); a stage method that finds a part it uses still on the host
 moves it then. Offload moves back whatever is on the device and then returns
 the caching allocator's memory (:func:`release_cached_memory`), so the GPU is
 free for the next holder (a waking vLLM engine checks for free memory, not
-for memory PyTorch merely keeps cached). Every move goes through
-:meth:`Residency.place`, which records it (:class:`Move`).
+for memory PyTorch merely keeps cached). Before parts move onto the device,
+its free memory is checked against their bytes (as they last moved), with a
+short wait for a previous holder to let go
+(:class:`rlix.exec.device_memory.MemoryCheck`): a shortfall is one clear
+error, not an out-of-memory crash halfway through a stage. Every move goes
+through :meth:`Residency.place`, which records it (:class:`Move`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rlix.core import Stage
+from rlix.exec.device_memory import MemoryCheck
 from rlix.exec.messages import LearnerPart
 
 HOST = "cpu"
@@ -74,10 +79,12 @@ def _module_to(module, device: str) -> int:
 class Residency:
     """The parts of one learner (modules and optimizers, by :class:`LearnerPart` and name) and where each is."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, memory: MemoryCheck | None = None) -> None:
         self.device = device
+        self.memory = memory or MemoryCheck(device)  # free device memory, checked before parts move onto it
         self._parts: dict[tuple[LearnerPart, str], object] = {}
         self._on_device: dict[tuple[LearnerPart, str], bool] = {}
+        self._nbytes: dict[tuple[LearnerPart, str], int] = {}  # each part's bytes, as it last moved
         self.moves: list[Move] = []  # every move, in order
         self.releases = 0  # offloads that returned cached device memory
 
@@ -92,9 +99,12 @@ class Residency:
     def need(self, parts: Iterable[LearnerPart], names: Iterable[str] | None = None) -> None:
         """Every tracked key of ``parts`` (only those named ``names``, if given) on the device."""
         parts, wanted = set(parts), None if names is None else set(names)
-        for part, name in list(self._parts):
-            if part in parts and (wanted is None or name in wanted) and not self._on_device[(part, name)]:
-                self.place(part, name, onto_device=True)
+        keys = [k for k in self._parts if k[0] in parts and (wanted is None or k[1] in wanted) and not self._on_device[k]]
+        if keys:
+            what = "moving " + ", ".join(sorted({f"{p.value} {n}".strip() for p, n in keys})) + " onto the device"
+            self.memory.wait_for(what, sum(self._nbytes.get(k, 0) for k in keys))
+        for part, name in keys:
+            self.place(part, name, onto_device=True)
 
     def offload(self) -> None:
         """Everything on the device to the host, then the device's cached memory back to the driver."""
@@ -113,4 +123,5 @@ class Residency:
         obj = self._parts[(part, name)]
         nbytes = _optimizer_to(obj, device) if part is LearnerPart.OPTIMIZER else _module_to(obj, device)
         self._on_device[(part, name)] = onto_device
+        self._nbytes[(part, name)] = nbytes
         self.moves.append(Move(part=part, name=name, onto_device=onto_device, nbytes=nbytes))

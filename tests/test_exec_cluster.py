@@ -16,8 +16,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = None) -> Path:
-    """One tiny full-finetune job, two steps, its rollout on every GPU of ``nodes`` x ``gpus``."""
+def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = None, train: int = 0) -> Path:
+    """One tiny full-finetune job, two steps, trained on GPU ``train``, its rollout on every GPU of ``nodes`` x ``gpus``."""
     cfg = {
         "cluster": {"nodes": nodes, "gpus_per_node": gpus},
         "scheduler": {"min_residency_s": 5.0, "report_ttl_s": 10.0},
@@ -32,7 +32,7 @@ def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = Non
                 "group_size": 4,
                 "max_new_tokens": 8,
                 "slots_per_worker": 4,
-                "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": f"0-{nodes * gpus - 1}"}},
+                "roles": {"actor_train": {"gpus": [train]}, "actor_infer": {"gpus": f"0-{nodes * gpus - 1}"}},
             }
         ],
     }
@@ -118,12 +118,13 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
 
 
 @pytest.mark.heavy
-def test_two_node_cluster_pins_every_worker_to_the_node_that_holds_its_gpus(tmp_path):
+def test_two_node_cluster_reserves_the_gpus_and_pins_every_worker_to_the_node_that_holds_them(tmp_path):
     import ray
     from ray.cluster_utils import Cluster
 
     from rlix.core import ClusterSpec
-    from rlix.exec.control.actor_placement import actor_options, node_ids
+    from rlix.exec.control.actor_placement import actor_options
+    from rlix.exec.control.gpu_reservation import release, reserve
     from rlix.exec.front import api
     from rlix.exec.front.config import load_config
 
@@ -132,20 +133,44 @@ def test_two_node_cluster_pins_every_worker_to_the_node_that_holds_its_gpus(tmp_
     try:
         ray.init(address=nodes2.address, log_to_driver=False)
         spec = ClusterSpec(nodes=2, gpus_per_node=2)
-        nodes = node_ids(spec)
-        assert len(set(nodes)) == 2
+        gpu_map = reserve(spec)
+        assert gpu_map.devices == ((0, 1), (0, 1))  # each node's device ids, read back from Ray
+
+        # Ray accounts the reserved GPUs: other Ray work asking for one is not placed
+        other = ray.remote(num_gpus=1, num_cpus=0)(lambda: 1).remote()
+        assert ray.wait([other], timeout=3)[0] == []
+        ray.cancel(other)
 
         @ray.remote
         def where():
             return ray.get_runtime_context().get_node_id(), os.environ["CUDA_VISIBLE_DEVICES"]
 
-        for gpus, node, local in (((0,), 0, "0"), ((1,), 0, "1"), ((2,), 1, "0"), ((3,), 1, "1"), ((2, 3), 1, "0,1")):
-            assert ray.get(where.options(**actor_options(spec, gpus, nodes, "probe")).remote()) == (nodes[node], local)
+        seen = {
+            gpus: ray.get(where.options(**actor_options(spec, gpus, gpu_map, "probe")).remote())
+            for gpus in ((0,), (1,), (2,), (3,), (2, 3))
+        }
+        assert {gpus: local for gpus, (_, local) in seen.items()} == {(0,): "0", (1,): "1", (2,): "0", (3,): "1", (2, 3): "0,1"}
+        node = {gpus: n for gpus, (n, _) in seen.items()}
+        assert node[(0,)] == node[(1,)] != node[(2,)] == node[(3,)] == node[(2, 3)]
+        release(gpu_map)
 
-        # a job whose rollout spans both nodes runs to the end
-        out = api.run(load_config(tiny_config(tmp_path, 2, nodes=2)))
+        # a job whose rollout spans both nodes and whose trainer runs on the second node runs to the end
+        out = api.run(load_config(tiny_config(tmp_path, 2, nodes=2, train=2)))
         assert out.results["solo"].status.value == "finished" and len(out.results["solo"].steps) == 2
         assert out.metrics.trajectories_lost == 0
     finally:
         ray.shutdown()
         nodes2.shutdown()
+
+
+@pytest.mark.exec
+def test_a_worker_that_sees_other_devices_than_its_bundle_fails_at_once(monkeypatch):
+    from rlix.exec.control.actor_placement import EXPECTED_DEVICES, DeviceMismatch, check_devices
+
+    monkeypatch.setenv(EXPECTED_DEVICES, "2,3")
+    monkeypatch.setenv("RLIX_WORKER", "job/rollout2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert check_devices() == "2,3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # what Ray before 2.56 did to an actor asking for no GPU
+    with pytest.raises(DeviceMismatch, match=r"^job/rollout2: CUDA_VISIBLE_DEVICES is '' but its bundle's GPUs are '2,3'"):
+        check_devices()

@@ -49,10 +49,14 @@ def require_readable(path: str, what: str) -> None:
         )
 
 
-def _setup_process() -> None:
+def _setup_process() -> str:
+    """A worker process's start: one torch thread, and its visible devices checked against its bundle's."""
     import torch
 
+    from rlix.exec.control.actor_placement import check_devices
+
     torch.set_num_threads(1)
+    return check_devices()
 
 
 CONTROL_THREADS = 8  # threads beyond the slots: wake, sleep, weight and adapter syncs never queue behind generation
@@ -75,8 +79,7 @@ class RolloutWorkerActor:
         vllm: VllmOptions = VllmOptions(),
         fault: WorkerFault = WorkerFault(),
     ) -> None:
-        _setup_process()
-        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.visible = _setup_process()
         self.fault = fault
         self._dying = False
         # The bundle placement pinned this process to (logical ids on a CPU host): a vLLM engine spans it.
@@ -160,9 +163,8 @@ class TrainerActor:
     sends every rank the same calls. A lone rank is the whole learner."""
 
     def __init__(self, rank: int) -> None:
-        _setup_process()
+        self.visible = _setup_process()
         self.rank = rank
-        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.checkpoint_dir: str | None = None
         self.sync_dtype = "bfloat16"
         self.learner: GrpoLearner | None = None

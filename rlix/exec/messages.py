@@ -369,6 +369,16 @@ class SchedulerStats:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GpuMap:
+    """The cluster's GPUs as reserved in Ray (:mod:`rlix.exec.control.gpu_reservation`): per rlix
+    node, its placement group (one bundle per GPU, an opaque Ray handle) and each GPU's device id
+    on its Ray node. Empty: nothing reserved (one node, every process on it, ids as numbered)."""
+
+    groups: tuple[Any, ...] = ()
+    devices: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServiceInfo:
     """What a running scheduler service manages, for a submitter joining it."""
 
@@ -378,6 +388,7 @@ class ServiceInfo:
     started_at: float  # time.time() when the service was first started (its clock's zero)
     restarts: int = 0  # times Ray restarted the service's actor since
     life: str = ""  # an id of this life of the actor (new at each restart)
+    gpus: GpuMap = GpuMap()  # the GPUs the service reserved in Ray, where submitters place their processes
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,9 +1,12 @@
 """Executor layer: pinning worker processes to the GPUs a plan gives them.
 
 Every worker actor asks Ray for no GPU resource (the rlix scheduler, not
-Ray, owns GPUs) and is started with ``CUDA_VISIBLE_DEVICES`` set to its
-plan's GPUs, local to its node, on the node that holds them. On a CPU host
-the ids are logical but the code path is the same.
+Ray, decides who uses a GPU when; Ray accounts the GPUs as the run's through
+their reservation, :mod:`rlix.exec.control.gpu_reservation`). It is placed in
+the reserved bundle of its first GPU, so on the node that holds them, and
+started with ``CUDA_VISIBLE_DEVICES`` set to its GPUs' device ids there, which
+it checks at start (:func:`check_devices`). On a CPU host the ids are logical
+but the code path is the same.
 """
 
 from __future__ import annotations
@@ -12,10 +15,17 @@ from dataclasses import dataclass
 
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
+from rlix.exec.messages import GpuMap
+
+EXPECTED_DEVICES = "RLIX_DEVICES"  # the devices a worker's bundle was given, checked against what it sees
 
 
 class ClusterError(RuntimeError):
     """The Ray cluster is unreachable or smaller than the config's cluster: one line, nothing started."""
+
+
+class DeviceMismatch(RuntimeError):
+    """A worker process sees other devices than the bundle it was placed for (one line)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,45 +48,48 @@ def pinning(cluster: ClusterSpec, gpus: Gpus) -> Pinning:
     return Pinning(node=node, local_gpus=tuple(g - node * cluster.gpus_per_node for g in gpus))
 
 
-def node_ids(cluster: ClusterSpec) -> list[str]:
-    """Ray node ids for cluster node indexes 0.., ordered by (IP, node id).
-
-    Single-node clusters need no affinity; with several nodes, the GPU
-    nodes of the Ray cluster are matched to rlix node indexes in this order.
-    """
-    import ray
-
-    if cluster.nodes == 1:
-        return []
-    alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
-    alive.sort(key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"]))
-    if len(alive) < cluster.nodes:
-        raise ClusterError(
-            f"cluster.nodes={cluster.nodes} but Ray has {len(alive)} alive GPU nodes; join more nodes or lower cluster.nodes"
-        )
-    return [n["NodeID"] for n in alive[: cluster.nodes]]
-
-
-def actor_options(cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str) -> dict:
-    """``.options(...)`` for a worker actor pinned to ``gpus``."""
+def actor_options(cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str) -> dict:
+    """``.options(...)`` for a worker actor pinned to ``gpus``: placed in the reserved bundle of its
+    first GPU (so on the node that holds them), seeing exactly their device ids."""
     pin = pinning(cluster, gpus)
+    devices = gpu_map.devices[pin.node] if gpu_map.groups else None
+    visible = ",".join(str(devices[g] if devices else g) for g in pin.local_gpus)
     opts: dict = {
         "num_cpus": 0,
         "num_gpus": 0,
         "runtime_env": {
             "env_vars": {
-                "CUDA_VISIBLE_DEVICES": pin.cuda_visible_devices,
+                "CUDA_VISIBLE_DEVICES": visible,
+                EXPECTED_DEVICES: visible,
                 "RLIX_WORKER": name,
                 "TOKENIZERS_PARALLELISM": "false",
                 "OMP_NUM_THREADS": "1",
             }
         },
     }
-    if nodes:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    if gpu_map.groups:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=nodes[pin.node], soft=False)
+        opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            gpu_map.groups[pin.node], placement_group_bundle_index=pin.local_gpus[0]
+        )
     return opts
+
+
+def check_devices() -> str:
+    """Inside a worker process, at start: its visible devices, which must be the ones its bundle was
+    given (:class:`DeviceMismatch` if Ray changed them: a worker never falls back to the CPU unseen)."""
+    import os
+
+    expected = os.environ.get(EXPECTED_DEVICES)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if expected is not None and visible != expected:
+        who = os.environ.get("RLIX_WORKER", "worker")
+        raise DeviceMismatch(
+            f"{who}: CUDA_VISIBLE_DEVICES is '{visible}' but its bundle's GPUs are '{expected}'; something "
+            "(Ray before 2.56 blanks it for actors that ask Ray for no GPU) changed it: upgrade Ray"
+        )
+    return visible
 
 
 def device_for_worker() -> str:

@@ -47,7 +47,7 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
-from rlix.exec.messages import GrantReply, SchedulerStats
+from rlix.exec.messages import GpuMap, GrantReply, SchedulerStats
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.calls import ServiceCalls, kill_actor
 from rlix.exec.service.roster import Roster
@@ -66,6 +66,19 @@ def prom_export():
     from rlix.exec.service.prom import PromExport
 
     return PromExport()
+
+
+def reserve_gpus(cluster: ClusterSpec, names: str | None) -> tuple[GpuMap, str]:
+    """The service's GPU reservation (:func:`rlix.exec.control.gpu_reservation.reserve`), and why it failed ("": it did not)."""
+    if names is None or not in_actor():
+        return GpuMap(), ""
+    from rlix.exec.control.actor_placement import ClusterError
+    from rlix.exec.control.gpu_reservation import reserve
+
+    try:
+        return reserve(cluster, names=names), ""
+    except ClusterError as exc:
+        return GpuMap(), str(exc)
 
 
 def restarts_so_far() -> int:
@@ -108,8 +121,12 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         call_timeout_s: float = 300.0,
         lease_s: float = 15.0,
         rejoin_s: float = 30.0,
+        gpu_names: str | None = None,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
+        # The service reserves the cluster's GPUs in Ray under ``gpu_names`` (found again after a restart)
+        # for every submitter; a private run's driver reserves its own (None here).
+        self.gpus, self.gpus_error = reserve_gpus(cluster, gpu_names)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
         self.plan_interval_s = plan_interval_s  # seconds between periodic plans (config scheduler.plan_interval_s)
         self.coordinators: dict[str, ray.actor.ActorHandle] = {}
@@ -139,6 +156,9 @@ class SchedulerActor(ServiceCalls, PlanExecution):
     # ------------------------------------------------------------ public calls
 
     async def start(self) -> None:
+        """Start planning (:class:`SchedulingError` if the service could not reserve its GPUs)."""
+        if self.gpus_error:
+            raise SchedulingError(self.gpus_error)
         self._start_loops()
 
     def _start_loops(self) -> None:

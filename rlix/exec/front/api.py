@@ -122,10 +122,10 @@ class Session:
             raise
 
     def _start(self, config: RunConfig, address: str | None) -> None:
-        """Fresh logs, then the local Ray (no address), the node map, and a private scheduler (no service)."""
+        """Fresh logs, then the local Ray (no address), the GPUs reserved, and a private scheduler (no service)."""
         import ray
 
-        from rlix.exec.control.actor_placement import node_ids
+        from rlix.exec.control.gpu_reservation import reserve
         from rlix.exec.control.scheduler_actor import SchedulerActor
 
         prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
@@ -137,7 +137,8 @@ class Session:
                 log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
                 runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
             )
-        self.nodes = node_ids(self.cluster)
+        # The GPUs, reserved in Ray: the service's (it reserved them when it started), or this run's own.
+        self.gpu_map = self.submission.info.gpus if self.submission is not None else reserve(self.cluster)
         self.t0 = time.time()
         if self.submission is not None:
             self.scheduler = self.submission.scheduler
@@ -173,7 +174,7 @@ class Session:
             job=p.job,
             model_dir=self.models[p.job.name],
             cluster=self.cluster,
-            nodes=self.nodes,
+            gpu_map=self.gpu_map,
             scheduler=self.scheduler,
             emulation=self.config.emulation.value(),
             t0=self.t0,

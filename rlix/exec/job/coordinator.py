@@ -35,7 +35,7 @@ from rlix.exec.front.steplog import StepLog
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
-from rlix.exec.messages import Emulation, JobNote, JobProgress, JobResult
+from rlix.exec.messages import Emulation, GpuMap, JobNote, JobProgress, JobResult
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
@@ -111,12 +111,12 @@ def job_note(pipeline_id: str, runner: StepRunner | None, rec: Recorder) -> JobN
     return JobNote(pipeline_id=pipeline_id, loaded=loaded, steps_done=before + len(rec.steps), steps_total=steps)
 
 
-def worker_options(cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str, slots_per_worker: int) -> dict:
+def worker_options(cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str, slots_per_worker: int) -> dict:
     """Ray options of a rollout worker on ``gpus``: its placement, and a thread per generation slot plus
     room for control calls (so a sleep or a sync never waits for a slot)."""
     from rlix.exec.actors import worker_concurrency
 
-    return {**actor_options(cluster, gpus, nodes, name), "max_concurrency": worker_concurrency(slots_per_worker)}
+    return {**actor_options(cluster, gpus, gpu_map, name), "max_concurrency": worker_concurrency(slots_per_worker)}
 
 
 PROCESS_EXIT_S = 30.0  # seconds a killed process may take to be reported dead before its GPUs are given back anyway
@@ -158,7 +158,7 @@ class PipelineCoordinator:
         job: JobConfig,
         model_dir: str,
         cluster: ClusterSpec,
-        nodes: list[str],
+        gpu_map: GpuMap,
         scheduler,
         emulation: Emulation,
         t0: float,
@@ -168,7 +168,7 @@ class PipelineCoordinator:
         submitter: str = "",
     ) -> None:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
-        self.cluster, self.nodes, self.emulation, self.t0 = cluster, nodes, emulation, t0
+        self.cluster, self.gpu_map, self.emulation, self.t0 = cluster, gpu_map, emulation, t0
         self.spec = job.pipeline_spec(pipeline_id)
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)
@@ -280,14 +280,14 @@ class PipelineCoordinator:
             self.emulation,
             cluster=self.cluster,
             gpus=gpus,
-            nodes=self.nodes,
+            gpu_map=self.gpu_map,
             name=f"{self.pid}/trainer",
         )
 
     def _spawn(self, gpus: Gpus, first_process: bool):
         from rlix.exec.actors import RolloutWorkerActor
 
-        opts = worker_options(self.cluster, gpus, self.nodes, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
+        opts = worker_options(self.cluster, gpus, self.gpu_map, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
         fault = self.job.fault.for_worker(gpus[0], first_process)
         return RolloutWorkerActor.options(**opts).remote(
             self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault

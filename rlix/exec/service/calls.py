@@ -60,6 +60,7 @@ class ServiceCalls:
             started_at=self.t0,
             restarts=self.restarts,
             life=self.life,
+            gpus=self.gpus,
         )
 
     async def knows(self, pipeline_id: str) -> bool:

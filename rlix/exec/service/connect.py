@@ -5,7 +5,9 @@ namespace, detached (it outlives the process that started it) and restarted
 by Ray if it dies. ``rlix scheduler start`` starts it; so does the first
 ``rlix-run --address`` that finds none, with its config's policy and
 scheduler block. Its cluster (nodes x GPUs per node) is given, or read from
-the Ray cluster's alive GPU nodes.
+the Ray cluster's alive GPU nodes. The service reserves those GPUs in Ray
+(detached placement groups named ``rlix-gpus-<node>``, found again after a
+restart) for every submitter's processes; stopping it gives them back.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from __future__ import annotations
 import socket
 import time
 
-from rlix.core import ClusterSpec
+from rlix.core import ClusterSpec, SchedulingError
 from rlix.exec.control.actor_placement import ClusterError
+from rlix.exec.control.gpu_reservation import RESERVE_WAIT_S, release
 
 SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
 NAMESPACE = "rlix"  # the Ray namespace it lives in
 SCHEDULER_CALL_S = 30.0  # deadline of a driver's call to the service (s)
 SHRINK_CALL_S = 300.0  # deadline of a scheduler's shrink and expand calls to a pipeline (s; a vLLM cold wake can take 100)
+GPU_NAMES = "rlix-gpus"  # the service's GPU reservation: placement groups rlix-gpus-0, -1, ...
 REJOIN_S = 30.0  # a restarted service plans nothing until its pipelines rejoined, or for this long at most (s)
 
 
@@ -105,8 +109,13 @@ def start(cluster: ClusterSpec, policy: str, knobs):
         SHRINK_CALL_S,
         lease_s=15.0,
         rejoin_s=REJOIN_S,
+        gpu_names=GPU_NAMES,
     )
-    ray.get(handle.start.remote(), timeout=SCHEDULER_CALL_S)
+    try:
+        ray.get(handle.start.remote(), timeout=SCHEDULER_CALL_S + RESERVE_WAIT_S)
+    except SchedulingError as exc:  # its GPUs could not be reserved: no service
+        ray.kill(handle, no_restart=True)
+        raise ClusterError(str(getattr(exc, "cause", exc))) from None
     return handle
 
 
@@ -126,8 +135,10 @@ def stop(handle, *, force: bool, wait_s: float = 60.0) -> str:
         while time.time() < deadline and ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S):
             time.sleep(0.5)
         killed = ray.get(handle.kill_all.remote(), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)
+    gpus = ray.get(handle.info.remote(), timeout=SCHEDULER_CALL_S).gpus
     ray.get(handle.stop.remote(), timeout=SCHEDULER_CALL_S)
     ray.kill(handle, no_restart=True)
+    release(gpus)  # the GPUs go back to Ray
     if not busy:
         return "rlix scheduler stopped"
     late = f"; killed after {wait_s:g} s: {', '.join(killed)}" if killed else ""

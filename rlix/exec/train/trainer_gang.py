@@ -18,7 +18,7 @@ from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
 from rlix.exec.actors import TrainerActor
 from rlix.exec.control.actor_placement import actor_options
-from rlix.exec.messages import TrainerJob
+from rlix.exec.messages import GpuMap, TrainerJob
 
 # The trainer calls a gang sends to every rank (each a method of TrainerActor).
 GANG_CALLS = (
@@ -58,10 +58,10 @@ class TrainerGang:
             setattr(self, method, _Broadcast(actors, method))
 
     @classmethod
-    def start(cls, cluster: ClusterSpec, gpus: Gpus, nodes: list[str], name: str, job: TrainerJob) -> TrainerGang:
+    def start(cls, cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str, job: TrainerJob) -> TrainerGang:
         """One rank per GPU of ``gpus``; ranks join and build their learners in the background."""
         actors = [
-            TrainerActor.options(**actor_options(cluster, (g,), nodes, f"{name}{r}")).remote(r)
+            TrainerActor.options(**actor_options(cluster, (g,), gpu_map, f"{name}{r}")).remote(r)
             for r, g in enumerate(sorted(gpus))
         ]
         rdv = actors[0].rendezvous.remote(len(actors))  # rank 0's host; the other ranks receive it resolved

@@ -17,7 +17,7 @@ from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
 from rlix.exec.front.config import JobConfig, LimitsConfig
-from rlix.exec.messages import Emulation, TrainerJob
+from rlix.exec.messages import Emulation, GpuMap, TrainerJob
 from rlix.exec.train.residency import ALL_PARTS, STAGE_PARTS
 
 
@@ -44,7 +44,7 @@ class TrainerLink:
         *,
         cluster: ClusterSpec,
         gpus: Gpus,
-        nodes: list[str],
+        gpu_map: GpuMap,
         name: str,
     ) -> TrainerLink:
         """The job's trainer: one data-parallel rank per GPU of ``gpus`` (FSDP2 when more than one),
@@ -61,7 +61,7 @@ class TrainerLink:
             train=job.train.value(),
             sync_dtype=job.sync_dtype(),
         )
-        gang = TrainerGang.start(cluster, gpus, nodes, name, trainer_job)
+        gang = TrainerGang.start(cluster, gpus, gpu_map, name, trainer_job)
         return cls(gang, limits=job.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every, started=gang.started)
 
     async def call(self, ref, what: str):

@@ -1,0 +1,98 @@
+"""Executor layer: the cluster's GPUs reserved for rlix in Ray, with their physical ids read back.
+
+rlix, not Ray, decides which job uses which GPU and when; but Ray must know
+that those GPUs are taken, or it places other Ray work on them. So a run (or
+the shared scheduler service) reserves them first: one placement group per
+rlix node, one bundle per GPU, packed on one Ray node. Ray then accounts every
+GPU as used, and each bundle's physical device id is read back from inside it
+(``ray.get_gpu_ids``), so a node whose raylet sees devices 4-7 gets workers on
+4-7, not 0-3. Worker processes are placed in the bundle of their first GPU
+(:func:`rlix.exec.control.actor_placement.actor_options`) and see exactly their
+bundle's devices. rlix node order is the groups' (node address, node id, first
+device) order, so it is the same in every process that reads the reservation.
+"""
+
+from __future__ import annotations
+
+from rlix.core import ClusterSpec
+from rlix.exec.control.actor_placement import ClusterError
+from rlix.exec.messages import GpuMap
+
+RESERVE_WAIT_S = 60.0  # how long to wait for Ray to reserve the GPUs (s)
+
+
+def _probe():
+    """Inside a bundle: (node address, node id, the bundle's device id as Ray assigned it)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    ids = [int(g) for g in ray.get_gpu_ids()]
+    return ray.util.get_node_ip_address(), ctx.get_node_id(), ids[0]
+
+
+def reserve(cluster: ClusterSpec, *, names: str | None = None, wait_s: float = RESERVE_WAIT_S) -> GpuMap:
+    """Reserve the cluster's GPUs (``cluster.nodes`` groups of ``gpus_per_node``) and read their ids back.
+
+    ``names``: the groups are named ``{names}-{i}`` and detached (they outlive this process, as the
+    scheduler service's do; a restarted service finds its own); None: unnamed, gone with the job.
+    :class:`ClusterError` (one line) if Ray cannot reserve them within ``wait_s``.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    groups = []
+    for i in range(cluster.nodes):
+        found = _existing(f"{names}-{i}") if names else None
+        if found is not None:
+            groups.append(found)
+            continue
+        opts = {"name": f"{names}-{i}", "lifetime": "detached"} if names else {}
+        groups.append(placement_group([{"GPU": 1}] * cluster.gpus_per_node, strategy="STRICT_PACK", **opts))
+    ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=wait_s)
+    if len(ready) < len(groups):
+        for g in groups:
+            remove_placement_group(g)
+        raise ClusterError(
+            f"Ray could not reserve {cluster.nodes} x {cluster.gpus_per_node} GPUs (one node's GPUs each) within "
+            f"{wait_s:g} s: other Ray work holds some, or the nodes are smaller; free them or lower cluster.nodes / "
+            "cluster.gpus_per_node"
+        )
+    return _read_back(groups, cluster)
+
+
+def _existing(name: str):
+    import ray
+
+    try:
+        return ray.util.get_placement_group(name)
+    except ValueError:
+        return None
+
+
+def _read_back(groups: list, cluster: ClusterSpec) -> GpuMap:
+    """The groups in rlix node order, with each bundle's device id."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, num_gpus=0.001)(_probe)
+    seen = []
+    for g in groups:
+        refs = [
+            probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=b)).remote()
+            for b in range(cluster.gpus_per_node)
+        ]
+        where = ray.get(refs)
+        seen.append(((where[0][0], where[0][1], min(w[2] for w in where)), g, tuple(w[2] for w in where)))
+    seen.sort(key=lambda s: s[0])
+    return GpuMap(groups=tuple(g for _, g, _ in seen), devices=tuple(d for _, _, d in seen))
+
+
+def release(gpu_map: GpuMap) -> None:
+    """Give the reserved GPUs back to Ray (quiet if they are gone already)."""
+    from ray.util.placement_group import remove_placement_group
+
+    for g in gpu_map.groups:
+        try:
+            remove_placement_group(g)
+        except Exception:  # noqa: BLE001 -- already removed
+            pass

@@ -14,6 +14,7 @@ from rlix.exec.actors import CONTROL_THREADS, RolloutWorkerActor
 from rlix.exec.front.config import load_config
 from rlix.exec.job.coordinator import PipelineCoordinator, end_processes, worker_options
 from rlix.exec.job.records import JobStatus
+from rlix.exec.messages import GpuMap
 from rlix.exec.rollout.hooks import Processes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -110,7 +111,7 @@ def test_a_finished_jobs_processes_are_gone_before_it_unregisters():
 
 @pytest.mark.parametrize("slots", [1, 64, 128, 512])
 def test_a_worker_has_a_thread_per_slot_and_room_for_control_calls(slots):
-    opts = worker_options(ClusterSpec(nodes=1, gpus_per_node=8), (3,), [], "job/rollout3", slots)
+    opts = worker_options(ClusterSpec(nodes=1, gpus_per_node=8), (3,), GpuMap(), "job/rollout3", slots)
     assert opts["max_concurrency"] == slots + CONTROL_THREADS and CONTROL_THREADS >= 4  # wake, sleep, two syncs
     assert opts["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == "3"  # the placement is kept
     RolloutWorkerActor.options(**opts)  # Ray accepts these options for the worker actor

@@ -345,6 +345,7 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     from rlix.core import ClusterSpec
     from rlix.exec.actors import RolloutWorkerActor
     from rlix.exec.control.actor_placement import actor_options
+    from rlix.exec.messages import GpuMap
     from rlix.exec.rollout.torch_backend import Emulation
 
     single = fresh(engines(), model_dir)
@@ -357,7 +358,7 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     single.update_weights(new)
     want_new = [single.generate(_req(p, traj_id=i, n=16, seed=5)) for i, p in enumerate(PROMPTS)]
 
-    opts = actor_options(ClusterSpec(nodes=1, gpus_per_node=2), (0, 1), [], "tp2")
+    opts = actor_options(ClusterSpec(nodes=1, gpus_per_node=2), (0, 1), GpuMap(), "tp2")
     worker = RolloutWorkerActor.options(**opts).remote(Emulation(), None, "vllm", OPTS)
     try:
         assert ray.get(worker.visible_devices.remote()) == "0,1"

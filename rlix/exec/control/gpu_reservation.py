@@ -75,13 +75,16 @@ def _read_back(groups: list, cluster: ClusterSpec) -> GpuMap:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     probe = ray.remote(num_cpus=0, num_gpus=0.001)(_probe)
+    n = cluster.gpus_per_node
+    refs = [
+        probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=b)).remote()
+        for g in groups
+        for b in range(n)
+    ]
+    found = ray.get(refs)  # every bundle probed at once
     seen = []
-    for g in groups:
-        refs = [
-            probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=b)).remote()
-            for b in range(cluster.gpus_per_node)
-        ]
-        where = ray.get(refs)
+    for i, g in enumerate(groups):
+        where = found[i * n : (i + 1) * n]
         seen.append(((where[0][0], where[0][1], min(w[2] for w in where)), g, tuple(w[2] for w in where)))
     seen.sort(key=lambda s: s[0])
     return GpuMap(groups=tuple(g for _, g, _ in seen), devices=tuple(d for _, _, d in seen))

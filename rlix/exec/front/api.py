@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlix.exec.control.actor_placement import ClusterError  # noqa: F401 -- rlix-run catches api.ClusterError
+from rlix.exec.control.gpu_reservation import release
 from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.front.joblines import job_line
@@ -31,7 +32,7 @@ from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
-from rlix.exec.messages import JobProgress, JobResult, SchedulerStats
+from rlix.exec.messages import GpuMap, JobProgress, JobResult, SchedulerStats
 from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
@@ -112,6 +113,7 @@ class Session:
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
         self.cluster = config.cluster.spec()
+        self.gpu_map = GpuMap()  # the GPUs reserved in Ray (once started)
         try:
             self._start(config, address)
         except BaseException:
@@ -287,6 +289,7 @@ class Session:
             ray.kill(self.scheduler)
         except Exception:
             pass
+        release(self.gpu_map)  # this run's GPU reservation (a Ray it joined may run other work after it)
         if self._own_ray:
             ray.shutdown()
 

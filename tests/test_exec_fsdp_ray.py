@@ -30,7 +30,7 @@ def ray_cpu():
     ray.init(
         address="local",  # a new cluster, even where `ray start` runs one on this machine
         num_cpus=2,
-        num_gpus=2,
+        num_gpus=4,  # the example's cluster (a run reserves all of its GPUs in Ray)
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},

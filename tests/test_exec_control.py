@@ -388,7 +388,7 @@ def test_a_rejoin_during_a_shrink_reports_the_worker_until_its_gpus_are_free():
         shrinks = [asyncio.ensure_future(job.ctl.shrink(g, "rebalance")) for g in ((0,), (1,))]
         await _settle()
         assert job.pool.workers[0].state is WorkerState.DRAINING
-        reported = job.ctl.rejoin_bundles()
+        reported = job.pool.rejoin_bundles()
         expand = asyncio.ensure_future(job.ctl.expand((1,)))  # the new scheduler keeps GPU 1 for the job
         await _settle()
         assert job.lost == []  # still draining

@@ -177,7 +177,7 @@ class PipelineCoordinator:
         self.pool = WorkerPool(job.slots_per_worker)
         calls = {"recorder": self.rec, "limits": job.limits, "now": self.now, "submitter": submitter}
         self.link = SchedulerLink(
-            pipeline_id=pipeline_id, sched=scheduler, workers=self._rejoin_bundles, on_gone=self._fatal, **calls
+            pipeline_id=pipeline_id, sched=scheduler, workers=self.pool.rejoin_bundles, on_gone=self._fatal, **calls
         )
         self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
         self.runner: StepRunner | None = None
@@ -337,10 +337,6 @@ class PipelineCoordinator:
     def _fatal(self, exc: BaseException) -> None:
         if self.failure is not None and not self.failure.done():
             self.failure.set_result(exc)
-
-    def _rejoin_bundles(self) -> tuple[Gpus, ...]:
-        """The rollout workers' bundles a rejoin reports (none before the rollout control is built)."""
-        return self.rollout.rejoin_bundles() if self.rollout is not None else ()
 
     def _lost(self, gpus: Gpus) -> None:
         self.tasks.append(asyncio.get_running_loop().create_task(self.link.lost(gpus[0])))

@@ -70,7 +70,6 @@ class RolloutControl:
         self.locks: dict[int, asyncio.Lock] = {}
         self.starting: dict[int, asyncio.Task] = {}
         self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
-        self.rejoined: dict[int, int] = {}  # first GPU -> generation of a leaving worker a rejoin reported
 
     def _mark(self, w: Worker, phase: WorkerPhase) -> None:
         book_worker(self.rec, self.hooks.now(), w, phase)
@@ -184,21 +183,7 @@ class RolloutControl:
         finally:
             w.leaving -= 1
         self._release(w, gen, held)
-        self._free_rejoined(w, gen)
-
-    def rejoin_bundles(self) -> tuple[Gpus, ...]:
-        """What a rejoin reports: the bundles the workers are on (:meth:`WorkerPool.bundles`). A worker
-        still being freed by a shrink of the scheduler's previous life is booked again by the restarted
-        one, so it is reported lost (its GPUs free) once that shrink is done."""
-        for w in self.pool.workers.values():
-            if w.leaving and not w.granted:
-                self.rejoined[w.first] = w.generation
-        return self.pool.bundles()
-
-    def _free_rejoined(self, w: Worker, gen: int) -> None:
-        """The shrink of generation ``gen`` is done: give back what a rejoin reported during it,
-        unless a newer plan call (of the restarted scheduler) has taken the worker over."""
-        if self.rejoined.pop(w.first, None) == gen == w.generation and not w.granted:
+        if self.pool.freed_after_rejoin(w, gen):  # a rejoin reported it while it was leaving: free it now
             self.hooks.lost(w.gpus)
 
     def _release(self, w: Worker, gen: int, held: bool) -> None:

@@ -78,6 +78,7 @@ class WorkerPool:
             raise ValueError("slots_per_worker must be >= 1")
         self.slots_per_worker = slots_per_worker
         self.workers: dict[int, Worker] = {}
+        self.rejoined: dict[int, int] = {}  # first GPU -> generation of a leaving worker a rejoin reported
 
     def get(self, gpus: Gpus) -> Worker:
         """The bundle's worker (created absent on first sight)."""
@@ -118,6 +119,20 @@ class WorkerPool:
         """Bundles this pipeline's workers are on now: granted by the plan, or still being freed by a
         shrink (what a rejoin reports: a restarted scheduler must not give those GPUs to another job yet)."""
         return tuple(w.gpus for f, w in sorted(self.workers.items()) if w.granted or w.leaving)
+
+    def rejoin_bundles(self) -> tuple[Gpus, ...]:
+        """What a rejoin reports (:meth:`bundles`). A worker in it that only a shrink of the scheduler's
+        previous life still frees is booked again by the restarted one, so it is noted here, to be
+        reported lost once that shrink is done (:meth:`freed_after_rejoin`)."""
+        for w in self.workers.values():
+            if w.leaving and not w.granted:
+                self.rejoined[w.first] = w.generation
+        return self.bundles()
+
+    def freed_after_rejoin(self, w: Worker, gen: int) -> bool:
+        """The shrink of generation ``gen`` is done: whether a rejoin reported ``w`` during it, and no newer
+        plan call (of the restarted scheduler) has taken the worker over since."""
+        return self.rejoined.pop(w.first, None) == gen == w.generation and not w.granted
 
     def held_gpus(self) -> Gpus:
         """GPUs the plan gives this pipeline's rollout workers now."""

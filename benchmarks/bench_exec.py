@@ -14,7 +14,9 @@
   object store) into an awake worker (``update_weights``), a new version every
   repetition (a sync that moved no bytes is not counted); on a GPU also the plain
   host-to-device copy speed of the same bytes (pinned and pageable), and the
-  sync's fraction of it.
+  sync's fraction of it;
+- trainer offload: a training step on the device, then an offload; on a GPU the
+  memory the trainer's process still holds after it (target: at most 1 GiB).
 
 ``--preset 0.5b`` builds a random-weight Qwen2 of about 0.53B parameters
 (hidden 1024, 28 layers, intermediate 4864; the character tokenizer keeps the
@@ -28,6 +30,7 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -176,6 +179,52 @@ def bench_worker(
     return out
 
 
+def bench_trainer(hidden: int, layers: int, *, heads: int = 8, intermediate: int = 0, reps: int = 3) -> dict:
+    """A trainer rank in this process: ``reps`` times a step's old log-probs and training (policy and
+    optimizer onto the device) then an offload; the device memory the process still holds after each offload (PyTorch's
+    reserved blocks, and the driver's count of what left the device). On a CPU only the seconds."""
+    import torch
+
+    from rlix.exec.data.model import ModelSize, build_model
+    from rlix.exec.messages import Sample
+    from rlix.exec.train.grpo import GrpoConfig, GrpoLearner
+
+    cuda = torch.cuda.is_available()
+    device = "cuda:0" if cuda else "cpu"
+    size = ModelSize(
+        arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=intermediate or 4 * hidden
+    )
+    g = torch.Generator().manual_seed(0)
+    prompts = [tuple(torch.randint(3, 40, (8,), generator=g).tolist()) for _ in range(8)]
+    samples = [Sample(prompt_ids=p, completion_ids=tuple(range(3, 35)), advantage=(-1.0) ** i) for i, p in enumerate(prompts)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_model(size, Path(tmp) / "m")
+        free_before = torch.cuda.mem_get_info()[0] if cuda else 0
+        learner = GrpoLearner(str(path), device, GrpoConfig(kl_coef=0.0))
+        learner.offload()
+        step, offload, reserved, held = [], [], [], []
+        for _ in range(reps):
+            t = time.perf_counter()
+            old = learner.logprobs(samples)  # the step's old log-probs, then its training
+            learner.train([replace(x, old_logprobs=r) for x, r in zip(samples, old)])
+            step.append(time.perf_counter() - t)
+            peak = torch.cuda.memory_reserved() if cuda else 0
+            t = time.perf_counter()
+            learner.offload()
+            offload.append(time.perf_counter() - t)
+            if cuda:
+                reserved.append(torch.cuda.memory_reserved())
+                held.append(free_before - torch.cuda.mem_get_info()[0])
+        out = {"device": device, "train_step_s_mean": statistics.fmean(step), "offload_s_mean": statistics.fmean(offload)}
+        if cuda:  # what a waking engine on this GPU finds taken by the offloaded trainer
+            out |= {
+                "reserved_while_training_GiB": peak / 2**30,
+                "reserved_after_offload_GiB_max": max(reserved) / 2**30,
+                "held_after_offload_GiB_max": max(held) / 2**30,
+            }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=200)
@@ -205,6 +254,7 @@ def main() -> None:
                 vllm_memory=args.vllm_memory,
             ),
             "worker": bench_worker(args.hidden, args.layers, args.reps, **size),
+            "trainer": bench_trainer(args.hidden, args.layers, heads=args.heads, intermediate=args.intermediate),
         }
     finally:
         ray.shutdown()

@@ -8,7 +8,12 @@ resumable pipeline whose stragglers can be packed onto fewer workers).
 The donor rules (:class:`DonorRules`) hold after every single victim:
 no worker expanded earlier in the same plan is shrunk; no pipeline with
 a floor in its share, nor one finishing a protected batch, loses its last
-worker; busy workers of a nearly finished (protected)
+worker; a donor gives only above its share; both rules yield to a starving
+receiver (no worker for ``min_residency_s`` with trajectories queued): its
+first worker may come from any donor not finishing a protected batch, so a
+wide bundle split between several holders is still assembled, and jobs that
+cannot all hold a worker at once take turns, each turn ``min_residency_s`` at
+least; busy workers of a nearly finished (protected)
 batch are not taken for shares, unless the receiver has no worker at all
 (protection never keeps a pipeline with demand below its floor), but its
 stragglers may be packed onto fewer of its workers; a worker is moved only after
@@ -48,6 +53,8 @@ class DonorRules:
         self.placed_at = draft.ledger.placed_at
         self.by_pid = {n.pipeline_id: n for n in needs}
         self.shares = shares
+        # Some pipeline starves (no worker for min_residency_s): donors at or below their share may give too.
+        self.starving = any(n.starving and draft.worker_count(n.pipeline_id) == 0 for n in needs)
 
     def owed(self, n: RolloutNeed, phase: Phase) -> bool:
         count = self.draft.worker_count(n.pipeline_id)
@@ -73,11 +80,13 @@ class DonorRules:
         if d is None or d.need == 0:
             return [w for w in placed if not shrunk or w not in shrunk]  # gone, silent, or wants nothing: all lendable
         count = draft.worker_count(pid)
-        if count <= 1 and (d.protected or self.shares[pid] > 0):
+        if count <= 1 and (d.protected or (self.shares[pid] > 0 and not self.starving)):
             return []
         surplus = count > d.need
         moves = (
-            count - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers if phase is Phase.SHARE else d.resumable and surplus
+            (self.starving or count - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers)
+            if phase is Phase.SHARE
+            else d.resumable and surplus
         )
         if not (surplus or moves):
             return []
@@ -105,8 +114,10 @@ class DonorRules:
         if d is None or d.need == 0:
             return True  # gone, silent, or wants nothing: lendable
         have = draft.worker_count(pid) - taken.get(pid, 0)
-        if have <= 1 and (d.protected or self.shares[pid] > 0):
-            return False  # the one-worker floor holds after every victim
+        first = phase is Phase.SHARE and receiver is not None and receiver.starving
+        first = first and draft.worker_count(receiver.pipeline_id) == 0  # a starving receiver's first worker
+        if have <= 1 and (d.protected or (self.shares[pid] > 0 and not first)):
+            return False  # the one-worker floor holds after every victim (a starving receiver's aside)
         busy = d.loads.get(w.gpus[0], 0) > 0
         if not busy and have > d.need:
             return True  # idle surplus
@@ -116,7 +127,7 @@ class DonorRules:
         if not self._resident(w, d):
             return False
         if phase is Phase.SHARE:
-            return have - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers
+            return first or have - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers
         # Packing stragglers onto fewer workers, a protected batch's too: the
         # donor keeps enough slots for every trajectory it has, so each one
         # continues at once on a worker its own pipeline keeps.

@@ -150,6 +150,8 @@ class Scheduler:
             entry.admit(now if event.admitted_at is None else min(event.admitted_at, now))
         if event.demand is not None:
             entry.record_demand(event.demand, now)
+            if event.demand.pending and not held.workers:  # it may have waited long before the restart
+                entry.wanting_since = -math.inf
 
     def _checked_entry(self, spec: PipelineSpec) -> PipelineEntry:
         """The entry of a pipeline joining with ``spec``, once checked; not recorded yet."""
@@ -257,6 +259,9 @@ class Scheduler:
             view.pipelines[grant.pipeline_id].admit(now)  # holds GPUs: its home is taken
         for expand in plan.expands:
             view.pipelines[expand.worker.pipeline_id].admit(now)
+        for entry in view.pipelines.values():  # who waits for a first rollout worker, since when (starvation)
+            if entry.state is PipelineState.ACTIVE:
+                entry.note_wanting(now, bool(self.ledger.workers_of(entry.spec.pipeline_id)))
         view.departed.clear()
         self.plans_made += 1
         return plan

@@ -33,6 +33,7 @@ class RolloutNeed:
     switch_s: float = 0.0  # seconds to wake and sync one new worker; 0 if unknown
     work_trajectories: int = 0  # (remaining + backlog) x GPUs per worker: work left, in trajectories
     report: ReportDemand | None = None  # the report this need was computed from
+    starving: bool = False  # it has waited min_residency_s or more with trajectories queued and no worker
 
     @property
     def resumable(self) -> bool:
@@ -68,7 +69,10 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
                 )
             )
             continue
-        needs.append(_cached_need(view.config, entry, report))
+        need = _cached_need(view.config, entry, report)
+        if need.need and view.now - entry.wanting_since >= view.config.min_residency_s:
+            need = _with(need, "starving", True)  # its first worker comes before anyone's floor (whatever its width)
+        needs.append(need)
     last = view.memo.get("urgency")
     if isinstance(last, tuple) and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):
         return list(last[1])  # no report changed since the last plan
@@ -150,10 +154,14 @@ def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed]) -> list[Roll
 
 
 def _reweighed(n: RolloutNeed, weight: float) -> RolloutNeed:
-    """``n`` with another weight (a plain field copy: dataclasses.replace costs 6x more, and a plan makes one per pipeline)."""
+    return _with(n, "weight", weight)
+
+
+def _with(n: RolloutNeed, name: str, value) -> RolloutNeed:
+    """``n`` with one field changed (a plain field copy: dataclasses.replace costs 6x more, and a plan makes one per pipeline)."""
     m = object.__new__(RolloutNeed)
     m.__dict__.update(n.__dict__)
-    m.__dict__["weight"] = weight
+    m.__dict__[name] = value
     return m
 
 
@@ -178,14 +186,17 @@ def proportional_shares(
     for everybody, chosen so the shares add up to the capacity. A job's
     ``guaranteed`` workers (its free home bundles, see :mod:`rlix.core.homes`;
     they always fit) are its floor first; then, while the capacity holds
-    them, one worker each for the others by :func:`rank_key` (most weight
-    first); the others get nothing this round.
+    them, one worker each for the others: first those starving (waiting
+    ``min_residency_s`` or more for a first worker, so a wide bundle that
+    never fits the leftover capacity still gets its turn), then by
+    :func:`rank_key` (most weight first); the others get nothing this round.
     """
     guaranteed = guaranteed or {}
     shares = {n.pipeline_id: 0.0 for n in needs}
     left = capacity_gpus - sum(guaranteed[n.pipeline_id] * n.tp for n in needs if n.pipeline_id in guaranteed)
     floored = []
-    for n in sorted((n for n in needs if n.need > 0), key=lambda n: (n.pipeline_id not in guaranteed, rank_key(n))):
+    first = sorted((n for n in needs if n.need > 0), key=lambda n: (n.pipeline_id not in guaranteed, not n.starving, rank_key(n)))
+    for n in first:
         if n.pipeline_id in guaranteed:
             floored.append(n)
         elif n.tp <= left:

@@ -30,6 +30,7 @@ class PipelineEntry:
     # an object of rlix.core.shares, typed loosely here to keep this module below it.
     need_cache: object = None
     cooling: dict[Gpus, float] = field(default_factory=dict)  # bundle -> until when no worker goes there (lost one)
+    wanting_since: float = float("inf")  # since when it has had trajectories waiting and no rollout worker
 
     @classmethod
     def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:
@@ -56,6 +57,14 @@ class PipelineEntry:
             del self.cooling[bundle]
             self.bundle_of.update(dict.fromkeys(bundle, bundle))
         return bool(self.cooling)
+
+    def note_wanting(self, now: float, has_workers: bool) -> None:
+        """After a plan: start (or stop) the clock of waiting for a first rollout worker."""
+        wants = self.demand is not None and self.demand.pending > 0
+        if wants and not has_workers:
+            self.wanting_since = min(self.wanting_since, now)
+        else:
+            self.wanting_since = float("inf")
 
     def admit(self, now: float) -> None:
         """It holds GPUs from ``now`` on (if not already): its home is taken."""

@@ -1,0 +1,53 @@
+"""A job with trajectories queued gets a rollout worker within bounded time, whatever its bundle width.
+
+Before: a job whose workers need a 4-GPU bundle, while single-GPU workers of jobs with less
+work (favoured by ``small_first``) held every GPU of its mapping, never got a worker: the
+leftover capacity after the others' one-worker floors was always narrower than its bundle, and
+the GPUs of each bundle were split between holders at their shares. Now a job that has waited
+``min_residency_s`` for a first worker is floored first, and its first worker may come from any
+donor not finishing a protected batch.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from helpers import demand, owners, register, spec
+
+from rlix.core import ClusterSpec, Scheduler, SchedulerConfig, check_ledger
+
+
+def first_worker_at(sched: Scheduler, narrow: dict[str, int], wide: str, wide_demand: int, until: int) -> int | None:
+    """Step once a second, every job busy on its workers and keeping its demand; when ``wide`` got a worker."""
+    for t in range(1, until):
+        events = [demand(p, n, loads={w.gpus[0]: 4 for w in sched.workers(p)}) for p, n in narrow.items()]
+        events.append(demand(wide, wide_demand, loads={w.gpus[0]: 4 for w in sched.workers(wide)}))
+        sched.step(float(t), events)
+        check_ledger(sched.ledger)
+        if sched.workers(wide):
+            return t
+    return None
+
+
+def test_a_four_gpu_bundle_gets_its_worker_from_single_gpu_workers_that_hold_every_gpu():
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", SchedulerConfig(min_residency_s=5))
+    register(sched, spec("a", (0,), range(4), tp=1), spec("b", (3,), range(4), tp=4))
+    sched.step(0.0, [demand("a", 40)])
+    assert owners(sched) == {"a": [0, 1, 2, 3], "b": []}
+    assert first_worker_at(sched, {"a": 40}, "b", 400, 60) == 6  # 5 s of waiting, then a's workers (resident 5 s) give
+    assert owners(sched) == {"a": [], "b": [0]}
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_every_job_with_demand_gets_a_worker_within_twice_the_residency(seed: int):
+    rng = random.Random(seed)
+    gpn = rng.choice([4, 8])
+    tp = rng.choice([2, 4] if gpn == 4 else [2, 4, 8])
+    residency = rng.choice([5.0, 30.0])
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=gpn), "rlix", SchedulerConfig(min_residency_s=residency))
+    narrow = {f"a{i}": rng.choice([8, 40, 400]) for i in range(rng.choice([1, 2, 3]))}
+    register(sched, *[spec(p, (i,), range(gpn)) for i, p in enumerate(narrow)], spec("b", (gpn - 1,), range(gpn), tp=tp))
+    sched.step(0.0, [demand(p, n) for p, n in narrow.items()])
+    got = first_worker_at(sched, narrow, "b", rng.choice([40, 400, 4000]), int(4 * residency))
+    assert got is not None and got <= 2 * residency + 1, (got, owners(sched))

@@ -147,9 +147,10 @@ class Client:
         self._demand = report
         await self._call("report", report)
 
-    async def lost(self, first_gpu: int) -> None:
-        """A rollout worker of the pipeline died (the plan did not shrink it): its GPUs are free."""
-        await self._call("lost", WorkerLost(pipeline_id=self.pipeline_id, first_gpu=first_gpu))
+    async def lost(self, first_gpu: int, failed: bool = True) -> None:
+        """A rollout worker of the pipeline is gone without a plan's shrink: its GPUs are free. ``failed``:
+        it died or did not wake (no worker of the pipeline goes there for ``lost_cooldown_s``)."""
+        await self._call("lost", WorkerLost(pipeline_id=self.pipeline_id, first_gpu=first_gpu, failed=failed))
 
     async def note(self, note) -> None:
         """Progress for ``rlix status`` (a :class:`rlix.exec.messages.JobNote`)."""

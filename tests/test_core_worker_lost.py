@@ -26,6 +26,15 @@ def test_a_lost_worker_frees_its_gpus_and_its_bundle_cools_down_before_the_job_g
     check_ledger(sched.ledger)
 
 
+def test_a_worker_reported_drained_not_failed_gets_no_cooldown():
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", SchedulerConfig(lost_cooldown_s=30))
+    register(sched, spec("a", range(1), range(4)))
+    sched.step(0, [demand("a", 40)])
+    lost = WorkerLost(pipeline_id="a", first_gpu=2, failed=False)  # drained while the scheduler restarted
+    plan = sched.step(1, [lost, demand("a", 40, loads={0: 4, 1: 4, 3: 4})])
+    assert [e.worker.gpus for e in plan.expands] == [(2,)]
+
+
 def test_without_a_cooldown_the_next_plan_places_a_worker_where_one_was_lost():
     sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", SchedulerConfig(lost_cooldown_s=0))
     register(sched, spec("a", range(1), range(4)))

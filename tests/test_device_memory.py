@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlix.exec.device_memory import GIB, MEMORY_POLL_S, MemoryCheck, NotEnoughMemory
+from rlix.exec.device_memory import GIB, MEMORY_POLL_S, MemoryCheck, NotEnoughMemoryError
 
 
 class _Device:
@@ -50,10 +50,28 @@ def test_the_first_load_measures_what_it_takes_and_later_loads_wait_for_it():
     assert dev.bytes == 4 * int(GIB) and dev.slept == 2 * MEMORY_POLL_S
 
 
+def test_a_wake_needs_what_the_sleep_before_it_freed_not_what_the_first_build_took():
+    dev = _Device(10 * int(GIB))
+    mem = check(dev)
+
+    def build():
+        dev.bytes -= 6 * int(GIB)  # engine, context and graphs
+
+    def sleep():
+        dev.bytes += 4 * int(GIB)  # weights and KV cache go; context and graphs stay
+
+    mem.measure("wake", build)
+    assert mem.measured("wake") == 6 * int(GIB)
+    mem.measure_freed("wake", sleep)
+    assert mem.measured("wake") == 4 * int(GIB)
+    mem.wait_for("wake")  # 8 GiB free: enough for what the wake really takes
+    assert dev.slept == 0
+
+
 def test_a_shortfall_that_lasts_is_one_line_naming_the_device_and_both_figures():
     dev = _Device(int(1.5 * GIB))
     mem = check(dev, wait_s=2.0)
-    with pytest.raises(NotEnoughMemory) as err:
+    with pytest.raises(NotEnoughMemoryError) as err:
         mem.wait_for("wake", need=2 * int(GIB))
     message = str(err.value)
     assert "\n" not in message
@@ -78,7 +96,7 @@ def test_a_stage_moves_nothing_onto_a_device_without_room_for_its_parts():
     res = Residency("cpu", memory=check(dev, wait_s=1.0))
     res.add(LearnerPart.POLICY, model)
     res.offload()
-    with pytest.raises(NotEnoughMemory, match=r"moving policy onto the device on cuda:0: 0.00 GiB free"):
+    with pytest.raises(NotEnoughMemoryError, match=r"moving policy onto the device on cuda:0: 0.00 GiB free"):
         res.need([LearnerPart.POLICY])
     assert not res.on_device(LearnerPart.POLICY)  # nothing moved
     dev.bytes = 20_000

@@ -134,7 +134,7 @@ def test_two_node_cluster_reserves_the_gpus_and_pins_every_worker_to_the_node_th
         ray.init(address=nodes2.address, log_to_driver=False)
         spec = ClusterSpec(nodes=2, gpus_per_node=2)
         gpu_map = reserve(spec)
-        assert gpu_map.devices == ((0, 1), (0, 1))  # each node's device ids, read back from Ray
+        assert gpu_map.devices == (("0", "1"), ("0", "1"))  # each node's device ids, read back from Ray
 
         # Ray accounts the reserved GPUs: other Ray work asking for one is not placed
         other = ray.remote(num_gpus=1, num_cpus=0)(lambda: 1).remote()
@@ -165,12 +165,12 @@ def test_two_node_cluster_reserves_the_gpus_and_pins_every_worker_to_the_node_th
 
 @pytest.mark.exec
 def test_a_worker_that_sees_other_devices_than_its_bundle_fails_at_once(monkeypatch):
-    from rlix.exec.control.actor_placement import EXPECTED_DEVICES, DeviceMismatch, check_devices
+    from rlix.exec.control.actor_placement import EXPECTED_DEVICES, DeviceMismatchError, check_devices
 
     monkeypatch.setenv(EXPECTED_DEVICES, "2,3")
     monkeypatch.setenv("RLIX_WORKER", "job/rollout2")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert check_devices() == "2,3"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # what Ray before 2.56 did to an actor asking for no GPU
-    with pytest.raises(DeviceMismatch, match=r"^job/rollout2: CUDA_VISIBLE_DEVICES is '' but its bundle's GPUs are '2,3'"):
+    with pytest.raises(DeviceMismatchError, match=r"^job/rollout2: CUDA_VISIBLE_DEVICES is '' but its bundle's GPUs are '2,3'"):
         check_devices()

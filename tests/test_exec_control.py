@@ -276,7 +276,7 @@ class _Job:
             weights=lambda: (f"w{self.version}", self.version, ()),
             finished=lambda q, result: self.finished.append(q.traj_id),
             fatal=self.fatal.append,
-            lost=lambda gpus: self.lost.append(tuple(gpus)),
+            lost=lambda gpus, failed: self.lost.append(tuple(gpus) if failed else ("drained", *gpus)),
             changed=lambda: None,
         )
         procs = Processes(kill=self.killed.append, died=(_Died,), refused=(_Refused,))
@@ -399,7 +399,7 @@ def test_a_rejoin_during_a_shrink_reports_the_worker_until_its_gpus_are_free():
 
     job, reported = asyncio.run(scenario())
     assert reported == ((0,), (1,))
-    assert job.lost == [(0,)]
+    assert job.lost == [("drained", 0)]  # freed without a cooldown: it did not fail
     assert job.pool.bundles() == ((1,),)
 
 

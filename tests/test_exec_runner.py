@@ -171,7 +171,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
         weights=lambda: holder["runner"].trainer.weights() if holder["runner"].trainer else (None, 0, ()),
         finished=lambda q, r: holder["runner"].trajectory_done(q, r),
         fatal=failures.append,
-        lost=lambda gpus: None,
+        lost=lambda gpus, failed: None,
         changed=changed.set,
     )
     procs = Processes(kill=lambda handle: None, died=(ConnectionError,), refused=(ValueError,))

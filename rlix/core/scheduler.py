@@ -225,7 +225,7 @@ class Scheduler:
                 "gave it"
             )
         cooldown = self._view.config.lost_cooldown_s
-        if cooldown > 0 and bundle is not None:  # not placed there again for a while (a failing wake is no loop)
+        if cooldown > 0 and bundle is not None and event.failed:  # not placed there again for a while (a failing wake is no loop)
             entry.cool(bundle, now + cooldown)
             self._cooling[event.pipeline_id] = entry
 

@@ -71,7 +71,7 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
             continue
         need = _cached_need(view.config, entry, report)
         if need.need and view.now - entry.wanting_since >= view.config.min_residency_s:
-            need = _with(need, "starving", True)  # its first worker comes before anyone's floor (whatever its width)
+            need = _with(need, "starving", True)  # its first worker before every floor but home guarantees (any width)
         needs.append(need)
     last = view.memo.get("urgency")
     if isinstance(last, tuple) and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):

@@ -243,6 +243,7 @@ class WorkerLost:
 
     pipeline_id: str
     first_gpu: int
+    failed: bool = True  # it died or did not wake (False: drained, reported after a restart): lost_cooldown_s applies
 
 
 @dataclass(frozen=True, kw_only=True)

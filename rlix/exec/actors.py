@@ -106,7 +106,7 @@ class RolloutWorkerActor:
         before = self.backend.weight_version if self.backend.awake else -1
         had = self.backend.adapter_versions if self.backend.awake else {}
         cold = self.backend.builds_on_wake
-        self.memory.wait_for("wake")  # what the first wake took must be free (NotEnoughMemory: reported lost)
+        self.memory.wait_for("wake")  # what the first wake took must be free (NotEnoughMemoryError: reported lost)
         self.memory.measure("wake", lambda: self.backend.wake(snapshot, adapters))
         synced = snapshot.nbytes if snapshot is not None and snapshot.version != before else 0
         synced += sum(a.nbytes for a in adapters if a.version > had.get(a.name, -1))
@@ -131,7 +131,10 @@ class RolloutWorkerActor:
 
     def sleep(self) -> SwitchTiming:
         t0 = time.perf_counter()
-        self.backend.sleep()
+        if self.memory is not None:  # what the sleep frees is what the next wake needs (not the first wake's build)
+            self.memory.measure_freed("wake", self.backend.sleep)
+        else:
+            self.backend.sleep()
         return SwitchTiming(seconds=time.perf_counter() - t0)
 
     def update_weights(self, snapshot: WeightBuckets) -> SwitchTiming:

@@ -5,9 +5,10 @@ its parts onto it, finds it free only if the previous holder really let go. A
 process that has not (still dying, or holding cached memory) would make the
 load fail deep inside vLLM or PyTorch with an out-of-memory error. Instead,
 before loading, :meth:`MemoryCheck.wait_for` compares the device's free memory
-with what the load needs (measured the first time it loaded, or given),
+with what the load needs (measured the first time it loaded, then what the
+unload before it freed; or given),
 waits a short while for it to appear (a dying process lets go within
-seconds), and otherwise raises :class:`NotEnoughMemory`: one line naming the
+seconds), and otherwise raises :class:`NotEnoughMemoryError`: one line naming the
 device and both figures. A rollout worker whose wake fails so is reported
 lost, and the scheduler places no worker of that job on that bundle for
 ``lost_cooldown_s`` (a backoff, not a loop). On a CPU there is nothing to
@@ -24,7 +25,7 @@ MEMORY_POLL_S = 0.5  # seconds between looks at the device's free memory
 GIB = float(1 << 30)
 
 
-class NotEnoughMemory(RuntimeError):
+class NotEnoughMemoryError(RuntimeError):
     """The device lacks the free memory a wake or a stage needs (one line, both figures)."""
 
 
@@ -65,7 +66,7 @@ class MemoryCheck:
 
     def wait_for(self, what: str, need: int | None = None) -> None:
         """Return once ``need`` bytes (default: what ``what`` took when measured) are free on the device;
-        :class:`NotEnoughMemory` if they are not within ``wait_s``. Nothing to wait for unmeasured."""
+        :class:`NotEnoughMemoryError` if they are not within ``wait_s``. Nothing to wait for unmeasured."""
         need = self.needs.get(what) if need is None else need
         if not need:
             return
@@ -75,7 +76,7 @@ class MemoryCheck:
             if free is None or free >= need:
                 return
             if waited >= self.wait_s:
-                raise NotEnoughMemory(
+                raise NotEnoughMemoryError(
                     f"{what} on {self.device}: {free / GIB:.2f} GiB free, {need / GIB:.2f} GiB needed "
                     f"(waited {waited:g} s); another process holds the rest of the device"
                 )
@@ -91,4 +92,15 @@ class MemoryCheck:
         after = self.free(self.device)
         if before is not None and after is not None:
             self.needs[what] = max(before - after, 0)
+        return out
+
+    def measure_freed(self, what: str, unload: Callable[[], object]) -> object:
+        """Run ``unload`` and keep the device memory it gave back as ``what``'s need from now on (a wake
+        needs what the sleep before it freed, not what the first wake took: the engine's context and
+        graphs stay while it sleeps)."""
+        before = self.free(self.device)
+        out = unload()
+        after = self.free(self.device)
+        if before is not None and after is not None and after > before:
+            self.needs[what] = after - before
         return out

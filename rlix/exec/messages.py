@@ -375,7 +375,7 @@ class GpuMap:
     on its Ray node. Empty: nothing reserved (one node, every process on it, ids as numbered)."""
 
     groups: tuple[Any, ...] = ()
-    devices: tuple[tuple[int, ...], ...] = ()
+    devices: tuple[tuple[str, ...], ...] = ()  # as Ray names them (an index, or a UUID / MIG id)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ class ClusterError(RuntimeError):
     """The Ray cluster is unreachable or smaller than the config's cluster: one line, nothing started."""
 
 
-class DeviceMismatch(RuntimeError):
+class DeviceMismatchError(RuntimeError):
     """A worker process sees other devices than the bundle it was placed for (one line)."""
 
 
@@ -52,6 +52,8 @@ def actor_options(cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str) 
     """``.options(...)`` for a worker actor pinned to ``gpus``: placed in the reserved bundle of its
     first GPU (so on the node that holds them), seeing exactly their device ids."""
     pin = pinning(cluster, gpus)
+    if cluster.nodes > 1 and not gpu_map.groups:  # nothing would put it on the node holding its GPUs
+        raise ClusterError(f"{name}: no GPU reservation for a {cluster.nodes}-node cluster; restart the run or the service")
     devices = gpu_map.devices[pin.node] if gpu_map.groups else None
     visible = ",".join(str(devices[g] if devices else g) for g in pin.local_gpus)
     opts: dict = {
@@ -78,14 +80,14 @@ def actor_options(cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str) 
 
 def check_devices() -> str:
     """Inside a worker process, at start: its visible devices, which must be the ones its bundle was
-    given (:class:`DeviceMismatch` if Ray changed them: a worker never falls back to the CPU unseen)."""
+    given (:class:`DeviceMismatchError` if Ray changed them: a worker never falls back to the CPU unseen)."""
     import os
 
     expected = os.environ.get(EXPECTED_DEVICES)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if expected is not None and visible != expected:
         who = os.environ.get("RLIX_WORKER", "worker")
-        raise DeviceMismatch(
+        raise DeviceMismatchError(
             f"{who}: CUDA_VISIBLE_DEVICES is '{visible}' but its bundle's GPUs are '{expected}'; something "
             "(Ray before 2.56 blanks it for actors that ask Ray for no GPU) changed it: upgrade Ray"
         )

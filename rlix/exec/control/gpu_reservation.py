@@ -26,8 +26,7 @@ def _probe():
     import ray
 
     ctx = ray.get_runtime_context()
-    ids = [int(g) for g in ray.get_gpu_ids()]
-    return ray.util.get_node_ip_address(), ctx.get_node_id(), ids[0]
+    return ray.util.get_node_ip_address(), ctx.get_node_id(), str(ray.get_gpu_ids()[0])
 
 
 def reserve(cluster: ClusterSpec, *, names: str | None = None, wait_s: float = RESERVE_WAIT_S) -> GpuMap:
@@ -40,33 +39,44 @@ def reserve(cluster: ClusterSpec, *, names: str | None = None, wait_s: float = R
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    groups = []
+    groups, made = [], []
     for i in range(cluster.nodes):
-        found = _existing(f"{names}-{i}") if names else None
-        if found is not None:
-            groups.append(found)
-            continue
-        opts = {"name": f"{names}-{i}", "lifetime": "detached"} if names else {}
-        groups.append(placement_group([{"GPU": 1}] * cluster.gpus_per_node, strategy="STRICT_PACK", **opts))
-    ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=wait_s)
-    if len(ready) < len(groups):
-        for g in groups:
+        found = _existing(f"{names}-{i}", cluster) if names else None
+        if found is None:
+            opts = {"name": f"{names}-{i}", "lifetime": "detached"} if names else {}
+            found = placement_group([{"GPU": 1}] * cluster.gpus_per_node, strategy="STRICT_PACK", **opts)
+            made.append(found)
+        groups.append(found)
+    try:
+        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=wait_s)
+        if len(ready) < len(groups):
+            raise ClusterError(
+                f"Ray could not reserve {cluster.nodes} x {cluster.gpus_per_node} GPUs (one node's GPUs each) within "
+                f"{wait_s:g} s: other Ray work holds some, or the nodes are smaller; free them or lower cluster.nodes / "
+                "cluster.gpus_per_node"
+            )
+        return _read_back(groups, cluster)
+    except BaseException:
+        for g in made:  # only what this call made: groups found (a restarted service's) hold running jobs' processes
             remove_placement_group(g)
-        raise ClusterError(
-            f"Ray could not reserve {cluster.nodes} x {cluster.gpus_per_node} GPUs (one node's GPUs each) within "
-            f"{wait_s:g} s: other Ray work holds some, or the nodes are smaller; free them or lower cluster.nodes / "
-            "cluster.gpus_per_node"
-        )
-    return _read_back(groups, cluster)
+        raise
 
 
-def _existing(name: str):
+def _existing(name: str, cluster: ClusterSpec):
+    """The group ``name`` a previous life of the service made (None if there is none); one of
+    another shape is refused (:class:`ClusterError`: stop the old service's leftovers first)."""
     import ray
 
     try:
-        return ray.util.get_placement_group(name)
+        group = ray.util.get_placement_group(name)
     except ValueError:
         return None
+    if len(group.bundle_specs) != cluster.gpus_per_node:
+        raise ClusterError(
+            f"placement group {name} reserves {len(group.bundle_specs)} GPUs, not {cluster.gpus_per_node}: a service "
+            "with another cluster left it; remove it (ray.util.remove_placement_group) and start again"
+        )
+    return group
 
 
 def _read_back(groups: list, cluster: ClusterSpec) -> GpuMap:

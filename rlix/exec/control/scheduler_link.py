@@ -96,10 +96,10 @@ class SchedulerLink:
                 last = report
             await asyncio.sleep(0.02)  # coalesce bursts of changes (s)
 
-    async def lost(self, first_gpu: int) -> None:
+    async def lost(self, first_gpu: int, failed: bool = True) -> None:
         """Report a rollout worker that died (a plan that shrank it first, or a scheduler gone, leaves nothing to do)."""
         try:
-            await self.control(self.client.lost(first_gpu))
+            await self.control(self.client.lost(first_gpu, failed))
         except Exception:  # noqa: BLE001 -- the scheduler is gone: nothing holds the GPUs any more
             pass
 

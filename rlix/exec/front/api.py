@@ -119,6 +119,8 @@ class Session:
         except BaseException:
             if self.submission is not None:  # its claims go at once, not when their lease runs out
                 self.submission.leave()
+            elif self.gpu_map.groups:  # its own reservation (a Ray it joined may run other work after it)
+                release(self.gpu_map)
             if self._own_ray:
                 ray.shutdown()
             raise

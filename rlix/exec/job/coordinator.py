@@ -338,8 +338,8 @@ class PipelineCoordinator:
         if self.failure is not None and not self.failure.done():
             self.failure.set_result(exc)
 
-    def _lost(self, gpus: Gpus) -> None:
-        self.tasks.append(asyncio.get_running_loop().create_task(self.link.lost(gpus[0])))
+    def _lost(self, gpus: Gpus, failed: bool) -> None:
+        self.tasks.append(asyncio.get_running_loop().create_task(self.link.lost(gpus[0], failed)))
 
     # ================================================================ plan calls, polls
 

@@ -24,6 +24,7 @@ default), so the races here are tested without Ray.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
@@ -35,6 +36,8 @@ from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import RolloutQueue
 from rlix.job import WorkerPhase
+
+LOG = logging.getLogger("rlix.rollout")  # why a worker was lost (in the job's Ray log; RLIX_WORKER_LOGS=1 shows it)
 
 
 class RolloutControl:
@@ -105,13 +108,14 @@ class RolloutControl:
             return
         if w.handle is not None:
             self.procs.kill(w.handle)
+        LOG.warning("%s: rollout worker on GPUs %s lost: %s", self.rec.pid, list(w.gpus), why)
         was_granted = w.granted
         self.pool.move(w, WorkerState.DEAD)
         w.granted = False
         self.rec.counters.workers_lost += 1
         if was_granted:
             self._mark(w, WorkerPhase.GONE)
-            self.hooks.lost(w.gpus)
+            self.hooks.lost(w.gpus, True)
         self.hooks.changed()
 
     def handles(self) -> list:
@@ -184,7 +188,7 @@ class RolloutControl:
             w.leaving -= 1
         self._release(w, gen, held)
         if self.pool.freed_after_rejoin(w, gen):  # a rejoin reported it while it was leaving: free it now
-            self.hooks.lost(w.gpus)
+            self.hooks.lost(w.gpus, False)  # drained, not failed: no cooldown on its bundle
 
     def _release(self, w: Worker, gen: int, held: bool) -> None:
         if w.generation == gen and held:  # a newer expand keeps the GPUs

@@ -31,7 +31,7 @@ class Hooks:
     weights: Callable[[], tuple]  # -> (full snapshot ref, its version, ((adapter, ref, version), ...))
     finished: Callable[[Queued, object], None]  # (queued trajectory, its GenResult)
     fatal: Callable[[BaseException], None]  # the job must fail
-    lost: Callable[[Gpus], None]  # tell the scheduler the worker is gone
+    lost: Callable[[Gpus, bool], None]  # tell the scheduler the worker is gone (failed: it died or did not wake)
     changed: Callable[[], None]  # demand changed
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from rlix.core import Rejoin, Stage
+from rlix.core import Rejoin, SchedulingError, Stage
 from rlix.exec.messages import (
     CancelReply,
     ClusterStatus,
@@ -51,6 +51,8 @@ class ServiceCalls:
     """Service calls of the scheduler actor (state: ``self.book``, ``self.usage``, ``self.gone``)."""
 
     async def info(self) -> ServiceInfo:
+        if self.gpus_error:  # a (restarted) service without its GPUs: nothing may be placed through it
+            raise SchedulingError(f"the rlix scheduler has no GPU reservation: {self.gpus_error}")
         self._start_loops()
         c = self.core.cluster
         return ServiceInfo(

@@ -105,7 +105,10 @@ def _start(handle, args) -> int:
         cluster = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus) if args.nodes else connect.ray_cluster()
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
-    connect.start(cluster, args.policy, knobs)
+    try:
+        connect.start(cluster, args.policy, knobs)
+    except connect.ClusterError as exc:  # its GPUs could not be reserved in Ray
+        raise UserError(str(exc)) from None
     print(f"rlix scheduler started: {cluster.nodes} x {cluster.gpus_per_node} GPUs, policy {args.policy}")
     return 0
 

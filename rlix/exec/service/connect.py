@@ -18,6 +18,7 @@ import time
 from rlix.core import ClusterSpec, SchedulingError
 from rlix.exec.control.actor_placement import ClusterError
 from rlix.exec.control.gpu_reservation import RESERVE_WAIT_S, release
+from rlix.exec.messages import GpuMap
 
 SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
 NAMESPACE = "rlix"  # the Ray namespace it lives in
@@ -135,10 +136,13 @@ def stop(handle, *, force: bool, wait_s: float = 60.0) -> str:
         while time.time() < deadline and ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S):
             time.sleep(0.5)
         killed = ray.get(handle.kill_all.remote(), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)
-    gpus = ray.get(handle.info.remote(), timeout=SCHEDULER_CALL_S).gpus
+    try:
+        gpus = ray.get(handle.info.remote(), timeout=SCHEDULER_CALL_S).gpus
+    except SchedulingError:  # it has no reservation to give back
+        gpus = GpuMap()
     ray.get(handle.stop.remote(), timeout=SCHEDULER_CALL_S)
+    release(gpus)  # the GPUs go back to Ray (before the service goes: nothing left reserved if this process dies)
     ray.kill(handle, no_restart=True)
-    release(gpus)  # the GPUs go back to Ray
     if not busy:
         return "rlix scheduler stopped"
     late = f"; killed after {wait_s:g} s: {', '.join(killed)}" if killed else ""

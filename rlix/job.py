@@ -113,6 +113,7 @@ def demand_report(
     trajectory_s: float = 0.0,
     switch_s: float = 0.0,
     path_s: float = 0.0,
+    finished: int = 0,
 ) -> ReportDemand:
     """A pipeline's rollout demand, with one meaning in both shells.
 
@@ -124,9 +125,11 @@ def demand_report(
     - ``backlog``: trajectories of steps not produced yet;
     - ``trajectory_s``: mean generation seconds of the trajectories finished so far (0: none yet);
     - ``switch_s``: seconds to wake one more worker and sync its weights (0: unknown);
-    - ``path_s``: seconds of the job's chain of steps still ahead (:func:`remaining_path_s`; 0: unknown).
+    - ``path_s``: seconds of the job's chain of steps still ahead (:func:`remaining_path_s`; 0: unknown);
+    - ``finished``: trajectories finished so far, all steps (0: unknown; a worker given to the job
+      after it starved is then kept while it has work).
     """
-    if min(pending, open_trajectories, backlog) < 0 or min(trajectory_s, switch_s, path_s) < 0:
+    if min(pending, open_trajectories, backlog, finished) < 0 or min(trajectory_s, switch_s, path_s) < 0:
         raise JobModelError(f"{pipeline_id}: demand counts and trajectory seconds must be >= 0")
     return ReportDemand(
         pipeline_id=pipeline_id,
@@ -137,6 +140,7 @@ def demand_report(
         trajectory_s=trajectory_s,
         switch_s=switch_s,
         path_s=path_s,
+        finished=finished,
     )
 
 

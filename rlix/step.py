@@ -501,7 +501,14 @@ class StepMachine:
     # ------------------------------------------------------------ queries
 
     def demand(
-        self, *, pending: int, loads: Sequence[WorkerLoad], trajectory_s: float, switch_s: float, longest_s: float
+        self,
+        *,
+        pending: int,
+        loads: Sequence[WorkerLoad],
+        trajectory_s: float,
+        switch_s: float,
+        longest_s: float,
+        finished: int,
     ) -> ReportDemand:
         """The demand report, from the rollout engine's figures and the machine's own.
 
@@ -518,6 +525,7 @@ class StepMachine:
             trajectory_s=trajectory_s,
             switch_s=switch_s,
             path_s=r.path_s(longest_s, self.train_s),
+            finished=finished,
         )
 
     @property

@@ -125,7 +125,7 @@ def release_of(effects: list[Effect]) -> ReleaseGang:
 
 
 def demand(m: StepMachine, pending: int = 0, longest_s: float = 10.0):
-    return m.demand(pending=pending, loads=(), trajectory_s=1.0, switch_s=1.0, longest_s=longest_s)
+    return m.demand(pending=pending, loads=(), trajectory_s=1.0, switch_s=1.0, longest_s=longest_s, finished=0)
 
 
 def path_s(m: StepMachine, longest_s: float) -> float:

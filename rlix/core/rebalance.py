@@ -12,8 +12,9 @@ worker; a donor gives only above its share; both rules yield to a starving
 receiver (no worker for ``min_residency_s`` with trajectories queued): its
 first worker may come from any donor not finishing a protected batch, so a
 wide bundle split between several holders is still assembled, and jobs that
-cannot all hold a worker at once take turns, each turn ``min_residency_s`` at
-least; busy workers of a nearly finished (protected)
+cannot all hold a worker at once take turns: the worker a starving job got is
+not taken while busy until the job has finished a trajectory more, so turns
+always progress, even where preemption throws running work away; busy workers of a nearly finished (protected)
 batch are not taken for shares, unless the receiver has no worker at all
 (protection never keeps a pipeline with demand below its floor), but its
 stragglers may be packed onto fewer of its workers; a worker is moved only after
@@ -119,6 +120,8 @@ class DonorRules:
         if have <= 1 and (d.protected or (self.shares[pid] > 0 and not first)):
             return False  # the one-worker floor holds after every victim (a starving receiver's aside)
         busy = d.loads.get(w.gpus[0], 0) > 0
+        if busy and d.entry.turn == w.gpus[0]:
+            return False  # the turn of a job that starved: kept until it finishes a trajectory
         if not busy and have > d.need:
             return True  # idle surplus
         floor_receiver = receiver is None or draft.worker_count(receiver.pipeline_id) == 0

@@ -261,7 +261,7 @@ class Scheduler:
             view.pipelines[expand.worker.pipeline_id].admit(now)
         for entry in view.pipelines.values():  # who waits for a first rollout worker, since when (starvation)
             if entry.state is PipelineState.ACTIVE:
-                entry.note_wanting(now, bool(self.ledger.workers_of(entry.spec.pipeline_id)))
+                entry.note_wanting(now, self.ledger.workers_of(entry.spec.pipeline_id).keys(), view.config.min_residency_s)
         view.departed.clear()
         self.plans_made += 1
         return plan

@@ -6,6 +6,7 @@ through :class:`View` and write only to a :class:`rlix.core.ledger.Draft`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from rlix.core.ledger import Ledger
@@ -31,6 +32,10 @@ class PipelineEntry:
     need_cache: object = None
     cooling: dict[Gpus, float] = field(default_factory=dict)  # bundle -> until when no worker goes there (lost one)
     wanting_since: float = float("inf")  # since when it has had trajectories waiting and no rollout worker
+    # The worker (first GPU) it got after starving, and its finished count then: no rebalance
+    # takes that worker while busy until the job has finished a trajectory more (its turn).
+    turn: int | None = None
+    turn_mark: int = 0
 
     @classmethod
     def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:
@@ -58,10 +63,21 @@ class PipelineEntry:
             self.bundle_of.update(dict.fromkeys(bundle, bundle))
         return bool(self.cooling)
 
-    def note_wanting(self, now: float, has_workers: bool) -> None:
-        """After a plan: start (or stop) the clock of waiting for a first rollout worker."""
+    def note_wanting(self, now: float, held: Collection[int], residency_s: float) -> None:
+        """After a plan: start (or stop) the clock of waiting for a first rollout worker, and
+        start (or end) the turn of a worker given after a wait of ``residency_s`` or more.
+
+        ``held`` are the first GPUs of its rollout workers now. Turns are what make starving
+        jobs that cannot all hold a worker at once progress: each keeps its worker until it
+        has finished a trajectory (work a preemption would throw away is not lost in a loop).
+        """
+        finished = self.demand.finished if self.demand is not None else 0
+        if self.turn is not None and (self.turn not in held or finished > self.turn_mark):
+            self.turn = None
+        if held and self.turn is None and now - self.wanting_since >= residency_s:
+            self.turn, self.turn_mark = min(held), finished
         wants = self.demand is not None and self.demand.pending > 0
-        if wants and not has_workers:
+        if wants and not held:
             self.wanting_since = min(self.wanting_since, now)
         else:
             self.wanting_since = float("inf")

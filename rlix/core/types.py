@@ -234,6 +234,7 @@ class ReportDemand:
     trajectory_s: float = 0.0  # observed mean seconds per finished trajectory (0 if unknown)
     switch_s: float = 0.0  # seconds to wake one new worker and sync its weights (0 if unknown)
     path_s: float = 0.0  # seconds of the job's chain of steps still ahead, from measured figures (0 if unknown)
+    finished: int = 0  # trajectories finished so far, all steps (0 if unknown): ends a starving job's turn
 
 
 @dataclass(frozen=True, kw_only=True)

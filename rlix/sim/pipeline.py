@@ -156,6 +156,7 @@ class SimPipeline:
             trajectory_s=self.engine.mean_trajectory_s,
             switch_s=self.model.switch.load_s + self.model.switch.weight_sync_s,  # wake + weight sync of one worker
             longest_s=self.engine.longest_s,
+            finished=self.engine.completed,
         )
 
     # ------------------------------------------------------------ effects

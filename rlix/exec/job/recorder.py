@@ -49,6 +49,7 @@ class Recorder:
         self.counters = Counters()
         self.finished_gen_s = 0.0
         self.longest_gen_s = 0.0  # the slowest finished trajectory's generation seconds
+        self.finished = 0  # trajectories finished so far, dropped batches' too (only grows)
 
     def mark(self, now: float, gpus: Gpus, activity: Activity, stage: str) -> None:
         """From ``now`` on, ``gpus`` do ``activity`` (FREE: nobody's)."""
@@ -64,6 +65,7 @@ class Recorder:
 
     def trajectory(self, record: TrajRecord) -> None:
         self.trajs[record.traj_id] = record
+        self.finished += 1
         self.finished_gen_s += record.gen_s
         self.longest_gen_s = max(self.longest_gen_s, record.gen_s)
 

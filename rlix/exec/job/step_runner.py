@@ -287,4 +287,5 @@ class StepRunner:
             trajectory_s=self.rec.mean_trajectory_s(),
             switch_s=self.rec.mean_switch_s(),
             longest_s=self.rec.longest_gen_s,
+            finished=self.rec.finished,
         )

@@ -133,6 +133,12 @@ class SchedulerModel(StrictModel):
         ge=0,
         description="seconds a bundle whose rollout worker was lost (died, or did not wake) gets no worker of that job (0: off)",
     )
+    turn_limit_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="seconds at most that the worker a starving job got is kept from other starving jobs, "
+        "if the job finishes no trajectory before",
+    )
     tenants: list[TenantModel] = Field(
         default_factory=list,
         description="tenants with shares: weight, guaranteed GPUs and a borrowing limit (none: no tenant split)",

@@ -33,7 +33,13 @@ def register(sched: Scheduler, *specs: PipelineSpec, now: float = 0.0):
 
 
 def demand(
-    pid: str, pending: int, loads: dict[int, int] | None = None, batch: int = 0, backlog: int = 0, trajectory_s: float = 0.0
+    pid: str,
+    pending: int,
+    loads: dict[int, int] | None = None,
+    batch: int = 0,
+    backlog: int = 0,
+    trajectory_s: float = 0.0,
+    finished: int = 0,
 ) -> ReportDemand:
     loads = loads or {}
     return ReportDemand(
@@ -43,6 +49,7 @@ def demand(
         batch_size=batch or pending + sum(loads.values()),
         backlog=backlog,
         trajectory_s=trajectory_s,
+        finished=finished,
     )
 
 

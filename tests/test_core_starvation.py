@@ -51,3 +51,38 @@ def test_every_job_with_demand_gets_a_worker_within_twice_the_residency(seed: in
     sched.step(0.0, [demand(p, n) for p, n in narrow.items()])
     got = first_worker_at(sched, narrow, "b", rng.choice([40, 400, 4000]), int(4 * residency))
     assert got is not None and got <= 2 * residency + 1, (got, owners(sched))
+
+
+def one_gpu_turns(turn_limit_s: float, first_trajectory_s: float) -> list[tuple[int, str]]:
+    """Two jobs wanting the one GPU of a cluster, every worker busy; a holder finishes its first
+    trajectory ``first_trajectory_s`` after it got the GPU. When the GPU changed hands, and to whom."""
+    config = SchedulerConfig(min_residency_s=5, turn_limit_s=turn_limit_s)
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=1), "rlix", config)
+    register(sched, spec("a", (0,), (0,)), spec("b", (0,), (0,)))
+    sched.step(0.0, [demand("a", 40)])
+    finished, holder, since, handovers = {"a": 0, "b": 0}, "a", 0, []
+    for t in range(1, 200):
+        if t - since == first_trajectory_s:
+            finished[holder] += 1
+        loads = {p: {w.gpus[0]: 4 for w in sched.workers(p)} for p in "ab"}
+        sched.step(float(t), [demand(p, 40, loads=loads[p], finished=finished[p]) for p in "ab"])
+        check_ledger(sched.ledger)
+        now_holder = next(p for p in "ab" if sched.workers(p))
+        if now_holder != holder:
+            holder, since = now_holder, t
+            handovers.append((t, holder))
+    return handovers
+
+
+def test_jobs_that_starve_in_turn_keep_each_turn_until_a_trajectory_finishes():
+    # Each holder finishes its first trajectory 30 s after it got the GPU. Without turns the GPU
+    # changed hands every 5 s (min_residency_s), and a job whose preempted trajectories start
+    # over never finished one. Now a turn lasts until its job finished one (30 s; the report of
+    # it ends the turn after that plan, so the next job takes over a second later).
+    turns = [(5, "b"), (10, "a"), (41, "b"), (72, "a"), (103, "b"), (134, "a"), (165, "b"), (196, "a")]
+    assert one_gpu_turns(900.0, first_trajectory_s=30) == turns
+
+
+def test_a_turn_ends_after_turn_limit_s_if_the_job_finishes_nothing():
+    # Nobody ever finishes a trajectory: each turn lasts turn_limit_s (40 s), so no wait is unbounded.
+    assert one_gpu_turns(40.0, first_trajectory_s=1000) == [(5, "b"), (10, "a"), (50, "b"), (90, "a"), (130, "b"), (170, "a")]

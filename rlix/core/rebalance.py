@@ -13,8 +13,9 @@ receiver (no worker for ``min_residency_s`` with trajectories queued): its
 first worker may come from any donor not finishing a protected batch, so a
 wide bundle split between several holders is still assembled, and jobs that
 cannot all hold a worker at once take turns: the worker a starving job got is
-not taken while busy until the job has finished a trajectory more, so turns
-always progress, even where preemption throws running work away; busy workers of a nearly finished (protected)
+not taken while busy until the job has finished a trajectory more (or
+``turn_limit_s``), so turns progress even where preemption throws running
+work away; busy workers of a nearly finished (protected)
 batch are not taken for shares, unless the receiver has no worker at all
 (protection never keeps a pipeline with demand below its floor), but its
 stragglers may be packed onto fewer of its workers; a worker is moved only after
@@ -120,7 +121,7 @@ class DonorRules:
         if have <= 1 and (d.protected or (self.shares[pid] > 0 and not first)):
             return False  # the one-worker floor holds after every victim (a starving receiver's aside)
         busy = d.loads.get(w.gpus[0], 0) > 0
-        if busy and d.entry.turn == w.gpus[0]:
+        if busy and d.entry.in_turn(w.gpus[0], self.now, self.cfg):
             return False  # the turn of a job that starved: kept until it finishes a trajectory
         if not busy and have > d.need:
             return True  # idle surplus

@@ -57,7 +57,7 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
     if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
         raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
-    for name in ("small_first", "path_halving_s", "lost_cooldown_s"):
+    for name in ("small_first", "path_halving_s", "lost_cooldown_s", "turn_limit_s"):
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
@@ -261,7 +261,7 @@ class Scheduler:
             view.pipelines[expand.worker.pipeline_id].admit(now)
         for entry in view.pipelines.values():  # who waits for a first rollout worker, since when (starvation)
             if entry.state is PipelineState.ACTIVE:
-                entry.note_wanting(now, self.ledger.workers_of(entry.spec.pipeline_id).keys(), view.config.min_residency_s)
+                entry.note_wanting(now, self.ledger.workers_of(entry.spec.pipeline_id).keys(), view.config)
         view.departed.clear()
         self.plans_made += 1
         return plan

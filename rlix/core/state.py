@@ -32,10 +32,12 @@ class PipelineEntry:
     need_cache: object = None
     cooling: dict[Gpus, float] = field(default_factory=dict)  # bundle -> until when no worker goes there (lost one)
     wanting_since: float = float("inf")  # since when it has had trajectories waiting and no rollout worker
-    # The worker (first GPU) it got after starving, and its finished count then: no rebalance
-    # takes that worker while busy until the job has finished a trajectory more (its turn).
+    # The worker (first GPU) it got after starving, its finished count and the time then: no
+    # rebalance takes that worker while busy until the job has finished a trajectory more, or
+    # turn_limit_s has passed (its turn).
     turn: int | None = None
     turn_mark: int = 0
+    turn_since: float = 0.0
 
     @classmethod
     def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:
@@ -63,24 +65,31 @@ class PipelineEntry:
             self.bundle_of.update(dict.fromkeys(bundle, bundle))
         return bool(self.cooling)
 
-    def note_wanting(self, now: float, held: Collection[int], residency_s: float) -> None:
+    def note_wanting(self, now: float, held: Collection[int], config: SchedulerConfig) -> None:
         """After a plan: start (or stop) the clock of waiting for a first rollout worker, and
-        start (or end) the turn of a worker given after a wait of ``residency_s`` or more.
+        start (or end) the turn of a worker given after a wait of ``min_residency_s`` or more.
 
         ``held`` are the first GPUs of its rollout workers now. Turns are what make starving
         jobs that cannot all hold a worker at once progress: each keeps its worker until it
-        has finished a trajectory (work a preemption would throw away is not lost in a loop).
+        has finished a trajectory (work a preemption would throw away is not lost in a loop),
+        or ``turn_limit_s`` has passed (a job that never finishes one holds no one up for ever).
         """
         finished = self.demand.finished if self.demand is not None else 0
-        if self.turn is not None and (self.turn not in held or finished > self.turn_mark):
+        if self.turn is not None and (
+            self.turn not in held or finished > self.turn_mark or now - self.turn_since >= config.turn_limit_s
+        ):
             self.turn = None
-        if held and self.turn is None and now - self.wanting_since >= residency_s:
-            self.turn, self.turn_mark = min(held), finished
+        if held and self.turn is None and now - self.wanting_since >= config.min_residency_s:
+            self.turn, self.turn_mark, self.turn_since = min(held), finished, now
         wants = self.demand is not None and self.demand.pending > 0
         if wants and not held:
             self.wanting_since = min(self.wanting_since, now)
         else:
             self.wanting_since = float("inf")
+
+    def in_turn(self, first_gpu: int, now: float, config: SchedulerConfig) -> bool:
+        """Is the worker on ``first_gpu`` this job's turn still (see :meth:`note_wanting`)?"""
+        return self.turn == first_gpu and now - self.turn_since < config.turn_limit_s
 
     def admit(self, now: float) -> None:
         """It holds GPUs from ``now`` on (if not already): its home is taken."""

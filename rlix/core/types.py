@@ -394,6 +394,10 @@ class SchedulerConfig:
       or it did not wake: a GPU short of memory, a failing device) is not
       placed again on that bundle for that job for this many seconds, so a
       failing wake is not retried in a loop; 0: at once.
+    - ``turn_limit_s``: jobs starving for rollout workers take turns; the worker
+      a starving job got is kept (while busy) until the job finishes a
+      trajectory, or for this many seconds at most, so turns progress even
+      where a preemption throws running work away, and every wait is bounded.
     - ``tenants``: tenants with shares (:class:`TenantSpec`). The GPUs are first
       split between tenants by weight, each within its guarantee and limit
       (gang stages count towards their tenant), then each tenant's rollout part
@@ -414,6 +418,7 @@ class SchedulerConfig:
     small_first: float = 3.0
     path_halving_s: float = 350.0
     lost_cooldown_s: float = 30.0
+    turn_limit_s: float = 900.0
     tenants: tuple[TenantSpec, ...] = ()
 
     def tenant(self, name: str) -> TenantSpec:

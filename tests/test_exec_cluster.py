@@ -143,14 +143,25 @@ def test_two_node_cluster_reserves_the_gpus_and_pins_every_worker_to_the_node_th
 
         @ray.remote
         def where():
-            return ray.get_runtime_context().get_node_id(), os.environ["CUDA_VISIBLE_DEVICES"]
+            path = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+            return ray.get_runtime_context().get_node_id(), os.environ["CUDA_VISIBLE_DEVICES"], path
 
         seen = {
             gpus: ray.get(where.options(**actor_options(spec, gpus, gpu_map, "probe")).remote())
             for gpus in ((0,), (1,), (2,), (3,), (2, 3))
         }
-        assert {gpus: local for gpus, (_, local) in seen.items()} == {(0,): "0", (1,): "1", (2,): "0", (3,): "1", (2, 3): "0,1"}
-        node = {gpus: n for gpus, (n, _) in seen.items()}
+        assert {gpus: local for gpus, (_, local, _) in seen.items()} == {
+            (0,): "0",
+            (1,): "1",
+            (2,): "0",
+            (3,): "1",
+            (2, 3): "0,1",
+        }
+        node = {gpus: n for gpus, (n, _, _) in seen.items()}
+        # a cluster joined with no runtime env of rlix's: the workers get the path of the driver's rlix first
+        import rlix
+
+        assert {path for _, _, path in seen.values()} == {str(Path(rlix.__file__).resolve().parent.parent)}
         assert node[(0,)] == node[(1,)] != node[(2,)] == node[(3,)] == node[(2, 3)]
         release(gpu_map)
 

@@ -25,7 +25,7 @@ TOL = 1e-9  # float64: measured differences are ~1e-15
 def ray_cpu():
     import ray
 
-    from rlix.exec.front.api import _pythonpath
+    from rlix.import_path import worker_pythonpath
 
     ray.init(
         address="local",  # a new cluster, even where `ray start` runs one on this machine
@@ -33,7 +33,7 @@ def ray_cpu():
         num_gpus=4,  # the example's cluster (a run reserves all of its GPUs in Ray)
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
+        runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
     )
     yield
     ray.shutdown()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from rlix.config import read_document
+from rlix.import_path import worker_pythonpath
 from rlix.metrics import RunMetrics
 from rlix.sim.simulator import replay
 from rlix.sim.trace import Trace, TraceError, parse_trace
@@ -209,14 +210,6 @@ def sorted_rows(rows: list[SweepRow]) -> list[SweepRow]:
 # ------------------------------------------------------------------ Ray
 
 
-def _pythonpath() -> str:
-    """Ray workers import rlix from wherever the driver did (an editable checkout or a worktree included)."""
-    import rlix
-
-    root = str(Path(rlix.__file__).resolve().parent.parent)
-    return os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
-
-
 def run_on_ray(
     cells: list[Cell], texts: dict[str, str], address: str | None, on_done: Callable[[SweepRow], None]
 ) -> list[SweepRow]:
@@ -227,7 +220,7 @@ def run_on_ray(
 
     # Ray's INFO lines ("Started a local Ray instance") would break up the progress bar; its warnings still show.
     common = {
-        "runtime_env": {"env_vars": {"PYTHONPATH": _pythonpath()}},
+        "runtime_env": {"env_vars": {"PYTHONPATH": worker_pythonpath()}},
         "log_to_driver": False,
         "logging_level": logging.WARNING,
     }

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
 from rlix.exec.messages import GpuMap
+from rlix.import_path import worker_pythonpath
 
 EXPECTED_DEVICES = "RLIX_DEVICES"  # the devices a worker's bundle was given, checked against what it sees
 
@@ -64,6 +65,7 @@ def actor_options(cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str) 
                 "CUDA_VISIBLE_DEVICES": visible,
                 EXPECTED_DEVICES: visible,
                 "RLIX_WORKER": name,
+                "PYTHONPATH": worker_pythonpath(),  # a joined cluster's workers import this rlix too
                 "TOKENIZERS_PARALLELISM": "false",
                 "OMP_NUM_THREADS": "1",
             }

@@ -34,6 +34,7 @@ from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import GpuMap, JobProgress, JobResult, SchedulerStats
 from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
+from rlix.import_path import worker_pythonpath
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
 STOP_GRACE_S = 8.0
@@ -139,7 +140,7 @@ class Session:
                 num_gpus=self.cluster.num_gpus,
                 include_dashboard=False,
                 log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
-                runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
+                runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
             )
         # The GPUs, reserved in Ray: the service's (it reserved them when it started), or this run's own.
         self.gpu_map = self.submission.info.gpus if self.submission is not None else reserve(self.cluster)
@@ -431,14 +432,6 @@ def _free():
     from rlix.metrics import Activity
 
     return Activity.FREE
-
-
-def _pythonpath() -> str:
-    """Workers import rlix from wherever the driver did (editable or not)."""
-    import rlix
-
-    root = str(Path(rlix.__file__).resolve().parent.parent)
-    return os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH", "")) if x)
 
 
 def init(

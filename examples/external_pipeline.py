@@ -150,6 +150,7 @@ class Rollouts:
         self.running: dict[Gpus, int] = {}  # worker -> the trajectory it plays
         self.queue: list[int] = []  # trajectories of the batch not yet dealt out
         self.results: dict[int, Traj] = {}
+        self.finished = 0  # trajectories finished, all batches (reported: it ends the turn a starving job got)
         self.batch: tuple[list[float], int] = ([], 0)  # (policy, step) the batch is played with
         self.failure: BaseException | None = None
         self.changed = asyncio.Event()
@@ -184,7 +185,8 @@ class Rollouts:
     def demand(self, batch_size: int, announce: int = 0) -> ReportDemand:
         """Trajectories waiting (``announce``: those of a batch about to start), and the running ones per worker."""
         loads = tuple(WorkerLoad(first_gpu=gpus[0], active=1) for gpus in sorted(self.running))
-        return ReportDemand(pipeline_id=self.pid, pending=len(self.queue) + announce, loads=loads, batch_size=batch_size)
+        pending = len(self.queue) + announce
+        return ReportDemand(pipeline_id=self.pid, pending=pending, loads=loads, batch_size=batch_size, finished=self.finished)
 
     async def _serve(self, gpus: Gpus) -> None:
         while True:
@@ -206,6 +208,7 @@ class Rollouts:
                 self.running.pop(gpus)
                 self._changed()
             self.results[idx] = traj
+            self.finished += 1
 
     async def _died(self, gpus: Gpus) -> None:
         self.serving.pop(gpus, None)

@@ -16,7 +16,10 @@ outside rlix (its own loop, its own rollout engine). The protocol:
    ``request(next, after=held)`` is a hand-over: ``held`` is released and
    ``next`` asked for in one plan, so no other job slips in between.
 4. ``await client.report(ReportDemand(...))`` says how many trajectories wait
-   (the scheduler sizes the pipeline's rollout workers from it);
+   (the scheduler sizes the pipeline's rollout workers from it) and how many
+   finished so far (``finished``: a worker given to the pipeline after it
+   starved is kept from other starving jobs until one more finishes, or for
+   ``turn_limit_s``; a pipeline that leaves it at 0 keeps such turns that long);
    ``client.lost(first_gpu)`` reports a rollout worker that died;
    ``client.note(...)`` reports progress for ``rlix status``.
 5. ``await client.unregister("finished")`` at the end (or failed, cancelled):

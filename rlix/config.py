@@ -135,9 +135,9 @@ class SchedulerModel(StrictModel):
     )
     turn_limit_s: float = Field(
         default=900.0,
-        ge=0,
+        gt=0,
         description="seconds at most that the worker a starving job got is kept from other starving jobs, "
-        "if the job finishes no trajectory before",
+        "if the job finishes no trajectory before (keep it above the longest trajectory)",
     )
     tenants: list[TenantModel] = Field(
         default_factory=list,

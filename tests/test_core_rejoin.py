@@ -211,6 +211,9 @@ def test_a_registered_id_bad_spec_or_bad_demand_is_refused():
     refused(sched, Rejoin(spec=spec("c", range(4), range(8)), demand=demand("z", 3)), "demand report is for pipeline 'z'")
     bad = ReportDemand(pipeline_id="c", pending=-1)
     refused(sched, Rejoin(spec=spec("c", range(4), range(8)), workers=((4,),), demand=bad), "demand counts must be >= 0")
+    for finished in (-1, float("nan")):
+        bad = ReportDemand(pipeline_id="c", pending=1, finished=finished)
+        refused(sched, Rejoin(spec=spec("c", range(4), range(8)), demand=bad), "finished must be a whole number >= 0")
 
 
 # ------------------------------------------------------------------ random snapshots

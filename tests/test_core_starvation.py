@@ -15,7 +15,7 @@ import random
 import pytest
 from helpers import demand, owners, register, spec
 
-from rlix.core import ClusterSpec, Scheduler, SchedulerConfig, check_ledger
+from rlix.core import ClusterSpec, Scheduler, SchedulerConfig, SchedulingError, check_ledger
 
 
 def first_worker_at(sched: Scheduler, narrow: dict[str, int], wide: str, wide_demand: int, until: int) -> int | None:
@@ -53,21 +53,21 @@ def test_every_job_with_demand_gets_a_worker_within_twice_the_residency(seed: in
     assert got is not None and got <= 2 * residency + 1, (got, owners(sched))
 
 
-def one_gpu_turns(turn_limit_s: float, first_trajectory_s: float) -> list[tuple[int, str]]:
-    """Two jobs wanting the one GPU of a cluster, every worker busy; a holder finishes its first
+def one_gpu_turns(turn_limit_s: float, first_trajectory_s: float, jobs: str = "ab", until: int = 200) -> list[tuple[int, str]]:
+    """Jobs wanting the one GPU of a cluster, every worker busy; a holder finishes its first
     trajectory ``first_trajectory_s`` after it got the GPU. When the GPU changed hands, and to whom."""
     config = SchedulerConfig(min_residency_s=5, turn_limit_s=turn_limit_s)
     sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=1), "rlix", config)
-    register(sched, spec("a", (0,), (0,)), spec("b", (0,), (0,)))
+    register(sched, *[spec(p, (0,), (0,)) for p in jobs])
     sched.step(0.0, [demand("a", 40)])
-    finished, holder, since, handovers = {"a": 0, "b": 0}, "a", 0, []
-    for t in range(1, 200):
+    finished, holder, since, handovers = dict.fromkeys(jobs, 0), "a", 0, []
+    for t in range(1, until):
         if t - since == first_trajectory_s:
             finished[holder] += 1
-        loads = {p: {w.gpus[0]: 4 for w in sched.workers(p)} for p in "ab"}
-        sched.step(float(t), [demand(p, 40, loads=loads[p], finished=finished[p]) for p in "ab"])
+        loads = {p: {w.gpus[0]: 4 for w in sched.workers(p)} for p in jobs}
+        sched.step(float(t), [demand(p, 40, loads=loads[p], finished=finished[p]) for p in jobs])
         check_ledger(sched.ledger)
-        now_holder = next(p for p in "ab" if sched.workers(p))
+        now_holder = next(p for p in jobs if sched.workers(p))
         if now_holder != holder:
             holder, since = now_holder, t
             handovers.append((t, holder))
@@ -77,12 +77,26 @@ def one_gpu_turns(turn_limit_s: float, first_trajectory_s: float) -> list[tuple[
 def test_jobs_that_starve_in_turn_keep_each_turn_until_a_trajectory_finishes():
     # Each holder finishes its first trajectory 30 s after it got the GPU. Without turns the GPU
     # changed hands every 5 s (min_residency_s), and a job whose preempted trajectories start
-    # over never finished one. Now a turn lasts until its job finished one (30 s; the report of
-    # it ends the turn after that plan, so the next job takes over a second later).
-    turns = [(5, "b"), (10, "a"), (41, "b"), (72, "a"), (103, "b"), (134, "a"), (165, "b"), (196, "a")]
+    # over never finished one. Now a turn lasts until its job finished one (30 s; the plan that
+    # gets the report of it hands the GPU over).
+    turns = [(5, "b"), (10, "a"), (40, "b"), (70, "a"), (100, "b"), (130, "a"), (160, "b"), (190, "a")]
     assert one_gpu_turns(900.0, first_trajectory_s=30) == turns
 
 
 def test_a_turn_ends_after_turn_limit_s_if_the_job_finishes_nothing():
     # Nobody ever finishes a trajectory: each turn lasts turn_limit_s (40 s), so no wait is unbounded.
     assert one_gpu_turns(40.0, first_trajectory_s=1000) == [(5, "b"), (10, "a"), (50, "b"), (90, "a"), (130, "b"), (170, "a")]
+
+
+def test_starving_jobs_take_their_turns_longest_waiting_first():
+    # Three jobs, one GPU: before, two of them took turns and the third never got the GPU (they
+    # were served by weight and id, not by how long they had waited). Now in order of waiting.
+    turns = one_gpu_turns(900.0, first_trajectory_s=30, jobs="abc", until=300)
+    assert "".join(p for _, p in turns) == ("bca" * 4)[: len(turns)]
+    assert len(turns) >= 8 and all(later - t <= 40 for (t, _), (later, _) in zip(turns, turns[1:]))
+
+
+@pytest.mark.parametrize("limit", [0.0, -1.0, float("inf")])
+def test_a_turn_limit_that_would_not_end_or_not_protect_a_turn_is_refused(limit: float):
+    with pytest.raises(SchedulingError, match="turn_limit_s"):
+        Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", SchedulerConfig(turn_limit_s=limit))

@@ -94,7 +94,7 @@ def test_rollouts_deal_a_batch_across_expands_and_shrinks():
     assert first.pending + sum(w.active for w in first.loads) == 24  # reported before anything finished
     assert any({w.first_gpu for w in r.loads} == {1, 2} for r in reports)  # the new workers' loads were reported
     assert all(a != b for a, b in zip(reports, reports[1:]))  # sent when the demand changed only
-    assert engine.demand(24) == ep.ReportDemand(pipeline_id="bandit", pending=0, batch_size=24)
+    assert engine.demand(24) == ep.ReportDemand(pipeline_id="bandit", pending=0, batch_size=24, finished=24)
 
 
 def test_a_dead_worker_is_reported_lost_and_its_trajectory_played_again():

@@ -12,10 +12,11 @@ worker; a donor gives only above its share; both rules yield to a starving
 receiver (no worker for ``min_residency_s`` with trajectories queued): its
 first worker may come from any donor not finishing a protected batch, so a
 wide bundle split between several holders is still assembled, and jobs that
-cannot all hold a worker at once take turns: the worker a starving job got is
-not taken while busy until the job has finished a trajectory more (or
-``turn_limit_s``), so turns progress even where preemption throws running
-work away; busy workers of a nearly finished (protected)
+cannot all hold a worker at once take turns, longest waiting first: the worker
+a starving job got is not taken by this pass while busy until the job has
+finished a trajectory more (or ``turn_limit_s``), so turns progress even where
+preemption throws running work away (gang stages and home owners still take
+GPUs back as they always do); busy workers of a nearly finished (protected)
 batch are not taken for shares, unless the receiver has no worker at all
 (protection never keeps a pipeline with demand below its floor), but its
 stragglers may be packed onto fewer of its workers; a worker is moved only after
@@ -30,7 +31,7 @@ import heapq
 
 from rlix.core.homes import owned_bundles
 from rlix.core.ledger import Draft
-from rlix.core.shares import RolloutNeed
+from rlix.core.shares import RolloutNeed, starving_key
 from rlix.core.state import View
 from rlix.core.types import GangHolder, Gpus, RolloutWorker, ShrinkReason
 
@@ -221,7 +222,7 @@ def _last_wanted(draft: Draft, n: RolloutNeed | None) -> bool:
 
 def _receiver_key(draft: Draft, n: RolloutNeed, shares: dict[str, float]) -> tuple:
     count = draft.worker_count(n.pipeline_id)
-    return (count > 0, count - shares[n.pipeline_id], -n.remaining_fraction, n.pipeline_id)
+    return (count > 0, starving_key(n), count - shares[n.pipeline_id], -n.remaining_fraction, n.pipeline_id)
 
 
 def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Phase) -> None:

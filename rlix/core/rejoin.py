@@ -33,6 +33,8 @@ def check_demand(report: ReportDemand) -> None:
     """Refuse a demand report with negative counts or a figure that is not a finite number >= 0."""
     if report.pending < 0 or report.backlog < 0 or any(load.active < 0 for load in report.loads):
         raise SchedulingError(f"pipeline '{report.pipeline_id}': demand counts must be >= 0")
+    if not isinstance(report.finished, int) or report.finished < 0:
+        raise SchedulingError(f"pipeline '{report.pipeline_id}': finished must be a whole number >= 0 (0 if unknown)")
     for name in ("trajectory_s", "switch_s", "path_s"):
         value = getattr(report, name)
         if not (math.isfinite(value) and value >= 0):

@@ -57,7 +57,9 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
     if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
         raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
-    for name in ("small_first", "path_halving_s", "lost_cooldown_s", "turn_limit_s"):
+    if not (math.isfinite(config.turn_limit_s) and config.turn_limit_s > 0):
+        raise SchedulingError(f"turn_limit_s={config.turn_limit_s}: must be a finite number > 0 (longer than a trajectory)")
+    for name in ("small_first", "path_halving_s", "lost_cooldown_s"):
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")

@@ -188,14 +188,17 @@ def proportional_shares(
     they always fit) are its floor first; then, while the capacity holds
     them, one worker each for the others: first those starving (waiting
     ``min_residency_s`` or more for a first worker, so a wide bundle that
-    never fits the leftover capacity still gets its turn), then by
-    :func:`rank_key` (most weight first); the others get nothing this round.
+    never fits the leftover capacity still gets its turn), longest waiting
+    first, then by :func:`rank_key` (most weight first); the others get
+    nothing this round.
     """
     guaranteed = guaranteed or {}
     shares = {n.pipeline_id: 0.0 for n in needs}
     left = capacity_gpus - sum(guaranteed[n.pipeline_id] * n.tp for n in needs if n.pipeline_id in guaranteed)
     floored = []
-    first = sorted((n for n in needs if n.need > 0), key=lambda n: (n.pipeline_id not in guaranteed, not n.starving, rank_key(n)))
+    first = sorted(
+        (n for n in needs if n.need > 0), key=lambda n: (n.pipeline_id not in guaranteed, starving_key(n), rank_key(n))
+    )
     for n in first:
         if n.pipeline_id in guaranteed:
             floored.append(n)
@@ -210,6 +213,11 @@ def proportional_shares(
     for n in floored:
         shares[n.pipeline_id] = min(float(n.need * n.tp), max(lows[n.pipeline_id], level * n.weight)) / n.tp
     return shares
+
+
+def starving_key(n: RolloutNeed) -> tuple[bool, float]:
+    """Starving jobs first, the one waiting longest first (so each gets its turn), then the others."""
+    return (not n.starving, n.entry.wanting_since if n.starving else 0.0)
 
 
 def water_level(items: list[tuple[float, float, float]], capacity: float) -> float:

@@ -89,7 +89,8 @@ class PipelineEntry:
 
     def in_turn(self, first_gpu: int, now: float, config: SchedulerConfig) -> bool:
         """Is the worker on ``first_gpu`` this job's turn still (see :meth:`note_wanting`)?"""
-        return self.turn == first_gpu and now - self.turn_since < config.turn_limit_s
+        finished = self.demand.finished if self.demand is not None else 0
+        return self.turn == first_gpu and finished <= self.turn_mark and now - self.turn_since < config.turn_limit_s
 
     def admit(self, now: float) -> None:
         """It holds GPUs from ``now`` on (if not already): its home is taken."""

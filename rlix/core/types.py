@@ -394,10 +394,12 @@ class SchedulerConfig:
       or it did not wake: a GPU short of memory, a failing device) is not
       placed again on that bundle for that job for this many seconds, so a
       failing wake is not retried in a loop; 0: at once.
-    - ``turn_limit_s``: jobs starving for rollout workers take turns; the worker
-      a starving job got is kept (while busy) until the job finishes a
-      trajectory, or for this many seconds at most, so turns progress even
-      where a preemption throws running work away, and every wait is bounded.
+    - ``turn_limit_s``: jobs starving for rollout workers take turns, longest
+      waiting first; the worker a starving job got is kept from the others'
+      rebalancing (while busy) until the job finishes a trajectory, or for this
+      many seconds at most (> 0), so turns progress even where a preemption
+      throws running work away, as long as trajectories are shorter than this.
+      A job that never reports ``finished`` keeps its turns this long.
     - ``tenants``: tenants with shares (:class:`TenantSpec`). The GPUs are first
       split between tenants by weight, each within its guarantee and limit
       (gang stages count towards their tenant), then each tenant's rollout part

@@ -100,3 +100,35 @@ def test_starving_jobs_take_their_turns_longest_waiting_first():
 def test_a_turn_limit_that_would_not_end_or_not_protect_a_turn_is_refused(limit: float):
     with pytest.raises(SchedulingError, match="turn_limit_s"):
         Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", SchedulerConfig(turn_limit_s=limit))
+
+
+def wide_wait_among_turns(gpn: int, tp: int, narrow: int, arrival: int, trajectory_s: int) -> int | None:
+    """Seconds until a job with ``tp``-GPU bundles gets a worker while ``narrow`` single-GPU jobs,
+    more than the GPUs, take turns; each worker finishes a trajectory every ``trajectory_s``."""
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=gpn), "rlix", SchedulerConfig(min_residency_s=5))
+    jobs = [f"a{i}" for i in range(narrow)]
+    register(sched, *[spec(p, (i % gpn,), range(gpn)) for i, p in enumerate(jobs)], spec("w", (gpn - 1,), range(gpn), tp=tp))
+    sched.step(0.0, [demand(jobs[0], 40)])
+    finished, since = dict.fromkeys(jobs, 0), {}
+    for t in range(1, 1000):
+        held = {(p, w.gpus[0]) for p in jobs for w in sched.workers(p)}
+        since = {k: since.get(k, t) for k in held}
+        for p, _ in sorted(k for k in held if (t - since[k]) % trajectory_s == trajectory_s - 1):
+            finished[p] += 1
+        events = [demand(p, 40, loads={w.gpus[0]: 4 for w in sched.workers(p)}, finished=finished[p]) for p in jobs]
+        events += [demand("w", 400)] if t >= arrival else []
+        sched.step(float(t), events)
+        check_ledger(sched.ledger)
+        if sched.workers("w"):
+            return t - arrival
+    return None
+
+
+@pytest.mark.parametrize("gpn,tp,narrow", [(2, 2, 3), (2, 2, 6), (4, 2, 5), (4, 4, 6)])
+@pytest.mark.parametrize("arrival,trajectory_s", [(0, 20), (10, 60)])
+def test_a_wide_job_among_more_narrow_starving_jobs_than_gpus_waits_a_few_turns(gpn, tp, narrow, arrival, trajectory_s):
+    # Turns end as trajectories finish, so the wide job's wait is a few turns (measured over 180
+    # such setups: at most three turns of 60 s, 3.5 of 20 s); were turns to last turn_limit_s
+    # (900 s) whatever the jobs finish, it would wait that long.
+    got = wide_wait_among_turns(gpn, tp, narrow, arrival, trajectory_s)
+    assert got is not None and got <= 4 * trajectory_s, got

@@ -127,7 +127,7 @@ def demand_report(
     - ``switch_s``: seconds to wake one more worker and sync its weights (0: unknown);
     - ``path_s``: seconds of the job's chain of steps still ahead (:func:`remaining_path_s`; 0: unknown);
     - ``finished``: trajectories finished so far, all steps (0: unknown; a worker given to the job
-      after it starved is then kept while it has work).
+      after it starved is then kept, while busy, for the scheduler's whole ``turn_limit_s``).
     """
     if min(pending, open_trajectories, backlog, finished) < 0 or min(trajectory_s, switch_s, path_s) < 0:
         raise JobModelError(f"{pipeline_id}: demand counts and trajectory seconds must be >= 0")

@@ -74,13 +74,10 @@ class PipelineEntry:
         has finished a trajectory (work a preemption would throw away is not lost in a loop),
         or ``turn_limit_s`` has passed (a job that never finishes one holds no one up for ever).
         """
-        finished = self.demand.finished if self.demand is not None else 0
-        if self.turn is not None and (
-            self.turn not in held or finished > self.turn_mark or now - self.turn_since >= config.turn_limit_s
-        ):
+        if self.turn is not None and (self.turn not in held or not self.in_turn(self.turn, now, config)):
             self.turn = None
         if held and self.turn is None and now - self.wanting_since >= config.min_residency_s:
-            self.turn, self.turn_mark, self.turn_since = min(held), finished, now
+            self.turn, self.turn_mark, self.turn_since = min(held), self._finished, now
         wants = self.demand is not None and self.demand.pending > 0
         if wants and not held:
             self.wanting_since = min(self.wanting_since, now)
@@ -89,8 +86,11 @@ class PipelineEntry:
 
     def in_turn(self, first_gpu: int, now: float, config: SchedulerConfig) -> bool:
         """Is the worker on ``first_gpu`` this job's turn still (see :meth:`note_wanting`)?"""
-        finished = self.demand.finished if self.demand is not None else 0
-        return self.turn == first_gpu and finished <= self.turn_mark and now - self.turn_since < config.turn_limit_s
+        return self.turn == first_gpu and self._finished <= self.turn_mark and now - self.turn_since < config.turn_limit_s
+
+    @property
+    def _finished(self) -> int:
+        return self.demand.finished if self.demand is not None else 0
 
     def admit(self, now: float) -> None:
         """It holds GPUs from ``now`` on (if not already): its home is taken."""

@@ -101,9 +101,17 @@ class SchedulerModel(StrictModel):
         default=30.0, ge=0, description="seconds a worker keeps its GPUs before a rebalance may take them"
     )
     rebalance_margin_workers: float = Field(default=0.5, ge=0, description="hysteresis of the rollout split, in workers")
-    backlog_weight: float = Field(default=0.0, ge=0, description="weight of not-yet-started trajectories in the rollout split")
+    weight_by_demand: bool = Field(
+        default=False,
+        description="weigh rollout shares by reported remaining trajectories (gameable: a job that over-reports gains); "
+        "off: every job has the same entitlement, its demand only caps its share",
+    )
+    backlog_weight: float = Field(
+        default=0.0, ge=0, description="with weight_by_demand: weight of not-yet-started trajectories in the rollout split"
+    )
     weight_by_duration: bool = Field(
-        default=False, description="split rollout capacity by remaining work (trajectories x mean seconds), not counts"
+        default=False,
+        description="with weight_by_demand: split by remaining work (trajectories x mean seconds), not counts",
     )
     home_floor: bool = Field(
         default=False,

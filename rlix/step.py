@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rlix.core import PipelineSpec, ReportDemand, Role, Stage, WorkerLoad
@@ -258,6 +258,15 @@ class JobPlan:
     streaming: bool = False  # rollout batches may overlap: only the staleness gate orders them
     share_load: bool = False  # consecutive stages on the same GPUs keep the model loaded
 
+    def open_limit(self) -> int:
+        """The most rollout trajectories the job can have open at once, which it declares when it
+        registers (:attr:`PipelineSpec.open_limit`): per stream, its largest batch times the
+        batches that may roll out together (one in batch mode, where a batch waits for the one
+        before it; with streaming, as many as the staleness gate lets be open). A batch announced
+        ahead opens only as the step before it goes to training, so it stays within that count."""
+        batches = self.staleness + 1 if self.streaming else 1
+        return sum(max((self.size(i, k) for k in range(s.steps)), default=0) * batches for i, s in enumerate(self.streams))
+
 
 class Rollouts:
     """Which batches of a job's streams exist, may start and are rolled out, and what is outstanding."""
@@ -394,13 +403,21 @@ class Rollouts:
         return all(self.exhausted(i) for i in range(len(self.streams))) and not self.open
 
 
+def declared_spec(spec: PipelineSpec, plan: JobPlan) -> PipelineSpec:
+    """``spec`` as the job registers it: with the most trajectories ``plan`` can have open at once."""
+    return replace(spec, open_limit=plan.open_limit())
+
+
 class StepMachine:
-    """The step process of one job (every stream), from model load to its last trained step."""
+    """The step process of one job (every stream), from model load to its last trained step.
+
+    ``spec`` is the job's registered spec (:func:`declared_spec`), which the shell registers.
+    """
 
     def __init__(self, spec: PipelineSpec, plan: JobPlan) -> None:
         if not plan.streams:
             raise ValueError("a job has at least one stream of steps")
-        self.spec = spec
+        self.spec = declared_spec(spec, plan)
         self.plan = plan
         self.rollouts = Rollouts(plan)
         self.ready: deque[tuple[int, int]] = deque()  # rolled out, waiting for the training turn (first ready first)

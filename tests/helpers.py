@@ -15,6 +15,7 @@ def spec(
     home=(),
     resumable=False,
     priority: int = 0,
+    open_limit: int = 0,
     **roles,
 ) -> PipelineSpec:
     role_specs = [
@@ -24,7 +25,13 @@ def spec(
     for name, gpus in roles.items():
         role_specs.append(RoleSpec(role=Role(name), gpus=tuple(gpus)))
     return PipelineSpec(
-        pipeline_id=pid, roles=tuple(role_specs), slots_per_worker=slots, home=tuple(home), resumable=resumable, priority=priority
+        pipeline_id=pid,
+        roles=tuple(role_specs),
+        slots_per_worker=slots,
+        home=tuple(home),
+        resumable=resumable,
+        priority=priority,
+        open_limit=open_limit,
     )
 
 

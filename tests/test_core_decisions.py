@@ -28,7 +28,8 @@ from rlix.core.policies import RlixPolicy
 
 NODE8 = ClusterSpec(nodes=1, gpus_per_node=8)
 TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
-PROPORTIONAL = SchedulerConfig(small_first=0.0, path_halving_s=0.0)  # the split by current demand alone
+PROPORTIONAL = SchedulerConfig(weight_by_demand=True, small_first=0.0, path_halving_s=0.0)  # the split by current demand alone
+EQUAL = SchedulerConfig(small_first=0.0, path_halving_s=0.0)  # the default split without urgency: equal entitlement
 
 
 def two_jobs(policy="rlix", config=SchedulerConfig()):
@@ -153,6 +154,37 @@ def test_split_is_proportional_with_the_floor_inside_the_share():
     assert len(plan.expands) == 8 and not plan.shrinks
 
 
+def test_by_default_jobs_have_equal_entitlement_and_demand_only_caps_a_share():
+    # a says 80 trajectories are left, b 28, c 4 (slots 4: needs of 8 bundles, 7 and 1 workers)
+    sched = Scheduler(NODE8, "rlix", EQUAL)
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)), spec("c", (0,), range(8)))
+    sched.step(0, [demand("a", 80), demand("b", 28), demand("c", 4)])
+    # c is capped at its one worker; a and b split the other 7 GPUs evenly (by demand: 5 and 2)
+    counts = {pid: len(ws) for pid, ws in owners(sched).items()}
+    assert counts["c"] == 1 and sorted([counts["a"], counts["b"]]) == [3, 4]
+
+
+@pytest.mark.parametrize("config", [EQUAL, SchedulerConfig(), PROPORTIONAL])
+def test_a_job_that_reports_twice_its_queue_gets_no_more_workers_than_the_truth(config):
+    # a's batch is 8 trajectories (declared: open_limit 8); b has 24 queued (slots 4)
+    def workers_of_a(pending: int) -> int:
+        sched = Scheduler(NODE8, "rlix", config)
+        register(sched, spec("a", range(4), range(8), open_limit=8), spec("b", range(4, 8), range(8)))
+        sched.step(0, [demand("a", pending), demand("b", 24)])
+        return len(owners(sched)["a"])
+
+    assert workers_of_a(8) == 2  # what its 8 trajectories fill
+    assert workers_of_a(16) == 2  # undeclared, a lie would win it 4 (equal shares) or 3 (16:24 by demand)
+
+
+def test_a_declared_open_limit_caps_the_demand_the_core_weighs():
+    sched = Scheduler(NODE8, "rlix", PROPORTIONAL)
+    register(sched, spec("a", range(4), range(8), open_limit=8), spec("b", range(4, 8), range(8)))
+    sched.step(0, [demand("a", 40), demand("b", 8)])
+    # a's 40 count as its declared 8: a split 8:8 of 8 GPUs, not 40:8
+    assert {pid: len(ws) for pid, ws in owners(sched).items()} == {"a": 2, "b": 2}
+
+
 def test_split_by_duration_follows_remaining_work_not_counts():
     # a: 8 short trajectories (5 s), b: 8 long ones (95 s); equal counts, 19x the work
     reports = [demand("a", 8, trajectory_s=5.0), demand("b", 8, trajectory_s=95.0)]
@@ -160,7 +192,7 @@ def test_split_by_duration_follows_remaining_work_not_counts():
     register(by_count, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     by_count.step(0, reports)
     assert {pid: len(ws) for pid, ws in owners(by_count).items()} == {"a": 4, "b": 4}
-    by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_duration=True, small_first=0.0, path_halving_s=0.0))
+    by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_demand=True, weight_by_duration=True, small_first=0.0, path_halving_s=0.0))
     register(by_work, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     by_work.step(0, reports)
     # 1:19 of 8 GPUs is 0.4 : 7.6 workers; the floor is inside the share, so a gets
@@ -182,7 +214,7 @@ def test_the_job_with_the_least_work_left_gets_more_of_the_split():
 
 
 def test_the_job_with_the_most_work_left_gets_a_larger_share_when_small_first_is_off():
-    sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=0.0, path_halving_s=0.0, backlog_weight=1.0))
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_demand=True, small_first=0.0, path_halving_s=0.0, backlog_weight=1.0))
     register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     sched.step(0, [demand("a", 8), demand("b", 8, backlog=24)])
     assert {pid: len(ws) for pid, ws in owners(sched).items()} == {"a": 2, "b": 6}  # 8 : 32 of 8 GPUs
@@ -369,6 +401,7 @@ def test_static_refuses_a_pipeline_with_no_rollout_bundle_at_home():
         (lambda: spec("a", range(4), range(6, 10)), "must lie in 0..7"),
         (lambda: spec("", range(4), range(4)), "pipeline_id"),
         (lambda: spec("a", (1, 0), range(4)), "sorted and unique"),
+        (lambda: spec("a", range(4), range(4), open_limit=-1), "open_limit=-1: must be an int >= 0"),
     ],
 )
 def test_bad_topology_is_refused_with_the_field_named(bad, message):
@@ -528,7 +561,8 @@ def test_a_receiver_with_less_work_than_a_switch_takes_no_busy_worker():
 def test_between_donors_equally_above_their_share_the_one_furthest_from_finishing_gives():
     # a and b hold four workers each with 40 trajectories left; a is 80% through its batch,
     # b has just started. c's floor costs one worker: b gives it, not a (lower GPU ids).
-    sched = Scheduler(NODE8, "rlix", SchedulerConfig(min_residency_s=0.0, small_first=0.0, path_halving_s=0.0))
+    config = SchedulerConfig(weight_by_demand=True, min_residency_s=0.0, small_first=0.0, path_halving_s=0.0)
+    sched = Scheduler(NODE8, "rlix", config)
     register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)), spec("c", (0,), range(8)))
     sched.step(0, [demand("a", 40, batch=200), demand("b", 40)])
     assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7], "c": []}

@@ -739,3 +739,12 @@ def test_a_batch_rolled_out_twice_or_a_grant_for_a_stage_no_training_is_at_raise
         m.rolled(0, 0, 1.5)  # a repeat would train the step twice
     with pytest.raises(RuntimeError, match="no training is at stage"):
         m.granted(Stage.ACTOR_TRAIN, (0,), 2.0)  # the step waits for its score: no stage was requested
+
+
+def test_the_declared_open_limit_is_the_largest_batch_times_the_batches_open_together():
+    sizes = lambda i, k: [[4, 6, 5], [3, 3]][i][k]  # noqa: E731  two streams (adapters) of different batches
+    assert make_plan(steps=(3, 2), size=sizes).open_limit() == 6 + 3  # batch mode: one batch per stream
+    assert make_plan(steps=(3, 2), size=sizes, staleness=2).open_limit() == 6 + 3  # it waits for the one before
+    assert make_plan(steps=(3, 2), size=sizes, staleness=2, streaming=True).open_limit() == 3 * (6 + 3)
+    m = machine(steps=(3, 2), size=sizes)
+    assert m.spec.open_limit == 9  # what the job registers

@@ -93,10 +93,13 @@ def _cached_need(config: SchedulerConfig, entry: PipelineEntry, report: ReportDe
 
 def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
     loads = {load.first_gpu: load.active for load in report.loads}
-    remaining = report.pending + sum(loads.values())
+    running = sum(loads.values())
+    remaining, batch = report.pending + running, report.batch_size
+    limit = entry.spec.open_limit
+    if limit:  # what the scheduler can check: the running ones are on its workers, the rest within the declared batches
+        remaining, batch = min(remaining, max(limit, running)), min(batch, limit)
     slots = entry.spec.slots_per_worker
     need = min(math.ceil(remaining / slots), len(entry.rollout_bundles))
-    batch = report.batch_size
     return RolloutNeed(
         entry=entry,
         pipeline_id=entry.spec.pipeline_id,
@@ -166,10 +169,17 @@ def _with(n: RolloutNeed, name: str, value) -> RolloutNeed:
 
 
 def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand, spec: PipelineSpec) -> float:
-    """(remaining + backlog_weight x backlog) trajectories x GPUs per worker,
-    times the mean trajectory seconds when the split is by duration and the
-    pipeline has measured one (GPU-seconds of rollout left), times
-    ``priority_weight ** priority``."""
+    """``priority_weight ** priority``: every job the same entitlement to GPUs
+    (its demand caps its share; :func:`with_urgency` scales it).
+
+    With ``weight_by_demand``, times (remaining + backlog_weight x backlog)
+    trajectories x GPUs per worker, times the mean trajectory seconds when
+    the split is by duration and the pipeline has measured one (GPU-seconds
+    of rollout left): a split that follows what each job says it has left,
+    and so one a job gains from by over-reporting.
+    """
+    if not config.weight_by_demand:
+        return config.priority_weight**spec.priority
     weight = float((remaining + config.backlog_weight * report.backlog) * spec.rollout_tp)
     if config.weight_by_duration and report.trajectory_s > 0:
         weight *= report.trajectory_s

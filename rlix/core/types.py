@@ -121,7 +121,12 @@ class PipelineSpec:
     gang stages go before every lower-priority job's, and its rollout share
     weight is multiplied by ``priority_weight ** priority``. ``tenant`` names
     the tenant the job belongs to (one of :attr:`SchedulerConfig.tenants`;
-    "" for none).
+    "" for none). ``open_limit`` is the most rollout trajectories the job can
+    have open at once, declared at registration (its batch sizes times the
+    batches its staleness lets run at once, see :meth:`rlix.step.JobPlan.open_limit`):
+    the demand the core weighs is bounded by it and by the trajectories running
+    on the job's workers, so a report of more queued trajectories than that
+    gains nothing. 0: undeclared, reports are taken as they are.
     """
 
     pipeline_id: str
@@ -132,6 +137,8 @@ class PipelineSpec:
     resumable: bool = False
     priority: int = 0
     tenant: str = ""  # the tenant it belongs to (SchedulerConfig.tenants); "" for none
+    open_limit: int = 0  # most rollout trajectories it can have open at once (its batches in flight); 0: undeclared
+
 
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:
@@ -351,7 +358,14 @@ class SchedulerConfig:
     - ``rebalance_margin_workers``: a donor gives a worker away only while it
       ends no more than this far below its share (a receiver must be owed a
       whole worker, so a moved worker is never handed straight back).
-    - ``backlog_weight``: how much a pipeline's announced but not yet started
+    - ``weight_by_demand``: weigh each job's rollout share by the trajectories it
+      reports left (the two knobs below refine that weight). Off (the default),
+      every job has the same entitlement (times its priority and urgency
+      factors) and its reported demand only caps its share: a job that reports
+      more than it has then gains no weight, and its larger cap is bounded by
+      its declared ``open_limit`` (see :class:`PipelineSpec`). On, a job that
+      over-reports its queue gets a larger share (benchmarks/overreport.py).
+    - ``backlog_weight`` (with ``weight_by_demand``): how much a pipeline's announced but not yet started
       trajectories count in its share weight. 0 (the default) splits by the
       current batches alone; larger values favour long jobs (longest work
       first): a shorter makespan on average, paid for by the short jobs'
@@ -360,7 +374,7 @@ class SchedulerConfig:
       markedly; with them on, they already weigh both sides, so the makespan
       gain varies from trace to trace (not in every one) and the short jobs
       pay less.
-    - ``weight_by_duration``: weigh a pipeline's trajectories by its reported
+    - ``weight_by_duration`` (with ``weight_by_demand``): weigh a pipeline's trajectories by its reported
       mean trajectory seconds, so the split follows remaining rollout work
       rather than trajectory counts (agentic jobs with long trajectories get
       more workers than their counts alone would give them). Off by default:
@@ -412,6 +426,7 @@ class SchedulerConfig:
     protect_fraction: float = 0.1
     min_residency_s: float = 30.0
     rebalance_margin_workers: float = 0.5
+    weight_by_demand: bool = False
     backlog_weight: float = 0.0
     weight_by_duration: bool = False
     home_floor: bool = False

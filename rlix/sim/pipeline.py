@@ -77,10 +77,10 @@ class SimPipeline:
         self.env = host.env
         self.model = model
         self.pid = model.id
-        self.spec = spec
         self.streams = streams
         self.lora = model.kind == "multi_lora"
         self.machine = StepMachine(spec, job_plan(model, streams))
+        self.spec = self.machine.spec  # as registered: with its open_limit
         self.tally = PipelineTally(arrival_s=model.arrival_s, step_latencies=self.machine.latencies, tenant=spec.tenant)
         self.gpus_ready: dict[Stage, float] = {}  # granted stage -> when its GPUs' last offload ends (seconds)
         self.engine = RolloutEngine(

@@ -43,7 +43,7 @@ from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.job import executor_stages, stage_role
 from rlix.metrics import Activity
-from rlix.step import JobPlan, StepMachine, StreamSpec
+from rlix.step import JobPlan, StepMachine, StreamSpec, declared_spec
 
 
 def job_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) -> tuple[list[StreamSpec], list[Recipe]]:
@@ -169,8 +169,8 @@ class PipelineCoordinator:
     ) -> None:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.gpu_map, self.emulation, self.t0 = cluster, gpu_map, emulation, t0
-        self.spec = job.pipeline_spec(pipeline_id)
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
+        self.spec = declared_spec(job.pipeline_spec(pipeline_id), job_plan(job, self.streams, self.recipes))
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)
         self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
         self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)

@@ -339,10 +339,13 @@ class BanditPipeline:
 # ------------------------------------------------------------------ the command
 
 
-def pipeline_spec(name: str, home: Gpus, cluster: ClusterSpec, priority: int) -> PipelineSpec:
-    """Training on ``home``; rollout workers on any GPU of the cluster (borrowed from idle jobs, lent when idle)."""
+def pipeline_spec(name: str, home: Gpus, cluster: ClusterSpec, priority: int, batch: int = 0) -> PipelineSpec:
+    """Training on ``home``; rollout workers on any GPU of the cluster (borrowed from idle jobs, lent when idle).
+
+    One batch of ``batch`` trajectories is open at a time: that is the demand the scheduler will credit (0: undeclared).
+    """
     roles = (RoleSpec(role=Role.ACTOR_TRAIN, gpus=home), RoleSpec(role=Role.ACTOR_INFER, gpus=tuple(range(cluster.num_gpus))))
-    return PipelineSpec(pipeline_id=name, roles=roles, home=home, priority=priority)
+    return PipelineSpec(pipeline_id=name, roles=roles, home=home, priority=priority, open_limit=batch)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -374,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"--address {args.address}: {exc}")
     info = ray.get(sched.info.remote())
     cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
-    spec = pipeline_spec(args.name, home, cluster, args.priority)
+    spec = pipeline_spec(args.name, home, cluster, args.priority, args.batch)
     try:
         validate_pipeline(cluster, spec)
     except SchedulingError as exc:

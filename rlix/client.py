@@ -6,7 +6,9 @@ outside rlix (its own loop, its own rollout engine). The protocol:
 1. ``sched = connect()`` finds the cluster's scheduler service (a named Ray
    actor; ``rlix scheduler start`` or the first ``rlix-run --address`` starts it).
 2. ``client = Client(sched, "my-job", workers=...)``; ``await client.register(spec, endpoint)``
-   registers the pipeline's GPU topology (a :class:`rlix.core.PipelineSpec`)
+   registers the pipeline's GPU topology (a :class:`rlix.core.PipelineSpec`;
+   its ``open_limit``, the most trajectories the pipeline can have open at once,
+   bounds the demand the scheduler weighs: 0 leaves it undeclared)
    and the *endpoint*: a Ray actor of the pipeline that the scheduler calls
    with three async methods, ``expand(gpus)`` (start a rollout worker on these
    GPUs), ``shrink(gpus, reason)`` (stop the one there; return once its GPUs

@@ -192,7 +192,9 @@ def test_split_by_duration_follows_remaining_work_not_counts():
     register(by_count, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     by_count.step(0, reports)
     assert {pid: len(ws) for pid, ws in owners(by_count).items()} == {"a": 4, "b": 4}
-    by_work = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_demand=True, weight_by_duration=True, small_first=0.0, path_halving_s=0.0))
+    by_work = Scheduler(
+        NODE8, "rlix", SchedulerConfig(weight_by_demand=True, weight_by_duration=True, small_first=0.0, path_halving_s=0.0)
+    )
     register(by_work, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     by_work.step(0, reports)
     # 1:19 of 8 GPUs is 0.4 : 7.6 workers; the floor is inside the share, so a gets
@@ -214,7 +216,9 @@ def test_the_job_with_the_least_work_left_gets_more_of_the_split():
 
 
 def test_the_job_with_the_most_work_left_gets_a_larger_share_when_small_first_is_off():
-    sched = Scheduler(NODE8, "rlix", SchedulerConfig(weight_by_demand=True, small_first=0.0, path_halving_s=0.0, backlog_weight=1.0))
+    sched = Scheduler(
+        NODE8, "rlix", SchedulerConfig(weight_by_demand=True, small_first=0.0, path_halving_s=0.0, backlog_weight=1.0)
+    )
     register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
     sched.step(0, [demand("a", 8), demand("b", 8, backlog=24)])
     assert {pid: len(ws) for pid, ws in owners(sched).items()} == {"a": 2, "b": 6}  # 8 : 32 of 8 GPUs

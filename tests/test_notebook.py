@@ -92,7 +92,7 @@ def test_notebook_runs_and_reports(executed):
     assert "throughput vs static" in text
     assert re.search(r"rlix runs \*\*\d+\.\d\dx\*\* static's throughput", text)
     assert re.search(r"advantage over static (falls|rises|stays) from \*\*\d+\.\d\dx\*\*", text)
-    for split in ("default", "plain"):
+    for split in ("demand", "plain"):
         assert re.search(
             rf"On the {split} split, raising `backlog_weight` from 0 to 4 changes the makespan by \*\*-\d+\.\d%\*\* on average "
             r"\(shorter in \d of 3 traces\), the short jobs' JCT by \*\*\+\d+\.\d%\*\*",

@@ -139,7 +139,6 @@ class PipelineSpec:
     tenant: str = ""  # the tenant it belongs to (SchedulerConfig.tenants); "" for none
     open_limit: int = 0  # most rollout trajectories it can have open at once (its batches in flight); 0: undeclared
 
-
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:
             if spec.role is role:

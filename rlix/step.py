@@ -267,6 +267,12 @@ class JobPlan:
         batches = self.staleness + 1 if self.streaming else 1
         return sum(max((self.size(i, k) for k in range(s.steps)), default=0) * batches for i, s in enumerate(self.streams))
 
+    def total_trajectories(self) -> int:
+        """Trajectories of every step of every stream, which the job declares when it registers
+        (:attr:`PipelineSpec.total_trajectories`): its backlog never exceeds what of them it has
+        neither finished nor open."""
+        return sum(self.size(i, k) for i, s in enumerate(self.streams) for k in range(s.steps))
+
 
 class Rollouts:
     """Which batches of a job's streams exist, may start and are rolled out, and what is outstanding."""
@@ -404,8 +410,8 @@ class Rollouts:
 
 
 def declared_spec(spec: PipelineSpec, plan: JobPlan) -> PipelineSpec:
-    """``spec`` as the job registers it: with the most trajectories ``plan`` can have open at once."""
-    return replace(spec, open_limit=plan.open_limit())
+    """``spec`` as the job registers it: with the most trajectories ``plan`` can have open at once, and all of them."""
+    return replace(spec, open_limit=plan.open_limit(), total_trajectories=plan.total_trajectories())
 
 
 class StepMachine:

@@ -16,6 +16,7 @@ def spec(
     resumable=False,
     priority: int = 0,
     open_limit: int = 0,
+    total_trajectories: int = 0,
     **roles,
 ) -> PipelineSpec:
     role_specs = [
@@ -32,6 +33,7 @@ def spec(
         resumable=resumable,
         priority=priority,
         open_limit=open_limit,
+        total_trajectories=total_trajectories,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -25,6 +26,7 @@ from rlix.core import (
 )
 from rlix.core.passes import fill_idle, gang_pass, rollout_needs
 from rlix.core.policies import RlixPolicy
+from rlix.core.shares import checked_counts
 
 NODE8 = ClusterSpec(nodes=1, gpus_per_node=8)
 TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
@@ -175,6 +177,15 @@ def test_a_job_that_reports_twice_its_queue_gets_no_more_workers_than_the_truth(
 
     assert workers_of_a(8) == 2  # what its 8 trajectories fill
     assert workers_of_a(16) == 2  # undeclared, a lie would win it 4 (equal shares) or 3 (16:24 by demand)
+
+
+def test_a_declared_total_caps_the_backlog_the_core_weighs():
+    # a has 8 trajectories open and 8 of its 48 finished: at most 32 are backlog, whatever it says
+    a = spec("a", range(4), range(8), open_limit=8, total_trajectories=48)
+    assert checked_counts(a, demand("a", 8, backlog=200, finished=8), 0) == (8, 8, 32)
+    assert checked_counts(a, demand("a", 8, backlog=20, finished=8), 0) == (8, 8, 20)  # the truth is not cut
+    assert checked_counts(a, demand("a", 30, batch=30, finished=8), 2) == (8, 8, 0)  # 2 running, 28 queued: 8 open at most
+    assert checked_counts(spec("b", range(4), range(8)), demand("b", 30, backlog=200), 2) == (32, 30, 200)  # undeclared
 
 
 def test_a_declared_open_limit_caps_the_demand_the_core_weighs():
@@ -556,10 +567,14 @@ def test_a_receiver_with_less_work_than_a_switch_takes_no_busy_worker():
     sched.step(0, [demand("a", 100)])
     loads = {g: 4 for g in owners(sched)["a"]}
     short = ReportDemand(pipeline_id="b", pending=40, trajectory_s=1.0, switch_s=30.0, batch_size=40)
-    plan = sched.step(5, [demand("a", 68, loads), short])  # 40 one-second trajectories: not worth a 30 s switch
-    assert not plan.shrinks
-    long = ReportDemand(pipeline_id="b", pending=40, trajectory_s=600.0, switch_s=30.0, batch_size=40)
-    assert sched.step(10, [demand("a", 68, loads), long]).shrinks
+    plan = sched.step(5, [demand("a", 68, loads), short])
+    assert len(plan.shrinks) == 1  # its first worker: a job with demand and no worker always gets one
+    b = {g: 4 for g in owners(sched)["b"]}
+    a = {g: n for g, n in loads.items() if g not in b}
+    short = dataclasses.replace(short, pending=36, loads=tuple(WorkerLoad(first_gpu=g, active=n) for g, n in b.items()))
+    assert not sched.step(7, [demand("a", 68, a), short]).shrinks  # 36 one-second trajectories: not worth a 30 s switch
+    long = dataclasses.replace(short, trajectory_s=600.0)
+    assert sched.step(10, [demand("a", 68, a), long]).shrinks
 
 
 def test_between_donors_equally_above_their_share_the_one_furthest_from_finishing_gives():

@@ -67,7 +67,7 @@ class DonorRules:
 
     def worth_a_switch(self, n: RolloutNeed) -> bool:
         """The receiver would keep one more worker busy longer than it takes to switch it in."""
-        return pays_for_switch(n, self.draft.worker_count(n.pipeline_id), first_free=self.cfg.home_guarantee)
+        return pays_for_switch(n, self.draft.worker_count(n.pipeline_id))
 
     def movable(self, pid: str, phase: Phase) -> list[RolloutWorker]:
         """Workers of ``pid`` that some receiver could take in this phase.
@@ -153,15 +153,15 @@ class DonorRules:
         return (self.shares[d.pipeline_id] - self.draft.worker_count(d.pipeline_id), -d.remaining_fraction)
 
 
-def pays_for_switch(n: RolloutNeed, count: int, *, first_free: bool) -> bool:
+def pays_for_switch(n: RolloutNeed, count: int) -> bool:
     """``n`` holding ``count`` workers would keep one more busy longer than it takes to switch it in.
 
     Unknown work or switch cost (0): allowed, as before switch costs were reported.
-    ``first_free`` (``home_guarantee``): a job with demand and no worker at all is
-    allowed too (it is never left waiting for lack of work per worker: its work is
-    only an estimate from the mean trajectory, and its straggler may be long).
+    A job with demand and no worker at all is always allowed: without one its
+    trajectories wait for ever, however little work they are (its work is only an
+    estimate from the mean trajectory over the slots, and its straggler may be long).
     """
-    if n.switch_s <= 0 or n.work_s <= 0 or (first_free and count == 0):
+    if n.switch_s <= 0 or n.work_s <= 0 or count == 0:
         return True
     return n.work_s / (count + 1) > n.switch_s
 
@@ -189,7 +189,7 @@ def reclaim_homes(view: View, draft: Draft, needs: list[RolloutNeed], guaranteed
     owner = draft.owner
     for pid in sorted(guaranteed):
         n = by_pid[pid]
-        if draft.worker_count(pid) >= guaranteed[pid] or not pays_for_switch(n, draft.worker_count(pid), first_free=True):
+        if draft.worker_count(pid) >= guaranteed[pid] or not pays_for_switch(n, draft.worker_count(pid)):
             continue
         options = []
         for bundle in owned.get(pid, ()):

@@ -93,11 +93,7 @@ def _cached_need(config: SchedulerConfig, entry: PipelineEntry, report: ReportDe
 
 def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
     loads = {load.first_gpu: load.active for load in report.loads}
-    running = sum(loads.values())
-    remaining, batch = report.pending + running, report.batch_size
-    limit = entry.spec.open_limit
-    if limit:  # what the scheduler can check: the running ones are on its workers, the rest within the declared batches
-        remaining, batch = min(remaining, max(limit, running)), min(batch, limit)
+    remaining, batch, backlog = checked_counts(entry.spec, report, sum(loads.values()))
     slots = entry.spec.slots_per_worker
     need = min(math.ceil(remaining / slots), len(entry.rollout_bundles))
     return RolloutNeed(
@@ -106,15 +102,31 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
         tp=entry.spec.rollout_tp,
         need=need,
         floor=max(1, min(need, entry.home_workers)) if config.home_floor else 1,
-        weight=_share_weight(config, remaining, report, entry.spec) if need else 0.0,
+        weight=_share_weight(config, remaining, backlog, report, entry.spec) if need else 0.0,
         protected=batch > 0 and remaining <= config.protect_fraction * batch,
         loads=loads,
         remaining_fraction=min(remaining / batch, 1.0) if batch > 0 else 1.0,
         work_s=remaining * report.trajectory_s / slots,
         switch_s=report.switch_s,
-        work_trajectories=(remaining + report.backlog) * entry.spec.rollout_tp,
+        work_trajectories=(remaining + backlog) * entry.spec.rollout_tp,
         report=report,
     )
+
+
+def checked_counts(spec: PipelineSpec, report: ReportDemand, running: int) -> tuple[int, int, int]:
+    """(remaining, batch, backlog) trajectories of ``report``, bounded by what the scheduler can check.
+
+    The ``running`` ones sit on the workers it gave the job; the queued ones belong to
+    batches the job declared (``open_limit``), and the backlog to steps it declared
+    (``total_trajectories``) and has neither finished nor open. Honest reports are never
+    cut (``tests/test_sim_demand.py``); a report of more gains nothing.
+    """
+    remaining, batch, backlog = report.pending + running, report.batch_size, report.backlog
+    if spec.open_limit:
+        remaining, batch = min(remaining, max(spec.open_limit, running)), min(batch, spec.open_limit)
+    if spec.total_trajectories:
+        backlog = min(backlog, max(spec.total_trajectories - report.finished - remaining, 0))
+    return remaining, batch, backlog
 
 
 # Urgency factors are scaled so the most urgent pipeline's is 1; the others
@@ -168,7 +180,7 @@ def _with(n: RolloutNeed, name: str, value) -> RolloutNeed:
     return m
 
 
-def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand, spec: PipelineSpec) -> float:
+def _share_weight(config: SchedulerConfig, remaining: int, backlog: int, report: ReportDemand, spec: PipelineSpec) -> float:
     """``priority_weight ** priority``: every job the same entitlement to GPUs
     (its demand caps its share; :func:`with_urgency` scales it).
 
@@ -180,7 +192,7 @@ def _share_weight(config: SchedulerConfig, remaining: int, report: ReportDemand,
     """
     if not config.weight_by_demand:
         return config.priority_weight**spec.priority
-    weight = float((remaining + config.backlog_weight * report.backlog) * spec.rollout_tp)
+    weight = float((remaining + config.backlog_weight * backlog) * spec.rollout_tp)
     if config.weight_by_duration and report.trajectory_s > 0:
         weight *= report.trajectory_s
     return weight * config.priority_weight**spec.priority

@@ -24,8 +24,10 @@ def validate_pipeline(cluster: ClusterSpec, spec: PipelineSpec) -> None:
     where = f"pipeline '{pid}'"
     if spec.slots_per_worker < 1:
         raise SchedulingError(f"{where}: slots_per_worker={spec.slots_per_worker}: must be >= 1")
-    if isinstance(spec.open_limit, bool) or not isinstance(spec.open_limit, int) or spec.open_limit < 0:
-        raise SchedulingError(f"{where}: open_limit={spec.open_limit!r}: must be an int >= 0 (0: undeclared)")
+    for name in ("open_limit", "total_trajectories"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SchedulingError(f"{where}: {name}={value!r}: must be an int >= 0 (0: undeclared)")
     if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
         raise SchedulingError(f"{where}: priority={spec.priority}: must lie in -{MAX_PRIORITY}..{MAX_PRIORITY}")
     seen: set[Role] = set()

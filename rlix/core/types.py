@@ -126,7 +126,9 @@ class PipelineSpec:
     batches its staleness lets run at once, see :meth:`rlix.step.JobPlan.open_limit`):
     the demand the core weighs is bounded by it and by the trajectories running
     on the job's workers, so a report of more queued trajectories than that
-    gains nothing. 0: undeclared, reports are taken as they are.
+    gains nothing. ``total_trajectories`` (all its steps) bounds its backlog the
+    same way: at most what the job has not finished (``finished``) nor has
+    open. 0 (either): undeclared, reports are taken as they are.
     """
 
     pipeline_id: str
@@ -138,6 +140,7 @@ class PipelineSpec:
     priority: int = 0
     tenant: str = ""  # the tenant it belongs to (SchedulerConfig.tenants); "" for none
     open_limit: int = 0  # most rollout trajectories it can have open at once (its batches in flight); 0: undeclared
+    total_trajectories: int = 0  # trajectories of all its steps; 0: undeclared
 
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:
@@ -388,9 +391,7 @@ class SchedulerConfig:
       whatever their residency or protection. Others borrow a home only
       while its owner does not want it. Where homes overlap (jobs queued
       for one partition), the job admitted first owns the GPUs, and the
-      others' gang stages go after its own of the same job priority. A job
-      with demand and no worker is never refused one for lack of work per
-      worker. Off by default (it costs makespan on mixed_agentic: see the
+      others' gang stages go after its own of the same job priority. Off by default (it costs makespan on mixed_agentic: see the
       README); off, the split alone decides.
     - ``priority_weight``: a job's rollout share weight is multiplied by
       ``priority_weight ** priority`` (2: each priority level doubles it;

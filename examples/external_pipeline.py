@@ -342,10 +342,11 @@ class BanditPipeline:
 def pipeline_spec(name: str, home: Gpus, cluster: ClusterSpec, priority: int, batch: int = 0) -> PipelineSpec:
     """Training on ``home``; rollout workers on any GPU of the cluster (borrowed from idle jobs, lent when idle).
 
-    One batch of ``batch`` trajectories is open at a time: that is the demand the scheduler will credit (0: undeclared).
+    One batch of ``batch`` trajectories is open at a time, one after another: the demand
+    the scheduler will credit (0: undeclared).
     """
     roles = (RoleSpec(role=Role.ACTOR_TRAIN, gpus=home), RoleSpec(role=Role.ACTOR_INFER, gpus=tuple(range(cluster.num_gpus))))
-    return PipelineSpec(pipeline_id=name, roles=roles, home=home, priority=priority, open_limit=batch)
+    return PipelineSpec(pipeline_id=name, roles=roles, home=home, priority=priority, open_limit=batch, batch_credit=batch > 0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

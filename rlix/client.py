@@ -8,8 +8,9 @@ outside rlix (its own loop, its own rollout engine). The protocol:
 2. ``client = Client(sched, "my-job", workers=...)``; ``await client.register(spec, endpoint)``
    registers the pipeline's GPU topology (a :class:`rlix.core.PipelineSpec`;
    its ``open_limit``, the most trajectories the pipeline can have open at once,
-   and ``total_trajectories``, those of all its steps, bound the demand the
-   scheduler weighs: 0 leaves them undeclared)
+   ``total_trajectories``, those of all its steps, and ``batch_credit``, its
+   batches open one after another, bound the demand the scheduler weighs:
+   0 and False leave them undeclared)
    and the *endpoint*: a Ray actor of the pipeline that the scheduler calls
    with three async methods, ``expand(gpus)`` (start a rollout worker on these
    GPUs), ``shrink(gpus, reason)`` (stop the one there; return once its GPUs

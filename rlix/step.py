@@ -267,6 +267,13 @@ class JobPlan:
         batches = self.staleness + 1 if self.streaming else 1
         return sum(max((self.size(i, k) for k in range(s.steps)), default=0) * batches for i, s in enumerate(self.streams))
 
+    def batch_credit(self) -> bool:
+        """Does a batch open only once the batches before it have finished, or after a training
+        (:attr:`PipelineSpec.batch_credit`)? Yes unless several streams roll out in batch mode
+        with staleness: a stream's next batch then opens as soon as its own previous one is
+        rolled out, while another stream's still runs."""
+        return len(self.streams) == 1 or self.streaming or self.staleness == 0
+
     def total_trajectories(self) -> int:
         """Trajectories of every step of every stream, which the job declares when it registers
         (:attr:`PipelineSpec.total_trajectories`): its backlog never exceeds what of them it has
@@ -411,7 +418,9 @@ class Rollouts:
 
 def declared_spec(spec: PipelineSpec, plan: JobPlan) -> PipelineSpec:
     """``spec`` as the job registers it: with the most trajectories ``plan`` can have open at once, and all of them."""
-    return replace(spec, open_limit=plan.open_limit(), total_trajectories=plan.total_trajectories())
+    return replace(
+        spec, open_limit=plan.open_limit(), total_trajectories=plan.total_trajectories(), batch_credit=plan.batch_credit()
+    )
 
 
 class StepMachine:

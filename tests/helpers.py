@@ -17,6 +17,7 @@ def spec(
     priority: int = 0,
     open_limit: int = 0,
     total_trajectories: int = 0,
+    batch_credit: bool = False,
     **roles,
 ) -> PipelineSpec:
     role_specs = [
@@ -34,6 +35,7 @@ def spec(
         priority=priority,
         open_limit=open_limit,
         total_trajectories=total_trajectories,
+        batch_credit=batch_credit,
     )
 
 

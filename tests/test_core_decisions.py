@@ -27,6 +27,7 @@ from rlix.core import (
 from rlix.core.passes import fill_idle, gang_pass, rollout_needs
 from rlix.core.policies import RlixPolicy
 from rlix.core.shares import checked_counts
+from rlix.core.state import PipelineEntry
 
 NODE8 = ClusterSpec(nodes=1, gpus_per_node=8)
 TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
@@ -186,6 +187,24 @@ def test_a_declared_total_caps_the_backlog_the_core_weighs():
     assert checked_counts(a, demand("a", 8, backlog=20, finished=8), 0) == (8, 8, 20)  # the truth is not cut
     assert checked_counts(a, demand("a", 30, batch=30, finished=8), 2) == (8, 8, 0)  # 2 running, 28 queued: 8 open at most
     assert checked_counts(spec("b", range(4), range(8)), demand("b", 30, backlog=200), 2) == (32, 30, 200)  # undeclared
+
+
+def test_batches_are_credited_one_by_one_when_the_job_declares_it():
+    a = PipelineEntry.joining(spec("a", range(4), range(8), open_limit=16, batch_credit=True), order=0, rollout_bundles=())
+
+    def weighed(pending: int, running: int, finished: int) -> int:
+        report = demand("a", pending, {0: running} if running else None, finished=finished)
+        a.record_demand(report, 0.0)
+        return checked_counts(a.spec, report, running, a.credit_end)[0]
+
+    assert weighed(16, 0, 0) == 16  # a batch opens: credited up to open_limit
+    assert weighed(4, 8, 4) == 12  # the truth: 16 - 4 finished
+    assert weighed(30, 8, 6) == 10  # a claim of more than the batch has left counts as what it has left
+    assert weighed(0, 0, 16) == 0  # the batch is done
+    assert weighed(16, 0, 16) == 16  # so the next one may open
+    assert weighed(3, 8, 21) == 11
+    a.released = True  # a gang stage released (a training): another batch may open at once
+    assert weighed(16, 8, 21) == 16  # up to open_limit, running ones included
 
 
 def test_a_declared_open_limit_caps_the_demand_the_core_weighs():

@@ -747,4 +747,8 @@ def test_the_declared_open_limit_is_the_largest_batch_times_the_batches_open_tog
     assert make_plan(steps=(3, 2), size=sizes, staleness=2).open_limit() == 6 + 3  # it waits for the one before
     assert make_plan(steps=(3, 2), size=sizes, staleness=2, streaming=True).open_limit() == 3 * (6 + 3)
     m = machine(steps=(3, 2), size=sizes)
-    assert m.spec.open_limit == 9  # what the job registers
+    assert (m.spec.open_limit, m.spec.total_trajectories, m.spec.batch_credit) == (9, 15 + 6, True)  # what it registers
+    # batches credited one by one unless a stream's next batch may open while another stream's runs
+    assert make_plan(steps=(3,), staleness=1).batch_credit()
+    assert not make_plan(steps=(3, 2), staleness=1).batch_credit()
+    assert make_plan(steps=(3, 2), staleness=1, streaming=True).batch_credit()

@@ -211,6 +211,7 @@ class Scheduler:
         check_transition(REQUEST_TRANSITIONS, req.state, RequestState.RELEASED, where)
         if req.state is RequestState.GRANTED:
             self.ledger.release_gang(*key)
+            self._view.pipelines[event.pipeline_id].released = True  # a batch may open now (credit_batches)
         del self._requests[key]
 
     def _report(self, event: ReportDemand, now: float) -> None:

@@ -93,7 +93,7 @@ def _cached_need(config: SchedulerConfig, entry: PipelineEntry, report: ReportDe
 
 def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
     loads = {load.first_gpu: load.active for load in report.loads}
-    remaining, batch, backlog = checked_counts(entry.spec, report, sum(loads.values()))
+    remaining, batch, backlog = checked_counts(entry.spec, report, sum(loads.values()), entry.credit_end)
     slots = entry.spec.slots_per_worker
     need = min(math.ceil(remaining / slots), len(entry.rollout_bundles))
     return RolloutNeed(
@@ -113,17 +113,21 @@ def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand
     )
 
 
-def checked_counts(spec: PipelineSpec, report: ReportDemand, running: int) -> tuple[int, int, int]:
+def checked_counts(spec: PipelineSpec, report: ReportDemand, running: int, credit_end: int | None = None) -> tuple[int, int, int]:
     """(remaining, batch, backlog) trajectories of ``report``, bounded by what the scheduler can check.
 
     The ``running`` ones sit on the workers it gave the job; the queued ones belong to
-    batches the job declared (``open_limit``), and the backlog to steps it declared
-    (``total_trajectories``) and has neither finished nor open. Honest reports are never
-    cut (``tests/test_sim_demand.py``); a report of more gains nothing.
+    batches the job declared (``open_limit``) and the scheduler credited (they end when
+    ``credit_end`` trajectories have finished, :meth:`PipelineEntry.credit_batches`), and
+    the backlog to steps it declared (``total_trajectories``) and has neither finished nor
+    open. Honest reports are never cut (``tests/test_sim_demand.py``); a report of more
+    gains nothing.
     """
     remaining, batch, backlog = report.pending + running, report.batch_size, report.backlog
     if spec.open_limit:
         remaining, batch = min(remaining, max(spec.open_limit, running)), min(batch, spec.open_limit)
+    if credit_end is not None:
+        remaining = min(remaining, max(credit_end - report.finished, running))
     if spec.total_trajectories:
         backlog = min(backlog, max(spec.total_trajectories - report.finished - remaining, 0))
     return remaining, batch, backlog

@@ -38,6 +38,10 @@ class PipelineEntry:
     turn: int | None = None
     turn_mark: int = 0
     turn_since: float = 0.0
+    # The finished count its open batches end at, as the scheduler credits them (see credit_batches),
+    # and whether it released a gang stage since that count was set (a new batch may open then).
+    credit_end: int | None = None
+    released: bool = False
 
     @classmethod
     def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:
@@ -102,6 +106,25 @@ class PipelineEntry:
         """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""
         self.demand = report
         self.reported_at = now
+        self.credit_batches(report)
+
+    def credit_batches(self, report: ReportDemand) -> None:
+        """Set the finished count at which the job's open batches end, as far as the scheduler can check.
+
+        Within a batch, finished + queued + running stays the same for an honest job: each
+        trajectory moves from queued to running to finished. The count rises only when a
+        batch opens, which for a job that declares ``batch_credit`` happens once the batches
+        credited before have all finished, or after it released a gang stage. Only then does
+        the scheduler credit a new count (up to the declared ``open_limit``); in between, a
+        report of more queued trajectories than the credited count leaves gains nothing.
+        Undeclared: no credit kept.
+        """
+        if not (self.spec.open_limit and self.spec.batch_credit):
+            return
+        running = sum(load.active for load in report.loads)
+        if self.credit_end is None or self.released or self.credit_end <= report.finished:
+            self.credit_end = report.finished + min(report.pending + running, max(self.spec.open_limit, running))
+            self.released = False
 
 
 @dataclass(kw_only=True)

@@ -128,7 +128,11 @@ class PipelineSpec:
     on the job's workers, so a report of more queued trajectories than that
     gains nothing. ``total_trajectories`` (all its steps) bounds its backlog the
     same way: at most what the job has not finished (``finished``) nor has
-    open. 0 (either): undeclared, reports are taken as they are.
+    open. 0 (either): undeclared, reports are taken as they are. ``batch_credit``
+    says a new rollout batch of the job opens only once the batches before it
+    have all finished, or after it released a gang stage (true of one stream of
+    steps, or of any job whose batches wait for a training): the scheduler then
+    credits its batches one by one (:meth:`rlix.core.state.PipelineEntry.credit_batches`).
     """
 
     pipeline_id: str
@@ -141,6 +145,7 @@ class PipelineSpec:
     tenant: str = ""  # the tenant it belongs to (SchedulerConfig.tenants); "" for none
     open_limit: int = 0  # most rollout trajectories it can have open at once (its batches in flight); 0: undeclared
     total_trajectories: int = 0  # trajectories of all its steps; 0: undeclared
+    batch_credit: bool = False  # a batch opens only once those before it finished, or after a gang release
 
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:

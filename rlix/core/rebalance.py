@@ -286,25 +286,38 @@ def _cheapest_takeover(
     """The receiver bundle whose takeover aborts the fewest trajectories.
 
     Ties: fewest victims, then donors furthest above their share and furthest
-    from finishing, then the lowest GPU id.
+    from finishing, then the lowest GPU id. The bundles are ranked first and
+    checked against the donor rules in that order, so the first that passes is
+    the answer: most pass, so few are checked (the rules cost more than the ranking).
     """
     worth = rules.worth_a_switch(n)
-    best = None
+    donor_keys: dict[str, tuple[float, float]] = {}  # per donor: the draft does not change during the ranking
+    options = []
     for bundle in _candidate_bundles(n, pool):
         victims = _holders(draft, bundle)
         if victims is None or (victims and not worth):
             continue
-        aborted = sum(rules.by_pid[v.pipeline_id].loads.get(v.gpus[0], 0) for v in victims if v.pipeline_id in rules.by_pid)
-        cost = (aborted, len(victims))
-        if best is not None and cost > best[0][:2]:
-            continue  # dearer than the best so far whatever its donors: skip the donor rules (a speed-up only)
-        if not _may_take_all(victims, n, rules, phase):
-            continue
-        donors = [rules.donor_key(v) for v in victims]
-        key = (*cost, sum(k[0] for k in donors), sum(k[1] for k in donors), bundle[0])
-        if best is None or key < best[0]:
-            best = (key, bundle, victims)
-    return None if best is None else (best[1], best[2])
+        options.append((_takeover_key(victims, bundle, rules, donor_keys), bundle, victims))
+    options.sort(key=lambda o: o[0])  # the key ends with the bundle's first GPU: unique
+    for _, bundle, victims in options:
+        if _may_take_all(victims, n, rules, phase):
+            return bundle, victims
+    return None
+
+
+def _takeover_key(
+    victims: list[RolloutWorker], bundle: Gpus, rules: DonorRules, donor_keys: dict[str, tuple[float, float]]
+) -> tuple:
+    """(trajectories aborted, victims, sums of the donors' keys, first GPU): smaller is cheaper."""
+    by_pid = rules.by_pid
+    aborted = sum(by_pid[v.pipeline_id].loads.get(v.gpus[0], 0) for v in victims if v.pipeline_id in by_pid)
+    donors = []
+    for v in victims:
+        key = donor_keys.get(v.pipeline_id)
+        if key is None:
+            key = donor_keys[v.pipeline_id] = rules.donor_key(v)
+        donors.append(key)
+    return (aborted, len(victims), sum(k[0] for k in donors), sum(k[1] for k in donors), bundle[0])
 
 
 def _holders(draft: Draft, bundle: Gpus) -> list[RolloutWorker] | None:

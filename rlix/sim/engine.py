@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
-from simpy.events import URGENT
+from simpy.events import NORMAL, URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WorkerPhase, worker_booking
@@ -57,13 +57,26 @@ class Batch:
 
 
 class Traj:
-    __slots__ = ("batch", "duration", "idx", "remaining", "seg", "segments", "started", "token", "version", "worker")
+    __slots__ = (
+        "batch",
+        "duration",
+        "generating",
+        "idx",
+        "remaining",
+        "seg",
+        "segments",
+        "started",
+        "token",
+        "version",
+        "worker",
+    )
 
     def __init__(self, batch: Batch, segments: Sequence[float], idx: int) -> None:
         self.batch = batch
         self.segments = segments  # seconds: generation, tool, generation, ... (odd length)
         self.duration = float(sum(segments)) if len(segments) > 1 else float(segments[0])  # seconds in all
         self.seg = 0  # index of the current segment
+        self.generating = True  # the current segment is generation (an even index), not a tool call
         self.remaining = float(segments[0])  # seconds of the current segment still to go (at full speed)
         self.started = 0.0  # when its progress was last stamped on its worker
         self.worker: SimWorker | None = None
@@ -71,16 +84,13 @@ class Traj:
         self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
         self.version = -1  # weight version its first segment started on (-1: not started)
 
-    @property
-    def generating(self) -> bool:
-        return self.seg % 2 == 0
-
 
 class SimWorker:
-    __slots__ = ("active", "alive", "generating", "rate", "ready_at", "versions", "worker")
+    __slots__ = ("active", "alive", "first_gpu", "generating", "rate", "ready_at", "versions", "worker")
 
     def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         self.worker = worker
+        self.first_gpu = worker.gpus[0]  # its key everywhere: read once per trajectory
         self.ready_at = ready_at  # seconds: loading (and syncing) until then
         self.active: dict[int, Traj] = {}  # idx -> trajectory (insertion order: deterministic)
         self.versions = versions  # stream -> weight/adapter version loaded
@@ -99,6 +109,7 @@ def abort(t: Traj, rate: float, now: float, *, requeue: bool, resume_s: float) -
     """Take ``t`` off its worker: restart it (``requeue``) or keep its progress, plus the re-prefill it will need."""
     if requeue:
         t.seg = 0
+        t.generating = True
         t.remaining = float(t.segments[0])
         t.version = -1
     else:
@@ -140,7 +151,7 @@ class Timeline:
 
     def loads_until(self, w: SimWorker, ready_at: float) -> None:
         self._seq += 1
-        heapq.heappush(self.loading, (ready_at, w.worker.gpus[0], self._seq, w))
+        heapq.heappush(self.loading, (ready_at, w.first_gpu, self._seq, w))
 
     def next_wake(self) -> float | None:
         ends, loading = self.ends, self.loading
@@ -158,16 +169,19 @@ class Timeline:
         while self.loading and self.loading[0][0] <= now:
             w = heapq.heappop(self.loading)[3]
             if w.alive:
-                out[w.worker.gpus[0]] = w
+                out[w.first_gpu] = w
         return out
 
-    def ending(self, now: float):
-        """Trajectories whose current segment ends by ``now``, in end order (stale entries skipped)."""
+    def pop_ending(self, now: float) -> Traj | None:
+        """The next trajectory whose current segment ends by ``now``, in end order (stale entries
+        skipped), or None. One at a time: a segment timed while they are handled (a next segment of
+        zero seconds) ends by ``now`` too."""
         ends = self.ends
         while ends and ends[0][0] <= now:
             _, _, token, t = heapq.heappop(ends)
             if token == t.token:
-                yield t
+                return t
+        return None
 
 
 class _Kick(simpy.Event):
@@ -181,6 +195,19 @@ class _Kick(simpy.Event):
         self._value = None
         self._ok = True
         env.schedule(self, URGENT)
+
+
+class _Timer(simpy.Event):
+    """A timeout that calls ``callback`` after ``delay``: what ``env.timeout(delay)`` plus an
+    appended callback does (same priority, same instant, same order), without the checks and
+    the extra call, for the engine makes one per trajectory segment."""
+
+    def __init__(self, env: simpy.Environment, delay: float, callback: Callable[[simpy.Event], None]) -> None:
+        self.env = env
+        self.callbacks = [callback]
+        self._value = None
+        self._ok = True
+        env.schedule(self, NORMAL, delay)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,14 +397,16 @@ class RolloutEngine:
 
     def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
         """(trajectories waiting for a slot, running trajectories per busy worker)."""
-        return len(self.pending), tuple(self._load(g, len(w.active)) for g, w in sorted(self.workers.items()) if w.active)
-
-    def _load(self, first_gpu: int, active: int) -> WorkerLoad:
-        """The (immutable) load value, made once per worker and count: reports repeat them tick after tick."""
-        load = self._loads.get(first_gpu)
-        if load is None or load.active != active:
-            load = self._loads[first_gpu] = WorkerLoad(first_gpu=first_gpu, active=active)
-        return load
+        loads = []
+        for g, w in sorted(self.workers.items()):
+            active = len(w.active)
+            if active:
+                # The (immutable) load value is made once per worker and count: reports repeat them tick after tick.
+                load = self._loads.get(g)
+                if load is None or load.active != active:
+                    load = self._loads[g] = WorkerLoad(first_gpu=g, active=active)
+                loads.append(load)
+        return len(self.pending), tuple(loads)
 
     @property
     def mean_trajectory_s(self) -> float:
@@ -414,64 +443,80 @@ class RolloutEngine:
         if wake is None:
             self._timer = None  # nothing scheduled: wait for a kick
         else:
-            self._timer = self.env.timeout(max(wake - self.env.now, 0.0))
-            self._timer.callbacks.append(self._wake)
+            self._timer = _Timer(self.env, max(wake - self.env.now, 0.0), self._wake)
 
     def _advance(self, now: float) -> None:
         touched = self.timeline.loaded(now)
         finished = self._segments_ending(now, touched)
         if self.pending:
-            # Only workers whose state changed can have a usable free slot,
-            # unless new work (or new weights) arrived since the last look.
-            candidates = sorted(self.workers) if self._scan_all else sorted(touched)
-            for g in candidates:
-                w = self.workers.get(g)
-                if w is not None and w.ready_at <= now and len(w.active) < self.slots:
-                    started = fill_slots(w, self.pending, self.slots, self.weights, self.timeline, now)
-                    if started:
-                        self.running += started
-                        touched[g] = w
-                if not self.pending:
-                    break
-            self._note_pending()
+            self._fill(now, touched)
         elif self.opts.streaming and self._scan_all:
             for g in sorted(self.workers):
                 if self.weights.refresh_idle(self.workers[g], now):
                     touched[g] = self.workers[g]
         self._scan_all = False
+        if touched:
+            self._book(now, touched)
+            self.on_change()
+        elif finished:
+            self.on_change()
+
+    def _fill(self, now: float, touched: dict[int, SimWorker]) -> None:
+        """Start pending trajectories on free slots, lowest first GPU first."""
+        # Only workers whose state changed can have a usable free slot,
+        # unless new work (or new weights) arrived since the last look.
+        candidates = sorted(self.workers) if self._scan_all else sorted(touched)
+        workers, slots, pending = self.workers, self.slots, self.pending
+        for g in candidates:
+            w = workers.get(g)
+            if w is not None and w.ready_at <= now and len(w.active) < slots:
+                started = fill_slots(w, pending, slots, self.weights, self.timeline, now)
+                if started:
+                    self.running += started
+                    touched[g] = w
+            if not pending:
+                break
+        self._note_pending()
+
+    def _book(self, now: float, touched: dict[int, SimWorker]) -> None:
+        """Re-time and book the workers whose trajectories changed, in GPU order."""
+        speed, slots, pid, usage = self.opts.speed, self.slots, self.pipeline_id, self.usage
         for g in sorted(touched):
             w = touched[g]
-            if self.opts.speed is not None and w.alive:
-                self.timeline.retime(w, self.opts.speed(w.generating) if w.generating else 1.0, now)
-            if w.alive and w.ready_at <= now:
+            if not w.alive:
+                continue
+            if speed is not None:
+                self.timeline.retime(w, speed(w.generating) if w.generating else 1.0, now)
+            if w.ready_at <= now:
                 activity, label = self._busy if w.generating else self._idle
-                self.usage.set(w.worker.gpus, now, activity, self.pipeline_id, label, fill=w.generating / self.slots)
-        if finished or touched:
-            self.on_change()
+                usage.set(w.worker.gpus, now, activity, pid, label, w.generating / slots)
 
     def _segments_ending(self, now: float, touched: dict[int, SimWorker]) -> int:
         """Pop every segment that ends by ``now``: finish trajectories, or move them to their next segment."""
         finished = 0
-        for t in self.timeline.ending(now):
+        pop_ending = self.timeline.pop_ending
+        while (t := pop_ending(now)) is not None:
             w = t.worker
-            touched[w.worker.gpus[0]] = w
+            touched[w.first_gpu] = w
             if t.seg + 1 < len(t.segments):
                 self._next_segment(t, w, now)
                 continue
             del w.active[t.idx]
             w.generating -= 1
             t.worker = None
-            self.running -= 1
             finished += 1
             self.completed_s += t.duration
-            self.longest_s = max(self.longest_s, t.duration)
+            if t.duration > self.longest_s:
+                self.longest_s = t.duration
             batch = t.batch
-            batch.oldest = min(batch.oldest, t.version)
+            if t.version < batch.oldest:
+                batch.oldest = t.version
             batch.left -= 1
             if batch.left == 0:
                 self.open_n -= batch.n
                 batch.done.succeed()
         if finished:
+            self.running -= finished
             self.completed += finished
             self.batch_left -= finished
         return finished
@@ -479,6 +524,7 @@ class RolloutEngine:
     def _next_segment(self, t: Traj, w: SimWorker, now: float) -> None:
         w.generating += -1 if t.generating else 1
         t.seg += 1
+        t.generating = t.seg % 2 == 0
         t.remaining = float(t.segments[t.seg])
         self.timeline.schedule(t, w, now)
 

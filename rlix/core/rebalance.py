@@ -233,7 +233,7 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
         return
     heapq.heapify(receivers)
     wanting = {n.pipeline_id for _, n in receivers}
-    pool = {g: w for pid in sorted(draft.ledger.workers) for w in rules.movable(pid, phase) for g in w.gpus}
+    pool = _pool(draft, [n for _, n in receivers], rules, phase)
     while receivers and pool:
         _, n = heapq.heappop(receivers)
         choice = _cheapest_takeover(draft, n, pool, rules, phase)
@@ -246,6 +246,24 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
         _prune(pool, victims, rules, phase, wanting)
         if rules.owed(n, phase):
             heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
+
+
+def _pool(draft: Draft, receivers: list[RolloutNeed], rules: DonorRules, phase: Phase) -> dict[int, RolloutWorker]:
+    """GPU -> the placed worker on it that some receiver might take in this phase.
+
+    A receiver takes only its own bundles, so only the holders of GPUs inside
+    some receiver's bundles are asked which of their workers may move (on a
+    large cluster, a few of the pipelines): the pool differs from one built
+    from every pipeline only on GPUs no receiver can take.
+    """
+    owner = draft.ledger.owner
+    donors = set()
+    for n in receivers:
+        for g in n.entry.bundle_of:
+            held = owner[g]
+            if isinstance(held, RolloutWorker):
+                donors.add(held.pipeline_id)
+    return {g: w for pid in sorted(donors) for w in rules.movable(pid, phase) for g in w.gpus}
 
 
 def _prune(
@@ -310,14 +328,19 @@ def _takeover_key(
 ) -> tuple:
     """(trajectories aborted, victims, sums of the donors' keys, first GPU): smaller is cheaper."""
     by_pid = rules.by_pid
-    aborted = sum(by_pid[v.pipeline_id].loads.get(v.gpus[0], 0) for v in victims if v.pipeline_id in by_pid)
-    donors = []
+    aborted = 0
+    gaps, unfinished = [], []
     for v in victims:
-        key = donor_keys.get(v.pipeline_id)
+        pid = v.pipeline_id
+        d = by_pid.get(pid)
+        if d is not None:
+            aborted += d.loads.get(v.gpus[0], 0)
+        key = donor_keys.get(pid)
         if key is None:
-            key = donor_keys[v.pipeline_id] = rules.donor_key(v)
-        donors.append(key)
-    return (aborted, len(victims), sum(k[0] for k in donors), sum(k[1] for k in donors), bundle[0])
+            key = donor_keys[pid] = rules.donor_key(v)
+        gaps.append(key[0])
+        unfinished.append(key[1])
+    return (aborted, len(victims), sum(gaps), sum(unfinished), bundle[0])
 
 
 def _holders(draft: Draft, bundle: Gpus) -> list[RolloutWorker] | None:

@@ -80,7 +80,7 @@ class Traj:
         self.remaining = float(segments[0])  # seconds of the current segment still to go (at full speed)
         self.started = 0.0  # when its progress was last stamped on its worker
         self.worker: SimWorker | None = None
-        self.token = 0  # bumped whenever it is re-timed: older heap entries are stale
+        self.token = 0  # sequence number of its live heap entry (0: none): older entries are stale
         self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
         self.version = -1  # weight version its first segment started on (-1: not started)
 
@@ -115,7 +115,7 @@ def abort(t: Traj, rate: float, now: float, *, requeue: bool, resume_s: float) -
     else:
         settle(t, rate, now)
         t.remaining += resume_s  # re-prefill on the new worker (charged to the current segment, tool or not)
-    t.token += 1
+    t.token = 0
     t.worker = None
 
 
@@ -123,7 +123,7 @@ class Timeline:
     """When each running segment ends and each loading worker is ready: two heaps, each entry with a unique sequence number."""
 
     def __init__(self) -> None:
-        self.ends: list[tuple[float, int, int, Traj]] = []  # (segment end, seq, token, traj); stale when token moved on
+        self.ends: list[tuple[float, int, Traj]] = []  # (segment end, seq, traj); stale unless seq is the traj's token
         self.loading: list[
             tuple[float, int, int, SimWorker]
         ] = []  # (ready_at, first GPU, seq, worker): a dead worker may share the GPU
@@ -132,10 +132,10 @@ class Timeline:
     def schedule(self, t: Traj, w: SimWorker, start: float) -> None:
         """(Re)time ``t``'s current segment from ``start``: tool time is wall time; generation runs at the worker's rate."""
         t.started = start
-        t.token += 1
         self._seq += 1
+        t.token = self._seq
         end = start + (t.remaining / w.rate if t.generating else t.remaining)
-        heapq.heappush(self.ends, (end, self._seq, t.token, t))
+        heapq.heappush(self.ends, (end, self._seq, t))
 
     def retime(self, w: SimWorker, rate: float, now: float) -> None:
         """``w``'s decode speed becomes ``rate``: settle progress at the old rate, go on at the new."""
@@ -155,7 +155,7 @@ class Timeline:
 
     def next_wake(self) -> float | None:
         ends, loading = self.ends, self.loading
-        while ends and ends[0][2] != ends[0][3].token:
+        while ends and ends[0][1] != ends[0][2].token:
             heapq.heappop(ends)
         while loading and not loading[0][3].alive:
             heapq.heappop(loading)
@@ -171,18 +171,6 @@ class Timeline:
             if w.alive:
                 out[w.first_gpu] = w
         return out
-
-    def pop_ending(self, now: float) -> Traj | None:
-        """The next trajectory whose current segment ends by ``now``, in end order (stale entries
-        skipped), or None. One at a time: a segment timed while they are handled (a next segment of
-        zero seconds) ends by ``now`` too."""
-        ends = self.ends
-        while ends and ends[0][0] <= now:
-            _, _, token, t = heapq.heappop(ends)
-            if token == t.token:
-                return t
-        return None
-
 
 class _Kick(simpy.Event):
     """An event that fires at the current instant before the ordinary (normal-priority) ones,
@@ -200,14 +188,19 @@ class _Kick(simpy.Event):
 class _Timer(simpy.Event):
     """A timeout that calls ``callback`` after ``delay``: what ``env.timeout(delay)`` plus an
     appended callback does (same priority, same instant, same order), without the checks and
-    the extra call, for the engine makes one per trajectory segment."""
+    the extra call, for the engine sleeps once per trajectory segment."""
 
     def __init__(self, env: simpy.Environment, delay: float, callback: Callable[[simpy.Event], None]) -> None:
         self.env = env
-        self.callbacks = [callback]
         self._value = None
         self._ok = True
-        env.schedule(self, NORMAL, delay)
+        self.rearm(delay, callback)
+
+    def rearm(self, delay: float, callback: Callable[[simpy.Event], None]) -> None:
+        """Fire again ``delay`` from now. Only from its own callback: it has left SimPy's queue then,
+        and a timer used again costs less than a new one (the engine's wake-ups are its hot loop)."""
+        self.callbacks = [callback]
+        self.env.schedule(self, NORMAL, delay)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,6 +239,8 @@ class WeightLoader:
         """Seconds of adapter load before a trajectory of ``batch`` starts on ``w``, or None if
         none may start now (a weight sync was just started, or the worker must drain first)."""
         have = w.versions.get(batch.stream, -1)
+        if have >= batch.version and not (self.opts.streaming and not w.active):
+            return 0.0  # the usual case, checked first: it holds weights recent enough
         want = self.newest.get(batch.stream, batch.version) if self.opts.streaming else batch.version
         if not (have < batch.version or (self.opts.streaming and not w.active and have < want)):
             return 0.0
@@ -329,7 +324,7 @@ class RolloutEngine:
         self._had_pending = False
         self._scan_all = False  # new work arrived: every worker may have free slots
         self.open_n = 0  # trajectories in all unfinished batches
-        self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
+        self.workers: dict[int, SimWorker] = {}  # first GPU -> worker, in GPU order
         self.pending: deque[Traj] = deque()
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.running = 0
@@ -369,7 +364,10 @@ class RolloutEngine:
 
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         w = SimWorker(worker, ready_at, versions)
-        self.workers[worker.gpus[0]] = w
+        first = worker.gpus[0]
+        self.workers[first] = w
+        if any(g > first for g in self.workers):  # kept in GPU order: every demand report walks it
+            self.workers = dict(sorted(self.workers.items()))
         self.timeline.loads_until(w, ready_at)
         self._kick()
 
@@ -398,7 +396,7 @@ class RolloutEngine:
     def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
         """(trajectories waiting for a slot, running trajectories per busy worker)."""
         loads = []
-        for g, w in sorted(self.workers.items()):
+        for g, w in self.workers.items():  # in GPU order
             active = len(w.active)
             if active:
                 # The (immutable) load value is made once per worker and count: reports repeat them tick after tick.
@@ -437,16 +435,20 @@ class RolloutEngine:
         if event is not self._timer:
             return  # a timer a kick superseded
         self._sleeping = False  # kicks while it advances change nothing: it looks at the timeline after
-        self._advance(self.env.now)
+        now = self.env.now
+        self._advance(now)
         wake = self.timeline.next_wake()
         self._sleeping = True
         if wake is None:
             self._timer = None  # nothing scheduled: wait for a kick
+        elif isinstance(event, _Timer):  # it has just fired: out of SimPy's queue, so it may be used again
+            event.rearm(max(wake - now, 0.0), self._wake)
         else:
-            self._timer = _Timer(self.env, max(wake - self.env.now, 0.0), self._wake)
+            self._timer = _Timer(self.env, max(wake - now, 0.0), self._wake)
 
     def _advance(self, now: float) -> None:
-        touched = self.timeline.loaded(now)
+        loading = self.timeline.loading
+        touched = self.timeline.loaded(now) if loading and loading[0][0] <= now else {}  # usually none is due
         finished = self._segments_ending(now, touched)
         if self.pending:
             self._fill(now, touched)
@@ -476,7 +478,8 @@ class RolloutEngine:
                     touched[g] = w
             if not pending:
                 break
-        self._note_pending()
+        if not pending:
+            self._note_pending()  # it had some: it may have none now
 
     def _book(self, now: float, touched: dict[int, SimWorker]) -> None:
         """Re-time and book the workers whose trajectories changed, in GPU order."""
@@ -494,8 +497,13 @@ class RolloutEngine:
     def _segments_ending(self, now: float, touched: dict[int, SimWorker]) -> int:
         """Pop every segment that ends by ``now``: finish trajectories, or move them to their next segment."""
         finished = 0
-        pop_ending = self.timeline.pop_ending
-        while (t := pop_ending(now)) is not None:
+        ends = self.timeline.ends
+        # The timeline's heap is read here, not through a method: this loop runs once per segment.
+        # One entry at a time: a segment timed meanwhile (a next segment of zero seconds) may end by now too.
+        while ends and ends[0][0] <= now:
+            _, seq, t = heapq.heappop(ends)
+            if seq != t.token:
+                continue  # re-timed or aborted since: a stale entry
             w = t.worker
             touched[w.first_gpu] = w
             if t.seg + 1 < len(t.segments):

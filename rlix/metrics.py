@@ -167,7 +167,9 @@ class UsageRecorder:
         self.totals[act] += dt
         pid, stage = self._who[g]
         if pid:
-            per = self.by_pipeline.setdefault(pid, {a: 0.0 for a in Activity})
+            per = self.by_pipeline.get(pid)
+            if per is None:  # not setdefault: its default would be built on every call
+                per = self.by_pipeline[pid] = {a: 0.0 for a in Activity}
             per[act] += dt
         if self.keep_segments and act is not Activity.FREE:
             self.segments.append((g, self._since[g], now, act, pid, stage))

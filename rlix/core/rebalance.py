@@ -232,7 +232,6 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
     if not receivers:
         return
     heapq.heapify(receivers)
-    wanting = {n.pipeline_id for _, n in receivers}
     pool = _pool(draft, [n for _, n in receivers], rules, phase)
     while receivers and pool:
         _, n = heapq.heappop(receivers)
@@ -243,7 +242,7 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
         for worker in victims:
             draft.shrink(worker, ShrinkReason.REBALANCE)
         draft.expand(n.pipeline_id, bundle)
-        _prune(pool, victims, rules, phase, wanting)
+        _prune(pool, victims, draft)
         if rules.owed(n, phase):
             heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
 
@@ -266,26 +265,16 @@ def _pool(draft: Draft, receivers: list[RolloutNeed], rules: DonorRules, phase: 
     return {g: w for pid in sorted(donors) for w in rules.movable(pid, phase) for g in w.gpus}
 
 
-def _prune(
-    pool: dict[int, RolloutWorker], victims: list[RolloutWorker], rules: DonorRules, phase: Phase, receivers: set[str]
-) -> None:
-    """Drop from ``pool`` what no receiver may take any more in this phase: the victims' GPUs
-    the receiver now holds (a victim's other GPUs are free now, and stay candidates), and the
-    workers their donors may no longer give. A speed-up only: :meth:`DonorRules.may_take`
-    checks every victim again. A donor that is also a receiver this phase may become able
-    to give again once it receives, so only its victims' GPUs are dropped."""
-    owner = rules.draft.owner
+def _prune(pool: dict[int, RolloutWorker], victims: list[RolloutWorker], draft: Draft) -> None:
+    """Drop from ``pool`` the victims' GPUs the receiver now holds (a victim's other GPUs are
+    free now, and stay candidates). Workers their donors may no longer give stay in the pool:
+    :meth:`DonorRules.may_take` refuses them victim by victim, which costs less than asking
+    every donor again after each move (the pool only has to be a superset)."""
+    owner = draft.owner
     for v in victims:
         for g in v.gpus:
             if owner[g] is not None:
                 pool.pop(g, None)
-    for pid in sorted({v.pipeline_id for v in victims} - receivers):
-        keep = {w.gpus[0] for w in rules.movable(pid, phase)}
-        for w in rules.draft.ledger.workers_of(pid).values():
-            if w.gpus[0] not in keep and w not in rules.draft.shrunk:  # a shrunk worker's GPUs: see above
-                for g in w.gpus:
-                    if pool.get(g) is w:
-                        del pool[g]
 
 
 def _candidate_bundles(n: RolloutNeed, pool: dict[int, RolloutWorker]) -> list[Gpus]:

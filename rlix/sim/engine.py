@@ -22,6 +22,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import count, repeat
 
 import numpy as np
 import simpy
@@ -324,7 +325,7 @@ class RolloutEngine:
         self._had_pending = False
         self._scan_all = False  # new work arrived: every worker may have free slots
         self.open_n = 0  # trajectories in all unfinished batches
-        self.workers: dict[int, SimWorker] = {}  # first GPU -> worker, in GPU order
+        self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self.pending: deque[Traj] = deque()
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.running = 0
@@ -346,7 +347,7 @@ class RolloutEngine:
             segments = [(s,) for s in trajectories.tolist()]
         else:
             segments = [s if isinstance(s, tuple) else (float(s),) for s in trajectories]
-        self.pending.extend(Traj(batch, s, base + j) for j, s in enumerate(segments))
+        self.pending.extend(map(Traj, repeat(batch), segments, count(base)))  # idx base, base + 1, ...
         self._made += batch.n
         self.batch_left += batch.n
         self.open_n += batch.n
@@ -364,10 +365,7 @@ class RolloutEngine:
 
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         w = SimWorker(worker, ready_at, versions)
-        first = worker.gpus[0]
-        self.workers[first] = w
-        if any(g > first for g in self.workers):  # kept in GPU order: every demand report walks it
-            self.workers = dict(sorted(self.workers.items()))
+        self.workers[worker.gpus[0]] = w
         self.timeline.loads_until(w, ready_at)
         self._kick()
 
@@ -396,7 +394,7 @@ class RolloutEngine:
     def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
         """(trajectories waiting for a slot, running trajectories per busy worker)."""
         loads = []
-        for g, w in self.workers.items():  # in GPU order
+        for g, w in sorted(self.workers.items()):
             active = len(w.active)
             if active:
                 # The (immutable) load value is made once per worker and count: reports repeat them tick after tick.

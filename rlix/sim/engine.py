@@ -17,6 +17,7 @@ It makes no scheduling decision: which workers exist is the plan's call.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -326,6 +327,7 @@ class RolloutEngine:
         self._scan_all = False  # new work arrived: every worker may have free slots
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
+        self._order: list[int] = []  # the workers' first GPUs, ascending: every demand report walks them
         self.pending: deque[Traj] = deque()
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.running = 0
@@ -366,12 +368,14 @@ class RolloutEngine:
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         w = SimWorker(worker, ready_at, versions)
         self.workers[worker.gpus[0]] = w
+        bisect.insort(self._order, worker.gpus[0])
         self.timeline.loads_until(w, ready_at)
         self._kick()
 
     def remove_worker(self, worker: RolloutWorker) -> int:
         """Tear a worker down now; its trajectories go back to the queue. Returns how many."""
         w = self.workers.pop(worker.gpus[0])
+        self._order.remove(worker.gpus[0])
         w.alive = False
         now = self.env.now
         aborted = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
@@ -394,8 +398,9 @@ class RolloutEngine:
     def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
         """(trajectories waiting for a slot, running trajectories per busy worker)."""
         loads = []
-        for g, w in sorted(self.workers.items()):
-            active = len(w.active)
+        workers = self.workers
+        for g in self._order:
+            active = len(workers[g].active)
             if active:
                 # The (immutable) load value is made once per worker and count: reports repeat them tick after tick.
                 load = self._loads.get(g)
@@ -465,7 +470,7 @@ class RolloutEngine:
         """Start pending trajectories on free slots, lowest first GPU first."""
         # Only workers whose state changed can have a usable free slot,
         # unless new work (or new weights) arrived since the last look.
-        candidates = sorted(self.workers) if self._scan_all else sorted(touched)
+        candidates = self._order if self._scan_all else sorted(touched)  # fill_slots adds or removes no worker
         workers, slots, pending = self.workers, self.slots, self.pending
         for g in candidates:
             w = workers.get(g)

@@ -174,6 +174,7 @@ class Timeline:
                 out[w.first_gpu] = w
         return out
 
+
 class _Kick(simpy.Event):
     """An event that fires at the current instant before the ordinary (normal-priority) ones,
     as SimPy's own :class:`~simpy.events.Interruption` does."""

@@ -22,6 +22,7 @@ import enum
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from rlix.core import JobKind, PipelineSpec, ReportDemand, Role, RoleSpec, Stage, WorkerLoad
@@ -134,7 +135,7 @@ def demand_report(
     return ReportDemand(
         pipeline_id=pipeline_id,
         pending=pending,
-        loads=tuple(sorted(loads, key=lambda w: w.first_gpu)),
+        loads=tuple(sorted(loads, key=attrgetter("first_gpu"))),
         batch_size=open_trajectories,
         backlog=backlog,
         trajectory_s=trajectory_s,

@@ -82,25 +82,30 @@ class UsageRecorder:
         self._flush_stranded(now)
         who = (pipeline_id, stage)
         f_new = fill if activity is Activity.WORK else 0.0
+        fills, acts, whos = self._fill, self._act, self._who  # locals: a replay calls this once per trajectory
         for g in gpus:
-            if f_new != self._fill[g]:
-                self.slot_work += self._fill[g] * (now - self._fill_since[g])
-                self._fill[g] = f_new
+            if f_new != fills[g]:
+                self.slot_work += fills[g] * (now - self._fill_since[g])
+                fills[g] = f_new
                 self._fill_since[g] = now
-            old = self._act[g]
-            if old is activity and self._who[g] == who:
-                continue
-            self._close(g, now)
-            self.homes.hold(g, now, "" if activity is Activity.FREE else pipeline_id)
-            if (old is Activity.FREE) != (activity is Activity.FREE):
-                self._free += 1 if activity is Activity.FREE else -1
-            if old is Activity.HELD:
-                self._count_held(self._who[g][0], -1)
-            if activity is Activity.HELD:
-                self._count_held(pipeline_id, 1)
-            self._act[g] = activity
-            self._who[g] = who
-            self._since[g] = now
+            if acts[g] is activity and whos[g] == who:
+                continue  # the same activity for the same owner: at most its fill changed
+            self._switch(g, now, activity, who)
+
+    def _switch(self, g: int, now: float, activity: Activity, who: tuple[str, str]) -> None:
+        """GPU ``g`` starts ``activity`` for ``who`` (pipeline, stage) at ``now``: close what it did before."""
+        old = self._act[g]
+        self._close(g, now)
+        self.homes.hold(g, now, "" if activity is Activity.FREE else who[0])
+        if (old is Activity.FREE) != (activity is Activity.FREE):
+            self._free += 1 if activity is Activity.FREE else -1
+        if old is Activity.HELD:
+            self._count_held(self._who[g][0], -1)
+        if activity is Activity.HELD:
+            self._count_held(who[0], 1)
+        self._act[g] = activity
+        self._who[g] = who
+        self._since[g] = now
 
     def set_unmet_demand(self, now: float, unmet: bool) -> None:
         """Whether some pipeline has trajectories waiting for a rollout slot."""
@@ -162,7 +167,9 @@ class UsageRecorder:
         self.totals[act] += dt
         pid, stage = self._who[g]
         if pid:
-            per = self.by_pipeline.setdefault(pid, {a: 0.0 for a in Activity})
+            per = self.by_pipeline.get(pid)
+            if per is None:  # not setdefault: its default would be built on every call
+                per = self.by_pipeline[pid] = {a: 0.0 for a in Activity}
             per[act] += dt
         if self.keep_segments and act is not Activity.FREE:
             self.segments.append((g, self._since[g], now, act, pid, stage))

@@ -232,8 +232,7 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
     if not receivers:
         return
     heapq.heapify(receivers)
-    wanting = {n.pipeline_id for _, n in receivers}
-    pool = {g: w for pid in sorted(draft.ledger.workers) for w in rules.movable(pid, phase) for g in w.gpus}
+    pool = _pool(draft, [n for _, n in receivers], rules, phase)
     while receivers and pool:
         _, n = heapq.heappop(receivers)
         choice = _cheapest_takeover(draft, n, pool, rules, phase)
@@ -243,31 +242,39 @@ def _phase(draft: Draft, needs: list[RolloutNeed], rules: DonorRules, phase: Pha
         for worker in victims:
             draft.shrink(worker, ShrinkReason.REBALANCE)
         draft.expand(n.pipeline_id, bundle)
-        _prune(pool, victims, rules, phase, wanting)
+        _prune(pool, victims, draft)
         if rules.owed(n, phase):
             heapq.heappush(receivers, (_receiver_key(draft, n, rules.shares), n))
 
 
-def _prune(
-    pool: dict[int, RolloutWorker], victims: list[RolloutWorker], rules: DonorRules, phase: Phase, receivers: set[str]
-) -> None:
-    """Drop from ``pool`` what no receiver may take any more in this phase: the victims' GPUs
-    the receiver now holds (a victim's other GPUs are free now, and stay candidates), and the
-    workers their donors may no longer give. A speed-up only: :meth:`DonorRules.may_take`
-    checks every victim again. A donor that is also a receiver this phase may become able
-    to give again once it receives, so only its victims' GPUs are dropped."""
-    owner = rules.draft.owner
+def _pool(draft: Draft, receivers: list[RolloutNeed], rules: DonorRules, phase: Phase) -> dict[int, RolloutWorker]:
+    """GPU -> the placed worker on it that some receiver might take in this phase.
+
+    A receiver takes only its own bundles, so only the holders of GPUs inside
+    some receiver's bundles are asked which of their workers may move (on a
+    large cluster, a few of the pipelines): the pool differs from one built
+    from every pipeline only on GPUs no receiver can take.
+    """
+    owner = draft.ledger.owner
+    donors = set()
+    for n in receivers:
+        for g in n.entry.bundle_of:
+            held = owner[g]
+            if isinstance(held, RolloutWorker):
+                donors.add(held.pipeline_id)
+    return {g: w for pid in sorted(donors) for w in rules.movable(pid, phase) for g in w.gpus}
+
+
+def _prune(pool: dict[int, RolloutWorker], victims: list[RolloutWorker], draft: Draft) -> None:
+    """Drop from ``pool`` the victims' GPUs the receiver now holds (a victim's other GPUs are
+    free now, and stay candidates). Workers their donors may no longer give stay in the pool:
+    :meth:`DonorRules.may_take` refuses them victim by victim, which costs less than asking
+    every donor again after each move (the pool only has to be a superset)."""
+    owner = draft.owner
     for v in victims:
         for g in v.gpus:
             if owner[g] is not None:
                 pool.pop(g, None)
-    for pid in sorted({v.pipeline_id for v in victims} - receivers):
-        keep = {w.gpus[0] for w in rules.movable(pid, phase)}
-        for w in rules.draft.ledger.workers_of(pid).values():
-            if w.gpus[0] not in keep and w not in rules.draft.shrunk:  # a shrunk worker's GPUs: see above
-                for g in w.gpus:
-                    if pool.get(g) is w:
-                        del pool[g]
 
 
 def _candidate_bundles(n: RolloutNeed, pool: dict[int, RolloutWorker]) -> list[Gpus]:
@@ -286,25 +293,50 @@ def _cheapest_takeover(
     """The receiver bundle whose takeover aborts the fewest trajectories.
 
     Ties: fewest victims, then donors furthest above their share and furthest
-    from finishing, then the lowest GPU id.
+    from finishing, then the lowest GPU id. The bundles are grouped by
+    (trajectories aborted, victims), cheapest group first; a group is ranked by
+    its donors and checked against the donor rules in that order, so the first
+    that passes is the answer and the donors of dearer groups are never ranked
+    (on a large cluster a receiver sees some thirty bundles, three in its cheapest group).
     """
     worth = rules.worth_a_switch(n)
-    best = None
+    groups: dict[tuple[int, int], list[tuple[Gpus, list[RolloutWorker]]]] = {}
     for bundle in _candidate_bundles(n, pool):
         victims = _holders(draft, bundle)
         if victims is None or (victims and not worth):
             continue
-        aborted = sum(rules.by_pid[v.pipeline_id].loads.get(v.gpus[0], 0) for v in victims if v.pipeline_id in rules.by_pid)
-        cost = (aborted, len(victims))
-        if best is not None and cost > best[0][:2]:
-            continue  # dearer than the best so far whatever its donors: skip the donor rules (a speed-up only)
-        if not _may_take_all(victims, n, rules, phase):
-            continue
-        donors = [rules.donor_key(v) for v in victims]
-        key = (*cost, sum(k[0] for k in donors), sum(k[1] for k in donors), bundle[0])
-        if best is None or key < best[0]:
-            best = (key, bundle, victims)
-    return None if best is None else (best[1], best[2])
+        groups.setdefault((_aborted(victims, rules), len(victims)), []).append((bundle, victims))
+    donor_keys: dict[str, tuple[float, float]] = {}  # per donor: the draft does not change during the ranking
+    for cost in sorted(groups):
+        ranked = sorted(groups[cost], key=lambda o: _donor_rank(o[1], o[0], rules, donor_keys))
+        for bundle, victims in ranked:
+            if _may_take_all(victims, n, rules, phase):
+                return bundle, victims
+    return None
+
+
+def _aborted(victims: list[RolloutWorker], rules: DonorRules) -> int:
+    """Trajectories running on ``victims`` (aborted if they go)."""
+    aborted = 0
+    for v in victims:
+        d = rules.by_pid.get(v.pipeline_id)
+        if d is not None:
+            aborted += d.loads.get(v.gpus[0], 0)
+    return aborted
+
+
+def _donor_rank(
+    victims: list[RolloutWorker], bundle: Gpus, rules: DonorRules, donor_keys: dict[str, tuple[float, float]]
+) -> tuple[float, float, int]:
+    """(sums of the donors' keys, first GPU): among takeovers of one cost, smaller goes first."""
+    gaps, unfinished = [], []
+    for v in victims:
+        key = donor_keys.get(v.pipeline_id)
+        if key is None:
+            key = donor_keys[v.pipeline_id] = rules.donor_key(v)
+        gaps.append(key[0])
+        unfinished.append(key[1])
+    return (sum(gaps), sum(unfinished), bundle[0])
 
 
 def _holders(draft: Draft, bundle: Gpus) -> list[RolloutWorker] | None:

@@ -19,6 +19,8 @@ from rlix.core.types import GangHolder, Plan, RolloutWorker
 def validate_plan(plan: Plan, ledger: Ledger, view: View) -> None:
     """Raise if ``plan``, applied to ``ledger``, would break an invariant."""
     owner: dict[int, object] = {}  # GPU -> owner after the plan, for touched GPUs
+    # Messages are lambdas (loop variables bound as defaults) where a plan checks many workers:
+    # a worker's text is made only on failure.
 
     def current(g: int):
         return owner[g] if g in owner else ledger.owner[g]
@@ -26,8 +28,8 @@ def validate_plan(plan: Plan, ledger: Ledger, view: View) -> None:
     shrunk = set()
     for s in plan.shrinks:
         w = s.worker
-        _require(ledger.workers_of(w.pipeline_id).get(w.gpus[0]) == w, "shrink_existing_worker", f"{w} is not placed")
-        _require(w not in shrunk, "single_shrink", f"{w} shrunk twice")
+        _require(ledger.workers_of(w.pipeline_id).get(w.gpus[0]) == w, "shrink_existing_worker", lambda w=w: f"{w} is not placed")
+        _require(w not in shrunk, "single_shrink", lambda w=w: f"{w} shrunk twice")
         shrunk.add(w)
         for g in w.gpus:
             owner[g] = None
@@ -44,15 +46,15 @@ def validate_plan(plan: Plan, ledger: Ledger, view: View) -> None:
             owner[g] = GangHolder(pipeline_id=grant.pipeline_id, stage=grant.stage)
     for e in plan.expands:
         w = e.worker
-        _require(w not in shrunk, "no_shrink_and_expand", f"{w} both shrunk and expanded")
+        _require(w not in shrunk, "no_shrink_and_expand", lambda w=w: f"{w} both shrunk and expanded")
         entry = view.pipelines.get(w.pipeline_id)
         _require(
             entry is not None and entry.bundle_of.get(w.gpus[0]) == w.gpus,
             "bundle_inside_mapping",
-            f"{w} is not a bundle the policy allows",
+            lambda w=w: f"{w} is not a bundle the policy allows",
         )
         for g in w.gpus:
-            _require(current(g) is None, "no_gpu_owned_twice", f"GPU {g} expanded while {current(g)} holds it")
+            _require(current(g) is None, "no_gpu_owned_twice", lambda g=g: f"GPU {g} expanded while {current(g)} holds it")
             owner[g] = w
     held = sum(len(s.worker.gpus) for s in plan.shrinks)
     taken = sum(len(g.gpus) for g in plan.grants) + sum(len(e.worker.gpus) for e in plan.expands)

@@ -17,15 +17,17 @@ It makes no scheduling decision: which workers exist is the plan's call.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import count, repeat
 
 import numpy as np
 import simpy
-from simpy.events import URGENT
+from simpy.events import NORMAL, URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WorkerPhase, worker_booking
@@ -57,30 +59,40 @@ class Batch:
 
 
 class Traj:
-    __slots__ = ("batch", "duration", "idx", "remaining", "seg", "segments", "started", "token", "version", "worker")
+    __slots__ = (
+        "batch",
+        "duration",
+        "generating",
+        "idx",
+        "remaining",
+        "seg",
+        "segments",
+        "started",
+        "token",
+        "version",
+        "worker",
+    )
 
     def __init__(self, batch: Batch, segments: Sequence[float], idx: int) -> None:
         self.batch = batch
         self.segments = segments  # seconds: generation, tool, generation, ... (odd length)
         self.duration = float(sum(segments)) if len(segments) > 1 else float(segments[0])  # seconds in all
         self.seg = 0  # index of the current segment
+        self.generating = True  # the current segment is generation (an even index), not a tool call
         self.remaining = float(segments[0])  # seconds of the current segment still to go (at full speed)
         self.started = 0.0  # when its progress was last stamped on its worker
         self.worker: SimWorker | None = None
-        self.token = 0  # bumped whenever it is re-timed: older heap entries are stale
+        self.token = 0  # sequence number of its live heap entry (0: none): older entries are stale
         self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
         self.version = -1  # weight version its first segment started on (-1: not started)
 
-    @property
-    def generating(self) -> bool:
-        return self.seg % 2 == 0
-
 
 class SimWorker:
-    __slots__ = ("active", "alive", "generating", "rate", "ready_at", "versions", "worker")
+    __slots__ = ("active", "alive", "first_gpu", "generating", "rate", "ready_at", "versions", "worker")
 
     def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         self.worker = worker
+        self.first_gpu = worker.gpus[0]  # its key everywhere: read once per trajectory
         self.ready_at = ready_at  # seconds: loading (and syncing) until then
         self.active: dict[int, Traj] = {}  # idx -> trajectory (insertion order: deterministic)
         self.versions = versions  # stream -> weight/adapter version loaded
@@ -99,12 +111,13 @@ def abort(t: Traj, rate: float, now: float, *, requeue: bool, resume_s: float) -
     """Take ``t`` off its worker: restart it (``requeue``) or keep its progress, plus the re-prefill it will need."""
     if requeue:
         t.seg = 0
+        t.generating = True
         t.remaining = float(t.segments[0])
         t.version = -1
     else:
         settle(t, rate, now)
         t.remaining += resume_s  # re-prefill on the new worker (charged to the current segment, tool or not)
-    t.token += 1
+    t.token = 0
     t.worker = None
 
 
@@ -112,7 +125,7 @@ class Timeline:
     """When each running segment ends and each loading worker is ready: two heaps, each entry with a unique sequence number."""
 
     def __init__(self) -> None:
-        self.ends: list[tuple[float, int, int, Traj]] = []  # (segment end, seq, token, traj); stale when token moved on
+        self.ends: list[tuple[float, int, Traj]] = []  # (segment end, seq, traj); stale unless seq is the traj's token
         self.loading: list[
             tuple[float, int, int, SimWorker]
         ] = []  # (ready_at, first GPU, seq, worker): a dead worker may share the GPU
@@ -121,10 +134,10 @@ class Timeline:
     def schedule(self, t: Traj, w: SimWorker, start: float) -> None:
         """(Re)time ``t``'s current segment from ``start``: tool time is wall time; generation runs at the worker's rate."""
         t.started = start
-        t.token += 1
         self._seq += 1
+        t.token = self._seq
         end = start + (t.remaining / w.rate if t.generating else t.remaining)
-        heapq.heappush(self.ends, (end, self._seq, t.token, t))
+        heapq.heappush(self.ends, (end, self._seq, t))
 
     def retime(self, w: SimWorker, rate: float, now: float) -> None:
         """``w``'s decode speed becomes ``rate``: settle progress at the old rate, go on at the new."""
@@ -140,11 +153,11 @@ class Timeline:
 
     def loads_until(self, w: SimWorker, ready_at: float) -> None:
         self._seq += 1
-        heapq.heappush(self.loading, (ready_at, w.worker.gpus[0], self._seq, w))
+        heapq.heappush(self.loading, (ready_at, w.first_gpu, self._seq, w))
 
     def next_wake(self) -> float | None:
         ends, loading = self.ends, self.loading
-        while ends and ends[0][2] != ends[0][3].token:
+        while ends and ends[0][1] != ends[0][2].token:
             heapq.heappop(ends)
         while loading and not loading[0][3].alive:
             heapq.heappop(loading)
@@ -158,16 +171,8 @@ class Timeline:
         while self.loading and self.loading[0][0] <= now:
             w = heapq.heappop(self.loading)[3]
             if w.alive:
-                out[w.worker.gpus[0]] = w
+                out[w.first_gpu] = w
         return out
-
-    def ending(self, now: float):
-        """Trajectories whose current segment ends by ``now``, in end order (stale entries skipped)."""
-        ends = self.ends
-        while ends and ends[0][0] <= now:
-            _, _, token, t = heapq.heappop(ends)
-            if token == t.token:
-                yield t
 
 
 class _Kick(simpy.Event):
@@ -181,6 +186,24 @@ class _Kick(simpy.Event):
         self._value = None
         self._ok = True
         env.schedule(self, URGENT)
+
+
+class _Timer(simpy.Event):
+    """A timeout that calls ``callback`` after ``delay``: what ``env.timeout(delay)`` plus an
+    appended callback does (same priority, same instant, same order), without the checks and
+    the extra call, for the engine sleeps once per trajectory segment."""
+
+    def __init__(self, env: simpy.Environment, delay: float, callback: Callable[[simpy.Event], None]) -> None:
+        self.env = env
+        self._value = None
+        self._ok = True
+        self.rearm(delay, callback)
+
+    def rearm(self, delay: float, callback: Callable[[simpy.Event], None]) -> None:
+        """Fire again ``delay`` from now. Only from its own callback: it has left SimPy's queue then,
+        and a timer used again costs less than a new one (the engine's wake-ups are its hot loop)."""
+        self.callbacks = [callback]
+        self.env.schedule(self, NORMAL, delay)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,6 +242,8 @@ class WeightLoader:
         """Seconds of adapter load before a trajectory of ``batch`` starts on ``w``, or None if
         none may start now (a weight sync was just started, or the worker must drain first)."""
         have = w.versions.get(batch.stream, -1)
+        if have >= batch.version and not (self.opts.streaming and not w.active):
+            return 0.0  # the usual case, checked first: it holds weights recent enough
         want = self.newest.get(batch.stream, batch.version) if self.opts.streaming else batch.version
         if not (have < batch.version or (self.opts.streaming and not w.active and have < want)):
             return 0.0
@@ -303,6 +328,7 @@ class RolloutEngine:
         self._scan_all = False  # new work arrived: every worker may have free slots
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
+        self._order: list[int] = []  # the workers' first GPUs, ascending: every demand report walks them
         self.pending: deque[Traj] = deque()
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.running = 0
@@ -324,7 +350,7 @@ class RolloutEngine:
             segments = [(s,) for s in trajectories.tolist()]
         else:
             segments = [s if isinstance(s, tuple) else (float(s),) for s in trajectories]
-        self.pending.extend(Traj(batch, s, base + j) for j, s in enumerate(segments))
+        self.pending.extend(map(Traj, repeat(batch), segments, count(base)))  # idx base, base + 1, ...
         self._made += batch.n
         self.batch_left += batch.n
         self.open_n += batch.n
@@ -343,12 +369,14 @@ class RolloutEngine:
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
         w = SimWorker(worker, ready_at, versions)
         self.workers[worker.gpus[0]] = w
+        bisect.insort(self._order, worker.gpus[0])
         self.timeline.loads_until(w, ready_at)
         self._kick()
 
     def remove_worker(self, worker: RolloutWorker) -> int:
         """Tear a worker down now; its trajectories go back to the queue. Returns how many."""
         w = self.workers.pop(worker.gpus[0])
+        self._order.remove(worker.gpus[0])
         w.alive = False
         now = self.env.now
         aborted = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
@@ -370,14 +398,17 @@ class RolloutEngine:
 
     def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
         """(trajectories waiting for a slot, running trajectories per busy worker)."""
-        return len(self.pending), tuple(self._load(g, len(w.active)) for g, w in sorted(self.workers.items()) if w.active)
-
-    def _load(self, first_gpu: int, active: int) -> WorkerLoad:
-        """The (immutable) load value, made once per worker and count: reports repeat them tick after tick."""
-        load = self._loads.get(first_gpu)
-        if load is None or load.active != active:
-            load = self._loads[first_gpu] = WorkerLoad(first_gpu=first_gpu, active=active)
-        return load
+        loads = []
+        workers = self.workers
+        for g in self._order:
+            active = len(workers[g].active)
+            if active:
+                # The (immutable) load value is made once per worker and count: reports repeat them tick after tick.
+                load = self._loads.get(g)
+                if load is None or load.active != active:
+                    load = self._loads[g] = WorkerLoad(first_gpu=g, active=active)
+                loads.append(load)
+        return len(self.pending), tuple(loads)
 
     @property
     def mean_trajectory_s(self) -> float:
@@ -408,70 +439,96 @@ class RolloutEngine:
         if event is not self._timer:
             return  # a timer a kick superseded
         self._sleeping = False  # kicks while it advances change nothing: it looks at the timeline after
-        self._advance(self.env.now)
+        now = self.env.now
+        self._advance(now)
         wake = self.timeline.next_wake()
         self._sleeping = True
         if wake is None:
             self._timer = None  # nothing scheduled: wait for a kick
+        elif isinstance(event, _Timer):  # it has just fired: out of SimPy's queue, so it may be used again
+            event.rearm(max(wake - now, 0.0), self._wake)
         else:
-            self._timer = self.env.timeout(max(wake - self.env.now, 0.0))
-            self._timer.callbacks.append(self._wake)
+            self._timer = _Timer(self.env, max(wake - now, 0.0), self._wake)
 
     def _advance(self, now: float) -> None:
-        touched = self.timeline.loaded(now)
+        loading = self.timeline.loading
+        touched = self.timeline.loaded(now) if loading and loading[0][0] <= now else {}  # usually none is due
         finished = self._segments_ending(now, touched)
         if self.pending:
-            # Only workers whose state changed can have a usable free slot,
-            # unless new work (or new weights) arrived since the last look.
-            candidates = sorted(self.workers) if self._scan_all else sorted(touched)
-            for g in candidates:
-                w = self.workers.get(g)
-                if w is not None and w.ready_at <= now and len(w.active) < self.slots:
-                    started = fill_slots(w, self.pending, self.slots, self.weights, self.timeline, now)
-                    if started:
-                        self.running += started
-                        touched[g] = w
-                if not self.pending:
-                    break
-            self._note_pending()
+            self._fill(now, touched)
         elif self.opts.streaming and self._scan_all:
             for g in sorted(self.workers):
                 if self.weights.refresh_idle(self.workers[g], now):
                     touched[g] = self.workers[g]
         self._scan_all = False
+        if touched:
+            self._book(now, touched)
+            self.on_change()
+        elif finished:
+            self.on_change()
+
+    def _fill(self, now: float, touched: dict[int, SimWorker]) -> None:
+        """Start pending trajectories on free slots, lowest first GPU first."""
+        # Only workers whose state changed can have a usable free slot,
+        # unless new work (or new weights) arrived since the last look.
+        candidates = self._order if self._scan_all else sorted(touched)  # fill_slots adds or removes no worker
+        workers, slots, pending = self.workers, self.slots, self.pending
+        for g in candidates:
+            w = workers.get(g)
+            if w is not None and w.ready_at <= now and len(w.active) < slots:
+                started = fill_slots(w, pending, slots, self.weights, self.timeline, now)
+                if started:
+                    self.running += started
+                    touched[g] = w
+            if not pending:
+                break
+        if not pending:
+            self._note_pending()  # it had some: it may have none now
+
+    def _book(self, now: float, touched: dict[int, SimWorker]) -> None:
+        """Re-time and book the workers whose trajectories changed, in GPU order."""
+        speed, slots, pid, usage = self.opts.speed, self.slots, self.pipeline_id, self.usage
         for g in sorted(touched):
             w = touched[g]
-            if self.opts.speed is not None and w.alive:
-                self.timeline.retime(w, self.opts.speed(w.generating) if w.generating else 1.0, now)
-            if w.alive and w.ready_at <= now:
+            if not w.alive:
+                continue
+            if speed is not None:
+                self.timeline.retime(w, speed(w.generating) if w.generating else 1.0, now)
+            if w.ready_at <= now:
                 activity, label = self._busy if w.generating else self._idle
-                self.usage.set(w.worker.gpus, now, activity, self.pipeline_id, label, fill=w.generating / self.slots)
-        if finished or touched:
-            self.on_change()
+                usage.set(w.worker.gpus, now, activity, pid, label, w.generating / slots)
 
     def _segments_ending(self, now: float, touched: dict[int, SimWorker]) -> int:
         """Pop every segment that ends by ``now``: finish trajectories, or move them to their next segment."""
         finished = 0
-        for t in self.timeline.ending(now):
+        ends = self.timeline.ends
+        # The timeline's heap is read here, not through a method: this loop runs once per segment.
+        # One entry at a time: a segment timed meanwhile (a next segment of zero seconds) may end by now too.
+        while ends and ends[0][0] <= now:
+            _, seq, t = heapq.heappop(ends)
+            if seq != t.token:
+                continue  # re-timed or aborted since: a stale entry
             w = t.worker
-            touched[w.worker.gpus[0]] = w
+            touched[w.first_gpu] = w
             if t.seg + 1 < len(t.segments):
                 self._next_segment(t, w, now)
                 continue
             del w.active[t.idx]
             w.generating -= 1
             t.worker = None
-            self.running -= 1
             finished += 1
             self.completed_s += t.duration
-            self.longest_s = max(self.longest_s, t.duration)
+            if t.duration > self.longest_s:
+                self.longest_s = t.duration
             batch = t.batch
-            batch.oldest = min(batch.oldest, t.version)
+            if t.version < batch.oldest:
+                batch.oldest = t.version
             batch.left -= 1
             if batch.left == 0:
                 self.open_n -= batch.n
                 batch.done.succeed()
         if finished:
+            self.running -= finished
             self.completed += finished
             self.batch_left -= finished
         return finished
@@ -479,6 +536,7 @@ class RolloutEngine:
     def _next_segment(self, t: Traj, w: SimWorker, now: float) -> None:
         w.generating += -1 if t.generating else 1
         t.seg += 1
+        t.generating = t.seg % 2 == 0
         t.remaining = float(t.segments[t.seg])
         self.timeline.schedule(t, w, now)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import simpy
 
@@ -88,8 +89,8 @@ class SimPipeline:
             pipeline_id=self.pid,
             options=self._engine_options(),
             usage=host.usage,
-            on_change=lambda: host.demand_changed(self.pid),
-            on_pending=lambda waiting: host.waiting_changed(self.pid, waiting),
+            on_change=partial(host.demand_changed, self.pid),  # once per trajectory: no lambda frame
+            on_pending=partial(host.waiting_changed, self.pid),
         )
         self.env.process(self._arrive())
 

@@ -10,7 +10,8 @@ outside rlix (its own loop, its own rollout engine). The protocol:
    its ``open_limit``, the most trajectories the pipeline can have open at once,
    ``total_trajectories``, those of all its steps, and ``batch_credit``, its
    batches open one after another, bound the demand the scheduler weighs:
-   0 and False leave them undeclared)
+   0 and False leave them undeclared; ``batch_credit`` needs an accurate
+   ``finished`` in the reports, or new batches are credited only at releases)
    and the *endpoint*: a Ray actor of the pipeline that the scheduler calls
    with three async methods, ``expand(gpus)`` (start a rollout worker on these
    GPUs), ``shrink(gpus, reason)`` (stop the one there; return once its GPUs

@@ -269,10 +269,13 @@ class JobPlan:
 
     def batch_credit(self) -> bool:
         """Does a batch open only once the batches before it have finished, or after a training
-        (:attr:`PipelineSpec.batch_credit`)? Yes unless several streams roll out in batch mode
-        with staleness: a stream's next batch then opens as soon as its own previous one is
-        rolled out, while another stream's still runs."""
-        return len(self.streams) == 1 or self.streaming or self.staleness == 0
+        (:attr:`PipelineSpec.batch_credit`)? One stream in batch mode: yes. Otherwise (a stream's
+        batch may open while another's runs) only where each batch waits for a training (a gang
+        release): streaming, or staleness 0, and every step has a stage to train."""
+        if len(self.streams) == 1 and not self.streaming:
+            return True
+        trains = all(self.stages(i, k) for i, s in enumerate(self.streams) for k in range(s.steps))
+        return (self.streaming or self.staleness == 0) and trains
 
     def total_trajectories(self) -> int:
         """Trajectories of every step of every stream, which the job declares when it registers

@@ -203,8 +203,18 @@ def test_batches_are_credited_one_by_one_when_the_job_declares_it():
     assert weighed(0, 0, 16) == 0  # the batch is done
     assert weighed(16, 0, 16) == 16  # so the next one may open
     assert weighed(3, 8, 21) == 11
-    a.released = True  # a gang stage released (a training): another batch may open at once
-    assert weighed(16, 8, 21) == 16  # up to open_limit, running ones included
+    assert weighed(19, 8, 21) == 11  # 16 more announced: not credited before a release
+    a.note_release()  # a training released: the batch announced in the report just sent opens
+    report = a.demand
+    assert checked_counts(a.spec, report, 8, a.credit_end)[0] == 16  # up to open_limit, running ones included
+    assert weighed(19, 8, 21) == 16  # and in the report after the release too
+    assert weighed(19, 8, 22) == 15  # then the credit holds again
+
+
+def test_batch_credit_is_declared_with_an_open_limit_only():
+    sched = Scheduler(NODE8, "rlix")
+    with pytest.raises(SchedulingError, match="batch_credit=True: must be a bool, and True only with an open_limit"):
+        register(sched, spec("a", range(4), range(8), batch_credit=True))
 
 
 def test_a_declared_open_limit_caps_the_demand_the_core_weighs():

@@ -104,7 +104,7 @@ def test_permuting_registration_order_gives_the_same_allocation(rng, shuffler):
 
 @pytest.mark.parametrize(
     ("config", "winner"),
-    [(SchedulerConfig(small_first=0.0, path_halving_s=0.0), "big"), (SchedulerConfig(), "small")],
+    [(SchedulerConfig(weight_by_demand=True, small_first=0.0, path_halving_s=0.0), "big"), (SchedulerConfig(), "small")],
     ids=["proportional", "small-first"],
 )
 def test_the_same_pipeline_wins_the_node_in_either_order(config, winner):

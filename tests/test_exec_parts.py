@@ -60,6 +60,9 @@ def test_pool_reports_loads_of_awake_workers_and_free_slots():
     assert [w.first for w in pool.free_slots()] == [1]
     assert [(x.first_gpu, x.active) for x in pool.loads()] == [(0, 2), (1, 0)]
     assert pool.held_gpus() == (1,)
+    assert pool.leaving_trajectories() == 0
+    pool.move(a, WorkerState.DRAINING)  # a shrink: its two trajectories come back to the queue
+    assert [(x.first_gpu, x.active) for x in pool.loads()] == [(1, 0)] and pool.leaving_trajectories() == 2
 
 
 # ------------------------------------------------------------------ rollout queue

@@ -752,3 +752,5 @@ def test_the_declared_open_limit_is_the_largest_batch_times_the_batches_open_tog
     assert make_plan(steps=(3,), staleness=1).batch_credit()
     assert not make_plan(steps=(3, 2), staleness=1).batch_credit()
     assert make_plan(steps=(3, 2), staleness=1, streaming=True).batch_credit()
+    assert make_plan(steps=(3,), stages=()).batch_credit()  # one stream in batch mode: a batch waits for the last
+    assert not make_plan(steps=(3,), stages=(), streaming=True).batch_credit()  # no training to wait for

@@ -79,10 +79,10 @@ class PartialOverlapPolicy(Policy):
 
 
 class RlixPolicy(Policy):
-    """Shared cluster: rollout split across jobs by demand, preempted by stages."""
+    """Shared cluster: rollout split across jobs (equal entitlement, capped by demand), preempted by stages."""
 
     name = "rlix"
-    summary = "rollout workers of all jobs share idle GPUs, split by demand"
+    summary = "rollout workers of all jobs share idle GPUs, each job's share capped by its demand"
 
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
         # Home bundles first: a worker there is rarely in another job's way.

@@ -202,7 +202,7 @@ class Scheduler:
         )
 
     def _release(self, event: ReleaseStage, now: float) -> None:
-        self._active(event.pipeline_id)
+        entry = self._active(event.pipeline_id)
         key = (event.pipeline_id, event.stage)
         req = self._requests.get(key)
         where = f"pipeline '{event.pipeline_id}' stage {event.stage.value}"
@@ -211,7 +211,7 @@ class Scheduler:
         check_transition(REQUEST_TRANSITIONS, req.state, RequestState.RELEASED, where)
         if req.state is RequestState.GRANTED:
             self.ledger.release_gang(*key)
-            self._view.pipelines[event.pipeline_id].released = True  # a batch may open now (credit_batches)
+            entry.note_release()  # a batch may open now
         del self._requests[key]
 
     def _report(self, event: ReportDemand, now: float) -> None:

@@ -1,6 +1,9 @@
-"""Core layer: each pipeline's rollout demand and its proportional share.
+"""Core layer: each pipeline's rollout demand and its share.
 
-The share is the one set of weights every later pass follows (placement on
+A share is weighted max-min fair: one water level for everybody, each
+pipeline's weight (the same entitlement by default, see :func:`_share_weight`)
+times the level, capped by its demand (the workers what it can be seen to have
+left fills, :func:`checked_counts`). The share is the one set of weights every later pass follows (placement on
 idle GPUs, rebalancing, work-conserving fill). It is computed without
 looking at registration order: pipelines are ranked by :func:`rank_key`
 (weight, then remaining-work fraction, then pipeline id), and sums run in

@@ -106,25 +106,33 @@ class PipelineEntry:
         """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""
         self.demand = report
         self.reported_at = now
-        self.credit_batches(report)
+        self.credit_batches(report, opening=self.released)
+        self.released = False
 
-    def credit_batches(self, report: ReportDemand) -> None:
+    def note_release(self) -> None:
+        """It released a gang stage: a batch may open now, announced in the report it already
+        sent (a shell may report just before releasing) or in the next one."""
+        self.released = True
+        if self.demand is not None:
+            self.credit_batches(self.demand, opening=True)
+            self.need_cache = None  # the same report now weighs its new credit
+
+    def credit_batches(self, report: ReportDemand, *, opening: bool) -> None:
         """Set the finished count at which the job's open batches end, as far as the scheduler can check.
 
         Within a batch, finished + queued + running stays the same for an honest job: each
         trajectory moves from queued to running to finished. The count rises only when a
         batch opens, which for a job that declares ``batch_credit`` happens once the batches
-        credited before have all finished, or after it released a gang stage. Only then does
-        the scheduler credit a new count (up to the declared ``open_limit``); in between, a
-        report of more queued trajectories than the credited count leaves gains nothing.
-        Undeclared: no credit kept.
+        credited before have all finished, or after it released a gang stage (``opening``).
+        Only then does the scheduler credit a new count (up to the declared ``open_limit``);
+        in between, a report of more queued trajectories than the credited count leaves
+        gains nothing. Undeclared: no credit kept.
         """
         if not (self.spec.open_limit and self.spec.batch_credit):
             return
         running = sum(load.active for load in report.loads)
-        if self.credit_end is None or self.released or self.credit_end <= report.finished:
+        if opening or self.credit_end is None or self.credit_end <= report.finished:
             self.credit_end = report.finished + min(report.pending + running, max(self.spec.open_limit, running))
-            self.released = False
 
 
 @dataclass(kw_only=True)

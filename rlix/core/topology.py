@@ -28,6 +28,8 @@ def validate_pipeline(cluster: ClusterSpec, spec: PipelineSpec) -> None:
         value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SchedulingError(f"{where}: {name}={value!r}: must be an int >= 0 (0: undeclared)")
+    if not isinstance(spec.batch_credit, bool) or (spec.batch_credit and not spec.open_limit):
+        raise SchedulingError(f"{where}: batch_credit={spec.batch_credit!r}: must be a bool, and True only with an open_limit")
     if not -MAX_PRIORITY <= spec.priority <= MAX_PRIORITY:
         raise SchedulingError(f"{where}: priority={spec.priority}: must lie in -{MAX_PRIORITY}..{MAX_PRIORITY}")
     seen: set[Role] = set()

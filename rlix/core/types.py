@@ -122,8 +122,8 @@ class PipelineSpec:
     weight is multiplied by ``priority_weight ** priority``. ``tenant`` names
     the tenant the job belongs to (one of :attr:`SchedulerConfig.tenants`;
     "" for none). ``open_limit`` is the most rollout trajectories the job can
-    have open at once, declared at registration (its batch sizes times the
-    batches its staleness lets run at once, see :meth:`rlix.step.JobPlan.open_limit`):
+    have open at once, declared at registration (its largest batch per stream
+    times the batches that may roll out together, see :meth:`rlix.step.JobPlan.open_limit`):
     the demand the core weighs is bounded by it and by the trajectories running
     on the job's workers, so a report of more queued trajectories than that
     gains nothing. ``total_trajectories`` (all its steps) bounds its backlog the

@@ -282,7 +282,7 @@ class StepRunner:
 
     def demand(self):
         return self.machine.demand(
-            pending=len(self.p.queue),
+            pending=len(self.p.queue) + self.p.rollout.pool.leaving_trajectories(),
             loads=self.p.rollout.pool.loads(),
             trajectory_s=self.rec.mean_trajectory_s(),
             switch_s=self.rec.mean_switch_s(),

@@ -115,6 +115,12 @@ class WorkerPool:
         """Trajectories running per awake worker (the demand report's ``loads``)."""
         return tuple(WorkerLoad(first_gpu=w.first, active=len(w.inflight)) for w in self.in_state(WorkerState.AWAKE))
 
+    def leaving_trajectories(self) -> int:
+        """Trajectories still in flight on workers a shrink is draining: they come back to the
+        queue, so the demand report counts them as queued (finished + queued + running then
+        stays the same through a shrink, as the scheduler's batch credit expects)."""
+        return sum(len(w.inflight) for w in self.in_state(WorkerState.DRAINING))
+
     def bundles(self) -> tuple[Gpus, ...]:
         """Bundles this pipeline's workers are on now: granted by the plan, or still being freed by a
         shrink (what a rejoin reports: a restarted scheduler must not give those GPUs to another job yet)."""

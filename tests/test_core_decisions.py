@@ -180,6 +180,15 @@ def test_a_job_that_reports_twice_its_queue_gets_no_more_workers_than_the_truth(
     assert workers_of_a(16) == 2  # undeclared, a lie would win it 4 (equal shares) or 3 (16:24 by demand)
 
 
+def test_a_worker_counts_no_more_running_trajectories_than_its_slots():
+    sched = Scheduler(NODE8, "rlix", EQUAL)
+    register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
+    sched.step(0, [demand("a", 4), demand("b", 24)])
+    (first,) = owners(sched)["a"]
+    sched.step(1, [demand("a", 0, {first: 40}), demand("b", 24)])  # 40 running on one 4-slot worker: a lie
+    assert len(owners(sched)["a"]) == 1  # counted as 4: no second worker
+
+
 def test_a_declared_total_caps_the_backlog_the_core_weighs():
     # a has 8 trajectories open and 8 of its 48 finished: at most 32 are backlog, whatever it says
     a = spec("a", range(4), range(8), open_limit=8, total_trajectories=48)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlix.core.state import PipelineEntry, View
+from rlix.core.state import PipelineEntry, View, worker_loads
 from rlix.core.types import PipelineSpec, ReportDemand, SchedulerConfig
 
 
@@ -95,7 +95,7 @@ def _cached_need(config: SchedulerConfig, entry: PipelineEntry, report: ReportDe
 
 
 def _need_of(config: SchedulerConfig, entry: PipelineEntry, report: ReportDemand) -> RolloutNeed:
-    loads = {load.first_gpu: load.active for load in report.loads}
+    loads = worker_loads(entry.spec, report)
     remaining, batch, backlog = checked_counts(entry.spec, report, sum(loads.values()), entry.credit_end)
     slots = entry.spec.slots_per_worker
     need = min(math.ceil(remaining / slots), len(entry.rollout_bundles))

@@ -14,6 +14,11 @@ from rlix.core.lifecycle import PipelineState, RequestState
 from rlix.core.types import ClusterSpec, Gpus, PipelineSpec, ReportDemand, SchedulerConfig, Stage
 
 
+def worker_loads(spec: PipelineSpec, report: ReportDemand) -> dict[int, int]:
+    """Running trajectories per worker (first GPU) of ``report``, at most the slots a worker has."""
+    return {load.first_gpu: min(load.active, spec.slots_per_worker) for load in report.loads}
+
+
 @dataclass(kw_only=True)
 class PipelineEntry:
     spec: PipelineSpec
@@ -130,7 +135,7 @@ class PipelineEntry:
         """
         if not (self.spec.open_limit and self.spec.batch_credit):
             return
-        running = sum(load.active for load in report.loads)
+        running = sum(worker_loads(self.spec, report).values())
         if opening or self.credit_end is None or self.credit_end <= report.finished:
             self.credit_end = report.finished + min(report.pending + running, max(self.spec.open_limit, running))
 

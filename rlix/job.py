@@ -12,7 +12,8 @@ randomness or driver imports), and both shells call it:
 - the :class:`~rlix.core.PipelineSpec` built from a job description, and the
   home partition of a job that names none;
 - the activity a GPU books in each phase of a gang stage (load, work, offload)
-  and of a rollout worker (load, weight sync, busy, idle, offload);
+  and of a rollout worker (load, weight sync, busy, idle, offload), and when
+  each rollout worker process starts (:func:`warm_order`);
 - the lower bounds on a run's makespan.
 """
 
@@ -252,6 +253,17 @@ _WORKER_BOOK = {
 def worker_booking(phase: WorkerPhase) -> tuple[Activity, str]:
     """What a rollout worker's GPUs are booked as in ``phase``, and the stage label they carry."""
     return _WORKER_BOOK[phase]
+
+
+def warm_order(bundles: Iterable[Gpus], home: Iterable[int]) -> tuple[tuple[Gpus, ...], tuple[Gpus, ...]]:
+    """A job's rollout bundles whose worker processes start when it registers, and those that start
+    once its model is loaded: its own home first (every bundle where it has none). Process start-up
+    costs host CPU, so the processes a job needs only to borrow must not slow its model load, nor any
+    other job's. A worker granted before its process is up waits for it."""
+    bundles, home = tuple(bundles), set(home)
+    if not home:
+        return bundles, ()
+    return tuple(b for b in bundles if home.issuperset(b)), tuple(b for b in bundles if not home.issuperset(b))
 
 
 # ------------------------------------------------------------------ lower bounds

@@ -470,11 +470,14 @@ class StepMachine:
     def loaded(self, stage: Stage, now: float) -> list[Effect]:
         if stage is not Stage.INIT:
             return self._work(stage)
-        out: list[Effect] = [self._book(stage, GangPhase.RELEASED), ReleaseGang(stage=stage)]
+        # The first batches are queued before the model-load GPUs go back, and the release carries
+        # their report: those GPUs are never lent away for want of a demand not yet sent.
+        out: list[Effect] = [self._book(stage, GangPhase.RELEASED)]
         del self.held[stage]
         self.rollouts.started = True
         out += [e for i in range(len(self.rollouts.streams)) for e in self.rollouts.produce(i, now)]
-        return out + self._finish_if_done(now)
+        first = sum(e.size for e in out if isinstance(e, QueueBatch))
+        return out + [ReleaseGang(stage=stage, announce=first)] + self._finish_if_done(now)
 
     def worked(self, stage: Stage, seconds: float, now: float) -> list[Effect]:
         """``stage``'s work took ``seconds`` of compute."""

@@ -15,6 +15,7 @@ from rlix.exec.job.records import JobStatus, SwitchKind
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.rollout.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import RolloutQueue, TrajectoryFailed
+from rlix.job import warm_order
 from rlix.metrics import Activity
 
 # ------------------------------------------------------------------ worker pool
@@ -104,6 +105,13 @@ def _awake_pool(n: int, slots: int) -> WorkerPool:
         for s in (WorkerState.STARTING, WorkerState.ASLEEP, WorkerState.WAKING, WorkerState.AWAKE):
             pool.move(w, s)
     return pool
+
+
+def test_bundles_in_the_home_warm_first_and_the_rest_once_the_model_is_loaded():
+    bundles = ((2, 3), (0, 1), (4, 5), (1, 2))  # as the policy lists them: home first
+    assert warm_order(bundles, (0, 1, 2, 3)) == (((2, 3), (0, 1), (1, 2)), ((4, 5),))
+    assert warm_order(bundles, (6, 7)) == ((), bundles)  # nothing of it in the home: all later
+    assert warm_order(bundles, ()) == (bundles, ())  # no home: every bundle at once
 
 
 def test_queue_fills_slots_lowest_gpu_first():
@@ -395,10 +403,14 @@ def test_a_handover_never_lends_the_gpus_between_two_stages(handover):
 def test_the_batch_a_training_opens_is_planned_with_the_release(with_release):
     """Job a trains on GPU 0 while b waits for rollout GPUs. Released with the demand of the
     batch its training opens, GPU 0 goes to a's rollout at once; released first and reported
-    after, the plan in between lends GPU 0 to b, and a gets nothing while b's worker is resident."""
-    from rlix.core import ReportDemand
+    after, the plan in between lends GPU 0 to b, and a gets nothing while b's worker there is busy
+    and resident."""
+    from rlix.core import ReportDemand, WorkerLoad
 
     opened = ReportDemand(pipeline_id="a", pending=4, batch_size=4, backlog=4)
+    busy = ReportDemand(
+        pipeline_id="b", pending=6, loads=(WorkerLoad(first_gpu=0, active=1), WorkerLoad(first_gpu=1, active=1)), batch_size=8
+    )
 
     async def scenario():
         sched = await _a_training_while_b_waits(Stage.ACTOR_TRAIN, min_residency_s=60.0)
@@ -406,6 +418,8 @@ def test_the_batch_a_training_opens_is_planned_with_the_release(with_release):
             await sched.release("a", Stage.ACTOR_TRAIN, opened)
         else:
             await sched.release("a", Stage.ACTOR_TRAIN)
+            await asyncio.sleep(0.05)  # the plan in between: b's worker on GPU 0, busy at once
+            await sched.report(busy)
             await sched.report(opened)
         await asyncio.sleep(0.05)  # the plans' expand calls run in the background
         holdings = await sched.holdings()

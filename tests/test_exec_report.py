@@ -68,6 +68,8 @@ def _result(pid: str, streams: tuple[str, ...], sync_s: float) -> JobResult:
         SwitchRecord(kind=SwitchKind.WAKE, t=1.0, seconds=0.25),
         SwitchRecord(kind=SwitchKind.SLEEP, t=3.0, seconds=0.125),
         SwitchRecord(kind=SwitchKind.SYNC, t=4.0, seconds=sync_s, synced_bytes=1024),
+        SwitchRecord(kind=SwitchKind.PROCESS_START, t=0.5, seconds=3.0),  # in the background
+        SwitchRecord(kind=SwitchKind.PROCESS_START, t=2.0, seconds=5.0),
     )
     return JobResult(
         pipeline_id=pid,
@@ -106,6 +108,7 @@ def test_recorded_trace_carries_what_the_run_registered_and_measured():
     assert [a.id for a in lora.adapters] == ["copy", "rev"] and all(len(a.steps) == 2 for a in lora.adapters)
     assert full.switch.weight_sync_s == 0.0625 and lora.switch.adapter_sync_s == 0.0375 and lora.switch.weight_sync_s == 0.0
     assert full.switch.load_s == 0.25 and full.switch.offload_s == 0.125 and full.init_s == 1.25
+    assert full.switch.start_s == 4.0  # a worker process's mean start-up: a replay places no worker before it
     assert full.steps[0].trajectories == [0.4, 0.5, 0.6] and full.steps[0].stages == {"old_logprobs": 0.31, "actor_train": 0.52}
 
 

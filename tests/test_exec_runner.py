@@ -155,6 +155,13 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
     job = spec("p", (0,), (0, 1), slots=2)
     rec, pool, queue = Recorder("p"), WorkerPool(2), RolloutQueue(max_tries=2)
     link = SchedulerLink(pipeline_id="p", sched=_Handle(actor), recorder=rec, limits=LimitsConfig(), now=now)
+    released, release = [], link.release
+
+    async def noting_release(stage, report=None):  # what each release carried to the scheduler
+        released.append((stage, report.pending if report is not None else None))
+        await release(stage, report)
+
+    link.release = noting_release
     holder: dict = {}
     changed = asyncio.Event()
 
@@ -211,6 +218,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
         finish_s=now(),
         planned=runner.machine.rollouts.produced,
     )
+    runner.released = released
     return runner, trainer, result, failures, reports
 
 
@@ -227,6 +235,10 @@ def test_a_job_runs_to_its_end_through_the_real_scheduler_and_parts():
     # on-policy: each step's trajectories came from the weights of the step before
     assert [min(t.weight_version for t in result.trajectories if t.step == k) for k in range(3)] == [0, 1, 2]
     assert len(reports) == 1  # demand reports started once, when the model load ended
+    # the model load's GPUs go back with the first batch's report (never lent for want of it);
+    # each training's release carries the batch it opens, the last one none
+    assert runner.released[0] == (Stage.INIT, 2)
+    assert [r for _, r in runner.released[1:]] == [2, 2, None]
 
 
 def test_a_stream_that_stops_drops_its_queued_batch_and_loses_nothing():

@@ -356,3 +356,25 @@ def test_a_higher_priority_job_finishes_sooner_than_its_equal_twin():
     assert ranked.pipelines["b"].jct_s < equal.pipelines["b"].jct_s
     assert ranked.pipelines["b"].jct_s < ranked.pipelines["a"].jct_s
     assert ranked.trajectories_completed == equal.trajectories_completed == 2 * 4 * 64
+
+
+@pytest.mark.parametrize("start_s", [0.0, 20.0])
+def test_worker_processes_start_on_the_home_at_arrival_and_elsewhere_once_the_model_is_loaded(start_s):
+    """With a process start-up time, a worker placed before its process is up waits for it: those on
+    the home start when the job arrives, the others once its model is loaded (as the executor does)."""
+    job = {
+        "id": "job",
+        "roles": {"actor_train": {"gpus": "0"}, "actor_infer": {"gpus": "0-3"}},
+        "home": [0, 1],
+        "slots_per_worker": 1,
+        "init_s": 10,
+        "switch": {**NO_SWITCH, "start_s": start_s},
+        "steps": [{"trajectories": [50.0] * 8, "stages": {"actor_train": 1}}],
+    }
+    sim = Simulation(_trace(job, gpus_per_node=4), "rlix", keep_segments=True)
+    sim.run()
+    first_busy = {}
+    for g, start, _, activity, _, stage in sim.usage.segments:
+        if stage == "rollout" and activity.value == "work":
+            first_busy[g] = min(first_busy.get(g, start), start)
+    assert first_busy == ({0: 20.0, 1: 20.0, 2: 30.0, 3: 30.0} if start_s else {g: 10.0 for g in range(4)})

@@ -135,7 +135,7 @@ def path_s(m: StepMachine, longest_s: float) -> float:
 # ------------------------------------------------------------------ model load
 
 
-def test_model_load_requests_init_gang_books_switch_then_frees_and_queues_step_0():
+def test_model_load_requests_init_gang_books_switch_then_queues_step_0_and_frees_announcing_it():
     m = machine(steps=(3,))
     assert m.start(0.0) == [RequestGang(stage=INIT, role=None)]
     assert m.admitted_s is None
@@ -146,8 +146,8 @@ def test_model_load_requests_init_gang_books_switch_then_frees_and_queues_step_0
     assert m.admitted_s == 1.5  # admitted: the job holds GPUs from its grant on
     assert m.loaded(INIT, 9.0) == [
         Book(gpus=INIT_GPUS, activity=FREE, stage=""),
-        ReleaseGang(stage=INIT, announce=0),
         QueueBatch(stream=0, step=0, size=4, version=0),
+        ReleaseGang(stage=INIT, announce=4),  # the release carries the first batch's report
     ]
     assert m.held == {}
     assert [(r.step, r.rollout_start) for r in m.history] == [(0, 9.0)]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import heapq
 
-from rlix.core.homes import owned_bundles
+from rlix.core.homes import home_owners, owned_bundles
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed, starving_key
 from rlix.core.state import View
@@ -58,6 +58,8 @@ class DonorRules:
         self.shares = shares
         # Some pipeline starves (no worker for min_residency_s): donors at or below their share may give too.
         self.starving = any(n.starving and draft.worker_count(n.pipeline_id) == 0 for n in needs)
+        self.owners = home_owners(view)  # GPU -> the job whose home it is
+        self.owned = owned_bundles(view)
 
     def owed(self, n: RolloutNeed, phase: Phase) -> bool:
         count = self.draft.worker_count(n.pipeline_id)
@@ -101,7 +103,12 @@ class DonorRules:
         if moves:  # one comprehension: this loop dominates a plan
             if surplus:
                 return [w for w in placed if placed_at[w.gpus[0]] <= cutoff or not loads.get(w.gpus[0])]
-            return [w for w in placed if placed_at[w.gpus[0]] <= cutoff]
+            owners = self.owners
+            return [
+                w
+                for w in placed
+                if placed_at[w.gpus[0]] <= cutoff or (not loads.get(w.gpus[0]) and owners.get(w.gpus[0], pid) != pid)
+            ]
         return [w for w in placed if not loads.get(w.gpus[0])]  # surplus: its idle workers
 
     def may_take(self, w: RolloutWorker, receiver: RolloutNeed | None, taken: dict[str, int], phase: Phase) -> bool:
@@ -129,8 +136,8 @@ class DonorRules:
         floor_receiver = receiver is None or draft.worker_count(receiver.pipeline_id) == 0
         if busy and d.protected and phase is Phase.SHARE and not floor_receiver:
             return False  # a nearly finished batch keeps its share (packing it is fine: see below)
-        if not self._resident(w, d):
-            return False
+        if not self._resident(w, d) and (busy or not self._owner_of(w, receiver)):
+            return False  # young: it stays, unless idle on the receiver's own home (then it gave up no work)
         if phase is Phase.SHARE:
             return first or have - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers
         # Packing stragglers onto fewer workers, a protected batch's too: the
@@ -141,6 +148,10 @@ class DonorRules:
     def horizon(self, d: RolloutNeed) -> float:
         """Seconds a worker of ``d`` must hold its GPUs before it may move (switch-aware residency)."""
         return max(self.cfg.min_residency_s, AMORTIZE * d.switch_s)
+
+    def _owner_of(self, w: RolloutWorker, receiver: RolloutNeed | None) -> bool:
+        """``w`` borrows a bundle of ``receiver``'s own home."""
+        return receiver is not None and w.gpus in self.owned.get(receiver.pipeline_id, ())
 
     def _resident(self, w: RolloutWorker, d: RolloutNeed) -> bool:
         return self.now - self.placed_at.get(w.gpus[0], self.now) >= self.horizon(d)

@@ -300,6 +300,51 @@ def fill_slots(w: SimWorker, pending: deque[Traj], slots: int, weights: WeightLo
     return started
 
 
+def _segments(trajectories: Sequence[Sequence[float]] | Sequence[float] | np.ndarray) -> list[tuple[float, ...]]:
+    """One segment tuple per trajectory, from durations or segment lists."""
+    if isinstance(trajectories, np.ndarray):  # one float per trajectory: convert once, not item by item
+        return [(s,) for s in trajectories.tolist()]
+    return [s if isinstance(s, tuple) else (float(s),) for s in trajectories]
+
+
+class Waker:
+    """When an engine advances: at once on a kick, else at its timeline's next change.
+
+    One plain SimPy callback, not a process: a wake happens once per
+    trajectory segment, and resuming a generator for each costs more than the
+    work it does. The order of events is the same as a process sleeping on a
+    timeout and interrupted by :meth:`kick`.
+    """
+
+    def __init__(self, env: simpy.Environment, advance: Callable[[float], None], next_wake: Callable[[], float | None]) -> None:
+        self.env = env
+        self._advance = advance  # bring the engine to the given time
+        self._next_wake = next_wake  # when it next changes by itself (None: only on a kick)
+        self._sleeping = True  # waiting for its timer (or, with none, for a kick)
+        self._timer: simpy.Event | None = None  # the one wake-up that counts; a superseded one is ignored
+
+    def kick(self) -> None:
+        """Wake now, ahead of the ordinary events of this instant (as a SimPy interrupt would)."""
+        if self._sleeping:
+            self._sleeping = False
+            self._timer = _Kick(self.env, self._wake)
+
+    def _wake(self, event: simpy.Event) -> None:
+        if event is not self._timer:
+            return  # a timer a kick superseded
+        self._sleeping = False  # kicks while it advances change nothing: it looks at the timeline after
+        now = self.env.now
+        self._advance(now)
+        wake = self._next_wake()
+        self._sleeping = True
+        if wake is None:
+            self._timer = None  # nothing scheduled: wait for a kick
+        elif isinstance(event, _Timer):  # it has just fired: out of SimPy's queue, so it may be used again
+            event.rearm(max(wake - now, 0.0), self._wake)
+        else:
+            self._timer = _Timer(self.env, max(wake - now, 0.0), self._wake)
+
+
 class RolloutEngine:
     """Runs a pipeline's trajectories on the workers the plan gives it."""
 
@@ -338,19 +383,14 @@ class RolloutEngine:
         self.longest_s = 0.0  # the slowest finished trajectory's seconds
         self.aborted = 0
         self._made = 0  # trajectories created: their idx
-        self._sleeping = True  # waiting for its timer (or, with none, for a kick)
-        self._timer: simpy.Event | None = None  # the one wake-up that counts; a superseded one is ignored
+        self._waker = Waker(env, self._advance, self.timeline.next_wake)
+        self._kick = self._waker.kick
 
     # ------------------------------------------------------------ commands
 
     def add_batch(self, batch: Batch, trajectories: Sequence[Sequence[float]] | Sequence[float] | np.ndarray) -> None:
         """Queue a batch: one duration per trajectory, or one segment list per trajectory."""
-        base = self._made
-        if isinstance(trajectories, np.ndarray):  # one float per trajectory: convert once, not item by item
-            segments = [(s,) for s in trajectories.tolist()]
-        else:
-            segments = [s if isinstance(s, tuple) else (float(s),) for s in trajectories]
-        self.pending.extend(map(Traj, repeat(batch), segments, count(base)))  # idx base, base + 1, ...
+        self.pending.extend(map(Traj, repeat(batch), _segments(trajectories), count(self._made)))  # idx made, made + 1, ...
         self._made += batch.n
         self.batch_left += batch.n
         self.open_n += batch.n
@@ -415,40 +455,7 @@ class RolloutEngine:
         """Mean seconds of the trajectories finished so far (0 before the first)."""
         return self.completed_s / self.completed if self.completed else 0.0
 
-    @property
-    def switch_extra(self) -> float:
-        """GPU-seconds of adapter loads inside busy workers (booked as switching, not work)."""
-        return self.weights.switch_extra
-
     # ------------------------------------------------------------ the process
-
-    def _kick(self) -> None:
-        """Wake now, ahead of the ordinary events of this instant (as a SimPy interrupt would)."""
-        if self._sleeping:
-            self._sleeping = False
-            self._timer = _Kick(self.env, self._wake)
-
-    def _wake(self, event: simpy.Event) -> None:
-        """The engine's one callback: advance to now, then sleep until the next change.
-
-        A plain callback, not a SimPy process: a wake happens once per
-        trajectory segment, and resuming a generator for each costs more
-        than the work it does. The order of events is the same as a process
-        sleeping on a timeout and interrupted by :meth:`_kick`.
-        """
-        if event is not self._timer:
-            return  # a timer a kick superseded
-        self._sleeping = False  # kicks while it advances change nothing: it looks at the timeline after
-        now = self.env.now
-        self._advance(now)
-        wake = self.timeline.next_wake()
-        self._sleeping = True
-        if wake is None:
-            self._timer = None  # nothing scheduled: wait for a kick
-        elif isinstance(event, _Timer):  # it has just fired: out of SimPy's queue, so it may be used again
-            event.rearm(max(wake - now, 0.0), self._wake)
-        else:
-            self._timer = _Timer(self.env, max(wake - now, 0.0), self._wake)
 
     def _advance(self, now: float) -> None:
         loading = self.timeline.loading

@@ -17,8 +17,8 @@ from functools import partial
 
 import simpy
 
-from rlix.core import Event, PipelineSpec, Register, ReleaseStage, ReportDemand, RequestStage, Stage, Unregister
-from rlix.job import step_sequence
+from rlix.core import Event, PipelineSpec, Register, ReleaseStage, ReportDemand, RequestStage, Role, Stage, Unregister
+from rlix.job import step_sequence, warm_order
 from rlix.metrics import PipelineTally, UsageRecorder
 from rlix.sim.engine import Batch, EngineOptions, RolloutEngine
 from rlix.sim.trace import PipelineModel, Step, speed_curve
@@ -84,6 +84,8 @@ class SimPipeline:
         self.spec = self.machine.spec  # as registered: with its open_limit
         self.tally = PipelineTally(arrival_s=model.arrival_s, step_latencies=self.machine.latencies, tenant=spec.tenant)
         self.gpus_ready: dict[Stage, float] = {}  # granted stage -> when its GPUs' last offload ends (seconds)
+        self.loaded_at: float | None = None  # when the model load ended (None: not yet)
+        self.warm_first = set(warm_order(spec.role(Role.ACTOR_INFER).bundles, spec.home_gpus)[0])
         self.engine = RolloutEngine(
             self.env,
             pipeline_id=self.pid,
@@ -179,7 +181,21 @@ class SimPipeline:
     def load(self, e: Load) -> None:
         seconds = self.model.init_s if e.stage is Stage.INIT else self.model.switch.load_s
         wait = max(self.gpus_ready[e.stage] - self.env.now, 0.0)  # a stranger's offload still running there
-        self._after(wait + seconds, lambda now: self.machine.loaded(e.stage, now))
+        self._after(wait + seconds, lambda now: self._loaded(e.stage, now))
+
+    def _loaded(self, stage: Stage, now: float) -> list[Effect]:
+        if stage is Stage.INIT:
+            self.loaded_at = now
+        return self.machine.loaded(stage, now)
+
+    def process_up(self, gpus: tuple[int, ...]) -> float:
+        """When this job's worker process on ``gpus`` is up: started in the background on arrival
+        (home bundles) or once the model is loaded (the others), :func:`rlix.job.warm_order`."""
+        start = self.model.switch.start_s
+        if start <= 0:
+            return 0.0  # always up
+        since = self.model.arrival_s if gpus in self.warm_first else self.loaded_at
+        return (self.env.now if since is None else since) + start
 
     def work(self, e: Work) -> None:
         seconds = self.streams[e.stream][1][e.step].stages[e.stage]

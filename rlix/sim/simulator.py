@@ -167,7 +167,8 @@ class Simulation:
                 self._offload_stamp[g] += 1
                 self.parked.pop(g, None)
             versions, sync_s = p.new_worker_versions()
-            ready = max(now, max(self.gpu_ready[g] for g in w.gpus)) + p.model.switch.load_s + sync_s
+            up = max(now, max(self.gpu_ready[g] for g in w.gpus), p.process_up(w.gpus))  # GPUs free, process started
+            ready = up + p.model.switch.load_s + sync_s
             book_worker(usage, w.gpus, now, WorkerPhase.LOAD, p.pid)
             p.engine.add_worker(w, ready, versions)
 
@@ -184,7 +185,7 @@ class Simulation:
         for pid, p in sorted(self.pipelines.items()):
             tallies[pid] = p.tally
             # Adapter loads inside busy workers were timed as work; book them as switching.
-            self.usage.rebook(pid, p.engine.switch_extra, Activity.WORK, Activity.SWITCH)
+            self.usage.rebook(pid, p.engine.weights.switch_extra, Activity.WORK, Activity.SWITCH)
         completed = sum(p.engine.completed for p in self.pipelines.values())
         work_lb, path_lb = lower_bounds(self.trace.job_shapes(), self.trace.cluster.num_gpus)
         return summarize(

@@ -48,6 +48,12 @@ class SwitchModel(StrictModel):
     weight_sync_s: Seconds = Field(default=1.0, description="pushing new weights to a live or resumed rollout worker")
     adapter_sync_s: Seconds = Field(default=0.2, description="pushing one LoRA adapter to a rollout worker")
     resume_s: Seconds = Field(default=1.0, description="re-prefilling a continued trajectory on its new worker")
+    start_s: Seconds = Field(
+        default=0.0,
+        description="starting a rollout worker's process, in the background: those on the job's home bundles start when "
+        "it arrives, the others once its model is loaded; a worker placed before its process is up waits for it "
+        "(0: always up)",
+    )
 
 
 class DurationDist(StrictModel):

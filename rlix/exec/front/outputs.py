@@ -158,6 +158,7 @@ def _switch(res: JobResult, lora: bool) -> SwitchModel:
         weight_sync_s=0.0 if lora else sync,
         **({"adapter_sync_s": sync} if lora else {}),
         resume_s=0.0,  # a continued trajectory's re-prefill is inside its measured segments' seconds
+        start_s=round(_mean(sw[SwitchKind.PROCESS_START], 0.0), 4),
     )
 
 

@@ -41,7 +41,7 @@ from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
 from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
-from rlix.job import executor_stages, stage_role
+from rlix.job import executor_stages, stage_role, warm_order
 from rlix.metrics import Activity
 from rlix.step import JobPlan, StepMachine, StreamSpec, declared_spec
 
@@ -182,6 +182,7 @@ class PipelineCoordinator:
         self.queue = RolloutQueue(max_tries=job.limits.rollout_tries)
         self.runner: StepRunner | None = None
         self.rollout: RolloutControl | None = None
+        self.warm_later: tuple = ()  # bundles outside the home: warmed once the model is loaded
         self.status = JobStatus.PENDING
         self.arrival_s = 0.0
         self.failure: asyncio.Future | None = None
@@ -204,10 +205,12 @@ class PipelineCoordinator:
             self.runner = self._runner()
             me = ray.get_runtime_context().current_actor
             await self.link.control(self.link.client.register(self.spec, me))
-            # Warm workers: a sleeping process on every bundle the job may use, started now in the
-            # background (no GPU memory, not on the GPU-held clock) while the trainer loads: an
-            # expand is then a wake plus a weight sync.
-            self.rollout.warm(await self.link.control(self.link.client.rollout_bundles()))
+            # Warm workers: a sleeping process on every bundle the job may use, started in the
+            # background (no GPU memory, not on the GPU-held clock): an expand is then a wake plus a
+            # weight sync. Those in the home start now, while the trainer loads; the rest once it has.
+            bundles = await self.link.control(self.link.client.rollout_bundles())
+            first, self.warm_later = warm_order(bundles, self.spec.home_gpus)
+            self.rollout.warm(first)
             self.runner.start()
             self._keep(self.link.note_loop(lambda: job_note(self.pid, self.runner, self.rec), self.heartbeat_s))
             await asyncio.wait([self.runner.ended, self.failure], return_when=asyncio.FIRST_COMPLETED)
@@ -255,15 +258,17 @@ class PipelineCoordinator:
             queue=self.queue,
             recorder=self.rec,
             start_trainer=self._start_trainer,
-            loaded=self._start_reports,
+            loaded=self._on_loaded,
             steplog=self.steplog,
             crash_at_step=self.job.fault.crash_at_step,
         )
         machine = StepMachine(self.spec, job_plan(self.job, self.streams, self.recipes))
         return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
 
-    def _start_reports(self) -> None:
-        """Report demand from the end of the model load on: on change, and a heartbeat."""
+    def _on_loaded(self) -> None:
+        """The model is loaded: report demand from now on (on change, and a heartbeat), and warm the
+        bundles outside the home."""
+        self.rollout.warm(self.warm_later)
         self._keep(self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s))
 
     def _keep(self, coro) -> None:

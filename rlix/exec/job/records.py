@@ -52,6 +52,7 @@ class StepRecord:
 
 class SwitchKind(enum.Enum):
     COLD_START = "cold_start"  # GPUs held while a worker process starts, or while its first wake builds the engine
+    PROCESS_START = "process_start"  # a warm worker process starting in the background (no GPU held)
     WAKE = "wake"  # resume a slept worker (weights synced from the CPU cache)
     SLEEP = "sleep"  # shrink: abort + drop weights
     SYNC = "sync"  # push new weights to a live worker

@@ -12,8 +12,9 @@ run queued trajectories on awake workers and sort each outcome:
   number of times by the rollout queue, then fails the job (one line).
 
 Worker processes are started *warm*: one per bundle the job may use, in the
-background when the job is admitted, asleep (no device memory), so an
-expand is a wake plus a weight sync, never a cold start.
+background, asleep (no device memory), so an expand is a wake plus a weight
+sync, never a cold start. Those in the job's home start at once, the others
+once its model is loaded (:func:`rlix.job.warm_order`).
 
 The process boundary is explicit: worker handles (``handle.method.remote(...)``)
 come from the coordinator's ``spawn`` hook, and killing a process and telling
@@ -92,6 +93,7 @@ class RolloutControl:
 
     async def _boot(self, w: Worker) -> bool:
         self.pool.move(w, WorkerState.STARTING)
+        t = self.hooks.now()
         w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
         self.spawned.add(w.first)
         try:
@@ -99,6 +101,7 @@ class RolloutControl:
         except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here
             self._kill(w, f"start-up failed: {type(exc).__name__}")
             return False
+        self.rec.switch(SwitchKind.PROCESS_START, t, self.hooks.now() - t)  # in the background: no GPU held
         self.pool.move(w, WorkerState.ASLEEP)
         return True
 

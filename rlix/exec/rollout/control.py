@@ -93,7 +93,7 @@ class RolloutControl:
 
     async def _boot(self, w: Worker) -> bool:
         self.pool.move(w, WorkerState.STARTING)
-        t = self.hooks.now()
+        t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
         w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
         self.spawned.add(w.first)
         try:
@@ -101,7 +101,8 @@ class RolloutControl:
         except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here
             self._kill(w, f"start-up failed: {type(exc).__name__}")
             return False
-        self.rec.switch(SwitchKind.PROCESS_START, t, self.hooks.now() - t)  # in the background: no GPU held
+        if background:  # the start-up a replay models (a cold start is booked by the expand)
+            self.rec.switch(SwitchKind.PROCESS_START, t, self.hooks.now() - t)
         self.pool.move(w, WorkerState.ASLEEP)
         return True
 

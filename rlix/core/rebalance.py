@@ -20,8 +20,7 @@ GPUs back as they always do); busy workers of a nearly finished (protected)
 batch are not taken for shares, unless the receiver has no worker at all
 (protection never keeps a pipeline with demand below its floor), but its
 stragglers may be packed onto fewer of its workers; a worker is moved only after
-it has amortised its own switch (switch-aware residency), unless it is idle on
-the receiver's own home (it gives up no work there), and only to a
+it has amortised its own switch (switch-aware residency) and only to a
 receiver with more work per worker than the switch costs it.
 """
 
@@ -30,7 +29,7 @@ from __future__ import annotations
 import enum
 import heapq
 
-from rlix.core.homes import home_owners, owned_bundles
+from rlix.core.homes import owned_bundles
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed, starving_key
 from rlix.core.state import View
@@ -59,7 +58,6 @@ class DonorRules:
         self.shares = shares
         # Some pipeline starves (no worker for min_residency_s): donors at or below their share may give too.
         self.starving = any(n.starving and draft.worker_count(n.pipeline_id) == 0 for n in needs)
-        self.owners = home_owners(view)  # GPU -> the job whose home it is
 
     def owed(self, n: RolloutNeed, phase: Phase) -> bool:
         count = self.draft.worker_count(n.pipeline_id)
@@ -103,12 +101,7 @@ class DonorRules:
         if moves:  # one comprehension: this loop dominates a plan
             if surplus:
                 return [w for w in placed if placed_at[w.gpus[0]] <= cutoff or not loads.get(w.gpus[0])]
-            owners = self.owners
-            return [
-                w
-                for w in placed
-                if placed_at[w.gpus[0]] <= cutoff or (not loads.get(w.gpus[0]) and owners.get(w.gpus[0], pid) != pid)
-            ]
+            return [w for w in placed if placed_at[w.gpus[0]] <= cutoff]
         return [w for w in placed if not loads.get(w.gpus[0])]  # surplus: its idle workers
 
     def may_take(self, w: RolloutWorker, receiver: RolloutNeed | None, taken: dict[str, int], phase: Phase) -> bool:
@@ -136,8 +129,8 @@ class DonorRules:
         floor_receiver = receiver is None or draft.worker_count(receiver.pipeline_id) == 0
         if busy and d.protected and phase is Phase.SHARE and not floor_receiver:
             return False  # a nearly finished batch keeps its share (packing it is fine: see below)
-        if not self._resident(w, d) and (busy or not self._idle_on_home_of(w, d, receiver)):
-            return False  # young: it stays, unless idle on the receiver's own home (then it gives up no work)
+        if not self._resident(w, d):
+            return False
         if phase is Phase.SHARE:
             return first or have - 1 >= self.shares[pid] - self.cfg.rebalance_margin_workers
         # Packing stragglers onto fewer workers, a protected batch's too: the
@@ -148,13 +141,6 @@ class DonorRules:
     def horizon(self, d: RolloutNeed) -> float:
         """Seconds a worker of ``d`` must hold its GPUs before it may move (switch-aware residency)."""
         return max(self.cfg.min_residency_s, AMORTIZE * d.switch_s)
-
-    def _idle_on_home_of(self, w: RolloutWorker, d: RolloutNeed, receiver: RolloutNeed | None) -> bool:
-        """``w`` borrows GPUs all of ``receiver``'s own home, and its job has reported it idle since
-        it was placed (a report from before its placement says nothing of it)."""
-        if receiver is None or d.entry.reported_at <= self.placed_at.get(w.gpus[0], self.now):
-            return False
-        return all(self.owners.get(g) == receiver.pipeline_id for g in w.gpus)
 
     def _resident(self, w: RolloutWorker, d: RolloutNeed) -> bool:
         return self.now - self.placed_at.get(w.gpus[0], self.now) >= self.horizon(d)

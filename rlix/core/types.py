@@ -361,8 +361,7 @@ class SchedulerConfig:
       trajectories left is nearly done; its busy workers are not shrunk to
       rebalance.
     - ``min_residency_s``: a worker is not shrunk to rebalance until it has
-      held its GPUs this long (hysteresis against thrashing), unless it is
-      idle on a bundle of the receiver's own home (it gives up no work).
+      held its GPUs this long (hysteresis against thrashing).
     - ``rebalance_margin_workers``: a donor gives a worker away only while it
       ends no more than this far below its share (a receiver must be owed a
       whole worker, so a moved worker is never handed straight back).

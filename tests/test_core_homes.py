@@ -49,9 +49,11 @@ def test_a_guest_waits_for_the_owners_home():
     assert owners(sched) == {"a": [0], "b": [1]}
 
 
-def test_a_guests_gang_stage_goes_after_the_owners():
-    # b's home lies in a's (a was admitted first): b asked first, a's training still goes first.
-    sched = Scheduler(TWO_NODES, "rlix", ON)
+@pytest.mark.parametrize("guarantee", [False, True])
+def test_a_guests_gang_stage_goes_after_the_owners(guarantee):
+    # b's home lies in a's (a was admitted first): b asked first, a's training still goes first,
+    # with or without the guarantee (under static b would not run at all while a does).
+    sched = Scheduler(TWO_NODES, "rlix", SchedulerConfig(home_guarantee=guarantee))
     register(sched, spec("a", range(4), range(8)), spec("b", range(4), range(8)))
     sched.step(0, [demand("a", 8)])
     plan = sched.step(
@@ -61,9 +63,10 @@ def test_a_guests_gang_stage_goes_after_the_owners():
     assert sched.pending_requests() == [("b", Stage.ACTOR_TRAIN)]
 
 
-def test_a_guests_gang_stage_goes_in_request_order_without_the_guarantee():
+def test_gang_stages_of_jobs_with_their_own_homes_go_in_request_order():
+    # a and b own separate homes but train on the same GPUs: b asked first and goes first.
     sched = Scheduler(TWO_NODES, "rlix")
-    register(sched, spec("a", range(4), range(8)), spec("b", range(4), range(8)))
+    register(sched, spec("a", range(4), range(8), home=range(4)), spec("b", range(4), range(8), home=range(4, 8)))
     sched.step(0, [demand("a", 8)])
     plan = sched.step(
         1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]

@@ -98,7 +98,7 @@ class RlixPolicy(Policy):
         passes.shrink_departed(view, draft)
         # Admission is asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
         admits = self.admits if view.config.tenants else None
-        passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=view.config.home_guarantee)
+        passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=True)
         needs = passes.rollout_needs(view, blocked=set())
         guaranteed = passes.guarantees(view, draft, needs)
         shares = tenants.tenant_shares(view, draft, needs, passes.rollout_capacity(view, draft), guaranteed)

@@ -213,6 +213,7 @@ class _Worker:
         self.wake_gate, self.sleep_gate, self.gen_gate = _Gate(), _Gate(), _Gate()
         self.dies_in_rollout = False
         self.cold = False  # its next wake builds the engine (as a vLLM worker's first wake on a GPU)
+        self.refuse_wake: Exception | None = None  # raised by its wakes (as a device short of memory does)
 
         async def prepare(model_dir):
             self.calls.append(("prepare",))
@@ -220,6 +221,8 @@ class _Worker:
 
         async def wake(full, *adapters):
             self.calls.append(("wake", full))
+            if self.refuse_wake is not None:
+                raise self.refuse_wake
             await self.wake_gate.event.wait()
             cold, self.cold = self.cold, False
             return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]), cold=cold)
@@ -468,6 +471,31 @@ def test_a_worker_dying_mid_rollout_has_its_trajectories_continue_elsewhere():
     assert running == [0, 1] and job.killed == [dying] and job.lost == [(0,)]
     assert sorted(job.finished) == [0, 1, 2] and job.queue.requeued == 2  # nothing lost
     assert [c[1] for c in job.workers[1].calls if c[0] == "generate"] == [2, 0, 1]
+
+
+def test_a_wake_refused_for_memory_keeps_the_process_asleep_and_gives_the_gpus_back():
+    """A device short of memory refuses the wake before anything loads: the worker is reported lost
+    (the scheduler cools the bundle: a backoff), its process is not killed and stays asleep, and a
+    later expand wakes that same process."""
+    from rlix.exec.device_memory import NotEnoughMemoryError
+    from rlix.exec.rollout.pool import WorkerState
+
+    async def scenario():
+        job = _Job()
+        await _warm(job, (0,))
+        worker = job.worker((0,))
+        worker.refuse_wake = NotEnoughMemoryError("device cuda:0: 1.0 GiB free, 3.0 GiB needed")
+        await job.ctl.expand((0,))
+        state = job.pool.workers[0].state
+        worker.refuse_wake = None
+        await job.ctl.expand((0,))
+        return job, worker, state
+
+    job, worker, state = asyncio.run(scenario())
+    assert state is WorkerState.ASLEEP and job.killed == [] and job.lost == [(0,)]
+    assert job.ctl.rec.counters.workers_lost == 1
+    assert len(job.workers) == 1 and [c[0] for c in worker.calls] == ["prepare", "wake", "wake"]
+    assert job.pool.workers[0].state is WorkerState.AWAKE
 
 
 def test_a_newer_weight_version_published_during_a_wake_is_synced_before_work():

@@ -53,7 +53,8 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     taking turns on a dedicated partition). A job's INIT (its admission)
     also needs ``admits``; a job it refuses keeps its home from later jobs in
     the queue (admission stays first come, first served) but not from the
-    stages of jobs already running.
+    stages of jobs already running. With ``owners_first`` a guest's requests
+    go after the owners' of the same job priority (:func:`rlix.core.homes.gang_order`).
     """
     reserved: set[int] = set()
     queued: set[int] = set()  # homes of jobs refused admission this round

@@ -395,9 +395,10 @@ class SchedulerConfig:
       on those bundles (borrowers) are shrunk at once to give them back,
       whatever their residency or protection. Others borrow a home only
       while its owner does not want it. Where homes overlap (jobs queued
-      for one partition), the job admitted first owns the GPUs, and the
-      others' gang stages go after its own of the same job priority. Off by default (it costs makespan on mixed_agentic: see the
-      README); off, the split alone decides.
+      for one partition), the job admitted first owns the GPUs (the
+      others' gang stages go after its own of the same job priority, with
+      the guarantee or without). Off by default (it costs makespan on
+      mixed_agentic: see the README); off, the split alone decides.
     - ``priority_weight``: a job's rollout share weight is multiplied by
       ``priority_weight ** priority`` (2: each priority level doubles it;
       1: priorities order gang stages only).

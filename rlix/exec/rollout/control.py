@@ -29,6 +29,7 @@ import logging
 
 from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
+from rlix.exec.device_memory import NotEnoughMemoryError
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import SwitchKind
 from rlix.exec.messages import SwitchTiming
@@ -122,6 +123,18 @@ class RolloutControl:
             self.hooks.lost(w.gpus, True)
         self.hooks.changed()
 
+    def _stand_down(self, w: Worker, why: str) -> None:
+        """A wake its device refused (short of memory): the process stays asleep, its GPUs go back as a
+        lost worker's do, so the scheduler places no worker of this job there for a while (a backoff)."""
+        LOG.warning("%s: rollout worker on GPUs %s did not wake, kept asleep: %s", self.rec.pid, list(w.gpus), why)
+        was_granted, w.granted = w.granted, False
+        self.pool.move(w, WorkerState.ASLEEP)
+        self.rec.counters.workers_lost += 1
+        if was_granted:  # not shrunk meanwhile (a shrink has given the GPUs back already)
+            self._mark(w, WorkerPhase.GONE)
+            self.hooks.lost(w.gpus, True)
+        self.hooks.changed()
+
     def handles(self) -> list:
         """Every worker process this job started (dead ones included: killing twice is harmless)."""
         return [w.handle for _, w in sorted(self.pool.workers.items()) if w.handle is not None]
@@ -147,6 +160,9 @@ class RolloutControl:
             t = self.hooks.now()
             try:
                 timing = await self._wake(w)
+            except NotEnoughMemoryError as exc:  # refused before loading anything: the process stays, asleep
+                self._stand_down(w, str(exc).strip().splitlines()[-1])
+                return
             except Exception as exc:  # noqa: BLE001 -- dead, hung or failing: no worker here
                 self._kill(w, f"wake failed: {exc}")
                 return

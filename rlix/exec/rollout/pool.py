@@ -8,12 +8,15 @@ is kept apart from the process state: a worker may be asleep on GPUs it was
 just given (about to wake), or still awake on GPUs being taken back.
 
     absent -> starting -> asleep -> waking -> awake -> draining -> asleep
-                 |          |         |         |          |
+                 |          |  ^      |         |          |
+                 |          |  +------+ (the device lacked the memory: nothing loaded)
                  +----------+---------+---------+----------+--> dead -> starting
 
 - starting: the process is being created (imports, config; no GPU memory);
 - asleep: the process is up, holds no weights on the device;
 - waking: loading the newest weights (and building the engine, where that needs the device);
+  a wake refused before it loads anything, because the device lacks the memory it
+  needs, leaves the process asleep (kept for a later wake elsewhere or there);
 - awake: generating; only awake workers take trajectories;
 - draining: aborting in-flight work and dropping weights (a shrink). A shrink
   never cuts a wake short: it waits for the wake to end (awake, or dead on a
@@ -42,7 +45,7 @@ WORKER_TRANSITIONS: dict[WorkerState | None, frozenset[WorkerState]] = {
     None: frozenset({WorkerState.STARTING}),
     WorkerState.STARTING: frozenset({WorkerState.ASLEEP, WorkerState.DEAD}),
     WorkerState.ASLEEP: frozenset({WorkerState.WAKING, WorkerState.DEAD}),
-    WorkerState.WAKING: frozenset({WorkerState.AWAKE, WorkerState.DEAD}),
+    WorkerState.WAKING: frozenset({WorkerState.AWAKE, WorkerState.ASLEEP, WorkerState.DEAD}),
     WorkerState.AWAKE: frozenset({WorkerState.DRAINING, WorkerState.DEAD}),
     WorkerState.DRAINING: frozenset({WorkerState.ASLEEP, WorkerState.DEAD}),
     WorkerState.DEAD: frozenset({WorkerState.STARTING}),

@@ -121,6 +121,13 @@ class SchedulerModel(StrictModel):
         default=False,
         description="a job with demand gets at least its free home bundles back at once from borrowers (sharing incentive)",
     )
+    guest_stage_fit: float = Field(
+        default=0.75,
+        ge=0,
+        le=1,
+        description="a guest's gang stage goes on GPUs another job owns only if it ends within this fraction of the "
+        "owner's shortest rollout and the owner's rollout left fits elsewhere in its home (0: it waits for the owner to leave)",
+    )
     priority_weight: float = Field(
         default=2.0, ge=1, le=100, description="a job's rollout share weight is multiplied by priority_weight ** priority"
     )

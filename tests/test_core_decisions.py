@@ -59,9 +59,9 @@ def test_gang_stage_preempts_only_overlapping_rollout_workers():
 def test_gang_stage_waits_for_another_gang_and_never_preempts_it():
     sched = two_jobs()
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN, role=None)])
-    # b's reference role is mapped over a's training GPUs
+    # b's reference role is mapped over a's training GPUs (b's home is its own: no guest rule)
     sched2 = Scheduler(TWO_NODES, "rlix")
-    register(sched2, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8), reference=range(2, 6)))
+    register(sched2, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8), reference=range(2, 6), home=range(4, 8)))
     sched2.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
     plan = sched2.step(1, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)])
     assert plan.grants == ()
@@ -72,7 +72,7 @@ def test_gang_stage_waits_for_another_gang_and_never_preempts_it():
 
 def test_blocked_high_priority_request_reserves_its_gpus():
     sched = Scheduler(NODE8, "rlix")
-    register(sched, spec("a", range(4), range(8)), spec("b", range(2, 8), range(8), reference=range(6, 8)))
+    register(sched, spec("a", range(4), range(8)), spec("b", range(2, 8), range(8), reference=range(6, 8), home=range(4, 8)))
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])  # holds 0-3
     # b's actor_train (priority 1) waits on 2-3; b's ref (priority 4) needs 6-7 only, which b's
     # blocked training has reserved, so it must not jump the queue.
@@ -99,9 +99,9 @@ def test_a_higher_priority_jobs_stage_goes_before_an_earlier_and_more_urgent_one
     sched = Scheduler(NODE8, "rlix")
     register(
         sched,
-        spec("a", range(8), range(8)),
-        spec("b", range(8), range(8)),
-        spec("vip", range(8), range(8), priority=1),
+        spec("a", range(8), range(8), home=(0, 1)),  # homes of their own: no job is another's guest
+        spec("b", range(8), range(8), home=(2, 3)),
+        spec("vip", range(8), range(8), priority=1, home=range(4, 8)),
     )
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
     # b's training (stage priority 1) asked first; vip's ref log-probs (stage priority 4) asked later

@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 from helpers import demand, owners, register, spec
 
-from rlix.core import ClusterSpec, ReleaseStage, ReportDemand, RequestStage, Scheduler, SchedulerConfig, ShrinkReason, Stage
+from rlix.core import (
+    ClusterSpec,
+    ReleaseStage,
+    ReportDemand,
+    RequestStage,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingError,
+    ShrinkReason,
+    Stage,
+    Unregister,
+)
 
 TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
 ON = SchedulerConfig(home_guarantee=True)
@@ -87,3 +98,65 @@ def test_a_job_with_demand_and_no_worker_gets_one_whatever_its_work_per_worker(g
     plan = sched.step(5, [demand("a", 68, loads), short])
     assert len(plan.shrinks) == 1 and len(owners(sched)["b"]) == 1
     assert not sched.step(7, [demand("a", 68, loads), short]).shrinks
+
+
+# --------------------------------------------------------------- guests' gang stages (guest_stage_fit)
+
+ONE_NODE = ClusterSpec(nodes=1, gpus_per_node=4)
+
+
+def _owner_after_one_step(config: SchedulerConfig = SchedulerConfig()) -> Scheduler:
+    """a owns GPUs 0-3 (it trains on 0-1): its model load took 10 s, its first rollout 100 s, its
+    training 10 s, released at t=120; b, a job queued for the same home, registers too."""
+    sched = Scheduler(ONE_NODE, "rlix", config)
+    register(sched, spec("a", (0, 1), range(4), home=range(4)), spec("b", (0, 1), range(4), home=range(4)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(10, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), demand("a", 40)])
+    sched.step(110, [demand("a", 0), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    sched.step(120, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    return sched
+
+
+def test_a_guests_gang_stage_waits_while_the_owners_rollout_is_unmeasured():
+    # a's first rollout is under way and has never been measured: b's model load on a's GPUs waits.
+    sched = Scheduler(ONE_NODE, "rlix")
+    register(sched, spec("a", (0, 1), range(4), home=range(4)), spec("b", (0, 1), range(4), home=range(4)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(10, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), demand("a", 4, {2: 1})])
+    plan = sched.step(20, [RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    assert not plan.grants and sched.pending_requests() == [("b", Stage.INIT)]
+
+
+def test_a_guests_gang_stage_goes_when_it_ends_well_before_the_owner_asks_and_costs_it_no_worker():
+    # a's rollout left (5 trajectories, 4 slots a worker: 2 workers) fits on GPUs 2-3, which b's
+    # model load does not touch, and the load (10 s, as a's took) ends at 135 s, before 120 s
+    # + 0.75 x a's shortest rollout (100 s): it goes.
+    sched = _owner_after_one_step()
+    plan = sched.step(125, [demand("a", 4, {2: 1}), RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.INIT)]
+
+
+@pytest.mark.parametrize(
+    ("now", "pending", "fit"),
+    [
+        (190, 4, 0.75),  # it would end at 200 s, after 120 + 75 s
+        (125, 12, 0.75),  # a's rollout left needs 4 workers: it would lose the two on b's GPUs
+        (125, 4, 0.0),  # guests' stages wait for the owner to leave, as under static
+    ],
+)
+def test_a_guests_gang_stage_that_would_cost_the_owner_waits(now, pending, fit):
+    sched = _owner_after_one_step(SchedulerConfig(guest_stage_fit=fit))
+    plan = sched.step(now, [demand("a", pending, {2: 1}), RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    assert not plan.grants and sched.pending_requests() == [("b", Stage.INIT)]
+
+
+def test_a_guests_gang_stage_goes_once_the_owner_has_left():
+    sched = _owner_after_one_step(SchedulerConfig(guest_stage_fit=0.0))
+    sched.step(125, [demand("a", 4, {2: 1}), RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    plan = sched.step(130, [Unregister(pipeline_id="a")])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.INIT)]
+
+
+def test_guest_stage_fit_outside_0_to_1_is_refused():
+    with pytest.raises(SchedulingError, match="guest_stage_fit"):
+        Scheduler(ONE_NODE, "rlix", SchedulerConfig(guest_stage_fit=1.5))

@@ -141,21 +141,21 @@ def run_and_check(policy: str, cluster, specs, actions, by_duration: bool) -> No
         granted |= {(g.pipeline_id, g.stage) for g in plan.grants}
         for key in granted:
             assert sched.granted(*key)
-        # liveness: the most urgent waiting request is blocked only by another gang, or (a job's
-        # admission under a partitioned baseline) by another admitted job holding part of its home
+        # liveness: the most urgent waiting request is blocked only by another gang, or by another
+        # admitted job holding part of its home: under a partitioned baseline a job's admission
+        # waits for it; under rlix a guest's stage may (guest_stage_fit), if that job came first
         waiting = sched.pending_requests()
         if waiting:
             first_pid, first_stage = waiting[0]
             gpus = sched._requests[(first_pid, first_stage)].gpus
             home = set(live[first_pid].home_gpus)
-            partition_taken = (
-                first_stage is Stage.INIT
-                and policy != "rlix"
-                and any(
-                    e.admitted and home & set(e.spec.home_gpus)
-                    for p, e in sched._view.pipelines.items()
-                    if p != first_pid and p in live
-                )
+            own = sched._view.pipelines[first_pid]
+            partition_taken = (first_stage is Stage.INIT or policy == "rlix") and any(
+                e.admitted
+                and home & set(e.spec.home_gpus)
+                and (policy != "rlix" or (e.admitted_at, p) < (own.admitted_at, first_pid))
+                for p, e in sched._view.pipelines.items()
+                if p != first_pid and p in live
             )
             assert partition_taken or any(isinstance(sched.ledger.owner[g], GangHolder) for g in gpus)
         # rollout workers sit only on bundles their pipeline may use

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import warnings
 
@@ -121,7 +122,11 @@ def test_a_rejoined_pipeline_asks_again_for_the_stage_it_waited_for():
     sched = Scheduler(NODE8, "rlix")
     events = [
         Rejoin(spec=spec("a", range(4), range(8)), gangs=((Stage.ACTOR_TRAIN, (0, 1, 2, 3)),)),
-        Rejoin(spec=spec("b", range(2, 6), range(8)), workers=((6,), (7,)), demand=demand("b", 10, loads={6: 4, 7: 4})),
+        Rejoin(
+            spec=spec("b", range(2, 6), range(8), home=range(4, 8)),
+            workers=((6,), (7,)),
+            demand=demand("b", 10, loads={6: 4, 7: 4}),
+        ),
         RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN),
     ]
     plan = sched.step(0, events)
@@ -222,7 +227,9 @@ def test_a_registered_id_bad_spec_or_bad_demand_is_refused():
 def busy_setup(rng: random.Random) -> Scheduler:
     """A random scheduler whose pipelines all stay: they ask for and release stages and report demand."""
     cluster = ClusterSpec(nodes=rng.randint(1, 3), gpus_per_node=rng.choice([1, 2, 4, 8]))
-    sched = Scheduler(cluster, rng.choice(POLICY_NAMES), random_knobs(rng))
+    # A restarted scheduler has measured no gang stage and no rollout yet, so until it has, a guest's
+    # stage waits (guest_stage_fit) where the old one might have let it go: compared with guests waiting.
+    sched = Scheduler(cluster, rng.choice(POLICY_NAMES), dataclasses.replace(random_knobs(rng), guest_stage_fit=0.0))
     specs = [random_spec(rng, cluster, f"p{i}") for i in range(rng.randint(2, 5))]
     specs = [s for s in specs if sched.policy.rollout_bundles(s)]
     sched.step(0.0, [Register(spec=s) for s in specs])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed
-from rlix.core.state import GangRequest, View
+from rlix.core.state import GangRequest, PipelineEntry, View
 from rlix.core.types import GangHolder, Gpus
 
 
@@ -58,6 +58,51 @@ def gang_order(view: View) -> list[GangRequest]:
         if any(owners.get(g, r.pipeline_id) != r.pipeline_id for g in view.pipelines[r.pipeline_id].spec.home_gpus)
     }
     return sorted(view.pending, key=lambda r: (-r.job_priority, r.pipeline_id in guests, r.stage.priority, r.seq))
+
+
+def guest_stage_fits(view: View, req: GangRequest) -> bool:
+    """May this gang stage start on GPUs that other jobs own (a guest's stage: an owner's, or one
+    on GPUs no other job of its priority or above owns, always may)? Under ``static`` a guest waits for the owner to leave;
+    here it may go first if, by what the scheduler has measured, it costs each of those owners
+    nothing: the owner's rollout left fits on its home bundles the stage does not touch, and the
+    stage ends (its last duration; the longest of any job's where it has none yet) within ``guest_stage_fit``
+    of the owner's shortest rollout, counted from its last release. Unknown, or an owner in a gang
+    stage: it waits."""
+    owners = home_owners(view)
+    pid = req.pipeline_id
+    if all(owners.get(g, pid) == pid for g in view.pipelines[pid].spec.home_gpus):
+        return True  # not a guest: its home is its own
+    # owners of a higher job priority than the request's go first anyway (gang_order)
+    others = sorted(
+        {o for g in req.gpus if (o := owners.get(g, pid)) != pid and view.pipelines[o].spec.priority >= req.job_priority}
+    )
+    if not others:
+        return True
+    fit = view.config.guest_stage_fit
+    took = view.pipelines[pid].gang_times.stage_s.get(req.stage)
+    if took is None:  # not measured for this job yet: the longest measured of any job
+        took = max((t for e in view.active() if (t := e.gang_times.stage_s.get(req.stage)) is not None), default=None)
+    if took is None or fit <= 0:
+        return False
+    owned, gpus = owned_bundles(view), set(req.gpus)
+    for o in others:
+        owner = view.pipelines[o]
+        times = owner.gang_times
+        if times.free_since is None or (gap := times.rollout_s()) is None or view.now + took > times.free_since + fit * gap:
+            return False
+        spare = sum(1 for b in owned.get(o, ()) if not gpus.intersection(b))
+        if _workers_left(owner) > spare:
+            return False
+    return True
+
+
+def _workers_left(entry: PipelineEntry) -> int:
+    """Workers the job's reported rollout still fills (queued and running trajectories over its slots)."""
+    report = entry.demand
+    if report is None:
+        return 0
+    left = report.pending + sum(load.active for load in report.loads)
+    return -(-left // entry.spec.slots_per_worker)
 
 
 def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, int]:

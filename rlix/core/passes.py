@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlix.core.homes import gang_order, guarantees
+from rlix.core.homes import gang_order, guarantees, guest_stage_fits
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
 from rlix.core.rebalance import rebalance, reclaim_homes
@@ -61,6 +61,8 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     owner = draft.owner
     for req in gang_order(view) if owners_first else view.pending:
         gpus = req.gpus
+        if owners_first and not guest_stage_fits(view, req):
+            continue  # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
         queue_home = view.pipelines[req.pipeline_id].spec.home_gpus if req.stage is Stage.INIT and admits is not None else ()
         if queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)):
             queued.update(queue_home)  # not admitted yet: its home stays free of later jobs, not of running ones

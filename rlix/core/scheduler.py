@@ -57,6 +57,8 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         raise SchedulingError("cluster: nodes and gpus_per_node must both be >= 1")
     if not (math.isfinite(config.priority_weight) and 1.0 <= config.priority_weight <= 100.0):
         raise SchedulingError(f"priority_weight={config.priority_weight}: must lie in 1..100")
+    if not (math.isfinite(config.guest_stage_fit) and 0.0 <= config.guest_stage_fit <= 1.0):
+        raise SchedulingError(f"guest_stage_fit={config.guest_stage_fit}: must lie in 0..1 (0: a guest waits for the owner)")
     if not (math.isfinite(config.turn_limit_s) and config.turn_limit_s > 0):
         raise SchedulingError(f"turn_limit_s={config.turn_limit_s}: must be a finite number > 0 (longer than a trajectory)")
     for name in ("small_first", "path_halving_s", "lost_cooldown_s"):
@@ -196,6 +198,7 @@ class Scheduler:
             raise SchedulingError(f"{where}: duplicate request (already {prior.state.value}); release it before asking again")
         check_transition(REQUEST_TRANSITIONS, None, RequestState.PENDING, where)
         gpus = requested_gpus(entry.spec, event)
+        entry.gang_times.requested(now)
         self._seq += 1
         self._requests[key] = GangRequest(
             pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq, job_priority=entry.spec.priority
@@ -212,6 +215,8 @@ class Scheduler:
         if req.state is RequestState.GRANTED:
             self.ledger.release_gang(*key)
             entry.note_release()  # a batch may open now
+            holds_another = any(pid == event.pipeline_id for pid, _ in self.ledger.gangs)
+            entry.gang_times.released(event.stage, now, holds_another=holds_another)
         del self._requests[key]
 
     def _report(self, event: ReportDemand, now: float) -> None:
@@ -260,6 +265,7 @@ class Scheduler:
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
             view.pipelines[grant.pipeline_id].admit(now)  # holds GPUs: its home is taken
+            view.pipelines[grant.pipeline_id].gang_times.granted(grant.stage, now)
         for expand in plan.expands:
             view.pipelines[expand.worker.pipeline_id].admit(now)
         for entry in view.pipelines.values():  # who waits for a first rollout worker, since when (starvation)

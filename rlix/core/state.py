@@ -20,6 +20,44 @@ def worker_loads(spec: PipelineSpec, report: ReportDemand) -> dict[int, int]:
 
 
 @dataclass(kw_only=True)
+class GangTimes:
+    """What the scheduler measures of a pipeline's gang stages, from its own grants and releases: how
+    long each stage last held its GPUs, and how soon, at the soonest, it asked for a gang stage again
+    after releasing each stage with none left (after the last stage of a step: its rollout)."""
+
+    stage_s: dict[Stage, float] = field(default_factory=dict)
+    granted_at: dict[Stage, float] = field(default_factory=dict)
+    gap_after: dict[Stage, float] = field(default_factory=dict)
+    free_since: float | None = None  # holds no gang stage since then (None: it holds one, or never released one)
+    last: Stage | None = None  # the stage it released then
+
+    def granted(self, stage: Stage, now: float) -> None:
+        self.granted_at[stage] = now
+        self.free_since = None
+
+    def released(self, stage: Stage, now: float, *, holds_another: bool) -> None:
+        start = self.granted_at.pop(stage, None)
+        if start is not None:
+            self.stage_s[stage] = now - start
+        if not holds_another:
+            self.free_since, self.last = now, stage
+
+    def requested(self, now: float) -> None:
+        if self.free_since is not None and self.last is not None:
+            gap = now - self.free_since
+            self.gap_after[self.last] = min(gap, self.gap_after.get(self.last, gap))
+
+    def rollout_s(self) -> float | None:
+        """The shortest stretch measured after releasing the stage it last released (None: none yet, or
+        it holds a stage now). Until a step's last stage has been followed by a rollout once, the
+        first rollout (after the model load) stands in for it."""
+        if self.free_since is None or self.last is None:
+            return None
+        known = [g for g in (self.gap_after.get(self.last), self.gap_after.get(Stage.INIT)) if g is not None]
+        return min(known, default=None)
+
+
+@dataclass(kw_only=True)
 class PipelineEntry:
     spec: PipelineSpec
     order: int  # registration sequence number: the tie-breaker between pipelines
@@ -47,6 +85,7 @@ class PipelineEntry:
     # and whether it released a gang stage since that count was set (a new batch may open then).
     credit_end: int | None = None
     released: bool = False
+    gang_times: GangTimes = field(default_factory=GangTimes)  # how long its gang stages and rollouts take
 
     @classmethod
     def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:

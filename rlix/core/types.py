@@ -399,6 +399,16 @@ class SchedulerConfig:
       others' gang stages go after its own of the same job priority, with
       the guarantee or without). Off by default (it costs makespan on
       mixed_agentic: see the README); off, the split alone decides.
+    - ``guest_stage_fit``: where homes overlap, a guest's gang stage (model
+      load, training, log-probs) may start on GPUs another job owns only if,
+      by what the scheduler has measured of both (each stage's last
+      duration, each job's shortest rollout after its last stage), it costs
+      that owner nothing: the owner's rollout left fits on its home bundles
+      the stage does not touch, and the stage ends within this fraction of
+      the owner's shortest rollout, counted from the owner's last release.
+      Otherwise it waits (unknown durations too). 0: a guest's gang stages
+      wait for the owner to leave, as under ``static``; nearer 1, guests go
+      sooner and an owner whose rollout ends early waits more often.
     - ``priority_weight``: a job's rollout share weight is multiplied by
       ``priority_weight ** priority`` (2: each priority level doubles it;
       1: priorities order gang stages only).
@@ -437,6 +447,7 @@ class SchedulerConfig:
     weight_by_duration: bool = False
     home_floor: bool = False
     home_guarantee: bool = False
+    guest_stage_fit: float = 0.75
     priority_weight: float = 2.0
     small_first: float = 3.0
     path_halving_s: float = 350.0

@@ -121,3 +121,28 @@ def assert_last_rows_are_the_summary(outputs, last: LastRows) -> None:
         assert f"{line.state} steps={row[2]} reward {row[3]}" in line.summary()
         res = outputs.results[line.name]
         assert line.step == res.steps_before + len(res.steps)
+
+
+def drawn_job(rng, pid: str, *, arrival: float | None, train: tuple[int, int], gpus: int, max_steps: int) -> dict:
+    """A job of the small random trace families (tests/test_sim_*.py): its tail, size, slots and
+    staleness drawn from ``rng`` in a fixed order (the families' draws depend on it); ``arrival``
+    None: drawn in 0-300 s. Rollout anywhere on the ``gpus`` of the cluster, training on ``train``."""
+    from rlix.sim.scenarios import _job
+
+    median = rng.choice([10.0, 20.0, 30.0])
+    rollout = median * rng.uniform(4, 8)
+    return _job(
+        pid,
+        arrival=round(rng.uniform(0, 300), 1) if arrival is None else arrival,
+        train=train,
+        infer=(0, gpus - 1),
+        steps=rng.randint(2, max_steps),
+        trajectories=rng.choice([32, 64, 128]),
+        median_s=median,
+        p99_s=median * 10,
+        max_s=median * 20,
+        typical_rollout_s=rollout,
+        seed=rng.randrange(1000),
+        slots=rng.choice([4, 8, 16]),
+        staleness=rng.choice([0, 1]),
+    )

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from helpers import drawn_job
 
-from rlix.sim.scenarios import _job
 from rlix.sim.simulator import replay
 from rlix.sim.trace import Trace, TraceModel
 
@@ -28,23 +28,8 @@ def random_trace(seed: int) -> Trace:
     n = rng.randint(2, 4)
     widths = [gpus // n] * n
     for i, width in enumerate(widths):
-        median = rng.choice([10.0, 20.0, 30.0])
-        rollout = median * rng.uniform(4, 8)
-        job = _job(
-            f"j{i}",
-            arrival=0.0 if i == 0 else round(rng.uniform(0, 300), 1),
-            train=(start, start + max(1, width // 4) - 1),
-            infer=(0, gpus - 1),
-            steps=rng.randint(2, 4),
-            trajectories=rng.choice([32, 64, 128]),
-            median_s=median,
-            p99_s=median * 10,
-            max_s=median * 20,
-            typical_rollout_s=rollout,
-            seed=rng.randrange(1000),
-            slots=rng.choice([4, 8, 16]),
-            staleness=rng.choice([0, 1]),
-        )
+        train = (start, start + max(1, width // 4) - 1)
+        job = drawn_job(rng, f"j{i}", arrival=0.0 if i == 0 else None, train=train, gpus=gpus, max_steps=4)
         job["home"] = list(range(start, start + width))
         jobs.append(job)
         start += width

@@ -6,7 +6,9 @@ least as much: its *guarantee* is the number of those bundles it could use
 now, and lending them to others lasts only while it does not want them. A
 GPU whose homes overlap (jobs queued for one partition) belongs to the job
 admitted first, the one ``static`` would be running there; the others are
-guests until it leaves.
+guests until it leaves. A guest's gang stages go after the owners' and start
+on an owner's GPUs only where they cost it nothing (:func:`guest_stage_fits`),
+with or without the guarantee.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def random_knobs(rng: random.Random) -> SchedulerConfig:
         small_first=rng.choice([0.0, 1.0, 3.0, rng.uniform(0.0, 10.0)]),
         path_halving_s=rng.choice([0.0, 350.0, rng.uniform(0.01, 5000.0)]),
         home_guarantee=rng.random() < 0.3,
+        guest_stage_fit=rng.choice([0.0, 0.75, 1.0, rng.random()]),
     )
 
 

@@ -157,6 +157,32 @@ def test_a_guests_gang_stage_goes_once_the_owner_has_left():
     assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("b", Stage.INIT)]
 
 
-def test_guest_stage_fit_outside_0_to_1_is_refused():
+def test_two_guests_do_not_take_the_room_the_owner_needs_between_them():
+    # a needs 2 workers; b's and c's model loads each leave it 2 of its 4 home GPUs, but not both.
+    sched = Scheduler(ONE_NODE, "rlix")
+    a, b, c = (spec(p, train, range(4), home=range(4)) for p, train in (("a", (0, 1)), ("b", (0, 1)), ("c", (2, 3))))
+    register(sched, a, b, c)
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(10, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), demand("a", 40)])
+    sched.step(110, [demand("a", 0), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    sched.step(120, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    asks = [RequestStage(pipeline_id=p, stage=Stage.INIT) for p in ("b", "c")]
+    plan = sched.step(125, [demand("a", 4, {2: 1}), *asks])
+    assert len(plan.grants) == 1  # b's or c's, whichever goes first; the other waits
+    later = sched.step(126, [demand("a", 4, {2: 1})])
+    assert not later.grants
+
+
+def test_a_guests_gang_stage_waits_for_room_a_borrower_holds():
+    # GPUs 2-3 are the owner's room, but a worker of b (a borrower) holds GPU 3: no room for two.
+    sched = _owner_after_one_step(SchedulerConfig(min_residency_s=1000.0))
+    sched.step(121, [demand("b", 40)])
+    assert 3 in owners(sched)["b"]
+    plan = sched.step(125, [demand("a", 4, {2: 1}), RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    assert not plan.grants
+
+
+@pytest.mark.parametrize("fit", [1.5, -0.1, float("nan")])
+def test_guest_stage_fit_outside_0_to_1_is_refused(fit):
     with pytest.raises(SchedulingError, match="guest_stage_fit"):
-        Scheduler(ONE_NODE, "rlix", SchedulerConfig(guest_stage_fit=1.5))
+        Scheduler(ONE_NODE, "rlix", SchedulerConfig(guest_stage_fit=fit))

@@ -213,7 +213,7 @@ class _Worker:
         self.wake_gate, self.sleep_gate, self.gen_gate = _Gate(), _Gate(), _Gate()
         self.dies_in_rollout = False
         self.cold = False  # its next wake builds the engine (as a vLLM worker's first wake on a GPU)
-        self.refuse_wake: Exception | None = None  # raised by its wakes (as a device short of memory does)
+        self.refuse_wake: Exception | None = None  # raised by its next wake (as a device short of memory does)
 
         async def prepare(model_dir):
             self.calls.append(("prepare",))
@@ -221,9 +221,10 @@ class _Worker:
 
         async def wake(full, *adapters):
             self.calls.append(("wake", full))
-            if self.refuse_wake is not None:
-                raise self.refuse_wake
             await self.wake_gate.event.wait()
+            refused, self.refuse_wake = self.refuse_wake, None
+            if refused is not None:
+                raise refused
             cold, self.cold = self.cold, False
             return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]), cold=cold)
 
@@ -487,7 +488,6 @@ def test_a_wake_refused_for_memory_keeps_the_process_asleep_and_gives_the_gpus_b
         worker.refuse_wake = NotEnoughMemoryError("device cuda:0: 1.0 GiB free, 3.0 GiB needed")
         await job.ctl.expand((0,))
         state = job.pool.workers[0].state
-        worker.refuse_wake = None
         await job.ctl.expand((0,))
         return job, worker, state
 
@@ -496,6 +496,34 @@ def test_a_wake_refused_for_memory_keeps_the_process_asleep_and_gives_the_gpus_b
     assert job.ctl.rec.counters.workers_lost == 1
     assert len(job.workers) == 1 and [c[0] for c in worker.calls] == ["prepare", "wake", "wake"]
     assert job.pool.workers[0].state is WorkerState.AWAKE
+
+
+def test_a_wake_refused_while_a_shrink_and_a_new_expand_wait_reports_nothing_lost():
+    """The plan takes GPU 0 back and gives it again while its worker's wake is under way; the wake
+    is then refused for memory. The GPUs went back with the shrink and belong to the new expand, so
+    nothing is reported lost, and the new expand wakes the same process."""
+    from rlix.exec.device_memory import NotEnoughMemoryError
+    from rlix.exec.rollout.pool import WorkerState
+
+    async def scenario():
+        job = _Job()
+        await _warm(job, (0,))
+        worker = job.worker((0,))
+        worker.wake_gate = _Gate(open_=False)
+        worker.refuse_wake = NotEnoughMemoryError("device cuda:0: 1.0 GiB free, 3.0 GiB needed")
+        first = asyncio.ensure_future(job.ctl.expand((0,)))
+        await _settle()
+        shrink = asyncio.ensure_future(job.ctl.shrink((0,), "gang"))
+        await _settle()
+        again = asyncio.ensure_future(job.ctl.expand((0,)))
+        await _settle()
+        worker.wake_gate.event.set()
+        await asyncio.wait_for(asyncio.gather(first, shrink, again), 1.0)
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.lost == [] and job.killed == []
+    assert job.pool.workers[0].state is WorkerState.AWAKE and job.pool.workers[0].granted
 
 
 def test_a_newer_weight_version_published_during_a_wake_is_synced_before_work():

@@ -60,7 +60,7 @@ def test_no_job_queued_for_a_home_finishes_much_later_than_under_static(seed):
 
 
 def test_nearly_every_draw_keeps_every_job_within_two_percent_of_static():
-    # 28 of these 30 draws (the other two: an owner 1.031x and 1.032x, a guest's stage that
-    # fitted the owner's shortest rollout so far, and the next rollout was shorter still)
+    # 29 of these 30 draws (the other: an owner 1.029x, a guest's stage that fitted the owner's
+    # shortest rollout so far, and the next rollout was shorter still)
     within = [seed for seed in DRAWS if max(slowdowns(seed)[0].values()) <= 1.02]
     assert len(within) >= 27, f"only {len(within)} of {len(DRAWS)} draws"

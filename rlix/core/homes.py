@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed
-from rlix.core.state import GangRequest, PipelineEntry, View
-from rlix.core.types import GangHolder, Gpus
+from rlix.core.state import GangRequest, PipelineEntry, View, worker_loads
+from rlix.core.types import GangHolder, Gpus, Holder
 
 
 def home_owners(view: View) -> dict[int, str]:
@@ -62,14 +62,19 @@ def gang_order(view: View) -> list[GangRequest]:
     return sorted(view.pending, key=lambda r: (-r.job_priority, r.pipeline_id in guests, r.stage.priority, r.seq))
 
 
-def guest_stage_fits(view: View, req: GangRequest) -> bool:
-    """May this gang stage start on GPUs that other jobs own (a guest's stage: an owner's, or one
-    on GPUs no other job of its priority or above owns, always may)? Under ``static`` a guest waits for the owner to leave;
-    here it may go first if, by what the scheduler has measured, it costs each of those owners
-    nothing: the owner's rollout left fits on its home bundles the stage does not touch, and the
-    stage ends (its last duration; the longest of any job's where it has none yet) within ``guest_stage_fit``
-    of the owner's shortest rollout, counted from its last release. Unknown, or an owner in a gang
-    stage: it waits."""
+def guest_stage_fits(view: View, draft: Draft, req: GangRequest) -> bool:
+    """May this gang stage start on GPUs that other jobs own?
+
+    A job whose home is its own, or a stage on no GPU that a job of its priority or above
+    owns, always may. A guest's stage (under ``static`` it would wait for the owner to
+    leave) may if, by what the scheduler has measured, it holds up none of those owners:
+    the owner asks for no gang stage now, its rollout left (queued and running) fits on
+    its home bundles that are free or its own and that the stage does not touch (what it
+    runs on the stage's GPUs continues on those), and the stage ends within
+    ``guest_stage_fit`` of the owner's shortest rollout, counted from its last release.
+    The stage's duration is its own last one, or the longest any active job's took where
+    it has none. Unmeasured: it waits, at worst until the owner leaves (as under ``static``).
+    """
     owners = home_owners(view)
     pid = req.pipeline_id
     if all(owners.get(g, pid) == pid for g in view.pipelines[pid].spec.home_gpus):
@@ -82,20 +87,32 @@ def guest_stage_fits(view: View, req: GangRequest) -> bool:
         return True
     fit = view.config.guest_stage_fit
     took = view.pipelines[pid].gang_times.stage_s.get(req.stage)
-    if took is None:  # not measured for this job yet: the longest measured of any job
+    if took is None:  # not measured for this job yet: the longest measured of any active job
         took = max((t for e in view.active() if (t := e.gang_times.stage_s.get(req.stage)) is not None), default=None)
     if took is None or fit <= 0:
         return False
-    owned, gpus = owned_bundles(view), set(req.gpus)
-    for o in others:
-        owner = view.pipelines[o]
-        times = owner.gang_times
-        if times.free_since is None or (gap := times.rollout_s()) is None or view.now + took > times.free_since + fit * gap:
-            return False
-        spare = sum(1 for b in owned.get(o, ()) if not gpus.intersection(b))
-        if _workers_left(owner) > spare:
-            return False
-    return True
+    asking = {r.pipeline_id for r in view.pending}
+    return all(o not in asking and _costs_owner_nothing(view, draft, view.pipelines[o], req, took, fit) for o in others)
+
+
+def _costs_owner_nothing(view: View, draft: Draft, owner: PipelineEntry, req: GangRequest, took: float, fit: float) -> bool:
+    times = owner.gang_times
+    gap = times.rollout_s()
+    if times.free_since is None or gap is None or view.now + took > times.free_since + fit * gap:
+        return False
+    oid, gpus, holder = owner.spec.pipeline_id, set(req.gpus), draft.owner
+    # Room for the owner's rollout: its home bundles apart from the stage's GPUs that are free or
+    # its own (not a gang's, granted in this draft too, nor a borrower's, which it would wait for).
+    room = sum(
+        1
+        for b in owned_bundles(view).get(oid, ())
+        if not gpus.intersection(b) and all(holder[g] is None or _rollout_of(holder[g], oid) for g in b)
+    )
+    return _workers_left(owner) <= room
+
+
+def _rollout_of(holder: Holder, pipeline_id: str) -> bool:
+    return not isinstance(holder, GangHolder) and holder.pipeline_id == pipeline_id
 
 
 def _workers_left(entry: PipelineEntry) -> int:
@@ -103,7 +120,7 @@ def _workers_left(entry: PipelineEntry) -> int:
     report = entry.demand
     if report is None:
         return 0
-    left = report.pending + sum(load.active for load in report.loads)
+    left = report.pending + sum(worker_loads(entry.spec, report).values())
     return -(-left // entry.spec.slots_per_worker)
 
 

@@ -61,9 +61,10 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     owner = draft.owner
     for req in gang_order(view) if owners_first else view.pending:
         gpus = req.gpus
-        if owners_first and not guest_stage_fits(view, req):
-            continue  # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
         queue_home = view.pipelines[req.pipeline_id].spec.home_gpus if req.stage is Stage.INIT and admits is not None else ()
+        if owners_first and not guest_stage_fits(view, draft, req):
+            queued.update(queue_home)  # a job not admitted yet keeps its place in the admission queue
+            continue  # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
         if queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)):
             queued.update(queue_home)  # not admitted yet: its home stays free of later jobs, not of running ones
             continue

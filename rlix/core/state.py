@@ -48,9 +48,10 @@ class GangTimes:
             self.gap_after[self.last] = min(gap, self.gap_after.get(self.last, gap))
 
     def rollout_s(self) -> float | None:
-        """The shortest stretch measured after releasing the stage it last released (None: none yet, or
-        it holds a stage now). Until a step's last stage has been followed by a rollout once, the
-        first rollout (after the model load) stands in for it."""
+        """How long it should go at the least before asking for a gang stage again, now that it holds
+        none (None: it holds one, or nothing is measured yet): the shorter of the shortest stretch
+        measured after the stage it last released and its first rollout (after the model load), which
+        stands in for the first while a step's last stage has never been followed by a rollout."""
         if self.free_since is None or self.last is None:
             return None
         known = [g for g in (self.gap_after.get(self.last), self.gap_after.get(Stage.INIT)) if g is not None]

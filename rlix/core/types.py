@@ -402,10 +402,11 @@ class SchedulerConfig:
     - ``guest_stage_fit``: where homes overlap, a guest's gang stage (model
       load, training, log-probs) may start on GPUs another job owns only if,
       by what the scheduler has measured of both (each stage's last
-      duration, each job's shortest rollout after its last stage), it costs
-      that owner nothing: the owner's rollout left fits on its home bundles
-      the stage does not touch, and the stage ends within this fraction of
-      the owner's shortest rollout, counted from the owner's last release.
+      duration, each job's shortest rollout after its last stage), it holds
+      that owner up in nothing: the owner asks for no gang stage, its rollout
+      left fits on its home bundles that are free or its own and that the
+      stage does not touch, and the stage ends within this fraction of the
+      owner's shortest rollout, counted from the owner's last release.
       Otherwise it waits (unknown durations too). 0: a guest's gang stages
       wait for the owner to leave, as under ``static``; nearer 1, guests go
       sooner and an owner whose rollout ends early waits more often.

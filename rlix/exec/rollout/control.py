@@ -123,14 +123,16 @@ class RolloutControl:
             self.hooks.lost(w.gpus, True)
         self.hooks.changed()
 
-    def _stand_down(self, w: Worker, why: str) -> None:
+    def _stand_down(self, w: Worker, gen: int, why: str) -> None:
         """A wake its device refused (short of memory): the process stays asleep, its GPUs go back as a
-        lost worker's do, so the scheduler places no worker of this job there for a while (a backoff)."""
+        lost worker's do, so the scheduler places no worker of this job there for a while (a backoff).
+        If a plan call came meanwhile (a shrink has given the GPUs back already, and a newer expand
+        will wake it again), only the process's state changes."""
         LOG.warning("%s: rollout worker on GPUs %s did not wake, kept asleep: %s", self.rec.pid, list(w.gpus), why)
-        was_granted, w.granted = w.granted, False
         self.pool.move(w, WorkerState.ASLEEP)
         self.rec.counters.workers_lost += 1
-        if was_granted:  # not shrunk meanwhile (a shrink has given the GPUs back already)
+        if w.generation == gen:
+            w.granted = False
             self._mark(w, WorkerPhase.GONE)
             self.hooks.lost(w.gpus, True)
         self.hooks.changed()
@@ -161,7 +163,7 @@ class RolloutControl:
             try:
                 timing = await self._wake(w)
             except NotEnoughMemoryError as exc:  # refused before loading anything: the process stays, asleep
-                self._stand_down(w, str(exc).strip().splitlines()[-1])
+                self._stand_down(w, gen, str(exc).strip().splitlines()[-1])
                 return
             except Exception as exc:  # noqa: BLE001 -- dead, hung or failing: no worker here
                 self._kill(w, f"wake failed: {exc}")

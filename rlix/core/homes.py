@@ -54,12 +54,13 @@ def gang_order(view: View) -> list[GangRequest]:
     """Pending gang requests, a guest's after every owner's of the same job priority: a job is a guest
     while some GPU of its home is another job's (it shares a partition it was not first in)."""
     owners = home_owners(view)
-    guests = {
-        r.pipeline_id
-        for r in view.pending
-        if any(owners.get(g, r.pipeline_id) != r.pipeline_id for g in view.pipelines[r.pipeline_id].spec.home_gpus)
-    }
+    guests = {r.pipeline_id for r in view.pending if _is_guest(view, owners, r.pipeline_id)}
     return sorted(view.pending, key=lambda r: (-r.job_priority, r.pipeline_id in guests, r.stage.priority, r.seq))
+
+
+def _is_guest(view: View, owners: dict[int, str], pipeline_id: str) -> bool:
+    """Is some GPU of its home another job's (see :func:`home_owners`)?"""
+    return any(owners.get(g, pipeline_id) != pipeline_id for g in view.pipelines[pipeline_id].spec.home_gpus)
 
 
 def guest_stage_fits(view: View, draft: Draft, req: GangRequest) -> bool:
@@ -77,8 +78,8 @@ def guest_stage_fits(view: View, draft: Draft, req: GangRequest) -> bool:
     """
     owners = home_owners(view)
     pid = req.pipeline_id
-    if all(owners.get(g, pid) == pid for g in view.pipelines[pid].spec.home_gpus):
-        return True  # not a guest: its home is its own
+    if not _is_guest(view, owners, pid):
+        return True
     # owners of a higher job priority than the request's go first anyway (gang_order)
     others = sorted(
         {o for g in req.gpus if (o := owners.get(g, pid)) != pid and view.pipelines[o].spec.priority >= req.job_priority}
@@ -86,10 +87,12 @@ def guest_stage_fits(view: View, draft: Draft, req: GangRequest) -> bool:
     if not others:
         return True
     fit = view.config.guest_stage_fit
+    if fit <= 0:
+        return False
     took = view.pipelines[pid].gang_times.stage_s.get(req.stage)
     if took is None:  # not measured for this job yet: the longest measured of any active job
         took = max((t for e in view.active() if (t := e.gang_times.stage_s.get(req.stage)) is not None), default=None)
-    if took is None or fit <= 0:
+    if took is None:
         return False
     asking = {r.pipeline_id for r in view.pending}
     return all(o not in asking and _costs_owner_nothing(view, draft, view.pipelines[o], req, took, fit) for o in others)

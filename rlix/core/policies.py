@@ -22,6 +22,9 @@ class Policy(abc.ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    # Its gang pass puts guests' stages after the owners' and only where they hold no owner up
+    # (rlix.core.homes.gang_order, guest_stage_fits); the scheduler's safe plan orders them alike.
+    owners_first: ClassVar[bool] = False
 
     @abc.abstractmethod
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
@@ -83,6 +86,7 @@ class RlixPolicy(Policy):
 
     name = "rlix"
     summary = "rollout workers of all jobs share idle GPUs, each job's share capped by its demand"
+    owners_first = True
 
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
         # Home bundles first: a worker there is rarely in another job's way.
@@ -98,7 +102,7 @@ class RlixPolicy(Policy):
         passes.shrink_departed(view, draft)
         # Admission is asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
         admits = self.admits if view.config.tenants else None
-        passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=True)
+        passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=self.owners_first)
         needs = passes.rollout_needs(view, blocked=set())
         guaranteed = passes.guarantees(view, draft, needs)
         shares = tenants.tenant_shares(view, draft, needs, passes.rollout_capacity(view, draft), guaranteed)

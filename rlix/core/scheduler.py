@@ -289,7 +289,7 @@ class Scheduler:
         self.violations.append(violation)
         draft = Draft(self.ledger, now)
         passes.shrink_departed(self._view, draft)
-        owners_first = self.policy.name == "rlix"  # as the policy orders guests' stages
+        owners_first = self.policy.owners_first  # guests' stages ordered as the policy orders them
         passes.gang_pass(self._view, draft, stop_own_rollout=False, admits=self.policy.admits, owners_first=owners_first)
         plan = draft.to_plan()
         try:

@@ -113,25 +113,22 @@ class RolloutControl:
             return
         if w.handle is not None:
             self.procs.kill(w.handle)
-        LOG.warning("%s: rollout worker on GPUs %s lost: %s", self.rec.pid, list(w.gpus), why)
-        was_granted = w.granted
-        self.pool.move(w, WorkerState.DEAD)
-        w.granted = False
-        self.rec.counters.workers_lost += 1
-        if was_granted:
-            self._mark(w, WorkerPhase.GONE)
-            self.hooks.lost(w.gpus, True)
-        self.hooks.changed()
+        self._lose(w, WorkerState.DEAD, f"lost: {why}", give_back=w.granted)
 
     def _stand_down(self, w: Worker, gen: int, why: str) -> None:
         """A wake its device refused (short of memory): the process stays asleep, its GPUs go back as a
         lost worker's do, so the scheduler places no worker of this job there for a while (a backoff).
         If a plan call came meanwhile (a shrink has given the GPUs back already, and a newer expand
         will wake it again), only the process's state changes."""
-        LOG.warning("%s: rollout worker on GPUs %s did not wake, kept asleep: %s", self.rec.pid, list(w.gpus), why)
-        self.pool.move(w, WorkerState.ASLEEP)
+        self._lose(w, WorkerState.ASLEEP, f"did not wake, kept asleep: {why}", give_back=w.generation == gen)
+
+    def _lose(self, w: Worker, state: WorkerState, why: str, *, give_back: bool) -> None:
+        """Count the worker lost, move its process to ``state``, and (``give_back``: its GPUs are still
+        the job's) report them lost to the scheduler, which cools the bundle down."""
+        LOG.warning("%s: rollout worker on GPUs %s %s", self.rec.pid, list(w.gpus), why)
+        self.pool.move(w, state)
         self.rec.counters.workers_lost += 1
-        if w.generation == gen:
+        if give_back:
             w.granted = False
             self._mark(w, WorkerPhase.GONE)
             self.hooks.lost(w.gpus, True)

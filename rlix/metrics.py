@@ -92,6 +92,10 @@ class UsageRecorder:
                 continue  # the same activity for the same owner: at most its fill changed
             self._switch(g, now, activity, who)
 
+    def doing(self, g: int) -> tuple[Activity, str, str]:
+        """What GPU ``g`` does now: (activity, pipeline id, stage)."""
+        return (self._act[g], *self._who[g])
+
     def _switch(self, g: int, now: float, activity: Activity, who: tuple[str, str]) -> None:
         """GPU ``g`` starts ``activity`` for ``who`` (pipeline, stage) at ``now``: close what it did before."""
         old = self._act[g]

@@ -67,9 +67,12 @@ def _result(pid: str, streams: tuple[str, ...], sync_s: float) -> JobResult:
     switches = (
         SwitchRecord(kind=SwitchKind.WAKE, t=1.0, seconds=0.25),
         SwitchRecord(kind=SwitchKind.SLEEP, t=3.0, seconds=0.125),
+        SwitchRecord(kind=SwitchKind.STAGE_LOAD, t=2.5, seconds=0.0625),
+        SwitchRecord(kind=SwitchKind.STAGE_OFFLOAD, t=2.75, seconds=0.0375),
         SwitchRecord(kind=SwitchKind.SYNC, t=4.0, seconds=sync_s, synced_bytes=1024),
-        SwitchRecord(kind=SwitchKind.PROCESS_START, t=0.5, seconds=3.0),  # in the background
-        SwitchRecord(kind=SwitchKind.PROCESS_START, t=2.0, seconds=5.0),
+        SwitchRecord(kind=SwitchKind.PROCESS_START, t=0.5, seconds=3.0),  # in the background, on arrival
+        SwitchRecord(kind=SwitchKind.PROCESS_START, t=2.0, seconds=5.0),  # once the model is loaded (at 1.75 s)
+        SwitchRecord(kind=SwitchKind.PROCESS_START, t=2.0, seconds=7.0),
     )
     return JobResult(
         pipeline_id=pid,
@@ -107,8 +110,10 @@ def test_recorded_trace_carries_what_the_run_registered_and_measured():
     assert lora.home == [3] and lora.priority == 1 and full.slots_per_worker == 2
     assert [a.id for a in lora.adapters] == ["copy", "rev"] and all(len(a.steps) == 2 for a in lora.adapters)
     assert full.switch.weight_sync_s == 0.0625 and lora.switch.adapter_sync_s == 0.0375 and lora.switch.weight_sync_s == 0.0
-    assert full.switch.load_s == 0.25 and full.switch.offload_s == 0.125 and full.init_s == 1.25
-    assert full.switch.start_s == 4.0  # a worker process's mean start-up: a replay places no worker before it
+    assert full.switch.load_s == 0.25 and full.switch.offload_s == 0.125 and full.init_s == 1.25  # rollout workers'
+    assert full.switch.stage_load_s == 0.0625 and full.switch.stage_offload_s == 0.0375  # stages', kept apart
+    # a worker process's mean start-up, on arrival and once the model is loaded: a replay places no worker before it
+    assert full.switch.start_s == 3.0 and full.switch.start_later_s == 6.0
     assert full.steps[0].trajectories == [0.4, 0.5, 0.6] and full.steps[0].stages == {"old_logprobs": 0.31, "actor_train": 0.52}
 
 

@@ -248,14 +248,18 @@ def test_stage_seconds_scale_with_the_batch_tokens():
 
 
 def test_consecutive_stages_on_the_same_gpus_share_one_load_and_offload():
-    def train_span(cost: dict) -> float:
-        sim = Simulation(_trace(_stage_job(cost)), "rlix")
+    def train_span(cost: dict, **switch) -> float:
+        job = _stage_job(cost)
+        job["switch"].update(switch)
+        sim = Simulation(_trace(job), "rlix")
         sim.run()
         rec = sim.pipelines["job"].history[0]
         return rec.train_end - rec.rollout_end
 
     assert train_span({}) == pytest.approx(2 * (5 + 3) + 20 + 40)
     assert train_span({"share_load": True}) == pytest.approx(5 + 20 + 40 + 3)
+    # a stage's own load and offload seconds, where given, stand in for the rollout worker's
+    assert train_span({}, stage_load_s=1, stage_offload_s=0.5) == pytest.approx(2 * (1 + 0.5) + 20 + 40)
 
 
 def test_jobs_sharing_training_gpus_with_shared_loads_lose_nothing_under_every_policy():
@@ -357,8 +361,11 @@ def test_a_higher_priority_job_finishes_sooner_than_its_equal_twin():
     assert ranked.trajectories_completed == equal.trajectories_completed == 2 * 4 * 64
 
 
-@pytest.mark.parametrize("start_s", [0.0, 20.0])
-def test_worker_processes_start_on_the_home_at_arrival_and_elsewhere_once_the_model_is_loaded(start_s):
+@pytest.mark.parametrize(
+    ("start", "home_up", "other_up"),
+    [({"start_s": 0.0}, 10.0, 10.0), ({"start_s": 20.0}, 20.0, 30.0), ({"start_s": 20.0, "start_later_s": 5.0}, 20.0, 15.0)],
+)
+def test_worker_processes_start_on_the_home_at_arrival_and_elsewhere_once_the_model_is_loaded(start, home_up, other_up):
     """With a process start-up time, a worker placed before its process is up waits for it: those on
     the home start when the job arrives, the others once its model is loaded (as the executor does)."""
     job = {
@@ -367,7 +374,7 @@ def test_worker_processes_start_on_the_home_at_arrival_and_elsewhere_once_the_mo
         "home": [0, 1],
         "slots_per_worker": 1,
         "init_s": 10,
-        "switch": {**NO_SWITCH, "start_s": start_s},
+        "switch": {**NO_SWITCH, **start},
         "steps": [{"trajectories": [50.0] * 8, "stages": {"actor_train": 1}}],
     }
     sim = Simulation(_trace(job, gpus_per_node=4), "rlix", keep_segments=True)
@@ -376,4 +383,8 @@ def test_worker_processes_start_on_the_home_at_arrival_and_elsewhere_once_the_mo
     for g, start, _, activity, _, stage in sim.usage.segments:
         if stage == "rollout" and activity.value == "work":
             first_busy[g] = min(first_busy.get(g, start), start)
-    assert first_busy == ({0: 20.0, 1: 20.0, 2: 30.0, 3: 30.0} if start_s else {g: 10.0 for g in range(4)})
+    assert first_busy == {0: home_up, 1: home_up, 2: other_up, 3: other_up}
+    # the GPUs waiting for a process are booked as the executor books them: switching, in the "start" phase
+    waits = {g: end - start for g, start, end, activity, _, stage in sim.usage.segments if stage == "start"}
+    assert waits == {g: up - 10.0 for g, up in enumerate([home_up] * 2 + [other_up] * 2) if up > 10.0}
+    assert all(a.value == "switch" for _, _, _, a, _, stage in sim.usage.segments if stage == "start")

@@ -179,7 +179,7 @@ class SimPipeline:
         self.host.usage.set(e.gpus, self.env.now, e.activity, self.pid if e.stage else "", e.stage)
 
     def load(self, e: Load) -> None:
-        seconds = self.model.init_s if e.stage is Stage.INIT else self.model.switch.load_s
+        seconds = self.model.init_s if e.stage is Stage.INIT else self.model.switch.stage_load()
         wait = max(self.gpus_ready[e.stage] - self.env.now, 0.0)  # a stranger's offload still running there
         self._after(wait + seconds, lambda now: self._loaded(e.stage, now))
 
@@ -191,10 +191,13 @@ class SimPipeline:
     def process_up(self, gpus: tuple[int, ...]) -> float:
         """When this job's worker process on ``gpus`` is up: started in the background on arrival
         (home bundles) or once the model is loaded (the others), :func:`rlix.job.warm_order`."""
-        start = self.model.switch.start_s
+        sw = self.model.switch
+        if gpus in self.warm_first:
+            since, start = self.model.arrival_s, sw.start_s
+        else:
+            since, start = self.loaded_at, sw.start_later()
         if start <= 0:
             return 0.0  # always up
-        since = self.model.arrival_s if gpus in self.warm_first else self.loaded_at
         return (self.env.now if since is None else since) + start
 
     def work(self, e: Work) -> None:
@@ -202,7 +205,7 @@ class SimPipeline:
         self._after(seconds, lambda now: self.machine.worked(e.stage, seconds, now))
 
     def offload(self, e: Offload) -> None:
-        offload_s = self.model.switch.offload_s
+        offload_s = self.model.switch.stage_offload()
         if e.keep:  # the next stage of this step runs here: the model stays, its offload is owed to a stranger
             self.host.park(self.pid, e.gpus, offload_s)
             self._do(self.machine.offloaded(e.stage, self.env.now))

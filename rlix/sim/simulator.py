@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import simpy
 
 from rlix.core import Event, Plan, Policy, Scheduler, check_ledger
-from rlix.job import WorkerPhase, lower_bounds
+from rlix.job import WorkerPhase, lower_bounds, worker_booking
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.sim.engine import book_worker
 from rlix.sim.pipeline import Host, SimPipeline
@@ -167,10 +167,21 @@ class Simulation:
                 self._offload_stamp[g] += 1
                 self.parked.pop(g, None)
             versions, sync_s = p.new_worker_versions()
-            up = max(now, max(self.gpu_ready[g] for g in w.gpus), p.process_up(w.gpus))  # GPUs free, process started
-            ready = up + p.model.switch.load_s + sync_s
-            book_worker(usage, w.gpus, now, WorkerPhase.LOAD, p.pid)
+            free, process = max(now, max(self.gpu_ready[g] for g in w.gpus)), p.process_up(w.gpus)
+            ready = max(free, process) + p.model.switch.load_s + sync_s
+            if process > free:  # placed before its process is up: the GPUs wait for it, then the worker wakes
+                book_worker(usage, w.gpus, now, WorkerPhase.START, p.pid)
+                self.env.process(self._load_after(w.gpus, process, p.pid))
+            else:
+                book_worker(usage, w.gpus, now, WorkerPhase.LOAD, p.pid)
             p.engine.add_worker(w, ready, versions)
+
+    def _load_after(self, gpus: tuple[int, ...], at: float, pipeline_id: str):
+        """At ``at`` the process is up: GPUs still waiting for it (not shrunk, not yet generating) load."""
+        yield self.env.timeout(at - self.env.now)
+        waiting = (Activity.SWITCH, pipeline_id, worker_booking(WorkerPhase.START)[1])
+        if all(self.usage.doing(g) == waiting for g in gpus):
+            book_worker(self.usage, gpus, self.env.now, WorkerPhase.LOAD, pipeline_id)
 
     def _free_after(self, gpus: tuple[int, ...], at: float, stamps: list[int]):
         yield self.env.timeout(at - self.env.now)

@@ -43,8 +43,8 @@ class TraceError(ValueError):
 class SwitchModel(StrictModel):
     """Seconds a GPU spends switching (charged by the simulator)."""
 
-    offload_s: Seconds = Field(default=2.0, description="shrinking a rollout worker / ending a stage")
-    load_s: Seconds = Field(default=5.0, description="expanding a rollout worker / starting a stage")
+    offload_s: Seconds = Field(default=2.0, description="shrinking a rollout worker (and ending a stage, unless stage_offload_s)")
+    load_s: Seconds = Field(default=5.0, description="expanding a rollout worker (and starting a stage, unless stage_load_s)")
     weight_sync_s: Seconds = Field(default=1.0, description="pushing new weights to a live or resumed rollout worker")
     adapter_sync_s: Seconds = Field(default=0.2, description="pushing one LoRA adapter to a rollout worker")
     resume_s: Seconds = Field(default=1.0, description="re-prefilling a continued trajectory on its new worker")
@@ -54,6 +54,22 @@ class SwitchModel(StrictModel):
         "it arrives, the others once its model is loaded; a worker placed before its process is up waits for it "
         "(0: always up)",
     )
+    start_later_s: Seconds | None = Field(
+        default=None,
+        description="starting a rollout worker's process on the job's other bundles, once its model is loaded "
+        "(null: start_s); a measured trace keeps it apart because the home's starts share the machine with the model load",
+    )
+    stage_load_s: Seconds | None = Field(default=None, description="starting a stage (null: load_s)")
+    stage_offload_s: Seconds | None = Field(default=None, description="ending a stage (null: offload_s)")
+
+    def stage_load(self) -> float:
+        return self.load_s if self.stage_load_s is None else self.stage_load_s
+
+    def stage_offload(self) -> float:
+        return self.offload_s if self.stage_offload_s is None else self.stage_offload_s
+
+    def start_later(self) -> float:
+        return self.start_s if self.start_later_s is None else self.start_later_s
 
 
 class DurationDist(StrictModel):

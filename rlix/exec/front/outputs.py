@@ -149,16 +149,25 @@ def _pipeline(job: JobConfig, pid: str, res: JobResult) -> PipelineModel:
 
 
 def _switch(res: JobResult, lora: bool) -> SwitchModel:
-    """Mean measured seconds of each kind of switch (0 where none happened)."""
+    """Mean measured seconds of each kind of switch (0 where none happened). Rollout workers' and
+    stages' loads and offloads are kept apart, and so are the worker processes started on arrival
+    (beside the model load) and those started once the model was loaded."""
     sw = {k: [s.seconds for s in res.switches if s.kind is k] for k in SwitchKind}
+    loaded = res.arrival_s + res.init_s
+    starts = [s for s in res.switches if s.kind is SwitchKind.PROCESS_START]
+    early = [s.seconds for s in starts if s.t < loaded]
+    later = [s.seconds for s in starts if s.t >= loaded]
     sync = round(_mean(sw[SwitchKind.SYNC], 0.0), 4)
     return SwitchModel(
-        offload_s=round(_mean(sw[SwitchKind.SLEEP] + sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),
-        load_s=round(_mean(sw[SwitchKind.WAKE] + sw[SwitchKind.STAGE_LOAD], 0.0), 4),
+        offload_s=round(_mean(sw[SwitchKind.SLEEP], 0.0), 4),
+        load_s=round(_mean(sw[SwitchKind.WAKE], 0.0), 4),
+        stage_offload_s=round(_mean(sw[SwitchKind.STAGE_OFFLOAD], 0.0), 4),
+        stage_load_s=round(_mean(sw[SwitchKind.STAGE_LOAD], 0.0), 4),
         weight_sync_s=0.0 if lora else sync,
         **({"adapter_sync_s": sync} if lora else {}),
         resume_s=0.0,  # a continued trajectory's re-prefill is inside its measured segments' seconds
-        start_s=round(_mean(sw[SwitchKind.PROCESS_START], 0.0), 4),
+        start_s=round(_mean(early or later, 0.0), 4),
+        start_later_s=round(_mean(later or early, 0.0), 4),
     )
 
 

@@ -116,6 +116,7 @@ def demand_report(
     switch_s: float = 0.0,
     path_s: float = 0.0,
     finished: int = 0,
+    starting: Iterable[int] = (),
 ) -> ReportDemand:
     """A pipeline's rollout demand, with one meaning in both shells.
 
@@ -129,7 +130,8 @@ def demand_report(
     - ``switch_s``: seconds to wake one more worker and sync its weights (0: unknown);
     - ``path_s``: seconds of the job's chain of steps still ahead (:func:`remaining_path_s`; 0: unknown);
     - ``finished``: trajectories finished so far, all steps (0: unknown; a worker given to the job
-      after it starved is then kept, while busy, for the scheduler's whole ``turn_limit_s``).
+      after it starved is then kept, while busy, for the scheduler's whole ``turn_limit_s``);
+    - ``starting``: first GPUs of its rollout bundles whose worker process is still starting.
     """
     if min(pending, open_trajectories, backlog, finished) < 0 or min(trajectory_s, switch_s, path_s) < 0:
         raise JobModelError(f"{pipeline_id}: demand counts and trajectory seconds must be >= 0")
@@ -143,6 +145,7 @@ def demand_report(
         switch_s=switch_s,
         path_s=path_s,
         finished=finished,
+        starting=tuple(sorted(set(starting))),
     )
 
 

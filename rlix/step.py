@@ -547,10 +547,12 @@ class StepMachine:
         switch_s: float,
         longest_s: float,
         finished: int,
+        starting: Iterable[int] = (),
     ) -> ReportDemand:
         """The demand report, from the rollout engine's figures and the machine's own.
 
         An announced batch counts as queued (and no longer as backlog) until it is produced.
+        ``starting``: first GPUs of the bundles whose worker process is still starting.
         """
         r = self.rollouts
         ahead = sum(r.announced.values())
@@ -564,6 +566,7 @@ class StepMachine:
             switch_s=switch_s,
             path_s=r.path_s(longest_s, self.train_s),
             finished=finished,
+            starting=starting,
         )
 
     @property

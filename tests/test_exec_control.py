@@ -274,6 +274,7 @@ class _Job:
         self.lost: list[tuple] = []
         self.finished: list[int] = []
         self.fatal: list[BaseException] = []
+        self.changes = 0  # demand changes signalled (each sends a demand report)
         hooks = Hooks(
             now=lambda: 0.0,
             spawn=self._spawn,
@@ -281,7 +282,7 @@ class _Job:
             finished=lambda q, result: self.finished.append(q.traj_id),
             fatal=self.fatal.append,
             lost=lambda gpus, failed: self.lost.append(tuple(gpus) if failed else ("drained", *gpus)),
-            changed=lambda: None,
+            changed=self._changed,
         )
         procs = Processes(kill=self.killed.append, died=(_Died,), refused=(_Refused,))
         self.pool, self.queue = WorkerPool(slots), RolloutQueue(max_tries=2)
@@ -294,6 +295,9 @@ class _Job:
             model_dir="/model",
             procs=procs,
         )
+
+    def _changed(self) -> None:
+        self.changes += 1
 
     def _spawn(self, gpus, first):
         self.workers.append(_Worker(gpus, self.prepare_gate))
@@ -585,3 +589,23 @@ def test_an_expand_onto_a_starting_worker_books_the_start_then_the_wake():
         (Activity.HELD, "rollout"),
     ]
     assert [s.kind for s in job.ctl.rec.switches] == [SwitchKind.COLD_START, SwitchKind.WAKE]
+
+
+def test_a_process_starting_in_the_background_is_reported_starting_until_it_is_up():
+    """The demand report names the bundles whose process starts in the background (the scheduler places no
+    worker there yet); once one is up, a change is signalled so the next report leaves it out."""
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        job.ctl.warm([(0,), (1,)])
+        assert job.pool.starting() == [0, 1]  # at once: the report sent next already names them
+        await _settle()
+        before = job.changes
+        job.prepare_gate.event.set()
+        await _settle()
+        return job, before
+
+    job, before = asyncio.run(scenario())
+    assert job.pool.starting() == []
+    assert job.changes == before + 2  # one per process up

@@ -38,6 +38,7 @@ from rlix.core.types import (
     ReleaseStage,
     ReportDemand,
     RequestStage,
+    Role,
     RolloutWorker,
     SchedulerConfig,
     Stage,
@@ -222,6 +223,12 @@ class Scheduler:
     def _report(self, event: ReportDemand, now: float) -> None:
         entry = self._active(event.pipeline_id)
         check_demand(event)
+        firsts = {b[0] for b in entry.spec.role(Role.ACTOR_INFER).bundles}
+        if unknown := [g for g in event.starting if g not in firsts]:
+            raise SchedulingError(
+                f"pipeline '{event.pipeline_id}' reports GPU {unknown[0]} starting, which begins none of its rollout bundles; "
+                "report the first GPU of a bundle of its actor_infer mapping"
+            )
         entry.record_demand(event, now)
 
     def _worker_lost(self, event: WorkerLost, now: float) -> None:

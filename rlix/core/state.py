@@ -75,6 +75,7 @@ class PipelineEntry:
     # an object of rlix.core.shares, typed loosely here to keep this module below it.
     need_cache: object = None
     cooling: dict[Gpus, float] = field(default_factory=dict)  # bundle -> until when no worker goes there (lost one)
+    starting: frozenset[Gpus] = frozenset()  # bundles whose worker process is still starting: no worker goes there
     wanting_since: float = float("inf")  # since when it has had trajectories waiting and no rollout worker
     # The worker (first GPU) it got after starving, its finished count and the time then: no
     # rebalance takes that worker while busy until the job has finished a trajectory more, or
@@ -111,8 +112,22 @@ class PipelineEntry:
         """Bundles whose cooldown is over are candidates again; whether some still cool."""
         for bundle in [b for b, until in self.cooling.items() if until <= now]:
             del self.cooling[bundle]
-            self.bundle_of.update(dict.fromkeys(bundle, bundle))
+            if bundle not in self.starting:
+                self.bundle_of.update(dict.fromkeys(bundle, bundle))
         return bool(self.cooling)
+
+    def set_starting(self, bundles: frozenset[Gpus]) -> None:
+        """``bundles`` (its rollout bundles) have their worker process still starting: they leave the
+        candidates until a report leaves them out."""
+        if bundles == self.starting:
+            return
+        for bundle in self.starting - bundles:
+            if bundle not in self.cooling:
+                self.bundle_of.update(dict.fromkeys(bundle, bundle))
+        for bundle in bundles - self.starting:
+            for g in bundle:
+                self.bundle_of.pop(g, None)
+        self.starting = bundles
 
     def note_wanting(self, now: float, held: Collection[int], config: SchedulerConfig) -> None:
         """After a plan: start (or stop) the clock of waiting for a first rollout worker, and
@@ -151,6 +166,8 @@ class PipelineEntry:
         """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""
         self.demand = report
         self.reported_at = now
+        if report.starting or self.starting:
+            self.set_starting(frozenset(b for b in self.rollout_bundles if b[0] in report.starting))
         self.credit_batches(report, opening=self.released)
         self.released = False
 

@@ -249,6 +249,9 @@ class ReportDemand:
     switch_s: float = 0.0  # seconds to wake one new worker and sync its weights (0 if unknown)
     path_s: float = 0.0  # seconds of the job's chain of steps still ahead, from measured figures (0 if unknown)
     finished: int = 0  # trajectories finished so far, all steps (0 if unknown): ends a starving job's turn
+    # First GPUs of its rollout bundles whose worker process is still starting: no worker goes there
+    # until a report leaves them out (one placed there would hold the GPUs idle until its process is up).
+    starting: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,6 +86,7 @@ class SimPipeline:
         self.gpus_ready: dict[Stage, float] = {}  # granted stage -> when its GPUs' last offload ends (seconds)
         self.loaded_at: float | None = None  # when the model load ended (None: not yet)
         self.warm_first = set(warm_order(spec.role(Role.ACTOR_INFER).bundles, spec.home_gpus)[0])
+        self.starting: dict[int, float] = {}  # first GPU of a bundle -> when its worker process is up (once loaded)
         self.engine = RolloutEngine(
             self.env,
             pipeline_id=self.pid,
@@ -160,6 +161,7 @@ class SimPipeline:
             switch_s=self.model.switch.load_s + self.model.switch.weight_sync_s,  # wake + weight sync of one worker
             longest_s=self.engine.longest_s,
             finished=self.engine.completed,
+            starting=self.starting,
         )
 
     # ------------------------------------------------------------ effects
@@ -186,7 +188,24 @@ class SimPipeline:
     def _loaded(self, stage: Stage, now: float) -> list[Effect]:
         if stage is Stage.INIT:
             self.loaded_at = now
+            self._watch_processes(now)
         return self.machine.loaded(stage, now)
+
+    def _watch_processes(self, now: float) -> None:
+        """Report the bundles whose worker process is not up yet as starting, and report
+        again as each comes up (so the scheduler places no worker there before)."""
+        for gpus in self.spec.role(Role.ACTOR_INFER).bundles:
+            up = self.process_up(gpus)
+            if up > now:
+                self.starting[gpus[0]] = up
+        for up in sorted(set(self.starting.values())):
+            self.env.timeout(up - now).callbacks.append(lambda _, up=up: self._processes_up(up))
+
+    def _processes_up(self, up: float) -> None:
+        for g in [g for g, t in self.starting.items() if t <= up]:
+            del self.starting[g]
+        self.host.demand_changed(self.pid)
+        self.host.request_plan()
 
     def process_up(self, gpus: tuple[int, ...]) -> float:
         """When this job's worker process on ``gpus`` is up: started in the background on arrival

@@ -288,4 +288,5 @@ class StepRunner:
             switch_s=self.rec.mean_switch_s(),
             longest_s=self.rec.longest_gen_s,
             finished=self.rec.finished,
+            starting=self.p.rollout.pool.starting(),
         )

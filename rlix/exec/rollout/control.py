@@ -89,11 +89,11 @@ class RolloutControl:
     def _start(self, w: Worker) -> asyncio.Task:
         task = self.starting.get(w.first)
         if task is None or (task.done() and w.state is WorkerState.DEAD):
+            self.pool.move(w, WorkerState.STARTING)  # at once: the next demand report names it starting
             task = self.starting[w.first] = asyncio.get_running_loop().create_task(self._boot(w))
         return task
 
     async def _boot(self, w: Worker) -> bool:
-        self.pool.move(w, WorkerState.STARTING)
         t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
         w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
         self.spawned.add(w.first)
@@ -105,6 +105,7 @@ class RolloutControl:
         if background:  # the start-up a replay models (a cold start is booked by the expand)
             self.rec.switch(SwitchKind.PROCESS_START, t, self.hooks.now() - t)
         self.pool.move(w, WorkerState.ASLEEP)
+        self.hooks.changed()  # up: a worker may go there now
         return True
 
     def _kill(self, w: Worker, why: str) -> None:

@@ -118,6 +118,11 @@ class WorkerPool:
         """Trajectories running per awake worker (the demand report's ``loads``)."""
         return tuple(WorkerLoad(first_gpu=w.first, active=len(w.inflight)) for w in self.in_state(WorkerState.AWAKE))
 
+    def starting(self) -> list[int]:
+        """First GPUs of the bundles whose process is starting in the background (the demand
+        report's ``starting``: the scheduler places no worker there until it is up)."""
+        return [w.first for w in self.in_state(WorkerState.STARTING) if not w.granted]
+
     def leaving_trajectories(self) -> int:
         """Trajectories still in flight on workers a shrink is draining: they come back to the
         queue, so the demand report counts them as queued (finished + queued + running then

@@ -46,6 +46,16 @@ def test_a_bundle_both_cooling_and_starting_comes_back_once_both_are_over():
     assert [e.worker.gpus for e in sched.step(12, [demand("a", 40, loads={0: 4, 1: 4, 3: 4})]).expands] == [(2,)]
 
 
+def test_a_worker_lost_where_a_report_already_names_its_process_starting_still_cools_the_bundle():
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", SchedulerConfig(lost_cooldown_s=10))
+    register(sched, spec("a", range(1), range(4)))
+    sched.step(0, [demand("a", 40)])
+    # the process on GPU 2 died and a new one starts: the report says so before the loss is reported
+    sched.step(1, [_starting(demand("a", 40, loads={0: 4, 1: 4, 3: 4}), 2), WorkerLost(pipeline_id="a", first_gpu=2)])
+    assert sched.step(2, [demand("a", 40, loads={0: 4, 1: 4, 3: 4})]).expands == ()  # up, but cooling
+    assert [e.worker.gpus for e in sched.step(11).expands] == [(2,)]
+
+
 def test_a_starting_gpu_that_begins_none_of_the_jobs_bundles_is_refused():
     sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix")
     register(sched, spec("a", range(1), range(4), tp=2))

@@ -275,6 +275,7 @@ class _Job:
         self.finished: list[int] = []
         self.fatal: list[BaseException] = []
         self.changes = 0  # demand changes signalled (each sends a demand report)
+        self.spawn_fails = False  # creating a worker process raises (as the runtime refusing its options)
         hooks = Hooks(
             now=lambda: 0.0,
             spawn=self._spawn,
@@ -300,6 +301,8 @@ class _Job:
         self.changes += 1
 
     def _spawn(self, gpus, first):
+        if self.spawn_fails:
+            raise RuntimeError("no process could be created")
         self.workers.append(_Worker(gpus, self.prepare_gate))
         return self.workers[-1]
 
@@ -609,3 +612,16 @@ def test_a_process_starting_in_the_background_is_reported_starting_until_it_is_u
     job, before = asyncio.run(scenario())
     assert job.pool.starting() == []
     assert job.changes == before + 2  # one per process up
+
+
+def test_a_process_that_cannot_be_created_is_dead_not_starting_for_ever():
+    from rlix.exec.rollout.pool import WorkerState
+
+    async def scenario():
+        job = _Job()
+        job.spawn_fails = True
+        await _warm(job, (0,))
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.pool.workers[0].state is WorkerState.DEAD and job.pool.starting() == []

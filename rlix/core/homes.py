@@ -128,8 +128,9 @@ def _workers_left(entry: PipelineEntry) -> int:
 
 
 def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, int]:
-    """Workers each job with demand is guaranteed now: its owned home bundles no gang
-    stage holds (or is granted in this draft), at most its need. Jobs without one are absent."""
+    """Workers each job with demand is guaranteed now: its owned home bundles that are among its
+    candidates (not cooling after a lost worker, no process still starting) and that no gang stage
+    holds (or is granted in this draft), at most its need. Jobs without one are absent."""
     if not view.config.home_guarantee:
         return {}
     owned = owned_bundles(view)
@@ -139,7 +140,8 @@ def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, 
         bundles = owned.get(n.pipeline_id, ())
         if n.need <= 0 or not bundles:
             continue
-        free = sum(1 for b in bundles if not any(isinstance(owner[g], GangHolder) for g in b))
+        candidate = n.entry.bundle_of
+        free = sum(1 for b in bundles if candidate.get(b[0]) == b and not any(isinstance(owner[g], GangHolder) for g in b))
         if free:
             out[n.pipeline_id] = min(n.need, free)
     return out

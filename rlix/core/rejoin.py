@@ -18,7 +18,7 @@ from rlix.core.ledger import Ledger
 from rlix.core.lifecycle import REQUEST_TRANSITIONS, RequestState, check_transition
 from rlix.core.state import GangRequest
 from rlix.core.topology import requested_gpus
-from rlix.core.types import Gpus, PipelineSpec, Rejoin, ReportDemand, RequestStage, RolloutWorker, Stage
+from rlix.core.types import Gpus, PipelineSpec, Rejoin, ReportDemand, RequestStage, Role, RolloutWorker, Stage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,8 +29,9 @@ class Holdings:
     workers: tuple[RolloutWorker, ...]
 
 
-def check_demand(report: ReportDemand) -> None:
-    """Refuse a demand report with negative counts or a figure that is not a finite number >= 0."""
+def check_demand(report: ReportDemand, spec: PipelineSpec) -> None:
+    """Refuse a demand report with negative counts, a figure that is not a finite number >= 0, or a
+    ``starting`` GPU that begins none of the job's rollout bundles."""
     if report.pending < 0 or report.backlog < 0 or any(load.active < 0 for load in report.loads):
         raise SchedulingError(f"pipeline '{report.pipeline_id}': demand counts must be >= 0")
     if not isinstance(report.finished, int) or report.finished < 0:
@@ -39,6 +40,12 @@ def check_demand(report: ReportDemand) -> None:
         value = getattr(report, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"pipeline '{report.pipeline_id}': {name} must be a finite number >= 0")
+    firsts = {b[0] for b in spec.role(Role.ACTOR_INFER).bundles}
+    if unknown := [g for g in report.starting if g not in firsts]:
+        raise SchedulingError(
+            f"pipeline '{report.pipeline_id}' reports GPU {unknown[0]} starting, which begins none of its rollout bundles; "
+            "report the first GPU of a bundle of its actor_infer mapping"
+        )
 
 
 def stage_gpus(spec: PipelineSpec, stage: Stage) -> set[Gpus]:
@@ -84,7 +91,7 @@ def check_holdings(event: Rejoin, bundles: tuple[Gpus, ...], ledger: Ledger, seq
     if event.demand is not None:
         if event.demand.pipeline_id != pid:
             raise SchedulingError(f"{where}: demand report is for pipeline '{event.demand.pipeline_id}'; send its own report")
-        check_demand(event.demand)
+        check_demand(event.demand, event.spec)
     return Holdings(requests=tuple(requests), workers=tuple(workers))
 
 

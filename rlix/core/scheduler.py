@@ -38,7 +38,6 @@ from rlix.core.types import (
     ReleaseStage,
     ReportDemand,
     RequestStage,
-    Role,
     RolloutWorker,
     SchedulerConfig,
     Stage,
@@ -222,18 +221,12 @@ class Scheduler:
 
     def _report(self, event: ReportDemand, now: float) -> None:
         entry = self._active(event.pipeline_id)
-        check_demand(event)
-        firsts = {b[0] for b in entry.spec.role(Role.ACTOR_INFER).bundles}
-        if unknown := [g for g in event.starting if g not in firsts]:
-            raise SchedulingError(
-                f"pipeline '{event.pipeline_id}' reports GPU {unknown[0]} starting, which begins none of its rollout bundles; "
-                "report the first GPU of a bundle of its actor_infer mapping"
-            )
+        check_demand(event, entry.spec)
         entry.record_demand(event, now)
 
     def _worker_lost(self, event: WorkerLost, now: float) -> None:
         entry = self._active(event.pipeline_id)
-        bundle = entry.bundle_of.get(event.first_gpu)
+        bundle = next((b for b in entry.rollout_bundles if b[0] == event.first_gpu), None)  # a candidate or not
         if not self.ledger.drop_worker(event.pipeline_id, event.first_gpu):
             raise SchedulingError(
                 f"pipeline '{event.pipeline_id}' has no rollout worker at GPU {event.first_gpu}; report only workers the plan "

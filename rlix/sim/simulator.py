@@ -169,7 +169,7 @@ class Simulation:
             versions, sync_s = p.new_worker_versions()
             free, process = max(now, max(self.gpu_ready[g] for g in w.gpus)), p.process_up(w.gpus)
             ready = max(free, process) + p.model.switch.load_s + sync_s
-            if process > free:  # placed before its process is up: the GPUs wait for it, then the worker wakes
+            if process > free + 1e-9:  # placed before its process is up: the GPUs wait for it, then the worker wakes
                 book_worker(usage, w.gpus, now, WorkerPhase.START, p.pid)
                 self.env.process(self._load_after(w.gpus, process, p.pid))
             else:

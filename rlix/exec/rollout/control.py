@@ -95,9 +95,9 @@ class RolloutControl:
 
     async def _boot(self, w: Worker) -> bool:
         t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
-        w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
-        self.spawned.add(w.first)
         try:
+            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
+            self.spawned.add(w.first)
             await call(w.handle.prepare.remote(self.model_dir), self.deadlines.call_s, "worker start-up")
         except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here
             self._kill(w, f"start-up failed: {type(exc).__name__}")

@@ -42,8 +42,9 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
     first = write_config(tmp_path / "first.yaml", [job("alpha", "0-1", steps=40)])
     second = write_config(tmp_path / "second.yaml", [job("beta", "2-3", steps=4)])
     a = cluster.submit(first)
-    wait_for(lambda s: jobs_by_name(s).get("alpha", {}).get("state") == "running", cluster, 120)
-    # while alpha runs (its rollout spread over beta's home too); found through RAY_ADDRESS, as a Ray job's entrypoint is
+    # once alpha's rollout has spread over beta's home too (its processes there are up: no worker goes there before)
+    wait_for(lambda s: any(g in (2, 3) for g, _ in jobs_by_name(s).get("alpha", {}).get("gpus", [])), cluster, 120)
+    # while alpha runs; found through RAY_ADDRESS, as a Ray job's entrypoint is
     b = cluster.submit(second, via_env=True)
     both, seen, latencies = False, [], []
     while a.poll() is None or b.poll() is None:
@@ -77,7 +78,8 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
 
 
 def test_a_killed_submitter_loses_its_jobs_and_their_gpus_go_back(cluster, tmp_path):
-    keep = write_config(tmp_path / "keep.yaml", [job("gamma", "0-1", steps=12)])
+    # gamma runs long enough for its processes outside its home to come up (no worker goes there before)
+    keep = write_config(tmp_path / "keep.yaml", [job("gamma", "0-1", steps=100)])
     lose = write_config(tmp_path / "lose.yaml", [job("delta", "2-3", steps=30)])
     g, d = cluster.submit(keep), cluster.submit(lose)
     wait_for(lambda s: bool(jobs_by_name(s).get("delta", {}).get("gpus")) and "gamma" in jobs_by_name(s), cluster, 150)

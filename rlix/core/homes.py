@@ -140,8 +140,7 @@ def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, 
         bundles = owned.get(n.pipeline_id, ())
         if n.need <= 0 or not bundles:
             continue
-        candidate = n.entry.bundle_of
-        free = sum(1 for b in bundles if candidate.get(b[0]) == b and not any(isinstance(owner[g], GangHolder) for g in b))
+        free = sum(1 for b in bundles if n.entry.is_candidate(b) and not any(isinstance(owner[g], GangHolder) for g in b))
         if free:
             out[n.pipeline_id] = min(n.need, free)
     return out

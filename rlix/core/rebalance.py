@@ -193,7 +193,7 @@ def reclaim_homes(view: View, draft: Draft, needs: list[RolloutNeed], guaranteed
             continue
         options = []
         for bundle in owned.get(pid, ()):
-            if n.entry.bundle_of.get(bundle[0]) != bundle:
+            if not n.entry.is_candidate(bundle):
                 continue  # cooling after a lost worker, or its process still starting
             holders = {owner[g] for g in bundle} - {None}
             if any(isinstance(h, GangHolder) or h.pipeline_id == pid or h in draft.expanded for h in holders):

@@ -112,8 +112,7 @@ class PipelineEntry:
         """Bundles whose cooldown is over are candidates again; whether some still cool."""
         for bundle in [b for b, until in self.cooling.items() if until <= now]:
             del self.cooling[bundle]
-            if bundle not in self.starting:
-                self.bundle_of.update(dict.fromkeys(bundle, bundle))
+            self._readmit(bundle)
         return bool(self.cooling)
 
     def set_starting(self, bundles: frozenset[Gpus]) -> None:
@@ -121,13 +120,21 @@ class PipelineEntry:
         candidates until a report leaves them out."""
         if bundles == self.starting:
             return
-        for bundle in self.starting - bundles:
-            if bundle not in self.cooling:
-                self.bundle_of.update(dict.fromkeys(bundle, bundle))
-        for bundle in bundles - self.starting:
+        old, self.starting = self.starting, bundles
+        for bundle in old - bundles:
+            self._readmit(bundle)
+        for bundle in bundles - old:
             for g in bundle:
                 self.bundle_of.pop(g, None)
-        self.starting = bundles
+
+    def _readmit(self, bundle: Gpus) -> None:
+        """``bundle`` is a candidate again, unless it still cools down or its process still starts."""
+        if bundle not in self.cooling and bundle not in self.starting:
+            self.bundle_of.update(dict.fromkeys(bundle, bundle))
+
+    def is_candidate(self, bundle: Gpus) -> bool:
+        """May a worker of this job go on ``bundle`` now (the policy allows it, not cooling, not starting)?"""
+        return self.bundle_of.get(bundle[0]) == bundle
 
     def note_wanting(self, now: float, held: Collection[int], config: SchedulerConfig) -> None:
         """After a plan: start (or stop) the clock of waiting for a first rollout worker, and

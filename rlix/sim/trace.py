@@ -51,8 +51,8 @@ class SwitchModel(StrictModel):
     start_s: Seconds = Field(
         default=0.0,
         description="starting a rollout worker's process, in the background: those on the job's home bundles start when "
-        "it arrives, the others once its model is loaded; a worker placed before its process is up waits for it "
-        "(0: always up)",
+        "it arrives, the others once its model is loaded; the job reports those not up yet as starting, and no worker "
+        "goes there before (0: always up)",
     )
     start_later_s: Seconds | None = Field(
         default=None,

@@ -260,7 +260,7 @@ class Scheduler:
         try:
             validate_plan(plan, self.ledger, view)
         except InvariantViolation as violation:
-            plan = self._safe_plan(now, violation)
+            plan = safe_plan(self._view, self.policy, now, violation, self.violations)
         self.ledger.apply(plan)
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
@@ -273,30 +273,6 @@ class Scheduler:
                 entry.note_wanting(now, self.ledger.workers_of(entry.spec.pipeline_id).keys(), view.config)
         view.departed.clear()
         self.plans_made += 1
-        return plan
-
-    def _safe_plan(self, now: float, violation: InvariantViolation) -> Plan:
-        """Report a policy bug and fall back to a plan that moves no rollout worker.
-
-        The fallback frees departed pipelines' workers and grants the gang
-        stages that can start (their overlapping rollout workers shrunk), so
-        every job keeps going; if even that fails validation, nothing changes.
-        """
-        if all(v.invariant != violation.invariant for v in self.violations):
-            warnings.warn(
-                f"rlix core: {violation}; plan replaced by a safe plan (no rollout moves)", RuntimeWarning, stacklevel=3
-            )
-        self.violations.append(violation)
-        draft = Draft(self.ledger, now)
-        passes.shrink_departed(self._view, draft)
-        owners_first = self.policy.owners_first  # guests' stages ordered as the policy orders them
-        passes.gang_pass(self._view, draft, stop_own_rollout=False, admits=self.policy.admits, owners_first=owners_first)
-        plan = draft.to_plan()
-        try:
-            validate_plan(plan, self.ledger, self._view)
-        except InvariantViolation as second:
-            self.violations.append(second)
-            return Plan(now=now)
         return plan
 
     # ------------------------------------------------------------ queries
@@ -329,6 +305,29 @@ class Scheduler:
         """When a plan first gave the pipeline GPUs (None: not yet, or not registered)."""
         entry = self._view.pipelines.get(pipeline_id)
         return entry.admitted_at if entry is not None and entry.admitted else None
+
+
+def safe_plan(view: View, policy: Policy, now: float, violation: InvariantViolation, seen: list[InvariantViolation]) -> Plan:
+    """Report a policy bug (``violation``, added to ``seen``) and fall back to a plan that moves no rollout worker.
+
+    The fallback frees departed pipelines' workers and grants the gang
+    stages that can start (their overlapping rollout workers shrunk), so
+    every job keeps going; if even that fails validation, nothing changes.
+    """
+    if all(v.invariant != violation.invariant for v in seen):
+        warnings.warn(f"rlix core: {violation}; plan replaced by a safe plan (no rollout moves)", RuntimeWarning, stacklevel=3)
+    seen.append(violation)
+    draft = Draft(view.ledger, now)
+    passes.shrink_departed(view, draft)
+    # guests' stages ordered as the policy orders them
+    passes.gang_pass(view, draft, stop_own_rollout=False, admits=policy.admits, owners_first=policy.owners_first)
+    plan = draft.to_plan()
+    try:
+        validate_plan(plan, view.ledger, view)
+    except InvariantViolation as second:
+        seen.append(second)
+        return Plan(now=now)
+    return plan
 
 
 _HANDLERS = {

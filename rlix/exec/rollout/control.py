@@ -2,7 +2,8 @@
 
 Owned by the pipeline coordinator; runs in its event loop. It moves each
 worker through the pool's lifecycle table, calls the worker processes (every
-call with a deadline), and has its :class:`~rlix.exec.rollout.dispatch.Dispatch`
+call with a deadline), has its :class:`~rlix.exec.rollout.lifecycle.WorkerLifecycle`
+start and kill them, and has its :class:`~rlix.exec.rollout.dispatch.Dispatch`
 run queued trajectories on awake workers and sort each outcome:
 
 - a worker process that dies (``RayActorError``) or misses a deadline is
@@ -11,10 +12,9 @@ run queued trajectories on awake workers and sort each outcome:
 - an application error in a rollout (``RayTaskError``) is retried a bounded
   number of times by the rollout queue, then fails the job (one line).
 
-Worker processes are started *warm*: one per bundle the job may use, in the
-background, asleep (no device memory), so an expand is a wake plus a weight
-sync, never a cold start. Those in the job's home start at once, the others
-once its model is loaded (:func:`rlix.job.warm_order`).
+Worker processes are started *warm* (see :mod:`rlix.exec.rollout.lifecycle`):
+one per bundle the job may use, those in its home at once, the others once its
+model is loaded (:func:`rlix.job.warm_order`).
 
 The process boundary is explicit: worker handles (``handle.method.remote(...)``)
 come from the coordinator's ``spawn`` hook, and killing a process and telling
@@ -25,7 +25,6 @@ default), so the races here are tested without Ray.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
@@ -35,11 +34,10 @@ from rlix.exec.job.records import SwitchKind
 from rlix.exec.messages import SwitchTiming
 from rlix.exec.rollout.dispatch import Dispatch, book_worker
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
+from rlix.exec.rollout.lifecycle import WorkerLifecycle
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import RolloutQueue
 from rlix.job import WorkerPhase
-
-LOG = logging.getLogger("rlix.rollout")  # why a worker was lost (in the job's Ray log; RLIX_WORKER_LOGS=1 shows it)
 
 
 class RolloutControl:
@@ -63,6 +61,9 @@ class RolloutControl:
         self.deadlines = deadlines
         self.model_dir = model_dir
         self.procs = procs or ray_processes()
+        self.life = WorkerLifecycle(
+            pool=pool, recorder=recorder, hooks=hooks, deadlines=deadlines, model_dir=model_dir, procs=self.procs
+        )
         self.runner = Dispatch(
             pool=pool,
             queue=queue,
@@ -70,11 +71,9 @@ class RolloutControl:
             hooks=hooks,
             procs=self.procs,
             rollout_s=deadlines.rollout_s,
-            kill=self._kill,
+            kill=self.life.kill,
         )
         self.locks: dict[int, asyncio.Lock] = {}
-        self.starting: dict[int, asyncio.Task] = {}
-        self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
 
     def _mark(self, w: Worker, phase: WorkerPhase) -> None:
         book_worker(self.rec, self.hooks.now(), w, phase)
@@ -83,61 +82,11 @@ class RolloutControl:
 
     def warm(self, bundles) -> None:
         """Start a sleeping process on every bundle, in the background (no GPU held, no waiting)."""
-        for gpus in bundles:
-            self._start(self.pool.get(tuple(gpus)))
-
-    def _start(self, w: Worker) -> asyncio.Task:
-        task = self.starting.get(w.first)
-        if task is None or (task.done() and w.state is WorkerState.DEAD):
-            self.pool.move(w, WorkerState.STARTING)  # at once: the next demand report names it starting
-            task = self.starting[w.first] = asyncio.get_running_loop().create_task(self._boot(w))
-        return task
-
-    async def _boot(self, w: Worker) -> bool:
-        t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
-        try:
-            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
-            self.spawned.add(w.first)
-            await call(w.handle.prepare.remote(self.model_dir), self.deadlines.call_s, "worker start-up")
-        except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here
-            self._kill(w, f"start-up failed: {type(exc).__name__}")
-            return False
-        if background:  # the start-up a replay models (a cold start is booked by the expand)
-            self.rec.switch(SwitchKind.PROCESS_START, t, self.hooks.now() - t)
-        self.pool.move(w, WorkerState.ASLEEP)
-        self.hooks.changed()  # up: a worker may go there now
-        return True
-
-    def _kill(self, w: Worker, why: str) -> None:
-        """The worker is gone: kill its process, give its GPUs back, continue its work elsewhere."""
-        if w.state is WorkerState.DEAD:
-            return
-        if w.handle is not None:
-            self.procs.kill(w.handle)
-        self._lose(w, WorkerState.DEAD, f"lost: {why}", give_back=w.granted)
-
-    def _stand_down(self, w: Worker, gen: int, why: str) -> None:
-        """A wake its device refused (short of memory): the process stays asleep, its GPUs go back as a
-        lost worker's do, so the scheduler places no worker of this job there for a while (a backoff).
-        If a plan call came meanwhile (a shrink has given the GPUs back already, and a newer expand
-        will wake it again), only the process's state changes."""
-        self._lose(w, WorkerState.ASLEEP, f"did not wake, kept asleep: {why}", give_back=w.generation == gen)
-
-    def _lose(self, w: Worker, state: WorkerState, why: str, *, give_back: bool) -> None:
-        """Count the worker lost, move its process to ``state``, and (``give_back``: its GPUs are still
-        the job's) report them lost to the scheduler, which cools the bundle down."""
-        LOG.warning("%s: rollout worker on GPUs %s %s", self.rec.pid, list(w.gpus), why)
-        self.pool.move(w, state)
-        self.rec.counters.workers_lost += 1
-        if give_back:
-            w.granted = False
-            self._mark(w, WorkerPhase.GONE)
-            self.hooks.lost(w.gpus, True)
-        self.hooks.changed()
+        self.life.warm(bundles)
 
     def handles(self) -> list:
         """Every worker process this job started (dead ones included: killing twice is harmless)."""
-        return [w.handle for _, w in sorted(self.pool.workers.items()) if w.handle is not None]
+        return self.life.handles()
 
     # ------------------------------------------------------------ plan calls
 
@@ -149,7 +98,7 @@ class RolloutControl:
         t = self.hooks.now()
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):  # not warm (yet): wait for its process
             self._mark(w, WorkerPhase.START)
-            if not await asyncio.shield(self._start(w)) or w.generation != gen:
+            if not await asyncio.shield(self.life.start(w)) or w.generation != gen:
                 return  # dead, or shrunk meanwhile (the shrink booked the GPUs)
             self.rec.switch(SwitchKind.COLD_START, t, self.hooks.now() - t)  # GPU held while the process started
         self._mark(w, WorkerPhase.LOAD)
@@ -161,10 +110,10 @@ class RolloutControl:
             try:
                 timing = await self._wake(w)
             except NotEnoughMemoryError as exc:  # refused before loading anything: the process stays, asleep
-                self._stand_down(w, gen, str(exc).strip().splitlines()[-1])
+                self.life.stand_down(w, gen, str(exc).strip().splitlines()[-1])
                 return
             except Exception as exc:  # noqa: BLE001 -- dead, hung or failing: no worker here
-                self._kill(w, f"wake failed: {exc}")
+                self.life.kill(w, f"wake failed: {exc}")
                 return
             self.pool.move(w, WorkerState.AWAKE)
             kind = SwitchKind.COLD_START if timing.cold else SwitchKind.WAKE  # an engine built on the GPUs is no wake
@@ -222,7 +171,7 @@ class RolloutControl:
         try:
             await call(w.handle.sleep.remote(), self.deadlines.call_s, "sleep")  # aborts in-flight generations first
         except Exception as exc:  # noqa: BLE001
-            self._kill(w, f"sleep failed: {exc}")
+            self.life.kill(w, f"sleep failed: {exc}")
         tasks = [task for task in w.inflight.values() if task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.deadlines.call_s)
@@ -258,7 +207,7 @@ class RolloutControl:
                 else:
                     timing = await call(w.handle.update_weights.remote(full), self.deadlines.call_s, "weight sync")
             except Exception as exc:  # noqa: BLE001
-                self._kill(w, f"weight sync failed: {exc}")
+                self.life.kill(w, f"weight sync failed: {exc}")
                 return
             if w.granted and w.state is WorkerState.AWAKE:  # a shrink meanwhile books the GPUs itself
                 busy = any(task is not None for task in w.inflight.values())

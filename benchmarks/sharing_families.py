@@ -1,0 +1,65 @@
+"""Sharing incentive and makespan over whole families of traces, one line per family.
+
+Tune on families, never one file. Not a test: figures. For each family: the worst per-job JCT
+``rlix``/``static`` (and how many traces exceed 1.02x), makespan against the lower bound (mean,
+max) and against ``static`` (mean, max).
+
+    python benchmarks/sharing_families.py [KNOB=VALUE ...]      e.g. home_guarantee=true
+
+Families: redraws 0-9 of ``two_jobs``, 0-5 of ``queued_cluster`` and ``mixed_agentic``
+(``Trace.reseeded``), and the 40 random traces of ``tests/test_sim_fairness.py`` (2-4 jobs,
+each on a home of its own; drawn there with ``home_guarantee`` on, here with the knobs given,
+off unless they say otherwise).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_sim_fairness import random_trace  # noqa: E402  (the family the property test draws)
+
+from rlix.sim.simulator import replay  # noqa: E402
+from rlix.sim.trace import Trace, load_trace  # noqa: E402
+
+
+def families() -> dict[str, list[Trace]]:
+    shipped = {name: load_trace(ROOT / "traces" / f"{name}.json") for name in ("two_jobs", "queued_cluster", "mixed_agentic")}
+    return {
+        "two_jobs 0-9": [shipped["two_jobs"].reseeded(i) for i in range(10)],
+        "queued_cluster 0-5": [shipped["queued_cluster"].reseeded(i) for i in range(6)],
+        "mixed_agentic 0-5": [shipped["mixed_agentic"].reseeded(i) for i in range(6)],
+        "random homes 0-39": [random_trace(i).with_scheduler({"home_guarantee": False}) for i in range(40)],
+    }
+
+
+def measure(trace: Trace) -> tuple[float, float, float]:
+    """(worst job JCT rlix/static, makespan rlix/lower bound, makespan rlix/static)."""
+    shared, alone = replay(trace, "rlix"), replay(trace, "static")
+    worst = max(run.jct_s / alone.pipelines[pid].jct_s for pid, run in sorted(shared.pipelines.items()))
+    return worst, shared.makespan_s / shared.makespan_lower_bound_s, shared.makespan_s / alone.makespan_s
+
+
+def main(argv: list[str]) -> None:
+    knobs = dict(kv.split("=", 1) for kv in argv)
+    print(f"knobs: {knobs or 'as each trace sets them'}")
+    for name, traces in families().items():
+        t0 = time.perf_counter()
+        rows = [measure(t.with_scheduler(knobs) if knobs else t) for t in traces]
+        worst, bound, static = ([r[i] for r in rows] for i in range(3))
+        over = sum(w > 1.02 for w in worst)
+        print(
+            f"{name:<19} worst job {max(worst):.3f} (>1.02x on {over}/{len(rows)})  "
+            f"makespan/bound mean {statistics.fmean(bound):.3f} max {max(bound):.3f}  "
+            f"makespan/static mean {statistics.fmean(static):.3f} max {max(static):.3f}  ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -55,21 +55,19 @@ class RolloutControl:
         procs: Processes | None = None,
     ) -> None:
         self.pool = pool
-        self.queue = queue
         self.rec = recorder
         self.hooks = hooks
         self.deadlines = deadlines
-        self.model_dir = model_dir
-        self.procs = procs or ray_processes()
+        procs = procs or ray_processes()
         self.life = WorkerLifecycle(
-            pool=pool, recorder=recorder, hooks=hooks, deadlines=deadlines, model_dir=model_dir, procs=self.procs
+            pool=pool, recorder=recorder, hooks=hooks, deadlines=deadlines, model_dir=model_dir, procs=procs
         )
         self.runner = Dispatch(
             pool=pool,
             queue=queue,
             recorder=recorder,
             hooks=hooks,
-            procs=self.procs,
+            procs=procs,
             rollout_s=deadlines.rollout_s,
             kill=self.life.kill,
         )

@@ -102,3 +102,18 @@ def test_tenants_the_cluster_cannot_honour_are_refused():
         Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a", guarantee_gpus=8), TenantSpec(name="b", guarantee_gpus=6)))
     with pytest.raises(SchedulingError, match="every tenant needs a name of its own"):
         Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a"), TenantSpec(name="a")))
+
+
+def test_home_guarantees_hold_within_each_tenants_part():
+    # Four jobs, each with a home of 3 GPUs: the homes cover the cluster. With home_guarantee on,
+    # b's homes (6 GPUs) do not fit its part (4 of 12 at weights 2:1): each of its jobs is guaranteed
+    # 2 workers, not 3, and a's jobs take their part back from b at once when they want it.
+    config = replace(tenants(TenantSpec(name="a", weight=2.0), TenantSpec(name="b", weight=1.0)), home_guarantee=True)
+    sched = Scheduler(NODE12, "rlix", config)
+    homes = {"a1": range(0, 3), "a2": range(3, 6), "b1": range(6, 9), "b2": range(9, 12)}
+    register(sched, *[job(p, p[0], train=tuple(g)) for p, g in homes.items()])
+    sched.step(0, [demand("b1", 400), demand("b2", 400)])
+    assert held(sched, "b1", "b2") == 12  # nobody else wants any: b borrows a's homes
+    for t in range(1, 4):
+        sched.step(t, [demand(p, 400, loads={w.gpus[0]: 4 for w in sched.workers(p)}) for p in homes])
+    assert held(sched, "a1") == held(sched, "a2") == 4 and held(sched, "b1") == held(sched, "b2") == 2

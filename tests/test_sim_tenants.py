@@ -54,9 +54,13 @@ def gpu_seconds_until(sim: Simulation, end: float, tenant_of: dict[str, str]) ->
     return out
 
 
+@pytest.mark.parametrize("home_guarantee", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_two_tenants_weighted_two_to_one_get_gpu_seconds_two_to_one_under_contention(seed):
-    trace = parse_trace(contended([{"name": "a", "weight": 2}, {"name": "b", "weight": 1}])).reseeded(seed)
+def test_two_tenants_weighted_two_to_one_get_gpu_seconds_two_to_one_under_contention(seed, home_guarantee):
+    # Every GPU is some job's home: with home_guarantee on, the homes hold only within each tenant's
+    # part (before, they split the cluster 1:1 whatever the weights).
+    tenants = [{"name": "a", "weight": 2}, {"name": "b", "weight": 1}]
+    trace = parse_trace(contended(tenants, home_guarantee=home_guarantee)).reseeded(seed)
     sim = Simulation(trace, "rlix", keep_segments=True)
     m = sim.run()
     contention_ends = min(p.finish_s for p in m.pipelines.values())  # every job has work until the first ends

@@ -104,8 +104,10 @@ class RlixPolicy(Policy):
         admits = self.admits if view.config.tenants else None
         passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=self.owners_first)
         needs = passes.rollout_needs(view, blocked=set())
-        guaranteed = passes.guarantees(view, draft, needs)
-        shares = tenants.tenant_shares(view, draft, needs, passes.rollout_capacity(view, draft), guaranteed)
+        capacity = passes.rollout_capacity(view, draft)
+        parts = tenants.tenant_parts(view, draft, needs, capacity)
+        guaranteed = tenants.fit_guarantees(needs, parts, passes.guarantees(view, draft, needs))
+        shares = tenants.tenant_shares(needs, capacity, parts, guaranteed)
         passes.place_on_idle(draft, needs, shares)
         passes.reclaim_homes(view, draft, needs, guaranteed)
         passes.rebalance(view, draft, needs, shares)

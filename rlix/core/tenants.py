@@ -8,8 +8,9 @@ the floor is its guarantee and the cap its guarantee plus borrowing limit,
 both cut to what its jobs can use. Gang stages are not preemptable, so they
 count towards their tenant as they are; what is left of a tenant's total is
 its rollout capacity, split between its own jobs by
-:func:`rlix.core.shares.proportional_shares`. A tenant with a limit admits a
-new job only while its model load fits under that limit.
+:func:`rlix.core.shares.proportional_shares`, with their home guarantees
+(``home_guarantee``) cut to fit it (:func:`fit_guarantees`). A tenant with a
+limit admits a new job only while its model load fits under that limit.
 
 Tenants are visited in name order and sums run in that order, so
 registration order cannot change a float. No tenant declared: the jobs'
@@ -35,18 +36,14 @@ def tenant_gang_gpus(view: View, draft: Draft) -> dict[str, int]:
     return out
 
 
-def tenant_shares(
-    view: View, draft: Draft, needs: list[RolloutNeed], capacity_gpus: int, guaranteed: dict[str, int] | None = None
-) -> dict[str, float]:
-    """Each pipeline's rollout share, in workers: tenants first, then the jobs of each tenant.
-    ``guaranteed``: home workers owed to jobs (``home_guarantee``), honoured inside each tenant's part."""
+def tenant_parts(view: View, draft: Draft, needs: list[RolloutNeed], capacity_gpus: int) -> dict[str, float] | None:
+    """The rollout GPUs of each tenant's part, by name: its total (``clamp(level x weight, floor, cap)``,
+    see the module docstring) less the GPUs its gang stages hold. None: no tenants declared."""
     config = view.config
     if not config.tenants:
-        return proportional_shares(needs, capacity_gpus, guaranteed)
+        return None
     gangs = tenant_gang_gpus(view, draft)
-    groups: dict[str, list[RolloutNeed]] = {}
-    for n in needs:
-        groups.setdefault(n.entry.spec.tenant, []).append(n)
+    groups = _by_tenant(needs)
     names = sorted(set(groups) | set(gangs))
     bounds = []
     for name in names:
@@ -58,12 +55,56 @@ def tenant_shares(
     total = float(capacity_gpus + sum(gangs.values()))
     bounds = _fit_floors(bounds, total, [gangs.get(n, 0) for n in names])
     level = water_level(bounds, total)
+    return {
+        name: max(min(cap, max(floor, level * weight)) - gangs.get(name, 0), 0.0)
+        for name, (weight, floor, cap) in zip(names, bounds)
+    }
+
+
+def fit_guarantees(needs: list[RolloutNeed], parts: dict[str, float] | None, guaranteed: dict[str, int]) -> dict[str, int]:
+    """Home guarantees (``home_guarantee``) within each tenant's part: a tenant whose jobs' guarantees
+    exceed its part has them cut, one worker at a time to each of its jobs in turn (pipeline-id
+    order) while the part holds it, so the tenants' split by weight holds with the guarantee on too.
+    No tenants (``parts`` None): unchanged."""
+    if parts is None or not guaranteed:
+        return guaranteed
+    out: dict[str, int] = {}
+    for name, group in sorted(_by_tenant(needs).items()):
+        owed = [n for n in group if guaranteed.get(n.pipeline_id, 0) > 0]
+        room = parts.get(name, 0.0)
+        if sum(guaranteed[n.pipeline_id] * n.tp for n in owed) <= room:
+            out.update((n.pipeline_id, guaranteed[n.pipeline_id]) for n in owed)
+            continue
+        given = dict.fromkeys((n.pipeline_id for n in owed), 0)
+        while owed:
+            owed = [n for n in owed if given[n.pipeline_id] < guaranteed[n.pipeline_id] and n.tp <= room]
+            for n in owed:
+                if n.tp <= room:
+                    given[n.pipeline_id] += 1
+                    room -= n.tp
+        out.update((pid, k) for pid, k in given.items() if k > 0)
+    return out
+
+
+def tenant_shares(
+    needs: list[RolloutNeed], capacity_gpus: int, parts: dict[str, float] | None, guaranteed: dict[str, int]
+) -> dict[str, float]:
+    """Each pipeline's rollout share, in workers: tenants first (``parts``, see :func:`tenant_parts`),
+    then the jobs of each tenant. ``guaranteed``: home workers owed to jobs, already within each
+    tenant's part (:func:`fit_guarantees`)."""
+    if parts is None:
+        return proportional_shares(needs, capacity_gpus, guaranteed)
     shares: dict[str, float] = {}
-    for name, (weight, floor, cap) in zip(names, bounds):
-        rollout = min(cap, max(floor, level * weight)) - gangs.get(name, 0)
-        if name in groups:
-            shares.update(proportional_shares(groups[name], max(rollout, 0.0), guaranteed))
+    for name, group in sorted(_by_tenant(needs).items()):
+        shares.update(proportional_shares(group, parts.get(name, 0.0), guaranteed))
     return shares
+
+
+def _by_tenant(needs: list[RolloutNeed]) -> dict[str, list[RolloutNeed]]:
+    groups: dict[str, list[RolloutNeed]] = {}
+    for n in needs:
+        groups.setdefault(n.entry.spec.tenant, []).append(n)
+    return groups
 
 
 def worker_caps(view: View, needs: list[RolloutNeed], shares: dict[str, float]) -> dict[str, int]:

@@ -437,7 +437,8 @@ class SchedulerConfig:
     - ``tenants``: tenants with shares (:class:`TenantSpec`). The GPUs are first
       split between tenants by weight, each within its guarantee and limit
       (gang stages count towards their tenant), then each tenant's rollout part
-      between its jobs as above; a job whose tenant has a limit is admitted only
+      between its jobs as above (home guarantees, if on, cut to fit the part:
+      they never override the weights); a job whose tenant has a limit is admitted only
       when its model load fits under it. Jobs that name no tenant form one
       tenant of weight 1. None declared: no tenant split at all.
     """

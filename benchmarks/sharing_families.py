@@ -7,9 +7,10 @@ max) and against ``static`` (mean, max).
     python benchmarks/sharing_families.py [KNOB=VALUE ...]      e.g. home_guarantee=true
 
 Families: redraws 0-9 of ``two_jobs``, 0-5 of ``queued_cluster`` and ``mixed_agentic``
-(``Trace.reseeded``), and the 40 random traces of ``tests/test_sim_fairness.py`` (2-4 jobs,
-each on a home of its own; drawn there with ``home_guarantee`` on, here with the knobs given,
-off unless they say otherwise).
+(``Trace.reseeded``), and 40 random traces (seeds 0-39) of the family that
+``tests/test_sim_fairness.py`` draws (2-4 jobs, each on a home of its own; the test checks
+seeds 0-11 with ``home_guarantee`` on; here the knobs given decide, off unless they say
+otherwise). Run from a checkout: it imports the family from ``tests/``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_sim_fairness import random_trace  # noqa: E402  (the family the property test draws)
 
 from rlix.sim.simulator import replay  # noqa: E402
-from rlix.sim.trace import Trace, load_trace  # noqa: E402
+from rlix.sim.trace import Trace, TraceError, load_trace  # noqa: E402
 
 
 def families() -> dict[str, list[Trace]]:
@@ -46,9 +47,17 @@ def measure(trace: Trace) -> tuple[float, float, float]:
 
 
 def main(argv: list[str]) -> None:
+    bad = [kv for kv in argv if "=" not in kv]
+    if bad:
+        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. home_guarantee=true")
     knobs = dict(kv.split("=", 1) for kv in argv)
+    drawn = families()
+    try:
+        drawn["two_jobs 0-9"][0].with_scheduler(knobs)  # a bad knob fails here, before any replay
+    except TraceError as exc:
+        _fail(str(exc))
     print(f"knobs: {knobs or 'as each trace sets them'}")
-    for name, traces in families().items():
+    for name, traces in drawn.items():
         t0 = time.perf_counter()
         rows = [measure(t.with_scheduler(knobs) if knobs else t) for t in traces]
         worst, bound, static = ([r[i] for r in rows] for i in range(3))
@@ -59,6 +68,11 @@ def main(argv: list[str]) -> None:
             f"makespan/static mean {statistics.fmean(static):.3f} max {max(static):.3f}  ({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
+
+
+def _fail(message: str) -> None:
+    print(f"sharing_families: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

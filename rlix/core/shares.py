@@ -214,7 +214,8 @@ def proportional_shares(
     ``clamp(level x weight, floor, need)`` in GPUs, with one water level
     for everybody, chosen so the shares add up to the capacity. A job's
     ``guaranteed`` workers (its free home bundles, see :mod:`rlix.core.homes`;
-    they always fit) are its floor first; then, while the capacity holds
+    they always fit: with tenants, :func:`rlix.core.tenants.fit_guarantees` cuts
+    them to each tenant's part) are its floor first; then, while the capacity holds
     them, one worker each for the others: first those starving (waiting
     ``min_residency_s`` or more for a first worker, so a wide bundle that
     never fits the leftover capacity still gets its turn), longest waiting

@@ -65,7 +65,8 @@ def fit_guarantees(needs: list[RolloutNeed], parts: dict[str, float] | None, gua
     """Home guarantees (``home_guarantee``) within each tenant's part: a tenant whose jobs' guarantees
     exceed its part has them cut, one worker at a time to each of its jobs in turn (pipeline-id
     order) while the part holds it, so the tenants' split by weight holds with the guarantee on too.
-    No tenants (``parts`` None): unchanged."""
+    Turns are by worker, not GPU: a wide job's turn takes its whole bundle's GPUs. No tenants
+    (``parts`` None): unchanged."""
     if parts is None or not guaranteed:
         return guaranteed
     out: dict[str, int] = {}

@@ -39,13 +39,17 @@ def test_a_four_gpu_bundle_gets_its_worker_from_single_gpu_workers_that_hold_eve
     assert owners(sched) == {"a": [], "b": [0]}
 
 
+@pytest.mark.parametrize("home_guarantee", [False, True])
 @pytest.mark.parametrize("seed", range(60))
-def test_every_job_with_demand_gets_a_worker_within_twice_the_residency(seed: int):
+def test_every_job_with_demand_gets_a_worker_within_twice_the_residency(seed: int, home_guarantee: bool):
+    # With home_guarantee on, the narrow jobs own the GPUs of their homes, which the wide job's
+    # bundles overlap: their guarantees are cut to make room for its turn (before: it never got one).
     rng = random.Random(seed)
     gpn = rng.choice([4, 8])
     tp = rng.choice([2, 4] if gpn == 4 else [2, 4, 8])
     residency = rng.choice([5.0, 30.0])
-    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=gpn), "rlix", SchedulerConfig(min_residency_s=residency))
+    config = SchedulerConfig(min_residency_s=residency, home_guarantee=home_guarantee)
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=gpn), "rlix", config)
     narrow = {f"a{i}": rng.choice([8, 40, 400]) for i in range(rng.choice([1, 2, 3]))}
     register(sched, *[spec(p, (i,), range(gpn)) for i, p in enumerate(narrow)], spec("b", (gpn - 1,), range(gpn), tp=tp))
     sched.step(0.0, [demand(p, n) for p, n in narrow.items()])

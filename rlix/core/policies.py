@@ -106,7 +106,7 @@ class RlixPolicy(Policy):
         needs = passes.rollout_needs(view, blocked=set())
         capacity = passes.rollout_capacity(view, draft)
         parts = tenants.tenant_parts(view, draft, needs, capacity)
-        guaranteed = tenants.fit_guarantees(needs, parts, passes.guarantees(view, draft, needs))
+        guaranteed = tenants.fit_guarantees(needs, parts, passes.guarantees(view, draft, needs), capacity)
         shares = tenants.tenant_shares(needs, capacity, parts, guaranteed)
         passes.place_on_idle(draft, needs, shares)
         passes.reclaim_homes(view, draft, needs, guaranteed)

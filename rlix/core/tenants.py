@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from rlix.core.ledger import Draft
 from rlix.core.placement import whole
-from rlix.core.shares import RolloutNeed, proportional_shares, water_level
+from rlix.core.shares import RolloutNeed, proportional_shares, starving_key, water_level
 from rlix.core.state import GangRequest, View
 
 
@@ -61,30 +61,43 @@ def tenant_parts(view: View, draft: Draft, needs: list[RolloutNeed], capacity_gp
     }
 
 
-def fit_guarantees(needs: list[RolloutNeed], parts: dict[str, float] | None, guaranteed: dict[str, int]) -> dict[str, int]:
-    """Home guarantees (``home_guarantee``) within each tenant's part: a tenant whose jobs' guarantees
-    exceed its part has them cut, one worker at a time to each of its jobs in turn (pipeline-id
-    order) while the part holds it, so the tenants' split by weight holds with the guarantee on too.
-    Turns are by worker, not GPU: a wide job's turn takes its whole bundle's GPUs. No tenants
-    (``parts`` None): unchanged."""
-    if parts is None or not guaranteed:
+def fit_guarantees(
+    needs: list[RolloutNeed], parts: dict[str, float] | None, guaranteed: dict[str, int], capacity_gpus: int
+) -> dict[str, int]:
+    """Home guarantees (``home_guarantee``) cut to what there is room for.
+
+    The room is each tenant's part (the whole rollout capacity with no tenants declared), less
+    a first worker for each of its jobs that starves (waited ``min_residency_s`` or more with
+    trajectories queued and no worker, longest waiting first, while the room holds it): homes
+    never override the tenants' weights, and a job whose bundles lie on other jobs' homes still
+    gets its turn (see :mod:`rlix.core.rebalance`). Guarantees beyond the room are cut one worker
+    at a time to each job in turn (pipeline-id order); turns are by worker, not GPU.
+    """
+    if not guaranteed:
         return guaranteed
+    groups = {"": needs} if parts is None else _by_tenant(needs)
     out: dict[str, int] = {}
-    for name, group in sorted(_by_tenant(needs).items()):
-        owed = [n for n in group if guaranteed.get(n.pipeline_id, 0) > 0]
-        room = parts.get(name, 0.0)
-        if sum(guaranteed[n.pipeline_id] * n.tp for n in owed) <= room:
-            out.update((n.pipeline_id, guaranteed[n.pipeline_id]) for n in owed)
-            continue
-        given = dict.fromkeys((n.pipeline_id for n in owed), 0)
-        while owed:
-            owed = [n for n in owed if given[n.pipeline_id] < guaranteed[n.pipeline_id] and n.tp <= room]
-            for n in owed:
-                if n.tp <= room:
-                    given[n.pipeline_id] += 1
-                    room -= n.tp
-        out.update((pid, k) for pid, k in given.items() if k > 0)
+    for name, group in sorted(groups.items()):
+        room = float(capacity_gpus) if parts is None else parts.get(name, 0.0)
+        for n in sorted((n for n in group if n.starving and n.pipeline_id not in guaranteed), key=starving_key):
+            if n.tp <= room:
+                room -= n.tp
+        out.update(_cut([n for n in group if guaranteed.get(n.pipeline_id, 0) > 0], guaranteed, room))
     return out
+
+
+def _cut(owed: list[RolloutNeed], guaranteed: dict[str, int], room: float) -> dict[str, int]:
+    """The guarantees of ``owed`` (in pipeline-id order) within ``room`` GPUs, one worker each in turn."""
+    if sum(guaranteed[n.pipeline_id] * n.tp for n in owed) <= room:
+        return {n.pipeline_id: guaranteed[n.pipeline_id] for n in owed}
+    given = dict.fromkeys((n.pipeline_id for n in owed), 0)
+    while owed:
+        owed = [n for n in owed if given[n.pipeline_id] < guaranteed[n.pipeline_id] and n.tp <= room]
+        for n in owed:
+            if n.tp <= room:
+                given[n.pipeline_id] += 1
+                room -= n.tp
+    return {pid: k for pid, k in given.items() if k > 0}
 
 
 def tenant_shares(

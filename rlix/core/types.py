@@ -397,7 +397,9 @@ class SchedulerConfig:
       need): its share never drops below that, and workers of other jobs
       on those bundles (borrowers) are shrunk at once to give them back,
       whatever their residency or protection. Others borrow a home only
-      while its owner does not want it. Where homes overlap (jobs queued
+      while its owner does not want it, or for the turn of a job starving for
+      a first worker (the guarantees are cut to make room for it, so any job
+      with demand gets a worker in bounded time). Where homes overlap (jobs queued
       for one partition), the job admitted first owns the GPUs (the
       others' gang stages go after its own of the same job priority, with
       the guarantee or without). Off by default (it costs makespan on

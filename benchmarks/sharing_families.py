@@ -4,13 +4,13 @@ Tune on families, never one file. Not a test: figures. For each family: the wors
 ``rlix``/``static`` (and how many traces exceed 1.02x), makespan against the lower bound (mean,
 max) and against ``static`` (mean, max).
 
-    python benchmarks/sharing_families.py [KNOB=VALUE ...]      e.g. home_guarantee=true
+    python benchmarks/sharing_families.py [KNOB=VALUE ...]      e.g. home_guarantee=false
 
 Families: redraws 0-9 of ``two_jobs``, 0-5 of ``queued_cluster`` and ``mixed_agentic``
 (``Trace.reseeded``), and 40 random traces (seeds 0-39) of the family that
 ``tests/test_sim_fairness.py`` draws (2-4 jobs, each on a home of its own; the test checks
-seeds 0-11 with ``home_guarantee`` on; here the knobs given decide, off unless they say
-otherwise). Run from a checkout: it imports the family from ``tests/``.
+seeds 0-11). Every trace runs with the knobs given over its own (``home_guarantee`` on
+unless they say otherwise). Run from a checkout: it imports the family from ``tests/``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def families() -> dict[str, list[Trace]]:
         "two_jobs 0-9": [shipped["two_jobs"].reseeded(i) for i in range(10)],
         "queued_cluster 0-5": [shipped["queued_cluster"].reseeded(i) for i in range(6)],
         "mixed_agentic 0-5": [shipped["mixed_agentic"].reseeded(i) for i in range(6)],
-        "random homes 0-39": [random_trace(i).with_scheduler({"home_guarantee": False}) for i in range(40)],
+        "random homes 0-39": [random_trace(i) for i in range(40)],
     }
 
 
@@ -49,7 +49,7 @@ def measure(trace: Trace) -> tuple[float, float, float]:
 def main(argv: list[str]) -> None:
     bad = [kv for kv in argv if "=" not in kv]
     if bad:
-        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. home_guarantee=true")
+        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. home_guarantee=false")
     knobs = dict(kv.split("=", 1) for kv in argv)
     drawn = families()
     try:

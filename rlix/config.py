@@ -118,7 +118,7 @@ class SchedulerModel(StrictModel):
         description="a pipeline's share never drops below its home partition's rollout workers while it can use them",
     )
     home_guarantee: bool = Field(
-        default=False,
+        default=True,
         description="a job with demand gets at least its free home bundles back at once from borrowers (sharing incentive)",
     )
     guest_stage_fit: float = Field(

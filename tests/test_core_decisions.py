@@ -344,7 +344,7 @@ def test_rebalance_respects_min_residency_then_moves_workers():
 
 
 def test_nearly_finished_batch_keeps_its_busy_workers():
-    cfg = SchedulerConfig(min_residency_s=0.0, protect_fraction=0.1, backlog_weight=0.0)
+    cfg = SchedulerConfig(min_residency_s=0.0, protect_fraction=0.1, backlog_weight=0.0, home_guarantee=False)
     sched = two_jobs(config=cfg)
     sched.step(0, [demand("a", 32)])
     loads = {g: 1 for g in owners(sched)["a"]}  # 8 stragglers of a 100-trajectory batch
@@ -546,7 +546,7 @@ def test_a_worker_goes_first_where_no_other_pipeline_could_go():
 
 
 def test_protection_never_keeps_a_pipeline_below_its_floor_but_keeps_the_donors_last_worker():
-    cfg = SchedulerConfig(min_residency_s=0.0)
+    cfg = SchedulerConfig(min_residency_s=0.0, home_guarantee=False)
     node = ClusterSpec(nodes=1, gpus_per_node=2)
     sched = Scheduler(node, "rlix", cfg)
     register(sched, spec("a", range(2), range(2), slots=1), spec("b", range(2), range(2), slots=1))
@@ -618,7 +618,9 @@ def test_a_receiver_with_less_work_than_a_switch_takes_no_busy_worker():
 def test_between_donors_equally_above_their_share_the_one_furthest_from_finishing_gives():
     # a and b hold four workers each with 40 trajectories left; a is 80% through its batch,
     # b has just started. c's floor costs one worker: b gives it, not a (lower GPU ids).
-    config = SchedulerConfig(weight_by_demand=True, min_residency_s=0.0, small_first=0.0, path_halving_s=0.0)
+    config = SchedulerConfig(
+        weight_by_demand=True, min_residency_s=0.0, small_first=0.0, path_halving_s=0.0, home_guarantee=False
+    )
     sched = Scheduler(NODE8, "rlix", config)
     register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)), spec("c", (0,), range(8)))
     sched.step(0, [demand("a", 40, batch=200), demand("b", 40)])

@@ -1,4 +1,4 @@
-"""Core decisions: home partitions as guarantees (``home_guarantee``, off by default: on here)."""
+"""Core decisions: home partitions as guarantees (``home_guarantee``, on by default)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_a_home_comes_back_first():
 
 
 def test_without_the_guarantee_the_split_alone_decides():
-    sched = Scheduler(TWO_NODES, "rlix")  # the default: off
+    sched = Scheduler(TWO_NODES, "rlix", SchedulerConfig(home_guarantee=False))
     register(sched, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
     sched.step(0, [demand("a", 800), RequestStage(pipeline_id="b", stage=Stage.INIT)])
     sched.step(1, [ReleaseStage(pipeline_id="b", stage=Stage.INIT)])

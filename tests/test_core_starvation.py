@@ -60,7 +60,8 @@ def test_every_job_with_demand_gets_a_worker_within_twice_the_residency(seed: in
 def one_gpu_turns(turn_limit_s: float, first_trajectory_s: float, jobs: str = "ab", until: int = 200) -> list[tuple[int, str]]:
     """Jobs wanting the one GPU of a cluster, every worker busy; a holder finishes its first
     trajectory ``first_trajectory_s`` after it got the GPU. When the GPU changed hands, and to whom."""
-    config = SchedulerConfig(min_residency_s=5, turn_limit_s=turn_limit_s)
+    # Equals on one GPU: without the guarantee (with it, the job admitted first owns the GPU they share).
+    config = SchedulerConfig(min_residency_s=5, turn_limit_s=turn_limit_s, home_guarantee=False)
     sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=1), "rlix", config)
     register(sched, *[spec(p, (0,), (0,)) for p in jobs])
     sched.step(0.0, [demand("a", 40)])

@@ -39,9 +39,6 @@ class WorkerLifecycle:
         self.starting: dict[int, asyncio.Task] = {}
         self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
 
-    def _mark(self, w: Worker, phase: WorkerPhase) -> None:
-        book_worker(self.rec, self.hooks.now(), w, phase)
-
     def warm(self, bundles) -> None:
         """Start a sleeping process on every bundle, in the background (no GPU held, no waiting)."""
         for gpus in bundles:
@@ -93,7 +90,7 @@ class WorkerLifecycle:
         self.rec.counters.workers_lost += 1
         if give_back:
             w.granted = False
-            self._mark(w, WorkerPhase.GONE)
+            book_worker(self.rec, self.hooks.now(), w, WorkerPhase.GONE)
             self.hooks.lost(w.gpus, True)
         self.hooks.changed()
 

@@ -276,6 +276,7 @@ class _Job:
         self.fatal: list[BaseException] = []
         self.changes = 0  # demand changes signalled (each sends a demand report)
         self.spawn_fails = False  # creating a worker process raises (as the runtime refusing its options)
+        self.spares: dict[int, bool] = {}  # first GPU -> whether its process was started as a spare
         hooks = Hooks(
             now=lambda: 0.0,
             spawn=self._spawn,
@@ -300,9 +301,10 @@ class _Job:
     def _changed(self) -> None:
         self.changes += 1
 
-    def _spawn(self, gpus, first):
+    def _spawn(self, gpus, first, spare):
         if self.spawn_fails:
             raise RuntimeError("no process could be created")
+        self.spares[gpus[0]] = spare
         self.workers.append(_Worker(gpus, self.prepare_gate))
         return self.workers[-1]
 
@@ -612,6 +614,21 @@ def test_a_process_starting_in_the_background_is_reported_starting_until_it_is_u
     job, before = asyncio.run(scenario())
     assert job.pool.starting() == []
     assert job.changes == before + 2  # one per process up
+
+
+def test_only_a_warm_start_outside_the_home_is_spare_not_a_home_start_nor_a_cold_start():
+    """Spare starts take idle CPU only (rlix.exec.cpu_priority): the bundles warmed once the model is loaded,
+    but neither the home's warm starts nor a process an expand waits for (a GPU is held meanwhile)."""
+
+    async def scenario():
+        job = _Job()
+        job.ctl.warm([(0,)])
+        job.ctl.warm([(1,)], spare=True)
+        await job.ctl.expand((2,))  # never warmed: the expand starts its process (a cold start)
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.spares == {0: False, 1: True, 2: False}
 
 
 def test_a_process_that_cannot_be_created_is_dead_not_starting_for_ever():

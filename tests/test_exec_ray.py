@@ -43,6 +43,18 @@ def test_all_jobs_finish_and_reward_rises(runs):
             assert last > first + 0.05, (policy, pid, [round(x, 3) for x in rewards])
 
 
+def test_an_on_policy_job_learns_under_rlix_exactly_what_it_learns_on_its_own_gpus(runs):
+    """small (staleness 0) lends and borrows under rlix, and a shrink may cut its trajectories; each
+    continues drawing what it would have drawn uninterrupted, so every token and every step matches
+    its run on its own partition (static)."""
+    shared, alone = runs["rlix"].results["small"], runs["static"].results["small"]
+    cut = sum(t.segments > 1 for t in shared.trajectories)
+    assert sorted((t.traj_id, t.tokens) for t in shared.trajectories) == sorted(
+        (t.traj_id, t.tokens) for t in alone.trajectories
+    ), f"{cut} trajectories were cut"
+    assert [(s.mean_reward, s.mean_tokens) for s in shared.steps] == [(s.mean_reward, s.mean_tokens) for s in alone.steps]
+
+
 def test_no_trajectory_lost_and_staleness_respected(runs):
     cfg = load_config(EXAMPLE)
     staleness = {j.name: j.staleness for j in cfg.jobs}

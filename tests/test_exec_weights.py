@@ -142,3 +142,30 @@ def test_generation_after_a_sync_equals_generation_from_a_model_loaded_with_thos
     after, want = synced.generate(req), loaded.generate(req)
     assert after.token_ids == want.token_ids and after.logprobs == want.logprobs
     assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)  # the sync changed what it serves
+
+
+def test_a_trajectory_continued_after_an_abort_samples_what_it_would_have_uninterrupted(model_dir):
+    """Each token is drawn with a seed of its position, so a trajectory cut after 5 tokens (a shrink)
+    and continued from its prefix on another worker ends as the uninterrupted one: sharing never
+    changes what a job samples."""
+    whole, first, rest = (TorchRolloutBackend() for _ in range(3))
+    for b in (whole, first, rest):
+        b.prepare(str(model_dir), "cpu")
+        b.wake(None)
+    req = GenRequest(traj_id=0, prompt_ids=(1, 5, 6, 7), max_new_tokens=16, temperature=1.0, seed=5)
+    want = whole.generate(req)
+    cut = first.generate(GenRequest(traj_id=0, prompt_ids=req.prompt_ids, max_new_tokens=5, seed=5))
+    assert len(cut.token_ids) == 5 and cut.token_ids[-1] != first.eos_id
+    got = rest.generate(
+        GenRequest(
+            traj_id=0,
+            prompt_ids=req.prompt_ids,
+            max_new_tokens=16,
+            seed=5,
+            prefix_ids=cut.token_ids,
+            prefix_logprobs=cut.logprobs,
+        )
+    )
+    assert len(want.token_ids) > 6  # the continuation drew tokens of its own
+    assert got.token_ids == want.token_ids
+    assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)  # re-prefilled, not decoded step by step

@@ -268,7 +268,7 @@ class PipelineCoordinator:
     def _on_loaded(self) -> None:
         """The model is loaded: report demand from now on (on change, and a heartbeat), and warm the
         bundles outside the home."""
-        self.rollout.warm(self.warm_later)
+        self.rollout.warm(self.warm_later, spare=True)
         self._keep(self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s))
 
     def _keep(self, coro) -> None:
@@ -289,13 +289,13 @@ class PipelineCoordinator:
             name=f"{self.pid}/trainer",
         )
 
-    def _spawn(self, gpus: Gpus, first_process: bool):
+    def _spawn(self, gpus: Gpus, first_process: bool, spare: bool):
         from rlix.exec.actors import RolloutWorkerActor
 
         opts = worker_options(self.cluster, gpus, self.gpu_map, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
         fault = self.job.fault.for_worker(gpus[0], first_process)
         return RolloutWorkerActor.options(**opts).remote(
-            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault
+            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault, spare
         )
 
     async def _teardown(self, error: str) -> None:

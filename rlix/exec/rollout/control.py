@@ -78,9 +78,10 @@ class RolloutControl:
 
     # ------------------------------------------------------------ processes
 
-    def warm(self, bundles) -> None:
-        """Start a sleeping process on every bundle, in the background (no GPU held, no waiting)."""
-        self.life.warm(bundles)
+    def warm(self, bundles, *, spare: bool = False) -> None:
+        """Start a sleeping process on every bundle, in the background (no GPU held, no waiting);
+        ``spare``: outside the home, on idle CPU only."""
+        self.life.warm(bundles, spare=spare)
 
     def handles(self) -> list:
         """Every worker process this job started (dead ones included: killing twice is harmless)."""

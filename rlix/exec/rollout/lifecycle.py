@@ -39,23 +39,24 @@ class WorkerLifecycle:
         self.starting: dict[int, asyncio.Task] = {}
         self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
 
-    def warm(self, bundles) -> None:
-        """Start a sleeping process on every bundle, in the background (no GPU held, no waiting)."""
+    def warm(self, bundles, *, spare: bool = False) -> None:
+        """Start a sleeping process on every bundle, in the background (no GPU held, no waiting);
+        ``spare``: bundles the job may never use, started on idle CPU only (:mod:`rlix.exec.cpu_priority`)."""
         for gpus in bundles:
-            self.start(self.pool.get(tuple(gpus)))
+            self.start(self.pool.get(tuple(gpus)), spare=spare)
 
-    def start(self, w: Worker) -> asyncio.Task:
+    def start(self, w: Worker, *, spare: bool = False) -> asyncio.Task:
         """The task starting ``w``'s process (begun now unless one runs, or ran and left it dead): True once up."""
         task = self.starting.get(w.first)
         if task is None or (task.done() and w.state is WorkerState.DEAD):
             self.pool.move(w, WorkerState.STARTING)  # at once: the next demand report names it starting
-            task = self.starting[w.first] = asyncio.get_running_loop().create_task(self._boot(w))
+            task = self.starting[w.first] = asyncio.get_running_loop().create_task(self._boot(w, spare))
         return task
 
-    async def _boot(self, w: Worker) -> bool:
+    async def _boot(self, w: Worker, spare: bool) -> bool:
         t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
         try:
-            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
+            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned, spare and background)
             self.spawned.add(w.first)
             await call(w.handle.prepare.remote(self.model_dir), self.deadlines.call_s, "worker start-up")
         except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here

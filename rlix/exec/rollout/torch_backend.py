@@ -195,7 +195,7 @@ class TorchRolloutBackend(RolloutBackend):
         import torch
 
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(req.seed * 1_000_003 + len(req.prefix_ids))
+        gen = torch.Generator()
         ids = list(req.prefix_ids)
         lps = list(req.prefix_logprobs)
         budget = req.max_new_tokens - len(ids)
@@ -216,6 +216,9 @@ class TorchRolloutBackend(RolloutBackend):
                 past = out.past_key_values
                 logits = out.logits[0, -1].float().cpu() / max(req.temperature, 1e-4)
                 logp = torch.log_softmax(logits, dim=-1)
+                # Seeded by the token's position: a trajectory continued elsewhere after a shrink draws what
+                # it would have drawn uninterrupted, so sharing never changes what a job samples.
+                gen.manual_seed(req.seed * 1_000_003 + len(ids))
                 tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
                 ids.append(tok)
                 lps.append(float(logp[tok]))

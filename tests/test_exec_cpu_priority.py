@@ -1,0 +1,74 @@
+"""A spare worker start (rlix.exec.cpu_priority) runs at the lowest CPU priority, every thread and
+child process of it, and gets its own priority back once it is up; where it could not get it
+back, it is never lowered. Each case runs in its own process, so the test runner keeps its priority."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+
+LOWERED_AND_BACK = textwrap.dedent(
+    """
+    import os, subprocess, sys, threading
+    from rlix.exec.cpu_priority import SPARE_NICE, reclaim_cpu, yield_cpu
+
+    def prio(tid):
+        return os.getpriority(os.PRIO_PROCESS, tid)
+
+    def all_threads(pid):
+        return [prio(int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+
+    before = prio(0)
+    early = threading.Event()
+    threading.Thread(target=early.wait, daemon=True).start()  # a thread older than the lowering
+    nice = yield_cpu()
+    assert nice == before, (nice, before)
+    late = threading.Event()
+    threading.Thread(target=late.wait, daemon=True).start()  # one started while lowered
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    assert set(all_threads(os.getpid())) == {SPARE_NICE}, all_threads(os.getpid())
+    assert set(all_threads(child.pid)) == {SPARE_NICE}
+    reclaim_cpu(nice)
+    assert set(all_threads(os.getpid())) == {before}, all_threads(os.getpid())
+    assert set(all_threads(child.pid)) == {before}
+    child.stdin.close()
+    child.wait()
+    print("ok")
+    """
+)
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_spare_start_is_lowered_with_its_threads_and_children_then_gets_its_priority_back():
+    import os
+    import resource
+
+    if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
+        pytest.skip("this user may not raise a priority back: the other case covers it")
+    assert _run(LOWERED_AND_BACK) == "ok"
+
+
+def test_a_process_that_could_not_get_its_priority_back_is_not_lowered():
+    """At nice 5, a user other than root whose RLIMIT_NICE is 0 (the usual default) may not go back
+    below 19 once lowered: the start is left at its priority. The user id is the one thing faked."""
+    code = textwrap.dedent(
+        """
+        import os, resource
+        from rlix.exec.cpu_priority import yield_cpu
+        os.nice(5)
+        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+        os.geteuid = lambda: 1000
+        print(yield_cpu(), os.getpriority(os.PRIO_PROCESS, 0))
+        """
+    )
+    assert _run(code) == "None 5"

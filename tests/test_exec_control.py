@@ -631,6 +631,47 @@ def test_only_a_warm_start_outside_the_home_is_spare_not_a_home_start_nor_a_cold
     assert job.spares == {0: False, 1: True, 2: False}
 
 
+def test_spare_starts_wait_for_the_homes_processes_to_be_up():
+    """A spare start never competes with the start-up of the processes the job will use: it begins once
+    they are up (it is reported starting meanwhile, so no worker goes there)."""
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        job.ctl.warm([(0,), (1,)])
+        job.ctl.warm([(2,)], spare=True)
+        await _settle()
+        spawned_while_home_started = sorted(job.spares)
+        assert job.pool.starting() == [0, 1, 2]  # the spare bundle is named starting all along
+        job.prepare_gate.event.set()
+        await _settle()
+        return job, spawned_while_home_started
+
+    job, early = asyncio.run(scenario())
+    assert early == [0, 1]
+    assert job.spares == {0: False, 1: False, 2: True} and job.pool.starting() == []
+
+
+def test_a_spare_start_still_waiting_when_the_job_ends_starts_no_process():
+    """Teardown cancels the starts (RolloutControl.starts): a spare waiting for the home's processes
+    never starts one after the job is gone."""
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        job.ctl.warm([(0,)])
+        job.ctl.warm([(1,)], spare=True)
+        await _settle()
+        for task in job.ctl.starts():
+            task.cancel()
+        job.prepare_gate.event.set()
+        await _settle()
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.spares == {0: False}
+
+
 def test_a_process_that_cannot_be_created_is_dead_not_starting_for_ever():
     from rlix.exec.rollout.pool import WorkerState
 

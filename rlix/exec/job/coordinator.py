@@ -299,7 +299,8 @@ class PipelineCoordinator:
         )
 
     async def _teardown(self, error: str) -> None:
-        for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ())]:
+        starts = self.rollout.starts() if self.rollout is not None else []
+        for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ()), *starts]:
             t.cancel()
         state = self.status.value if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else "failed"
         await self.link.last_note(job_note(self.pid, self.runner, self.rec))

@@ -83,6 +83,10 @@ class RolloutControl:
         ``spare``: outside the home, on idle CPU only."""
         self.life.warm(bundles, spare=spare)
 
+    def starts(self) -> list:
+        """The tasks starting worker processes (teardown cancels them: a spare waiting its turn never starts)."""
+        return list(self.life.starting.values())
+
     def handles(self) -> list:
         """Every worker process this job started (dead ones included: killing twice is harmless)."""
         return self.life.handles()

@@ -38,12 +38,16 @@ class WorkerLifecycle:
         self.procs = procs
         self.starting: dict[int, asyncio.Task] = {}
         self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
+        self.sure: list[asyncio.Task] = []  # warm starts that are not spare: the spare ones start after them
 
     def warm(self, bundles, *, spare: bool = False) -> None:
         """Start a sleeping process on every bundle, in the background (no GPU held, no waiting);
-        ``spare``: bundles the job may never use, started on idle CPU only (:mod:`rlix.exec.cpu_priority`)."""
+        ``spare``: bundles the job may never use, started once its other warm starts are up, and then on
+        idle CPU only (:mod:`rlix.exec.cpu_priority`)."""
         for gpus in bundles:
-            self.start(self.pool.get(tuple(gpus)), spare=spare)
+            task = self.start(self.pool.get(tuple(gpus)), spare=spare)
+            if not spare:
+                self.sure.append(task)
 
     def start(self, w: Worker, *, spare: bool = False) -> asyncio.Task:
         """The task starting ``w``'s process (begun now unless one runs, or ran and left it dead): True once up."""
@@ -54,6 +58,10 @@ class WorkerLifecycle:
         return task
 
     async def _boot(self, w: Worker, spare: bool) -> bool:
+        if spare and (sure := [task for task in self.sure if not task.done()]):
+            await asyncio.wait(sure)  # the processes the job will use come first: a spare never slows them
+            if w.state is not WorkerState.STARTING:
+                return False  # killed meanwhile (the job ended): start nothing
         t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
         try:
             w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned, spare and background)

@@ -1,6 +1,6 @@
-"""A spare worker start (rlix.exec.cpu_priority) runs at the lowest CPU priority, every thread and
-child process of it, and gets its own priority back once it is up; where it could not get it
-back, it is never lowered. Each case runs in its own process, so the test runner keeps its priority."""
+"""A spare worker start (rlix.exec.cpu_priority) runs under SCHED_IDLE, every thread and child
+process of it, and gets the normal policy back once it is up; where it could not get it back,
+it is never lowered. Each case runs in its own process, so the test runner keeps its priority."""
 
 from __future__ import annotations
 
@@ -15,27 +15,22 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pe
 LOWERED_AND_BACK = textwrap.dedent(
     """
     import os, subprocess, sys, threading
-    from rlix.exec.cpu_priority import SPARE_NICE, reclaim_cpu, yield_cpu
+    from rlix.exec.cpu_priority import reclaim_cpu, yield_cpu
 
-    def prio(tid):
-        return os.getpriority(os.PRIO_PROCESS, tid)
+    def policies(pid):
+        return {os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
 
-    def all_threads(pid):
-        return [prio(int(t)) for t in os.listdir(f"/proc/{pid}/task")]
-
-    before = prio(0)
     early = threading.Event()
     threading.Thread(target=early.wait, daemon=True).start()  # a thread older than the lowering
-    nice = yield_cpu()
-    assert nice == before, (nice, before)
+    assert yield_cpu()
     late = threading.Event()
     threading.Thread(target=late.wait, daemon=True).start()  # one started while lowered
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    assert set(all_threads(os.getpid())) == {SPARE_NICE}, all_threads(os.getpid())
-    assert set(all_threads(child.pid)) == {SPARE_NICE}
-    reclaim_cpu(nice)
-    assert set(all_threads(os.getpid())) == {before}, all_threads(os.getpid())
-    assert set(all_threads(child.pid)) == {before}
+    assert policies(os.getpid()) == {os.SCHED_IDLE}, policies(os.getpid())
+    assert policies(child.pid) == {os.SCHED_IDLE}
+    reclaim_cpu(True)
+    assert policies(os.getpid()) == {os.SCHED_OTHER}, policies(os.getpid())
+    assert policies(child.pid) == {os.SCHED_OTHER}
     child.stdin.close()
     child.wait()
     print("ok")
@@ -59,8 +54,8 @@ def test_a_spare_start_is_lowered_with_its_threads_and_children_then_gets_its_pr
 
 
 def test_a_process_that_could_not_get_its_priority_back_is_not_lowered():
-    """At nice 5, a user other than root whose RLIMIT_NICE is 0 (the usual default) may not go back
-    below 19 once lowered: the start is left at its priority. The user id is the one thing faked."""
+    """At nice 5, a user other than root whose RLIMIT_NICE is 0 (the usual default) may not leave
+    SCHED_IDLE once in it: the start is left at its priority. The user id is the one thing faked."""
     code = textwrap.dedent(
         """
         import os, resource
@@ -68,7 +63,7 @@ def test_a_process_that_could_not_get_its_priority_back_is_not_lowered():
         os.nice(5)
         resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
         os.geteuid = lambda: 1000
-        print(yield_cpu(), os.getpriority(os.PRIO_PROCESS, 0))
+        print(yield_cpu(), os.sched_getscheduler(0) == os.SCHED_OTHER)
         """
     )
-    assert _run(code) == "None 5"
+    assert _run(code) == "False True"

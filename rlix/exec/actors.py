@@ -82,7 +82,7 @@ class RolloutWorkerActor:
         spare: bool = False,
     ) -> None:
         # A spare (warm, outside the home) start imports and builds on idle CPU only, until it is up.
-        self._nice = yield_cpu() if spare else None
+        self._lowered = spare and yield_cpu()
         self.visible = _setup_process()
         self.fault = fault
         self._dying = False
@@ -99,8 +99,8 @@ class RolloutWorkerActor:
         t0 = time.perf_counter()
         self.memory = MemoryCheck(device_for_worker())
         self.backend.prepare(model_path, self.memory.device)
-        reclaim_cpu(self._nice)  # up: from now on it serves, at its normal priority
-        self._nice = None
+        reclaim_cpu(self._lowered)  # up: from now on it serves, at its normal priority
+        self._lowered = False
         return time.perf_counter() - t0
 
     def wake(self, snapshot: WeightBuckets | None, *adapters: AdapterSnapshot) -> SwitchTiming:

@@ -5,13 +5,16 @@ its model is loaded (see :mod:`rlix.exec.rollout.lifecycle`). Such a start is
 speculative: it holds no GPU and serves nobody yet, so it must not slow the
 processes that are working meanwhile (on a CPU host, every job's rollouts and
 training; on a GPU host, the engines' CPU-side schedulers). Its imports and
-model build run at the lowest CPU priority (``nice`` 19), and the process gets
-its priority back once it is up, before it serves anything.
+model build run under Linux's ``SCHED_IDLE`` policy, below any nice value
+(Ray already runs its workers at nice 15, so a nice value alone would hardly
+lower it), and the process gets the normal policy back once it is up, before
+it serves anything.
 
-Linux keeps a nice value per thread: every thread of the process (and of the
+Linux keeps the policy per thread: every thread of the process (and of the
 processes it started meanwhile) is lowered and raised back. Where a process
-may not raise its priority back (not root, and an ``RLIMIT_NICE`` that does
-not allow it) or there is no ``/proc``, the start runs at normal priority.
+may not raise itself back (not root, and an ``RLIMIT_NICE`` that does not
+cover its nice value) or the platform has no ``SCHED_IDLE``, the start runs
+at normal priority.
 """
 
 from __future__ import annotations
@@ -19,31 +22,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SPARE_NICE = 19  # the lowest priority: the start takes only CPU nobody else wants
 
-
-def yield_cpu() -> int | None:
-    """Lower this process to :data:`SPARE_NICE`; the nice value to restore, or None where it was left as is."""
+def yield_cpu() -> bool:
+    """Put this process under ``SCHED_IDLE``; whether it was (False: left as it is)."""
     try:
-        before = os.getpriority(os.PRIO_PROCESS, 0)
-        if before >= SPARE_NICE or not _may_raise_to(before):
-            return None
-        _renice(_threads(os.getpid()), SPARE_NICE)
-    except (OSError, AttributeError):  # no /proc, or a platform without per-thread priorities
-        return None
-    return before
+        if not _may_return(os.getpriority(os.PRIO_PROCESS, 0)):
+            return False
+        _set_policy(_threads(os.getpid()), os.SCHED_IDLE)
+    except (OSError, AttributeError):  # no /proc or no SCHED_IDLE: not Linux
+        return False
+    return True
 
 
-def reclaim_cpu(nice: int | None) -> None:
-    """Give this process (and the processes it started) back the nice value :func:`yield_cpu` returned."""
-    if nice is None:
-        return
-    tids = [t for pid in (os.getpid(), *_descendants(os.getpid())) for t in _threads(pid)]
-    _renice(tids, nice)
+def reclaim_cpu(lowered: bool) -> None:
+    """Give this process (and the processes it started) the normal policy back, if :func:`yield_cpu` lowered it."""
+    if lowered:
+        _set_policy([t for pid in (os.getpid(), *_descendants(os.getpid())) for t in _threads(pid)], os.SCHED_OTHER)
 
 
-def _may_raise_to(nice: int) -> bool:
-    """Whether this process may set its threads back to ``nice`` after lowering them."""
+def _may_return(nice: int) -> bool:
+    """Whether a thread at ``nice`` may go from ``SCHED_IDLE`` back to the normal policy (Linux >= 2.6.39)."""
     if os.geteuid() == 0:
         return True
     import resource
@@ -52,10 +50,10 @@ def _may_raise_to(nice: int) -> bool:
     return soft == resource.RLIM_INFINITY or 20 - soft <= nice
 
 
-def _renice(tids: list[int], nice: int) -> None:
+def _set_policy(tids: list[int], policy: int) -> None:
     for tid in tids:
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
         except ProcessLookupError:  # the thread ended meanwhile
             pass
 

@@ -67,3 +67,32 @@ def test_a_process_that_could_not_get_its_priority_back_is_not_lowered():
         """
     )
     assert _run(code) == "False True"
+
+
+def test_a_spare_launched_by_the_idle_runtime_env_runs_under_sched_idle_from_its_first_instruction():
+    """The ``py_executable`` Ray starts a spare worker with (chrt on top of the job's own, if any): the
+    process is under SCHED_IDLE before Python runs a line, and the worker's yield_cpu reports it lowered."""
+    import shlex
+    import shutil
+
+    from rlix.exec.cpu_priority import idle_runtime_env
+
+    env = idle_runtime_env({})
+    if env is None:
+        assert shutil.which("chrt") is None or not _may_return_here()
+        return
+    assert idle_runtime_env({"py_executable": "uv run"})["py_executable"].endswith("--idle 0 uv run")
+    code = (
+        "import os; from rlix.exec.cpu_priority import yield_cpu; print(os.sched_getscheduler(0) == os.SCHED_IDLE, yield_cpu())"
+    )
+    out = subprocess.run([*shlex.split(env["py_executable"]), "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def _may_return_here() -> bool:
+    import os
+
+    from rlix.exec.cpu_priority import _may_return
+
+    return _may_return(os.getpriority(os.PRIO_PROCESS, 0))

@@ -82,7 +82,7 @@ def main() -> None:
         print(f"median rlix switch_overhead_fraction: {sw:.3f} (target <= 0.10: {'met' if sw <= 0.10 else 'NOT met'})")
         worst = [job_ratios(a, b) for a, b in zip(jcts["rlix"], jcts["static"])]
         for (pid, x), sim in zip(worst, replayed):
-            print(f"rlix / static JCT, worst job: {pid} {x:.3f} (the same run's trace replayed under both: {sim[pid]:.3f})")
+            print(f"rlix / static JCT, worst job: {pid} {x:.3f} (the run's trace replayed under both: {sim.get(pid, 0):.3f})")
         w = statistics.median(x for _, x in worst)
         print(f"median worst job rlix / static JCT: {w:.3f} (target <= 1.02: {'met' if w <= 1.02 else 'NOT met'})")
 

@@ -652,6 +652,26 @@ def test_spare_starts_wait_for_the_homes_processes_to_be_up():
     assert job.spares == {0: False, 1: False, 2: True} and job.pool.starting() == []
 
 
+def test_a_spare_granted_while_it_waits_for_the_home_starts_at_once_at_normal_priority():
+    """An expand onto a bundle whose spare start still waits for the home's processes (GPUs held) does
+    not wait for them: the process starts at once, as a cold start's does (not spare)."""
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        job.ctl.warm([(0,)])
+        job.ctl.warm([(1,)], spare=True)
+        await _settle()
+        expand = asyncio.ensure_future(job.ctl.expand((1,)))
+        await asyncio.sleep(0.4)  # longer than one look at the grant (GRANT_POLL_S)
+        spawned = dict(job.spares)
+        job.prepare_gate.event.set()
+        await asyncio.wait_for(expand, 1.0)
+        return spawned
+
+    assert asyncio.run(scenario()) == {0: False, 1: False}
+
+
 def test_a_spare_start_still_waiting_when_the_job_ends_starts_no_process():
     """Teardown cancels the starts (RolloutControl.starts): a spare waiting for the home's processes
     never starts one after the job is gone."""

@@ -45,54 +45,54 @@ def _run(code: str) -> str:
 
 
 def test_a_spare_start_is_lowered_with_its_threads_and_children_then_gets_its_priority_back():
-    import os
-    import resource
+    from rlix.exec.cpu_priority import _may_return
 
-    if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
-        pytest.skip("this user may not raise a priority back: the other case covers it")
+    if not _may_return():
+        pytest.skip("a thread here may not leave SCHED_IDLE: the next case covers it")
     assert _run(LOWERED_AND_BACK) == "ok"
 
 
-def test_a_process_that_could_not_get_its_priority_back_is_not_lowered():
-    """At nice 5, a user other than root whose RLIMIT_NICE is 0 (the usual default) may not leave
-    SCHED_IDLE once in it: the start is left at its priority. The user id is the one thing faked."""
+def test_a_process_that_could_not_leave_sched_idle_is_not_lowered():
+    """Without CAP_SYS_NICE (dropped, as a default container drops it) and with an RLIMIT_NICE of 0, a
+    thread may not leave SCHED_IDLE once in it: the probe finds that out, and the start is left as it is."""
+    import shutil
+
+    if shutil.which("setpriv") is None or shutil.which("prlimit") is None:
+        pytest.skip("needs util-linux's setpriv and prlimit")
     code = textwrap.dedent(
         """
-        import os, resource
-        from rlix.exec.cpu_priority import yield_cpu
-        os.nice(5)
-        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
-        os.geteuid = lambda: 1000
-        print(yield_cpu(), os.sched_getscheduler(0) == os.SCHED_OTHER)
+        import os
+        from rlix.exec.cpu_priority import idle_launch, yield_cpu
+        print(yield_cpu(), os.sched_getscheduler(0) == os.SCHED_OTHER, idle_launch({"num_cpus": 0}, {}))
         """
     )
-    assert _run(code) == "False True"
+    jail = ["prlimit", "--nice=0:0", "setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"]
+    out = subprocess.run([*jail, sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "{'num_cpus':", "0}"]
 
 
-def test_a_spare_launched_by_the_idle_runtime_env_runs_under_sched_idle_from_its_first_instruction():
-    """The ``py_executable`` Ray starts a spare worker with (chrt on top of the job's own, if any): the
-    process is under SCHED_IDLE before Python runs a line, and the worker's yield_cpu reports it lowered."""
+def test_a_spare_launched_idle_runs_under_sched_idle_from_its_first_instruction_and_keeps_its_env():
+    """The actor options of a spare worker: chrt on top of the job's own interpreter, the worker's
+    env vars kept (its devices); the process is under SCHED_IDLE before Python runs a line."""
     import shlex
     import shutil
 
-    from rlix.exec.cpu_priority import idle_runtime_env
+    from rlix.exec.cpu_priority import idle_launch
 
-    env = idle_runtime_env({})
-    if env is None:
-        assert shutil.which("chrt") is None or not _may_return_here()
-        return
-    assert idle_runtime_env({"py_executable": "uv run"})["py_executable"].endswith("--idle 0 uv run")
+    if shutil.which("chrt") is None:
+        pytest.skip("needs util-linux's chrt")
+    worker = {"num_cpus": 0, "runtime_env": {"env_vars": {"CUDA_VISIBLE_DEVICES": "3"}}}
+    opts = idle_launch(worker, {})
+    if opts is worker:
+        pytest.skip("a thread here may not leave SCHED_IDLE: the case above covers it")
+    assert opts["num_cpus"] == 0 and opts["runtime_env"]["env_vars"] == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert idle_launch(worker, {"py_executable": "uv run"})["runtime_env"]["py_executable"].endswith(" --idle 0 uv run")
+    assert idle_launch(worker, {"conda": "env"}) is worker  # the interpreter is the conda env's: left alone
     code = (
         "import os; from rlix.exec.cpu_priority import yield_cpu; print(os.sched_getscheduler(0) == os.SCHED_IDLE, yield_cpu())"
     )
-    out = subprocess.run([*shlex.split(env["py_executable"]), "-c", code], capture_output=True, text=True, timeout=60)
+    cmd = [*shlex.split(opts["runtime_env"]["py_executable"]), "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
-
-
-def _may_return_here() -> bool:
-    import os
-
-    from rlix.exec.cpu_priority import _may_return
-
-    return _may_return(os.getpriority(os.PRIO_PROCESS, 0))

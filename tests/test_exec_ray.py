@@ -49,6 +49,8 @@ def test_an_on_policy_job_learns_under_rlix_exactly_what_it_learns_on_its_own_gp
     its run on its own partition (static)."""
     shared, alone = runs["rlix"].results["small"], runs["static"].results["small"]
     cut = sum(t.segments > 1 for t in shared.trajectories)
+    if cut == 0:
+        pytest.skip("no shrink cut a trajectory of the small job in this run: nothing to compare")
     assert sorted((t.traj_id, t.tokens) for t in shared.trajectories) == sorted(
         (t.traj_id, t.tokens) for t in alone.trajectories
     ), f"{cut} trajectories were cut"

@@ -22,6 +22,7 @@ from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.job import WorkerPhase
 
 LOG = logging.getLogger("rlix.rollout")  # why a worker was lost (in the job's Ray log; RLIX_WORKER_LOGS=1 shows it)
+GRANT_POLL_S = 0.25  # how often a spare start waiting for the home's processes looks whether it was granted
 
 
 class WorkerLifecycle:
@@ -47,7 +48,7 @@ class WorkerLifecycle:
         for gpus in bundles:
             task = self.start(self.pool.get(tuple(gpus)), spare=spare)
             if not spare:
-                self.sure.append(task)
+                self.sure = [*(t for t in self.sure if not t.done()), task]
 
     def start(self, w: Worker, *, spare: bool = False) -> asyncio.Task:
         """The task starting ``w``'s process (begun now unless one runs, or ran and left it dead): True once up."""
@@ -58,10 +59,11 @@ class WorkerLifecycle:
         return task
 
     async def _boot(self, w: Worker, spare: bool) -> bool:
-        if spare and (sure := [task for task in self.sure if not task.done()]):
-            await asyncio.wait(sure)  # the processes the job will use come first: a spare never slows them
-            if w.state is not WorkerState.STARTING:
-                return False  # killed meanwhile (the job ended): start nothing
+        # The processes the job will use come first: a spare never slows their start (unless granted meanwhile).
+        while spare and not w.granted and (sure := [task for task in self.sure if not task.done()]):
+            await asyncio.wait(sure, timeout=GRANT_POLL_S)
+        if w.state is not WorkerState.STARTING:
+            return False  # killed meanwhile (the job ended): start nothing
         t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
         try:
             w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned, spare and background)

@@ -276,7 +276,7 @@ class _Job:
         self.fatal: list[BaseException] = []
         self.changes = 0  # demand changes signalled (each sends a demand report)
         self.spawn_fails = False  # creating a worker process raises (as the runtime refusing its options)
-        self.spares: dict[int, bool] = {}  # first GPU -> whether its process was started as a spare
+        self.spawned: list[int] = []  # first GPU of each process started, in order
         hooks = Hooks(
             now=lambda: 0.0,
             spawn=self._spawn,
@@ -301,10 +301,10 @@ class _Job:
     def _changed(self) -> None:
         self.changes += 1
 
-    def _spawn(self, gpus, first, spare):
+    def _spawn(self, gpus, first):
         if self.spawn_fails:
             raise RuntimeError("no process could be created")
-        self.spares[gpus[0]] = spare
+        self.spawned.append(gpus[0])
         self.workers.append(_Worker(gpus, self.prepare_gate))
         return self.workers[-1]
 
@@ -616,21 +616,6 @@ def test_a_process_starting_in_the_background_is_reported_starting_until_it_is_u
     assert job.changes == before + 2  # one per process up
 
 
-def test_only_a_warm_start_outside_the_home_is_spare_not_a_home_start_nor_a_cold_start():
-    """Spare starts take idle CPU only (rlix.exec.cpu_priority): the bundles warmed once the model is loaded,
-    but neither the home's warm starts nor a process an expand waits for (a GPU is held meanwhile)."""
-
-    async def scenario():
-        job = _Job()
-        job.ctl.warm([(0,)])
-        job.ctl.warm([(1,)], spare=True)
-        await job.ctl.expand((2,))  # never warmed: the expand starts its process (a cold start)
-        return job
-
-    job = asyncio.run(scenario())
-    assert job.spares == {0: False, 1: True, 2: False}
-
-
 def test_spare_starts_wait_for_the_homes_processes_to_be_up():
     """A spare start never competes with the start-up of the processes the job will use: it begins once
     they are up (it is reported starting meanwhile, so no worker goes there)."""
@@ -641,7 +626,7 @@ def test_spare_starts_wait_for_the_homes_processes_to_be_up():
         job.ctl.warm([(0,), (1,)])
         job.ctl.warm([(2,)], spare=True)
         await _settle()
-        spawned_while_home_started = sorted(job.spares)
+        spawned_while_home_started = list(job.spawned)
         assert job.pool.starting() == [0, 1, 2]  # the spare bundle is named starting all along
         job.prepare_gate.event.set()
         await _settle()
@@ -649,12 +634,12 @@ def test_spare_starts_wait_for_the_homes_processes_to_be_up():
 
     job, early = asyncio.run(scenario())
     assert early == [0, 1]
-    assert job.spares == {0: False, 1: False, 2: True} and job.pool.starting() == []
+    assert job.spawned == [0, 1, 2] and job.pool.starting() == []
 
 
-def test_a_spare_granted_while_it_waits_for_the_home_starts_at_once_at_normal_priority():
+def test_a_spare_granted_while_it_waits_for_the_home_starts_at_once():
     """An expand onto a bundle whose spare start still waits for the home's processes (GPUs held) does
-    not wait for them: the process starts at once, as a cold start's does (not spare)."""
+    not wait for them: the process starts at once, as a cold start's does."""
 
     async def scenario():
         job = _Job()
@@ -664,12 +649,12 @@ def test_a_spare_granted_while_it_waits_for_the_home_starts_at_once_at_normal_pr
         await _settle()
         expand = asyncio.ensure_future(job.ctl.expand((1,)))
         await asyncio.sleep(0.4)  # longer than one look at the grant (GRANT_POLL_S)
-        spawned = dict(job.spares)
+        spawned = list(job.spawned)
         job.prepare_gate.event.set()
         await asyncio.wait_for(expand, 1.0)
         return spawned
 
-    assert asyncio.run(scenario()) == {0: False, 1: False}
+    assert asyncio.run(scenario()) == [0, 1]
 
 
 def test_a_spare_start_still_waiting_when_the_job_ends_starts_no_process():
@@ -689,7 +674,7 @@ def test_a_spare_start_still_waiting_when_the_job_ends_starts_no_process():
         return job
 
     job = asyncio.run(scenario())
-    assert job.spares == {0: False}
+    assert job.spawned == [0]
 
 
 def test_a_process_that_cannot_be_created_is_dead_not_starting_for_ever():

@@ -13,7 +13,6 @@ import time
 
 import ray
 
-from rlix.exec.cpu_priority import reclaim_cpu, yield_cpu
 from rlix.exec.device_memory import MemoryCheck
 from rlix.exec.messages import (
     AdapterSnapshot,
@@ -79,10 +78,7 @@ class RolloutWorkerActor:
         backend: str = "torch",
         vllm: VllmOptions = VllmOptions(),
         fault: WorkerFault = WorkerFault(),
-        spare: bool = False,
     ) -> None:
-        # A spare (warm, outside the home) start imports and builds on idle CPU only, until it is up.
-        self._lowered = spare and yield_cpu()
         self.visible = _setup_process()
         self.fault = fault
         self._dying = False
@@ -99,8 +95,6 @@ class RolloutWorkerActor:
         t0 = time.perf_counter()
         self.memory = MemoryCheck(device_for_worker())
         self.backend.prepare(model_path, self.memory.device)
-        reclaim_cpu(self._lowered)  # up: from now on it serves, at its normal priority
-        self._lowered = False
         return time.perf_counter() - t0
 
     def wake(self, snapshot: WeightBuckets | None, *adapters: AdapterSnapshot) -> SwitchTiming:

@@ -27,7 +27,6 @@ from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.control.actor_placement import actor_options
 from rlix.exec.control.scheduler_link import SchedulerLink
-from rlix.exec.cpu_priority import idle_launch
 from rlix.exec.data.recipe import Recipe
 from rlix.exec.data.rewards import RewardError
 from rlix.exec.errors import describe
@@ -290,15 +289,13 @@ class PipelineCoordinator:
             name=f"{self.pid}/trainer",
         )
 
-    def _spawn(self, gpus: Gpus, first_process: bool, spare: bool):
+    def _spawn(self, gpus: Gpus, first_process: bool):
         from rlix.exec.actors import RolloutWorkerActor
 
         opts = worker_options(self.cluster, gpus, self.gpu_map, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
         fault = self.job.fault.for_worker(gpus[0], first_process)
-        if spare:  # idle CPU only, from the process's first instruction
-            opts = idle_launch(opts, ray.get_runtime_context().runtime_env)
         return RolloutWorkerActor.options(**opts).remote(
-            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault, spare
+            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault
         )
 
     async def _teardown(self, error: str) -> None:

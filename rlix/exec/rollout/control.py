@@ -80,7 +80,7 @@ class RolloutControl:
 
     def warm(self, bundles, *, spare: bool = False) -> None:
         """Start a sleeping process on every bundle, in the background (no GPU held, no waiting);
-        ``spare``: outside the home, on idle CPU only."""
+        ``spare``: outside the home, started once the home's processes are up."""
         self.life.warm(bundles, spare=spare)
 
     def starts(self) -> list:

@@ -43,8 +43,7 @@ class WorkerLifecycle:
 
     def warm(self, bundles, *, spare: bool = False) -> None:
         """Start a sleeping process on every bundle, in the background (no GPU held, no waiting);
-        ``spare``: bundles the job may never use, started once its other warm starts are up, and then on
-        idle CPU only (:mod:`rlix.exec.cpu_priority`)."""
+        ``spare``: bundles the job may never use, started once its other warm starts are up."""
         for gpus in bundles:
             task = self.start(self.pool.get(tuple(gpus)), spare=spare)
             if not spare:
@@ -66,7 +65,7 @@ class WorkerLifecycle:
             return False  # killed meanwhile (the job ended): start nothing
         t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
         try:
-            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned, spare and background)
+            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
             self.spawned.add(w.first)
             await call(w.handle.prepare.remote(self.model_dir), self.deadlines.call_s, "worker start-up")
         except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here

@@ -637,15 +637,21 @@ def test_spare_starts_wait_for_the_homes_processes_to_be_up():
     assert job.spawned == [0, 1, 2] and job.pool.starting() == []
 
 
+def _waiting_spare() -> _Job:
+    """(In a running loop) a job whose home process (GPU 0) is starting and whose spare start (GPU 1) waits for it."""
+    job = _Job()
+    job.prepare_gate = _Gate(open_=False)
+    job.ctl.warm([(0,)])
+    job.ctl.warm([(1,)], spare=True)
+    return job
+
+
 def test_a_spare_granted_while_it_waits_for_the_home_starts_at_once():
     """An expand onto a bundle whose spare start still waits for the home's processes (GPUs held) does
     not wait for them: the process starts at once, as a cold start's does."""
 
     async def scenario():
-        job = _Job()
-        job.prepare_gate = _Gate(open_=False)
-        job.ctl.warm([(0,)])
-        job.ctl.warm([(1,)], spare=True)
+        job = _waiting_spare()
         await _settle()
         expand = asyncio.ensure_future(job.ctl.expand((1,)))
         await asyncio.sleep(0.4)  # longer than one look at the grant (GRANT_POLL_S)
@@ -662,10 +668,7 @@ def test_a_spare_start_still_waiting_when_the_job_ends_starts_no_process():
     never starts one after the job is gone."""
 
     async def scenario():
-        job = _Job()
-        job.prepare_gate = _Gate(open_=False)
-        job.ctl.warm([(0,)])
-        job.ctl.warm([(1,)], spare=True)
+        job = _waiting_spare()
         await _settle()
         for task in job.ctl.starts():
             task.cancel()

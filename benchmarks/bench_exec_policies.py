@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 
 from rlix.exec.front import api
+from rlix.sim.simulator import replay
+from rlix.sim.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,9 +54,11 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 out = str(Path(args.keep) / f"{r}-{policy}") if args.keep else tmp
                 res = api.run(args.config, policy=policy, out_dir=out)
-                sim_err, jct_err = fidelity(res, policy)
+                trace = load_trace(res.files["trace"])
+                sim = replay(trace, policy)  # the run replayed: how well the simulator predicts it
+                sim_err, jct_err = fidelity(res.metrics, sim)
                 if policy == "rlix":
-                    replayed.append(policy_only(res))
+                    replayed.append(policy_only(trace, sim))
             m = res.metrics
             makespans[policy].append(m.makespan_s)
             jcts[policy].append({pid: p.jct_s for pid, p in m.pipelines.items()})
@@ -92,24 +96,17 @@ def job_ratios(rlix: dict[str, float], static: dict[str, float]) -> tuple[str, f
     return max(((pid, rlix[pid] / static[pid]) for pid in sorted(rlix) if static.get(pid)), key=lambda r: (r[1], r[0]))
 
 
-def policy_only(res) -> dict[str, float]:
-    """Each job's JCT when the run's recorded trace is replayed under rlix over under static: the policy's
-    effect alone, with the durations the run measured (no host contention between the two runs)."""
-    from rlix.sim.simulator import replay
-    from rlix.sim.trace import load_trace
-
-    trace = load_trace(res.files["trace"])
-    shared, alone = replay(trace, "rlix"), replay(trace, "static")
+def policy_only(trace, shared) -> dict[str, float]:
+    """Each job's JCT in ``shared`` (the rlix run's trace replayed under rlix) over the same trace replayed
+    under static: the policy's effect alone, with the durations the run measured (no host contention
+    between the two runs)."""
+    alone = replay(trace, "static")
     return {pid: shared.pipelines[pid].jct_s / alone.pipelines[pid].jct_s for pid in shared.pipelines}
 
 
-def fidelity(res, policy: str) -> tuple[float, float]:
-    """Relative error of the simulator's replay of the recorded trace: makespan, and the worst job's completion time."""
-    from rlix.sim.simulator import replay
-    from rlix.sim.trace import load_trace
-
-    sim = replay(load_trace(res.files["trace"]), policy)
-    measured = res.metrics
+def fidelity(measured, sim) -> tuple[float, float]:
+    """Relative error of the simulator's replay ``sim`` of a run whose metrics are ``measured``: makespan,
+    and the worst job's completion time."""
     err = abs(sim.makespan_s - measured.makespan_s) / measured.makespan_s
     jct = max(
         (

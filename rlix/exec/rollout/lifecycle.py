@@ -47,7 +47,7 @@ class WorkerLifecycle:
         for gpus in bundles:
             task = self.start(self.pool.get(tuple(gpus)), spare=spare)
             if not spare:
-                self.sure = [*(t for t in self.sure if not t.done()), task]
+                self.sure.append(task)
 
     def start(self, w: Worker, *, spare: bool = False) -> asyncio.Task:
         """The task starting ``w``'s process (begun now unless one runs, or ran and left it dead): True once up."""

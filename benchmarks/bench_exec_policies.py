@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from rlix.exec.front import api
+from rlix.exec.front.config import RunConfig, load_config
 from rlix.sim.simulator import replay
 from rlix.sim.trace import load_trace
 
@@ -41,6 +42,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     policies = args.policy or ["rlix", "static"]
+    config = load_config(args.config)
     makespans: dict[str, list[float]] = {p: [] for p in policies}
     print(
         f"{'run':>4} {'policy':>16} {'makespan s':>11} {'gpu util':>8} {'switch':>6} {'overhead %':>10} "
@@ -53,7 +55,7 @@ def main() -> None:
         for policy in policies:
             with tempfile.TemporaryDirectory() as tmp:
                 out = str(Path(args.keep) / f"{r}-{policy}") if args.keep else tmp
-                res = api.run(args.config, policy=policy, out_dir=out)
+                res = api.run(own_checkpoints(config, out), policy=policy, out_dir=out)
                 trace = load_trace(res.files["trace"])
                 sim = replay(trace, policy)  # the run replayed: how well the simulator predicts it
                 sim_err, jct_err = fidelity(res.metrics, sim)
@@ -70,7 +72,10 @@ def main() -> None:
                 for name in streams:
                     rewards = [s.mean_reward for s in job.steps if s.stream == name]
                     parts.append(f"{name + ' ' if name else ''}{rewards[0]:.2f}->{rewards[-1]:.2f}")
-                jobs.append(f"{pid} {m.pipelines[pid].jct_s:.1f} ({', '.join(parts)})" if parts else pid)
+                if job.error:  # a failed job has no JCT to compare: say why, so the figures are read with it
+                    jobs.append(f"{pid} {job.status.value.upper()}: {job.error.splitlines()[0][:160]}")
+                else:
+                    jobs.append(f"{pid} {m.pipelines[pid].jct_s:.1f} ({', '.join(parts)})" if parts else pid)
             print(
                 f"{r:>4} {policy:>16} {m.makespan_s:>11.1f} {m.gpu_utilization:>8.3f} {m.switch_overhead_fraction:>6.3f} "
                 f"{100 * res.control_overhead_fraction:>10.2f} {100 * sim_err:>6.1f}% {100 * jct_err:>6.1f}%  " + "; ".join(jobs),
@@ -89,6 +94,15 @@ def main() -> None:
             print(f"rlix / static JCT, worst job: {pid} {x:.3f} (the run's trace replayed under both: {sim.get(pid, 0):.3f})")
         w = statistics.median(x for _, x in worst)
         print(f"median worst job rlix / static JCT: {w:.3f} (target <= 1.02: {'met' if w <= 1.02 else 'NOT met'})")
+
+
+def own_checkpoints(config: RunConfig, out: str) -> RunConfig:
+    """``config`` with each job's ``checkpoint_dir`` under this run's output directory: a run must not
+    resume from the checkpoints an earlier run (the other policy's) left behind."""
+    jobs = [
+        j.model_copy(update={"checkpoint_dir": str(Path(out) / "ckpt" / j.name)}) if j.checkpoint_dir else j for j in config.jobs
+    ]
+    return config.model_copy(update={"jobs": jobs})
 
 
 def job_ratios(rlix: dict[str, float], static: dict[str, float]) -> tuple[str, float]:

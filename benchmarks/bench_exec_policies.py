@@ -65,20 +65,10 @@ def main() -> None:
             makespans[policy].append(m.makespan_s)
             jcts[policy].append({pid: p.jct_s for pid, p in m.pipelines.items()})
             switching[policy].append(m.switch_overhead_fraction)
-            jobs = []
-            for pid, job in sorted(res.results.items()):
-                streams = sorted({s.stream for s in job.steps})  # one per LoRA adapter; "" = full finetune
-                parts = []
-                for name in streams:
-                    rewards = [s.mean_reward for s in job.steps if s.stream == name]
-                    parts.append(f"{name + ' ' if name else ''}{rewards[0]:.2f}->{rewards[-1]:.2f}")
-                if job.error:  # a failed job has no JCT to compare: say why, so the figures are read with it
-                    jobs.append(f"{pid} {job.status.value.upper()}: {job.error.splitlines()[0][:160]}")
-                else:
-                    jobs.append(f"{pid} {m.pipelines[pid].jct_s:.1f} ({', '.join(parts)})" if parts else pid)
             print(
                 f"{r:>4} {policy:>16} {m.makespan_s:>11.1f} {m.gpu_utilization:>8.3f} {m.switch_overhead_fraction:>6.3f} "
-                f"{100 * res.control_overhead_fraction:>10.2f} {100 * sim_err:>6.1f}% {100 * jct_err:>6.1f}%  " + "; ".join(jobs),
+                f"{100 * res.control_overhead_fraction:>10.2f} {100 * sim_err:>6.1f}% {100 * jct_err:>6.1f}%  "
+                + "; ".join(describe_job(pid, job, m) for pid, job in sorted(res.results.items())),
                 flush=True,
             )
     if "rlix" in makespans and "static" in makespans:
@@ -94,6 +84,17 @@ def main() -> None:
             print(f"rlix / static JCT, worst job: {pid} {x:.3f} (the run's trace replayed under both: {sim.get(pid, 0):.3f})")
         w = statistics.median(x for _, x in worst)
         print(f"median worst job rlix / static JCT: {w:.3f} (target <= 1.02: {'met' if w <= 1.02 else 'NOT met'})")
+
+
+def describe_job(pid: str, job, metrics) -> str:
+    """One job of a run: its JCT and reward first -> last (per adapter for multi-LoRA), or, failed, why."""
+    if job.error:  # a failed job has no JCT to compare: say why, so the figures are read with it
+        return f"{pid} {job.status.value.upper()}: {job.error.splitlines()[0][:160]}"
+    parts = []
+    for name in sorted({s.stream for s in job.steps}):  # one stream per LoRA adapter; "" = full finetune
+        rewards = [s.mean_reward for s in job.steps if s.stream == name]
+        parts.append(f"{name + ' ' if name else ''}{rewards[0]:.2f}->{rewards[-1]:.2f}")
+    return f"{pid} {metrics.pipelines[pid].jct_s:.1f} ({', '.join(parts)})" if parts else pid
 
 
 def own_checkpoints(config: RunConfig, out: str) -> RunConfig:

@@ -186,3 +186,53 @@ def test_a_guests_gang_stage_waits_for_room_a_borrower_holds():
 def test_guest_stage_fit_outside_0_to_1_is_refused(fit):
     with pytest.raises(SchedulingError, match="guest_stage_fit"):
         Scheduler(ONE_NODE, "rlix", SchedulerConfig(guest_stage_fit=fit))
+
+
+def _lending_run(config: SchedulerConfig, a_priority: int = 0) -> Scheduler:
+    # a borrows b's idle home from t=0; b's model load takes 1 s. b then reports 112
+    # trajectories of 10 s finished: on its 4 home workers of 4 slots, static needs >= 70 s
+    # for them, so b is 1 + 70 - t seconds ahead of its static pace at time t.
+    sched = Scheduler(TWO_NODES, "rlix", config)
+    register(sched, spec("a", range(4), range(8), priority=a_priority), spec("b", range(4, 8), range(8)))
+    sched.step(0, [demand("a", 800), RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id="b", stage=Stage.INIT)])
+    assert owners(sched)["a"] == list(range(8))
+    return sched
+
+
+def test_a_job_ahead_of_its_static_pace_lends_its_home_until_its_lead_falls_back():
+    sched = _lending_run(SchedulerConfig(home_guarantee=True, lend_ahead_s=60.0))
+    plan = sched.step(5, [demand("a", 800), demand("b", 16, trajectory_s=10.0, finished=112)])
+    assert not plan.shrinks and len(owners(sched)["b"]) < 4  # 66 s ahead: a's young workers stay
+    plan = sched.step(20, [demand("a", 800), demand("b", 16, trajectory_s=10.0, finished=112)])
+    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [4, 5, 6, 7]  # 51 s ahead: its home at once
+    assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
+
+
+@pytest.mark.parametrize("lend", [0.0, 60.0])
+def test_a_job_not_far_enough_ahead_or_with_lending_off_takes_its_home_back_at_once(lend):
+    sched = _lending_run(SchedulerConfig(home_guarantee=True, lend_ahead_s=lend))
+    finished = 112 if not lend else 80  # lending off; or 1 + 50 - 5 = 46 s ahead, under 60
+    plan = sched.step(5, [demand("a", 800), demand("b", 16, trajectory_s=10.0, finished=finished)])
+    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [4, 5, 6, 7]
+
+
+def test_a_gang_stage_on_home_gpus_counts_towards_the_lead():
+    # b trains 40 s on its home GPUs 4-7, where static could roll out nothing meanwhile: what b
+    # did (64 x 10 s finished, >= 40 s on 4 workers of 4 slots) takes static >= 1 + 40 + 40 s
+    # (without the training's hold on the home: 1 + max(40, 40) s, and b would be behind).
+    # a, of a higher priority, has twice b's share of the 8 GPUs without the guarantee.
+    config = SchedulerConfig(home_guarantee=True, lend_ahead_s=10.0, min_residency_s=0.0, small_first=0.0, path_halving_s=0.0)
+    sched = _lending_run(config, a_priority=1)
+    sched.step(2, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
+    sched.step(42, [ReleaseStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
+    report = demand("b", 16, trajectory_s=10.0, finished=64)
+    sched.step(60, [demand("a", 800), report])  # 81 - 60 = 21 s ahead: lent, b has its share only
+    assert len(owners(sched)["b"]) < 4
+    sched.step(75, [demand("a", 800), report])  # 6 s ahead: back
+    assert owners(sched)["b"] == [4, 5, 6, 7]
+
+
+def test_lend_ahead_s_below_0_is_refused():
+    with pytest.raises(SchedulingError, match="lend_ahead_s"):
+        Scheduler(TWO_NODES, "rlix", SchedulerConfig(lend_ahead_s=-1.0))

@@ -310,7 +310,7 @@ def _cheapest_takeover(
         groups.setdefault((_aborted(victims, rules), len(victims)), []).append((bundle, victims))
     donor_keys: dict[str, tuple[float, float]] = {}  # per donor: the draft does not change during the ranking
     for cost in sorted(groups):
-        ranked = sorted(groups[cost], key=lambda o: _donor_rank(o[1], o[0], rules, donor_keys))
+        ranked = sorted(groups[cost], key=lambda o: _donor_rank(o[1], o[0], rules, donor_keys, n.entry.bundle_rank))
         for bundle, victims in ranked:
             if _may_take_all(victims, n, rules, phase):
                 return bundle, victims
@@ -328,9 +328,14 @@ def _aborted(victims: list[RolloutWorker], rules: DonorRules) -> int:
 
 
 def _donor_rank(
-    victims: list[RolloutWorker], bundle: Gpus, rules: DonorRules, donor_keys: dict[str, tuple[float, float]]
+    victims: list[RolloutWorker],
+    bundle: Gpus,
+    rules: DonorRules,
+    donor_keys: dict[str, tuple[float, float]],
+    preference: dict[Gpus, int],
 ) -> tuple[float, float, int]:
-    """(sums of the donors' keys, first GPU): among takeovers of one cost, smaller goes first."""
+    """(sums of the donors' keys, the receiver's preference for the bundle, its home first): among
+    takeovers of one cost, smaller goes first, so a job takes back its own home before another's."""
     gaps, unfinished = [], []
     for v in victims:
         key = donor_keys.get(v.pipeline_id)
@@ -338,7 +343,7 @@ def _donor_rank(
             key = donor_keys[v.pipeline_id] = rules.donor_key(v)
         gaps.append(key[0])
         unfinished.append(key[1])
-    return (sum(gaps), sum(unfinished), bundle[0])
+    return (sum(gaps), sum(unfinished), preference[bundle])
 
 
 def _holders(draft: Draft, bundle: Gpus) -> list[RolloutWorker] | None:

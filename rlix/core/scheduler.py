@@ -61,7 +61,7 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         raise SchedulingError(f"guest_stage_fit={config.guest_stage_fit}: must lie in 0..1 (0: a guest waits for the owner)")
     if not (math.isfinite(config.turn_limit_s) and config.turn_limit_s > 0):
         raise SchedulingError(f"turn_limit_s={config.turn_limit_s}: must be a finite number > 0 (longer than a trajectory)")
-    for name in ("small_first", "path_halving_s", "lost_cooldown_s"):
+    for name in ("small_first", "path_halving_s", "lost_cooldown_s", "lend_ahead_s"):
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
@@ -137,7 +137,9 @@ class Scheduler:
         return self.plan(now)
 
     def _register(self, event: Register, now: float) -> None:
-        self._add(self._checked_entry(event.spec))
+        entry = self._checked_entry(event.spec)
+        entry.registered_at = now
+        self._add(entry)
 
     def _rejoin(self, event: Rejoin, now: float) -> None:
         """Rebuild a pipeline's state from what it holds after this scheduler restarted (see :class:`Rejoin`)."""
@@ -216,7 +218,7 @@ class Scheduler:
             self.ledger.release_gang(*key)
             entry.note_release()  # a batch may open now
             holds_another = any(pid == event.pipeline_id for pid, _ in self.ledger.gangs)
-            entry.gang_times.released(event.stage, now, holds_another=holds_another)
+            entry.gang_times.released(event.stage, now, holds_another=holds_another, blocks=entry.home_blocked(req.gpus))
         del self._requests[key]
 
     def _report(self, event: ReportDemand, now: float) -> None:

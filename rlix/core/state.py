@@ -28,6 +28,8 @@ class GangTimes:
     stage_s: dict[Stage, float] = field(default_factory=dict)
     granted_at: dict[Stage, float] = field(default_factory=dict)
     gap_after: dict[Stage, float] = field(default_factory=dict)
+    busy_s: float = 0.0  # seconds its released gang stages other than the model load held their GPUs
+    blocked_s: float = 0.0  # the same, each weighted by the fraction of its home rollout bundles the stage held
     free_since: float | None = None  # holds no gang stage since then (None: it holds one, or never released one)
     last: Stage | None = None  # the stage it released then
 
@@ -35,10 +37,14 @@ class GangTimes:
         self.granted_at[stage] = now
         self.free_since = None
 
-    def released(self, stage: Stage, now: float, *, holds_another: bool) -> None:
+    def released(self, stage: Stage, now: float, *, holds_another: bool, blocks: float = 0.0) -> None:
+        """``stage`` released at ``now``; ``blocks``: the fraction of the job's home rollout bundles it held."""
         start = self.granted_at.pop(stage, None)
         if start is not None:
             self.stage_s[stage] = now - start
+            if stage is not Stage.INIT:
+                self.busy_s += now - start
+                self.blocked_s += (now - start) * blocks
         if not holds_another:
             self.free_since, self.last = now, stage
 
@@ -69,6 +75,7 @@ class PipelineEntry:
     state: PipelineState = PipelineState.ACTIVE
     admitted: bool = False  # it was granted GPUs (its INIT, or any stage or worker): its home is taken
     admitted_at: float = float("inf")  # when it was admitted: the first admitted owns a shared home
+    registered_at: float = float("-inf")  # when it registered (-inf: unknown, as after a rejoin: it counts no lead)
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):
@@ -131,6 +138,12 @@ class PipelineEntry:
         """``bundle`` is a candidate again, unless it still cools down or its process still starts."""
         if bundle not in self.cooling and bundle not in self.starting:
             self.bundle_of.update(dict.fromkeys(bundle, bundle))
+
+    def home_blocked(self, gpus: Gpus) -> float:
+        """The fraction of its home rollout bundles that a stage on ``gpus`` leaves no room for."""
+        home, held = set(self.spec.home_gpus), set(gpus)
+        blocked = sum(1 for b in self.rollout_bundles if home.issuperset(b) and held.intersection(b))
+        return blocked / self.home_workers if self.home_workers else 0.0
 
     def is_candidate(self, bundle: Gpus) -> bool:
         """May a worker of this job go on ``bundle`` now (the policy allows it, not cooling, not starting)?"""

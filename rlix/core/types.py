@@ -405,6 +405,20 @@ class SchedulerConfig:
       the guarantee or without). On by default: off, the split alone decides
       and nothing is promised per job (a shorter makespan on mixed_agentic,
       but jobs up to 6.5% later than under ``static``: see the README).
+    - ``lend_ahead_s`` (with ``home_guarantee``): the guarantee is what
+      keeps a job no later than under ``static``; a job already ahead of
+      its own ``static`` pace does not need it. Ahead is counted at the
+      least (:func:`rlix.core.homes.lead_s`): how long ``static`` would have
+      taken at the soonest to do what the job has done (its model load, its
+      finished trajectories at full slots on its home workers, its other
+      gang stages, which keep those workers from rolling out), less how
+      long it has been registered. While that lead exceeds ``lend_ahead_s``
+      seconds, the job lends its guarantee: it competes for its home by
+      weight like any other job, and borrowers there are not shrunk for it.
+      Its lead shrinks by a second per second it makes no progress, so the
+      guarantee returns before the lead is spent. A job ahead keeps the
+      promise with room to spare; the GPUs it lends go to the jobs that set
+      the makespan. 0: always guaranteed.
     - ``guest_stage_fit``: where homes overlap, a guest's gang stage (model
       load, training, log-probs) may start on GPUs another job owns only if,
       by what the scheduler has measured of both (each stage's last
@@ -455,6 +469,7 @@ class SchedulerConfig:
     weight_by_duration: bool = False
     home_floor: bool = False
     home_guarantee: bool = True
+    lend_ahead_s: float = 60.0
     guest_stage_fit: float = 0.75
     priority_weight: float = 2.0
     small_first: float = 3.0

@@ -124,8 +124,8 @@ class SchedulerModel(StrictModel):
     lend_ahead_s: float = Field(
         default=60.0,
         ge=0,
-        description="with home_guarantee: a job ahead of its own static pace by more than this many seconds lends "
-        "its guarantee until its lead falls back to it (0: always guaranteed)",
+        description="with home_guarantee: a job ahead of its own static pace by more than twice this many seconds "
+        "lends its guarantee until its lead falls back to it (0: always guaranteed)",
     )
     guest_stage_fit: float = Field(
         default=0.75,

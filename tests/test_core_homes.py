@@ -17,6 +17,7 @@ from rlix.core import (
     Stage,
     Unregister,
 )
+from rlix.core.state import GangTimes, PipelineEntry
 
 TWO_NODES = ClusterSpec(nodes=2, gpus_per_node=4)
 ON = SchedulerConfig(home_guarantee=True)
@@ -189,9 +190,9 @@ def test_guest_stage_fit_outside_0_to_1_is_refused(fit):
 
 
 def _lending_run(config: SchedulerConfig, a_priority: int = 0) -> Scheduler:
-    # a borrows b's idle home from t=0; b's model load takes 1 s. b then reports 112
-    # trajectories of 10 s finished: on its 4 home workers of 4 slots, static needs >= 70 s
-    # for them, so b is 1 + 70 - t seconds ahead of its static pace at time t.
+    # a borrows b's idle home from t=0; b's model load takes 1 s. When b reports X seconds
+    # of rollout done at full slots on its 4 home workers of 4 slots (16 x X trajectory-
+    # seconds finished), static needs >= 1 + X s for them: b is 1 + X - t seconds ahead at t.
     sched = Scheduler(TWO_NODES, "rlix", config)
     register(sched, spec("a", range(4), range(8), priority=a_priority), spec("b", range(4, 8), range(8)))
     sched.step(0, [demand("a", 800), RequestStage(pipeline_id="b", stage=Stage.INIT)])
@@ -200,37 +201,74 @@ def _lending_run(config: SchedulerConfig, a_priority: int = 0) -> Scheduler:
     return sched
 
 
-def test_a_job_ahead_of_its_static_pace_lends_its_home_until_its_lead_falls_back():
-    sched = _lending_run(SchedulerConfig(home_guarantee=True, lend_ahead_s=60.0))
-    plan = sched.step(5, [demand("a", 800), demand("b", 16, trajectory_s=10.0, finished=112)])
-    assert not plan.shrinks and len(owners(sched)["b"]) < 4  # 66 s ahead: a's young workers stay
-    plan = sched.step(20, [demand("a", 800), demand("b", 16, trajectory_s=10.0, finished=112)])
-    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [4, 5, 6, 7]  # 51 s ahead: its home at once
+def _b_did(rollout_s: float):
+    return demand("b", 16, trajectory_s=10.0, finished=int(rollout_s * 16 / 10))
+
+
+STAY = dict(home_guarantee=True, min_residency_s=1000.0)  # a's workers move only to give a home back
+
+
+def test_a_job_far_ahead_of_its_static_pace_lends_its_home_until_its_lead_falls_back():
+    sched = _lending_run(SchedulerConfig(**STAY, lend_ahead_s=60.0))
+    plan = sched.step(5, [demand("a", 800), _b_did(140)])  # 136 s ahead, over 2 x 60: it lends
+    assert not plan.shrinks and owners(sched)["b"] == []
+    plan = sched.step(80, [demand("a", 800), _b_did(140)])  # 61 s: it still lends
+    assert not plan.shrinks and owners(sched)["b"] == []
+    plan = sched.step(90, [demand("a", 800), _b_did(140)])  # 51 s: its home comes back at once
+    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [4, 5, 6, 7]
     assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
 
 
 @pytest.mark.parametrize("lend", [0.0, 60.0])
 def test_a_job_not_far_enough_ahead_or_with_lending_off_takes_its_home_back_at_once(lend):
-    sched = _lending_run(SchedulerConfig(home_guarantee=True, lend_ahead_s=lend))
-    finished = 112 if not lend else 80  # lending off; or 1 + 50 - 5 = 46 s ahead, under 60
-    plan = sched.step(5, [demand("a", 800), demand("b", 16, trajectory_s=10.0, finished=finished)])
+    # 100 s ahead: lending off; or on, but it starts to lend only above 2 x 60 s
+    sched = _lending_run(SchedulerConfig(**STAY, lend_ahead_s=lend))
+    plan = sched.step(5, [demand("a", 800), _b_did(104)])
     assert sorted(s.worker.gpus[0] for s in plan.shrinks) == [4, 5, 6, 7]
 
 
-def test_a_gang_stage_on_home_gpus_counts_towards_the_lead():
-    # b trains 40 s on its home GPUs 4-7, where static could roll out nothing meanwhile: what b
-    # did (64 x 10 s finished, >= 40 s on 4 workers of 4 slots) takes static >= 1 + 40 + 40 s
-    # (without the training's hold on the home: 1 + max(40, 40) s, and b would be behind).
-    # a, of a higher priority, has twice b's share of the 8 GPUs without the guarantee.
+def test_the_time_a_gang_stage_holds_counts_towards_the_lead():
+    # b trains 40 s: static rolls nothing out meanwhile, so b's 40 s of rollout take static
+    # >= 1 + 40 + 40 s (without the training counted, b would be behind). a, of a higher
+    # priority, has twice b's share of the 8 GPUs without the guarantee.
     config = SchedulerConfig(home_guarantee=True, lend_ahead_s=10.0, min_residency_s=0.0, small_first=0.0, path_halving_s=0.0)
     sched = _lending_run(config, a_priority=1)
     sched.step(2, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
     sched.step(42, [ReleaseStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
-    report = demand("b", 16, trajectory_s=10.0, finished=64)
-    sched.step(60, [demand("a", 800), report])  # 81 - 60 = 21 s ahead: lent, b has its share only
-    assert len(owners(sched)["b"]) < 4
-    sched.step(75, [demand("a", 800), report])  # 6 s ahead: back
+    sched.step(60, [demand("a", 800), _b_did(40)])  # 81 - 60 = 21 s ahead: lent, b has its share only
+    assert 0 < len(owners(sched)["b"]) < 4
+    sched.step(75, [demand("a", 800), _b_did(40)])  # 6 s ahead: back
     assert owners(sched)["b"] == [4, 5, 6, 7]
+
+
+def test_gang_stages_held_at_once_count_once():
+    times = GangTimes()
+    times.granted(Stage.INIT, 0.0)
+    times.released(Stage.INIT, 1.0, holds_another=False)
+    assert times.working(1.0) == 0.0  # the model load is counted apart
+    times.granted(Stage.ACTOR_TRAIN, 2.0)
+    times.granted(Stage.CRITIC_TRAIN, 2.0)
+    times.released(Stage.ACTOR_TRAIN, 30.0, holds_another=True)
+    assert times.working(35.0) == 33.0
+    times.released(Stage.CRITIC_TRAIN, 42.0, holds_another=False)
+    assert times.working(50.0) == 40.0
+
+
+def test_a_job_that_rejoined_has_no_lead():
+    entry = PipelineEntry.joining(spec("b", range(4, 8), range(8)), order=1, rollout_bundles=((4,), (5,), (6,), (7,)))
+    entry.record_demand(_b_did(1000), 5.0)
+    assert entry.lead_s(5.0) == float("-inf")  # registered_at unknown (a Rejoin builds it so)
+    entry.registered_at = 0.0
+    assert entry.lead_s(5.0) == 1000 - 5
+
+
+def test_a_job_taking_workers_over_takes_its_own_home_first():
+    # without the guarantee, b's share alone brings it workers: it takes them back from a
+    # on its own home, not on a's (a takeover of one cost either way).
+    config = SchedulerConfig(home_guarantee=False, min_residency_s=0.0, small_first=0.0, path_halving_s=0.0)
+    sched = _lending_run(config)
+    sched.step(5, [demand("a", 800), demand("b", 16)])
+    assert owners(sched) == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
 
 
 def test_lend_ahead_s_below_0_is_refused():

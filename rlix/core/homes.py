@@ -8,8 +8,8 @@ GPU whose homes overlap (jobs queued for one partition) belongs to the job
 admitted first, the one ``static`` would be running there; the others are
 guests until it leaves. A guest's gang stages go after the owners' and start
 on an owner's GPUs only where they cost it nothing (:func:`guest_stage_fits`),
-with or without the guarantee. A job already ahead of its ``static`` pace by
-more than ``lend_ahead_s`` (:func:`lead_s`) lends its guarantee until its
+with or without the guarantee. A job far enough ahead of its ``static`` pace
+(:meth:`rlix.core.state.PipelineEntry.lends`) lends its guarantee until its
 lead falls back: it needs none to finish no later than under ``static``.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed
 from rlix.core.state import GangRequest, PipelineEntry, View, worker_loads
-from rlix.core.types import GangHolder, Gpus, Holder, Stage
+from rlix.core.types import GangHolder, Gpus, Holder
 
 
 def home_owners(view: View) -> dict[int, str]:
@@ -137,33 +137,12 @@ def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, 
         return {}
     owned = owned_bundles(view)
     owner = draft.owner
-    ahead = view.config.lend_ahead_s
     out: dict[str, int] = {}
     for n in needs:
         bundles = owned.get(n.pipeline_id, ())
-        if n.need <= 0 or not bundles or (ahead and lead_s(view, n.entry) > ahead):
+        if n.need <= 0 or not bundles or n.entry.lends(view.now, view.config):
             continue
         free = sum(1 for b in bundles if n.entry.is_candidate(b) and not any(isinstance(owner[g], GangHolder) for g in b))
         if free:
             out[n.pipeline_id] = min(n.need, free)
     return out
-
-
-def lead_s(view: View, entry: PipelineEntry) -> float:
-    """Seconds the job is ahead of its own ``static`` pace, counted at the least.
-
-    ``static`` gives it its home's rollout workers (``h`` of them, ``slots`` each), takes
-    its model load first, and while a gang stage runs, the workers on the stage's GPUs
-    cannot roll out (``blocked_s``: each stage's seconds times the fraction of home workers
-    it holds). So doing what the job has done (``W`` trajectory-seconds finished, ``G``
-    seconds of gang stages) takes ``static`` at least ``init + max(G, W / (h x slots) +
-    blocked_s)`` after its arrival; the lead is that, less the time since it registered.
-    A job that reports less progress than it made only keeps its guarantee; one never
-    measured (no report, no home, rejoined after a restart) has no lead.
-    """
-    report = entry.demand
-    if report is None or not entry.home_workers:
-        return float("-inf")
-    times = entry.gang_times
-    rollout = report.finished * report.trajectory_s / (entry.home_workers * entry.spec.slots_per_worker)
-    return entry.registered_at + times.stage_s.get(Stage.INIT, 0.0) + max(rollout + times.blocked_s, times.busy_s) - view.now

@@ -295,7 +295,8 @@ def _cheapest_takeover(
     """The receiver bundle whose takeover aborts the fewest trajectories.
 
     Ties: fewest victims, then donors furthest above their share and furthest
-    from finishing, then the lowest GPU id. The bundles are grouped by
+    from finishing, then the receiver's preference (its own home first: what
+    it takes back there is borrowed, elsewhere it takes another job's home). The bundles are grouped by
     (trajectories aborted, victims), cheapest group first; a group is ranked by
     its donors and checked against the donor rules in that order, so the first
     that passes is the answer and the donors of dearer groups are never ranked

@@ -137,9 +137,7 @@ class Scheduler:
         return self.plan(now)
 
     def _register(self, event: Register, now: float) -> None:
-        entry = self._checked_entry(event.spec)
-        entry.registered_at = now
-        self._add(entry)
+        self._add(self._checked_entry(event.spec, registered_at=now))
 
     def _rejoin(self, event: Rejoin, now: float) -> None:
         """Rebuild a pipeline's state from what it holds after this scheduler restarted (see :class:`Rejoin`)."""
@@ -159,7 +157,7 @@ class Scheduler:
             if event.demand.pending and not held.workers:  # it may have waited long before the restart
                 entry.wanting_since = -math.inf
 
-    def _checked_entry(self, spec: PipelineSpec) -> PipelineEntry:
+    def _checked_entry(self, spec: PipelineSpec, registered_at: float = -math.inf) -> PipelineEntry:
         """The entry of a pipeline joining with ``spec``, once checked; not recorded yet."""
         pid = spec.pipeline_id
         validate_pipeline(self.cluster, spec)
@@ -174,7 +172,7 @@ class Scheduler:
                 f"pipeline '{pid}': no actor_infer bundle lies inside its home GPUs under policy "
                 f"'{self.policy.name}'; map actor_infer onto at least one home bundle"
             )
-        return PipelineEntry.joining(spec, order=self._seq + 1, rollout_bundles=bundles)
+        return PipelineEntry.joining(spec, order=self._seq + 1, rollout_bundles=bundles, registered_at=registered_at)
 
     def _add(self, entry: PipelineEntry) -> None:
         self._seq = entry.order
@@ -218,7 +216,7 @@ class Scheduler:
             self.ledger.release_gang(*key)
             entry.note_release()  # a batch may open now
             holds_another = any(pid == event.pipeline_id for pid, _ in self.ledger.gangs)
-            entry.gang_times.released(event.stage, now, holds_another=holds_another, blocks=entry.home_blocked(req.gpus))
+            entry.gang_times.released(event.stage, now, holds_another=holds_another)
         del self._requests[key]
 
     def _report(self, event: ReportDemand, now: float) -> None:
@@ -270,9 +268,10 @@ class Scheduler:
             view.pipelines[grant.pipeline_id].gang_times.granted(grant.stage, now)
         for expand in plan.expands:
             view.pipelines[expand.worker.pipeline_id].admit(now)
-        for entry in view.pipelines.values():  # who waits for a first rollout worker, since when (starvation)
+        for entry in view.pipelines.values():  # who waits for a first rollout worker, since when (starvation); who lends
             if entry.state is PipelineState.ACTIVE:
                 entry.note_wanting(now, self.ledger.workers_of(entry.spec.pipeline_id).keys(), view.config)
+                entry.lending = entry.lends(now, view.config)
         view.departed.clear()
         self.plans_made += 1
         return plan

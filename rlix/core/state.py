@@ -28,23 +28,24 @@ class GangTimes:
     stage_s: dict[Stage, float] = field(default_factory=dict)
     granted_at: dict[Stage, float] = field(default_factory=dict)
     gap_after: dict[Stage, float] = field(default_factory=dict)
-    busy_s: float = 0.0  # seconds its released gang stages other than the model load held their GPUs
-    blocked_s: float = 0.0  # the same, each weighted by the fraction of its home rollout bundles the stage held
+    working_s: float = 0.0  # seconds it held one gang stage or more other than its model load, up to work_since
+    work_since: float | None = None  # since when it holds such a stage (None: it holds none)
     free_since: float | None = None  # holds no gang stage since then (None: it holds one, or never released one)
     last: Stage | None = None  # the stage it released then
 
     def granted(self, stage: Stage, now: float) -> None:
         self.granted_at[stage] = now
         self.free_since = None
+        if stage is not Stage.INIT and self.work_since is None:
+            self.work_since = now
 
-    def released(self, stage: Stage, now: float, *, holds_another: bool, blocks: float = 0.0) -> None:
-        """``stage`` released at ``now``; ``blocks``: the fraction of the job's home rollout bundles it held."""
+    def released(self, stage: Stage, now: float, *, holds_another: bool) -> None:
         start = self.granted_at.pop(stage, None)
         if start is not None:
             self.stage_s[stage] = now - start
-            if stage is not Stage.INIT:
-                self.busy_s += now - start
-                self.blocked_s += (now - start) * blocks
+        if self.work_since is not None and all(s is Stage.INIT for s in self.granted_at):
+            self.working_s += now - self.work_since
+            self.work_since = None
         if not holds_another:
             self.free_since, self.last = now, stage
 
@@ -52,6 +53,11 @@ class GangTimes:
         if self.free_since is not None and self.last is not None:
             gap = now - self.free_since
             self.gap_after[self.last] = min(gap, self.gap_after.get(self.last, gap))
+
+    def working(self, now: float) -> float:
+        """Seconds it has held one gang stage or more other than its model load, until ``now``
+        (stages held at once count once)."""
+        return self.working_s + (now - self.work_since if self.work_since is not None else 0.0)
 
     def rollout_s(self) -> float | None:
         """How long it should go at the least before asking for a gang stage again, now that it holds
@@ -75,7 +81,8 @@ class PipelineEntry:
     state: PipelineState = PipelineState.ACTIVE
     admitted: bool = False  # it was granted GPUs (its INIT, or any stage or worker): its home is taken
     admitted_at: float = float("inf")  # when it was admitted: the first admitted owns a shared home
-    registered_at: float = float("-inf")  # when it registered (-inf: unknown, as after a rejoin: it counts no lead)
+    registered_at: float = float("-inf")  # when it registered (-inf: unknown, as after a rejoin: it has no lead)
+    lending: bool = False  # it lends its home guarantee, being far enough ahead of its static pace (lead_s)
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):
@@ -97,7 +104,9 @@ class PipelineEntry:
     gang_times: GangTimes = field(default_factory=GangTimes)  # how long its gang stages and rollouts take
 
     @classmethod
-    def joining(cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...]) -> PipelineEntry:
+    def joining(
+        cls, spec: PipelineSpec, *, order: int, rollout_bundles: tuple[Gpus, ...], registered_at: float = float("-inf")
+    ) -> PipelineEntry:
         """The entry of a pipeline that joins now, its rollout workers allowed on ``rollout_bundles``."""
         home = set(spec.home_gpus)
         return cls(
@@ -107,6 +116,7 @@ class PipelineEntry:
             bundle_of={g: b for b in rollout_bundles for g in b},
             bundle_rank={b: i for i, b in enumerate(rollout_bundles)},
             home_workers=sum(1 for b in rollout_bundles if home.issuperset(b)),
+            registered_at=registered_at,
         )
 
     def cool(self, bundle: Gpus, until: float) -> None:
@@ -139,12 +149,6 @@ class PipelineEntry:
         if bundle not in self.cooling and bundle not in self.starting:
             self.bundle_of.update(dict.fromkeys(bundle, bundle))
 
-    def home_blocked(self, gpus: Gpus) -> float:
-        """The fraction of its home rollout bundles that a stage on ``gpus`` leaves no room for."""
-        home, held = set(self.spec.home_gpus), set(gpus)
-        blocked = sum(1 for b in self.rollout_bundles if home.issuperset(b) and held.intersection(b))
-        return blocked / self.home_workers if self.home_workers else 0.0
-
     def is_candidate(self, bundle: Gpus) -> bool:
         """May a worker of this job go on ``bundle`` now (the policy allows it, not cooling, not starting)?"""
         return self.bundle_of.get(bundle[0]) == bundle
@@ -175,6 +179,31 @@ class PipelineEntry:
     @property
     def _finished(self) -> int:
         return self.demand.finished if self.demand is not None else 0
+
+    def lead_s(self, now: float) -> float:
+        """Seconds the job is ahead of its own ``static`` pace, counted at the least.
+
+        ``static`` runs its model load first, then its gang stages and its rollout by turns
+        (never together), the rollout on its ``h`` home workers of ``slots`` each. So doing
+        what the job has done (``W`` trajectory-seconds finished, ``G`` seconds holding gang
+        stages) takes ``static`` at least ``init + G + W / (h x slots)`` from its arrival;
+        the lead is that less the time since it registered. A job that reports less progress
+        than it made only keeps its guarantee; one not measured (no report, no home of its
+        own, rejoined after a scheduler restart) has no lead.
+        """
+        report = self.demand
+        if report is None or not self.home_workers:
+            return float("-inf")
+        times = self.gang_times
+        rollout = report.finished * report.trajectory_s / (self.home_workers * self.spec.slots_per_worker)
+        return self.registered_at + times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout - now
+
+    def lends(self, now: float, config: SchedulerConfig) -> bool:
+        """Does it lend its home guarantee now? From ``2 x lend_ahead_s`` of lead (``lead_s``) on,
+        until the lead is back to ``lend_ahead_s`` (the gap keeps it from lending and taking back by turns)."""
+        if not config.lend_ahead_s:
+            return False
+        return self.lead_s(now) > config.lend_ahead_s * (1.0 if self.lending else 2.0)
 
     def admit(self, now: float) -> None:
         """It holds GPUs from ``now`` on (if not already): its home is taken."""

@@ -408,17 +408,21 @@ class SchedulerConfig:
     - ``lend_ahead_s`` (with ``home_guarantee``): the guarantee is what
       keeps a job no later than under ``static``; a job already ahead of
       its own ``static`` pace does not need it. Ahead is counted at the
-      least (:func:`rlix.core.homes.lead_s`): how long ``static`` would have
-      taken at the soonest to do what the job has done (its model load, its
-      finished trajectories at full slots on its home workers, its other
-      gang stages, which keep those workers from rolling out), less how
-      long it has been registered. While that lead exceeds ``lend_ahead_s``
-      seconds, the job lends its guarantee: it competes for its home by
-      weight like any other job, and borrowers there are not shrunk for it.
-      Its lead shrinks by a second per second it makes no progress, so the
-      guarantee returns before the lead is spent. A job ahead keeps the
-      promise with room to spare; the GPUs it lends go to the jobs that set
-      the makespan. 0: always guaranteed.
+      least (:meth:`rlix.core.state.PipelineEntry.lead_s`): ``static`` runs
+      a job's model load, then its gang stages and its rollout by turns,
+      the rollout on its home workers; so what the job has done (its
+      finished trajectories at full slots on its home workers, the time it
+      held gang stages) took ``static`` at least that long, and the lead is
+      that less the time since the job registered. From a lead of
+      ``2 x lend_ahead_s`` on, until it is back to ``lend_ahead_s``, the job
+      lends its guarantee: it competes for its home by weight like any
+      other job, and borrowers there are not shrunk for it. The lead shrinks
+      by a second per second the job makes no progress, so the guarantee is
+      back while ``lend_ahead_s`` is left, which has to pay for taking the
+      home back (a borrower's offload, a wake and weight sync: seconds) and
+      for what the measured times hold that ``static`` would not (waits for
+      an offload). The GPUs a job ahead lends go to the jobs that set the
+      makespan. 0: always guaranteed.
     - ``guest_stage_fit``: where homes overlap, a guest's gang stage (model
       load, training, log-probs) may start on GPUs another job owns only if,
       by what the scheduler has measured of both (each stage's last

@@ -9,8 +9,9 @@ admitted first, the one ``static`` would be running there; the others are
 guests until it leaves. A guest's gang stages go after the owners' and start
 on an owner's GPUs only where they cost it nothing (:func:`guest_stage_fits`),
 with or without the guarantee. A job far enough ahead of its ``static`` pace
-(:meth:`rlix.core.state.PipelineEntry.lends`) lends its guarantee until its
-lead falls back: it needs none to finish no later than under ``static``.
+(:meth:`rlix.core.state.PipelineEntry.lends`, decided once a plan) lends its
+guarantee until its lead falls back: it needs none to finish no later than
+under ``static``.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, 
     out: dict[str, int] = {}
     for n in needs:
         bundles = owned.get(n.pipeline_id, ())
-        if n.need <= 0 or not bundles or n.entry.lends(view.now, view.config):
+        if n.need <= 0 or not bundles or n.entry.lending:
             continue
         free = sum(1 for b in bundles if n.entry.is_candidate(b) and not any(isinstance(owner[g], GangHolder) for g in b))
         if free:

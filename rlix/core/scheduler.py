@@ -254,6 +254,8 @@ class Scheduler:
         for pid in [p for p, e in self._cooling.items() if not e.warm_up(now)]:
             del self._cooling[pid]
         view.pending = sorted((r for r in self._requests.values() if r.state is RequestState.PENDING), key=lambda r: r.sort_key)
+        for entry in view.pipelines.values():  # who lends its home guarantee this round (ahead of its static pace)
+            entry.lending = entry.state is PipelineState.ACTIVE and entry.lends(now, view.config)
         draft = Draft(self.ledger, now)
         self.policy.plan(view, draft)
         plan = draft.to_plan()
@@ -264,14 +266,7 @@ class Scheduler:
         self.ledger.apply(plan)
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
-            view.pipelines[grant.pipeline_id].admit(now)  # holds GPUs: its home is taken
-            view.pipelines[grant.pipeline_id].gang_times.granted(grant.stage, now)
-        for expand in plan.expands:
-            view.pipelines[expand.worker.pipeline_id].admit(now)
-        for entry in view.pipelines.values():  # who waits for a first rollout worker, since when (starvation); who lends
-            if entry.state is PipelineState.ACTIVE:
-                entry.note_wanting(now, self.ledger.workers_of(entry.spec.pipeline_id).keys(), view.config)
-                entry.lending = entry.lends(now, view.config)
+        note_plan(view, self.ledger, plan, now)
         view.departed.clear()
         self.plans_made += 1
         return plan
@@ -306,6 +301,19 @@ class Scheduler:
         """When a plan first gave the pipeline GPUs (None: not yet, or not registered)."""
         entry = self._view.pipelines.get(pipeline_id)
         return entry.admitted_at if entry is not None and entry.admitted else None
+
+
+def note_plan(view: View, ledger: Ledger, plan: Plan, now: float) -> None:
+    """What the pipelines remember of a plan carried out at ``now``: who was admitted (holds GPUs:
+    its home is taken), when its gang stages began, who waits for a first rollout worker since when."""
+    for grant in plan.grants:
+        view.pipelines[grant.pipeline_id].admit(now)
+        view.pipelines[grant.pipeline_id].gang_times.granted(grant.stage, now)
+    for expand in plan.expands:
+        view.pipelines[expand.worker.pipeline_id].admit(now)
+    for entry in view.pipelines.values():
+        if entry.state is PipelineState.ACTIVE:
+            entry.note_wanting(now, ledger.workers_of(entry.spec.pipeline_id).keys(), view.config)
 
 
 def safe_plan(view: View, policy: Policy, now: float, violation: InvariantViolation, seen: list[InvariantViolation]) -> Plan:

@@ -82,7 +82,7 @@ class PipelineEntry:
     admitted: bool = False  # it was granted GPUs (its INIT, or any stage or worker): its home is taken
     admitted_at: float = float("inf")  # when it was admitted: the first admitted owns a shared home
     registered_at: float = float("-inf")  # when it registered (-inf: unknown, as after a rejoin: it has no lead)
-    lending: bool = False  # it lends its home guarantee, being far enough ahead of its static pace (lead_s)
+    lending: bool = False  # it lends its home guarantee this round, being far enough ahead of its static pace (lends)
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):

@@ -91,6 +91,18 @@ class _Pipeline:
                 )
 
 
+def start_local_ray(config: RunConfig, num_gpus: int) -> None:
+    """A Ray of this run's own: the config's CPUs (the machine's by default) and ``num_gpus`` GPUs,
+    worker logs on the driver only with ``RLIX_WORKER_LOGS``, workers importing this checkout's rlix."""
+    init_local_ray(
+        num_cpus=config.ray.num_cpus or os.cpu_count(),
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
+        runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
+    )
+
+
 class Session:
     """One run: a scheduler actor, and a coordinator per admitted pipeline."""
 
@@ -135,13 +147,7 @@ class Session:
 
         prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
         if self._own_ray and not address:
-            init_local_ray(
-                num_cpus=config.ray.num_cpus or os.cpu_count(),
-                num_gpus=self.cluster.num_gpus,
-                include_dashboard=False,
-                log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
-                runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
-            )
+            start_local_ray(config, self.cluster.num_gpus)
         # The GPUs, reserved in Ray: the service's (it reserved them when it started), or this run's own.
         self.gpu_map = self.submission.info.gpus if self.submission is not None else reserve(self.cluster)
         self.t0 = time.time()

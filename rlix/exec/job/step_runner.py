@@ -27,7 +27,7 @@ from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.data.recipe import Recipe, ScoredStep, Trajectory
 from rlix.exec.front.steplog import StepLog
 from rlix.exec.job.recorder import Recorder
-from rlix.exec.job.records import StepRecord, SwitchKind
+from rlix.exec.job.records import StepRecord, SwitchKind, TrajRecord
 from rlix.exec.messages import GenResult
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.queue import Queued, RolloutQueue
@@ -72,6 +72,20 @@ class Tick:
     samples: list
     stages: list[tuple[str, float]] = field(default_factory=list)  # (stage, compute seconds)
     train_stats: object = None
+
+
+def step_record(stream: str, step: int, batch: OpenBatch, tick: Tick, recs: list[TrajRecord], finished_s: float) -> StepRecord:
+    """The record of a trained step: its batch's rollout (``recs``, its trajectories' records) and its tick."""
+    return StepRecord(
+        stream=stream,
+        step=step,
+        started_s=batch.started_s,
+        finished_s=finished_s,
+        mean_reward=tick.scored.mean_reward,
+        mean_tokens=sum(r.tokens for r in recs) / len(recs),
+        stages=tuple(tick.stages),
+        min_weight_version=min(r.weight_version for r in recs),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,16 +270,7 @@ class StepRunner:
     def _record(self, stream: int, step: int) -> None:
         batch, tick = self.batches.pop((stream, step)), self.tick
         recs = [self.rec.trajs[t.request.traj_id] for t in batch.trajs]
-        record = StepRecord(
-            stream=self.names[stream],
-            step=step,
-            started_s=batch.started_s,
-            finished_s=self.now(),
-            mean_reward=tick.scored.mean_reward,
-            mean_tokens=sum(r.tokens for r in recs) / len(recs),
-            stages=tuple(tick.stages),
-            min_weight_version=min(r.weight_version for r in recs),
-        )
+        record = step_record(self.names[stream], step, batch, tick, recs, self.now())
         self.rec.step(record)
         if self.p.steplog is not None:  # eval trajectories are reported, never counted as trained
             trained = [self.rec.trajs[t.request.traj_id] for t in batch.trajs if not t.eval]

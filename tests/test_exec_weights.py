@@ -169,3 +169,15 @@ def test_a_trajectory_continued_after_an_abort_samples_what_it_would_have_uninte
     assert len(want.token_ids) > 6  # the continuation drew tokens of its own
     assert got.token_ids == want.token_ids
     assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)  # re-prefilled, not decoded step by step
+
+
+@pytest.mark.parametrize("threads,numel", [(1, 5_000_003), (4, 5_000_003), (8, 4_194_307), (3, 100)])
+def test_the_staging_host_copy_split_over_threads_copies_every_byte(threads, numel):
+    """The object store -> pinned half of a CUDA sync, on plain CPU tensors: every part lands where it belongs
+    (sizes that do not divide by the thread count, and a bucket too small to split)."""
+    from rlix.exec.train.weights import PinnedStaging
+
+    src = torch.arange(numel, dtype=torch.float32).to(torch.bfloat16)
+    dst = torch.zeros_like(src)
+    PinnedStaging(copy_threads=threads)._host_copy(dst, src)
+    assert torch.equal(dst, src)

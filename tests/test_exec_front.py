@@ -242,3 +242,20 @@ def test_a_job_whose_model_is_loading_shows_its_configured_steps():
     adapters = [SimpleNamespace(name="copy", steps=4), SimpleNamespace(name="rev", steps=6)]
     pipe = _Pipe("lora", _Job(adapters=adapters), progress=_progress("lora", [], 0, phase="loading model", since=0.0))
     assert rows(_Session([pipe], now=5.0))[0][2] == "0/10"
+
+
+def test_a_process_that_died_is_named_in_the_one_line():
+    """A trainer rank and a rollout worker die for different reasons: the job's line says which process it was."""
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError
+
+    ctx = ActorDiedErrorContext(
+        class_name="TrainerActor",
+        actor_id=bytes(16),
+        pid=15601,
+        error_message="The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit ...",
+    )
+    line = one_line(ActorDiedError(ctx))
+    died = "ActorDiedError: The actor died unexpectedly before finishing this task."
+    assert line == f"{died} (TrainerActor, pid 15601, exit type SYSTEM_ERROR)"
+    assert one_line(ActorDiedError()) == died  # Ray did not say which process

@@ -16,6 +16,10 @@ from pathlib import Path
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # The last line of a Python traceback: ``SomeError: message`` (module-qualified or not).
 _RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
+# Which process Ray says died (an ActorDiedError for a process that exited, crashed or was killed).
+_DIED = re.compile(
+    r"^\s*class_name: (?P<cls>\w+)(?:.*?^\s*pid: (?P<pid>\d+))?(?:.*?Worker exit type: (?P<exit>\w+))?", re.S | re.M
+)
 
 
 def plain(text: str) -> str:
@@ -47,7 +51,23 @@ def one_line(exc: BaseException) -> str:
             return quoted[-1]
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     name = type(root).__name__
+    if type(root).__module__.startswith("ray."):
+        first += _which_process(text)
     return f"{name}: {first}" if first else name
+
+
+def _which_process(text: str) -> str:
+    """`` (TrainerActor, pid 15601, exit type SYSTEM_ERROR)`` where Ray's text says which process died, else ''.
+    A trainer rank and a rollout worker die for different reasons: the one line names which."""
+    died = _DIED.search(text)
+    if died is None:
+        return ""
+    parts = [died["cls"]]
+    if died["pid"]:
+        parts.append(f"pid {died['pid']}")
+    if died["exit"]:
+        parts.append(f"exit type {died['exit']}")
+    return f" ({', '.join(parts)})"
 
 
 def full_text(exc: BaseException) -> str:

@@ -345,6 +345,17 @@ class Waker:
             self._timer = _Timer(self.env, max(wake - now, 0.0), self._wake)
 
 
+def _stop_all(w: SimWorker, opts: EngineOptions, now: float) -> list[Traj]:
+    """Every trajectory of a worker torn down at ``now``, stopped (what the options keep of their progress
+    kept), oldest first; the worker is left with none."""
+    stopped = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
+    for t in reversed(stopped):
+        abort(t, w.rate, now, requeue=opts.requeue, resume_s=opts.resume_s)
+    w.active.clear()
+    w.generating = 0
+    return stopped
+
+
 class RolloutEngine:
     """Runs a pipeline's trajectories on the workers the plan gives it."""
 
@@ -418,15 +429,10 @@ class RolloutEngine:
         w = self.workers.pop(worker.gpus[0])
         self._order.remove(worker.gpus[0])
         w.alive = False
-        now = self.env.now
-        aborted = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
-        for t in reversed(aborted):
-            abort(t, w.rate, now, requeue=self.opts.requeue, resume_s=self.opts.resume_s)
-            self.pending.appendleft(t)
+        aborted = _stop_all(w, self.opts, self.env.now)
+        self.pending.extendleft(reversed(aborted))  # at the queue's front, oldest first
         self.running -= len(aborted)
         self.aborted += len(aborted)
-        w.active.clear()
-        w.generating = 0
         if aborted:
             self._scan_all = True
             self.on_change()

@@ -109,6 +109,23 @@ class WaitingWork:
             self.changes.append((now, waiting))
 
 
+def held_gpus(owner) -> dict[str, tuple[int, ...]]:
+    """GPUs each pipeline holds, from the ledger's owner per GPU (None: free)."""
+    out: dict[str, list[int]] = {}
+    for g, holder in enumerate(owner):
+        if holder is not None:
+            out.setdefault(holder.pipeline_id, []).append(g)
+    return {k: tuple(v) for k, v in sorted(out.items())}
+
+
+def fail_waiting(waiting: dict, pipeline_id: str) -> None:
+    """The stage requests ``pipeline_id`` still waits on fail: it was unregistered meanwhile."""
+    for key in [k for k in waiting if k[0] == pipeline_id]:
+        fut, _ = waiting.pop(key)
+        if not fut.done():
+            fut.set_exception(SchedulingError(f"pipeline '{pipeline_id}' was unregistered while waiting"))
+
+
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class SchedulerActor(ServiceCalls, PlanExecution):
     def __init__(
@@ -252,11 +269,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
 
     async def holdings(self) -> dict[str, tuple[int, ...]]:
         """GPUs each pipeline holds now (rollout workers and gang stages), for tests and the console."""
-        out: dict[str, list[int]] = {}
-        for g, holder in enumerate(self.core.ledger.owner):
-            if holder is not None:
-                out.setdefault(holder.pipeline_id, []).append(g)
-        return {k: tuple(v) for k, v in sorted(out.items())}
+        return held_gpus(self.core.ledger.owner)
 
     async def stop(self) -> None:
         self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
@@ -305,7 +318,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
     def _forget(self, pipeline_id: str) -> None:
         """What this shell keeps of a pipeline that left: its endpoint, waiting requests, demand and home."""
         self.coordinators.pop(pipeline_id, None)
-        self._fail_waiting(pipeline_id)
+        fail_waiting(self.waiting, pipeline_id)
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.demands.pop(pipeline_id, None)
         self.usage.set_home(self.now(), pipeline_id, ())
@@ -313,9 +326,3 @@ class SchedulerActor(ServiceCalls, PlanExecution):
 
     def _bug(self, exc: BaseException) -> None:
         self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")
-
-    def _fail_waiting(self, pipeline_id: str) -> None:
-        for key in [k for k in self.waiting if k[0] == pipeline_id]:
-            fut, _ = self.waiting.pop(key)
-            if not fut.done():
-                fut.set_exception(SchedulingError(f"pipeline '{pipeline_id}' was unregistered while waiting"))

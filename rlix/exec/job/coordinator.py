@@ -145,6 +145,19 @@ async def end_processes(handles: list, timeout_s: float, procs: Processes) -> in
     return len(pending)
 
 
+def failure_line(exc: Exception, where: str | None) -> tuple[str, bool]:
+    """The one line a failed job reports (its traceback kept in ``where``), and whether bad input caused
+    it: the user's reward function failing is the user's to fix."""
+    if isinstance(exc, RewardError):
+        return f"RewardError: {exc.kept_in(where)}", True
+    return describe(exc, where), False
+
+
+def deadlines_of(limits) -> Deadlines:
+    """The deadlines of a job's worker calls, from its config's ``limits``."""
+    return Deadlines(wake_s=limits.wake_timeout_s, call_s=limits.call_timeout_s, rollout_s=limits.rollout_timeout_s)
+
+
 class JobStopped(Exception):
     """The job was asked to stop (its run ends cancelled, keeping what it did)."""
 
@@ -205,9 +218,8 @@ class PipelineCoordinator:
             self.runner = self._runner()
             me = ray.get_runtime_context().current_actor
             await self.link.control(self.link.client.register(self.spec, me))
-            # Warm workers: a sleeping process on every bundle the job may use, started in the
-            # background (no GPU memory, not on the GPU-held clock): an expand is then a wake plus a
-            # weight sync. Those in the home start now, while the trainer loads; the rest once it has.
+            # Warm workers: a sleeping process (no GPU memory) on every bundle the job may use, so an expand is
+            # a wake plus a weight sync. Those in the home start now, while the trainer loads; the rest once it has.
             bundles = await self.link.control(self.link.client.rollout_bundles())
             first, self.warm_later = warm_order(bundles, self.spec.home_gpus)
             self.rollout.warm(first)
@@ -219,12 +231,9 @@ class PipelineCoordinator:
             self.status = JobStatus.FINISHED
         except JobStopped:  # stopped on request: what was done is kept and reported
             self.status = JobStatus.CANCELLED
-        except RewardError as exc:  # the user's reward function failed: one line, its traceback kept in the job's directory
-            where = self.steplog.dir if self.steplog is not None else None
-            self.status, error, bad_input = JobStatus.FAILED, f"RewardError: {exc.kept_in(where)}", True
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
-            error = describe(exc, self.steplog.dir if self.steplog is not None else None)
+            error, bad_input = failure_line(exc, self.steplog.dir if self.steplog is not None else None)
         finally:
             await self._teardown(error)
             if self.steplog is not None:
@@ -241,17 +250,8 @@ class PipelineCoordinator:
             lost=self._lost,
             changed=self._changed,
         )
-        limits = self.job.limits
-        deadlines = Deadlines(wake_s=limits.wake_timeout_s, call_s=limits.call_timeout_s, rollout_s=limits.rollout_timeout_s)
-        self.rollout = RolloutControl(
-            pool=self.pool,
-            queue=self.queue,
-            recorder=self.rec,
-            hooks=hooks,
-            deadlines=deadlines,
-            model_dir=self.model_dir,
-            procs=self.procs,
-        )
+        rollout = {"pool": self.pool, "queue": self.queue, "recorder": self.rec, "model_dir": self.model_dir, "procs": self.procs}
+        self.rollout = RolloutControl(hooks=hooks, deadlines=deadlines_of(self.job.limits), **rollout)
         parts = Parts(
             link=self.link,
             rollout=self.rollout,
@@ -266,8 +266,7 @@ class PipelineCoordinator:
         return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
 
     def _on_loaded(self) -> None:
-        """The model is loaded: report demand from now on (on change, and a heartbeat), and warm the
-        bundles outside the home."""
+        """The model is loaded: report demand from now on (on change, and a heartbeat); warm the bundles outside the home."""
         self.rollout.warm(self.warm_later, spare=True)
         self._keep(self.link.report_loop(self.runner.demand, self._changes, self.heartbeat_s))
 

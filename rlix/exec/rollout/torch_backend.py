@@ -55,8 +55,7 @@ class TorchRolloutBackend(RolloutBackend):
     # ---------------------------------------------------------- lifecycle
 
     def prepare(self, model_path: str, device: str) -> None:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         from rlix.exec.data.model import quiet_transformers
 
@@ -66,17 +65,7 @@ class TorchRolloutBackend(RolloutBackend):
         self.config = AutoConfig.from_pretrained(model_path)
         eos = self.config.eos_token_id
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos)
-        # A weightless skeleton (meta tensors) kept across sleeps, plus the buffers that
-        # are not in a state dict (rotary tables): waking is then allocate + copy, no init.
-        with torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(self.config)
-            if self.lora is not None:
-                from rlix.exec.train.lora import wrap_with_adapters
-
-                model = wrap_with_adapters(model, self.lora)
-            model = model.eval()
-        self._buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-        self.model = model.to("meta")
+        self.model, self._buffers = _skeleton(self.config, self.lora)
         self._awake = False
 
     def sleep(self) -> None:
@@ -95,10 +84,7 @@ class TorchRolloutBackend(RolloutBackend):
     def wake(self, weights: WeightBuckets | None, adapters: tuple[AdapterSnapshot, ...] = ()) -> None:
         with self._flight.cond:
             if not self._awake:
-                self.model.to_empty(device=self.device)
-                for name, buf in self._buffers.items():
-                    mod, _, leaf = name.rpartition(".")
-                    self.model.get_submodule(mod)._buffers[leaf] = buf.to(self.device)
+                _materialize(self.model, self._buffers, self.device)
                 if weights is None:
                     self._load_checkpoint()
                 else:
@@ -235,6 +221,31 @@ class TorchRolloutBackend(RolloutBackend):
             weight_version=version,
             gen_s=time.perf_counter() - t0,
         )
+
+
+def _skeleton(config, lora: LoraSpec | None):
+    """A weightless model (meta tensors) kept across sleeps, and the buffers that are not in a state dict
+    (rotary tables): waking is then allocate + copy, no init."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(config)
+        if lora is not None:
+            from rlix.exec.train.lora import wrap_with_adapters
+
+            model = wrap_with_adapters(model, lora)
+        model = model.eval()
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    return model.to("meta"), buffers
+
+
+def _materialize(model, buffers: dict, device: str) -> None:
+    """``model``'s skeleton allocated on ``device`` (weights uninitialised) with its ``buffers`` put back."""
+    model.to_empty(device=device)
+    for name, buf in buffers.items():
+        mod, _, leaf = name.rpartition(".")
+        model.get_submodule(mod)._buffers[leaf] = buf.to(device)
 
 
 def make_backend(

@@ -262,18 +262,10 @@ class VllmRolloutBackend(RolloutBackend):
     def _register(self, snapshot: AdapterSnapshot) -> None:
         if snapshot.version <= self._adapters.get(snapshot.name, (-1, None))[0]:
             return
-        from vllm.lora.request import LoRARequest
-
-        path = write_peft_adapter(
-            snapshot, self.lora, self.model_path, self._adapter_dir / f"{snapshot.name}-v{snapshot.version}"
-        )
-        lora_id = next(self._lora_ids)  # a new id per version: vLLM caches adapters by id
-        # The old version is not removed: requests still running keep it, and vLLM's LRU
-        # cache evicts it once idle (max_loras leaves room for an old and a new version).
-        self._adapters[snapshot.name] = (
-            snapshot.version,
-            LoRARequest(f"{snapshot.name}-v{snapshot.version}", lora_id, str(path)),
-        )
+        # A new id per version (vLLM caches adapters by id). The old version is not removed: requests
+        # still running keep it, and vLLM's LRU cache evicts it once idle (max_loras leaves room for two).
+        request = _lora_request(snapshot, self.lora, self.model_path, self._adapter_dir, next(self._lora_ids))
+        self._adapters[snapshot.name] = (snapshot.version, request)
 
     def update_weights(self, snapshot: WeightBuckets) -> None:
         with self._lock:
@@ -316,13 +308,8 @@ class VllmRolloutBackend(RolloutBackend):
             self._version = -1
         self.abort()
         engine, self._engine = self._engine, None
-        llm = engine.stop() if engine is not None else None
-        if llm is not None:
-            if engine.failure is None and llm.llm_engine.is_sleeping():
-                llm.wake_up()  # map the memory back before it is freed
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-            gc.collect()
+        if engine is not None:
+            _shut_down(engine)
 
     @property
     def weight_version(self) -> int:
@@ -367,6 +354,27 @@ class VllmRolloutBackend(RolloutBackend):
             weight_version=version,
             gen_s=time.perf_counter() - p.started,
         )
+
+
+def _lora_request(snapshot: AdapterSnapshot, lora: LoraSpec, model_path: str, adapter_dir: Path, lora_id: int):
+    """vLLM's request for one adapter version: its weights written as a peft adapter directory."""
+    from vllm.lora.request import LoRARequest
+
+    name = f"{snapshot.name}-v{snapshot.version}"
+    path = write_peft_adapter(snapshot, lora, model_path, adapter_dir / name)
+    return LoRARequest(name, lora_id, str(path))
+
+
+def _shut_down(engine: EngineThread) -> None:
+    """Stop ``engine``'s thread and free the engine's memory (and its TP worker processes)."""
+    llm = engine.stop()
+    if llm is None:
+        return
+    if engine.failure is None and llm.llm_engine.is_sleeping():
+        llm.wake_up()  # map the memory back before it is freed
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
 
 
 class EngineThread:

@@ -11,7 +11,9 @@ of the store's shared memory: no unpickling of per-parameter tensors and no
 host copy before the one into the engine (:func:`device_tensors`). On a CUDA
 device each bucket goes through a reused pinned staging buffer (one
 host-to-device copy per bucket at pinned bandwidth, not one pageable copy per
-tensor); on a CPU the engine copies straight from the views.
+tensor), the copy into it split over several threads (a worker runs one torch
+thread, and one thread's copy from the store is the slow half:
+``benchmarks/bench_sync.py``); on a CPU the engine copies straight from the views.
 
 Host copies on the way, trainer to engine: the trainer casts each gathered
 tensor into its bucket (1), Ray copies the returned buckets into the object

@@ -259,3 +259,9 @@ def test_a_process_that_died_is_named_in_the_one_line():
     died = "ActorDiedError: The actor died unexpectedly before finishing this task."
     assert line == f"{died} (TrainerActor, pid 15601, exit type SYSTEM_ERROR)"
     assert one_line(ActorDiedError()) == died  # Ray did not say which process
+    ctx = ActorDiedErrorContext(
+        class_name="test_x.<locals>.Worker", actor_id=bytes(16), error_message="MemoryError: out of memory"
+    )
+    assert (
+        one_line(ActorDiedError(ctx)) == "MemoryError: out of memory (test_x.<locals>.Worker)"
+    )  # a quoted error and the process

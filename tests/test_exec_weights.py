@@ -171,13 +171,25 @@ def test_a_trajectory_continued_after_an_abort_samples_what_it_would_have_uninte
     assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)  # re-prefilled, not decoded step by step
 
 
-@pytest.mark.parametrize("threads,numel", [(1, 5_000_003), (4, 5_000_003), (8, 4_194_307), (3, 100)])
-def test_the_staging_host_copy_split_over_threads_copies_every_byte(threads, numel):
-    """The object store -> pinned half of a CUDA sync, on plain CPU tensors: every part lands where it belongs
-    (sizes that do not divide by the thread count, and a bucket too small to split)."""
+@pytest.mark.parametrize("threads,numel", [(4, 5_000_003), (8, 4_194_307), (3, 2)])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "inference"])
+def test_the_staging_host_copy_split_over_threads_copies_every_byte(threads, numel, layout, monkeypatch):
+    """The object store -> pinned half of a CUDA sync, on plain CPU tensors, split whatever the size: every
+    part lands where it belongs (sizes that do not divide by the thread count, fewer elements than threads),
+    from a strided source too, and under inference mode (the parts run in the caller's mode)."""
+    from rlix.exec.train import weights
     from rlix.exec.train.weights import PinnedStaging
 
-    src = torch.arange(numel, dtype=torch.float32).to(torch.bfloat16)
-    dst = torch.zeros_like(src)
-    PinnedStaging(copy_threads=threads)._host_copy(dst, src)
-    assert torch.equal(dst, src)
+    monkeypatch.setattr(weights, "COPY_SPLIT_BYTES", 0)
+    bits = torch.randint(-(2**15), 2**15, (2 * numel if layout == "strided" else numel,), dtype=torch.int16)
+    src = bits.view(torch.bfloat16)[::2] if layout == "strided" else bits.view(torch.bfloat16)
+    staging = PinnedStaging(copy_threads=threads)
+    if layout == "inference":
+        with torch.inference_mode():
+            dst = torch.zeros_like(src)
+            staging._host_copy(dst, src)
+    else:
+        dst = torch.zeros_like(src)
+        staging._host_copy(dst, src)
+    assert staging._pool is not None  # the split ran
+    assert torch.equal(dst.view(torch.int16), src.contiguous().view(torch.int16))

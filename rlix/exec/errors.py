@@ -18,7 +18,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
 # Which process Ray says died (an ActorDiedError for a process that exited, crashed or was killed).
 _DIED = re.compile(
-    r"^\s*class_name: (?P<cls>\w+)(?:.*?^\s*pid: (?P<pid>\d+))?(?:.*?Worker exit type: (?P<exit>\w+))?", re.S | re.M
+    r"^\s*class_name: (?P<cls>\S+)(?:.*?^\s*pid: (?P<pid>\d+))?(?:.*?Worker exit type: (?P<exit>\w+))?", re.S | re.M
 )
 
 
@@ -48,7 +48,7 @@ def one_line(exc: BaseException) -> str:
     if type(root).__module__.startswith("ray."):
         quoted = [line.strip() for line in text.splitlines() if _RAISED.match(line.strip())]
         if quoted:
-            return quoted[-1]
+            return quoted[-1] + _which_process(text)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     name = type(root).__name__
     if type(root).__module__.startswith("ray."):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator, Mapping
+from concurrent.futures import wait
 
 from rlix.exec.messages import TensorSlot, WeightBuckets, WeightSnapshot
 from rlix.exec.train.fsdp import full
@@ -40,8 +41,9 @@ __all__ = ["BUCKET_BYTES", "PinnedStaging", "WeightSnapshot", "device_tensors", 
 
 BUCKET_BYTES = 256 << 20  # bytes per bucket: large copies, and a pinned staging buffer of a bounded size
 ALIGN_BYTES = 64  # every tensor starts on a 64-byte boundary inside its bucket
-COPY_THREADS = min(8, os.cpu_count() or 1)  # threads sharing a bucket's copy into pinned memory (measured: 8 reach
-# the pageable host-to-device figure on an H100 host, one thread a quarter of it)
+COPY_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+# threads sharing a bucket's copy into pinned memory (an H100 host: one thread's sync reached a quarter of
+# a pageable host-to-device copy, 8 threads' all of it; benchmarks/bench_sync.py)
 COPY_SPLIT_BYTES = 8 << 20  # a smaller bucket is copied by one thread
 
 
@@ -152,16 +154,25 @@ class PinnedStaging:
         self._pool = None
 
     def _host_copy(self, dst, src) -> None:
-        """``dst.copy_(src)``, split into ``copy_threads`` contiguous parts copied at once."""
-        if self._threads == 1 or src.numel() * src.element_size() < COPY_SPLIT_BYTES:
+        """``dst.copy_(src)`` (same shape), split into ``copy_threads`` contiguous parts copied at once."""
+        if self._threads == 1 or dst.shape != src.shape or dst.dim() == 0 or src.numel() * src.element_size() < COPY_SPLIT_BYTES:
             dst.copy_(src)
             return
+        import torch
+
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="rlix-staging")
-        parts = zip(dst.chunk(self._threads), src.chunk(self._threads))
-        for f in [self._pool.submit(d.copy_, s) for d, s in parts]:
+        inference = torch.is_inference_mode_enabled()  # thread-local: the parts run in the caller's mode
+
+        def part(d, s) -> None:
+            with torch.inference_mode(inference):
+                d.copy_(s)
+
+        futures = [self._pool.submit(part, d, s) for d, s in zip(dst.chunk(self._threads), src.chunk(self._threads))]
+        wait(futures)  # every part done (or failed) before the buffer is used again
+        for f in futures:
             f.result()
 
     def to_device(self, flat, device: str):
@@ -181,7 +192,7 @@ class PinnedStaging:
         out = torch.empty(flat.numel(), dtype=flat.dtype, device=device)
         out.copy_(stage, non_blocking=True)
         self._events[i] = torch.cuda.Event()
-        self._events[i].record()
+        self._events[i].record(torch.cuda.current_stream(device))  # the stream the copy into ``out`` went on
         return out
 
 

@@ -85,10 +85,10 @@ class Probe:
         """The staged copy's halves alone, on fresh pages: object store -> pinned, pinned -> device."""
         import torch
 
-        from rlix.exec.train.weights import PinnedStaging
+        from rlix.exec.train.weights import PinnedStaging, _flat
 
         staging = PinnedStaging(copy_threads=threads)
-        flats = [torch.frombuffer(b, dtype=torch.uint8) for b in w.buckets if b.nbytes]
+        flats = [_flat(b, torch.uint8) for b in w.buckets if b.nbytes]
         pinned = [torch.empty(f.numel(), dtype=torch.uint8, pin_memory=True) for f in flats]
         t = time.perf_counter()
         for p, f in zip(pinned, flats):

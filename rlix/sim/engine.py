@@ -372,7 +372,6 @@ class RolloutEngine:
         self.env = env
         self.pipeline_id = pipeline_id
         self.opts = options
-        self.slots = options.slots
         self.usage = usage
         # Bookings of a busy and an idle worker, resolved once (this is the replay's hot loop).
         self._busy, self._idle = worker_booking(WorkerPhase.BUSY), worker_booking(WorkerPhase.IDLE)
@@ -440,8 +439,6 @@ class RolloutEngine:
         self._kick()
         return len(aborted)
 
-    # ------------------------------------------------------------ queries
-
     def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
         """(trajectories waiting for a slot, running trajectories per busy worker)."""
         loads = []
@@ -485,7 +482,7 @@ class RolloutEngine:
         # Only workers whose state changed can have a usable free slot,
         # unless new work (or new weights) arrived since the last look.
         candidates = self._order if self._scan_all else sorted(touched)  # fill_slots adds or removes no worker
-        workers, slots, pending = self.workers, self.slots, self.pending
+        workers, slots, pending = self.workers, self.opts.slots, self.pending
         for g in candidates:
             w = workers.get(g)
             if w is not None and w.ready_at <= now and len(w.active) < slots:
@@ -500,7 +497,7 @@ class RolloutEngine:
 
     def _book(self, now: float, touched: dict[int, SimWorker]) -> None:
         """Re-time and book the workers whose trajectories changed, in GPU order."""
-        speed, slots, pid, usage = self.opts.speed, self.slots, self.pipeline_id, self.usage
+        speed, slots, pid, usage = self.opts.speed, self.opts.slots, self.pipeline_id, self.usage
         for g in sorted(touched):
             w = touched[g]
             if not w.alive:

@@ -216,8 +216,7 @@ class PipelineCoordinator:
         error, bad_input = "", False
         try:
             self.runner = self._runner()
-            me = ray.get_runtime_context().current_actor
-            await self.link.control(self.link.client.register(self.spec, me))
+            await self.link.control(self.link.client.register(self.spec, ray.get_runtime_context().current_actor))
             # Warm workers: a sleeping process (no GPU memory) on every bundle the job may use, so an expand is
             # a wake plus a weight sync. Those in the home start now, while the trainer loads; the rest once it has.
             bundles = await self.link.control(self.link.client.rollout_bundles())

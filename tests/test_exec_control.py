@@ -277,6 +277,7 @@ class _Job:
         self.changes = 0  # demand changes signalled (each sends a demand report)
         self.spawn_fails = False  # creating a worker process raises (as the runtime refusing its options)
         self.spawned: list[int] = []  # first GPU of each process started, in order
+        self.background: list[tuple[int, bool]] = []  # (first GPU, born at background CPU priority) per process
         hooks = Hooks(
             now=lambda: 0.0,
             spawn=self._spawn,
@@ -301,7 +302,8 @@ class _Job:
     def _changed(self) -> None:
         self.changes += 1
 
-    def _spawn(self, gpus, first):
+    def _spawn(self, gpus, first, background):
+        self.background.append((gpus[0], background))
         if self.spawn_fails:
             raise RuntimeError("no process could be created")
         self.spawned.append(gpus[0])
@@ -635,6 +637,7 @@ def test_spare_starts_wait_for_the_homes_processes_to_be_up():
     job, early = asyncio.run(scenario())
     assert early == [0, 1]
     assert job.spawned == [0, 1, 2] and job.pool.starting() == []
+    assert job.background == [(0, False), (1, False), (2, True)]  # only the spare is born at background CPU priority
 
 
 def _waiting_spare() -> _Job:
@@ -658,9 +661,11 @@ def test_a_spare_granted_while_it_waits_for_the_home_starts_at_once():
         spawned = list(job.spawned)
         job.prepare_gate.event.set()
         await asyncio.wait_for(expand, 1.0)
-        return spawned
+        return job, spawned
 
-    assert asyncio.run(scenario()) == [0, 1]
+    job, spawned = asyncio.run(scenario())
+    assert spawned == [0, 1]
+    assert job.background == [(0, False), (1, False)]  # a cold start for an expand: at the run's priority
 
 
 def test_a_spare_start_still_waiting_when_the_job_ends_starts_no_process():

@@ -32,6 +32,7 @@ from rlix.exec.data.rewards import RewardError
 from rlix.exec.errors import describe
 from rlix.exec.front.config import JobConfig
 from rlix.exec.front.steplog import StepLog
+from rlix.exec.host_priority import background_start, run_priority
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
@@ -287,13 +288,13 @@ class PipelineCoordinator:
             name=f"{self.pid}/trainer",
         )
 
-    def _spawn(self, gpus: Gpus, first_process: bool):
+    def _spawn(self, gpus: Gpus, first_process: bool, background: bool):
         from rlix.exec.actors import RolloutWorkerActor
 
         opts = worker_options(self.cluster, gpus, self.gpu_map, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
-        fault = self.job.fault.for_worker(gpus[0], first_process)
-        return RolloutWorkerActor.options(**opts).remote(
-            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault
+        fault, up = self.job.fault.for_worker(gpus[0], first_process), run_priority() if background else None
+        return RolloutWorkerActor.options(**(background_start(opts) if background else opts)).remote(
+            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault, up
         )
 
     async def _teardown(self, error: str) -> None:

@@ -27,7 +27,7 @@ class Hooks:
     """What the control asks of its coordinator (all non-blocking)."""
 
     now: Callable[[], float]
-    spawn: Callable[[Gpus, bool], object]  # (bundle, first process on it) -> worker handle
+    spawn: Callable[[Gpus, bool, bool], object]  # (bundle, first process on it, a spare's) -> worker handle
     weights: Callable[[], tuple]  # -> (full snapshot ref, its version, ((adapter, ref, version), ...))
     finished: Callable[[Queued, object], None]  # (queued trajectory, its GenResult)
     fatal: Callable[[BaseException], None]  # the job must fail

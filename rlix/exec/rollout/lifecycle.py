@@ -65,7 +65,7 @@ class WorkerLifecycle:
             return False  # killed meanwhile (the job ended): start nothing
         t, background = self.hooks.now(), not w.granted  # warming (no GPU held), or a cold start for an expand
         try:
-            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned)
+            w.handle = self.hooks.spawn(w.gpus, w.first not in self.spawned, spare and background)
             self.spawned.add(w.first)
             await call(w.handle.prepare.remote(self.model_dir), self.deadlines.call_s, "worker start-up")
         except Exception as exc:  # noqa: BLE001 -- any failure to start means no worker here

@@ -14,7 +14,6 @@ import time
 import ray
 
 from rlix.exec.device_memory import MemoryCheck
-from rlix.exec.host_priority import return_to
 from rlix.exec.messages import (
     AdapterSnapshot,
     Emulation,
@@ -79,11 +78,9 @@ class RolloutWorkerActor:
         backend: str = "torch",
         vllm: VllmOptions = VllmOptions(),
         fault: WorkerFault = WorkerFault(),
-        up_priority: int | None = None,
     ) -> None:
         self.visible = _setup_process()
         self.fault = fault
-        self.up_priority = up_priority  # a spare born at background CPU priority returns to this once up
         self._dying = False
         # The bundle placement pinned this process to (logical ids on a CPU host): a vLLM engine spans it.
         devices = tuple(int(g) for g in self.visible.split(",") if g.strip()) or (0,)
@@ -98,7 +95,6 @@ class RolloutWorkerActor:
         t0 = time.perf_counter()
         self.memory = MemoryCheck(device_for_worker())
         self.backend.prepare(model_path, self.memory.device)
-        return_to(self.up_priority)  # where the OS refuses, it stays in the background (rlix.exec.host_priority)
         return time.perf_counter() - t0
 
     def wake(self, snapshot: WeightBuckets | None, *adapters: AdapterSnapshot) -> SwitchTiming:

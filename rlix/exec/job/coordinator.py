@@ -32,7 +32,7 @@ from rlix.exec.data.rewards import RewardError
 from rlix.exec.errors import describe
 from rlix.exec.front.config import JobConfig
 from rlix.exec.front.steplog import StepLog
-from rlix.exec.host_priority import background_start, run_priority
+from rlix.exec.host_priority import background_start
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
@@ -292,9 +292,9 @@ class PipelineCoordinator:
         from rlix.exec.actors import RolloutWorkerActor
 
         opts = worker_options(self.cluster, gpus, self.gpu_map, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
-        fault, up = self.job.fault.for_worker(gpus[0], first_process), run_priority() if background else None
+        fault = self.job.fault.for_worker(gpus[0], first_process)
         return RolloutWorkerActor.options(**(background_start(opts) if background else opts)).remote(
-            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault, up
+            self.emulation, self.job.lora_spec(), self.job.rollout_backend, self.job.vllm.value(), fault
         )
 
     async def _teardown(self, error: str) -> None:

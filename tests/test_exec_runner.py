@@ -174,7 +174,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
 
     hooks = Hooks(
         now=now,
-        spawn=lambda gpus, first: _Handle(_Worker()),
+        spawn=lambda gpus, first, background: _Handle(_Worker()),
         weights=lambda: holder["runner"].trainer.weights() if holder["runner"].trainer else (None, 0, ()),
         finished=lambda q, r: holder["runner"].trajectory_done(q, r),
         fatal=failures.append,

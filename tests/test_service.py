@@ -39,7 +39,8 @@ def metrics(config) -> dict:
 
 
 def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
-    first = write_config(tmp_path / "first.yaml", [job("alpha", "0-1", steps=40)])
+    # alpha long enough to run on while beta loads, its processes outside its home started at the lowest priority
+    first = write_config(tmp_path / "first.yaml", [job("alpha", "0-1", steps=60)])
     second = write_config(tmp_path / "second.yaml", [job("beta", "2-3", steps=4)])
     a = cluster.submit(first)
     # once alpha's rollout has spread over beta's home too (its processes there are up: no worker goes there before)
@@ -61,7 +62,7 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
     final, _ = cluster.status()
     jobs = jobs_by_name(final)
     assert jobs["alpha"]["state"] == jobs["beta"]["state"] == "finished"
-    assert (jobs["alpha"]["steps_done"], jobs["beta"]["steps_done"]) == (40, 4)
+    assert (jobs["alpha"]["steps_done"], jobs["beta"]["steps_done"]) == (60, 4)
     # alpha's rollout used beta's home before beta came: borrowed by alpha is lent by beta
     assert jobs["alpha"]["borrowed_s"] > 0 and jobs["beta"]["lent_s"] > 0
     # every busy GPU-second is some job's

@@ -144,6 +144,13 @@ def test_each_stage_moves_only_what_it_uses_and_offload_moves_it_back(model_dir,
     assert release_cached_memory("cpu") is False and learner.residency.releases == 0  # CPU: nothing cached to return
 
 
+def test_a_training_step_leaves_no_gradients_to_move_or_hold(model_dir, batch):
+    learner = _learner(model_dir)
+    learner.train(batch)
+    params = [p for group in learner.opt.param_groups for p in group["params"]]
+    assert params and all(p.grad is None for p in params)  # spent: an offload moves only weights and optimizer state
+
+
 def test_a_lora_tick_moves_only_its_own_adapters_optimizer(model_dir):
     from test_exec_fsdp import _perturbed, _samples
 

@@ -198,6 +198,7 @@ class GrpoLearner:
                 tot_kl += kl_v * n
                 tot_clip += clipped
                 tokens += n
+        opt.zero_grad(set_to_none=True)  # spent: an offload then moves no stale gradients, and the device holds none
         self.model.eval()
         self._pace(self.ranks.share(samples), t0)
         n = max(tokens, 1)

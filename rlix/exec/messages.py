@@ -12,11 +12,13 @@ scheduler actor as the core takes them, and the run records of
 
 Backends (torch, vLLM), learners (GRPO, LoRA) and worker actors import this
 module and not each other, so the executor's modules form no import circle.
-No torch import: tensors travel inside snapshots as opaque values.
+No torch import here: an adapter snapshot's tensors travel as numpy bytes and
+are made tensors only where they are read (:class:`WireTensors`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -90,6 +92,57 @@ class AdapterSnapshot:
     version: int
     tensors: Any  # parameter name -> CPU tensor
     nbytes: int
+
+    def __reduce__(self):
+        """Pickled with each tensor's bytes as a numpy array, never as torch objects, and received as
+        such: the tensors are made where they are read (:class:`WireTensors`). The coordinator, which
+        only passes a snapshot on, so never runs torch code: on a CUDA machine the coordinator of a
+        multi-LoRA job (a process with no GPU) crashed in Ray's deserializer, unpickling a torch
+        storage first and then making a tensor from numpy there (a segfault taking the GIL)."""
+        t = self.tensors
+        wire = (
+            t.wire
+            if isinstance(t, WireTensors)
+            else {k: (str(v.dtype).removeprefix("torch."), tuple(v.shape), _bytes_of(v)) for k, v in t.items()}
+        )
+        return (_adapter_from_wire, (self.name, self.version, wire, self.nbytes))
+
+
+class WireTensors(Mapping):
+    """A received adapter's tensors: name -> (dtype, shape, bytes as numpy) as they arrived, each made a
+    CPU tensor of its own memory the first time it is read."""
+
+    def __init__(self, wire: dict) -> None:
+        self.wire = wire
+        self._made: dict = {}
+
+    def __getitem__(self, name: str):
+        if name not in self._made:
+            torch = _torch()
+            dtype, shape, raw = self.wire[name]
+            self._made[name] = torch.from_numpy(raw.copy()).view(getattr(torch, dtype)).reshape(shape)
+        return self._made[name]
+
+    def __iter__(self):
+        return iter(self.wire)
+
+    def __len__(self) -> int:
+        return len(self.wire)
+
+
+def _bytes_of(tensor):
+    """A CPU tensor's bytes as a flat uint8 numpy array (any dtype, bfloat16 too)."""
+    return tensor.detach().to("cpu").contiguous().reshape(-1).view(_torch().uint8).numpy()
+
+
+def _adapter_from_wire(name: str, version: int, wire: dict, nbytes: int) -> AdapterSnapshot:
+    return AdapterSnapshot(name=name, version=version, tensors=WireTensors(wire), nbytes=nbytes)
+
+
+def _torch():
+    import torch  # only where snapshots are made or rebuilt: this module itself needs no torch
+
+    return torch
 
 
 # ------------------------------------------------------------------ rollout

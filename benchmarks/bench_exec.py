@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import ray
+from bench_gpu_torch import h2d_speed as bench_h2d  # the plain copy speed, the yardstick of a sync
 
 
 @ray.remote(num_cpus=0)
@@ -76,28 +77,6 @@ def bench_scheduler(n: int) -> dict:
 
 
 PRESETS = {"0.5b": {"hidden": 1024, "layers": 28, "heads": 16, "intermediate": 4864}}
-
-
-def bench_h2d(nbytes: int, reps: int = 5) -> dict:
-    """Host-to-device copy speed of ``nbytes`` (GB/s), pinned and pageable source."""
-    import torch
-
-    out = {}
-    for kind, pinned in (("pinned", True), ("pageable", False)):
-        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        dst.copy_(src)  # warm up
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            dst.copy_(src, non_blocking=pinned)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
-        out[f"h2d_{kind}_GBps"] = nbytes / statistics.median(times) / 1e9
-        del src, dst
-    torch.cuda.empty_cache()
-    return out
 
 
 def bench_worker(

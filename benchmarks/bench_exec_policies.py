@@ -56,11 +56,13 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 out = str(Path(args.keep) / f"{r}-{policy}") if args.keep else tmp
                 res = api.run(own_checkpoints(config, out), policy=policy, out_dir=out)
-                trace = load_trace(res.files["trace"])
-                sim = replay(trace, policy)  # the run replayed: how well the simulator predicts it
-                sim_err, jct_err = fidelity(res.metrics, sim)
-                if policy == "rlix":
-                    replayed.append(policy_only(trace, sim))
+                sim_err = jct_err = float("nan")  # no trace (no job finished): nothing to replay
+                if "trace" in res.files:
+                    trace = load_trace(res.files["trace"])
+                    sim = replay(trace, policy)  # the run replayed: how well the simulator predicts it
+                    sim_err, jct_err = fidelity(res.metrics, sim)
+                    if policy == "rlix":
+                        replayed.append(policy_only(trace, sim))
             m = res.metrics
             makespans[policy].append(m.makespan_s)
             jcts[policy].append({pid: p.jct_s for pid, p in m.pipelines.items()})

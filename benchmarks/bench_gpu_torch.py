@@ -1,0 +1,502 @@
+"""The executor's torch path on one device, in one process: no Ray, no vLLM.
+
+    python benchmarks/bench_gpu_torch.py [--device cuda] [--preset 0.5b] [--reps 3] [--json out.json]
+    python benchmarks/bench_gpu_torch.py --device cpu --preset tiny     # a smoke run
+
+The project's own classes, driven as its actors drive them, each section on its own
+(one that fails leaves the others' figures, and its error, in the JSON):
+
+- trainer: a :class:`~rlix.exec.train.grpo.GrpoLearner` built as ``TrainerActor.start``
+  builds it (then offloaded), then ``--steps`` GRPO steps as the coordinator runs them
+  (each stage: reload its parts, work, offload); the seconds of each, and the device
+  memory the process still holds after an offload (issue target: at most 1 GiB), then a
+  reload of every part, timed;
+- weight sync: the trained weights published (:func:`~rlix.exec.train.weights.publish_of`,
+  bfloat16 buckets, a fresh version every time) into a
+  :class:`~rlix.exec.rollout.torch_backend.TorchRolloutBackend` on the device: its first
+  wake, then ``--reps`` times ``sleep`` (shrink, target <= 2 s), ``wake`` (expand, target
+  <= 5 s) and ``update_weights`` while awake (a sync, GB/s of bucket bytes), and
+  :func:`~rlix.exec.train.weights.load_into` through a
+  :class:`~rlix.exec.train.weights.PinnedStaging` alone; on CUDA the plain host-to-device
+  copy speed of the same bytes, pinned and pageable (target: a sync >= 50% of pageable);
+- generation: ``GenRequest`` s through the backend (tokens/s), and whether greedy output is
+  the same before a sleep and after a wake with the same weights.
+
+Calls on CUDA are timed twice: when the call returns (what an actor's ``SwitchTiming``
+reports) and once the device has finished (``torch.cuda.synchronize``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent))  # this checkout's rlix
+
+PRESETS = {
+    "0.5b": {"hidden": 1024, "layers": 28, "heads": 16, "intermediate": 4864},
+    "tiny": {"hidden": 256, "layers": 2, "heads": 4, "intermediate": 512},
+}
+GIB = float(1 << 30)
+TARGETS = {"held_after_offload_GiB": 1.0, "expand_s": 5.0, "shrink_s": 2.0, "sync_fraction_of_pageable": 0.5}
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
+
+
+def cuda(ctx: dict) -> bool:
+    return ctx["device"].startswith("cuda")
+
+
+def done(ctx: dict) -> None:
+    """Wait for the device's queued work (a no-op on a CPU)."""
+    if cuda(ctx):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def timed(ctx: dict, fn: Callable[[], object]) -> tuple[float, float, object]:
+    """(seconds until ``fn`` returned, seconds until the device finished too, its result)."""
+    done(ctx)
+    t = time.perf_counter()
+    value = fn()
+    returned = time.perf_counter() - t
+    done(ctx)
+    return returned, time.perf_counter() - t, value
+
+
+def memory(ctx: dict) -> dict:
+    """The device memory this process holds now: PyTorch's allocated and reserved bytes, and the
+    driver's count against the baseline taken (CUDA context up) before anything was built."""
+    if not cuda(ctx):
+        return {"note": "CPU run: device memory not measured"}
+    import torch
+
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "allocated_GiB": torch.cuda.memory_allocated() / GIB,
+        "reserved_GiB": torch.cuda.memory_reserved() / GIB,
+        "held_GiB": (ctx["baseline_free"] - free) / GIB,
+        "device_used_GiB": (total - free) / GIB,
+    }
+
+
+def section(out: dict, name: str, fn: Callable[[dict, argparse.Namespace, dict], None], args, ctx: dict) -> None:
+    """Run one section into ``out[name]``; an exception is recorded there (and what it measured before it kept)."""
+    res: dict = {}
+    out[name] = res
+    log(f"{name}: start")
+    t = time.perf_counter()
+    try:
+        fn(res, args, ctx)
+        log(f"{name}: done")
+    except Exception as e:  # one section's failure must leave the others' figures
+        res["error"] = f"{type(e).__name__}: {e}"[:2000]
+        res["traceback"] = traceback.format_exc()[-4000:]
+        log(f"{name}: FAILED {res['error'][:300]}")
+    res["section_s"] = time.perf_counter() - t
+
+
+# ------------------------------------------------------------------ setup
+
+
+def setup(res: dict, args, ctx: dict) -> None:
+    """The device's baseline memory (CUDA context up, nothing built), then the random-weight model on disk."""
+    import torch
+    import transformers
+
+    from rlix.exec.data.model import ModelSize, build_model
+
+    res |= {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    if cuda(ctx):
+        torch.cuda.init()
+        free, total = torch.cuda.mem_get_info()
+        ctx["baseline_free"] = free
+        res |= {"gpu": torch.cuda.get_device_name(), "baseline_used_GiB": (total - free) / GIB, "total_GiB": total / GIB}
+    p = PRESETS[args.preset]
+    size = ModelSize(
+        arch="qwen2", hidden_size=p["hidden"], num_layers=p["layers"], num_heads=p["heads"], intermediate_size=p["intermediate"]
+    )
+    t = time.perf_counter()
+    ctx["path"] = str(build_model(size, Path(ctx["tmp"]) / "model"))
+    res["build_model_s"] = time.perf_counter() - t
+    res["size"] = size.__dict__
+
+
+# ------------------------------------------------------------------ trainer
+
+
+def synthetic_samples(n: int, tokens: int, vocab: int, seed: int = 0) -> list:
+    """``n`` trajectories of ``tokens`` tokens (an eighth of them prompt), advantages +-1."""
+    import torch
+
+    from rlix.exec.messages import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    prompt = max(2, tokens // 8)
+    out = []
+    for i in range(n):
+        ids = torch.randint(4, vocab, (tokens,), generator=g).tolist()
+        out.append(Sample(prompt_ids=tuple([1] + ids[1:prompt]), completion_ids=tuple(ids[prompt:]), advantage=(-1.0) ** i))
+    return out
+
+
+def stage(ctx: dict, learner, parts, work: Callable[[], object]) -> tuple[dict, object]:
+    """One gang stage as the coordinator runs it: its parts onto the device, the work, an offload."""
+    reload_s, _, _ = timed(ctx, lambda: learner.reload(parts))
+    work_s, work_done_s, value = timed(ctx, work)
+    offload_s, _, _ = timed(ctx, learner.offload)
+    return {"reload_s": reload_s, "work_s": work_done_s, "offload_s": offload_s, "held_after_offload": memory(ctx)}, value
+
+
+def train_step(ctx: dict, learner, samples: list) -> dict:
+    """One step's trainer stages: old log-probs (policy), then training (policy and optimizer)."""
+    from dataclasses import replace
+
+    from rlix.core import Stage
+    from rlix.exec.train.residency import STAGE_PARTS
+
+    old, rows = stage(ctx, learner, STAGE_PARTS[Stage.OLD_LOGPROBS], lambda: learner.logprobs(samples))
+    batch = [replace(s, old_logprobs=r) for s, r in zip(samples, rows)]
+    grads: list[int] = []
+
+    def train():
+        stats = learner.train(batch)
+        grads.append(sum(p.grad.numel() * p.grad.element_size() for p in learner.model.parameters() if p.grad is not None))
+        return stats
+
+    trained, stats = stage(ctx, learner, STAGE_PARTS[Stage.ACTOR_TRAIN], train)
+    return {"old_logprobs": old, "train": trained, "loss": stats.loss, "tokens": stats.tokens, "grad_bytes_kept": grads[0]}
+
+
+def bench_trainer(res: dict, args, ctx: dict) -> None:
+    """The learner built as ``TrainerActor.start`` builds it, ``--steps`` steps, then a reload of every part."""
+    from rlix.exec.data.model import param_count
+    from rlix.exec.messages import Emulation, GrpoConfig, TrainOptions
+    from rlix.exec.train.grpo import GrpoLearner
+    from rlix.exec.train.residency import ALL_PARTS
+
+    opts = TrainOptions(precision=args.precision)
+    build_s, _, learner = timed(
+        ctx, lambda: GrpoLearner(ctx["path"], ctx["device"], GrpoConfig(), Emulation(), dtype="float32", options=opts)
+    )
+    ctx["learner"] = learner
+    res |= {"build_s": build_s, "params": param_count(learner.model), "bf16_compute": learner.bf16, "built": memory(ctx)}
+    res["first_offload_s"], _, _ = timed(ctx, learner.offload)  # TrainerActor.start: GPUs are ours only while a stage is granted
+    res["after_first_offload"] = memory(ctx)
+    samples = synthetic_samples(args.samples, args.tokens, int(learner.model.config.vocab_size))
+    res["batch"] = {"samples": len(samples), "tokens_each": args.tokens}
+    res["steps"] = []
+    for i in range(args.steps):
+        res["steps"].append(train_step(ctx, learner, samples))
+        step = res["steps"][-1]
+        log(f"trainer: step {i + 1}: train {step['train']['work_s']:.2f} s, loss {step['loss']:.4f}")
+    last = res["steps"][-1]["train"]
+    res["train_step_s"] = [s["train"]["work_s"] for s in res["steps"]]
+    res["offload_s"] = last["offload_s"]
+    res["grad_bytes_kept_after_train"] = res["steps"][-1]["grad_bytes_kept"]
+    if cuda(ctx):
+        res["held_after_offload_GiB"] = max(
+            s[k]["held_after_offload"]["held_GiB"] for s in res["steps"] for k in ("old_logprobs", "train")
+        )
+    n = len(learner.residency.moves)
+    res["reload_all_s"], res["reload_all_done_s"], _ = timed(ctx, lambda: learner.reload(ALL_PARTS))
+    res["after_reload"] = memory(ctx)
+    res["reload_moved_bytes"] = {m.part.value: m.nbytes for m in learner.residency.moves[n:]}
+    res["offload_again_s"], _, _ = timed(ctx, learner.offload)
+    res["after_offload_again"] = memory(ctx)
+
+
+# ------------------------------------------------------------------ weight sync
+
+
+def source_model(ctx: dict):
+    """The weights to publish: the trained learner's policy (offloaded, as after a step), else the checkpoint's."""
+    if ctx.get("learner") is not None:
+        return ctx["learner"].model
+    if ctx.get("source") is None:
+        from rlix.exec.data.model import load_model
+
+        ctx["source"] = load_model(ctx["path"])
+    return ctx["source"]
+
+
+def publisher(ctx: dict) -> tuple[Callable[[], object], list[float]]:
+    """A function publishing a fresh version of the weights each call (bfloat16 buckets, as a trainer
+    does after each step), and the seconds each publish took."""
+    from rlix.exec.train.weights import publish_of
+
+    model, seconds = source_model(ctx), []
+
+    def publish():
+        ctx["version"] = ctx.get("version", 0) + 1
+        t = time.perf_counter()
+        w = publish_of(model, ctx["version"], "bfloat16")
+        seconds.append(time.perf_counter() - t)
+        return w
+
+    return publish, seconds
+
+
+def engine_info(backend) -> dict:
+    p = next(backend.model.parameters())
+    return {"param_dtype": str(p.dtype), "param_device": str(p.device), "weight_version": backend.weight_version}
+
+
+def switch_round(ctx: dict, backend, publish) -> dict:
+    """One shrink (sleep), expand (wake with a new version) and awake sync (another new version)."""
+    row: dict = {}
+    row["shrink_s"], row["shrink_done_s"], _ = timed(ctx, backend.sleep)
+    row["asleep"] = memory(ctx)
+    w = publish()
+    row["expand_s"], row["expand_done_s"], _ = timed(ctx, lambda: backend.wake(w))
+    row["awake"] = memory(ctx)
+    w = publish()
+    row["sync_s"], row["sync_done_s"], _ = timed(ctx, lambda: backend.update_weights(w))
+    row["version"] = backend.weight_version
+    ctx["weights"] = w  # what the engine now holds
+    return row
+
+
+def bench_sync(res: dict, args, ctx: dict) -> None:
+    """A torch rollout backend on the device: prepare, first wake, then ``--reps`` switch rounds."""
+    from rlix.exec.messages import Emulation
+    from rlix.exec.rollout.torch_backend import make_backend
+
+    publish, publish_s = publisher(ctx)
+    backend = make_backend("torch", Emulation())
+    res["prepare_s"], _, _ = timed(ctx, lambda: backend.prepare(ctx["path"], ctx["device"]))
+    ctx["backend"] = backend
+    w = publish()
+    res |= {"weight_bytes": w.nbytes, "buckets": len(w.buckets), "dtype": w.dtype}
+    res["first_wake_s"], res["first_wake_done_s"], _ = timed(ctx, lambda: backend.wake(w))
+    ctx["weights"] = w
+    res |= {"engine": engine_info(backend), "awake": memory(ctx), "reps": []}
+    for i in range(args.reps):
+        row = switch_round(ctx, backend, publish)
+        res["reps"].append(row)
+        secs = ", ".join(f"{k} {row[k + '_done_s']:.3f} s" for k in ("shrink", "expand", "sync"))
+        log(f"sync: rep {i + 1}: {secs}")
+    for key in ("shrink", "expand", "sync"):
+        res[f"{key}_s_median"] = statistics.median(r[f"{key}_done_s"] for r in res["reps"])
+        res[f"{key}_call_s_median"] = statistics.median(r[f"{key}_s"] for r in res["reps"])
+    res["sync_GBps"] = w.nbytes / res["sync_s_median"] / 1e9
+    res["expand_GBps"] = w.nbytes / res["expand_s_median"] / 1e9
+    bench_load_into(res, args, ctx, publish)
+    res["publish_s_median"] = statistics.median(publish_s)
+    if cuda(ctx):
+        res |= h2d_speed(w.nbytes)
+        res["sync_fraction_of_pageable"] = res["sync_GBps"] / res["h2d_pageable_GBps"]
+        res["sync_fraction_of_pinned"] = res["sync_GBps"] / res["h2d_pinned_GBps"]
+    else:
+        res["h2d_note"] = "CPU run: host-to-device copies not measured"
+
+
+def bench_load_into(res: dict, args, ctx: dict, publish) -> None:
+    """``load_into`` (what the backend's wake and sync call) alone, into the awake engine, through a
+    fresh ``PinnedStaging`` of N copy threads; its first load (buffers pinned then) apart."""
+    from rlix.exec.train.weights import COPY_THREADS, PinnedStaging, load_into
+
+    backend, device = ctx["backend"], ctx["device"]
+    res["copy_threads_default"] = COPY_THREADS
+    for threads in sorted({COPY_THREADS, 1}, reverse=True):
+        staging = PinnedStaging(copy_threads=threads) if cuda(ctx) else None
+        secs = []
+        for _ in range(args.reps + 1):
+            w = publish()
+            secs.append(timed(ctx, lambda w=w, st=staging: load_into(backend.model, w, device, st))[1])
+        res[f"load_into_{threads}t_first_s"] = secs[0]
+        res[f"load_into_{threads}t_s_median"] = s = statistics.median(secs[1:])
+        res[f"load_into_{threads}t_GBps"] = w.nbytes / s / 1e9
+        if not cuda(ctx):
+            res["load_into_note"] = "CPU run: no staging (the engine copies straight from the buckets)"
+            break
+    backend.model.tie_weights()  # as the backend's own load does after load_into
+
+
+def h2d_speed(nbytes: int, reps: int = 5) -> dict:
+    """Host-to-device copy speed of ``nbytes`` (GB/s), from pinned and from pageable host memory (warm pages)."""
+    import torch
+
+    out = {}
+    for kind, pinned in (("pinned", True), ("pageable", False)):
+        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        src.fill_(1)  # pages touched: a pageable copy does not measure first-touch faults
+        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        dst.copy_(src)  # warm up
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            dst.copy_(src, non_blocking=pinned)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        out[f"h2d_{kind}_GBps"] = nbytes / statistics.median(times) / 1e9
+        del src, dst
+    torch.cuda.empty_cache()
+    return out
+
+
+# ------------------------------------------------------------------ generation
+
+
+def ready_backend(ctx: dict):
+    """The sync section's backend, awake with the weights it last loaded; else a new one woken with a publish."""
+    from rlix.exec.messages import Emulation
+    from rlix.exec.rollout.torch_backend import make_backend
+
+    if ctx.get("backend") is None:
+        ctx["backend"] = make_backend("torch", Emulation())
+        ctx["backend"].prepare(ctx["path"], ctx["device"])
+    if ctx.get("weights") is None:
+        ctx["weights"] = publisher(ctx)[0]()
+    backend, w = ctx["backend"], ctx["weights"]
+    if not backend.awake or backend.weight_version != w.version:
+        backend.wake(w)
+    return backend, w
+
+
+def requests(n: int, new_tokens: int, vocab: int) -> list:
+    """``n`` greedy requests (temperature 0) of 16-token prompts."""
+    import torch
+
+    from rlix.exec.messages import GenRequest
+
+    g = torch.Generator().manual_seed(1)
+    return [
+        GenRequest(
+            traj_id=i,
+            prompt_ids=(1, *torch.randint(4, vocab, (15,), generator=g).tolist()),
+            max_new_tokens=new_tokens,
+            temperature=0.0,
+            seed=i,
+        )
+        for i in range(n)
+    ]
+
+
+def bench_generate(res: dict, args, ctx: dict) -> None:
+    """Greedy requests one after another (tokens/s), then the same after a sleep and a wake with the same weights."""
+    from dataclasses import replace
+
+    backend, w = ready_backend(ctx)
+    reqs = requests(args.requests, args.new_tokens, int(backend.config.vocab_size))
+    backend.generate(replace(reqs[0], max_new_tokens=4))  # warm up: kernels, allocator
+    res["engine"] = engine_info(backend)
+    secs, _, before = timed(ctx, lambda: [backend.generate(r) for r in reqs])
+    tokens = sum(len(r.token_ids) for r in before)
+    res |= {"requests": len(reqs), "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs}
+    res["ms_per_token"] = 1e3 * statistics.median(r.gen_s / max(len(r.token_ids), 1) for r in before)
+    res["finished"] = sum(r.finished for r in before)
+    res["weight_version"] = before[0].weight_version
+    backend.sleep()
+    backend.wake(w)
+    after = [backend.generate(r) for r in reqs]
+    same = [a.token_ids == b.token_ids for a, b in zip(after, before)]
+    res["greedy_same_after_sleep_wake"] = all(same)
+    res["greedy_mismatched_requests"] = same.count(False)
+    res["logprob_max_abs_diff"] = max(
+        (abs(x - y) for a, b in zip(after, before) for x, y in zip(a.logprobs, b.logprobs)), default=0.0
+    )
+
+
+# ------------------------------------------------------------------ report
+
+
+def verdict(value, target: float, most: bool) -> str:
+    """'ok' / 'MISSED' against a target (``most``: the value may be at most the target), '-' when unmeasured."""
+    if not isinstance(value, int | float) or value != value:
+        return "-"
+    return "ok" if (value <= target if most else value >= target) else "MISSED"
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    return format(value, spec) if isinstance(value, int | float) else "-"
+
+
+def summary(out: dict) -> str:
+    """The figures that matter, one line each, with the issue's targets."""
+    setup, tr, sy, gen = (out.get(k, {}) for k in ("setup", "trainer", "sync", "generate"))
+    steps = " ".join(fmt(s, ".2f") for s in tr.get("train_step_s", []))
+    held, exp, shr, frac = (
+        tr.get("held_after_offload_GiB"),
+        sy.get("expand_s_median"),
+        sy.get("shrink_s_median"),
+        sy.get("sync_fraction_of_pageable"),
+    )
+    lines = [
+        f"device {out['args']['device']} ({setup.get('gpu', 'no GPU')}), preset {out['args']['preset']}, "
+        f"torch {setup.get('torch', '?')}, transformers {setup.get('transformers', '?')}",
+        f"trainer: {fmt(tr.get('params'), ',')} params, train steps {steps} s, "
+        f"offload {fmt(tr.get('offload_s'))} s, reload (all parts) {fmt(tr.get('reload_all_done_s'))} s",
+        f"trainer: held after offload {fmt(held)} GiB (target <= {TARGETS['held_after_offload_GiB']}: "
+        f"{verdict(held, TARGETS['held_after_offload_GiB'], True)}); gradients kept after a step (moved at every "
+        f"offload and reload): {fmt(tr.get('grad_bytes_kept_after_train', 0) / 1e9 or None)} GB",
+        f"sync: {fmt(sy.get('weight_bytes', 0) / 1e9 or None)} GB buckets; publish {fmt(sy.get('publish_s_median'))} s; "
+        f"first wake {fmt(sy.get('first_wake_done_s'))} s",
+        f"sync: expand {fmt(exp)} s (target <= {TARGETS['expand_s']}: {verdict(exp, TARGETS['expand_s'], True)}), "
+        f"shrink {fmt(shr)} s (target <= {TARGETS['shrink_s']}: {verdict(shr, TARGETS['shrink_s'], True)})",
+        f"sync: update_weights {fmt(sy.get('sync_GBps'), '.2f')} GB/s; h2d pinned {fmt(sy.get('h2d_pinned_GBps'), '.1f')}, "
+        f"pageable {fmt(sy.get('h2d_pageable_GBps'), '.1f')} GB/s; fraction of pageable {fmt(frac, '.2f')} "
+        f"(target >= {TARGETS['sync_fraction_of_pageable']}: {verdict(frac, TARGETS['sync_fraction_of_pageable'], False)})",
+        f"generate: {fmt(gen.get('tokens_per_s'), '.1f')} tokens/s on {gen.get('engine', {}).get('param_device', '-')}, "
+        f"greedy same after sleep+wake: {gen.get('greedy_same_after_sleep_wake', '-')}",
+    ]
+    lines += [f"{k}: ERROR {v['error']}" for k, v in out.items() if isinstance(v, dict) and "error" in v]
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="0.5b")
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto", help="the trainer's (TrainOptions)")
+    ap.add_argument("--steps", type=int, default=2, help="training steps")
+    ap.add_argument("--samples", type=int, default=8, help="samples per training batch")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens per sample (prompt and completion; the model's limit is 256)")
+    ap.add_argument("--reps", type=int, default=3, help="shrink/expand/sync rounds, and load_into repetitions")
+    ap.add_argument("--requests", type=int, default=4, help="generation requests")
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens each request generates at most")
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the executor's actors run one)")
+    ap.add_argument("--json", default=None, help="also write the figures here (after every section)")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    out: dict = {"args": vars(args)}
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (use --device cpu for a smoke run)")
+    torch.set_num_threads(args.torch_threads)
+    ctx: dict = {"device": "cuda:0" if args.device == "cuda" else "cpu"}  # as device_for_worker names it
+    sections = (("setup", setup), ("trainer", bench_trainer), ("sync", bench_sync), ("generate", bench_generate))
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx["tmp"] = tmp
+        for name, fn in sections:
+            if name != "setup" and "path" not in ctx:
+                out[name] = {"error": "skipped: no model (setup failed)"}
+                continue
+            section(out, name, fn, args, ctx)
+            out["total_s"] = time.perf_counter() - T0
+            if args.json:
+                Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(json.dumps(out, indent=1, default=str), flush=True)
+    print("\n" + summary(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ checkpoints) apart from scheduling.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -24,6 +25,13 @@ class LocalStep:
     mean_reward: float
     mean_tokens: float
     loss: float
+
+
+def delivered(snapshot):
+    """A snapshot as a worker receives it from the trainer: pickled as Ray pickles it (protocol 5,
+    buffers out of band), its tensors made where they are read."""
+    buffers: list = []
+    return pickle.loads(pickle.dumps(snapshot, protocol=5, buffer_callback=buffers.append), buffers=buffers)
 
 
 @contextmanager
@@ -97,7 +105,7 @@ def _run_lora(job: JobConfig, workdir: str | Path, emulation: Emulation) -> dict
             old = learner.adapter_logprobs(name, list(scored.samples))
             samples = [replace(s, old_logprobs=o) for s, o in zip(scored.samples, old)]
             stats = learner.train_adapter(name, samples)
-            backend.update_adapter(learner.adapter_snapshot(name))
+            backend.update_adapter(delivered(learner.adapter_snapshot(name)))
             if job.checkpoint_dir:
                 learner.save(name, job.checkpoint_dir)
             tokens = sum(len(s.completion_ids) for s in samples) / len(samples)

@@ -67,6 +67,7 @@ def test_receiving_and_passing_on_a_snapshot_runs_no_torch_code(monkeypatch):
         for name in ("from_numpy", "tensor", "empty", "frombuffer"):
             m.setattr(torch, name, refused)
         back = pickle.loads(data, buffers=buffers)  # what the coordinator does with a snapshot
+        assert "scale" in back.tensors and len(back.tensors) == 3  # asking what it holds makes no tensor
         again, _, forwarded = _ray_like_round_trip(back)
     assert again == data  # passed on unread: the same bytes go on
     assert torch.equal(forwarded.tensors["layers.0.q_proj.lora_A.a.weight"], snap.tensors["layers.0.q_proj.lora_A.a.weight"])

@@ -71,6 +71,7 @@ def test_stop_reward_ends_an_adapter_early(tmp_path):
 def test_vllm_adapter_files_are_peft_format_and_base_names_are_hf(tmp_path):
     """What the vLLM backend hands vLLM (checked with peft/transformers, no vllm needed)."""
     import torch
+    from local_run import delivered
     from peft import PeftModel
 
     from rlix.exec.data.model import load_model
@@ -87,7 +88,8 @@ def test_vllm_adapter_files_are_peft_format_and_base_names_are_hf(tmp_path):
             if ".lora_B.copy_a." in name:
                 p.copy_(torch.randn_like(p))
     learner.adapters["copy_a"].version = 1
-    path = write_peft_adapter(learner.adapter_snapshot("copy_a"), spec, str(model_dir), tmp_path / "copy_a-v1")
+    snapshot = delivered(learner.adapter_snapshot("copy_a"))  # as a vLLM worker receives it
+    path = write_peft_adapter(snapshot, spec, str(model_dir), tmp_path / "copy_a-v1")
     served = PeftModel.from_pretrained(load_model(model_dir), str(path)).eval()
     x = torch.tensor([[1, 5, 6, 7]])
     learner.model.set_adapter("copy_a")

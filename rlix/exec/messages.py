@@ -117,11 +117,15 @@ class WireTensors(Mapping):
         self._made: dict = {}
 
     def __getitem__(self, name: str):
-        if name not in self._made:
+        made = self._made.get(name)
+        if made is None:
             torch = _torch()
             dtype, shape, raw = self.wire[name]
-            self._made[name] = torch.from_numpy(raw.copy()).view(getattr(torch, dtype)).reshape(shape)
-        return self._made[name]
+            made = torch.from_numpy(raw.copy()).view(getattr(torch, dtype)).reshape(shape)
+        return self._made.setdefault(name, made)  # two threads reading at once get the same tensor
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.wire  # (Mapping's would make the tensor to answer)
 
     def __iter__(self):
         return iter(self.wire)

@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import ray
-from bench_gpu_torch import h2d_speed as bench_h2d  # the plain copy speed, the yardstick of a sync
+from bench_gpu_torch import PRESETS, h2d_speed  # model sizes; the plain copy speed, a sync's yardstick
 
 
 @ray.remote(num_cpus=0)
@@ -74,9 +74,6 @@ def bench_scheduler(n: int) -> dict:
         "request_release_ms_p99": 1e3 * sorted(rt)[int(0.99 * (len(rt) - 1))],
         "report_ms_mean": 1e3 * statistics.fmean(rep),
     }
-
-
-PRESETS = {"0.5b": {"hidden": 1024, "layers": 28, "heads": 16, "intermediate": 4864}}
 
 
 def bench_worker(
@@ -152,7 +149,7 @@ def bench_worker(
         "weight_sync_GBps": sum(synced) / sum(sync) / 1e9,
     }
     if torch.cuda.is_available():
-        out |= bench_h2d(synced[0])
+        out |= h2d_speed(synced[0])
         out["weight_sync_fraction_of_pageable_h2d"] = out["weight_sync_GBps"] / out["h2d_pageable_GBps"]
         out["weight_sync_fraction_of_pinned_h2d"] = out["weight_sync_GBps"] / out["h2d_pinned_GBps"]
     return out

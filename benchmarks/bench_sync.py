@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 
 import ray
-
-PRESETS = {"0.5b": {"hidden": 1024, "layers": 28, "heads": 16, "intermediate": 4864}}
+from bench_gpu_torch import PRESETS, h2d_speed  # model sizes; the plain copy speed, a sync's yardstick
 
 
 @ray.remote(num_cpus=0)
@@ -114,7 +113,6 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("bench_sync needs a CUDA GPU")
-    from bench_exec import bench_h2d
 
     from rlix.exec.data.model import ModelSize, build_model
 
@@ -141,7 +139,7 @@ def main() -> None:
                 ph = ray.get(probe.phases.remote(pub.publish.remote(next(version)), threads))
                 out[f"host_copy_{threads}t_GBps"] = nbytes / ph["host_copy_s"] / 1e9
                 out["pinned_h2d_GBps"] = nbytes / ph["pinned_h2d_s"] / 1e9
-            out |= bench_h2d(nbytes)
+            out |= h2d_speed(nbytes)
             for way in args.ways.split(","):
                 out[f"{way}_fraction_of_pageable_h2d"] = out[f"{way}_GBps"] / out["h2d_pageable_GBps"]
     finally:

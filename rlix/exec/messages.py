@@ -100,11 +100,7 @@ class AdapterSnapshot:
         multi-LoRA job (a process with no GPU) crashed in Ray's deserializer, unpickling a torch
         storage first and then making a tensor from numpy there (a segfault taking the GIL)."""
         t = self.tensors
-        wire = (
-            t.wire
-            if isinstance(t, WireTensors)
-            else {k: (str(v.dtype).removeprefix("torch."), tuple(v.shape), _bytes_of(v)) for k, v in t.items()}
-        )
+        wire = t.wire if isinstance(t, WireTensors) else {k: _to_wire(v) for k, v in t.items()}
         return (_adapter_from_wire, (self.name, self.version, wire, self.nbytes))
 
 
@@ -134,9 +130,10 @@ class WireTensors(Mapping):
         return len(self.wire)
 
 
-def _bytes_of(tensor):
-    """A CPU tensor's bytes as a flat uint8 numpy array (any dtype, bfloat16 too)."""
-    return tensor.detach().to("cpu").contiguous().reshape(-1).view(_torch().uint8).numpy()
+def _to_wire(tensor) -> tuple:
+    """(dtype name, shape, its bytes as a flat uint8 numpy array on the CPU): any dtype, bfloat16 too."""
+    raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(_torch().uint8).numpy()
+    return str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), raw
 
 
 def _adapter_from_wire(name: str, version: int, wire: dict, nbytes: int) -> AdapterSnapshot:

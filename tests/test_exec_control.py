@@ -696,3 +696,28 @@ def test_a_process_that_cannot_be_created_is_dead_not_starting_for_ever():
 
     job = asyncio.run(scenario())
     assert job.pool.workers[0].state is WorkerState.DEAD and job.pool.starting() == []
+
+
+def test_a_wake_failing_because_the_job_ended_loses_no_worker(caplog):
+    """Teardown kills the job's processes while a wake is in flight: the wake's failure is the job's
+    end, not a lost worker (no count, no report to the scheduler, no warning in the log)."""
+
+    async def scenario():
+        job = _Job()
+        job.add(1)
+        await _warm(job, (0,))
+        w = job.worker((0,))
+        w.wake_gate = _Gate(open_=False)
+        expand = asyncio.get_running_loop().create_task(job.ctl.expand((0,)))
+        await _settle()
+        handles = job.ctl.end()
+        w.refuse_wake = _Died("the actor was killed")  # the call in flight fails as a killed process's does
+        w.wake_gate.event.set()
+        await asyncio.wait_for(expand, 1.0)
+        return job, handles, w
+
+    with caplog.at_level("WARNING", logger="rlix.rollout"):
+        job, handles, w = asyncio.run(scenario())
+    assert handles == [w] and ("wake", "w0") in w.calls
+    assert job.lost == [] and job.ctl.rec.counters.workers_lost == 0
+    assert not [r for r in caplog.records if "lost" in r.getMessage()]

@@ -316,7 +316,7 @@ class PipelineCoordinator:
 
     def _processes(self) -> list:
         """Handles of every worker and trainer process this job started."""
-        workers = self.rollout.handles() if self.rollout is not None else []
+        workers = self.rollout.end() if self.rollout is not None else []
         trainer = self.runner.trainer if self.runner is not None else None
         return [*workers, *(trainer.handle.actors if trainer is not None else ())]
 

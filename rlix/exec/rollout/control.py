@@ -87,9 +87,10 @@ class RolloutControl:
         """The tasks starting worker processes (teardown cancels them: a spare waiting its turn never starts)."""
         return list(self.life.starting.values())
 
-    def handles(self) -> list:
-        """Every worker process this job started (dead ones included: killing twice is harmless)."""
-        return self.life.handles()
+    def end(self) -> list:
+        """The job is over: the handles of every worker process it started, for teardown to kill
+        (see :meth:`WorkerLifecycle.end`)."""
+        return self.life.end()
 
     # ------------------------------------------------------------ plan calls
 

@@ -40,6 +40,7 @@ class WorkerLifecycle:
         self.starting: dict[int, asyncio.Task] = {}
         self.spawned: set[int] = set()  # bundles that had a process (a replacement runs without faults)
         self.sure: list[asyncio.Task] = []  # warm starts that are not spare: the spare ones start after them
+        self.ended = False  # the job is over: its processes are being killed on purpose, none is lost
 
     def warm(self, bundles, *, spare: bool = False) -> None:
         """Start a sleeping process on every bundle, in the background (no GPU held, no waiting);
@@ -94,7 +95,11 @@ class WorkerLifecycle:
 
     def _lose(self, w: Worker, state: WorkerState, why: str, *, give_back: bool) -> None:
         """Count the worker lost, move its process to ``state``, and (``give_back``: its GPUs are still
-        the job's) report them lost to the scheduler, which cools the bundle down."""
+        the job's) report them lost to the scheduler, which cools the bundle down. Once the job has
+        ended, a call failing because teardown killed its process loses nothing: only the state moves."""
+        if self.ended:
+            self.pool.move(w, state)
+            return
         LOG.warning("%s: rollout worker on GPUs %s %s", self.rec.pid, list(w.gpus), why)
         self.pool.move(w, state)
         self.rec.counters.workers_lost += 1
@@ -104,6 +109,9 @@ class WorkerLifecycle:
             self.hooks.lost(w.gpus, True)
         self.hooks.changed()
 
-    def handles(self) -> list:
-        """Every worker process this job started (dead ones included: killing twice is harmless)."""
+    def end(self) -> list:
+        """The job is over: every worker process it started, for teardown to kill (dead ones included:
+        killing twice is harmless). A wake or sleep still in flight then fails quietly, counting no
+        worker lost and reporting nothing to the scheduler (unregistering frees every GPU)."""
+        self.ended = True
         return [w.handle for _, w in sorted(self.pool.workers.items()) if w.handle is not None]

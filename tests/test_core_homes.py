@@ -274,3 +274,38 @@ def test_a_job_taking_workers_over_takes_its_own_home_first():
 def test_lend_ahead_s_below_0_is_refused():
     with pytest.raises(SchedulingError, match="lend_ahead_s"):
         Scheduler(TWO_NODES, "rlix", SchedulerConfig(lend_ahead_s=-1.0))
+
+
+# --------------------------------------------------------------- an owner between its rollout and its stage
+
+
+def _between_stages(config: SchedulerConfig = ON) -> tuple[Scheduler, object]:
+    """s trains on GPU 0 of its home 0-1, l on GPU 2 of its home 2-3; both roll out anywhere. At t=10
+    s has finished its rollout (nothing queued or running) and has not asked for its stage yet."""
+    sched = Scheduler(ONE_NODE, "rlix", config)
+    register(sched, spec("s", (0,), range(4), home=(0, 1)), spec("l", (2,), range(4), home=(2, 3)))
+    sched.step(0, [RequestStage(pipeline_id="s", stage=Stage.INIT), RequestStage(pipeline_id="l", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id=p, stage=Stage.INIT) for p in ("s", "l")] + [demand("s", 8), demand("l", 800)])
+    assert owners(sched) == {"s": [0, 1], "l": [2, 3]}
+    return sched, sched.step(10, [demand("s", 0), demand("l", 800)])
+
+
+def test_an_owner_about_to_ask_for_its_stage_keeps_that_stages_gpus_from_borrowers():
+    # l may borrow GPU 1 (s's rollout-only GPU) for s's training, but not GPU 0, where s's stage is about
+    # to start: l's worker there would be shrunk for it at once, and s's stage would wait for that.
+    sched, plan = _between_stages()
+    assert owners(sched) == {"s": [0], "l": [1, 2, 3]}
+    plan = sched.step(10.3, [RequestStage(pipeline_id="s", stage=Stage.OLD_LOGPROBS)])
+    assert [(g.pipeline_id, g.stage, g.gpus) for g in plan.grants] == [("s", Stage.OLD_LOGPROBS, (0,))]
+    assert [s.worker.pipeline_id for s in plan.shrinks] == ["s"]  # its own idle worker only, as under static
+
+
+def test_an_owner_quiet_for_longer_than_min_residency_s_lends_its_stages_gpus_too():
+    sched, _ = _between_stages()
+    sched.step(10 + ON.min_residency_s + 1, [demand("l", 800)])
+    assert owners(sched) == {"s": [], "l": [0, 1, 2, 3]}
+
+
+def test_without_the_guarantee_an_owner_between_stages_keeps_nothing():
+    sched, _ = _between_stages(SchedulerConfig(home_guarantee=False))
+    assert owners(sched) == {"s": [], "l": [0, 1, 2, 3]}

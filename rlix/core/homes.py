@@ -11,7 +11,10 @@ on an owner's GPUs only where they cost it nothing (:func:`guest_stage_fits`),
 with or without the guarantee. A job far enough ahead of its ``static`` pace
 (:meth:`rlix.core.state.PipelineEntry.lends`, decided once a plan) lends its
 guarantee until its lead falls back: it needs none to finish no later than
-under ``static``.
+under ``static``. An owner that has just finished rolling out and is about
+to ask for its gang stage keeps the GPUs of that stage from other jobs'
+rollout meanwhile (:func:`held_for_owners`): a worker moved there would be
+taken back before it had paid for its switch, and the stage would wait for it.
 """
 
 from __future__ import annotations
@@ -128,6 +131,29 @@ def _workers_left(entry: PipelineEntry) -> int:
         return 0
     left = report.pending + sum(worker_loads(entry.spec, report).values())
     return -(-left // entry.spec.slots_per_worker)
+
+
+def held_for_owners(view: View) -> frozenset[int]:
+    """GPUs kept from other jobs' rollout workers in this plan: those of an owner's gang stages
+    (:attr:`~rlix.core.types.PipelineSpec.init_gpus`, where it owns them) while it is *between
+    stages*: it has reported no trajectory queued or running, holds and asks for no gang stage, and
+    entered that state less than ``min_residency_s`` ago. It asks for its next stage within moments
+    (a shell computes rewards and builds the batch first), so a borrower placed there would be shrunk
+    before it had resided ``min_residency_s``, and the owner's stage would wait for that shrink; under
+    ``static`` the GPUs wait idle for it. Past ``min_residency_s`` (a job pausing for something else)
+    they are lent again. Only with ``home_guarantee``, and not for a job lending its guarantee."""
+    if not view.config.home_guarantee:
+        return frozenset()
+    owners = home_owners(view)
+    asking = {r.pipeline_id for r in view.pending}
+    held: set[int] = set()
+    for e in view.active():
+        pid, times = e.spec.pipeline_id, e.gang_times
+        if e.lending or e.empty_since is None or times.free_since is None or pid in asking:
+            continue
+        if view.now - max(e.empty_since, times.free_since) < view.config.min_residency_s:
+            held.update(g for g in e.spec.init_gpus if owners.get(g) == pid)
+    return frozenset(held)
 
 
 def guarantees(view: View, draft: Draft, needs: list[RolloutNeed]) -> dict[str, int]:

@@ -113,6 +113,9 @@ class Draft:
         self.expanded: set[RolloutWorker] = set()
         self._free_set: set[int] | None = None  # built on first use, then kept up to date
         self._free: list[int] | None = None
+        # GPUs no rollout worker may be placed on or moved to in this plan (free or held by their owner's
+        # idle worker): see rlix.core.homes.held_for_owners. Gang stages are not bound by it.
+        self.held_back: frozenset[int] = frozenset()
 
     def free_gpus(self) -> list[int]:
         """Free GPU ids, ascending (re-sorted only after the draft changed)."""

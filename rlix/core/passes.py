@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlix.core.homes import gang_order, guarantees, guest_stage_fits
+from rlix.core.homes import gang_order, guarantees, guest_stage_fits, held_for_owners
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
 from rlix.core.rebalance import rebalance, reclaim_homes
@@ -29,6 +29,7 @@ __all__ = [
     "fill_idle",
     "gang_pass",
     "guarantees",
+    "held_for_owners",
     "home_is_free",
     "place_on_idle",
     "proportional_shares",

@@ -75,12 +75,12 @@ def _hand_out(draft: Draft, needs: list[RolloutNeed], shares: dict[str, float], 
 
 
 def _own_free_gpus(draft: Draft, n: RolloutNeed) -> list[int]:
-    """Free GPUs inside ``n``'s candidate bundles (scanning the smaller side)."""
+    """Free GPUs inside ``n``'s candidate bundles (scanning the smaller side), none held back for their owner."""
     bundle_of = n.entry.bundle_of
-    owner = draft.owner
+    owner, held = draft.owner, draft.held_back
     if len(bundle_of) < draft.free_count:
-        return [g for g in bundle_of if owner[g] is None]
-    return [g for g in draft.free_gpus() if g in bundle_of]
+        return [g for g in bundle_of if owner[g] is None and g not in held]
+    return [g for g in draft.free_gpus() if g in bundle_of and g not in held]
 
 
 def _crowd(draft: Draft, wanting: list[RolloutNeed]) -> dict[int, int]:

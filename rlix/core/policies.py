@@ -103,6 +103,7 @@ class RlixPolicy(Policy):
         # Admission is asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
         admits = self.admits if view.config.tenants else None
         passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=self.owners_first)
+        draft.held_back = passes.held_for_owners(view)
         needs = passes.rollout_needs(view, blocked=set())
         capacity = passes.rollout_capacity(view, draft)
         parts = tenants.tenant_parts(view, draft, needs, capacity)

@@ -348,10 +348,13 @@ def _donor_rank(
 
 
 def _holders(draft: Draft, bundle: Gpus) -> list[RolloutWorker] | None:
-    """The rollout workers holding part of ``bundle``, by first GPU in it; None if a gang stage holds any."""
+    """The rollout workers holding part of ``bundle``, by first GPU in it; None if a gang stage holds
+    any, or one is held back for its owner (:func:`rlix.core.homes.held_for_owners`)."""
     victims: list[RolloutWorker] = []
-    owner = draft.owner
+    owner, held = draft.owner, draft.held_back
     for g in bundle:
+        if g in held:
+            return None
         other = owner[g]
         if other is None or other in victims:
             continue

@@ -85,6 +85,7 @@ class PipelineEntry:
     lending: bool = False  # it lends its home guarantee this round, being far enough ahead of its static pace (lends)
     demand: ReportDemand | None = None
     reported_at: float = float("-inf")
+    empty_since: float | None = None  # since when its reports have named no trajectory queued or running (None: some)
     # The last rollout need computed from ``demand`` (rebuilt only when a new report arrives):
     # an object of rlix.core.shares, typed loosely here to keep this module below it.
     need_cache: object = None
@@ -215,6 +216,10 @@ class PipelineEntry:
         """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""
         self.demand = report
         self.reported_at = now
+        if report.pending or any(load.active for load in report.loads):
+            self.empty_since = None
+        elif self.empty_since is None:
+            self.empty_since = now
         if report.starting or self.starting:
             self.set_starting(frozenset(b for b in self.rollout_bundles if b[0] in report.starting))
         self.credit_batches(report, opening=self.released)

@@ -309,3 +309,15 @@ def test_an_owner_quiet_for_longer_than_min_residency_s_lends_its_stages_gpus_to
 def test_without_the_guarantee_an_owner_between_stages_keeps_nothing():
     sched, _ = _between_stages(SchedulerConfig(home_guarantee=False))
     assert owners(sched) == {"s": [], "l": [0, 1, 2, 3]}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_free_gpu_held_for_its_owners_stage_gets_no_borrower_alone_or_in_a_wide_bundle(tp):
+    # s trains on GPU 0 and rolls out on GPU 1 only; it has loaded and reported nothing to roll out
+    # yet, so GPU 0 is free and its stage comes next: l's workers (1 or 2 GPUs wide) stay off it.
+    sched = Scheduler(ONE_NODE, "rlix", ON)
+    register(sched, spec("s", (0,), (1,), home=(0, 1)), spec("l", (2,), range(4), tp=tp, home=(2, 3)))
+    sched.step(0, [RequestStage(pipeline_id="s", stage=Stage.INIT), RequestStage(pipeline_id="l", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id=p, stage=Stage.INIT) for p in ("s", "l")] + [demand("s", 0), demand("l", 800)])
+    assert all(0 not in w.gpus for w in sched.workers("l"))
+    assert sorted(g for w in sched.workers("l") for g in w.gpus) == ([1, 2, 3] if tp == 1 else [2, 3])

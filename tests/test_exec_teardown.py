@@ -94,7 +94,7 @@ def test_a_finished_jobs_processes_are_gone_before_it_unregisters():
         trainer = _Trainer()
 
     c.tasks, c.runner, c.link, c.status = [], _Runner(), _Link(), JobStatus.FINISHED
-    c.rollout = type("Rollout", (), {"handles": lambda self: workers, "starts": lambda self: []})()
+    c.rollout = type("Rollout", (), {"end": lambda self: workers, "starts": lambda self: []})()
     c.pool = type("Pool", (), {"held_gpus": lambda self: ()})()
     c.procs, c.pid = _procs(log), "job"
     c.rec = type("Rec", (), {"counters": None})()

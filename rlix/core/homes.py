@@ -137,11 +137,13 @@ def held_for_owners(view: View) -> frozenset[int]:
     """GPUs kept from other jobs' rollout workers in this plan: those of an owner's gang stages
     (:attr:`~rlix.core.types.PipelineSpec.init_gpus`, where it owns them) while it is *between
     stages*: it has reported no trajectory queued or running, holds and asks for no gang stage, and
-    entered that state less than ``min_residency_s`` ago. It asks for its next stage within moments
-    (a shell computes rewards and builds the batch first), so a borrower placed there would be shrunk
-    before it had resided ``min_residency_s``, and the owner's stage would wait for that shrink; under
-    ``static`` the GPUs wait idle for it. Past ``min_residency_s`` (a job pausing for something else)
-    they are lent again. Only with ``home_guarantee``, and not for a job lending its guarantee."""
+    entered that state (its last report going empty, or its last release) less than
+    ``min_residency_s`` ago. After a rollout it asks for its next stage within moments (a shell
+    computes rewards and builds the batch first); after a step's last stage it reports its next
+    rollout, on its home. Either way a borrower placed there would be shrunk before it had resided
+    ``min_residency_s``, and the owner would wait for that shrink; under ``static`` the GPUs wait
+    idle for it. Past ``min_residency_s`` (a job pausing for something else) they are lent again.
+    Only with ``home_guarantee``, and not for a job lending its guarantee."""
     if not view.config.home_guarantee:
         return frozenset()
     owners = home_owners(view)

@@ -99,8 +99,8 @@ def _leave(draft: Draft, n: RolloutNeed, crowd: dict[int, int]) -> None:
 
 
 def _best_free_bundle(draft: Draft, n: RolloutNeed, crowd: dict[int, int]) -> Gpus | None:
-    """The wholly free candidate bundle of ``n`` fewest others could use."""
-    owner = draft.owner
+    """The wholly free candidate bundle of ``n`` fewest others could use, no GPU of it held back for its owner."""
+    owner, held = draft.owner, draft.held_back
     bundle_of = n.entry.bundle_of
     rank = n.entry.bundle_rank
     best = None
@@ -117,7 +117,7 @@ def _best_free_bundle(draft: Draft, n: RolloutNeed, crowd: dict[int, int]) -> Gp
         if bundle in seen:
             continue
         seen.add(bundle)
-        if all(owner[x] is None for x in bundle):
+        if all(owner[x] is None and x not in held for x in bundle):
             key = (sum(crowd.get(x, 1) for x in bundle) - len(bundle), rank[bundle], bundle[0])
             if best is None or key < best[0]:
                 best = (key, bundle)

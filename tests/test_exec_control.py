@@ -329,19 +329,25 @@ async def _warm(job: _Job, *bundles) -> None:
     await _settle()
 
 
+async def _waking(trajectories: int):
+    """A job with ``trajectories`` queued whose worker on GPU 0 is waking (its wake held open): (job, worker, the expand)."""
+    job = _Job()
+    job.add(trajectories)
+    await _warm(job, (0,))
+    w = job.worker((0,))
+    w.wake_gate = _Gate(open_=False)
+    expand = asyncio.ensure_future(job.ctl.expand((0,)))
+    await _settle()
+    return job, w, expand
+
+
 def test_a_shrink_during_a_wake_waits_for_it_and_the_wake_is_not_used():
     """The plan takes GPU 0 back while its worker wakes: the shrink waits for the wake, the woken
     worker runs nothing and is put to sleep, and GPU 0 is freed once."""
     from rlix.exec.rollout.pool import WorkerState
 
     async def scenario():
-        job = _Job()
-        job.add(2)
-        await _warm(job, (0,))
-        w = job.worker((0,))
-        w.wake_gate = _Gate(open_=False)
-        expand = asyncio.ensure_future(job.ctl.expand((0,)))
-        await _settle()
+        job, w, expand = await _waking(2)
         assert job.pool.workers[0].state is WorkerState.WAKING
         shrink = asyncio.ensure_future(job.ctl.shrink((0,), "gang"))
         await _settle()
@@ -703,13 +709,7 @@ def test_a_wake_failing_because_the_job_ended_loses_no_worker(caplog):
     end, not a lost worker (no count, no report to the scheduler, no warning in the log)."""
 
     async def scenario():
-        job = _Job()
-        job.add(1)
-        await _warm(job, (0,))
-        w = job.worker((0,))
-        w.wake_gate = _Gate(open_=False)
-        expand = asyncio.get_running_loop().create_task(job.ctl.expand((0,)))
-        await _settle()
+        job, w, expand = await _waking(1)
         handles = job.ctl.end()
         w.refuse_wake = _Died("the actor was killed")  # the call in flight fails as a killed process's does
         w.wake_gate.event.set()

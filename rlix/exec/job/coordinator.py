@@ -305,7 +305,7 @@ class PipelineCoordinator:
         await self.link.last_note(job_note(self.pid, self.runner, self.rec))
         # Our processes go first, and are gone, before unregister lets the scheduler give our GPUs
         # to anyone else: a new holder never races a dying engine or trainer for device memory.
-        await end_processes(self._processes(), PROCESS_EXIT_S, self.procs)
+        await end_processes(self._ended_processes(), PROCESS_EXIT_S, self.procs)
         try:
             await self.link.client.unregister(state, error)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us
@@ -314,8 +314,9 @@ class PipelineCoordinator:
         if held:
             self.rec.mark(self.now(), held, Activity.FREE, "")
 
-    def _processes(self) -> list:
-        """Handles of every worker and trainer process this job started."""
+    def _ended_processes(self) -> list:
+        """The job is over: handles of every worker and trainer process it started, for teardown to
+        kill (the rollout control is told first, so a call failing from the kill loses no worker)."""
         workers = self.rollout.end() if self.rollout is not None else []
         trainer = self.runner.trainer if self.runner is not None else None
         return [*workers, *(trainer.handle.actors if trainer is not None else ())]

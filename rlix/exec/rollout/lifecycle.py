@@ -97,11 +97,10 @@ class WorkerLifecycle:
         """Count the worker lost, move its process to ``state``, and (``give_back``: its GPUs are still
         the job's) report them lost to the scheduler, which cools the bundle down. Once the job has
         ended, a call failing because teardown killed its process loses nothing: only the state moves."""
+        self.pool.move(w, state)
         if self.ended:
-            self.pool.move(w, state)
             return
         LOG.warning("%s: rollout worker on GPUs %s %s", self.rec.pid, list(w.gpus), why)
-        self.pool.move(w, state)
         self.rec.counters.workers_lost += 1
         if give_back:
             w.granted = False

@@ -315,8 +315,7 @@ class PipelineCoordinator:
             self.rec.mark(self.now(), held, Activity.FREE, "")
 
     def _ended_processes(self) -> list:
-        """The job is over: handles of every worker and trainer process it started, for teardown to
-        kill (the rollout control is told first, so a call failing from the kill loses no worker)."""
+        """Handles of every process the job started, for teardown to kill; the rollout control is told first (no worker lost)."""
         workers = self.rollout.end() if self.rollout is not None else []
         trainer = self.runner.trainer if self.runner is not None else None
         return [*workers, *(trainer.handle.actors if trainer is not None else ())]

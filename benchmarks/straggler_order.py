@@ -24,13 +24,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
 from rlix.sim.simulator import replay
-from rlix.sim.trace import Trace, load_trace
+from rlix.sim.trace import Trace, TraceError, load_trace
 
 ORDERS = ("as drawn", "longest first", "shortest first")
 
 
 def reordered(trace: Trace, order: str) -> Trace:
-    """``trace`` with each step's trajectories sorted by seconds (in place; ``as drawn``: unchanged)."""
+    """``trace`` with each step's trajectories sorted by seconds (in place; ``as drawn``: unchanged).
+
+    Agentic trajectories sort by their total seconds, generation and tool alike.
+    ``Trace.reseeded`` builds fresh steps, so a sort never reaches another replay.
+    """
     if order == "as drawn":
         return trace
     sign = -1.0 if order == "longest first" else 1.0
@@ -50,18 +54,29 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4,5", help="redraws (Trace.reseeded), comma-separated")
     parser.add_argument("knobs", nargs="*", metavar="KNOB=VALUE", help="scheduler knobs for every replay")
     args = parser.parse_args()
+    bad = [kv for kv in args.knobs if "=" not in kv]
+    if bad:
+        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")
     seeds = [int(s) for s in args.seeds.split(",")]
     knobs = dict(kv.split("=", 1) for kv in args.knobs)
+    try:
+        base = load_trace(args.trace)
+        base = base.with_scheduler(knobs) if knobs else base  # a bad knob fails here, before any replay
+    except TraceError as exc:
+        _fail(str(exc))
     print(f"{Path(args.trace).name}, policy rlix, knobs {knobs or 'as shipped'}: makespan / lower bound")
     print(f"{'order':>15} {'max':>6}  " + " ".join(f"{'seed ' + str(s):>7}" for s in seeds))
     for order in ORDERS:
         ratios = []
         for seed in seeds:
-            trace = load_trace(args.trace).reseeded(seed)
-            trace = reordered(trace.with_scheduler(knobs) if knobs else trace, order)
-            m = replay(trace, "rlix")
+            m = replay(reordered(base.reseeded(seed), order), "rlix")
             ratios.append(m.makespan_s / m.makespan_lower_bound_s)
         print(f"{order:>15} {max(ratios):6.3f}  " + " ".join(f"{x:7.3f}" for x in ratios), flush=True)
+
+
+def _fail(message: str) -> None:
+    print(f"straggler_order: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

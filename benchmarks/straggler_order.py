@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
 from rlix.sim.simulator import replay
+from rlix.sim.sweep import SweepError, parse_seeds
 from rlix.sim.trace import Trace, TraceError, load_trace
 
 ORDERS = ("as drawn", "longest first", "shortest first")
@@ -57,12 +58,12 @@ def main() -> None:
     bad = [kv for kv in args.knobs if "=" not in kv]
     if bad:
         _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")
-    seeds = [int(s) for s in args.seeds.split(",")]
     knobs = dict(kv.split("=", 1) for kv in args.knobs)
     try:
+        seeds = parse_seeds(args.seeds)
         base = load_trace(args.trace)
         base = base.with_scheduler(knobs) if knobs else base  # a bad knob fails here, before any replay
-    except TraceError as exc:
+    except (SweepError, TraceError) as exc:
         _fail(str(exc))
     print(f"{Path(args.trace).name}, policy rlix, knobs {knobs or 'as shipped'}: makespan / lower bound")
     print(f"{'order':>15} {'max':>6}  " + " ".join(f"{'seed ' + str(s):>7}" for s in seeds))

@@ -19,7 +19,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rlix.core import ClusterSpec, PipelineSpec, SchedulerConfig, SchedulingError, Stage, TenantSpec
+from rlix.core import ClusterSpec, PipelineSpec, QueueSpec, SchedulerConfig, SchedulingError, Stage, TenantSpec
 from rlix.core.topology import validate_pipeline
 from rlix.job import JobModelError, check_stage_roles, pipeline_spec
 
@@ -71,6 +71,31 @@ class TenantModel(StrictModel):
 
     def spec(self) -> TenantSpec:
         return TenantSpec(**self.model_dump())
+
+
+class QueueModel(StrictModel):
+    """An admission limit on a set of GPUs (:class:`rlix.core.QueueSpec`): jobs whose mappings overlap
+    run at once, and wait for admission only where a queue says so."""
+
+    name: str = Field(min_length=1, description="the queue's name, as status and errors give it")
+    gpus: list[int] = Field(min_length=1, description="the GPUs it limits: a list or a range string like '0-7'")
+    max_jobs: int = Field(default=0, ge=0, description="most jobs touching these GPUs admitted at once (0: no limit)")
+    max_resident_gb: float = Field(
+        default=0.0, ge=0, description="most resident model memory (the jobs' resident_gb) admitted at once (0: no limit)"
+    )
+
+    _split_gpus = field_validator("gpus", mode="before")(parse_gpus)
+
+    @model_validator(mode="after")
+    def _limits(self) -> QueueModel:
+        if not (self.max_jobs or self.max_resident_gb):
+            raise ValueError(f"queue '{self.name}' sets no limit; give max_jobs or max_resident_gb")
+        return self
+
+    def spec(self) -> QueueSpec:
+        return QueueSpec(
+            name=self.name, gpus=tuple(sorted(self.gpus)), max_jobs=self.max_jobs, max_resident_gb=self.max_resident_gb
+        )
 
 
 def parse_tenants(value: object) -> object:
@@ -165,6 +190,11 @@ class SchedulerModel(StrictModel):
         description="tenants with shares: weight, guaranteed GPUs and a borrowing limit (none: no tenant split)",
     )
 
+    queues: list[QueueModel] = Field(
+        default_factory=list,
+        description="admission limits on sets of GPUs (none: jobs whose mappings overlap all run at once, as co-tenants)",
+    )
+
     plan_interval_s: float = Field(
         default=5.0, gt=0, description="seconds between the control loop's periodic plans (demand, TTLs, residency)"
     )
@@ -191,8 +221,12 @@ class SchedulerModel(StrictModel):
 
     def to_config(self) -> SchedulerConfig:
         """The policy knobs only (the control loop's periods stay with the shell)."""
-        knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(SchedulerConfig) if f.name != "tenants"}
-        return SchedulerConfig(**knobs, tenants=tuple(t.spec() for t in self.tenants))
+        knobs = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(SchedulerConfig) if f.name not in ("tenants", "queues")
+        }
+        return SchedulerConfig(
+            **knobs, tenants=tuple(t.spec() for t in self.tenants), queues=tuple(q.spec() for q in self.queues)
+        )
 
     def tenant_error(self, tenants: list[str], where: str) -> str | None:
         """What is wrong with the jobs' ``tenants`` (named ``where[i].tenant``) against these, or None."""
@@ -228,8 +262,12 @@ class JobModel(StrictModel):
     roles: dict[RoleName, RoleModel] = Field(description="GPU mapping of each role; actor_train and actor_infer are required")
     home: list[int] = Field(
         default_factory=list,
-        description="dedicated partition for the baselines (default: the training GPUs, or every GPU the job maps "
-        "when no rollout bundle lies inside its training GPUs)",
+        description="GPUs guaranteed to the job: it gets them back the moment it has work for them, and the baselines "
+        "confine it there (default: none guaranteed where other jobs map the same GPUs, which makes them co-tenants; "
+        "the baselines use the training GPUs, or every GPU the job maps when no rollout bundle lies inside those)",
+    )
+    resident_gb: float = Field(
+        default=0.0, ge=0, description="host memory its model holds while admitted (the CPU weight cache), for queue limits"
     )
     staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
     slots_per_worker: int = Field(default=SLOTS_PER_WORKER, ge=1, description="trajectories one rollout worker runs at once")
@@ -252,7 +290,7 @@ class JobModel(StrictModel):
         return self
 
     def spec(self, pipeline_id: str, *, resumable: bool) -> PipelineSpec:
-        """The topology this job registers (an empty home becomes :func:`rlix.job.default_home`)."""
+        """The topology this job registers (an empty home stays empty: the job named none)."""
         return pipeline_spec(
             pipeline_id=pipeline_id,
             roles=self.roles,
@@ -262,6 +300,7 @@ class JobModel(StrictModel):
             resumable=resumable,
             priority=self.priority,
             tenant=self.tenant,
+            resident_gb=self.resident_gb,
         )
 
 

@@ -157,25 +157,6 @@ class RoleLike(Protocol):
     gpus_per_worker: int
 
 
-def default_home(roles: Mapping[str, RoleLike]) -> Gpus:
-    """A job's dedicated partition when it names none.
-
-    Its training GPUs (every mapping but ``actor_infer``) when at least one
-    rollout bundle lies inside them; otherwise (rollout on GPUs of its own,
-    disaggregated) every GPU the job maps, so the baselines that confine a
-    job to its home can still place a rollout worker.
-    """
-    train = {g for name, r in roles.items() if name != Role.ACTOR_INFER.value for g in r.gpus}
-    infer = roles.get(Role.ACTOR_INFER.value)
-    if infer is None:  # not a valid job; the topology check names the missing role
-        return tuple(sorted(train))
-    tp = infer.gpus_per_worker
-    gpus = sorted(infer.gpus)
-    if any(train.issuperset(gpus[i : i + tp]) for i in range(0, len(gpus), tp)):
-        return tuple(sorted(train))
-    return tuple(sorted(train.union(gpus)))
-
-
 def pipeline_spec(
     *,
     pipeline_id: str,
@@ -186,12 +167,13 @@ def pipeline_spec(
     resumable: bool,
     priority: int = 0,
     tenant: str = "",
+    resident_gb: float = 0.0,
 ) -> PipelineSpec:
     """The topology a job registers, built the same way from a trace and from an executor config.
 
     ``resumable``: an aborted trajectory continues elsewhere with its progress
     (the executor always does this; a trace says ``preempt: continue``).
-    An empty ``home`` becomes :func:`default_home`.
+    An empty ``home`` stays empty: the job named none (:attr:`PipelineSpec.home_gpus` is its default).
     """
     specs = tuple(
         RoleSpec(role=Role(name), gpus=tuple(sorted(r.gpus)), gpus_per_worker=r.gpus_per_worker)
@@ -202,10 +184,11 @@ def pipeline_spec(
         roles=specs,
         kind=JobKind(kind),
         slots_per_worker=slots_per_worker,
-        home=tuple(sorted(home)) or default_home(roles),
+        home=tuple(sorted(home)),
         resumable=resumable,
         priority=priority,
         tenant=tenant,
+        resident_gb=resident_gb,
     )
 
 

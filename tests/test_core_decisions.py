@@ -439,7 +439,14 @@ def test_partial_overlap_keeps_rollout_on_non_training_gpus():
 def test_static_refuses_a_pipeline_with_no_rollout_bundle_at_home():
     sched = Scheduler(TWO_NODES, "static")
     with pytest.raises(SchedulingError, match="no actor_infer bundle lies inside its home"):
-        register(sched, spec("a", range(4), range(4, 8)))
+        register(sched, spec("a", range(4), range(4, 8), home=range(4)))
+
+
+def test_a_disaggregated_job_naming_no_home_gets_every_gpu_it_maps():
+    sched = Scheduler(TWO_NODES, "static")
+    register(sched, spec("a", range(4), range(4, 8)))  # rollout on GPUs of its own
+    sched.step(1, [demand("a", 40)])
+    assert owners(sched)["a"] == [4, 5, 6, 7]
 
 
 # ------------------------------------------------------------------ bad input

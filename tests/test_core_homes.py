@@ -48,11 +48,12 @@ def test_without_the_guarantee_the_split_alone_decides():
 
 
 def test_a_guest_waits_for_the_owners_home():
-    # a and b share one home; a was admitted first, so it owns it: b (a queued job under static)
-    # gets a worker once a no longer needs both.
+    # a and b name one home; a was admitted first, so it owns it: b (a queued job under static)
+    # gets a worker once a no longer needs both. (Named no home, they would be co-tenants:
+    # tests/test_core_cotenancy.py.)
     node = ClusterSpec(nodes=1, gpus_per_node=2)
     sched = Scheduler(node, "rlix", SchedulerConfig(min_residency_s=0.0, home_guarantee=True))
-    register(sched, spec("b", range(2), range(2), slots=1), spec("a", range(2), range(2), slots=1))
+    register(sched, spec("b", range(2), range(2), slots=1, home=range(2)), spec("a", range(2), range(2), slots=1, home=range(2)))
     sched.step(0, [demand("a", 4)])
     assert owners(sched)["a"] == [0, 1]
     sched.step(5, [demand("a", 2, {0: 1, 1: 1}), demand("b", 50)])
@@ -66,7 +67,7 @@ def test_a_guests_gang_stage_goes_after_the_owners(guarantee):
     # b's home lies in a's (a was admitted first): b asked first, a's training still goes first,
     # with or without the guarantee (under static b would not run at all while a does).
     sched = Scheduler(TWO_NODES, "rlix", SchedulerConfig(home_guarantee=guarantee))
-    register(sched, spec("a", range(4), range(8)), spec("b", range(4), range(8)))
+    register(sched, spec("a", range(4), range(8), home=range(4)), spec("b", range(4), range(8), home=range(4)))
     sched.step(0, [demand("a", 8)])
     plan = sched.step(
         1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]

@@ -16,7 +16,6 @@ from rlix.exec.front.config import parse_config
 from rlix.exec.front.outputs import build_outputs, trace_model, usage_from_events
 from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
 from rlix.exec.messages import JobResult, SchedulerStats
-from rlix.job import default_home
 from rlix.metrics import Activity
 from rlix.sim.simulator import Simulation
 from rlix.sim.trace import dump_trace, load_trace
@@ -106,7 +105,7 @@ def test_recorded_trace_round_trips_through_the_trace_format(tmp_path):
 def test_recorded_trace_carries_what_the_run_registered_and_measured():
     cfg, _, model = _recorded()
     full, lora = model.pipelines
-    assert full.home == list(default_home(cfg.jobs[0].roles)) == [0, 1, 2]  # the home rlix-run registered
+    assert full.home == [] and cfg.jobs[0].spec("full", resumable=True).home_gpus == (0, 1, 2)  # it named no home
     assert lora.home == [3] and lora.priority == 1 and full.slots_per_worker == 2
     assert [a.id for a in lora.adapters] == ["copy", "rev"] and all(len(a.steps) == 2 for a in lora.adapters)
     assert full.switch.weight_sync_s == 0.0625 and lora.switch.adapter_sync_s == 0.0375 and lora.switch.weight_sync_s == 0.0

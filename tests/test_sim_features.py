@@ -10,10 +10,9 @@ from rlix.sim.simulator import Simulation, replay
 from rlix.sim.trace import Trace, TraceModel
 
 
-def _trace(*pipelines: dict, nodes: int = 1, gpus_per_node: int = 8) -> Trace:
-    return Trace(
-        TraceModel.model_validate({"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node}, "pipelines": list(pipelines)})
-    )
+def _trace(*pipelines: dict, nodes: int = 1, gpus_per_node: int = 8, scheduler: dict | None = None) -> Trace:
+    raw = {"cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node}, "pipelines": list(pipelines)}
+    return Trace(TraceModel.model_validate({**raw, "scheduler": scheduler} if scheduler else raw))
 
 
 NO_SWITCH = {"offload_s": 0, "load_s": 0, "weight_sync_s": 0, "adapter_sync_s": 0, "resume_s": 0}
@@ -53,7 +52,8 @@ def test_disjoint_rollout_without_home_replays_under_every_policy():
         },
     }
     trace = _trace(job)
-    assert trace.spec(trace.pipelines[0]).home == tuple(range(8))  # training GPUs hold no rollout bundle
+    spec = trace.spec(trace.pipelines[0])
+    assert spec.home == () and spec.home_gpus == tuple(range(8))  # training GPUs hold no rollout bundle
     for policy in POLICIES:
         assert replay(trace, policy).trajectories_completed == 32
 
@@ -313,18 +313,42 @@ def test_poisson_arrivals_expand_into_seeded_copies():
     assert len(seeds) == 5  # the copies draw different trajectories
 
 
+ONE_AT_A_TIME = {"queues": [{"name": "node", "gpus": "0-7", "max_jobs": 1}]}
+
+
 def test_queued_jobs_wait_for_admission_and_the_wait_counts_in_jct():
-    trace = _trace(_queued({"times_s": [0, 10]}))
+    trace = _trace(_queued({"times_s": [0, 10]}), scheduler=ONE_AT_A_TIME)
     for policy in POLICIES:
         m = replay(trace, policy)
         first, second = m.pipelines["task-0"], m.pipelines["task-1"]
         assert first.queue_delay_s == 0
-        # admitted once the first job, whose home is the same 8 GPUs, has left: under rlix too, as the
-        # guest's model load would take every GPU of the owner's rollout (guest_stage_fit)
+        # admitted once the first job has left: its queue holds one job at a time, under every policy
         assert second.queue_delay_s == pytest.approx(first.finish_s - 10)
         assert second.jct_s == pytest.approx(second.finish_s - 10)
         assert m.queue_delay_mean_s == pytest.approx(second.queue_delay_s / 2)
         assert m.tasks_per_hour == pytest.approx(2 * 3600 / m.makespan_s)
+
+
+def test_jobs_mapped_onto_the_same_gpus_with_no_queue_are_cotenants_and_run_at_once():
+    trace = _trace(_queued({"times_s": [0, 10]}))
+    rlix, static = replay(trace, "rlix"), replay(trace, "static")
+    second = rlix.pipelines["task-1"]
+    assert second.queue_delay_s < 35  # waits at most for the first job's model load (30 s), not for the job
+    assert static.pipelines["task-1"].queue_delay_s == pytest.approx(static.pipelines["task-0"].finish_s - 10)
+    assert rlix.makespan_s < static.makespan_s
+
+
+def test_a_queue_refuses_a_job_whose_model_memory_does_not_fit():
+    small, large = (_queued({"times_s": [0]}, resident_gb=gb) for gb in (30.0, 60.0))
+    trace = _trace(
+        {**small, "id": "small"},
+        {**large, "id": "large", "arrival_s": 5},
+        scheduler={"queues": [{"name": "host", "gpus": "0-7", "max_resident_gb": 80}]},
+    )
+    m = replay(trace, "rlix")
+    # 30 + 60 GB do not fit in 80: the large job is admitted once the small one leaves (at the next plan, 5 s at most)
+    waited, left = m.pipelines["large-0"].queue_delay_s, m.pipelines["small-0"].finish_s - 5
+    assert left <= waited <= left + 5
 
 
 def test_arrival_copies_may_not_clash_with_other_ids():

@@ -19,29 +19,42 @@ taken back before it had paid for its switch, and the stage would wait for it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from rlix.core.ledger import Draft
 from rlix.core.shares import RolloutNeed
 from rlix.core.state import GangRequest, PipelineEntry, View, worker_loads
-from rlix.core.types import GangHolder, Gpus, Holder
+from rlix.core.types import GangHolder, Gpus, Holder, PipelineSpec
 
 
 def home_owners(view: View) -> dict[int, str]:
-    """GPU -> the job that owns it: the earliest-admitted active job whose home holds it (first
-    come, first served, as ``static`` admits; jobs admitted at one instant by pipeline id)."""
+    """GPU -> the job that owns it: the earliest-admitted active job whose home (:func:`own_home`)
+    holds it (first come, first served, as ``static`` admits; jobs admitted at one instant by pipeline id)."""
     return _homes(view)[0]
 
 
 def owned_bundles(view: View) -> dict[str, tuple[Gpus, ...]]:
     """Each admitted job's rollout bundles lying wholly on GPUs it owns (see :func:`home_owners`).
 
-    Recomputed only when the admitted jobs change.
+    Recomputed only when the active or admitted jobs change.
     """
     return _homes(view)[1]
 
 
+def own_home(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> Gpus:
+    """The GPUs ``spec`` is guaranteed, given the other active jobs: its explicit ``home``; or, where it
+    names none, the GPUs of its gang mappings that no other job's home or gang mappings cover. Jobs
+    whose mappings overlap are co-tenants: they time-share those GPUs, and none of them owns them."""
+    if spec.home:
+        return spec.home
+    shared = {g for o in others for g in o.home_gpus}
+    return tuple(g for g in spec.init_gpus if g not in shared)
+
+
 def _homes(view: View) -> tuple[dict[int, str], dict[str, tuple[Gpus, ...]]]:
-    admitted = sorted((e for e in view.active() if e.admitted), key=lambda e: (e.admitted_at, e.spec.pipeline_id))
-    key = tuple((e.spec.pipeline_id, e.order) for e in admitted)
+    active = view.active()
+    admitted = sorted((e for e in active if e.admitted), key=lambda e: (e.admitted_at, e.spec.pipeline_id))
+    key = (tuple((e.spec.pipeline_id, e.order) for e in admitted), tuple(e.order for e in active))
     memo = view.memo.get("homes")
     if isinstance(memo, tuple) and memo[0] == key:
         return memo[1]
@@ -49,7 +62,8 @@ def _homes(view: View) -> tuple[dict[int, str], dict[str, tuple[Gpus, ...]]]:
     owned: dict[str, tuple[Gpus, ...]] = {}
     for e in admitted:  # the first admitted owns a shared home
         pid = e.spec.pipeline_id
-        mine = {g for g in e.spec.home_gpus if g not in owners}
+        home = own_home(e.spec, (o.spec for o in active if o is not e))
+        mine = {g for g in home if g not in owners}
         owners.update((g, pid) for g in sorted(mine))
         owned[pid] = tuple(b for b in e.rollout_bundles if mine.issuperset(b))
     view.memo["homes"] = (key, (owners, owned))
@@ -57,16 +71,19 @@ def _homes(view: View) -> tuple[dict[int, str], dict[str, tuple[Gpus, ...]]]:
 
 
 def gang_order(view: View) -> list[GangRequest]:
-    """Pending gang requests, a guest's after every owner's of the same job priority: a job is a guest
-    while some GPU of its home is another job's (it shares a partition it was not first in)."""
+    """Pending gang requests, a guest's after every owner's of the same job priority (a job is a guest
+    while some GPU of its home is another job's: it shares a partition it was not first in), then as
+    :attr:`~rlix.core.state.GangRequest.sort_key` orders them."""
     owners = home_owners(view)
     guests = {r.pipeline_id for r in view.pending if _is_guest(view, owners, r.pipeline_id)}
-    return sorted(view.pending, key=lambda r: (-r.job_priority, r.pipeline_id in guests, r.stage.priority, r.seq))
+    return sorted(view.pending, key=lambda r: (-r.job_priority, r.pipeline_id in guests, *r.sort_key[1:]))
 
 
 def _is_guest(view: View, owners: dict[int, str], pipeline_id: str) -> bool:
     """Is some GPU of its home another job's (see :func:`home_owners`)?"""
-    return any(owners.get(g, pipeline_id) != pipeline_id for g in view.pipelines[pipeline_id].spec.home_gpus)
+    spec = view.pipelines[pipeline_id].spec
+    home = own_home(spec, (e.spec for e in view.active() if e.spec.pipeline_id != pipeline_id))
+    return any(owners.get(g, pipeline_id) != pipeline_id for g in home)
 
 
 def guest_stage_fits(view: View, draft: Draft, req: GangRequest) -> bool:

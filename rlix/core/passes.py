@@ -15,6 +15,7 @@ from collections.abc import Callable
 from rlix.core.homes import gang_order, guarantees, guest_stage_fits, held_for_owners
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
+from rlix.core.queues import queues_of, refusal
 from rlix.core.rebalance import rebalance, reclaim_homes
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
 from rlix.core.state import GangRequest, View
@@ -52,16 +53,19 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     exactly the workers overlapping its GPUs, plus, when
     ``stop_own_rollout``, every rollout worker of its own pipeline (stages
     taking turns on a dedicated partition). A job's INIT (its admission)
-    also needs ``admits``; a job it refuses keeps its home from later jobs in
+    also needs its queues (:mod:`rlix.core.queues`) and ``admits``; a job they refuse keeps its home from later jobs in
     the queue (admission stays first come, first served) but not from the
     stages of jobs already running. With ``owners_first`` a guest's requests
     go after the owners' of the same job priority (:func:`rlix.core.homes.gang_order`).
     """
     reserved: set[int] = set()
     queued: set[int] = set()  # homes of jobs refused admission this round
+    closed: set[str] = set()  # queues that refused a job this round: later jobs wait behind it
     owner = draft.owner
     for req in gang_order(view) if owners_first else view.pending:
         gpus = req.gpus
+        if req.stage is Stage.INIT and view.config.queues and not _admitted_by_queues(view, draft, req, closed):
+            continue
         queue_home = view.pipelines[req.pipeline_id].spec.home_gpus if req.stage is Stage.INIT and admits is not None else ()
         if owners_first and not guest_stage_fits(view, draft, req):
             queued.update(queue_home)  # a job not admitted yet keeps its place in the admission queue
@@ -79,6 +83,17 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
         for worker in sorted(victims, key=_worker_key):
             draft.shrink(worker, ShrinkReason.GANG)
         draft.grant(req.pipeline_id, req.stage, gpus)
+
+
+def _admitted_by_queues(view: View, draft: Draft, req: GangRequest, closed: set[str]) -> bool:
+    """Do the job's queues admit it now (none closed this round, each under its limits)? If not,
+    its queues close for the rest of the round: admission is first come, first served."""
+    spec = view.pipelines[req.pipeline_id].spec
+    names = {q.name for q in queues_of(view, spec)}
+    if names.isdisjoint(closed) and refusal(view, draft, spec) is None:
+        return True
+    closed.update(names)
+    return False
 
 
 def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:

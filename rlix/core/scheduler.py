@@ -266,6 +266,10 @@ class Scheduler:
         self.ledger.apply(plan)
         for grant in plan.grants:
             self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
+        if plan.grants:  # co-tenants' stages age (a job with a home of its own has its guarantee instead)
+            for req in view.pending:
+                if req.state is RequestState.PENDING and not view.pipelines[req.pipeline_id].spec.home:
+                    req.note_passed(plan.grants)
         note_plan(view, self.ledger, plan, now)
         view.departed.clear()
         self.plans_made += 1

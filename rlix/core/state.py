@@ -6,12 +6,12 @@ through :class:`View` and write only to a :class:`rlix.core.ledger.Draft`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from rlix.core.ledger import Ledger
 from rlix.core.lifecycle import PipelineState, RequestState
-from rlix.core.types import ClusterSpec, Gpus, PipelineSpec, ReportDemand, SchedulerConfig, Stage
+from rlix.core.types import ClusterSpec, Gpus, Grant, PipelineSpec, ReportDemand, SchedulerConfig, Stage
 
 
 def worker_loads(spec: PipelineSpec, report: ReportDemand) -> dict[int, int]:
@@ -259,11 +259,20 @@ class GangRequest:
     seq: int  # arrival sequence number: FIFO among equal priorities
     job_priority: int = 0  # the pipeline's priority: higher goes first
     state: RequestState = RequestState.PENDING
+    passed: int = 0  # plans that granted another job's stage on its GPUs while it waited (its age)
 
     @property
-    def sort_key(self) -> tuple[int, int, int]:
-        """Higher job priority first, then the stage's priority, then arrival (unique)."""
-        return (-self.job_priority, self.stage.priority, self.seq)
+    def sort_key(self) -> tuple[int, int, int, int]:
+        """Higher job priority first, then the request passed over most often (aging: no job's stage waits
+        behind another job's stages twice in a row), then the stage's priority, then arrival (unique)."""
+        return (-self.job_priority, -self.passed, self.stage.priority, self.seq)
+
+    def note_passed(self, grants: Iterable[Grant]) -> None:
+        """Count a plan that granted another job's stage overlapping this request's GPUs while it waited.
+        A model load is admission, which stays first come, first served: it does not age."""
+        mine = set(self.gpus)
+        if self.stage is not Stage.INIT and any(g.pipeline_id != self.pipeline_id and mine.intersection(g.gpus) for g in grants):
+            self.passed += 1
 
 
 @dataclass(kw_only=True)

@@ -111,9 +111,9 @@ class RoleSpec:
 class PipelineSpec:
     """A registered RL job's GPU topology.
 
-    ``home`` is the job's dedicated partition, used by the baselines that
-    confine each job to its own GPUs; when empty it defaults to the union of
-    the non-rollout role mappings. ``slots_per_worker`` is how many
+    ``home`` is the job's dedicated partition if it names one (empty: none
+    named, see :attr:`home_gpus`): the baselines confine each job to its
+    home, and under ``rlix`` a named home is a guarantee. ``slots_per_worker`` is how many
     trajectories one rollout worker runs concurrently. ``resumable`` says an
     aborted trajectory continues elsewhere with its progress (partial
     rollout), so the planner may pack stragglers onto fewer workers.
@@ -146,6 +146,7 @@ class PipelineSpec:
     open_limit: int = 0  # most rollout trajectories it can have open at once (its batches in flight); 0: undeclared
     total_trajectories: int = 0  # trajectories of all its steps; 0: undeclared
     batch_credit: bool = False  # a batch opens only once those before it finished, or after a gang release
+    resident_gb: float = 0.0  # memory its admitted model holds while it runs (the CPU weight cache), for queues
 
     def role(self, role: Role) -> RoleSpec:
         for spec in self.roles:
@@ -166,7 +167,17 @@ class PipelineSpec:
 
     @property
     def home_gpus(self) -> Gpus:
-        return self.home or self.init_gpus
+        """Its dedicated partition, where the baselines confine it: ``home`` if it names one; otherwise
+        its training GPUs (every mapping but ``actor_infer``) when a rollout bundle lies inside them,
+        else (rollout on GPUs of its own, disaggregated) every GPU it maps. Under ``rlix`` only an
+        explicit ``home``, or the part of this one no other job maps, is a guarantee
+        (:func:`rlix.core.homes.own_home`)."""
+        if self.home:
+            return self.home
+        train = self.init_gpus
+        if any(set(train).issuperset(b) for b in self.role(Role.ACTOR_INFER).bundles):
+            return train
+        return tuple(sorted({g for s in self.roles for g in s.gpus}))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,6 +366,20 @@ NO_TENANT = TenantSpec(name="")  # the tenant of jobs that name none, when tenan
 
 
 @dataclass(frozen=True, kw_only=True)
+class QueueSpec:
+    """An admission limit (Kueue's quota) on a set of GPUs: the jobs whose gang mappings touch
+    ``gpus`` may hold at most ``max_jobs`` admitted jobs at once (0: no limit on the count) and
+    at most ``max_resident_gb`` of resident model memory (the jobs' ``resident_gb``, 0: no limit).
+    A job waits for admission (its model load) only where such a limit says so, first come, first
+    served within the queue."""
+
+    name: str
+    gpus: Gpus
+    max_jobs: int = 0
+    max_resident_gb: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """Knobs of the rollout split (shared by every policy).
 
@@ -462,6 +487,9 @@ class SchedulerConfig:
       they never override the weights); a job whose tenant has a limit is admitted only
       when its model load fits under it. Jobs that name no tenant form one
       tenant of weight 1. None declared: no tenant split at all.
+    - ``queues``: admission limits on sets of GPUs (:class:`QueueSpec`). Jobs whose
+      mappings overlap are co-tenants and run at once; they queue only where a
+      queue's limit says so.
     """
 
     report_ttl_s: float = 600.0
@@ -481,6 +509,7 @@ class SchedulerConfig:
     lost_cooldown_s: float = 30.0
     turn_limit_s: float = 900.0
     tenants: tuple[TenantSpec, ...] = ()
+    queues: tuple[QueueSpec, ...] = ()
 
     def tenant(self, name: str) -> TenantSpec:
         """The declared tenant ``name`` (:data:`NO_TENANT` for "" or an undeclared name)."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from rlix.sim.trace import TraceModel
 
 Scenario = Callable[[int], dict]
@@ -401,6 +403,94 @@ def queued_cluster(seed: int) -> dict:
     }
 
 
+def colocated_node(seed: int) -> dict:
+    """RLix's own deployment: every job mapped onto the same 8-GPU node, time-shared (co-tenants).
+
+    Four jobs of unlike sizes arrive over 15 minutes: two full-finetune RLVR jobs, an agentic job
+    with a heavier tail and a multi-LoRA job with two adapters. Each maps ``actor_train`` and
+    ``actor_infer`` onto GPUs 0-7 and names no home: none owns the node; a job's gang stage
+    preempts whichever rollout workers it overlaps, and the rollout capacity left is shared.
+    """
+    specs = [
+        # id, kind, arrival s, trajectories/step, steps, median s, p99 s, cap s, adapters
+        ("math-a", "full_finetune", 0, 256, 6, 20, 200, 400, 0),
+        ("code-b", "full_finetune", 240, 256, 5, 30, 300, 600, 0),
+        ("agent-c", "full_finetune", 480, 128, 4, 60, 600, 1200, 0),
+        ("lora-d", "multi_lora", 900, 128, 4, 20, 200, 400, 2),
+    ]
+    jobs = [
+        _job(
+            pid,
+            kind=kind,
+            adapters=adapters,
+            arrival=arrival,
+            train=(0, 7),
+            infer=(0, 7),
+            steps=steps,
+            trajectories=n,
+            median_s=med,
+            p99_s=p99,
+            max_s=cap,
+            typical_rollout_s=med * 5,
+            seed=seed + 13 * i,
+        )
+        for i, (pid, kind, arrival, n, steps, med, p99, cap, adapters) in enumerate(specs)
+    ]
+    return {
+        "name": "colocated_node",
+        "description": "RLix's deployment: 3 full-finetune jobs and a multi-LoRA job, arriving over 15 minutes, all mapped "
+        "onto one 8-GPU node with no home of their own (co-tenants, time-shared).",
+        "cluster": {"nodes": 1, "gpus_per_node": 8},
+        "pipelines": jobs,
+    }
+
+
+def cotenancy_family(*, jobs: int, nodes: int, staggered: bool, seed: int) -> dict:
+    """One member of the co-tenancy families: ``jobs`` jobs of unlike sizes (drawn from ``seed``)
+    mapped onto the same GPUs of ``nodes`` 8-GPU nodes, arriving together or ``staggered``.
+
+    On one node every job maps all 8 GPUs. On two, each job trains on one node (alternating; two
+    jobs both train on both) and may roll out on all 16. No job names a home: all are co-tenants.
+    Sizes: 128-512 trajectories a step, 3-7 steps, RLVR to agentic tails (median 10-60 s, p99 10x),
+    one job in four multi-LoRA with two adapters.
+    """
+    rng = np.random.default_rng(seed)
+    gpus = 8 * nodes
+    out = []
+    for i in range(jobs):
+        med = float(rng.choice([10.0, 20.0, 30.0, 60.0]))
+        if nodes == 1 or jobs == 2:
+            train = (0, gpus - 1)
+        else:
+            lo = 8 * (i % nodes)
+            train = (lo, lo + 7)
+        kind = "multi_lora" if i % 4 == 3 else "full_finetune"
+        out.append(
+            _job(
+                f"job{i}",
+                kind=kind,
+                adapters=2,
+                arrival=round(float(rng.uniform(0, 400)) * i, 1) if staggered else 0.0,
+                train=train,
+                infer=(0, gpus - 1),
+                steps=int(rng.integers(3, 8)),
+                trajectories=int(rng.choice([128, 256, 512])),
+                median_s=med,
+                p99_s=10 * med,
+                max_s=20 * med,
+                typical_rollout_s=med * 5,
+                seed=seed * 101 + i,
+            )
+        )
+    arrive = "staggered" if staggered else "together"
+    return {
+        "name": f"cotenancy_{jobs}j_{nodes}n_{arrive}_s{seed}",
+        "description": f"{jobs} co-tenant jobs of unlike sizes on {nodes}x8 GPUs, arriving {arrive} (seed {seed}).",
+        "cluster": {"nodes": nodes, "gpus_per_node": 8},
+        "pipelines": out,
+    }
+
+
 SCENARIOS: dict[str, Scenario] = {
     "single": single,
     "two_jobs": two_jobs,
@@ -410,6 +500,7 @@ SCENARIOS: dict[str, Scenario] = {
     "async_disaggregated": async_disaggregated,
     "agentic_swe": agentic_swe,
     "queued_cluster": queued_cluster,
+    "colocated_node": colocated_node,
 }
 
 

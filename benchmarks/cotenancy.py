@@ -1,0 +1,92 @@
+"""Co-tenancy over families of traces: jobs mapped onto the same GPUs, one line per family.
+
+Not a test: figures. Each family is 2, 4 or 8 jobs of unlike sizes on one or two 8-GPU nodes,
+arriving together or staggered, every job mapped onto the same GPUs with no home of its own
+(:func:`rlix.sim.scenarios.cotenancy_family`), plus the shipped ``traces/colocated_node.json``
+and its redraws. Per family, over its seeds: ``rlix`` makespan against the lower bound and
+against ``static`` (mean, max), and fairness: each trace's worst slowdown (JCT over the job's
+JCT replayed alone) over the mean slowdown of its jobs (max). Targets (issue "Co-tenancy"):
+makespan <= 1.15x the bound and <= 0.65x ``static``; worst slowdown <= 1.25x the mean.
+
+    python benchmarks/cotenancy.py [--seeds 0,1,2,3] [KNOB=VALUE ...]
+
+Tune on seeds 0-3; seeds 4-7 are the held-out ones (``--seeds 4,5,6,7``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's rlix, whatever is installed
+
+from rlix.sim.alone import alone_jcts, slowdowns
+from rlix.sim.scenarios import cotenancy_family
+from rlix.sim.simulator import replay
+from rlix.sim.sweep import parse_seeds
+from rlix.sim.trace import Trace, TraceError, TraceModel, load_trace
+
+SHAPES = [(jobs, nodes, staggered) for jobs in (2, 4, 8) for nodes in (1, 2) for staggered in (False, True)]
+
+
+def families(seeds: list[int]) -> dict[str, list[Trace]]:
+    out = {}
+    for jobs, nodes, staggered in SHAPES:
+        name = f"{jobs} jobs, {nodes} node{'s' if nodes > 1 else ''}, {'staggered' if staggered else 'together'}"
+        out[name] = [
+            Trace(TraceModel.model_validate({"format": "rlix-trace", "version": 1, **raw}), raw["name"])
+            for raw in (cotenancy_family(jobs=jobs, nodes=nodes, staggered=staggered, seed=s) for s in seeds)
+        ]
+    shipped = load_trace(ROOT / "traces" / "colocated_node.json")
+    out["colocated_node"] = [shipped if s == 0 else shipped.reseeded(s) for s in seeds]
+    return out
+
+
+def measure(trace: Trace) -> tuple[float, float, float]:
+    """(makespan rlix/lower bound, makespan rlix/static, worst slowdown / mean slowdown)."""
+    shared, static = replay(trace, "rlix"), replay(trace, "static")
+    slow = slowdowns(shared, alone_jcts(trace, "rlix"))
+    unfair = max(slow.values()) / statistics.fmean(slow.values())
+    return shared.makespan_s / shared.makespan_lower_bound_s, shared.makespan_s / static.makespan_s, unfair
+
+
+def main(argv: list[str]) -> None:
+    seeds = [0, 1, 2, 3]
+    if argv[:1] == ["--seeds"] and len(argv) > 1:
+        seeds, argv = [int(s) for s in parse_seeds(argv[1])], argv[2:]
+    bad = [kv for kv in argv if "=" not in kv]
+    if bad:
+        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")
+    knobs = dict(kv.split("=", 1) for kv in argv)
+    drawn = families(seeds)
+    try:
+        drawn = {name: [t.with_scheduler(knobs) for t in traces] for name, traces in drawn.items()}
+    except TraceError as exc:
+        _fail(str(exc))
+    print(f"seeds {seeds}; knobs: {knobs or 'defaults'}")
+    print(f"{'family':<30} {'bound mean':>10} {'max':>6} {'static mean':>11} {'max':>6} {'unfair max':>10} {'s':>5}")
+    worst = [0.0, 0.0, 0.0]
+    for name, traces in drawn.items():
+        start = time.perf_counter()
+        rows = [measure(t) for t in traces]
+        cols = list(zip(*rows))
+        worst = [max(w, max(c)) for w, c in zip(worst, cols)]
+        print(
+            f"{name:<30} {statistics.fmean(cols[0]):>9.3f}x {max(cols[0]):>5.3f}x {statistics.fmean(cols[1]):>10.3f}x "
+            f"{max(cols[1]):>5.3f}x {max(cols[2]):>9.3f}x {time.perf_counter() - start:>5.1f}",
+            flush=True,
+        )
+    print(f"{'worst of all':<30} {'':>10} {worst[0]:>5.3f}x {'':>11} {worst[1]:>5.3f}x {worst[2]:>9.3f}x")
+    print("targets: bound <= 1.15x, static <= 0.65x, unfair <= 1.25x")
+
+
+def _fail(message: str) -> None:
+    print(f"cotenancy: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

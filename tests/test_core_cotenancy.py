@@ -1,0 +1,121 @@
+"""Co-tenants: jobs whose mappings overlap run at once and share those GPUs (the core's public API).
+
+Every job here maps ``actor_train`` and ``actor_infer`` onto the same GPUs and names no home,
+as RLix's own deployment does: none of them owns the GPUs, and none queues behind another.
+"""
+
+from __future__ import annotations
+
+from helpers import demand, owners, register, spec
+
+from rlix.core import ClusterSpec, ReleaseStage, RequestStage, Scheduler, SchedulerConfig, ShrinkReason, Stage
+
+NODE8 = ClusterSpec(nodes=1, gpus_per_node=8)
+EQUAL = SchedulerConfig(small_first=0.0, path_halving_s=0.0)  # no urgency factors: the plain split
+
+
+def cotenants(*pids: str, config: SchedulerConfig = EQUAL, resumable: bool = False, slots: int = 4) -> Scheduler:
+    sched = Scheduler(NODE8, "rlix", config)
+    register(sched, *(spec(p, range(8), range(8), resumable=resumable, slots=slots, reference=range(8)) for p in pids))
+    return sched
+
+
+def grants(plan) -> list[tuple[str, Stage]]:
+    return [(g.pipeline_id, g.stage) for g in plan.grants]
+
+
+def test_a_cotenants_model_load_starts_at_once_on_gpus_the_other_rolls_out_on():
+    sched = cotenants("a", "b")
+    plan = sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(10, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), demand("a", 64)])
+    assert len(owners(sched)["a"]) == 8  # a rolls out on the whole node
+    plan = sched.step(11, [RequestStage(pipeline_id="b", stage=Stage.INIT)])
+    assert grants(plan) == [("b", Stage.INIT)]  # not queued behind a's rollout
+    assert sorted(s.worker.gpus[0] for s in plan.shrinks) == list(range(8))
+    assert all(s.reason is ShrinkReason.GANG and s.worker.pipeline_id == "a" for s in plan.shrinks)
+
+
+def test_a_cotenants_stage_preempts_only_the_workers_it_overlaps_whoever_holds_them():
+    sched = Scheduler(NODE8, "rlix", EQUAL)
+    register(sched, spec("a", range(8), range(8), reference=range(4)), spec("b", range(8), range(8)))
+    sched.step(0, [demand("a", 40), demand("b", 40)])
+    assert sorted(owners(sched)["a"] + owners(sched)["b"]) == list(range(8))
+    plan = sched.step(1, [RequestStage(pipeline_id="a", stage=Stage.REF_LOGPROBS)])  # on GPUs 0-3
+    assert grants(plan) == [("a", Stage.REF_LOGPROBS)]
+    shrunk = {s.worker.gpus[0]: s.worker.pipeline_id for s in plan.shrinks}
+    assert sorted(shrunk) == [0, 1, 2, 3] and set(shrunk.values()) == {"a", "b"}  # whoever held them, nothing on 4-7
+    assert all(g >= 4 for ws in owners(sched).values() for g in ws)
+
+
+def test_the_rollout_left_is_split_between_cotenants():
+    sched = cotenants("a", "b")
+    sched.step(0, [demand("a", 40)])
+    assert len(owners(sched)["a"]) == 8  # an idle node is used whole
+    sched.step(100, [demand("b", 40), demand("a", 8, loads={g: 4 for g in owners(sched)["a"]})])
+    held = owners(sched)
+    assert len(held["a"]) + len(held["b"]) == 8 and len(held["b"]) >= 3  # b is not kept waiting for a to finish
+
+
+def test_an_idle_gpu_is_used_before_a_donor_is_shrunk():
+    sched = cotenants("a", "b")
+    sched.step(0, [demand("a", 8)])  # a fills 2 workers of 4 slots
+    assert len(owners(sched)["a"]) == 2
+    plan = sched.step(100, [demand("b", 40), demand("a", 0, loads={g: 4 for g in owners(sched)["a"]})])
+    assert plan.shrinks == ()  # six GPUs were idle: nobody is shrunk for b
+    assert len(owners(sched)["b"]) == 6
+
+
+def test_a_move_is_not_reversed_in_the_next_plan():
+    sched = cotenants("a", "b")
+    sched.step(0, [demand("a", 40)])
+    loads_a = {g: 4 for g in owners(sched)["a"]}
+    first = sched.step(100, [demand("b", 40), demand("a", 8, loads=loads_a)])
+    moved = {s.worker.gpus for s in first.shrinks}
+    assert moved  # b got workers from a
+    loads_b = {g: 4 for g in owners(sched)["b"]}
+    again = sched.step(
+        105, [demand("b", 40 - sum(loads_b.values()), loads=loads_b), demand("a", 8, loads={g: 4 for g in owners(sched)["a"]})]
+    )
+    assert not moved & {e.worker.gpus for e in again.expands if e.worker.pipeline_id == "a"}
+
+
+def test_a_job_near_the_end_of_its_batch_donates_to_a_pending_one_and_keeps_one_worker():
+    # a: 10 trajectories left of 100, spread one per worker over all 8 GPUs (resumable: they can be packed);
+    # b: 90 trajectories waiting and no worker.
+    sched = cotenants("a", "b", resumable=True)
+    sched.step(0, [demand("a", 100)])
+    assert len(owners(sched)["a"]) == 8
+    loads = dict.fromkeys(owners(sched)["a"], 1)
+    loads[0] = 3
+    sched.step(200, [demand("a", 0, loads=loads, batch=100, finished=90), demand("b", 90, batch=90)])
+    held = owners(sched)
+    assert len(held["b"]) >= 4  # the donor's stragglers packed, its GPUs lent to the job with more work
+    assert len(held["a"]) >= 1
+
+
+def test_no_cotenants_stage_waits_behind_another_jobs_stages_twice_in_a_row():
+    sched = cotenants("a", "b")
+    # a and b both want a gang stage on the whole node: a's old log-probs come first (asked first)
+    plan = sched.step(
+        0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS), RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)]
+    )
+    assert grants(plan) == [("a", Stage.OLD_LOGPROBS)]
+    # a's training is of a higher stage priority than b's reference log-probs, but b has waited behind a once
+    plan = sched.step(
+        50, [ReleaseStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]
+    )
+    assert grants(plan) == [("b", Stage.REF_LOGPROBS)]
+    plan = sched.step(80, [ReleaseStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)])
+    assert grants(plan) == [("a", Stage.ACTOR_TRAIN)]
+
+
+def test_stage_priority_orders_cotenants_stages_that_waited_alike():
+    sched = cotenants("a", "b")
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    plan = sched.step(
+        1, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]
+    )
+    assert grants(plan) == []  # a's model load holds the node
+    plan = sched.step(60, [ReleaseStage(pipeline_id="a", stage=Stage.INIT)])
+    # both waited behind the same model load (a's own); a's training goes first by stage priority
+    assert grants(plan) == [("a", Stage.ACTOR_TRAIN)]

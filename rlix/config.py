@@ -174,6 +174,13 @@ class SchedulerModel(StrictModel):
         description="favour the job with the longest chain of steps ahead: weight halves per this many seconds "
         "of shorter chain (0: off)",
     )
+    slowdown_weight: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="finish-time fairness: weight x (slowdown so far) ** slowdown_weight, and the most slowed "
+        "co-tenant's gang stage first among stages of one priority (0: off)",
+    )
     lost_cooldown_s: float = Field(
         default=30.0,
         ge=0,

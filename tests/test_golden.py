@@ -22,7 +22,17 @@ GOLDEN = Path(__file__).parent / "golden"
 
 
 @pytest.mark.parametrize(
-    "name", ["single", "two_jobs", "mixed_agentic", "verl_dapo_colocated", "async_disaggregated", "agentic_swe", "queued_cluster"]
+    "name",
+    [
+        "single",
+        "two_jobs",
+        "mixed_agentic",
+        "verl_dapo_colocated",
+        "async_disaggregated",
+        "agentic_swe",
+        "queued_cluster",
+        "colocated_node",
+    ],
 )
 def test_shipped_trace_replays_to_its_golden_summary(name, tmp_path):
     trace = load_trace(ROOT / "traces" / f"{name}.json")

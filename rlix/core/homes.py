@@ -73,10 +73,16 @@ def _homes(view: View) -> tuple[dict[int, str], dict[str, tuple[Gpus, ...]]]:
 def gang_order(view: View) -> list[GangRequest]:
     """Pending gang requests, a guest's after every owner's of the same job priority (a job is a guest
     while some GPU of its home is another job's: it shares a partition it was not first in), then as
-    :attr:`~rlix.core.state.GangRequest.sort_key` orders them."""
+    :attr:`~rlix.core.state.GangRequest.sort_key` orders them, with ``slowdown_weight`` the most slowed
+    job's first among stages of one priority that waited alike (finish-time fairness)."""
     owners = home_owners(view)
     guests = {r.pipeline_id for r in view.pending if _is_guest(view, owners, r.pipeline_id)}
-    return sorted(view.pending, key=lambda r: (-r.job_priority, r.pipeline_id in guests, *r.sort_key[1:]))
+    fair = view.config.slowdown_weight > 0
+    slowed = {pid: -view.pipelines[pid].slowdown(view.now) if fair else 0.0 for pid in {r.pipeline_id for r in view.pending}}
+    return sorted(
+        view.pending,
+        key=lambda r: (-r.job_priority, r.pipeline_id in guests, -r.passed, r.stage.priority, slowed[r.pipeline_id], r.seq),
+    )
 
 
 def _is_guest(view: View, owners: dict[int, str], pipeline_id: str) -> bool:

@@ -77,9 +77,10 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
             need = _with(need, "starving", True)  # its first worker before every floor but home guarantees (any width)
         needs.append(need)
     last = view.memo.get("urgency")
-    if isinstance(last, tuple) and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):
+    timed = view.config.slowdown_weight > 0  # slowdowns change with the time alone
+    if isinstance(last, tuple) and not timed and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):
         return list(last[1])  # no report changed since the last plan
-    urgent = with_urgency(view.config, needs)
+    urgent = with_urgency(view.config, needs, view.now)
     view.memo["urgency"] = (needs, urgent)
     return list(urgent)
 
@@ -141,10 +142,12 @@ def checked_counts(spec: PipelineSpec, report: ReportDemand, running: int, credi
 _MIN_FACTOR = 1e-200
 
 
-def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed]) -> list[RolloutNeed]:
+def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed], now: float = 0.0) -> list[RolloutNeed]:
     """The needs with each weight scaled by how urgent its job is among these.
 
-    Two factors, each off at 0: ``small_first`` favours the job with the
+    Three factors, each off at 0: ``slowdown_weight`` favours the job slowed most so far
+    (its :meth:`~rlix.core.state.PipelineEntry.slowdown` at ``now``: finish-time fairness);
+    ``small_first`` favours the job with the
     least work left (current batch and backlog, in GPU-seconds of rollout;
     a job that has not finished a trajectory yet is taken at the mean of
     those that have): shortest remaining work first lowers the mean
@@ -154,8 +157,8 @@ def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed]) -> list[Roll
     maximum taken in pipeline-id order, so registration order cannot matter.
     """
     wanting = [n for n in needs if n.weight > 0]
-    alpha, halving = config.small_first, config.path_halving_s
-    if len(wanting) < 2 or not (alpha or halving):
+    alpha, halving, fair = config.small_first, config.path_halving_s, config.slowdown_weight
+    if len(wanting) < 2 or not (alpha or halving or fair):
         return needs
     per_s = math.log(2.0) / halving if halving else 0.0
     measured = [r.trajectory_s for r in (n.report for n in wanting) if r is not None and r.trajectory_s > 0]
@@ -165,6 +168,8 @@ def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed]) -> list[Roll
         r = n.report
         assert r is not None  # only reported demand has weight
         log_u = per_s * r.path_s
+        if fair:
+            log_u += fair * math.log(n.entry.slowdown(now))
         if alpha:
             log_u -= alpha * math.log(max(n.work_trajectories * (r.trajectory_s or fallback), 1.0))
         logs[n.pipeline_id] = log_u

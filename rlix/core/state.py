@@ -19,6 +19,9 @@ def worker_loads(spec: PipelineSpec, report: ReportDemand) -> dict[int, int]:
     return {load.first_gpu: min(load.active, spec.slots_per_worker) for load in report.loads}
 
 
+SLOWDOWN_DAMP_S = 60.0  # seconds added to both sides of a slowdown (PipelineEntry.slowdown)
+
+
 @dataclass(kw_only=True)
 class GangTimes:
     """What the scheduler measures of a pipeline's gang stages, from its own grants and releases: how
@@ -198,6 +201,19 @@ class PipelineEntry:
         times = self.gang_times
         rollout = report.finished * report.trajectory_s / (self.home_workers * self.spec.slots_per_worker)
         return self.registered_at + times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout - now
+
+    def slowdown(self, now: float) -> float:
+        """Its slowdown so far: the seconds since it registered over the seconds what it has done takes
+        it alone at the least (its model load, its gang stages, its finished trajectories at full slots
+        on its home workers: :meth:`lead_s`), both plus ``SLOWDOWN_DAMP_S`` so a job just arrived is
+        not taken as infinitely slowed. 1.0 where nothing is measured."""
+        report = self.demand
+        if report is None or not self.home_workers or self.registered_at == float("-inf"):
+            return 1.0
+        times = self.gang_times
+        rollout = report.finished * report.trajectory_s / (self.home_workers * self.spec.slots_per_worker)
+        done = times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout
+        return (now - self.registered_at + SLOWDOWN_DAMP_S) / (done + SLOWDOWN_DAMP_S)
 
     def lends(self, now: float, config: SchedulerConfig) -> bool:
         """Does it lend its home guarantee now? From ``2 x lend_ahead_s`` of lead (``lead_s``) on,

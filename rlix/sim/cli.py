@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--plot", metavar="PATH", help="write a PNG: GPU-by-time chart and utilization per policy")
     _add_replay_options(rp)
     rp.add_argument("--quiet", action="store_true", help="no progress bar or table (use with --json)")
+    rp.add_argument(
+        "--no-alone",
+        dest="alone",
+        action="store_false",
+        help="skip each job's replay alone (its slowdown against running alone on the same GPUs)",
+    )
 
     wp = sub.add_parser("whatif", help="predict a new job's JCT and how every existing job's JCT would change")
     wp.add_argument("trace", help="path of an rlix-trace JSON file")
@@ -165,10 +171,11 @@ def _replay(args, console: Console, err: Console) -> int:
         usages[policy] = (sim.usage, runs[policy].makespan_s)
         if show:
             err.print(f"  {policy}: replayed in {time.perf_counter() - started:.1f} s wall, {runs[policy].plans:,} plans")
+    alone = _alone(trace, policies, err, show) if args.alone else None
     if show:
-        print_table(console, f"{name} - metrics per policy", runs)
+        print_table(console, f"{name} - metrics per policy", runs, alone)
     if args.json:
-        write_json(results_json(name, args.trace, trace.cluster.num_gpus, runs), args.json)
+        write_json(results_json(name, args.trace, trace.cluster.num_gpus, runs, alone), args.json)
         if show:
             console.print(f"wrote {args.json}")
     if args.plot:
@@ -178,6 +185,17 @@ def _replay(args, console: Console, err: Console) -> int:
         if show:
             console.print(f"wrote {args.plot}")
     return 0
+
+
+def _alone(trace: Trace, policies: list[str], err: Console, show: bool) -> dict[str, dict[str, float]]:
+    """policy -> job -> its JCT replayed alone under that policy (one replay per job and policy)."""
+    from rlix.sim.alone import alone_jcts
+
+    started = time.perf_counter()
+    out = {policy: alone_jcts(trace, policy) for policy in policies}
+    if show:
+        err.print(f"  each job alone: {len(trace.jobs) * len(policies)} replays in {time.perf_counter() - started:.1f} s wall")
+    return out
 
 
 def _as_asked(trace: Trace, args) -> Trace:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlix.metrics import RunMetrics
+from rlix.sim.alone import slowdowns as slowdowns_of
 
 RESULTS_FORMAT = "rlix-results"
 
@@ -33,15 +34,17 @@ ROWS = (
 )
 
 
-def results_json(trace_name: str, source: str, gpus: int, runs: dict[str, RunMetrics]) -> dict:
-    return {
-        "format": RESULTS_FORMAT,
-        "version": 1,
-        "trace": trace_name,
-        "source": source,
-        "gpus": gpus,
-        "policies": {name: run.to_json() for name, run in runs.items()},
-    }
+Alone = dict[str, dict[str, float]]  # policy -> job -> its JCT replayed alone (rlix.sim.alone)
+
+
+def results_json(trace_name: str, source: str, gpus: int, runs: dict[str, RunMetrics], alone: Alone | None = None) -> dict:
+    """The runs as JSON; with ``alone``, each job also carries ``alone_jct_s`` and ``slowdown`` (JCT over it)."""
+    policies = {name: run.to_json() for name, run in runs.items()}
+    for name, jcts in (alone or {}).items():
+        for pid, job in policies[name]["pipelines"].items():
+            job["alone_jct_s"] = jcts[pid]
+            job["slowdown"] = job["jct_s"] / jcts[pid] if jcts[pid] else None
+    return {"format": RESULTS_FORMAT, "version": 1, "trace": trace_name, "source": source, "gpus": gpus, "policies": policies}
 
 
 def write_json(data: dict, path: str | Path) -> None:
@@ -56,7 +59,7 @@ def _value(run: RunMetrics, key: str):
     return getattr(run, key)
 
 
-def print_table(console: Console, title: str, runs: dict[str, RunMetrics]) -> None:
+def print_table(console: Console, title: str, runs: dict[str, RunMetrics], alone: Alone | None = None) -> None:
     table = Table(title=title, title_justify="left")
     table.add_column("metric")
     for name in runs:
@@ -75,6 +78,19 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics]) -> No
         runs,
         lambda p: f"{p.jct_s:,.0f} / {p.step_latency_p50_s:,.0f} / {p.step_latency_p99_s:,.0f}",
     )
+    if alone:
+        slowdowns = {name: slowdowns_of(run, alone[name]) for name, run in runs.items()}
+        table = Table(title="per pipeline: slowdown (JCT over its JCT replayed alone on the same GPUs)", title_justify="left")
+        table.add_column("pipeline")
+        for name in runs:
+            table.add_column(name, justify="right")
+        for pid in next(iter(runs.values())).pipelines:
+            table.add_row(pid, *(f"{slowdowns[name][pid]:.2f}x" for name in runs))
+        table.add_row(
+            "worst / mean",
+            *(f"{max(s.values()) / (sum(s.values()) / len(s)):.2f}x" if s else "-" for s in slowdowns.values()),
+        )
+        console.print(table)
     _per_pipeline(
         console,
         "per pipeline: GPU-seconds used / lent (its home, held by others) / borrowed (outside its home)",

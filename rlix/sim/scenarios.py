@@ -371,7 +371,8 @@ def queued_cluster(seed: int) -> dict:
     receive five tasks at 6 an hour (about 48 tasks an hour offered to the
     cluster); a task alone takes about 4 minutes (4 steps of 256
     trajectories, RLVR lengths: median 500 tokens, p99 5,000, 8K cap) and its
-    rollout may use any GPU.
+    rollout may use any GPU. A task's node is its home (a guarantee: the first
+    admitted there owns it), and the node's queue admits at most 3 tasks at once.
     """
     jobs = []
     for node in range(8):
@@ -397,8 +398,10 @@ def queued_cluster(seed: int) -> dict:
     return {
         "name": "queued_cluster",
         "description": "Multi-tenant 8x8 GPU cluster: 40 small RLVR tasks arriving as Poisson processes (6/hour per node, "
-        "about 48/hour in all), each about 4 minutes alone; calibrated by the seed article's tasks/hour and latency figures.",
+        "about 48/hour in all), each about 4 minutes alone; calibrated by the seed article's tasks/hour and latency figures; "
+        "each task's node is its home, and each node's queue admits at most 3 tasks at once.",
         "cluster": {"nodes": 8, "gpus_per_node": 8},
+        "scheduler": {"queues": [{"name": f"node{n}", "gpus": _range(8 * n, 8 * n + 7), "max_jobs": 3} for n in range(8)]},
         "pipelines": jobs,
     }
 

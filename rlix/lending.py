@@ -8,6 +8,10 @@ A job's home is the partition it would have to itself under ``static``
 - ``lent``: GPU-seconds other jobs held of its home GPUs while it was there
   (shared equally between the owners of a GPU that lies in several homes).
 
+- ``fair``: its fair share: each GPU-second, held or not, split equally between
+  the jobs whose homes hold that GPU (co-tenants time-share their GPUs, so each
+  is owed an equal part of them while it is there).
+
 Every held GPU-second is counted once in ``used``. Where homes partition the
 cluster, the jobs' ``borrowed`` add up to their ``lent``, less what was held of
 the homes of jobs not there (not yet arrived, or gone): nobody lent that. The simulator, the
@@ -30,6 +34,7 @@ class HomeBook:
         self.used: dict[str, float] = {}
         self.lent: dict[str, float] = {}
         self.borrowed: dict[str, float] = {}
+        self.fair: dict[str, float] = {}
 
     def set_home(self, now: float, pipeline_id: str, gpus: Iterable[int]) -> None:
         """From ``now`` on, ``pipeline_id``'s home is ``gpus`` (empty: it left)."""
@@ -57,11 +62,13 @@ class HomeBook:
         if dt <= 0:
             return
         self._since[g] = now
+        owners = self._owners[g]
+        for o in owners:
+            self.fair[o] = self.fair.get(o, 0.0) + dt / len(owners)
         pid = self._holder[g]
         if not pid:
             return
         self.used[pid] = self.used.get(pid, 0.0) + dt
-        owners = self._owners[g]
         if pid not in owners:
             self.borrowed[pid] = self.borrowed.get(pid, 0.0) + dt
         others = [o for o in owners if o != pid]

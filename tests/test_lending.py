@@ -37,6 +37,18 @@ def test_a_gpu_in_two_homes_is_lent_by_both_and_a_job_at_home_borrows_nothing():
     book.settle(4.0)
     assert book.borrowed == pytest.approx({"c": 4.0})  # GPU 0 is not in c's home
     assert book.lent == pytest.approx({"a": 2.0, "b": 2.0 + 2.0, "c": 2.0})  # GPU 1: a at home, b and c lent it
+    assert book.fair == pytest.approx({"a": 2.0 + 4 / 3, "b": 2.0 + 4 / 3, "c": 4 / 3})  # each GPU split between its homes
+
+
+def test_a_fair_share_counts_free_gpus_too_while_the_job_is_there():
+    book = HomeBook(2)
+    book.set_home(0.0, "a", (0, 1))
+    book.hold(0, 0.0, "a")
+    book.set_home(4.0, "b", (0, 1))  # co-tenants from 4 s
+    book.set_home(6.0, "a", ())  # a leaves (its worker is still counted: the book only integrates)
+    book.settle(10.0)
+    assert book.fair == pytest.approx({"a": 8.0 + 2.0, "b": 2.0 + 8.0})
+    assert book.used == pytest.approx({"a": 10.0})
 
 
 def test_replays_account_every_held_gpu_second_and_static_never_lends():

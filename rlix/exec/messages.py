@@ -469,6 +469,7 @@ class JobRow:
     gpu_s: float  # GPU-seconds it held
     lent_s: float  # GPU-seconds other jobs held of its home GPUs
     borrowed_s: float  # GPU-seconds it held outside its home GPUs
+    fair_s: float = 0.0  # its fair share: each GPU-second of its home split equally between the jobs there
     queue_position: int | None  # 1 = next to be admitted; None = not queued
     error: str = ""
     tenant: str = ""  # the tenant it belongs to ("" for none)

@@ -26,8 +26,9 @@ def status_table(status: ClusterStatus, console: Console | None = None) -> None:
     table = Table(show_edge=False, pad_edge=False)
     tenants = any(r.tenant for r in status.jobs)
     columns = ("JOB", "TENANT") if tenants else ("JOB",)
-    for name in (*columns, "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "LENT", "BORROWED", "QUEUE", "SUBMITTER"):
-        table.add_column(name, justify="right" if name in ("PRI", "GPU-S", "LENT", "BORROWED", "QUEUE") else "left")
+    numbers = ("PRI", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE")
+    for name in (*columns, "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE", "SUBMITTER"):
+        table.add_column(name, justify="right" if name in numbers else "left")
     for r in status.jobs:
         table.add_row(
             *((r.name, r.tenant or "-") if tenants else (r.name,)),
@@ -36,6 +37,7 @@ def status_table(status: ClusterStatus, console: Console | None = None) -> None:
             gpu_text(r),
             f"{r.steps_done}/{r.steps_total}",
             f"{r.gpu_s:.0f}",
+            f"{r.fair_s:.0f}",
             f"{r.lent_s:.0f}",
             f"{r.borrowed_s:.0f}",
             str(r.queue_position) if r.queue_position is not None else "-",

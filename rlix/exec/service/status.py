@@ -71,6 +71,7 @@ def cluster_status(service, now: float) -> ClusterStatus:
                 gpu_s=usage.used.get(name, 0.0),
                 lent_s=usage.lent.get(name, 0.0),
                 borrowed_s=usage.borrowed.get(name, 0.0),
+                fair_s=usage.fair.get(name, 0.0),
                 queue_position=queue.index(name) + 1 if name in queue else None,
                 error=book.ended.get(name, ("", ""))[1],
             )

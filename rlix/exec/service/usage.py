@@ -1,6 +1,6 @@
 """Executor layer: what the service's GPUs did since it started, from the ledger's changes.
 
-Per job: GPU-seconds held, borrowed and lent, in the book every shell keeps
+Per job: GPU-seconds held, borrowed and lent, and its fair share, in the book every shell keeps
 (:class:`rlix.lending.HomeBook`, inside the recorder). Every GPU-second some
 job holds is counted once in ``used``, so the jobs' ``used`` add up to the
 cluster's busy GPU-seconds. The same changes draw the cluster's timeline as
@@ -23,7 +23,7 @@ class ClusterUsage:
         self.start = start
         self.held: list[Holder | None] = [None] * num_gpus
         book = self.recorder.homes
-        self.used, self.lent, self.borrowed = book.used, book.lent, book.borrowed
+        self.used, self.lent, self.borrowed, self.fair = book.used, book.lent, book.borrowed, book.fair
 
     def set_home(self, now: float, job: str, gpus) -> None:
         """The job's home GPUs (its partition) from ``now`` on; ``()`` once it left."""

@@ -6,9 +6,21 @@ as RLix's own deployment does: none of them owns the GPUs, and none queues behin
 
 from __future__ import annotations
 
+import dataclasses
+
 from helpers import demand, owners, register, spec
 
-from rlix.core import ClusterSpec, ReleaseStage, RequestStage, Scheduler, SchedulerConfig, ShrinkReason, Stage
+from rlix.core import (
+    ClusterSpec,
+    QueueSpec,
+    ReleaseStage,
+    RequestStage,
+    Scheduler,
+    SchedulerConfig,
+    ShrinkReason,
+    Stage,
+    Unregister,
+)
 
 NODE8 = ClusterSpec(nodes=1, gpus_per_node=8)
 EQUAL = SchedulerConfig(small_first=0.0, path_halving_s=0.0)  # no urgency factors: the plain split
@@ -119,3 +131,44 @@ def test_stage_priority_orders_cotenants_stages_that_waited_alike():
     plan = sched.step(60, [ReleaseStage(pipeline_id="a", stage=Stage.INIT)])
     # both waited behind the same model load (a's own); a's training goes first by stage priority
     assert grants(plan) == [("a", Stage.ACTOR_TRAIN)]
+
+
+# ------------------------------------------------------------------ queues: explicit admission limits
+
+
+def queued(config: SchedulerConfig, *specs) -> Scheduler:
+    sched = Scheduler(NODE8, "rlix", config)
+    register(sched, *specs)
+    return sched
+
+
+def test_a_queue_admits_its_jobs_one_at_a_time_in_arrival_order():
+    one = SchedulerConfig(queues=(QueueSpec(name="node", gpus=tuple(range(8)), max_jobs=1),))
+    sched = queued(one, *(spec(p, range(8), range(8)) for p in ("a", "b", "c")))
+    plan = sched.step(0, [RequestStage(pipeline_id=p, stage=Stage.INIT) for p in ("c", "a", "b")])
+    assert grants(plan) == [("c", Stage.INIT)]  # asked first
+    assert sched.admission_refusal("a") == "queue 'node' holds 1 of its 1 jobs" and sched.admission_refusal("c") is None
+    sched.step(10, [ReleaseStage(pipeline_id="c", stage=Stage.INIT), demand("c", 8)])
+    assert sched.pending_requests() == [("a", Stage.INIT), ("b", Stage.INIT)]  # the GPUs are free, the queue is not
+    plan = sched.step(20, [Unregister(pipeline_id="c")])
+    assert grants(plan) == [("a", Stage.INIT)]
+
+
+def test_a_queue_of_resident_memory_refuses_a_model_that_does_not_fit_and_says_so():
+    host = SchedulerConfig(queues=(QueueSpec(name="host", gpus=tuple(range(8)), max_resident_gb=64.0),))
+    big = [dataclasses.replace(spec(p, range(8), range(8)), resident_gb=40.0) for p in ("a", "b")]
+    small = dataclasses.replace(spec("c", range(8), range(8)), resident_gb=20.0)
+    sched = queued(host, *big, small)
+    plan = sched.step(0, [RequestStage(pipeline_id=p, stage=Stage.INIT) for p in ("a", "b", "c")])
+    assert grants(plan) == [("a", Stage.INIT)]  # b does not fit beside a, and c waits behind b (first come, first served)
+    assert sched.admission_refusal("b") == "queue 'host' has 24.0 GB of resident model memory free, the job needs 40.0 GB"
+
+
+def test_without_a_queue_cotenants_are_all_admitted():
+    sched = cotenants("a", "b", "c")
+    plan = sched.step(0, [RequestStage(pipeline_id=p, stage=Stage.INIT) for p in ("a", "b", "c")])
+    assert grants(plan) == [("a", Stage.INIT)]  # the model loads take the node in turn, not the jobs
+    for t, pid in ((30, "b"), (60, "c")):
+        prev = {"b": "a", "c": "b"}[pid]
+        plan = sched.step(t, [ReleaseStage(pipeline_id=prev, stage=Stage.INIT), demand(prev, 16)])
+        assert grants(plan) == [(pid, Stage.INIT)]

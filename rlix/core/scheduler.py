@@ -23,6 +23,7 @@ from rlix.core.lifecycle import (
     check_transition,
 )
 from rlix.core.policies import Policy, make_policy
+from rlix.core.queues import refusal
 from rlix.core.rejoin import check_demand, check_holdings
 from rlix.core.state import GangRequest, PipelineEntry, View
 from rlix.core.topology import requested_gpus, validate_pipeline
@@ -300,6 +301,14 @@ class Scheduler:
 
     def pipelines(self) -> list[str]:
         return [e.spec.pipeline_id for e in self._view.active()]
+
+    def admission_refusal(self, pipeline_id: str) -> str | None:
+        """Why the pipeline's pending model load waits for its queues now (one line), or None: no
+        queue holds it back (it may still wait for GPUs)."""
+        entry = self._view.pipelines.get(pipeline_id)
+        if entry is None or entry.admitted or (pipeline_id, Stage.INIT) not in self._requests:
+            return None
+        return refusal(self._view, Draft(self.ledger, self._view.now), entry.spec)
 
     def admitted_at(self, pipeline_id: str) -> float | None:
         """When a plan first gave the pipeline GPUs (None: not yet, or not registered)."""

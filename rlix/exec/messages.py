@@ -371,6 +371,9 @@ class JobProgress:
     events: tuple[ActivityChange, ...] = ()  # drained since the previous poll
 
 
+LOAD_WAIT = "waiting for GPUs to load"  # JobProgress.phase while the model load waits (for GPUs, or the job's queues)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobResult:
     """What a coordinator's run returns to the driver: the job's records, folded into the outputs."""

@@ -267,6 +267,10 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             **self.counts,
         )
 
+    async def admission_refusal(self, pipeline_id: str) -> str | None:
+        """Why the pipeline's model load waits for its queues (one line), or None: see the core's own."""
+        return self.core.admission_refusal(pipeline_id)
+
     async def holdings(self) -> dict[str, tuple[int, ...]]:
         """GPUs each pipeline holds now (rollout workers and gang stages), for tests and the console."""
         return held_gpus(self.core.ledger.owner)

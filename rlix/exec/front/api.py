@@ -27,12 +27,13 @@ from rlix.exec.control.actor_placement import ClusterError  # noqa: F401 -- rlix
 from rlix.exec.control.gpu_reservation import release
 from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
+from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
 from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
-from rlix.exec.messages import GpuMap, JobProgress, JobResult, SchedulerStats
+from rlix.exec.messages import LOAD_WAIT, GpuMap, JobProgress, JobResult, SchedulerStats
 from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
 from rlix.import_path import worker_pythonpath
 
@@ -49,6 +50,7 @@ class _Pipeline:
     result: JobResult | None = None
     progress: JobProgress | None = None
     killed_at: float | None = None
+    admission: str | None = None  # why its model load waits for its queues (None: it does not)
 
     def poll(self, events: list[ActivityChange]) -> None:
         """Ask the coordinator for its progress (its activity changes go to ``events``)."""
@@ -70,6 +72,10 @@ class _Pipeline:
         done, _ = ray.wait([self.run_ref], timeout=0)
         if not done:
             self.poll(session.events)
+            if self.progress is not None and self.progress.phase == LOAD_WAIT:  # queued for admission? say why
+                self.admission = ray.get(session.scheduler.admission_refusal.remote(self.pipeline_id), timeout=10)
+            else:
+                self.admission = None
             return
         try:
             self.result = ray.get(self.run_ref)
@@ -121,6 +127,7 @@ class Session:
         address = joins_shared(address, config) if self._own_ray else None
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
             check_topology(config)
+            self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
         self.submission = Submission.join(config, address, where) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)

@@ -79,8 +79,9 @@ def job_line(p, now: float) -> JobLine:
     if prog is None:
         return JobLine(**base, state="starting", since_s=None)
     busy = prog.phase != ""
+    phase = f"queued: {p.admission}" if p.admission else prog.phase
     return JobLine(
         **{**base, "step": prog.step, "rewards": prog.rewards, "gpus_held": prog.gpus_held, "requeued": prog.requeued},
-        state=prog.phase if busy else prog.status.value,
+        state=phase if busy else prog.status.value,
         since_s=max(0.0, now - prog.phase_since_s) if busy else None,
     )

@@ -36,7 +36,7 @@ from rlix.exec.host_priority import background_start
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
-from rlix.exec.messages import Emulation, GpuMap, JobNote, JobProgress, JobResult
+from rlix.exec.messages import LOAD_WAIT, Emulation, GpuMap, JobNote, JobProgress, JobResult
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
@@ -68,7 +68,7 @@ def job_phase(runner: StepRunner | None, link: SchedulerLink, arrival_s: float) 
     waiting = link.waiting_since()
     if waiting is not None:
         stage, since = waiting
-        return ("waiting for GPUs to load" if stage is Stage.INIT else f"waiting for GPUs ({stage.value})"), since
+        return (LOAD_WAIT if stage is Stage.INIT else f"waiting for GPUs ({stage.value})"), since
     if runner is None or runner.loading_since is None:
         return "registering", arrival_s
     if not runner.loaded:

@@ -172,3 +172,41 @@ def test_without_a_queue_cotenants_are_all_admitted():
         prev = {"b": "a", "c": "b"}[pid]
         plan = sched.step(t, [ReleaseStage(pipeline_id=prev, stage=Stage.INIT), demand(prev, 16)])
         assert grants(plan) == [(pid, Stage.INIT)]
+
+
+def test_a_queue_is_first_come_first_served_even_for_a_later_job_whose_gpus_are_free():
+    two = SchedulerConfig(queues=(QueueSpec(name="node", gpus=tuple(range(8)), max_jobs=2),))
+    sched = queued(two, spec("a", range(4), range(8)), spec("b", range(4), range(8)), spec("c", range(4, 8), range(8)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert sched.step(2, [RequestStage(pipeline_id="b", stage=Stage.INIT)]).grants == ()  # a's training holds 0-3
+    plan = sched.step(3, [RequestStage(pipeline_id="c", stage=Stage.INIT)])
+    assert plan.grants == ()  # room in the queue and GPUs 4-7 free, but b asked first
+    plan = sched.step(4, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert grants(plan) == [("b", Stage.INIT)]
+    assert sched.admission_refusal("c") == "queue 'node' holds 2 of its 2 jobs"
+
+
+def test_a_jobs_own_grants_do_not_age_its_other_requests():
+    sched = Scheduler(NODE8, "rlix", EQUAL)
+    register(sched, spec("a", range(8), range(8), reference=range(4)), spec("b", range(8), range(8)))
+    plan = sched.step(
+        0, [RequestStage(pipeline_id="a", stage=Stage.REF_LOGPROBS), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)]
+    )
+    assert grants(plan) == [("a", Stage.ACTOR_TRAIN)]  # a's own training: its reference log-probs are not passed over
+    sched.step(1, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)])
+    plan = sched.step(2, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert grants(plan) == [("b", Stage.ACTOR_TRAIN)]  # by stage priority: neither has waited behind another job
+
+
+def test_with_slowdown_weight_the_most_slowed_cotenants_stage_goes_first():
+    def first_granted(config: SchedulerConfig) -> str:
+        sched = Scheduler(NODE8, "rlix", config)
+        register(sched, *(spec(p, range(8), range(8)) for p in ("a", "b")))
+        # by 1000 s a has done 400 trajectories of 10 s, b only 10: b is slowed far more against running alone
+        sched.step(1000, [demand("a", 0, trajectory_s=10.0, finished=400), demand("b", 0, trajectory_s=10.0, finished=10)])
+        plan = sched.step(1001, [RequestStage(pipeline_id=p, stage=Stage.ACTOR_TRAIN) for p in ("a", "b")])
+        return grants(plan)[0][0]
+
+    assert first_granted(EQUAL) == "a"  # asked first
+    assert first_granted(dataclasses.replace(EQUAL, slowdown_weight=1.0)) == "b"

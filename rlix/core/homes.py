@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rlix.core.ledger import Draft
+from rlix.core.lifecycle import PipelineState
 from rlix.core.shares import RolloutNeed
 from rlix.core.state import GangRequest, PipelineEntry, View, worker_loads
 from rlix.core.types import GangHolder, Gpus, Holder, PipelineSpec
@@ -43,21 +44,23 @@ def owned_bundles(view: View) -> dict[str, tuple[Gpus, ...]]:
 
 def own_home(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> Gpus:
     """The GPUs ``spec`` is guaranteed, given the other active jobs: its explicit ``home``; or, where it
-    names none, the GPUs of its gang mappings that no other job's home or gang mappings cover. Jobs
-    whose mappings overlap are co-tenants: they time-share those GPUs, and none of them owns them."""
+    names none, the GPUs of its default home (:attr:`~rlix.core.types.PipelineSpec.home_gpus`) that no
+    other job's home or gang mappings cover. Jobs whose mappings overlap are co-tenants: they
+    time-share those GPUs, and none of them owns them."""
     if spec.home:
         return spec.home
-    shared = {g for o in others for g in o.home_gpus}
-    return tuple(g for g in spec.init_gpus if g not in shared)
+    shared = {g for o in others for g in (*o.home_gpus, *o.init_gpus)}
+    return tuple(g for g in spec.home_gpus if g not in shared)
 
 
 def _homes(view: View) -> tuple[dict[int, str], dict[str, tuple[Gpus, ...]]]:
-    active = view.active()
-    admitted = sorted((e for e in active if e.admitted), key=lambda e: (e.admitted_at, e.spec.pipeline_id))
-    key = (tuple((e.spec.pipeline_id, e.order) for e in admitted), tuple(e.order for e in active))
+    # Recomputed only when the active jobs or their admissions change (registration order is stable).
+    key = tuple((e.order, e.admitted_at) for e in view.pipelines.values() if e.state is PipelineState.ACTIVE)
     memo = view.memo.get("homes")
     if isinstance(memo, tuple) and memo[0] == key:
         return memo[1]
+    active = view.active()
+    admitted = sorted((e for e in active if e.admitted), key=lambda e: (e.admitted_at, e.spec.pipeline_id))
     owners: dict[int, str] = {}
     owned: dict[str, tuple[Gpus, ...]] = {}
     for e in admitted:  # the first admitted owns a shared home
@@ -86,10 +89,9 @@ def gang_order(view: View) -> list[GangRequest]:
 
 
 def _is_guest(view: View, owners: dict[int, str], pipeline_id: str) -> bool:
-    """Is some GPU of its home another job's (see :func:`home_owners`)?"""
-    spec = view.pipelines[pipeline_id].spec
-    home = own_home(spec, (e.spec for e in view.active() if e.spec.pipeline_id != pipeline_id))
-    return any(owners.get(g, pipeline_id) != pipeline_id for g in home)
+    """Is some GPU of its default home another job's (see :func:`home_owners`)? Co-tenants are no
+    one's guests: no job owns the GPUs they share."""
+    return any(owners.get(g, pipeline_id) != pipeline_id for g in view.pipelines[pipeline_id].spec.home_gpus)
 
 
 def guest_stage_fits(view: View, draft: Draft, req: GangRequest) -> bool:

@@ -60,22 +60,24 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     """
     reserved: set[int] = set()
     queued: set[int] = set()  # homes of jobs refused admission this round
-    closed: set[str] = set()  # queues that refused a job this round: later jobs wait behind it
+    closed: set[str] = set()  # queues a job of which was not admitted this round: later jobs wait behind it
     owner = draft.owner
     for req in gang_order(view) if owners_first else view.pending:
-        gpus = req.gpus
-        if req.stage is Stage.INIT and view.config.queues and not _admitted_by_queues(view, draft, req, closed):
-            continue
-        queue_home = view.pipelines[req.pipeline_id].spec.home_gpus if req.stage is Stage.INIT and admits is not None else ()
-        if owners_first and not guest_stage_fits(view, draft, req):
-            queued.update(queue_home)  # a job not admitted yet keeps its place in the admission queue
-            continue  # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
-        if queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)):
-            queued.update(queue_home)  # not admitted yet: its home stays free of later jobs, not of running ones
-            continue
-        if any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
+        gpus, init, spec = req.gpus, req.stage is Stage.INIT, view.pipelines[req.pipeline_id].spec
+        queue_home = spec.home_gpus if init and admits is not None else ()
+        lines = {q.name for q in queues_of(view, spec)} if init and view.config.queues else set()
+        waits = bool(
+            (lines and (not lines.isdisjoint(closed) or refusal(view, draft, spec) is not None))
+            # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
+            or (owners_first and not guest_stage_fits(view, draft, req))
+            or (queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)))
+        )
+        if not waits and any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
             reserved.update(gpus)
+            waits = True
+        if waits:  # not admitted yet: its home stays free of later jobs (not of running ones), its queues closed
             queued.update(queue_home)
+            closed.update(lines)
             continue
         victims = {owner[g] for g in gpus if owner[g] is not None}
         if stop_own_rollout:
@@ -83,17 +85,6 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
         for worker in sorted(victims, key=_worker_key):
             draft.shrink(worker, ShrinkReason.GANG)
         draft.grant(req.pipeline_id, req.stage, gpus)
-
-
-def _admitted_by_queues(view: View, draft: Draft, req: GangRequest, closed: set[str]) -> bool:
-    """Do the job's queues admit it now (none closed this round, each under its limits)? If not,
-    its queues close for the rest of the round: admission is first come, first served."""
-    spec = view.pipelines[req.pipeline_id].spec
-    names = {q.name for q in queues_of(view, spec)}
-    if names.isdisjoint(closed) and refusal(view, draft, spec) is None:
-        return True
-    closed.update(names)
-    return False
 
 
 def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:

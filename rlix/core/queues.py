@@ -10,15 +10,23 @@ every later job of that queue waiting too.
 
 from __future__ import annotations
 
+import math
+
+from rlix.core.errors import SchedulingError
 from rlix.core.ledger import Draft
 from rlix.core.state import View
-from rlix.core.types import PipelineSpec, QueueSpec, Stage
+from rlix.core.types import ClusterSpec, PipelineSpec, QueueSpec, SchedulerConfig, Stage
 
 
 def queues_of(view: View, spec: PipelineSpec) -> tuple[QueueSpec, ...]:
-    """The queues whose GPUs the job's gang mappings (or its home) touch, in declared order."""
-    mine = set(spec.init_gpus) | set(spec.home)
-    return tuple(q for q in view.config.queues if mine.intersection(q.gpus))
+    """The queues whose GPUs the job's gang mappings (or its home) touch, in declared order (kept per job)."""
+    memo = view.memo.setdefault("queues", {})
+    assert isinstance(memo, dict)
+    found = memo.get(spec.pipeline_id)
+    if found is None or found[0] is not spec:
+        mine = set(spec.init_gpus) | set(spec.home)
+        found = memo[spec.pipeline_id] = (spec, tuple(q for q in view.config.queues if mine.intersection(q.gpus)))
+    return found[1]
 
 
 def refusal(view: View, draft: Draft, spec: PipelineSpec) -> str | None:
@@ -40,3 +48,32 @@ def refusal(view: View, draft: Draft, spec: PipelineSpec) -> str | None:
                 f"the job needs {spec.resident_gb:.1f} GB"
             )
     return None
+
+
+def check_queues(cluster: ClusterSpec, config: SchedulerConfig) -> None:
+    """Queues with unique names, GPUs of the cluster and at least one finite limit."""
+    names = [q.name for q in config.queues]
+    if "" in names or len(set(names)) != len(names):
+        raise SchedulingError("queues: every queue needs a name of its own")
+    for q in config.queues:
+        where = f"queue '{q.name}'"
+        if not q.gpus or any(not 0 <= g < cluster.num_gpus for g in q.gpus):
+            raise SchedulingError(f"{where}: gpus must be GPUs of the cluster (0..{cluster.num_gpus - 1})")
+        if q.max_jobs < 0 or not (math.isfinite(q.max_resident_gb) and q.max_resident_gb >= 0):
+            raise SchedulingError(f"{where}: max_jobs and max_resident_gb must be >= 0 (0: no limit)")
+        if not (q.max_jobs or q.max_resident_gb):
+            raise SchedulingError(f"{where}: it sets no limit; give max_jobs or max_resident_gb")
+
+
+def check_fits(config: SchedulerConfig, spec: PipelineSpec) -> None:
+    """A job that no queue of its could ever admit is refused at registration (it would wait for ever,
+    and every later job of its queues behind it)."""
+    if not (math.isfinite(spec.resident_gb) and spec.resident_gb >= 0):
+        raise SchedulingError(f"pipeline '{spec.pipeline_id}': resident_gb={spec.resident_gb} must be a finite number >= 0")
+    mine = set(spec.init_gpus) | set(spec.home)
+    for q in config.queues:
+        if q.max_resident_gb and mine.intersection(q.gpus) and spec.resident_gb > q.max_resident_gb:
+            raise SchedulingError(
+                f"pipeline '{spec.pipeline_id}': its model keeps {spec.resident_gb:.2f} GB resident, more than queue "
+                f"'{q.name}' ever admits ({q.max_resident_gb:.2f} GB); raise the queue's max_resident_gb or lower resident_gb"
+            )

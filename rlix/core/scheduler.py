@@ -23,7 +23,7 @@ from rlix.core.lifecycle import (
     check_transition,
 )
 from rlix.core.policies import Policy, make_policy
-from rlix.core.queues import refusal
+from rlix.core.queues import check_fits, check_queues, refusal
 from rlix.core.rejoin import check_demand, check_holdings
 from rlix.core.state import GangRequest, PipelineEntry, View
 from rlix.core.topology import requested_gpus, validate_pipeline
@@ -67,6 +67,7 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         if not (math.isfinite(value) and value >= 0):
             raise SchedulingError(f"{name}={value}: must be a finite number >= 0 (0 turns it off)")
     check_tenants(cluster, config)
+    check_queues(cluster, config)
 
 
 def check_tenants(cluster: ClusterSpec, config: SchedulerConfig) -> None:
@@ -163,6 +164,7 @@ class Scheduler:
         pid = spec.pipeline_id
         validate_pipeline(self.cluster, spec)
         check_tenant(self._view.config, spec)
+        check_fits(self._view.config, spec)
         old = self._view.pipelines.get(pid)  # an id may run again once a plan freed what its pipeline held
         if old is not None and (old.state is PipelineState.ACTIVE or pid in self._view.departed):
             raise SchedulingError(f"pipeline '{pid}' is already registered; pipeline ids must be unique")

@@ -195,25 +195,27 @@ class PipelineEntry:
         than it made only keeps its guarantee; one not measured (no report, no home of its
         own, rejoined after a scheduler restart) has no lead.
         """
-        report = self.demand
-        if report is None or not self.home_workers:
-            return float("-inf")
-        times = self.gang_times
-        rollout = report.finished * report.trajectory_s / (self.home_workers * self.spec.slots_per_worker)
-        return self.registered_at + times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout - now
+        done = self._alone_s(now)
+        return float("-inf") if done is None else self.registered_at + done - now
 
     def slowdown(self, now: float) -> float:
         """Its slowdown so far: the seconds since it registered over the seconds what it has done takes
-        it alone at the least (its model load, its gang stages, its finished trajectories at full slots
-        on its home workers: :meth:`lead_s`), both plus ``SLOWDOWN_DAMP_S`` so a job just arrived is
-        not taken as infinitely slowed. 1.0 where nothing is measured."""
-        report = self.demand
-        if report is None or not self.home_workers or self.registered_at == float("-inf"):
+        it alone at the least (:meth:`lead_s`'s ``init + G + W / (h x slots)``), both plus
+        ``SLOWDOWN_DAMP_S`` so a job just arrived is not taken as infinitely slowed. 1.0 where
+        nothing is measured."""
+        done = self._alone_s(now)
+        if done is None or self.registered_at == float("-inf"):
             return 1.0
+        return (now - self.registered_at + SLOWDOWN_DAMP_S) / (done + SLOWDOWN_DAMP_S)
+
+    def _alone_s(self, now: float) -> float | None:
+        """Seconds what the job has done takes it alone on its home at the least (None: not measured)."""
+        report = self.demand
+        if report is None or not self.home_workers:
+            return None
         times = self.gang_times
         rollout = report.finished * report.trajectory_s / (self.home_workers * self.spec.slots_per_worker)
-        done = times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout
-        return (now - self.registered_at + SLOWDOWN_DAMP_S) / (done + SLOWDOWN_DAMP_S)
+        return times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout
 
     def lends(self, now: float, config: SchedulerConfig) -> bool:
         """Does it lend its home guarantee now? From ``2 x lend_ahead_s`` of lead (``lead_s``) on,

@@ -85,7 +85,7 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics], alone
         for name in runs:
             table.add_column(name, justify="right")
         for pid in next(iter(runs.values())).pipelines:
-            table.add_row(pid, *(f"{slowdowns[name][pid]:.2f}x" for name in runs))
+            table.add_row(pid, *(f"{slowdowns[name][pid]:.2f}x" if pid in slowdowns[name] else "-" for name in runs))
         table.add_row(
             "worst / mean",
             *(f"{max(s.values()) / (sum(s.values()) / len(s)):.2f}x" if s else "-" for s in slowdowns.values()),

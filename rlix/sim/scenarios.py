@@ -459,6 +459,8 @@ def cotenancy_family(*, jobs: int, nodes: int, staggered: bool, seed: int) -> di
     """
     rng = np.random.default_rng(seed)
     gpus = 8 * nodes
+    gaps = rng.uniform(0, 400, size=jobs)  # drawn either way: together and staggered get the same jobs
+    arrivals = [round(float(gaps[i]) * i, 1) if staggered else 0.0 for i in range(jobs)]
     out = []
     for i in range(jobs):
         med = float(rng.choice([10.0, 20.0, 30.0, 60.0]))
@@ -473,7 +475,7 @@ def cotenancy_family(*, jobs: int, nodes: int, staggered: bool, seed: int) -> di
                 f"job{i}",
                 kind=kind,
                 adapters=2,
-                arrival=round(float(rng.uniform(0, 400)) * i, 1) if staggered else 0.0,
+                arrival=arrivals[i],
                 train=train,
                 infer=(0, gpus - 1),
                 steps=int(rng.integers(3, 8)),

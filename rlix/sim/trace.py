@@ -23,7 +23,8 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from rlix.config import ClusterModel, JobModel, SchedulerModel, StrictModel, job_topology_error, one_line, read_document
-from rlix.core import ClusterSpec, PipelineSpec, Stage
+from rlix.core import ClusterSpec, PipelineSpec, SchedulingError, Stage
+from rlix.core.queues import check_fits, check_queues
 from rlix.job import JobShape, StepShape, stage_gpus
 
 FORMAT = "rlix-trace"
@@ -508,8 +509,17 @@ class Trace:
         return sum(len(step.trajectories) for streams in self.streams.values() for _, steps in streams for step in steps)
 
     def _check_topology(self) -> None:
+        config = self.model.scheduler.to_config()
+        try:
+            check_queues(self.cluster, config)
+        except SchedulingError as exc:
+            raise TraceError(f"{self.source}: scheduler.{exc}") from None
         for i, p in enumerate(self.model.pipelines):  # copies share their template's topology
             problem = pipeline_topology_error(self.cluster, p)
+            try:
+                check_fits(config, p.spec(p.id, resumable=True))
+            except SchedulingError as exc:
+                problem = problem or str(exc)
             if problem is not None:
                 raise TraceError(f"{self.source}: pipelines[{i}] ({p.id}): {problem}")
 

@@ -140,7 +140,7 @@ def _pipeline(job: JobConfig, pid: str, res: JobResult) -> PipelineModel:
         **job.model_dump(include=set(JobModel.model_fields) - {"arrival_s", "home"}),  # as configured
         id=pid,
         arrival_s=round(res.arrival_s, 4),  # measured: when it really arrived
-        home=list(spec.home),  # the partition it registered (a job naming none gets the default home)
+        home=list(spec.home),  # the home it named ([]: none, so a replay derives it as the run did)
         preempt="continue",  # the executor continues an aborted trajectory elsewhere
         init_s=round(res.init_s, 4),
         switch=_switch(res, lora),

@@ -1,6 +1,6 @@
 """Co-tenants in the executor: two jobs mapped onto the same 4 logical GPUs (examples/cpu_colocated.yaml).
 
-One run per policy. Under ``static`` the second job waits for the first (the GPUs are one
+One run per policy, two steps a job. Under ``static`` the second job waits for the first (the GPUs are one
 partition); under ``rlix`` they run at once, and each learns exactly what it learns alone.
 """
 
@@ -23,6 +23,7 @@ def runs(tmp_path_factory):
     from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE)
+    cfg = cfg.model_copy(update={"jobs": [j.model_copy(update={"steps": 2}) for j in cfg.jobs]})  # the example, shortened
     return {p: api.run(cfg.model_copy(update={"policy": p}), out_dir=str(tmp_path_factory.mktemp(p))) for p in ("rlix", "static")}
 
 

@@ -175,11 +175,11 @@ class SchedulerModel(StrictModel):
         "of shorter chain (0: off)",
     )
     slowdown_weight: float = Field(
-        default=0.0,
+        default=5.0,
         ge=0,
         le=10,
-        description="finish-time fairness: weight x (slowdown so far) ** slowdown_weight, and the most slowed "
-        "co-tenant's gang stage first among stages of one priority (0: off)",
+        description="finish-time fairness among co-tenants (jobs with no home of their own): weight x (projected "
+        "slowdown) ** slowdown_weight, and the most slowed co-tenant's gang stage first among stages alike (0: off)",
     )
     lost_cooldown_s: float = Field(
         default=30.0,

@@ -199,14 +199,31 @@ def test_a_jobs_own_grants_do_not_age_its_other_requests():
     assert grants(plan) == [("b", Stage.ACTOR_TRAIN)]  # by stage priority: neither has waited behind another job
 
 
-def test_with_slowdown_weight_the_most_slowed_cotenants_stage_goes_first():
+def test_the_most_slowed_cotenants_stage_goes_first():
     def first_granted(config: SchedulerConfig) -> str:
         sched = Scheduler(NODE8, "rlix", config)
         register(sched, *(spec(p, range(8), range(8)) for p in ("a", "b")))
-        # by 1000 s a has done 400 trajectories of 10 s, b only 10: b is slowed far more against running alone
-        sched.step(1000, [demand("a", 0, trajectory_s=10.0, finished=400), demand("b", 0, trajectory_s=10.0, finished=10)])
+        # both had 1,000 s of steps ahead alone; by 1,000 s a has 200 s left, b 900 s: b is slowed far more
+        chain = {"a": (1000.0, 200.0), "b": (1000.0, 900.0)}
+        sched.step(0, [dataclasses.replace(demand(p, 0), path_s=chain[p][0]) for p in ("a", "b")])
+        sched.step(1000, [dataclasses.replace(demand(p, 0), path_s=chain[p][1]) for p in ("a", "b")])
         plan = sched.step(1001, [RequestStage(pipeline_id=p, stage=Stage.ACTOR_TRAIN) for p in ("a", "b")])
         return grants(plan)[0][0]
 
-    assert first_granted(EQUAL) == "a"  # asked first
-    assert first_granted(dataclasses.replace(EQUAL, slowdown_weight=1.0)) == "b"
+    assert first_granted(dataclasses.replace(EQUAL, slowdown_weight=0.0)) == "a"  # asked first
+    assert first_granted(EQUAL) == "b"  # slowdown_weight 5, the default
+
+
+def test_finish_time_fairness_leaves_jobs_with_homes_of_their_own_alone():
+    def split(first, second) -> tuple[int, int]:
+        sched = Scheduler(NODE8, "rlix", dataclasses.replace(EQUAL, home_guarantee=False))  # the split by weight alone
+        register(sched, first, second)
+        sched.step(0, [dataclasses.replace(demand(p, 40), path_s=1000.0) for p in ("a", "b")])
+        sched.step(1000, [dataclasses.replace(demand(p, 40), path_s=s) for p, s in (("a", 200.0), ("b", 900.0))])
+        return len(owners(sched)["a"]), len(owners(sched)["b"])
+
+    homes = spec("a", range(4), range(8)), spec("b", range(4, 8), range(8))  # disjoint training: each a home
+    assert split(*homes) == (4, 4)  # b's slowdown weighs nothing
+    shared = spec("a", range(8), range(8)), spec("b", range(8), range(8))  # co-tenants
+    a, b = split(*shared)
+    assert b > a  # the more slowed co-tenant gets more of the rollout capacity

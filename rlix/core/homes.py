@@ -19,13 +19,11 @@ taken back before it had paid for its switch, and the stage would wait for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from rlix.core.ledger import Draft
 from rlix.core.lifecycle import PipelineState
 from rlix.core.shares import RolloutNeed
-from rlix.core.state import GangRequest, PipelineEntry, View, worker_loads
-from rlix.core.types import GangHolder, Gpus, Holder, PipelineSpec
+from rlix.core.state import GangRequest, PipelineEntry, View, homeless, own_home, worker_loads
+from rlix.core.types import GangHolder, Gpus, Holder
 
 
 def home_owners(view: View) -> dict[int, str]:
@@ -40,17 +38,6 @@ def owned_bundles(view: View) -> dict[str, tuple[Gpus, ...]]:
     Recomputed only when the active or admitted jobs change.
     """
     return _homes(view)[1]
-
-
-def own_home(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> Gpus:
-    """The GPUs ``spec`` is guaranteed, given the other active jobs: its explicit ``home``; or, where it
-    names none, the GPUs of its default home (:attr:`~rlix.core.types.PipelineSpec.home_gpus`) that no
-    other job's home or gang mappings cover. Jobs whose mappings overlap are co-tenants: they
-    time-share those GPUs, and none of them owns them."""
-    if spec.home:
-        return spec.home
-    shared = {g for o in others for g in (*o.home_gpus, *o.init_gpus)}
-    return tuple(g for g in spec.home_gpus if g not in shared)
 
 
 def _homes(view: View) -> tuple[dict[int, str], dict[str, tuple[Gpus, ...]]]:
@@ -77,11 +64,13 @@ def gang_order(view: View) -> list[GangRequest]:
     """Pending gang requests, a guest's after every owner's of the same job priority (a job is a guest
     while some GPU of its home is another job's: it shares a partition it was not first in), then as
     :attr:`~rlix.core.state.GangRequest.sort_key` orders them, with ``slowdown_weight`` the most slowed
-    job's first among stages of one priority that waited alike (finish-time fairness)."""
+    co-tenant's first among stages of one priority that waited alike (finish-time fairness)."""
     owners = home_owners(view)
     guests = {r.pipeline_id for r in view.pending if _is_guest(view, owners, r.pipeline_id)}
-    fair = view.config.slowdown_weight > 0
-    slowed = {pid: -view.pipelines[pid].slowdown(view.now) if fair else 0.0 for pid in {r.pipeline_id for r in view.pending}}
+    fair = homeless(view) if view.config.slowdown_weight > 0 else frozenset()
+    slowed = {
+        r.pipeline_id: -view.pipelines[r.pipeline_id].slowdown(view.now) if r.pipeline_id in fair else 0.0 for r in view.pending
+    }
     return sorted(
         view.pending,
         key=lambda r: (-r.job_priority, r.pipeline_id in guests, -r.passed, r.stage.priority, slowed[r.pipeline_id], r.seq),

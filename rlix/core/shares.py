@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlix.core.state import PipelineEntry, View, worker_loads
+from rlix.core.state import PipelineEntry, View, homeless, worker_loads
 from rlix.core.types import PipelineSpec, ReportDemand, SchedulerConfig
 
 
@@ -80,7 +80,7 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
     timed = view.config.slowdown_weight > 0  # slowdowns change with the time alone
     if isinstance(last, tuple) and not timed and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):
         return list(last[1])  # no report changed since the last plan
-    urgent = with_urgency(view.config, needs, view.now)
+    urgent = with_urgency(view.config, needs, view.now, homeless(view) if timed else frozenset())
     view.memo["urgency"] = (needs, urgent)
     return list(urgent)
 
@@ -142,11 +142,14 @@ def checked_counts(spec: PipelineSpec, report: ReportDemand, running: int, credi
 _MIN_FACTOR = 1e-200
 
 
-def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed], now: float = 0.0) -> list[RolloutNeed]:
+def with_urgency(
+    config: SchedulerConfig, needs: list[RolloutNeed], now: float = 0.0, cotenants: frozenset[str] = frozenset()
+) -> list[RolloutNeed]:
     """The needs with each weight scaled by how urgent its job is among these.
 
-    Three factors, each off at 0: ``slowdown_weight`` favours the job slowed most so far
-    (its :meth:`~rlix.core.state.PipelineEntry.slowdown` at ``now``: finish-time fairness);
+    Three factors, each off at 0: ``slowdown_weight`` favours, among ``cotenants`` (jobs with
+    no home of their own), the one slowed most (its projected
+    :meth:`~rlix.core.state.PipelineEntry.slowdown` at ``now``: finish-time fairness);
     ``small_first`` favours the job with the
     least work left (current batch and backlog, in GPU-seconds of rollout;
     a job that has not finished a trajectory yet is taken at the mean of
@@ -168,7 +171,7 @@ def with_urgency(config: SchedulerConfig, needs: list[RolloutNeed], now: float =
         r = n.report
         assert r is not None  # only reported demand has weight
         log_u = per_s * r.path_s
-        if fair:
+        if fair and n.pipeline_id in cotenants:
             log_u += fair * math.log(n.entry.slowdown(now))
         if alpha:
             log_u -= alpha * math.log(max(n.work_trajectories * (r.trajectory_s or fallback), 1.0))

@@ -105,6 +105,7 @@ class PipelineEntry:
     # and whether it released a gang stage since that count was set (a new batch may open then).
     credit_end: int | None = None
     released: bool = False
+    path_max: float = 0.0  # the longest chain of steps ahead it has reported (path_s): its time alone, at the least
     gang_times: GangTimes = field(default_factory=GangTimes)  # how long its gang stages and rollouts take
 
     @classmethod
@@ -195,27 +196,22 @@ class PipelineEntry:
         than it made only keeps its guarantee; one not measured (no report, no home of its
         own, rejoined after a scheduler restart) has no lead.
         """
-        done = self._alone_s(now)
-        return float("-inf") if done is None else self.registered_at + done - now
-
-    def slowdown(self, now: float) -> float:
-        """Its slowdown so far: the seconds since it registered over the seconds what it has done takes
-        it alone at the least (:meth:`lead_s`'s ``init + G + W / (h x slots)``), both plus
-        ``SLOWDOWN_DAMP_S`` so a job just arrived is not taken as infinitely slowed. 1.0 where
-        nothing is measured."""
-        done = self._alone_s(now)
-        if done is None or self.registered_at == float("-inf"):
-            return 1.0
-        return (now - self.registered_at + SLOWDOWN_DAMP_S) / (done + SLOWDOWN_DAMP_S)
-
-    def _alone_s(self, now: float) -> float | None:
-        """Seconds what the job has done takes it alone on its home at the least (None: not measured)."""
         report = self.demand
         if report is None or not self.home_workers:
-            return None
+            return float("-inf")
         times = self.gang_times
         rollout = report.finished * report.trajectory_s / (self.home_workers * self.spec.slots_per_worker)
-        return times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout
+        return self.registered_at + times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout - now
+
+    def slowdown(self, now: float) -> float:
+        """Its projected slowdown (finish-time fairness): the seconds since it registered plus its chain of
+        steps still ahead (``path_s``, reported), over its model load plus the longest chain it has
+        reported (its time alone, at the least), both plus ``SLOWDOWN_DAMP_S``. 1.0 until it reports a chain."""
+        report = self.demand
+        if report is None or self.path_max <= 0 or self.registered_at == float("-inf"):
+            return 1.0
+        init = self.gang_times.stage_s.get(Stage.INIT, 0.0)
+        return (now - self.registered_at + report.path_s + SLOWDOWN_DAMP_S) / (init + self.path_max + SLOWDOWN_DAMP_S)
 
     def lends(self, now: float, config: SchedulerConfig) -> bool:
         """Does it lend its home guarantee now? From ``2 x lend_ahead_s`` of lead (``lead_s``) on,
@@ -234,6 +230,7 @@ class PipelineEntry:
         """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""
         self.demand = report
         self.reported_at = now
+        self.path_max = max(self.path_max, report.path_s)
         if report.pending or any(load.active for load in report.loads):
             self.empty_since = None
         elif self.empty_since is None:
@@ -312,3 +309,27 @@ class View:
             (e for e in self.pipelines.values() if e.state is PipelineState.ACTIVE),
             key=lambda e: e.order,
         )
+
+
+def own_home(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> Gpus:
+    """The GPUs ``spec`` is guaranteed, given the other active jobs: its explicit ``home``; or, where it
+    names none, the GPUs of its default home (:attr:`PipelineSpec.home_gpus`) that no
+    other job's home or gang mappings cover. Jobs whose mappings overlap are co-tenants: they
+    time-share those GPUs, and none of them owns them."""
+    if spec.home:
+        return spec.home
+    shared = {g for o in others for g in (*o.home_gpus, *o.init_gpus)}
+    return tuple(g for g in spec.home_gpus if g not in shared)
+
+
+def homeless(view: View) -> frozenset[str]:
+    """Active jobs with no home of their own (:func:`own_home` empty): co-tenants of others on every
+    GPU they may train on, whose fairness is a shared slowdown rather than a guarantee."""
+    key = tuple(e.order for e in view.pipelines.values() if e.state is PipelineState.ACTIVE)
+    memo = view.memo.get("homeless")
+    if isinstance(memo, tuple) and memo[0] == key:
+        return memo[1]
+    active = view.active()
+    out = frozenset(e.spec.pipeline_id for e in active if not own_home(e.spec, (o.spec for o in active if o is not e)))
+    view.memo["homeless"] = (key, out)
+    return out

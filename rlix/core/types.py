@@ -470,11 +470,13 @@ class SchedulerConfig:
       steps (reported ``path_s``, for the makespan): a share weight halves
       for every ``path_halving_s`` seconds its chain is shorter than the
       longest one. 0 turns it off.
-    - ``slowdown_weight``: finish-time fairness. A job's slowdown so far is the time
-      since it registered over the time what it has done takes it alone, at the least
-      (:meth:`rlix.core.state.PipelineEntry.slowdown`); a share weight is multiplied by
-      ``slowdown ** slowdown_weight``, and among co-tenants' gang stages of one stage
-      priority the most slowed job's goes first. 0 turns it off.
+    - ``slowdown_weight``: finish-time fairness among co-tenants (jobs with no home of
+      their own: :func:`rlix.core.state.homeless`). A job's projected slowdown is the time
+      since it registered plus its chain of steps still ahead, over its time alone at the
+      least (:meth:`rlix.core.state.PipelineEntry.slowdown`); a co-tenant's share weight is
+      multiplied by ``slowdown ** slowdown_weight``, and among co-tenants' gang stages of one
+      stage priority that waited alike the most slowed job's goes first. Jobs with a home of
+      their own have its guarantee instead. 0 turns it off.
     - ``lost_cooldown_s``: a rollout worker reported lost (its process died,
       or it did not wake: a GPU short of memory, a failing device) is not
       placed again on that bundle for that job for this many seconds, so a
@@ -511,7 +513,7 @@ class SchedulerConfig:
     priority_weight: float = 2.0
     small_first: float = 3.0
     path_halving_s: float = 350.0
-    slowdown_weight: float = 0.0
+    slowdown_weight: float = 5.0
     lost_cooldown_s: float = 30.0
     turn_limit_s: float = 900.0
     tenants: tuple[TenantSpec, ...] = ()

@@ -123,6 +123,7 @@ class _Pipe:
     def __init__(self, pid, job, progress=None, result=None, admitted=True):
         self.pipeline_id, self.job, self.progress, self.result = pid, job, progress, result
         self.coordinator = object() if admitted else None
+        self.admission = None  # no queue holds it back
 
 
 class _Session:

@@ -18,13 +18,18 @@ from rlix.core.state import View
 from rlix.core.types import ClusterSpec, PipelineSpec, QueueSpec, SchedulerConfig, Stage
 
 
+def _limited_gpus(spec: PipelineSpec) -> set[int]:
+    """The GPUs by which a job belongs to a queue: its gang mappings and its named home."""
+    return set(spec.init_gpus) | set(spec.home)
+
+
 def queues_of(view: View, spec: PipelineSpec) -> tuple[QueueSpec, ...]:
     """The queues whose GPUs the job's gang mappings (or its home) touch, in declared order (kept per job)."""
     memo = view.memo.setdefault("queues", {})
     assert isinstance(memo, dict)
     found = memo.get(spec.pipeline_id)
     if found is None or found[0] is not spec:
-        mine = set(spec.init_gpus) | set(spec.home)
+        mine = _limited_gpus(spec)
         found = memo[spec.pipeline_id] = (spec, tuple(q for q in view.config.queues if mine.intersection(q.gpus)))
     return found[1]
 
@@ -70,7 +75,7 @@ def check_fits(config: SchedulerConfig, spec: PipelineSpec) -> None:
     and every later job of its queues behind it)."""
     if not (math.isfinite(spec.resident_gb) and spec.resident_gb >= 0):
         raise SchedulingError(f"pipeline '{spec.pipeline_id}': resident_gb={spec.resident_gb} must be a finite number >= 0")
-    mine = set(spec.init_gpus) | set(spec.home)
+    mine = _limited_gpus(spec)
     for q in config.queues:
         if q.max_resident_gb and mine.intersection(q.gpus) and spec.resident_gb > q.max_resident_gb:
             raise SchedulingError(

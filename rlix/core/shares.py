@@ -77,10 +77,10 @@ def rollout_needs(view: View, *, blocked: set[str]) -> list[RolloutNeed]:
             need = _with(need, "starving", True)  # its first worker before every floor but home guarantees (any width)
         needs.append(need)
     last = view.memo.get("urgency")
-    timed = view.config.slowdown_weight > 0  # slowdowns change with the time alone
-    if isinstance(last, tuple) and not timed and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):
+    cotenants = homeless(view) if view.config.slowdown_weight > 0 else frozenset()  # their slowdowns change with time
+    if isinstance(last, tuple) and not cotenants and len(last[0]) == len(needs) and all(a is b for a, b in zip(last[0], needs)):
         return list(last[1])  # no report changed since the last plan
-    urgent = with_urgency(view.config, needs, view.now, homeless(view) if timed else frozenset())
+    urgent = with_urgency(view.config, needs, view.now, cotenants)
     view.memo["urgency"] = (needs, urgent)
     return list(urgent)
 
@@ -160,7 +160,8 @@ def with_urgency(
     maximum taken in pipeline-id order, so registration order cannot matter.
     """
     wanting = [n for n in needs if n.weight > 0]
-    alpha, halving, fair = config.small_first, config.path_halving_s, config.slowdown_weight
+    alpha, halving = config.small_first, config.path_halving_s
+    fair = config.slowdown_weight if cotenants else 0.0
     if len(wanting) < 2 or not (alpha or halving or fair):
         return needs
     per_s = math.log(2.0) / halving if halving else 0.0

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_gpu_torch.py [--device cuda] [--preset 0.5b] [--reps 3] [--json out.json]
     python benchmarks/bench_gpu_torch.py --device cpu --preset tiny     # a smoke run
+    python benchmarks/bench_gpu_torch.py --switches [--json out.json]  # switches only (within 8 minutes)
 
 The project's own classes, driven as its actors drive them, each section on its own
 (one that fails leaves the others' figures, and its error, in the JSON):
@@ -19,6 +20,12 @@ The project's own classes, driven as its actors drive them, each section on its 
   :func:`~rlix.exec.train.weights.load_into` through a
   :class:`~rlix.exec.train.weights.PinnedStaging` alone; on CUDA the plain host-to-device
   copy speed of the same bytes, pinned and pageable (target: a sync >= 50% of pageable);
+- switches (``--switches``: setup, this and the sync alone): a trained learner's offload and
+  reload (policy and Adam state), through pageable memory (``.to()``) and through the
+  learner's page-locked host buffers (:class:`~rlix.exec.train.host_arena.HostArena`,
+  reused), the bytes moved, and each against a pinned host-to-device copy of the same
+  bytes in the same run (targets: offload + reload <= 0.6 s for 0.5B; a sync through the
+  host >= 0.8x pinned);
 - generation: ``GenRequest`` s through the backend (tokens/s), and whether greedy output is
   the same before a sleep and after a wake with the same weights.
 
@@ -46,7 +53,14 @@ PRESETS = {
     "tiny": {"hidden": 256, "layers": 2, "heads": 4, "intermediate": 512},
 }
 GIB = float(1 << 30)
-TARGETS = {"held_after_offload_GiB": 1.0, "expand_s": 5.0, "shrink_s": 2.0, "sync_fraction_of_pageable": 0.5}
+TARGETS = {
+    "held_after_offload_GiB": 1.0,
+    "expand_s": 5.0,
+    "shrink_s": 2.0,
+    "sync_fraction_of_pageable": 0.5,
+    "offload_reload_s": 0.6,
+    "sync_fraction_of_pinned": 0.8,
+}
 T0 = time.perf_counter()
 
 
@@ -217,6 +231,52 @@ def bench_trainer(res: dict, args, ctx: dict) -> None:
     res["reload_moved_bytes"] = {m.part.value: m.nbytes for m in learner.residency.moves[n:]}
     res["offload_again_s"], _, _ = timed(ctx, learner.offload)
     res["after_offload_again"] = memory(ctx)
+
+
+# ------------------------------------------------------------------ switches
+
+
+def bench_switches(res: dict, args, ctx: dict) -> None:
+    """A trained learner's offload + reload of every part, ``--reps`` times each way: pageable, then pinned."""
+    from rlix.exec.messages import Emulation, GrpoConfig, LearnerPart, TrainOptions
+    from rlix.exec.train.grpo import GrpoLearner
+    from rlix.exec.train.residency import module_to, optimizer_to, release_cached_memory
+
+    learner = GrpoLearner(ctx["path"], ctx["device"], GrpoConfig(), Emulation(), options=TrainOptions(precision=args.precision))
+    train_step(ctx, learner, synthetic_samples(args.samples, args.tokens, int(learner.model.config.vocab_size)))  # Adam state
+    parts = learner.residency.tracked()
+
+    def pageable(device: str) -> None:
+        for (part, _), obj in parts.items():
+            (optimizer_to if part is LearnerPart.OPTIMIZER else module_to)(obj, device)
+        if device == "cpu":
+            release_cached_memory(ctx["device"])
+
+    def pinned(onto_device: bool) -> None:
+        learner.reload() if onto_device else learner.offload()
+
+    learner.offload()  # the host buffers allocated (once per job), then reused by every round
+    learner.reload()
+    res["bytes"] = learner.residency.arena.host_bytes()
+    res["host_buffers"] = learner.residency.arena.allocations
+    for kind, off, on in (  # pinned first: the pageable rounds leave the parts outside the device buffers
+        ("pinned", lambda: pinned(False), lambda: pinned(True)),
+        ("pageable", lambda: pageable("cpu"), lambda: pageable(ctx["device"])),
+    ):
+        rounds = [(timed(ctx, off)[1], timed(ctx, on)[1]) for _ in range(args.reps)]
+        res[f"{kind}_offload_s"] = statistics.median(r[0] for r in rounds)
+        res[f"{kind}_reload_s"] = statistics.median(r[1] for r in rounds)
+        res[f"{kind}_offload_reload_s"] = res[f"{kind}_offload_s"] + res[f"{kind}_reload_s"]
+        log(f"switches: {kind}: offload {res[f'{kind}_offload_s']:.3f} s, reload {res[f'{kind}_reload_s']:.3f} s")
+    res["host_buffers_after"] = learner.residency.arena.allocations  # reused: none allocated by the rounds
+    if cuda(ctx):
+        res |= h2d_speed(res["bytes"])
+        ideal = 2 * res["bytes"] / (res["h2d_pinned_GBps"] * 1e9)  # both ways at the pinned copy's speed
+        for kind in ("pageable", "pinned"):
+            res[f"{kind}_fraction_of_pinned_copy"] = ideal / res[f"{kind}_offload_reload_s"]
+    else:
+        res["h2d_note"] = "CPU run: host-to-device copies not measured"
+    res["ipc_note"] = "CUDA IPC hand-off: not built yet (issue 44 item 2); unmeasured"
 
 
 # ------------------------------------------------------------------ weight sync
@@ -454,6 +514,19 @@ def summary(out: dict) -> str:
         f"generate: {fmt(gen.get('tokens_per_s'), '.1f')} tokens/s on {gen.get('engine', {}).get('param_device', '-')}, "
         f"greedy same after sleep+wake: {gen.get('greedy_same_after_sleep_wake', '-')}",
     ]
+    sw = out.get("switches", {})
+    if sw:
+        both, frac = sw.get("pinned_offload_reload_s"), sy.get("sync_fraction_of_pinned")
+        lines += [
+            f"switches: {fmt(sw.get('bytes', 0) / 1e9 or None)} GB moved each way; offload + reload pageable "
+            f"{fmt(sw.get('pageable_offload_reload_s'))} s ({fmt(sw.get('pageable_fraction_of_pinned_copy'), '.2f')}x a pinned "
+            f"copy), pinned {fmt(both)} s ({fmt(sw.get('pinned_fraction_of_pinned_copy'), '.2f')}x; target <= "
+            f"{TARGETS['offload_reload_s']} s: {verdict(both, TARGETS['offload_reload_s'], True)}); host buffers "
+            f"{sw.get('host_buffers', '-')}, after {out['args']['reps']} rounds {sw.get('host_buffers_after', '-')}",
+            f"switches: sync through the host {fmt(frac, '.2f')}x a pinned copy (target >= "
+            f"{TARGETS['sync_fraction_of_pinned']}: {verdict(frac, TARGETS['sync_fraction_of_pinned'], False)}); "
+            f"{sw.get('ipc_note', '')}",
+        ]
     lines += [f"{k}: ERROR {v['error']}" for k, v in out.items() if isinstance(v, dict) and "error" in v]
     return "\n".join(lines)
 
@@ -471,6 +544,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens each request generates at most")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the executor's actors run one)")
     ap.add_argument("--json", default=None, help="also write the figures here (after every section)")
+    ap.add_argument("--switches", action="store_true", help="only the switches and the weight sync (setup first)")
     return ap.parse_args()
 
 
@@ -484,6 +558,8 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
     ctx: dict = {"device": "cuda:0" if args.device == "cuda" else "cpu"}  # as device_for_worker names it
     sections = (("setup", setup), ("trainer", bench_trainer), ("sync", bench_sync), ("generate", bench_generate))
+    if args.switches:
+        sections = (("setup", setup), ("switches", bench_switches), ("sync", bench_sync))
     with tempfile.TemporaryDirectory() as tmp:
         ctx["tmp"] = tmp
         for name, fn in sections:

@@ -1,10 +1,12 @@
 """The trainer's memory and precision, in process (no Ray): what each stage moves, bf16 against fp32,
 activation checkpointing, and per-token log-probs computed in chunks.
 
-Moves are observed as torch sees them: a TorchFunctionMode records every
-``Tensor.to`` call and which tensor it was called on (the parameters of the
-policy and the reference, the optimizer's state), so a CPU run shows what a
-GPU run would copy. Memory is measured with torch's profiler (every CPU
+Moves are observed where the tensors are: a part that moves (the policy's or
+the reference's parameters, an optimizer's state) is copied into other storage,
+to its host buffer or onto the device, while a part that stays keeps its
+addresses, so a CPU run shows what a GPU run would copy. The host buffers are
+checked the same way: a round trip gives back every bit, and the buffers are
+allocated once and reused. Memory is measured with torch's profiler (every CPU
 allocation and free, in order), not computed from shapes.
 """
 
@@ -74,47 +76,26 @@ def _learner(model_dir, **options):
 # ------------------------------------------------------------ what each stage moves
 
 
-class _DeviceMoves:
-    """Records the id of every tensor ``Tensor.to`` is called on while active (a TorchFunctionMode)."""
-
-    def __enter__(self):
-        import torch
-        from torch.overrides import TorchFunctionMode
-
-        seen = self.ids = set()
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                if func is torch.Tensor.to:
-                    seen.add(id(args[0]))
-                return func(*args, **(kwargs or {}))
-
-        self.mode = Mode()
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
-
-
-def _groups(learner) -> dict[str, set[int]]:
-    """Ids of the tensors of each part: policy and reference parameters, optimizer state (step counts aside)."""
-    groups = {"policy": {id(p) for p in learner.model.parameters()}}
+def _where(learner) -> dict[str, tuple[int, ...]]:
+    """Where each part's tensors are (their storage addresses): policy and reference parameters,
+    each optimizer's state (step counts aside). A part that moves, to the host or onto the device,
+    is copied into other storage; one that stays keeps its addresses."""
+    parts = {"policy": tuple(p.data_ptr() for p in learner.model.parameters())}
     if learner.ref is not None:
-        groups["reference"] = {id(p) for p in learner.ref.parameters()}
+        parts["reference"] = tuple(p.data_ptr() for p in learner.ref.parameters())
     opts = [(n, st.opt) for n, st in learner.adapters.items()] if hasattr(learner, "adapters") else [("", learner.opt)]
     for name, opt in opts:
-        ids = {id(v) for s in opt.state.values() for k, v in s.items() if k != "step"}
-        assert ids, "the optimizer has state to move (it has stepped)"
-        groups[f"optimizer {name}".strip()] = ids
-    return groups
+        state = tuple(v.data_ptr() for s in opt.state.values() for k, v in s.items() if k != "step")
+        assert state, "the optimizer has state to move (it has stepped)"
+        parts[f"optimizer {name}".strip()] = state
+    return parts
 
 
 def _moved(learner, run) -> set[str]:
-    groups = _groups(learner)
-    with _DeviceMoves() as seen:
-        run()
-    return {name for name, ids in groups.items() if ids & seen.ids}
+    before = _where(learner)
+    run()
+    after = _where(learner)
+    return {name for name in before if before[name] != after[name]}
 
 
 def test_each_stage_moves_only_what_it_uses_and_offload_moves_it_back(model_dir, batch):
@@ -264,3 +245,60 @@ def test_chunked_logprobs_hold_a_chunk_not_the_batch(grad):
     print(f"grad={grad}: peak {straight / 2**20:.1f} MiB straight, {chunked / 2**20:.1f} MiB in chunks of 256 tokens")
     assert straight >= 2 * fp32_batch  # the fp32 copy and its log-softmax, whole
     assert chunked <= straight / 6
+
+
+# ------------------------------------------------------------ the host buffers
+
+
+def _values(learner) -> list:
+    import torch
+
+    tensors = [*learner.model.parameters(), *learner.model.buffers()]
+    tensors += [v for s in learner.opt.state.values() for k, v in s.items() if torch.is_tensor(v)]
+    return [t.detach().clone() for t in tensors]
+
+
+def _host_addresses(learner) -> set[int]:
+    return {p.data_ptr() for p in learner.model.parameters()}
+
+
+def test_a_round_trip_through_the_host_buffers_gives_back_every_bit_and_reuses_them(model_dir, batch):
+    import torch
+
+    learner = _learner(model_dir)
+    learner.train(batch)  # the optimizer has state
+    before = _values(learner)
+    learner.offload()
+    arena = learner.residency.arena
+    first = (arena.allocations, arena.host_bytes(), _host_addresses(learner))
+    assert first[0] == 3 and first[1] > 0  # policy, reference, optimizer: one buffer each
+    assert all(torch.equal(a, b) for a, b in zip(before, _values(learner), strict=True))
+    for _ in range(2):
+        learner.reload()
+        assert all(torch.equal(a, b) for a, b in zip(before, _values(learner), strict=True))
+        assert not _host_addresses(learner) & first[2]  # on the device: out of the host buffer
+        learner.offload()
+        assert (arena.allocations, arena.host_bytes(), _host_addresses(learner)) == first  # the same buffers again
+    assert all(torch.equal(a, b) for a, b in zip(before, _values(learner), strict=True))
+    assert {m.pinned for m in learner.residency.moves} == {False}  # a CPU learner: plain memory
+
+
+def test_training_through_offloads_learns_exactly_what_training_in_place_learns(model_dir, batch):
+    """Offload and reload between every stage change nothing: the same parameters, bit for bit, and
+    tied weights stay one tensor."""
+    import torch
+
+    moved, kept = _learner(model_dir), _learner(model_dir)
+    for step in range(3):
+        learner_batch = _scored(model_dir, seed=step)
+        moved.offload()
+        moved.reload()
+        moved.train(learner_batch)
+        kept.train(learner_batch)
+    moved.offload()
+    moved.reload()
+    for (name, a), (_, b) in zip(moved.model.named_parameters(), kept.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    emb, head = moved.model.get_input_embeddings(), moved.model.get_output_embeddings()
+    assert moved.model.config.tie_word_embeddings  # build_model ties them, as small Qwen2 checkpoints do
+    assert emb.weight is head.weight and emb.weight.data_ptr() == head.weight.data_ptr()

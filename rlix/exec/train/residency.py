@@ -13,6 +13,11 @@ short wait for a previous holder to let go
 (:class:`rlix.exec.device_memory.MemoryCheck`): a shortfall is one clear
 error, not an out-of-memory crash halfway through a stage. Every move goes
 through :meth:`Residency.place`, which records it (:class:`Move`).
+
+A part moves through the learner's :class:`~rlix.exec.train.host_arena.HostArena`:
+host buffers allocated once and reused, page-locked on a CUDA host, one copy per
+part each way. A part sharded by FSDP2 (DTensor parameters, whose storage FSDP2
+manages) moves with ``.to()`` through pageable memory instead; its moves say so.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from rlix.core import Stage
 from rlix.exec.device_memory import MemoryCheck
 from rlix.exec.messages import LearnerPart
+from rlix.exec.train.host_arena import HostArena, module_handles, optimizer_handles, plain
 
 HOST = "cpu"
 ALL_PARTS = tuple(LearnerPart)
@@ -38,12 +44,13 @@ STAGE_PARTS: dict[Stage, tuple[LearnerPart, ...]] = {
 @dataclass(frozen=True, kw_only=True)
 class Move:
     """One part (``name``: the adapter of a LoRA optimizer, else "") moved onto the learner's device or
-    to the host; bytes of its tensors."""
+    to the host; bytes of its tensors; ``pinned``: through page-locked host memory (else pageable)."""
 
     part: LearnerPart
     name: str
     onto_device: bool
     nbytes: int
+    pinned: bool = False
 
 
 def release_cached_memory(device: str) -> bool:
@@ -58,7 +65,7 @@ def release_cached_memory(device: str) -> bool:
     return True
 
 
-def _optimizer_to(opt, device: str) -> int:
+def optimizer_to(opt, device: str) -> int:
     """Move ``opt``'s state tensors to ``device`` (the step counts stay where the optimizer keeps them); bytes moved."""
     import torch
 
@@ -71,7 +78,7 @@ def _optimizer_to(opt, device: str) -> int:
     return moved
 
 
-def _module_to(module, device: str) -> int:
+def module_to(module, device: str) -> int:
     module.to(device)
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
@@ -85,6 +92,7 @@ class Residency:
         self._parts: dict[tuple[LearnerPart, str], object] = {}
         self._on_device: dict[tuple[LearnerPart, str], bool] = {}
         self._nbytes: dict[tuple[LearnerPart, str], int] = {}  # each part's bytes, as it last moved
+        self.arena = HostArena(device)  # the parts' host buffers, reused by every offload
         self.moves: list[Move] = []  # every move, in order
         self.releases = 0  # offloads that returned cached device memory
 
@@ -92,6 +100,10 @@ class Residency:
         """Track ``obj`` (a module, or an optimizer when ``part`` is OPTIMIZER); it starts on the device."""
         self._parts[(part, name)] = obj
         self._on_device[(part, name)] = True
+
+    def tracked(self) -> dict[tuple[LearnerPart, str], object]:
+        """Every tracked part (a module, or an optimizer) by (part, name)."""
+        return dict(self._parts)
 
     def on_device(self, part: LearnerPart, name: str = "") -> bool:
         return self._on_device[(part, name)]
@@ -117,11 +129,18 @@ class Residency:
     def place(self, part: LearnerPart, name: str, *, onto_device: bool) -> None:
         """The one place a part moves: onto this learner's device, or to the host; recorded.
 
-        (A CPU learner's parts move from the CPU to the CPU: nothing is copied, but every
-        move is made and recorded as on a GPU, which is how the rules are tested.)"""
-        device = self.device if onto_device else HOST
-        obj = self._parts[(part, name)]
-        nbytes = _optimizer_to(obj, device) if part is LearnerPart.OPTIMIZER else _module_to(obj, device)
-        self._on_device[(part, name)] = onto_device
-        self._nbytes[(part, name)] = nbytes
-        self.moves.append(Move(part=part, name=name, onto_device=onto_device, nbytes=nbytes))
+        (A CPU learner's parts move from the CPU to the CPU: through the same host buffers and copies
+        as on a GPU, in plain memory, which is how the rules and the copies are tested.)"""
+        key = (part, name)
+        obj = self._parts[key]
+        handles = optimizer_handles(obj) if part is LearnerPart.OPTIMIZER else module_handles(obj)
+        if plain(handles):
+            nbytes = self.arena.to_device(key, handles) if onto_device else self.arena.to_host(key, handles)
+            pinned = self.arena.pinned
+        else:  # FSDP2 shards: FSDP2 keeps their storage, so they move with .to()
+            device = self.device if onto_device else HOST
+            nbytes = optimizer_to(obj, device) if part is LearnerPart.OPTIMIZER else module_to(obj, device)
+            pinned = False
+        self._on_device[key] = onto_device
+        self._nbytes[key] = nbytes
+        self.moves.append(Move(part=part, name=name, onto_device=onto_device, nbytes=nbytes, pinned=pinned))

@@ -1,7 +1,7 @@
 """The Ray executor end to end on the CPU example (4 logical GPUs, two jobs).
 
-One run per policy (rlix, static) is shared by the module's tests; a third,
-smaller run kills a pipeline mid-way.
+One run per policy (rlix, static) is shared by the module's tests; a third run
+has one job killed mid-way and one that crashes, beside a job that finishes.
 """
 
 from __future__ import annotations
@@ -107,13 +107,20 @@ def test_the_measured_trace_replays(runs, policy):
     assert_trace_replays(runs[policy], policy)
 
 
-def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(tmp_path):
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """One run of three jobs: ``small`` (3 steps); ``large`` (40 steps), killed once its first step is
+    done; and ``crash``, a copy of ``small`` with no home, that raises when its step 1 starts. The
+    holdings seen right after the kill are kept."""
     from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE)
-    jobs = [cfg.jobs[0].model_copy(update={"steps": 3}), cfg.jobs[1].model_copy(update={"steps": 40})]
-    cfg = cfg.model_copy(update={"jobs": jobs})
-    session = api.init(cfg, out_dir=str(tmp_path / "out"))
+    small = cfg.jobs[0].model_copy(update={"steps": 3})
+    large = cfg.jobs[1].model_copy(update={"steps": 40})
+    crash = type(small).model_validate(
+        {**small.model_dump(), "name": "crash", "steps": 5, "home": [], "fault": {"crash_at_step": 1}, "seed": 2}
+    )
+    session = api.init(cfg.model_copy(update={"jobs": [small, large, crash]}), out_dir=str(tmp_path_factory.mktemp("faulty")))
     seen = {}
 
     def on_progress(s):
@@ -126,19 +133,20 @@ def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(tmp_path):
         outputs = session.run(on_progress=on_progress)
     finally:
         session.shutdown()
+    return outputs, seen
+
+
+def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(faulty):
+    outputs, seen = faulty
     assert "large" not in seen["killed"]
     assert outputs.results["large"].status is JobStatus.KILLED
     assert outputs.results["small"].status is JobStatus.FINISHED
     assert len(outputs.results["small"].steps) == 3
 
 
-def test_crashing_pipeline_releases_gpus(tmp_path):
-    from rlix.exec.front import api
-
-    cfg = load_config(EXAMPLE)
-    crash = type(cfg.jobs[1]).model_validate({**cfg.jobs[1].model_dump(), "steps": 5, "fault": {"crash_at_step": 1}})
-    cfg = cfg.model_copy(update={"jobs": [cfg.jobs[0].model_copy(update={"steps": 3}), crash]})
-    outputs = api.run(cfg, out_dir=str(tmp_path / "out"))
-    assert outputs.results["large"].status is JobStatus.FAILED
-    assert "crash_at_step" in outputs.results["large"].error
+def test_crashing_pipeline_releases_gpus(faulty):
+    outputs, _ = faulty
+    assert outputs.results["crash"].status is JobStatus.FAILED
+    assert "crash_at_step" in outputs.results["crash"].error
     assert outputs.results["small"].status is JobStatus.FINISHED
+    assert outputs.results["small"].lost == 0

@@ -144,6 +144,13 @@ def test_killed_pipeline_frees_its_gpus_and_the_other_finishes(faulty):
     assert len(outputs.results["small"].steps) == 3
 
 
+def test_a_run_whose_jobs_did_not_all_finish_says_its_figures_are_partial(runs, faulty):
+    for outputs in runs.values():
+        assert json.loads(Path(outputs.files["metrics"]).read_text())["executor"]["partial"] is False
+    executor = json.loads(Path(faulty[0].files["metrics"]).read_text())["executor"]
+    assert executor["partial"] is True and executor["unfinished_jobs"] == ["crash", "large"]
+
+
 def test_crashing_pipeline_releases_gpus(faulty):
     outputs, _ = faulty
     assert outputs.results["crash"].status is JobStatus.FAILED

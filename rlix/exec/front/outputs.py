@@ -303,10 +303,12 @@ def build_outputs(
     """The run's metrics (the simulator's vocabulary, from the recorded activity), timeline.json,
     trace.json (replayable by rlix-sim), metrics.json with the executor's own figures and timeline.png.
 
-    ``stopped_at``: the run was stopped then (Ctrl-C); metrics.json says its figures are partial.
+    ``stopped_at``: the run was stopped then (Ctrl-C). metrics.json says its figures are partial when it
+    was stopped or any job did not finish (cancelled, failed or killed), and names those jobs.
     ``started_at``: the run's start (Unix seconds; every time in the outputs counts from it).
     ``shared``: the jobs ran under the cluster's shared scheduler, beside other submissions' jobs."""
     rec, metrics = run_metrics(cfg, results, names, events, stats, end)
+    unfinished = sorted(pid for pid, r in results.items() if r.status is not JobStatus.FINISHED)
     job_wall = sum(max(r.finish_s - r.arrival_s, 1e-9) for r in results.values())
     overhead = sum(r.control_overhead_s for r in results.values()) / max(job_wall, 1e-9)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,7 +319,9 @@ def build_outputs(
         files["trace"] = out_dir / "trace.json"
         dump_trace(trace, files["trace"])
     extra = {
-        "partial": stopped_at is not None,  # stopped before every job ended: figures cover the time run
+        # a job that did not run all its steps (stopped, cancelled, failed or killed): the figures cover what ran
+        "partial": stopped_at is not None or bool(unfinished),
+        "unfinished_jobs": unfinished,
         "stopped_at_s": stopped_at,
         "started_at_unix_s": started_at,
         # under the shared scheduler, the cluster-wide fractions count this run's jobs only (other submissions'

@@ -517,11 +517,12 @@ def summary(out: dict) -> str:
     sw = out.get("switches", {})
     if sw:
         both, frac = sw.get("pinned_offload_reload_s"), sy.get("sync_fraction_of_pinned")
+        judged = both if out["args"]["device"] == "cuda" else None  # the target is a GPU's: a CPU run is not judged
         lines += [
             f"switches: {fmt(sw.get('bytes', 0) / 1e9 or None)} GB moved each way; offload + reload pageable "
             f"{fmt(sw.get('pageable_offload_reload_s'))} s ({fmt(sw.get('pageable_fraction_of_pinned_copy'), '.2f')}x a pinned "
             f"copy), pinned {fmt(both)} s ({fmt(sw.get('pinned_fraction_of_pinned_copy'), '.2f')}x; target <= "
-            f"{TARGETS['offload_reload_s']} s: {verdict(both, TARGETS['offload_reload_s'], True)}); host buffers "
+            f"{TARGETS['offload_reload_s']} s: {verdict(judged, TARGETS['offload_reload_s'], True)}); host buffers "
             f"{sw.get('host_buffers', '-')}, after {out['args']['reps']} rounds {sw.get('host_buffers_after', '-')}",
             f"switches: sync through the host {fmt(frac, '.2f')}x a pinned copy (target >= "
             f"{TARGETS['sync_fraction_of_pinned']}: {verdict(frac, TARGETS['sync_fraction_of_pinned'], False)}); "

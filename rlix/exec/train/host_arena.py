@@ -3,9 +3,9 @@
 Each part (the policy, the reference, an optimizer's state) gets one flat host
 buffer, its tensors laid out back to back, the first time it moves to the
 host; every later offload copies into the same buffer. On a CUDA device the
-buffer is page-locked, so copies run at the bus's speed rather than through
-pageable memory (about 2 GB/s on an H100 host, against ~50 GB/s pinned), and
-they run on a side stream, ordered after the work already queued on the
+buffer is page-locked (exactly its size, registered with CUDA), so copies run
+at the bus's speed rather than through pageable memory (about 2 GB/s on an
+H100 host, against ~50 GB/s pinned), and they run on a side stream, ordered after the work already queued on the
 device. A reload allocates one flat device tensor per part and fills it with
 a single copy; the part's tensors become views of it, so the next offload is
 a single copy back. On a CPU the same path runs with plain memory, which is
@@ -16,7 +16,8 @@ kept) or its optimizer's state tensors (step counts stay where they are).
 A tensor keeps its identity: a parameter's ``.data`` is swapped, so the
 optimizer's references stay valid. A layout that changes (an optimizer's state
 appears at its first step) gets a new buffer; :attr:`HostArena.allocations`
-counts them.
+counts them. A part whose tensors were replaced while on the host (a state
+dict loaded into it) is found out at its reload and moves with ``.to()``.
 """
 
 from __future__ import annotations
@@ -41,23 +42,55 @@ class _Region:
 
     host: object  # flat uint8 tensor
     layout: tuple[tuple[int, tuple[int, ...], object], ...]
+    pinned: bool = False  # page-locked (registered with CUDA), else pageable
     device_flat: object = None  # the flat device tensor of the last reload, whose views the part's tensors are
+
+    def release(self) -> None:
+        """Unlock the buffer's pages (before it is freed)."""
+        if self.pinned:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self.host.data_ptr())
+            self.pinned = False
+
+
+def _page_locked(nbytes: int) -> tuple[object, bool]:
+    """A host buffer of exactly ``nbytes``, page-locked where CUDA can lock it (else pageable), and whether it is.
+
+    Registered by hand rather than allocated with ``pin_memory=True``: PyTorch's pinned allocator
+    rounds a request up to a power of two and keeps freed blocks locked, up to twice a part's size."""
+    import torch
+
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes == 0:
+        return host, False
+    cudart = torch.cuda.cudart()
+    return host, cudart.cudaHostRegister(host.data_ptr(), nbytes, 0) == cudart.cudaError.success
 
 
 def module_handles(module) -> list[Handle]:
-    """Every parameter (``.data`` swapped, so the Parameter object stays) and buffer of ``module``, each once."""
+    """Every parameter (``.data`` swapped, so the Parameter object stays) and buffer of ``module``, each
+    once: tied weights are one Parameter, and a buffer registered under several names (or owners) moves
+    once with every name pointed at the moved tensor."""
     handles: list[Handle] = []
     seen: set[int] = set()
     for p in module.parameters():  # deduplicated: tied weights move once and stay tied
         if id(p) not in seen:
             seen.add(id(p))
             handles.append(Handle(get=lambda p=p: p.data, set=lambda t, p=p: setattr(p, "data", t)))
+    names: dict[int, list[tuple[object, str]]] = {}
     for owner in module.modules():
         for name, b in owner._buffers.items():
             if b is not None and id(b) not in seen:
-                seen.add(id(b))
-                get, put = (lambda o=owner, n=name: o._buffers[n]), (lambda t, o=owner, n=name: o._buffers.__setitem__(n, t))
-                handles.append(Handle(get=get, set=put))
+                names.setdefault(id(b), []).append((owner, name))
+    for places in names.values():
+        owner, name = places[0]
+
+        def put(t, places=places) -> None:
+            for o, n in places:
+                o._buffers[n] = t
+
+        handles.append(Handle(get=lambda o=owner, n=name: o._buffers[n], set=put))
     return handles
 
 
@@ -87,7 +120,7 @@ class HostArena:
         import torch
 
         self.device = device
-        self.pinned = str(device).startswith("cuda") and torch.cuda.is_available()
+        self.on_cuda = str(device).startswith("cuda") and torch.cuda.is_available()  # its buffers page-locked
         self._regions: dict[Hashable, _Region] = {}
         self._stream = None
         self.allocations = 0  # host buffers allocated: one per part, again only when its layout changes
@@ -99,7 +132,7 @@ class HostArena:
         region = self._region(key, tensors)
         views = self._views(region.host, region.layout)
         with self._side() as side:
-            if region.device_flat is not None and _are_views_of(tensors, region.device_flat, region.layout):
+            if region.device_flat is not None and _views_of(tensors, region.device_flat, region.layout):
                 region.host.copy_(region.device_flat, non_blocking=side is not None)  # one copy for the whole part
             else:
                 for view, t in zip(views, tensors, strict=True):
@@ -112,12 +145,21 @@ class HostArena:
         return int(region.host.numel()) if tensors else 0
 
     def to_device(self, key: Hashable, handles: list[Handle]) -> int:
-        """Copy ``key``'s host buffer onto the device in one copy and point ``handles`` at views of it; bytes."""
+        """Copy ``key``'s host buffer onto the device in one copy and point ``handles`` at views of it; bytes.
+
+        A part whose tensors were replaced while on the host (a state dict loaded into it) is no longer
+        in its buffer: its tensors move one by one with ``.to()``, and the buffer is let go."""
         import torch
 
         region = self._regions.get(key)
         if region is None or not handles:  # never offloaded: nothing to bring back
             return 0
+        tensors = [h.get() for h in handles]
+        if not _views_of(tensors, region.host, region.layout):
+            self._regions.pop(key).release()
+            for h, t in zip(handles, tensors, strict=True):
+                h.set(t.to(self.device))
+            return sum(t.numel() * t.element_size() for t in tensors)
         flat = torch.empty(region.host.numel(), dtype=torch.uint8, device=self.device)
         with self._side() as side:
             flat.copy_(region.host, non_blocking=side is not None)
@@ -127,6 +169,17 @@ class HostArena:
             h.set(view)
         region.device_flat = flat
         return int(flat.numel())
+
+    def is_pinned(self, key: Hashable) -> bool:
+        """Whether ``key``'s host buffer is page-locked."""
+        region = self._regions.get(key)
+        return region is not None and region.pinned
+
+    def close(self) -> None:
+        """Unlock every buffer's pages (the learner is done with them)."""
+        for region in self._regions.values():
+            region.release()
+        self._regions.clear()
 
     def host_bytes(self) -> int:
         """Bytes of host memory the arena holds."""
@@ -143,8 +196,10 @@ class HostArena:
         layout = tuple(layout)
         region = self._regions.get(key)
         if region is None or region.layout != layout:
-            host = torch.empty(offset, dtype=torch.uint8, pin_memory=self.pinned)
-            region = self._regions[key] = _Region(host=host, layout=layout)
+            if region is not None:
+                region.release()
+            host, pinned = _page_locked(offset) if self.on_cuda else (torch.empty(offset, dtype=torch.uint8), False)
+            region = self._regions[key] = _Region(host=host, layout=layout, pinned=pinned)
             self.allocations += offset > 0  # an empty part (no optimizer state yet) holds nothing
         return region
 
@@ -161,7 +216,7 @@ class HostArena:
 
         import torch
 
-        if not self.pinned:
+        if not self.on_cuda:
             return contextlib.nullcontext(None)
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
@@ -175,7 +230,17 @@ class HostArena:
         return on_side()
 
 
-def _are_views_of(tensors: list, flat, layout) -> bool:
-    """True if each tensor is still the view of ``flat`` a reload made (nothing replaced it since)."""
+def _views_of(tensors: list, flat, layout) -> bool:
+    """True if each tensor is the view of ``flat`` the layout puts there: same place, shape and dtype,
+    contiguous, on ``flat``'s device (nothing replaced or re-strided it since)."""
+    if len(tensors) != len(layout):
+        return False
     base = flat.data_ptr()
-    return all(t.data_ptr() == base + off and tuple(t.shape) == shape for t, (off, shape, _) in zip(tensors, layout, strict=True))
+    return all(
+        t.device == flat.device
+        and t.dtype == dtype
+        and tuple(t.shape) == shape
+        and t.is_contiguous()
+        and t.data_ptr() == base + off
+        for t, (off, shape, dtype) in zip(tensors, layout, strict=True)
+    )

@@ -78,6 +78,14 @@ def optimizer_to(opt, device: str) -> int:
     return moved
 
 
+def _grads_to(module, device: str) -> None:
+    """Gradients a step left (none normally: training ends with ``zero_grad(set_to_none=True)``; one that
+    failed may leave some) move with their parameters, as ``module.to()`` moves them."""
+    for p in module.parameters():
+        if p.grad is not None:
+            p.grad = p.grad.to(device)
+
+
 def module_to(module, device: str) -> int:
     module.to(device)
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
@@ -136,7 +144,9 @@ class Residency:
         handles = optimizer_handles(obj) if part is LearnerPart.OPTIMIZER else module_handles(obj)
         if plain(handles):
             nbytes = self.arena.to_device(key, handles) if onto_device else self.arena.to_host(key, handles)
-            pinned = self.arena.pinned
+            pinned = self.arena.is_pinned(key)
+            if part is not LearnerPart.OPTIMIZER:  # after the parameters: a gradient goes where its parameter is
+                _grads_to(obj, self.device if onto_device else HOST)
         else:  # FSDP2 shards: FSDP2 keeps their storage, so they move with .to()
             device = self.device if onto_device else HOST
             nbytes = optimizer_to(obj, device) if part is LearnerPart.OPTIMIZER else module_to(obj, device)

@@ -16,8 +16,10 @@ kept) or its optimizer's state tensors (step counts stay where they are).
 A tensor keeps its identity: a parameter's ``.data`` is swapped, so the
 optimizer's references stay valid. A layout that changes (an optimizer's state
 appears at its first step) gets a new buffer; :attr:`HostArena.allocations`
-counts them. A part whose tensors were replaced while on the host (a state
-dict loaded into it) is found out at its reload and moves with ``.to()``.
+counts them, and a replaced buffer is unlocked first. A part whose tensors were
+replaced while on the host (a state dict loaded into it) is found out at its
+reload and moves with ``.to()``. The buffers live as long as the learner, which
+lives as long as its trainer process.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def _page_locked(nbytes: int) -> tuple[object, bool]:
     host = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes == 0:
         return host, False
-    cudart = torch.cuda.cudart()
-    return host, cudart.cudaHostRegister(host.data_ptr(), nbytes, 0) == cudart.cudaError.success
+    portable = 1  # cudaHostRegisterPortable: page-locked for every CUDA context of the process
+    return host, int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, portable)) == 0
 
 
 def module_handles(module) -> list[Handle]:
@@ -174,12 +176,6 @@ class HostArena:
         """Whether ``key``'s host buffer is page-locked."""
         region = self._regions.get(key)
         return region is not None and region.pinned
-
-    def close(self) -> None:
-        """Unlock every buffer's pages (the learner is done with them)."""
-        for region in self._regions.values():
-            region.release()
-        self._regions.clear()
 
     def host_bytes(self) -> int:
         """Bytes of host memory the arena holds."""

@@ -34,7 +34,7 @@ from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import LOAD_WAIT, GpuMap, JobProgress, JobResult, SchedulerStats
-from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S
+from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S, answers
 from rlix.import_path import worker_pythonpath
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
@@ -121,10 +121,12 @@ class Session:
             config = config.model_copy(update={"policy": policy})
         self.config = config = absolute_paths(config, Path.cwd())  # actors' working directory is Ray's, not ours
         self.out_dir = Path(out_dir).resolve() if out_dir else Path(config.output.dir)
-        self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         where = "--address" if address else ("ray.address" if config.ray.address else "RAY_ADDRESS")
         self._own_ray = not ray.is_initialized()
         address = joins_shared(address, config) if self._own_ray else None
+        if address:  # a cluster that is not there is said at once, before any model is built
+            answers(address, where)
+        self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host

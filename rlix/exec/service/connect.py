@@ -32,6 +32,21 @@ class ServiceError(ClusterError):
     """The service cannot be started or reached as asked (a one-line message with the fix)."""
 
 
+HINT = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
+
+
+def answers(address: str, where: str) -> None:
+    """Raise one line (:class:`ClusterError`) unless something listens at ``address`` (``auto``: not checked
+    here); ``where`` names the setting it came from. Cheap: a run checks it before anything else."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise ClusterError(f"{where} {address}: no Ray cluster answers there; {HINT}") from None
+
+
 def join(address: str, gpus_needed: int, where: str, *, quiet: bool = False) -> None:
     """Connect to an existing Ray cluster, failing fast with one line if it is not there.
 
@@ -42,18 +57,12 @@ def join(address: str, gpus_needed: int, where: str, *, quiet: bool = False) -> 
 
     import ray
 
-    hint = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
-    if address != "auto":
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except (OSError, ValueError):
-            raise ClusterError(f"{where} {address}: no Ray cluster answers there; {hint}") from None
+    answers(address, where)
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING if quiet else logging.INFO)
     except ConnectionError:
         raise ClusterError(
-            f"{where} {address}: no Ray cluster accepted the connection; {hint} "
+            f"{where} {address}: no Ray cluster accepted the connection; {HINT} "
             "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
         ) from None
     have = int(ray.cluster_resources().get("GPU", 0))

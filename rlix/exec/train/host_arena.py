@@ -5,8 +5,8 @@ buffer, its tensors laid out back to back, the first time it moves to the
 host; every later offload copies into the same buffer. On a CUDA device the
 buffer is page-locked (exactly its size, registered with CUDA), so copies run
 at the bus's speed rather than through pageable memory (about 2 GB/s on an
-H100 host, against ~50 GB/s pinned), and they run on a side stream, ordered after the work already queued on the
-device. A reload allocates one flat device tensor per part and fills it with
+H100 host, against ~50 GB/s pinned), and they run on a side stream, ordered
+after the work already queued on the device. A reload allocates one flat device tensor per part and fills it with
 a single copy; the part's tensors become views of it, so the next offload is
 a single copy back. On a CPU the same path runs with plain memory, which is
 how the round trip is tested.
@@ -129,7 +129,6 @@ class HostArena:
 
     def to_host(self, key: Hashable, handles: list[Handle]) -> int:
         """Copy ``handles``' tensors into ``key``'s host buffer and point them at it; bytes copied."""
-
         tensors = [h.get() for h in handles]
         region = self._region(key, tensors)
         views = self._views(region.host, region.layout)

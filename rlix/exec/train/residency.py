@@ -67,14 +67,11 @@ def release_cached_memory(device: str) -> bool:
 
 def optimizer_to(opt, device: str) -> int:
     """Move ``opt``'s state tensors to ``device`` (the step counts stay where the optimizer keeps them); bytes moved."""
-    import torch
-
     moved = 0
-    for state in opt.state.values():
-        for k, v in state.items():
-            if torch.is_tensor(v) and k != "step":
-                state[k] = v.to(device)
-                moved += v.numel() * v.element_size()
+    for h in optimizer_handles(opt):
+        t = h.get()
+        h.set(t.to(device))
+        moved += t.numel() * t.element_size()
     return moved
 
 

@@ -31,11 +31,12 @@ from service_cluster import ServiceCluster, job, jobs_by_name, wait_for, write_c
 
 PROBE = """
 import time, json
-h = ray.get_actor('rlix-scheduler', namespace='rlix')
-ray.get(h.status.remote())
+from rlix import protocol, transport
+service = transport.find()
+service.call_sync(protocol.Status())
 took = []
 for _ in range(40):
-    t = time.perf_counter(); ray.get(h.status.remote()); took.append(time.perf_counter() - t); time.sleep(0.05)
+    t = time.perf_counter(); service.call_sync(protocol.Status()); took.append(time.perf_counter() - t); time.sleep(0.05)
 print(json.dumps(took))
 """
 

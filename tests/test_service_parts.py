@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.messages import ClusterStatus, JobClaim, JobRow, NameTaken
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.prom import samples
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
+from rlix.protocol import ClusterStatus, JobClaim, JobRow, NameTaken
 
 ROOT = Path(__file__).resolve().parent.parent
 W = Activity.WORK

@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from rlix.core import Expand, Grant, Shrink, ShrinkReason
-from rlix.exec.messages import GrantReply
+from rlix.protocol import GrantReply
 
 
 class PlanExecution:

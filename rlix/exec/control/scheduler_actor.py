@@ -27,9 +27,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import ray
 
+from rlix import protocol
 from rlix.core import (
     ClusterSpec,
     PipelineSpec,
@@ -47,11 +50,11 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
-from rlix.exec.messages import GpuMap, GrantReply, SchedulerStats
 from rlix.exec.service.book import JobBook
 from rlix.exec.service.calls import ServiceCalls, kill_actor
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
+from rlix.protocol import GpuMap, GrantReply, SchedulerStats
 
 
 def in_actor() -> bool:
@@ -72,8 +75,8 @@ def reserve_gpus(cluster: ClusterSpec, names: str | None) -> tuple[GpuMap, str]:
     """The service's GPU reservation (:func:`rlix.exec.control.gpu_reservation.reserve`), and why it failed ("": it did not)."""
     if names is None or not in_actor():
         return GpuMap(), ""
-    from rlix.exec.control.actor_placement import ClusterError
     from rlix.exec.control.gpu_reservation import reserve
+    from rlix.transport import ClusterError
 
     try:
         return reserve(cluster, names=names), ""
@@ -166,11 +169,55 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.roster = Roster(restarted=self.restarts > 0, persist=in_actor(), now=self.now(), max_wait_s=rejoin_s)
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
         self.prom = prom_export()  # Prometheus metrics through Ray's metrics API (None outside an actor)
+        self._routes = self._route_table()  # each request type of the protocol, and the call that answers it
 
     def now(self) -> float:
         return time.time() - self.t0
 
-    # ------------------------------------------------------------ public calls
+    # ------------------------------------------------------------ the protocol
+
+    async def handle(self, request: protocol.Request, version: int):
+        """The one call clients make (:mod:`rlix.protocol`): the reply to ``request``, or its typed error."""
+        protocol.check_version(version)
+        try:
+            route = self._routes[type(request)]
+        except KeyError:
+            raise TypeError(f"not a request of rlix protocol {protocol.PROTOCOL_VERSION}: {type(request).__name__}") from None
+        return await route(request)
+
+    def _route_table(self) -> dict[type, Callable[[Any], Awaitable]]:
+        """Each request type, and the call that answers it."""
+        p = protocol
+        return {
+            p.Register: lambda r: self.register(r.spec, r.endpoint, r.submitter),
+            p.RejoinPipeline: lambda r: self.rejoin(r.event, r.endpoint),
+            p.RequestGang: lambda r: self.request(r.pipeline_id, r.stage, r.role, r.after),
+            p.ReleaseGang: lambda r: self.release(r.pipeline_id, r.stage, r.demand),
+            p.Report: lambda r: self.report(r.demand),
+            p.Lost: lambda r: self.lost(r.event),
+            p.Note: lambda r: self.note(r.note),
+            p.Unregister: lambda r: self.unregister(r.pipeline_id, r.status, r.error),
+            p.Alive: lambda r: self.alive(r.pipeline_id),
+            p.Knows: lambda r: self.knows(r.pipeline_id),
+            p.RolloutBundles: lambda r: self.rollout_bundles(r.pipeline_id),
+            p.AdmissionRefusal: lambda r: self.admission_refusal(r.pipeline_id),
+            p.Info: lambda r: self.info(),
+            p.Claim: lambda r: self.claim(r.submitter, r.jobs),
+            p.Renew: lambda r: self.renew(r.submitter, r.jobs),
+            p.Leave: lambda r: self.leave(r.submitter),
+            p.Start: lambda r: self.start(),
+            p.Status: lambda r: self.status(),
+            p.Timeline: lambda r: self.timeline(),
+            p.Cancel: lambda r: self.cancel(r.job),
+            p.CancelAll: lambda r: self.cancel_all(),
+            p.KillAll: lambda r: self.kill_all(),
+            p.Busy: lambda r: self.busy(),
+            p.Stats: lambda r: self.stats(),
+            p.Holdings: lambda r: self.holdings(),
+            p.Stop: lambda r: self.stop(),
+        }
+
+    # ------------------------------------------------------------ the calls
 
     async def start(self) -> None:
         """Start planning (:class:`SchedulingError` if the service could not reserve its GPUs)."""

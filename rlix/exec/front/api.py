@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlix.exec.control.actor_placement import ClusterError  # noqa: F401 -- rlix-run catches api.ClusterError
+from rlix import protocol
 from rlix.exec.control.gpu_reservation import release
 from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
@@ -33,9 +33,11 @@ from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
-from rlix.exec.messages import LOAD_WAIT, GpuMap, JobProgress, JobResult, SchedulerStats
-from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S, answers
+from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
+from rlix.exec.service.connect import SHRINK_CALL_S
 from rlix.import_path import worker_pythonpath
+from rlix.protocol import GpuMap, SchedulerStats
+from rlix.transport import SCHEDULER_CALL_S, ClusterError, RayTransport, answers  # noqa: F401 -- rlix-run catches api.ClusterError
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
 STOP_GRACE_S = 8.0
@@ -73,7 +75,7 @@ class _Pipeline:
         if not done:
             self.poll(session.events)
             if self.progress is not None and self.progress.phase == LOAD_WAIT:  # queued for admission? say why
-                self.admission = ray.get(session.scheduler.admission_refusal.remote(self.pipeline_id), timeout=10)
+                self.admission = session.scheduler.call_sync(protocol.AdmissionRefusal(pipeline_id=self.pipeline_id), 10)
             else:
                 self.admission = None
             return
@@ -83,7 +85,7 @@ class _Pipeline:
         except Exception as exc:  # killed or crashed coordinator process
             # A crashed job never unregistered itself: its GPUs and its admission go back now
             # (idempotent after a kill), or a queued job waiting for its home would wait forever.
-            session.scheduler.unregister.remote(self.pipeline_id)
+            session.scheduler.send(protocol.Unregister(pipeline_id=self.pipeline_id))
             killed = self.killed_at is not None
             t = self.killed_at if killed else session.now()
             error = "" if killed else describe(exc, session.out_dir / self.pipeline_id)
@@ -149,7 +151,6 @@ class Session:
 
     def _start(self, config: RunConfig, address: str | None) -> None:
         """Fresh logs, then the local Ray (no address), the GPUs reserved, and a private scheduler (no service)."""
-        import ray
 
         from rlix.exec.control.gpu_reservation import reserve
         from rlix.exec.control.scheduler_actor import SchedulerActor
@@ -163,10 +164,11 @@ class Session:
         if self.submission is not None:
             self.scheduler = self.submission.scheduler
         else:
-            self.scheduler = SchedulerActor.remote(
+            actor = SchedulerActor.remote(
                 self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.plan_interval_s, SHRINK_CALL_S
             )
-            ray.get(self.scheduler.start.remote(), timeout=SCHEDULER_CALL_S)
+            self.scheduler = RayTransport(actor)
+            self.scheduler.call_sync(protocol.Start())
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
         self._seq = 0
@@ -214,12 +216,11 @@ class Session:
         if p.coordinator is not None:
             p.poll(self.events)
             ray.kill(p.coordinator)  # its worker actors die with it (Ray owner fate-sharing)
-        ray.get(self.scheduler.unregister.remote(pipeline_id), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)  # waits for its shrinks
+        gone = protocol.Unregister(pipeline_id=pipeline_id)
+        self.scheduler.call_sync(gone, SCHEDULER_CALL_S + SHRINK_CALL_S)  # returns once its workers are shrunk
 
     def holdings(self) -> dict[str, tuple[int, ...]]:
-        import ray
-
-        return ray.get(self.scheduler.holdings.remote(), timeout=SCHEDULER_CALL_S)
+        return self.scheduler.call_sync(protocol.Holdings())
 
     # ------------------------------------------------------------ running
 
@@ -303,8 +304,8 @@ class Session:
             ray.shutdown()
             return
         try:
-            ray.get(self.scheduler.stop.remote(), timeout=5)
-            ray.kill(self.scheduler)
+            self.scheduler.call_sync(protocol.Stop(), 5)
+            ray.kill(self.scheduler.actor)
         except Exception:
             pass
         release(self.gpu_map)  # this run's GPU reservation (a Ray it joined may run other work after it)
@@ -331,7 +332,7 @@ def session_outputs(session: Session):
     pipelines = session.pipelines
     end = max(max((p.result.finish_s for p in pipelines.values()), default=0.0), 1e-3)
     try:
-        stats = ray.get(session.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
+        stats = session.scheduler.call_sync(protocol.Stats())
     except ray.exceptions.RayActorError:  # a shared scheduler stopped (rlix scheduler stop --force): no counts
         stats = SchedulerStats(plans=0, plan_s=0.0)
     if session.submission is not None:  # the shared scheduler's clock started before this run

@@ -17,9 +17,11 @@ import socket
 import threading
 import uuid
 
+from rlix import protocol, transport
 from rlix.exec.front.config import ConfigError, RunConfig, check_topology
 from rlix.exec.front.joblines import default_steps
 from rlix.exec.service import connect
+from rlix.protocol import JobClaim, NameTaken, VersionMismatch
 
 RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several times longer)
 
@@ -29,19 +31,15 @@ class Submission:
 
     def __init__(self, config: RunConfig) -> None:
         """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it."""
-        import ray
-
-        from rlix.exec.messages import JobClaim, NameTaken
-
         given = "cluster" in config.model_fields_set
-        handle = connect.find()
-        if handle is None:  # the first submission starts the service, once its jobs are known to fit
+        service = transport.find()
+        if service is None:  # the first submission starts the service, once its jobs are known to fit
             cluster = config.cluster.spec() if given else connect.ray_cluster()
             cluster_block = config.cluster.model_copy(update={"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node})
             check_topology(config.model_copy(update={"cluster": cluster_block}))
-            handle = connect.start(cluster, config.policy, config.scheduler)
-        self.scheduler = handle
-        self.info = info = ray.get(handle.info.remote(), timeout=connect.SCHEDULER_CALL_S)
+            service = connect.start(cluster, config.policy, config.scheduler)
+        self.scheduler = service
+        self.info = info = service.call_sync(protocol.Info())
         have = (info.nodes, info.gpus_per_node)
         if given and (config.cluster.nodes, config.cluster.gpus_per_node) != have:
             raise ConfigError(
@@ -61,9 +59,9 @@ class Submission:
         self.jobs = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j)) for j in config.jobs)
         self.open = self.jobs  # the jobs this run has not seen end (what a renewal keeps claimed)
         try:
-            ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
+            service.call_sync(protocol.Claim(submitter=self.submitter, jobs=self.jobs))
         except NameTaken as exc:
-            message = str(getattr(exc, "cause", exc))  # the service's own words, without Ray's wrapping
+            message = str(exc)
             names = [j.name for j in config.jobs]
             index = next((i for i, n in enumerate(names) if f"'{n}'" in message), 0)
             raise ConfigError(f"jobs[{index}].name: {message}") from None
@@ -79,9 +77,12 @@ class Submission:
         from ray.exceptions import RayError
 
         given = "cluster" in config.model_fields_set
-        connect.join(address, config.cluster.spec().num_gpus if given else 0, where)
+        transport.join(address, config.cluster.spec().num_gpus if given else 0, where)
         try:
             return cls(config)
+        except VersionMismatch as exc:
+            ray.shutdown()
+            raise connect.ServiceError(f"{where} {address}: {exc}") from None
         except RayError as exc:
             ray.shutdown()
             raise connect.ServiceError(
@@ -105,21 +106,16 @@ class Submission:
 
     def _renew(self) -> None:
         """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""
-        import ray
-
         while not self._done.wait(RENEW_S):
             try:
-                ref = self.scheduler.renew.remote(self.submitter, self.open)
-                self.cancelled.update(ray.get(ref, timeout=connect.SCHEDULER_CALL_S))
+                self.cancelled.update(self.scheduler.call_sync(protocol.Renew(submitter=self.submitter, jobs=self.open)))
             except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
                 pass
 
     def leave(self) -> None:
-        import ray
-
         self._done.set()
         try:
-            ray.get(self.scheduler.leave.remote(self.submitter), timeout=connect.SCHEDULER_CALL_S)
+            self.scheduler.call_sync(protocol.Leave(submitter=self.submitter))
         except Exception:  # noqa: BLE001 -- the service is gone: nothing to leave
             pass
 

@@ -36,7 +36,7 @@ from rlix.exec.host_priority import background_start
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
-from rlix.exec.messages import LOAD_WAIT, Emulation, GpuMap, JobNote, JobProgress, JobResult
+from rlix.exec.messages import LOAD_WAIT, Emulation, JobProgress, JobResult
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
@@ -44,6 +44,7 @@ from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.job import executor_stages, stage_role, warm_order
 from rlix.metrics import Activity
+from rlix.protocol import GpuMap, JobNote
 from rlix.step import JobPlan, StepMachine, StreamSpec, declared_spec
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlix.exec.messages import JobClaim, JobNote, NameTaken
+from rlix.protocol import JobClaim, JobNote, NameTaken
 
 ENDED = ("finished", "failed", "cancelled")
 

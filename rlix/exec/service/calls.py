@@ -15,7 +15,8 @@ import asyncio
 import dataclasses
 
 from rlix.core import Rejoin, SchedulingError, Stage
-from rlix.exec.messages import (
+from rlix.exec.service.status import cluster_status
+from rlix.protocol import (
     CancelReply,
     ClusterStatus,
     JobClaim,
@@ -25,7 +26,6 @@ from rlix.exec.messages import (
     ServiceInfo,
     TimelineReply,
 )
-from rlix.exec.service.status import cluster_status
 
 LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
 LIVENESS_DEADLINE_S = 10.0  # an endpoint that does not answer within this is gone (s)
@@ -91,7 +91,7 @@ class ServiceCalls:
         self.book.notes[note.pipeline_id] = note
 
     async def claim(self, submitter: str, jobs: tuple[JobClaim, ...]) -> None:
-        """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use).
+        """Claim job names for ``submitter`` (:class:`rlix.protocol.NameTaken` if one is in use).
 
         Waits while a restarted scheduler's pipelines rejoin: until they have, a name that is running may not look so."""
         await self._rejoin_window()

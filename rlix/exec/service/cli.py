@@ -19,6 +19,8 @@ import os
 import sys
 from dataclasses import asdict
 
+from rlix.protocol import VersionMismatch
+
 
 class UserError(Exception):
     """Bad input, or nothing to talk to: one line, exit 2."""
@@ -50,14 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        handle = _connect(args)
-        code = COMMANDS[(args.command, getattr(args, "action", None))](handle, args)
+        service = _connect(args)
+        code = COMMANDS[(args.command, getattr(args, "action", None))](service, args)
         if args.command in READ_ONLY and argv is None:  # a tool's reading: leave without Ray's slow teardown
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
         return code
     except UserError as exc:
+        print(f"rlix: {exc}", file=sys.stderr)
+        return 2
+    except VersionMismatch as exc:
         print(f"rlix: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a Ray error: the service died, is restarting, or did not answer in time
@@ -70,28 +75,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _connect(args):
-    """Join the Ray cluster; the service's handle (None only for ``scheduler start`` when none runs)."""
-    from rlix.exec.service import connect
+    """Join the Ray cluster; the transport to its scheduler service (None only for ``scheduler start``
+    when none runs)."""
+    from rlix import transport
 
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
-        connect.join(address, 0, "--address", quiet=True)
-    except connect.ClusterError as exc:
+        transport.join(address, 0, "--address", quiet=True)
+    except transport.ClusterError as exc:
         raise UserError(str(exc)) from None
-    handle = connect.find()
-    if handle is None and (args.command, getattr(args, "action", None)) != ("scheduler", "start"):
+    service = transport.find()
+    if service is None and (args.command, getattr(args, "action", None)) != ("scheduler", "start"):
         raise UserError(f"no rlix scheduler runs on the Ray cluster at {address}; start one with 'rlix scheduler start'")
-    return handle
+    return service
 
 
-def _start(handle, args) -> int:
-    import ray
-
+def _start(service, args) -> int:
+    from rlix import protocol
     from rlix.core import ClusterSpec
     from rlix.exec.service import connect
 
-    if handle is not None:
-        info = ray.get(handle.info.remote(), timeout=connect.SCHEDULER_CALL_S)
+    if service is not None:
+        info = service.call_sync(protocol.Info())
         print(f"rlix scheduler already runs: {info.nodes} x {info.gpus_per_node} GPUs, policy {info.policy}")
         return 0
     from rlix.core import POLICIES
@@ -133,24 +138,22 @@ def _knobs(pairs: list[str]):
         raise UserError(f"--set {one_line(exc)}") from None
 
 
-def _stop(handle, args) -> int:
+def _stop(service, args) -> int:
     from rlix.exec.service import connect
 
     try:
-        print(connect.stop(handle, force=args.force))
+        print(connect.stop(service, force=args.force))
     except connect.ServiceError as exc:
         print(f"rlix: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _status(handle, args) -> int:
-    import ray
-
-    from rlix.exec.service import connect
+def _status(service, args) -> int:
+    from rlix import protocol
     from rlix.exec.service.show import status_table
 
-    status = ray.get(handle.status.remote(), timeout=connect.SCHEDULER_CALL_S)
+    status = service.call_sync(protocol.Status())
     if args.json:
         print(json.dumps(asdict(status), indent=1))
     else:
@@ -158,22 +161,18 @@ def _status(handle, args) -> int:
     return 0
 
 
-def _cancel(handle, args) -> int:
-    import ray
+def _cancel(service, args) -> int:
+    from rlix import protocol
 
-    from rlix.exec.service import connect
-
-    reply = ray.get(handle.cancel.remote(args.job), timeout=connect.SCHEDULER_CALL_S)
+    reply = service.call_sync(protocol.Cancel(job=args.job))
     print(reply.message if reply.found else f"rlix: {reply.message}", file=sys.stdout if reply.found else sys.stderr)
     return 0 if reply.found else 1
 
 
-def _timeline(handle, args) -> int:
-    import ray
+def _timeline(service, args) -> int:
+    from rlix import protocol
 
-    from rlix.exec.service import connect
-
-    reply = ray.get(handle.timeline.remote(), timeout=connect.SCHEDULER_CALL_S)
+    reply = service.call_sync(protocol.Timeline())
     rec, now, jobs = reply.recorder, reply.now, list(reply.jobs)
     if args.plot:
         from rlix.sim.plot import plot_runs

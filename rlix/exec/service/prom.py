@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rlix.exec.messages import ClusterStatus
+from rlix.protocol import ClusterStatus
 
 PLAN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 STATES = ("queued", "loading", "running", "finished", "failed", "cancelled")

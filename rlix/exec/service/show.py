@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from rlix.exec.messages import ClusterStatus, JobRow
+from rlix.protocol import ClusterStatus, JobRow
 
 
 def gpu_text(row: JobRow) -> str:

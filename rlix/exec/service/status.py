@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rlix.core import Stage
 from rlix.core.types import GangHolder
-from rlix.exec.messages import ClusterStatus, JobRow
+from rlix.protocol import ClusterStatus, JobRow
 
 
 def held_gpus(ledger) -> dict[str, list[tuple[int, str]]]:

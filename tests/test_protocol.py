@@ -26,9 +26,7 @@ def _actor(gpus: int):
 
 def _request_types() -> list[type]:
     calls = (protocol.PipelineCall, protocol.SubmitterCall, protocol.AdminCall)
-    return [
-        c for _, c in inspect.getmembers(protocol, inspect.isclass) if issubclass(c, calls) and c not in calls
-    ]
+    return [c for _, c in inspect.getmembers(protocol, inspect.isclass) if issubclass(c, calls) and c not in calls]
 
 
 @pytest.mark.exec

@@ -328,7 +328,7 @@ class BanditPipeline:
         self.calls[f"shrink ({reason})"] += 1
         await self.rollouts.shrink(tuple(gpus))
 
-    async def stop(self) -> None:
+    async def stop(self, why=None) -> None:  # why: who cancelled it (a rlix.protocol.Stopped)
         self.stop_now()
 
     def stop_now(self) -> None:

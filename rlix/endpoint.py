@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 
 from rlix.core.types import Gpus
+from rlix.protocol import Stopped
 
 
 class EndpointCallFailed(RuntimeError):
@@ -42,8 +43,8 @@ class Inbox:
     async def shrink(self, gpus: Gpus, reason: str) -> None:
         await self._ask("shrink", (tuple(gpus), reason))
 
-    async def stop(self) -> None:
-        await self._ask("stop", ())
+    async def stop(self, why: Stopped | None = None) -> None:
+        await self._ask("stop", (why,))
 
     async def next_call(self) -> tuple[int, str, tuple]:
         """The oldest call not yet taken by the pipeline's process: (number, method, arguments)."""
@@ -69,20 +70,21 @@ def _inbox_actor():
     return ray.remote(num_cpus=0, max_concurrency=1000)(Inbox)
 
 
-async def _nothing() -> None:
+async def _nothing(why: Stopped | None) -> None:
     return None
 
 
 class CallbackEndpoint:
     """An endpoint made of the pipeline's coroutines: ``expand(gpus)``, ``shrink(gpus, reason)`` and
-    ``stop()`` (default: nothing; the pipeline then learns of a cancel when its next call fails)."""
+    ``stop(why)`` (``why``: a :class:`rlix.protocol.Stopped`, who asked; default: nothing, and the
+    pipeline learns of a cancel when its next call fails)."""
 
     def __init__(
         self,
         *,
         expand: Callable[[Gpus], Awaitable[None]],
         shrink: Callable[[Gpus, str], Awaitable[None]],
-        stop: Callable[[], Awaitable[None]] = _nothing,
+        stop: Callable[[Stopped | None], Awaitable[None]] = _nothing,
     ) -> None:
         self.callbacks = {"expand": expand, "shrink": shrink, "stop": stop}
         self.actor = None  # the inbox actor's handle, once started

@@ -65,6 +65,31 @@ class NameTaken(ValueError):
     """A job name is already in use on the cluster's scheduler."""
 
 
+def asker() -> str:
+    """Who asks, as a request names them: ``user@host`` of this process."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 -- no user name in this environment (a container without one)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stopped:
+    """Why a job was stopped on request: who asked (``user@host``), and whether it was the scheduler
+    itself that was stopped (``rlix scheduler stop --force``) rather than the job cancelled."""
+
+    by: str = ""
+    scheduler_stopped: bool = False
+
+    def line(self) -> str:
+        who = f" by {self.by}" if self.by else ""
+        return f"the rlix scheduler was stopped{who}" if self.scheduler_stopped else f"cancelled{who}"
+
+
 class Endpoint(Protocol):
     """What the scheduler calls on a pipeline (a Ray actor with these async methods; or
     :class:`rlix.client.CallbackEndpoint`, which makes one of three plain coroutines)."""
@@ -76,8 +101,9 @@ class Endpoint(Protocol):
         """Stop the rollout worker on ``gpus``; return once they are free. ``reason``: a
         :class:`rlix.core.ShrinkReason` value (another stage or job needs them, the pipeline left...)."""
 
-    async def stop(self) -> None:
-        """The job was cancelled: end the run (then unregister as ``cancelled``)."""
+    async def stop(self, why: Stopped | None = None) -> None:
+        """The job was cancelled (``why``: by whom; None from an older caller): end the run, then
+        unregister as ``cancelled``."""
 
 
 # ------------------------------------------------------------------ replies and the values inside requests
@@ -340,7 +366,7 @@ class Claim(SubmitterCall):
 @dataclass(frozen=True, kw_only=True)
 class Renew(SubmitterCall):
     """Renew ``submitter``'s lease on the jobs it has not seen end; the reply names those whose
-    cancel was asked for (a tuple of names)."""
+    cancel was asked for, and why (a tuple of (name, :class:`Stopped`))."""
 
     submitter: str
     jobs: tuple[JobClaim, ...]
@@ -370,14 +396,18 @@ class Timeline(AdminCall):
 
 @dataclass(frozen=True, kw_only=True)
 class Cancel(AdminCall):
-    """Cancel a job (a :class:`CancelReply`): a running one is asked to stop; one not started never starts."""
+    """Cancel a job (a :class:`CancelReply`): a running one is asked to stop; one not started never
+    starts. ``by``: who asks (``user@host``), told to the job's submitter."""
 
     job: str
+    by: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CancelAll(AdminCall):
-    """Cancel every job not ended; the reply is how many."""
+    """Cancel every job not ended, because the scheduler is being stopped by ``by``; the reply is how many."""
+
+    by: str = ""
 
 
 @dataclass(frozen=True)

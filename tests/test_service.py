@@ -14,6 +14,8 @@ import time
 import pytest
 from service_cluster import ServiceCluster, gpu_intervals, gpus_held, job, jobs_by_name, overlaps, wait_for, write_config
 
+from rlix import protocol
+
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.heavy, pytest.mark.exec]
 
@@ -141,15 +143,17 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     assert "policy: the config asks for 'static', but the rlix scheduler on this Ray cluster runs 'rlix'" in last, last
     # a stop while a job runs is refused
     res = cluster.rlix("scheduler", "stop")
-    assert res.returncode == 1 and "jobs are not done (eta)" in res.stderr
-    # cancel: the job ends cancelled, its submitter exits 1 with its outputs written
+    assert res.returncode == 1 and "1 job not done (eta)" in res.stderr
+    # cancel: the job ends cancelled, its submitter exits 3 with its outputs written and says who asked
     wait_for(lambda s: jobs_by_name(s)["eta"]["state"] in ("loading", "running"), cluster, 120)
     res = cluster.rlix("cancel", "eta")
     assert res.returncode == 0 and "job 'eta' asked to stop" in res.stdout
-    assert p.wait(timeout=120) == 1
+    assert p.wait(timeout=120) == 3
     assert "eta: cancelled" in long.with_suffix(".out").read_text()
+    asker = protocol.asker()
+    assert f"rlix-run: job eta: cancelled by {asker}" in long.with_suffix(".err").read_text()
     status = wait_for(lambda s: jobs_by_name(s)["eta"]["state"] == "cancelled", cluster, 30)
-    assert not jobs_by_name(status)["eta"]["gpus"]
+    assert not jobs_by_name(status)["eta"]["gpus"] and jobs_by_name(status)["eta"]["error"] == f"cancelled by {asker}"
     res = cluster.rlix("cancel", "nobody")
     assert res.returncode == 1 and "no job 'nobody' on this cluster" in res.stderr
 
@@ -174,7 +178,8 @@ def test_a_forced_stop_cancels_the_running_jobs_first(cluster, tmp_path):
     p = cluster.submit(last)
     wait_for(lambda s: jobs_by_name(s).get("kappa", {}).get("state") in ("loading", "running"), cluster, 120)
     res = cluster.rlix("scheduler", "stop", "--force")
-    assert res.returncode == 0 and "rlix scheduler stopped (1 jobs cancelled)" in res.stdout, res.stderr[-2000:]
-    assert p.wait(timeout=120) == 1 and "kappa: cancelled" in last.with_suffix(".out").read_text()
+    assert res.returncode == 0 and "rlix scheduler stopped (1 job cancelled)" in res.stdout, res.stderr[-2000:]
+    assert p.wait(timeout=120) == 4 and "kappa: cancelled" in last.with_suffix(".out").read_text()
+    assert f"rlix-run: job kappa: the rlix scheduler was stopped by {protocol.asker()}" in last.with_suffix(".err").read_text()
     res = cluster.rlix("status")
     assert res.returncode == 2 and "no rlix scheduler runs on the Ray cluster" in res.stderr

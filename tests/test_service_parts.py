@@ -13,7 +13,7 @@ from rlix.exec.service.prom import samples
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
-from rlix.protocol import ClusterStatus, JobClaim, JobRow, NameTaken
+from rlix.protocol import ClusterStatus, JobClaim, JobRow, NameTaken, Stopped
 
 ROOT = Path(__file__).resolve().parent.parent
 W = Activity.WORK
@@ -67,7 +67,7 @@ def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
     with pytest.raises(NameTaken, match="submitted by s1"):
         book.registering("a", "s2")
     book.registering("a", "s1")  # the submitter's own coordinator
-    book.cancel_asked.add("c")
+    book.cancel_asked["c"] = Stopped(by="ann@head")
     book.end("c", "cancelled")
     with pytest.raises(NameTaken, match="cancelled before it started"):
         book.registering("c", "s1")
@@ -80,8 +80,8 @@ def test_leases_lapse_and_cancels_reach_their_submitter():
     book = JobBook(lease_s=10)
     book.claim("s1", (c("a", 0, 5),), set(), 0.0)
     book.claim("s2", (c("b", 0, 5),), set(), 0.0)
-    book.cancel_asked.add("b")
-    assert book.renew("s1", 5.0) == () and book.renew("s2", 5.0) == ("b",)
+    book.cancel_asked["b"] = Stopped(by="ann@head")
+    assert book.renew("s1", 5.0) == () and book.renew("s2", 5.0) == (("b", Stopped(by="ann@head")),)
     book.renew("s1", 12.0)
     assert book.expired(16.0) == ["s2"] and book.jobs_of("s2") == ["b"]
     assert book.expired(16.0) == []

@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 from rlix.exec.job.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, TrajRecord
+from rlix.protocol import Stopped
 
 # ------------------------------------------------------------------ weights
 
@@ -359,3 +360,4 @@ class JobResult:
     trainer_ranks: int = 0  # data-parallel trainer processes (one per actor_train GPU); 0 = never started
     events: tuple[ActivityChange, ...] = ()  # not yet drained by a progress poll
     bad_input: bool = False  # failed on the user's input (a reward function), not on rlix: exit status 2
+    stopped: Stopped | None = None  # cancelled through the scheduler: who asked (exit status 3, or 4 for a stopped scheduler)

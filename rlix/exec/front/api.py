@@ -36,7 +36,7 @@ from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
 from rlix.exec.service.connect import SHRINK_CALL_S
 from rlix.import_path import worker_pythonpath
-from rlix.protocol import GpuMap, SchedulerStats
+from rlix.protocol import GpuMap, SchedulerStats, Stopped
 from rlix.transport import SCHEDULER_CALL_S, ClusterError, RayTransport, answers  # noqa: F401 -- rlix-run catches api.ClusterError
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
@@ -252,8 +252,8 @@ class Session:
         """One poll: admit, kill, collect, show; True once every job has its result."""
         now = self.now()
         if self.submission is not None:  # jobs `rlix cancel` stopped: not started never start, started ones stop
-            for pid in self.submission.take_cancelled():
-                self._cancel(pid, now)
+            for pid, why in self.submission.take_cancelled():
+                self._cancel(pid, now, why)
         for p in self.pipelines.values():
             if p.coordinator is None and p.result is None and p.killed_at is None and now >= p.job.arrival_s:
                 self.admit(p.pipeline_id)
@@ -273,15 +273,19 @@ class Session:
             on_progress(self)
         return all(p.result is not None for p in self.pipelines.values())
 
-    def _cancel(self, pipeline_id: str, now: float) -> None:
-        """End one job cancelled: one not started never starts; a running one stops (its run ends cancelled)."""
+    def _cancel(self, pipeline_id: str, now: float, why: Stopped | None = None) -> None:
+        """End one job cancelled (``why``: through the scheduler, by whom; None: by this run): one not
+        started never starts; a running one stops (its run ends cancelled)."""
         p = self.pipelines.get(pipeline_id)
         if p is None or p.result is not None:
             return
         if p.coordinator is None:
-            p.result = JobResult(pipeline_id=p.pipeline_id, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
+            error = why.line() if why is not None else ""
+            p.result = JobResult(
+                pipeline_id=p.pipeline_id, status=JobStatus.CANCELLED, error=error, arrival_s=now, finish_s=now, stopped=why
+            )
         else:
-            p.coordinator.stop.remote()
+            p.coordinator.stop.remote(why)
 
     def stop(self) -> None:
         """Stop every job now, keeping what each has done (status cancelled; the outputs say they are partial).

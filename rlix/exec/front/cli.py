@@ -1,10 +1,16 @@
 """Executor layer: ``rlix-run CONFIG`` (the CLI; :mod:`rlix.exec.front.api` is the same in Python).
 
-Exit status: 0 all jobs finished, 1 some job failed or was killed, 2 bad
-config or a Ray cluster that is not there or too small (a one-line error;
-no actor was started), or a job failed on the user's input at run time (a
-reward function that raised or returned the wrong values: one line on
-stderr naming it, after the other jobs finished).
+Exit status, what happened to the run's jobs:
+
+- 0 every job finished;
+- 1 some job failed or was killed;
+- 2 bad config, or a Ray cluster that is not there or too small (a one-line
+  error; no actor was started), or a job failed on the user's input at run
+  time (a reward function that raised or returned the wrong values: one line
+  on stderr naming it, after the other jobs finished);
+- 3 a job was cancelled (``rlix cancel``; who asked is on stderr);
+- 4 the shared scheduler was stopped under a job (``rlix scheduler stop --force``);
+- 130 interrupted (Ctrl-C): the outputs so far are written.
 """
 
 from __future__ import annotations
@@ -108,7 +114,9 @@ class Interrupts:
 
 
 def exit_status(results: dict) -> int:
-    """2 if a job failed on the user's input (said on stderr, one line each), 1 if another failed or was killed, else 0."""
+    """What happened, as the exit status (the README lists them): 2 a job failed on the user's input
+    (said on stderr, one line each), 1 another failed or was killed, 4 the shared scheduler was
+    stopped under a job, 3 a job was cancelled (by whom, on stderr), else 0."""
     from rlix.exec.job.records import JobStatus
 
     bad = sorted(pid for pid, r in results.items() if r.bad_input)
@@ -116,7 +124,14 @@ def exit_status(results: dict) -> int:
         print(f"rlix-run: job {pid}: {results[pid].error}", file=sys.stderr)
     if bad:
         return 2
-    return 0 if all(r.status is JobStatus.FINISHED for r in results.values()) else 1
+    if any(r.status in (JobStatus.FAILED, JobStatus.KILLED) for r in results.values()):
+        return 1
+    stopped = {pid: r.stopped for pid, r in sorted(results.items()) if r.stopped is not None}
+    for pid, why in stopped.items():
+        print(f"rlix-run: job {pid}: {why.line()}", file=sys.stderr)
+    if any(why.scheduler_stopped for why in stopped.values()):
+        return 4
+    return 3 if any(r.status is JobStatus.CANCELLED for r in results.values()) else 0
 
 
 if __name__ == "__main__":

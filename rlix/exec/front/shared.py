@@ -21,7 +21,7 @@ from rlix import protocol, transport
 from rlix.exec.front.config import ConfigError, RunConfig, check_topology
 from rlix.exec.front.joblines import default_steps
 from rlix.exec.service import connect
-from rlix.protocol import JobClaim, NameTaken, VersionMismatch
+from rlix.protocol import JobClaim, NameTaken, Stopped, VersionMismatch
 
 RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several times longer)
 
@@ -65,7 +65,7 @@ class Submission:
             names = [j.name for j in config.jobs]
             index = next((i for i, n in enumerate(names) if f"'{n}'" in message), 0)
             raise ConfigError(f"jobs[{index}].name: {message}") from None
-        self.cancelled: set[str] = set()  # jobs whose cancel was asked for (read by the run's poll)
+        self.cancelled: dict[str, Stopped] = {}  # jobs whose cancel was asked for, and why (read by the run's poll)
         self._done = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="rlix-lease", daemon=True)
         self._renewer.start()
@@ -93,11 +93,9 @@ class Submission:
             ray.shutdown()
             raise
 
-    def take_cancelled(self) -> list[str]:
-        """The jobs whose cancel was asked for since the last call."""
-        names = sorted(self.cancelled)
-        self.cancelled.difference_update(names)
-        return names
+    def take_cancelled(self) -> list[tuple[str, Stopped]]:
+        """The jobs whose cancel was asked for since the last call, and why."""
+        return [(name, self.cancelled.pop(name)) for name in sorted(self.cancelled)]
 
     def ended(self, names) -> None:
         """The run saw these jobs end: renewals no longer claim them (the name is free for others)."""
@@ -108,7 +106,8 @@ class Submission:
         """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""
         while not self._done.wait(RENEW_S):
             try:
-                self.cancelled.update(self.scheduler.call_sync(protocol.Renew(submitter=self.submitter, jobs=self.open)))
+                asked = self.scheduler.call_sync(protocol.Renew(submitter=self.submitter, jobs=self.open))
+                self.cancelled.update(asked)
             except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
                 pass
 

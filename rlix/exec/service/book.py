@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlix.protocol import JobClaim, JobNote, NameTaken
+from rlix.protocol import JobClaim, JobNote, NameTaken, Stopped
 
 ENDED = ("finished", "failed", "cancelled")
 
@@ -34,7 +34,7 @@ class JobBook:
         self.renewed: dict[str, float] = {}  # submitter -> when it last renewed
         self.notes: dict[str, JobNote] = {}
         self.ended: dict[str, tuple[str, str]] = {}  # name -> (state, error)
-        self.cancel_asked: set[str] = set()
+        self.cancel_asked: dict[str, Stopped] = {}  # jobs not started whose cancel was asked for, and why
         self._seq = 0
 
     def claim(self, submitter: str, jobs: tuple[JobClaim, ...], active: set[str], now: float) -> None:
@@ -53,7 +53,7 @@ class JobBook:
             self._take(submitter, job)
             self.ended.pop(job.name, None)  # a new run of the name: nothing of an earlier one carries over
             self.notes.pop(job.name, None)
-            self.cancel_asked.discard(job.name)
+            self.cancel_asked.pop(job.name, None)
         self.renewed[submitter] = now
 
     def renew_claims(self, submitter: str, jobs: tuple[JobClaim, ...], now: float) -> None:
@@ -87,12 +87,13 @@ class JobBook:
             self.claims.pop(name, None)
             self.ended.pop(name, None)
             self.notes.pop(name, None)
-            self.cancel_asked.discard(name)
+            self.cancel_asked.pop(name, None)
 
-    def renew(self, submitter: str, now: float) -> tuple[str, ...]:
-        """The submitter is alive; returns its job names whose cancel was asked for."""
+    def renew(self, submitter: str, now: float) -> tuple[tuple[str, Stopped], ...]:
+        """The submitter is alive; returns its jobs whose cancel was asked for, and why."""
         self.renewed[submitter] = now
-        return tuple(sorted(n for n in self.cancel_asked if self.claims.get(n) and self.claims[n].submitter == submitter))
+        mine = (n for n in self.cancel_asked if self.claims.get(n) and self.claims[n].submitter == submitter)
+        return tuple((n, self.cancel_asked[n]) for n in sorted(mine))
 
     def expired(self, now: float) -> list[str]:
         """Submitters whose lease ran out (forgotten here; the caller unregisters their pipelines)."""

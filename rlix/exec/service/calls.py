@@ -24,6 +24,7 @@ from rlix.protocol import (
     PipelineGone,
     PipelineUnknown,
     ServiceInfo,
+    Stopped,
     TimelineReply,
 )
 
@@ -97,8 +98,8 @@ class ServiceCalls:
         await self._rejoin_window()
         self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
 
-    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...]) -> tuple[str, ...]:
-        """``submitter``'s lease, with the jobs it has not seen end; returns those whose cancel was asked for."""
+    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...]) -> tuple[tuple[str, Stopped], ...]:
+        """``submitter``'s lease, with the jobs it has not seen end; returns those whose cancel was asked for, and why."""
         self.book.renew_claims(submitter, jobs, self.now())
         return self.book.renew(submitter, self.now())
 
@@ -108,27 +109,29 @@ class ServiceCalls:
         for name in self.book.jobs_of(submitter):
             self.book.end(name, "cancelled")
 
-    async def cancel(self, name: str) -> CancelReply:
+    async def cancel(self, name: str, why: Stopped = Stopped()) -> CancelReply:
         """Cancel a job: a running one is asked to stop (it ends cancelled; killed if it has not
-        left within ``CANCEL_GRACE_S``); one not started never starts."""
+        left within ``CANCEL_GRACE_S``); one not started never starts. ``why``: who asked, told to
+        the job (its submitter prints it)."""
         if name in self.book.ended:
             return CancelReply(found=True, message=f"job '{name}' already {self.book.ended[name][0]}")
         endpoint = self.coordinators.get(name)
         if endpoint is not None:
-            endpoint.stop.remote()
+            endpoint.stop.remote(why)
             self.order.spawn(self._stopped_or_killed(name, endpoint))
             return CancelReply(found=True, message=f"job '{name}' asked to stop")
         if name in self.book.claims:
-            self.book.cancel_asked.add(name)
-            self.book.end(name, "cancelled")
+            self.book.cancel_asked[name] = why
+            self.book.end(name, "cancelled", why.line())
             return CancelReply(found=True, message=f"job '{name}' cancelled before it started")
         return CancelReply(found=False, message=f"no job '{name}' on this cluster; see rlix status")
 
-    async def cancel_all(self) -> int:
-        """Cancel every job not ended (``rlix scheduler stop --force``); returns how many."""
+    async def cancel_all(self, by: str = "") -> int:
+        """Cancel every job not ended, the scheduler being stopped by ``by`` (``rlix scheduler stop --force``);
+        returns how many."""
         names = sorted(set(self.book.open_jobs()) | set(self.core.pipelines()))
         for name in names:
-            await self.cancel(name)
+            await self.cancel(name, Stopped(by=by, scheduler_stopped=True))
         return len(names)
 
     async def kill_all(self) -> list[str]:

@@ -164,7 +164,7 @@ def _status(service, args) -> int:
 def _cancel(service, args) -> int:
     from rlix import protocol
 
-    reply = service.call_sync(protocol.Cancel(job=args.job))
+    reply = service.call_sync(protocol.Cancel(job=args.job, by=protocol.asker()))
     print(reply.message if reply.found else f"rlix: {reply.message}", file=sys.stdout if reply.found else sys.stderr)
     return 0 if reply.found else 1
 

@@ -29,6 +29,11 @@ class ServiceError(ClusterError):
     """The service cannot be started or reached as asked (a one-line message with the fix)."""
 
 
+def jobs(n: int) -> str:
+    """``1 job``, ``2 jobs``."""
+    return f"{n} job" if n == 1 else f"{n} jobs"
+
+
 def ray_cluster() -> ClusterSpec:
     """The cluster as Ray sees it: its alive GPU nodes, each with the same number of GPUs."""
     import ray
@@ -83,10 +88,10 @@ def stop(service: RayTransport, *, force: bool, wait_s: float = 60.0) -> str:
 
     busy = service.call_sync(protocol.Busy())
     if busy and not force:
-        raise ServiceError(f"{len(busy)} jobs are not done ({', '.join(busy)}); wait, cancel them, or use --force")
+        raise ServiceError(f"{jobs(len(busy))} not done ({', '.join(busy)}); wait, cancel them, or use --force")
     killed = []
     if busy:
-        service.call_sync(protocol.CancelAll())
+        service.call_sync(protocol.CancelAll(by=protocol.asker()))
         deadline = time.time() + wait_s
         while time.time() < deadline and service.call_sync(protocol.Busy()):
             time.sleep(0.5)
@@ -101,4 +106,4 @@ def stop(service: RayTransport, *, force: bool, wait_s: float = 60.0) -> str:
     if not busy:
         return "rlix scheduler stopped"
     late = f"; killed after {wait_s:g} s: {', '.join(killed)}" if killed else ""
-    return f"rlix scheduler stopped ({len(busy)} jobs cancelled{late})"
+    return f"rlix scheduler stopped ({jobs(len(busy))} cancelled{late})"

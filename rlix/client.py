@@ -140,7 +140,8 @@ class Client:
         self._spec, self._endpoint = spec, endpoint
         self._rejoining = asyncio.Lock()
         self._life = (await self.sched.call(protocol.Info(), self.timeout_s)).life
-        await self._call(protocol.Register(spec=spec, endpoint=endpoint, submitter=self.submitter), again=None)
+        hello = protocol.Register(spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker())
+        await self._call(hello, again=None)
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def rollout_bundles(self) -> tuple[Gpus, ...]:

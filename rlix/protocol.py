@@ -147,6 +147,7 @@ class JobClaim:
     name: str
     priority: int
     steps: int  # steps it will train (rlix status shows steps done of these)
+    id: str = ""  # the job id the scheduler gave it ("" until claimed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,19 +162,24 @@ class JobNote:
 
 @dataclass(frozen=True, kw_only=True)
 class CancelReply:
-    """What ``rlix cancel`` did: whether the job was found, and what happened to it."""
+    """What ``rlix cancel`` did: whether the job was found, whether it was refused (another user's),
+    and what happened to it."""
 
     found: bool
     message: str
+    refused: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobRow:
     """One job in ``rlix status``: its state, what it holds now, and its GPU-seconds since it registered."""
 
-    name: str
+    id: str  # its job id (one per submission)
+    name: str  # its name (unique among jobs not ended)
     submitter: str  # who submitted it (host:pid of an rlix-run, or the pipeline's own client)
-    state: str  # queued, loading, running, finished, failed, cancelled
+    user: str = ""  # user@host that submitted it
+    state: str  # submitted, queued, loading, running, finished, failed, cancelled
+    phases: tuple[tuple[str, float], ...] = ()  # (phase, when it was entered: seconds on the service's clock)
     priority: int
     gpus: tuple[tuple[int, str], ...]  # (GPU, what holds it: a stage name or "rollout") now
     steps_done: int
@@ -258,6 +264,7 @@ class Register(PipelineCall):
     spec: PipelineSpec
     endpoint: Any  # an Endpoint: the Ray actor handle the scheduler calls back
     submitter: str = ""
+    user: str = ""  # who runs it: user@host
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,19 +364,22 @@ class Info(SubmitterCall):
 
 @dataclass(frozen=True, kw_only=True)
 class Claim(SubmitterCall):
-    """Claim job names for ``submitter`` (:class:`NameTaken` if one is in use)."""
+    """Claim job names for ``submitter`` (:class:`NameTaken` if one is in use); the reply is their
+    job ids, in order. ``user``: who submits them (user@host)."""
 
     submitter: str
     jobs: tuple[JobClaim, ...]
+    user: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Renew(SubmitterCall):
-    """Renew ``submitter``'s lease on the jobs it has not seen end; the reply names those whose
-    cancel was asked for, and why (a tuple of (name, :class:`Stopped`))."""
+    """Renew ``submitter``'s lease on the jobs it has not seen end (with their ids); the reply names
+    those cancelled before they started, and why (a tuple of (name, :class:`Stopped`))."""
 
     submitter: str
     jobs: tuple[JobClaim, ...]
+    user: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,11 +406,13 @@ class Timeline(AdminCall):
 
 @dataclass(frozen=True, kw_only=True)
 class Cancel(AdminCall):
-    """Cancel a job (a :class:`CancelReply`): a running one is asked to stop; one not started never
-    starts. ``by``: who asks (``user@host``), told to the job's submitter."""
+    """Cancel a job, by id or name (a :class:`CancelReply`): a running one is asked to stop; one not
+    started never starts. ``by``: who asks (``user@host``), told to the job's submitter; another
+    user's job is refused unless ``force``."""
 
     job: str
     by: str = ""
+    force: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

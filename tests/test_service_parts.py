@@ -8,83 +8,109 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.service.book import JobBook
+from rlix.exec.service.jobs import ENDED, MOVES, IllegalMove, JobLedger, Phase
 from rlix.exec.service.prom import samples
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
-from rlix.protocol import ClusterStatus, JobClaim, JobRow, NameTaken, Stopped
+from rlix.protocol import ClusterStatus, JobClaim, JobNote, JobRow, NameTaken, Stopped
 
 ROOT = Path(__file__).resolve().parent.parent
 W = Activity.WORK
 
 
-def c(name: str, priority: int, steps: int) -> JobClaim:
-    return JobClaim(name=name, priority=priority, steps=steps)
+def c(name: str, priority: int, steps: int, job_id: str = "") -> JobClaim:
+    return JobClaim(name=name, priority=priority, steps=steps, id=job_id)
 
 
-def test_names_are_unique_on_the_cluster_until_their_job_ends():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5), c("b", 1, 3)), set(), 0.0)
-    with pytest.raises(NameTaken, match="job 'a' is already on this cluster .submitted by s1"):
-        book.claim("s2", (c("c", 0, 1), c("a", 0, 1)), set(), 1.0)
-    assert "c" not in book.claims  # nothing of a refused claim is kept
+def phases(ledger: JobLedger) -> dict[str, str]:
+    return {r.id: r.phase.value for r in ledger.records.values()}
+
+
+def test_every_submission_gets_its_own_id_and_names_are_unique_until_their_job_ends():
+    jobs = JobLedger(lease_s=10)
+    assert jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 1, 3)), set(), 0.0) == ("a-1", "b-2")
+    with pytest.raises(NameTaken, match=r"job 'a' is already on this cluster \(a-1, submitted by ann@h\)"):
+        jobs.claim("s2", "bob@h", (c("c", 0, 1), c("a", 0, 1)), set(), 1.0)
+    assert phases(jobs) == {"a-1": "submitted", "b-2": "submitted"}  # nothing of a refused claim is kept
     with pytest.raises(NameTaken, match="already running"):  # an external pipeline's name, never claimed
-        book.claim("s2", (c("ext", 0, 1),), {"ext"}, 1.0)
-    book.end("a", "finished")
-    book.claim("s2", (c("a", 0, 7),), set(), 2.0)  # a name whose job ended may run again
-    assert book.claims["a"].submitter == "s2" and "a" not in book.ended and book.open_jobs() == ["b", "a"]
+        jobs.claim("s2", "bob@h", (c("ext", 0, 1),), {"ext"}, 1.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)
+    jobs.end("a", "finished", "", 2.0)
+    assert jobs.claim("s2", "bob@h", (c("a", 0, 7),), set(), 3.0) == ("a-3",)  # the name runs again, a new job
+    assert phases(jobs) == {"a-1": "finished", "b-2": "submitted", "a-3": "submitted"}
+    assert jobs.open_jobs() == ["b", "a"] and jobs.find("a").id == "a-3" and jobs.find("a-1").user == "ann@h"
+    assert jobs.id_of("a") == "a-3"
 
 
-def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_names():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5),), set(), 0.0)
-    book.end("a", "finished")
-    book.renew_claims("s1", (c("a", 0, 5),), 1.0)
-    assert book.ended["a"] == ("finished", "")  # a renewal does not make an ended job look new
-    fresh = JobBook(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
+def test_a_job_moves_only_as_its_phase_table_allows():
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("a", 0, 5),), set(), 0.0)
+    record = jobs.find("a")
+    with pytest.raises(IllegalMove, match="submitted -> running"):
+        record.move(Phase.RUNNING, 1.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)
+    jobs.noted(JobNote(pipeline_id="a", loaded=True, steps_done=0, steps_total=5), 1.5)  # no GPUs yet: not running
+    assert record.phase is Phase.QUEUED
+    jobs.granted("a", 2.0)
+    jobs.noted(JobNote(pipeline_id="a", loaded=True, steps_done=1, steps_total=5), 3.0)
+    jobs.end("a", "finished", "", 4.0)
+    assert record.phases == [("submitted", 0.0), ("queued", 1.0), ("loading", 2.0), ("running", 3.0), ("finished", 4.0)]
+    for later in (Phase.RUNNING, Phase.FAILED, Phase.QUEUED):
+        with pytest.raises(IllegalMove):
+            record.move(later, 5.0)
+    assert all(not MOVES[p] for p in ENDED) and Phase.SUBMITTED not in set().union(*MOVES.values())
+
+
+def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_jobs_under_their_ids():
+    jobs = JobLedger(lease_s=10)
+    (a,) = jobs.claim("s1", "ann@h", (c("a", 0, 5),), set(), 0.0)
+    jobs.end("a", "finished", "", 0.5)
+    jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, a),), 1.0)
+    assert phases(jobs) == {a: "finished"}  # a renewal does not make an ended job look new
+    fresh = JobLedger(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
     with pytest.raises(NameTaken):
-        fresh.claim("s2", (c("a", 0, 5),), {"a"}, 0.0)
-    fresh.renew_claims("s1", (c("a", 0, 5),), 0.0)
-    assert fresh.claims["a"].submitter == "s1"
+        fresh.claim("s2", "bob@h", (c("a", 0, 5),), {"a"}, 0.0)
+    fresh.renew_claims("s1", "ann@h", (c("b", 0, 5, "b-7"),), 0.0)
+    assert fresh.find("b").id == "b-7" and fresh.find("b").submitter == "s1"
 
 
 def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
-    book.end("a", "finished")
-    book.claim("s2", (c("a", 0, 3),), set(), 1.0)  # a new job of the ended name
-    book.renew_claims("s1", (c("a", 0, 5), c("b", 0, 5)), 12.0)  # s1 still lists a: the renewal must hold anyway
-    book.renew_claims("s2", (c("a", 0, 3),), 12.0)
-    assert book.expired(20.0) == [] and book.claims["a"].submitter == "s2" and book.claims["b"].submitter == "s1"
+    jobs = JobLedger(lease_s=10)
+    a, b = jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
+    jobs.end("a", "finished", "", 0.5)
+    (a2,) = jobs.claim("s2", "bob@h", (c("a", 0, 3),), set(), 1.0)  # a new job of the ended name
+    jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, a), c("b", 0, 5, b)), 12.0)  # s1 still lists a: the renewal holds
+    jobs.renew_claims("s2", "bob@h", (c("a", 0, 3, a2),), 12.0)
+    assert jobs.expired(20.0) == [] and jobs.find("a").submitter == "s2" and jobs.find("b").submitter == "s1"
 
 
 def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5), c("c", 0, 5)), set(), 0.0)
-    with pytest.raises(NameTaken, match="submitted by s1"):
-        book.registering("a", "")  # an external pipeline
-    with pytest.raises(NameTaken, match="submitted by s1"):
-        book.registering("a", "s2")
-    book.registering("a", "s1")  # the submitter's own coordinator
-    book.cancel_asked["c"] = Stopped(by="ann@head")
-    book.end("c", "cancelled")
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("a", 0, 5), c("c", 0, 5)), set(), 0.0)
+    with pytest.raises(NameTaken, match="submitted by ann@h"):
+        jobs.registering("a", "", "bob@h", 0, 1.0)  # an external pipeline
+    with pytest.raises(NameTaken, match="submitted by ann@h"):
+        jobs.registering("a", "s2", "bob@h", 0, 1.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)  # the submitter's own coordinator
+    jobs.cancelled("c", Stopped(by="ann@h"), 1.0)
     with pytest.raises(NameTaken, match="cancelled before it started"):
-        book.registering("c", "s1")
-    book.end("a", "finished")
-    book.registering("a", "")  # once its job ended, the name may run again: nothing of the old run is kept
-    assert "a" not in book.claims and "a" not in book.ended
+        jobs.registering("c", "s1", "ann@h", 0, 2.0)
+    jobs.end("a", "finished", "", 2.0)
+    record = jobs.registering("a", "", "bob@h", 0, 3.0)  # once its job ended, the name may run again: a new job
+    assert record.id == "a-3" and record.phase is Phase.QUEUED and jobs.find("a-1").phase is Phase.FINISHED
 
 
 def test_leases_lapse_and_cancels_reach_their_submitter():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5),), set(), 0.0)
-    book.claim("s2", (c("b", 0, 5),), set(), 0.0)
-    book.cancel_asked["b"] = Stopped(by="ann@head")
-    assert book.renew("s1", 5.0) == () and book.renew("s2", 5.0) == (("b", Stopped(by="ann@head")),)
-    book.renew("s1", 12.0)
-    assert book.expired(16.0) == ["s2"] and book.jobs_of("s2") == ["b"]
-    assert book.expired(16.0) == []
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("a", 0, 5),), set(), 0.0)
+    jobs.claim("s2", "bob@h", (c("b", 0, 5),), set(), 0.0)
+    jobs.cancelled("b", Stopped(by="ann@h"), 1.0)
+    assert jobs.renew("s1", 5.0) == () and jobs.renew("s2", 5.0) == (("b", Stopped(by="ann@h")),)
+    assert jobs.find("b").error == "cancelled by ann@h"
+    jobs.renew("s1", 12.0)
+    assert jobs.expired(16.0) == ["s2"] and jobs.jobs_of("s1") == ["a"]
+    assert jobs.expired(16.0) == []
 
 
 def test_gpu_seconds_used_borrowed_and_lent_add_up():
@@ -114,6 +140,7 @@ def test_overlapping_homes_share_what_they_lent():
 
 def row(name: str, gpus, state="running", tenant: str = "") -> JobRow:
     return JobRow(
+        id=f"{name}-1",
         name=name,
         tenant=tenant,
         submitter="s",
@@ -146,15 +173,15 @@ def status(*rows: JobRow) -> ClusterStatus:
 def test_metric_samples_follow_the_snapshot_and_zero_what_is_gone():
     first = samples(status(row("a", [(0, "rollout"), (1, "rollout"), (2, "actor_train")]), row("b", [], "queued")))
     values = {(n, t): v for n, t, v in first}
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "rollout")))] == 2
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "actor_train")))] == 1
+    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "rollout")))] == 2  # series by job id
+    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "actor_train")))] == 1
     assert values[("rlix_idle_gpus", ())] == 1 and values[("rlix_gpus_total", ())] == 4
     assert values[("rlix_jobs", (("state", "running"),))] == 1 and values[("rlix_jobs", (("state", "queued"),))] == 1
-    assert values[("rlix_job_gpu_seconds", (("job", "a"), ("kind", "lent")))] == 1.0
+    assert values[("rlix_job_gpu_seconds", (("job", "a-1"), ("kind", "lent")))] == 1.0
     second = samples(status(row("a", [(0, "rollout")])), {(n, t) for n, t, _ in first})
     values = {(n, t): v for n, t, v in second}
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "actor_train")))] == 0  # a stage no longer held reads 0
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "rollout")))] == 1 and values[("rlix_idle_gpus", ())] == 3
+    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "actor_train")))] == 0  # a stage no longer held reads 0
+    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "rollout")))] == 1 and values[("rlix_idle_gpus", ())] == 3
 
 
 def test_the_dashboard_reads_only_metrics_the_service_exports():
@@ -194,5 +221,9 @@ def test_the_status_table_shows_tenants_where_jobs_name_them():
 
     assert "TENANT" not in shown(row("a", [(0, "rollout")]))[1]
     lines = shown(row("a", [(0, "rollout")], tenant="research"), row("b", [(1, "rollout")]))
-    rows = [line.split() for line in lines if line.split() and line.split()[0] in ("JOB", "a", "b")]
-    assert [r[:3] for r in rows] == [["JOB", "TENANT", "STATE"], ["a", "research", "running"], ["b", "-", "running"]]
+    rows = [line.split() for line in lines if line.split() and line.split()[0] in ("ID", "a-1", "b-1")]
+    assert [r[:4] for r in rows] == [
+        ["ID", "NAME", "TENANT", "STATE"],
+        ["a-1", "a", "research", "running"],
+        ["b-1", "b", "-", "running"],
+    ]

@@ -55,6 +55,7 @@ class PlanExecution:
             self.order.spawn(self._unreachable(pid))
 
     async def _grant(self, grant: Grant) -> None:
+        self.jobs.granted(grant.pipeline_id, self.now())
         entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
         if entry is not None and not entry[0].done():
             entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
@@ -83,4 +84,4 @@ class PlanExecution:
             report = self.demands.get(s.worker.pipeline_id)
             loads = {w.first_gpu: w.active for w in report.loads} if report is not None else {}
             if s.reason is not ShrinkReason.UNREGISTER and loads.get(s.worker.gpus[0], 0) > 0:
-                self.prom.count_preemptions(1, s.worker.pipeline_id)
+                self.prom.count_preemptions(1, self.jobs.id_of(s.worker.pipeline_id))

@@ -50,8 +50,8 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
-from rlix.exec.service.book import JobBook
 from rlix.exec.service.calls import ServiceCalls, kill_actor
+from rlix.exec.service.jobs import JobLedger
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.protocol import GpuMap, GrantReply, SchedulerStats
@@ -160,12 +160,12 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
         self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
-        self.book = JobBook(lease_s)  # jobs by name: claims, progress notes, endings
         self.usage = ClusterUsage(cluster.num_gpus, start=self.now())  # GPU-seconds per job, and the timeline
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
         self.restarts = restarts_so_far()
+        self.jobs = JobLedger(lease_s, persist=in_actor(), restarted=self.restarts > 0)  # one record per job id
         self.roster = Roster(restarted=self.restarts > 0, persist=in_actor(), now=self.now(), max_wait_s=rejoin_s)
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
         self.prom = prom_export()  # Prometheus metrics through Ray's metrics API (None outside an actor)
@@ -189,7 +189,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         """Each request type, and the call that answers it."""
         p = protocol
         return {
-            p.Register: lambda r: self.register(r.spec, r.endpoint, r.submitter),
+            p.Register: lambda r: self.register(r.spec, r.endpoint, r.submitter, r.user),
             p.RejoinPipeline: lambda r: self.rejoin(r.event, r.endpoint),
             p.RequestGang: lambda r: self.request(r.pipeline_id, r.stage, r.role, r.after),
             p.ReleaseGang: lambda r: self.release(r.pipeline_id, r.stage, r.demand),
@@ -202,13 +202,13 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             p.RolloutBundles: lambda r: self.rollout_bundles(r.pipeline_id),
             p.AdmissionRefusal: lambda r: self.admission_refusal(r.pipeline_id),
             p.Info: lambda r: self.info(),
-            p.Claim: lambda r: self.claim(r.submitter, r.jobs),
-            p.Renew: lambda r: self.renew(r.submitter, r.jobs),
+            p.Claim: lambda r: self.claim(r.submitter, r.jobs, r.user),
+            p.Renew: lambda r: self.renew(r.submitter, r.jobs, r.user),
             p.Leave: lambda r: self.leave(r.submitter),
             p.Start: lambda r: self.start(),
             p.Status: lambda r: self.status(),
             p.Timeline: lambda r: self.timeline(),
-            p.Cancel: lambda r: self.cancel(r.job, p.Stopped(by=r.by)),
+            p.Cancel: lambda r: self.cancel(r.job, p.Stopped(by=r.by), force=r.force),
             p.CancelAll: lambda r: self.cancel_all(r.by),
             p.KillAll: lambda r: self.kill_all(),
             p.Busy: lambda r: self.busy(),
@@ -231,17 +231,17 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             self.ticker = self.order.spawn(self._tick())
             self.order.spawn(self._watch())
 
-    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "") -> None:
+    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "") -> None:
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
         job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
         await self._rejoin_window()
-        self.book.registering(spec.pipeline_id, submitter)
+        self.jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
         await self._event(Register(spec=spec))
         self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         self._joined(spec, coordinator)
 
     async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
-        self.book.end(pipeline_id, status, error)
+        self.jobs.end(pipeline_id, status, error, self.now())
         endpoint = self.coordinators.get(pipeline_id)
         try:
             done = await self._event(Unregister(pipeline_id=pipeline_id))
@@ -360,7 +360,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():
                 self.gone.add(pipeline_id)
-                self.book.end(pipeline_id, "failed", "unreachable")
+                self.jobs.end(pipeline_id, "failed", "unreachable", self.now())
                 self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
@@ -372,7 +372,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         fail_waiting(self.waiting, pipeline_id)
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.demands.pop(pipeline_id, None)
-        self.usage.set_home(self.now(), pipeline_id, ())
+        self.usage.set_home(self.now(), self.jobs.id_of(pipeline_id), ())
         self.roster.left(pipeline_id)
 
     def _bug(self, exc: BaseException) -> None:

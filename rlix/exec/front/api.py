@@ -19,6 +19,7 @@ submitter's; without one, the run starts a local Ray and a private scheduler.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -136,6 +137,8 @@ class Session:
         self.submission = Submission.join(config, address, where) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
+            ids = ", ".join(f"{c.name} as {c.id}" for c in self.submission.jobs)
+            print(f"rlix-run: submitted to the rlix scheduler at {address}: {ids}", file=sys.stderr)
         self.cluster = config.cluster.spec()
         self.gpu_map = GpuMap()  # the GPUs reserved in Ray (once started)
         try:

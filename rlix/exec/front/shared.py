@@ -12,6 +12,7 @@ which of its jobs ``rlix cancel`` asked to stop before they started.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -56,15 +57,18 @@ class Submission:
         self.config = config.model_copy(update={"cluster": cluster, "policy": info.policy})
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
         self.submitter = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.jobs = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j)) for j in config.jobs)
-        self.open = self.jobs  # the jobs this run has not seen end (what a renewal keeps claimed)
+        self.user = protocol.asker()
+        claims = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j)) for j in config.jobs)
         try:
-            service.call_sync(protocol.Claim(submitter=self.submitter, jobs=self.jobs))
+            ids = service.call_sync(protocol.Claim(submitter=self.submitter, jobs=claims, user=self.user))
         except NameTaken as exc:
             message = str(exc)
             names = [j.name for j in config.jobs]
             index = next((i for i, n in enumerate(names) if f"'{n}'" in message), 0)
             raise ConfigError(f"jobs[{index}].name: {message}") from None
+        self.jobs = tuple(dataclasses.replace(c, id=i) for c, i in zip(claims, ids))  # with the ids the scheduler gave
+        self.ids = {c.name: c.id for c in self.jobs}
+        self.open = self.jobs  # the jobs this run has not seen end (what a renewal keeps claimed)
         self.cancelled: dict[str, Stopped] = {}  # jobs whose cancel was asked for, and why (read by the run's poll)
         self._done = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="rlix-lease", daemon=True)
@@ -106,7 +110,8 @@ class Submission:
         """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""
         while not self._done.wait(RENEW_S):
             try:
-                asked = self.scheduler.call_sync(protocol.Renew(submitter=self.submitter, jobs=self.open))
+                renewal = protocol.Renew(submitter=self.submitter, jobs=self.open, user=self.user)
+                asked = self.scheduler.call_sync(renewal)
                 self.cancelled.update(asked)
             except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
                 pass

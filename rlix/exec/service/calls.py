@@ -49,7 +49,7 @@ def kill_actor(handle) -> None:
 
 
 class ServiceCalls:
-    """Service calls of the scheduler actor (state: ``self.book``, ``self.usage``, ``self.gone``)."""
+    """Service calls of the scheduler actor (state: ``self.jobs``, ``self.usage``, ``self.gone``)."""
 
     async def info(self) -> ServiceInfo:
         if self.gpus_error:  # a (restarted) service without its GPUs: nothing may be placed through it
@@ -83,55 +83,58 @@ class ServiceCalls:
         if event.admitted_at is None:  # when the previous life admitted it, as it kept it
             event = dataclasses.replace(event, admitted_at=self.roster.admitted_before(pid))
         await self._event(event)
+        self.jobs.rejoined(pid, event.admitted, self.now())
         self._joined(event.spec, endpoint)
         if event.demand is not None:
             self.demands[pid] = event.demand
 
     async def note(self, note: JobNote) -> None:
         self._known(note.pipeline_id)
-        self.book.notes[note.pipeline_id] = note
+        self.jobs.noted(note, self.now())
 
-    async def claim(self, submitter: str, jobs: tuple[JobClaim, ...]) -> None:
-        """Claim job names for ``submitter`` (:class:`rlix.protocol.NameTaken` if one is in use).
+    async def claim(self, submitter: str, jobs: tuple[JobClaim, ...], user: str = "") -> tuple[str, ...]:
+        """Claim job names for ``submitter`` (:class:`rlix.protocol.NameTaken` if one is in use); returns their ids.
 
         Waits while a restarted scheduler's pipelines rejoin: until they have, a name that is running may not look so."""
         await self._rejoin_window()
-        self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
+        return self.jobs.claim(submitter, user, jobs, set(self.core.pipelines()), self.now())
 
-    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...]) -> tuple[tuple[str, Stopped], ...]:
-        """``submitter``'s lease, with the jobs it has not seen end; returns those whose cancel was asked for, and why."""
-        self.book.renew_claims(submitter, jobs, self.now())
-        return self.book.renew(submitter, self.now())
+    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...], user: str = "") -> tuple[tuple[str, Stopped], ...]:
+        """``submitter``'s lease, with the jobs it has not seen end; returns those cancelled before they started, and why."""
+        self.jobs.renew_claims(submitter, user, jobs, self.now())
+        return self.jobs.renew(submitter, self.now())
 
     async def leave(self, submitter: str) -> None:
         """A submitter is done: its lease ends (its jobs stay listed as they ended)."""
-        self.book.renewed.pop(submitter, None)
-        for name in self.book.jobs_of(submitter):
-            self.book.end(name, "cancelled")
+        self.jobs.leave(submitter, self.now())
 
-    async def cancel(self, name: str, why: Stopped = Stopped()) -> CancelReply:
-        """Cancel a job: a running one is asked to stop (it ends cancelled; killed if it has not
-        left within ``CANCEL_GRACE_S``); one not started never starts. ``why``: who asked, told to
-        the job (its submitter prints it)."""
-        if name in self.book.ended:
-            return CancelReply(found=True, message=f"job '{name}' already {self.book.ended[name][0]}")
-        endpoint = self.coordinators.get(name)
+    async def cancel(self, job: str, why: Stopped = Stopped(), *, force: bool = False) -> CancelReply:
+        """Cancel a job, by id or name: a running one is asked to stop (it ends cancelled; killed if it
+        has not left within ``CANCEL_GRACE_S``); one not started never starts. ``why``: who asked, told to
+        the job (its submitter prints it); another user's job only with ``force``."""
+        record = self.jobs.find(job)
+        if record is None:
+            return CancelReply(found=False, message=f"no job '{job}' on this cluster; see rlix status")
+        if record.ended:
+            return CancelReply(found=True, message=f"job {record.id} already {record.phase.value}")
+        owner, asker = record.user.partition("@")[0], why.by.partition("@")[0]
+        if owner and asker and owner != asker and not force:
+            message = f"job {record.id} is {owner}'s (submitted from {record.user}); cancel it with --force"
+            return CancelReply(found=True, refused=True, message=message)
+        endpoint = self.coordinators.get(record.name)
         if endpoint is not None:
             endpoint.stop.remote(why)
-            self.order.spawn(self._stopped_or_killed(name, endpoint))
-            return CancelReply(found=True, message=f"job '{name}' asked to stop")
-        if name in self.book.claims:
-            self.book.cancel_asked[name] = why
-            self.book.end(name, "cancelled", why.line())
-            return CancelReply(found=True, message=f"job '{name}' cancelled before it started")
-        return CancelReply(found=False, message=f"no job '{name}' on this cluster; see rlix status")
+            self.order.spawn(self._stopped_or_killed(record.name, endpoint))
+            return CancelReply(found=True, message=f"job {record.id} asked to stop")
+        self.jobs.cancelled(record.name, why, self.now())
+        return CancelReply(found=True, message=f"job {record.id} cancelled before it started")
 
     async def cancel_all(self, by: str = "") -> int:
         """Cancel every job not ended, the scheduler being stopped by ``by`` (``rlix scheduler stop --force``);
         returns how many."""
-        names = sorted(set(self.book.open_jobs()) | set(self.core.pipelines()))
+        names = sorted(set(self.jobs.open_jobs()) | set(self.core.pipelines()))
         for name in names:
-            await self.cancel(name, Stopped(by=by, scheduler_stopped=True))
+            await self.cancel(name, Stopped(by=by, scheduler_stopped=True), force=True)
         return len(names)
 
     async def kill_all(self) -> list[str]:
@@ -140,13 +143,13 @@ class ServiceCalls:
         names = sorted(self.core.pipelines())
         for name in names:
             await self._drop(name, "cancelled", "killed: the scheduler was stopped")
-        for name in self.book.open_jobs():
-            self.book.end(name, "cancelled", "the scheduler was stopped")
+        for name in self.jobs.open_jobs():
+            self.jobs.end(name, "cancelled", "the scheduler was stopped", self.now())
         return names
 
     async def busy(self) -> list[str]:
         """Jobs not ended: registered pipelines and claimed jobs (``rlix scheduler stop`` refuses while any)."""
-        return sorted(set(self.book.open_jobs()) | set(self.core.pipelines()))
+        return sorted(set(self.jobs.open_jobs()) | set(self.core.pipelines()))
 
     async def status(self) -> ClusterStatus:
         self._account()
@@ -190,7 +193,7 @@ class ServiceCalls:
         self.coordinators[spec.pipeline_id] = endpoint
         self.roster.joined(spec.pipeline_id, self.core.admitted_at(spec.pipeline_id))
         self.specs[spec.pipeline_id] = spec
-        self.usage.set_home(self.now(), spec.pipeline_id, spec.home_gpus)
+        self.usage.set_home(self.now(), self.jobs.id_of(spec.pipeline_id), spec.home_gpus)
         self._account()
 
     async def _watch(self) -> None:
@@ -198,16 +201,16 @@ class ServiceCalls:
         while True:
             await asyncio.sleep(LIVENESS_S)
             try:
-                for submitter in self.book.expired(self.now()):
-                    for name in self.book.jobs_of(submitter):
-                        if name not in self.book.ended and name in self.core.pipelines():
+                for submitter in self.jobs.expired(self.now()):
+                    for name in self.jobs.jobs_of(submitter):
+                        if name in self.core.pipelines():
                             self.order.spawn(self._drop(name, "failed", f"its submitter {submitter} is gone"))
-                        self.book.end(name, "failed", f"its submitter {submitter} is gone")
+                        self.jobs.end(name, "failed", f"its submitter {submitter} is gone", self.now())
                 endpoints = list(self.coordinators.items())
                 answers = await asyncio.gather(*(self._answers(e) for _, e in endpoints))
                 for (pid, _), alive in zip(endpoints, answers):
                     if not alive:
-                        self.book.end(pid, "failed", "its process is gone")
+                        self.jobs.end(pid, "failed", "its process is gone", self.now())
                         self.order.spawn(self._unreachable(pid))
                 if self.prom is not None:
                     self._account()
@@ -226,7 +229,7 @@ class ServiceCalls:
         return True
 
     def _holders(self) -> list:
-        """What holds each GPU now, as the usage accounting books it."""
+        """What holds each GPU now, as the usage accounting books it: by job id (two runs of one name apart)."""
         from rlix.core.types import GangHolder
         from rlix.metrics import Activity
 
@@ -234,13 +237,15 @@ class ServiceCalls:
         for holder in self.core.ledger.owner:
             if holder is None:
                 out.append(None)
-            elif isinstance(holder, GangHolder):
-                out.append((holder.pipeline_id, holder.stage.value, Activity.WORK))
+                continue
+            job = self.jobs.id_of(holder.pipeline_id)
+            if isinstance(holder, GangHolder):
+                out.append((job, holder.stage.value, Activity.WORK))
             else:
                 report = self.demands.get(holder.pipeline_id)
                 loads = {w.first_gpu: w.active for w in report.loads} if report is not None else {}
                 busy = loads.get(holder.gpus[0], 1) > 0
-                out.append((holder.pipeline_id, Stage.ROLLOUT.value, Activity.WORK if busy else Activity.HELD))
+                out.append((job, Stage.ROLLOUT.value, Activity.WORK if busy else Activity.HELD))
         return out
 
     def _account(self) -> None:

@@ -3,7 +3,7 @@
     rlix scheduler start [--address A] [--policy P] [--set KNOB=VALUE ...] [--nodes N --gpus G]
     rlix scheduler stop [--address A] [--force]
     rlix status [--address A] [--json]
-    rlix cancel JOB [--address A]
+    rlix cancel JOB [--address A] [--force]
     rlix timeline [--address A] [--plot out.png]
 
 ``--address`` defaults to ``RAY_ADDRESS``, else ``auto`` (the cluster this
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="jobs, the GPUs they hold, and the cluster's use")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     cancel = sub.add_parser("cancel", help="cancel a job (it ends cancelled, keeping what it did)")
-    cancel.add_argument("job")
+    cancel.add_argument("job", help="its job id, or its name while it has not ended")
+    cancel.add_argument("--force", action="store_true", help="cancel another user's job")
     timeline = sub.add_parser("timeline", help="the cluster's GPU-by-time chart since the service started")
     timeline.add_argument("--plot", default=None, help="write the chart here (PNG); default: print the segments as JSON")
     for q in (start, stop, status, cancel, timeline):
@@ -164,9 +165,10 @@ def _status(service, args) -> int:
 def _cancel(service, args) -> int:
     from rlix import protocol
 
-    reply = service.call_sync(protocol.Cancel(job=args.job, by=protocol.asker()))
-    print(reply.message if reply.found else f"rlix: {reply.message}", file=sys.stdout if reply.found else sys.stderr)
-    return 0 if reply.found else 1
+    reply = service.call_sync(protocol.Cancel(job=args.job, by=protocol.asker(), force=args.force))
+    done = reply.found and not reply.refused
+    print(reply.message if done else f"rlix: {reply.message}", file=sys.stdout if done else sys.stderr)
+    return 0 if done else 1
 
 
 def _timeline(service, args) -> int:

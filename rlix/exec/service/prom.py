@@ -9,7 +9,7 @@ each plan's latency, and counts preemptions as plans make them.
 =========================== ============ ======================================================
 metric (as exported)         tags         meaning
 =========================== ============ ======================================================
-ray_rlix_gpus_held           job, stage   GPUs a job holds now for a stage (or ``rollout``)
+ray_rlix_gpus_held           job, stage   GPUs a job (by job id) holds now for a stage (or ``rollout``)
 ray_rlix_gpus_total          -            GPUs the service manages
 ray_rlix_idle_gpus           -            GPUs no job holds now
 ray_rlix_utilization         -            busy GPU-seconds over GPUs x seconds since the service started
@@ -28,7 +28,7 @@ from collections import Counter
 from rlix.protocol import ClusterStatus
 
 PLAN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-STATES = ("queued", "loading", "running", "finished", "failed", "cancelled")
+STATES = ("submitted", "queued", "loading", "running", "finished", "failed", "cancelled")
 
 Sample = tuple[str, tuple[tuple[str, str], ...], float]  # (gauge, sorted tags, value)
 
@@ -38,7 +38,7 @@ def samples(status: ClusterStatus, before: set[tuple[str, tuple]] = frozenset())
     held: Counter = Counter()
     for row in status.jobs:
         for _, label in row.gpus:
-            held[(("job", row.name), ("stage", label))] += 1
+            held[(("job", row.id), ("stage", label))] += 1
     total = status.nodes * status.gpus_per_node
     states = Counter(row.state for row in status.jobs)
     out: list[Sample] = [("rlix_gpus_held", tags, float(n)) for tags, n in sorted(held.items())]
@@ -51,7 +51,7 @@ def samples(status: ClusterStatus, before: set[tuple[str, tuple]] = frozenset())
     out += [("rlix_jobs", (("state", s),), float(states.get(s, 0))) for s in STATES]
     for row in status.jobs:
         for kind, value in (("used", row.gpu_s), ("lent", row.lent_s), ("borrowed", row.borrowed_s)):
-            out.append(("rlix_job_gpu_seconds", (("job", row.name), ("kind", kind)), value))
+            out.append(("rlix_job_gpu_seconds", (("job", row.id), ("kind", kind)), value))
     now = {(name, tags) for name, tags, _ in out}
     out += [(name, tags, 0.0) for name, tags in sorted(before - now)]
     return out

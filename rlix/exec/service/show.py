@@ -25,13 +25,13 @@ def status_table(status: ClusterStatus, console: Console | None = None) -> None:
     )
     table = Table(show_edge=False, pad_edge=False)
     tenants = any(r.tenant for r in status.jobs)
-    columns = ("JOB", "TENANT") if tenants else ("JOB",)
+    columns = ("ID", "NAME", "TENANT") if tenants else ("ID", "NAME")
     numbers = ("PRI", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE")
-    for name in (*columns, "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE", "SUBMITTER"):
+    for name in (*columns, "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE", "USER"):
         table.add_column(name, justify="right" if name in numbers else "left")
     for r in status.jobs:
         table.add_row(
-            *((r.name, r.tenant or "-") if tenants else (r.name,)),
+            *((r.id, r.name, r.tenant or "-") if tenants else (r.id, r.name)),
             r.state + (f" ({r.error})" if r.error else ""),
             str(r.priority),
             gpu_text(r),
@@ -41,6 +41,6 @@ def status_table(status: ClusterStatus, console: Console | None = None) -> None:
             f"{r.lent_s:.0f}",
             f"{r.borrowed_s:.0f}",
             str(r.queue_position) if r.queue_position is not None else "-",
-            r.submitter,
+            r.user or r.submitter,
         )
     console.print(table)

@@ -153,9 +153,23 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     asker = protocol.asker()
     assert f"rlix-run: job eta: cancelled by {asker}" in long.with_suffix(".err").read_text()
     status = wait_for(lambda s: jobs_by_name(s)["eta"]["state"] == "cancelled", cluster, 30)
-    assert not jobs_by_name(status)["eta"]["gpus"] and jobs_by_name(status)["eta"]["error"] == f"cancelled by {asker}"
+    first = jobs_by_name(status)["eta"]
+    assert not first["gpus"] and first["error"] == f"cancelled by {asker}"
+    went = [p for p, _ in first["phases"]]
+    assert went[:3] == ["submitted", "queued", "loading"] and went[-1] == "cancelled", went
     res = cluster.rlix("cancel", "nobody")
     assert res.returncode == 1 and "no job 'nobody' on this cluster" in res.stderr
+    # the name runs again: a job of its own, with its own id and GPU-seconds (nothing of the first carries over)
+    again = write_config(tmp_path / "again.yaml", [job("eta", "2-3", steps=2)])
+    assert finished(cluster.submit(again)) == 0, again.with_suffix(".err").read_text()[-2000:]
+    status, _ = cluster.status()
+    runs = [j for j in status["jobs"] if j["name"] == "eta"]
+    assert [j["state"] for j in runs] == ["cancelled", "finished"] and runs[0]["id"] != runs[1]["id"]
+    assert f"eta as {runs[1]['id']}" in again.with_suffix(".err").read_text()
+    assert runs[0]["gpu_s"] == pytest.approx(first["gpu_s"]) and 0 < runs[1]["gpu_s"]
+    assert (runs[1]["steps_done"], runs[1]["steps_total"]) == (2, 2)
+    res = cluster.rlix("cancel", runs[0]["id"])  # by id
+    assert res.returncode == 0 and f"job {runs[0]['id']} already cancelled" in res.stdout
 
 
 def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):

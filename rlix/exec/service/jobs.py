@@ -96,8 +96,8 @@ class JobLedger:
         self.records: dict[str, JobRecord] = {}
         self.renewed: dict[str, float] = {}  # submitter -> when it last renewed
         self.count = 0  # jobs ever given an id
-        if restarted and persist:
-            self._load()
+        if persist:  # ids go on counting from the service's earlier lives (its records only after a restart)
+            self._load(records=restarted)
 
     # ------------------------------------------------------------ lookups
 
@@ -255,7 +255,7 @@ class JobLedger:
         live = [_plain(r) for r in self.records.values() if not r.ended]
         _internal_kv_put(KV_KEY, json.dumps({"count": self.count, "jobs": live}, sort_keys=True), namespace=KV_NAMESPACE)
 
-    def _load(self) -> None:
+    def _load(self, *, records: bool) -> None:
         from ray.experimental.internal_kv import _internal_kv_get
 
         raw = _internal_kv_get(KV_KEY, namespace=KV_NAMESPACE)
@@ -263,7 +263,7 @@ class JobLedger:
             return
         kept = json.loads(raw)
         self.count = kept["count"]
-        for plain in kept["jobs"]:
+        for plain in kept["jobs"] if records else ():
             record = JobRecord(**{**plain, "phase": Phase(plain["phase"]), "phases": [tuple(p) for p in plain["phases"]]})
             self.records[record.id] = record
 

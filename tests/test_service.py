@@ -10,9 +10,21 @@ from __future__ import annotations
 import json
 import signal
 import time
+import warnings
 
 import pytest
-from service_cluster import ServiceCluster, gpu_intervals, gpus_held, job, jobs_by_name, overlaps, wait_for, write_config
+from service_cluster import (
+    Prometheus,
+    ServiceCluster,
+    free_port,
+    gpu_intervals,
+    gpus_held,
+    job,
+    jobs_by_name,
+    overlaps,
+    wait_for,
+    write_config,
+)
 
 from rlix import protocol
 
@@ -24,12 +36,28 @@ pytestmark = [pytest.mark.heavy, pytest.mark.exec]
 def cluster(tmp_path_factory):
     c = ServiceCluster(tmp_path_factory.mktemp("service"))
     c.start()
+    c.metrics_port = free_port()
     try:
-        res = c.rlix("scheduler", "start", "--set", "min_residency_s=2", "--set", "report_ttl_s=10")
+        res = c.rlix(
+            "scheduler", "start", "--set", "min_residency_s=2", "--set", "report_ttl_s=10", "--metrics-port", str(c.metrics_port)
+        )
         assert res.returncode == 0 and "rlix scheduler started: 1 x 4 GPUs, policy rlix" in res.stdout, res.stderr
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def prom(cluster, tmp_path_factory):
+    """A real Prometheus server scraping the scheduler for the whole module (.ci/run installs Debian's package)."""
+    server = Prometheus(tmp_path_factory.mktemp("prometheus"), cluster.metrics_port)
+    if server.binary is None:  # the tests' other checks still run
+        warnings.warn("no Prometheus server (apt-get install prometheus): the metrics are not scraped", stacklevel=1)
+        yield None
+        return
+    server.start()
+    yield server
+    server.stop()
 
 
 def finished(proc, timeout_s: float = 300) -> int:
@@ -40,7 +68,14 @@ def metrics(config) -> dict:
     return json.loads((config.parent / f"out_{config.stem}" / "metrics.json").read_text())
 
 
-def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
+def used_by_prometheus(prom, jobs: list[dict]) -> dict[str, float]:
+    """The jobs' GPU-seconds as a PromQL query of the scheduler's metrics reads them (a scrape after they ended)."""
+    time.sleep(2.5)  # a scrape after the status was read (every 1 s)
+    ids = "|".join(j["id"] for j in jobs)
+    return prom.by_job(f'sum by (job) (rlix_job_gpu_seconds{{kind="used",job=~"{ids}"}})')
+
+
+def test_two_submitters_started_apart_share_the_gpus(cluster, prom, tmp_path):
     # alpha long enough to run on while beta loads, its processes outside its home started at the lowest priority
     first = write_config(tmp_path / "first.yaml", [job("alpha", "0-1", steps=60)])
     second = write_config(tmp_path / "second.yaml", [job("beta", "2-3", steps=4)])
@@ -69,6 +104,10 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, tmp_path):
     assert jobs["alpha"]["borrowed_s"] > 0 and jobs["beta"]["lent_s"] > 0
     # every busy GPU-second is some job's
     assert sum(j["gpu_s"] for j in final["jobs"]) == pytest.approx(final["busy_gpu_s"], rel=1e-9)
+    # and Prometheus, scraping the scheduler itself, reads what rlix status says
+    ended = [jobs["alpha"], jobs["beta"]]
+    if prom is not None:
+        assert used_by_prometheus(prom, ended) == pytest.approx({j["id"]: j["gpu_s"] for j in ended}, rel=1e-6)
     assert 0 < final["utilization"] <= 1 and final["idle_fraction"] == pytest.approx(1 - final["utilization"])
     assert metrics(first)["trajectories_lost"] == metrics(second)["trajectories_lost"] == 0
     assert metrics(first)["executor"]["shared"] and metrics(first)["policy"] == "rlix"
@@ -101,7 +140,7 @@ def test_a_killed_submitter_loses_its_jobs_and_their_gpus_go_back(cluster, tmp_p
     assert "gamma" in late
 
 
-def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, tmp_path):
+def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, prom, tmp_path):
     one = write_config(tmp_path / "one.yaml", [job("epsilon", "0-1", steps=20)])
     two = write_config(tmp_path / "two.yaml", [job("zeta", "2-3", steps=20)])
     e, z = cluster.submit(one), cluster.submit(two)
@@ -118,6 +157,16 @@ def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, tmp_path):
     # no GPU had both jobs' processes on it at once, across the restart too (a worker whose shrink was
     # under way when the scheduler died is reported by the rejoin until its GPUs are free)
     assert overlaps(gpu_intervals(one, two)) == []
+    # one series per job across the restart (the same job id), its GPU-seconds never falling back, and a sum by job
+    # that counts each job once: what rlix status says
+    both = [jobs["epsilon"], jobs["zeta"]]
+    ids = "|".join(j["id"] for j in both)
+    if prom is None:
+        return
+    assert used_by_prometheus(prom, both) == pytest.approx({j["id"]: j["gpu_s"] for j in both}, rel=1e-6)
+    used = f'rlix_job_gpu_seconds{{kind="used",job=~"{ids}"}}'
+    assert prom.by_job(f"count by (job) (last_over_time({used}[15m]))") == {j["id"]: 1.0 for j in both}
+    assert prom.by_job(f"resets({used}[15m])") == {j["id"]: 0.0 for j in both}
 
 
 def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlix.exec.service.jobs import ENDED, MOVES, IllegalMove, JobLedger, Phase
-from rlix.exec.service.prom import samples
+from rlix.exec.service.prom import Metrics, samples
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
@@ -170,7 +170,7 @@ def status(*rows: JobRow) -> ClusterStatus:
     )
 
 
-def test_metric_samples_follow_the_snapshot_and_zero_what_is_gone():
+def test_the_metrics_page_is_prometheus_text_of_the_status_by_job_id():
     first = samples(status(row("a", [(0, "rollout"), (1, "rollout"), (2, "actor_train")]), row("b", [], "queued")))
     values = {(n, t): v for n, t, v in first}
     assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "rollout")))] == 2  # series by job id
@@ -178,17 +178,29 @@ def test_metric_samples_follow_the_snapshot_and_zero_what_is_gone():
     assert values[("rlix_idle_gpus", ())] == 1 and values[("rlix_gpus_total", ())] == 4
     assert values[("rlix_jobs", (("state", "running"),))] == 1 and values[("rlix_jobs", (("state", "queued"),))] == 1
     assert values[("rlix_job_gpu_seconds", (("job", "a-1"), ("kind", "lent")))] == 1.0
-    second = samples(status(row("a", [(0, "rollout")])), {(n, t) for n, t, _ in first})
-    values = {(n, t): v for n, t, v in second}
-    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "actor_train")))] == 0  # a stage no longer held reads 0
-    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "rollout")))] == 1 and values[("rlix_idle_gpus", ())] == 3
+    metrics = Metrics({"a-1": 3})
+    for seconds in (0.0001, 0.003, 7.0):
+        metrics.plan_latency.observe(seconds)
+    lines = metrics.text(status(row("a", [(0, "rollout")]))).splitlines()
+    assert lines[:3] == [
+        "# HELP rlix_gpus_held GPUs a job holds now, by stage",
+        "# TYPE rlix_gpus_held gauge",
+        'rlix_gpus_held{job="a-1",stage="rollout"} 1.0',
+    ]
+    assert 'rlix_preemptions_total{job="a-1"} 3.0' in lines and "# TYPE rlix_preemptions_total counter" in lines
+    buckets = [line for line in lines if line.startswith("rlix_plan_latency_seconds_bucket")]
+    assert buckets[0] == 'rlix_plan_latency_seconds_bucket{le="0.0005"} 1.0'  # cumulative, as Prometheus reads them
+    assert buckets[-1] == 'rlix_plan_latency_seconds_bucket{le="+Inf"} 3.0' and "rlix_plan_latency_seconds_count 3.0" in lines
+    assert sum(line.startswith("# TYPE rlix_plan_latency_seconds ") for line in lines) == 1
 
 
 def test_the_dashboard_reads_only_metrics_the_service_exports():
-    exported = {f"ray_{n}" for n, _, _ in samples(status(row("a", [(0, "rollout")])))}
-    exported |= {"ray_rlix_preemptions_total", "ray_rlix_plan_latency_seconds_bucket"}
+    metrics = Metrics({"a-1": 2})
+    metrics.plan_latency.observe(0.003)
+    page = metrics.text(status(row("a", [(0, "rollout")])))
+    exported = {line.split("{")[0].split()[0] for line in page.splitlines() if not line.startswith("#")}
     dash = json.loads((ROOT / "dashboards" / "rlix-grafana.json").read_text())
-    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\bray_rlix_\w+", t["expr"])}
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\brlix_\w+", t["expr"])}
     assert used and used <= exported, used - exported
     assert {p["title"] for p in dash["panels"]} >= {"GPUs held per job", "Plan latency", "Queue length"}
 

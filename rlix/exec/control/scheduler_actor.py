@@ -50,9 +50,11 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
-from rlix.exec.service.calls import ServiceCalls, kill_actor
+from rlix.exec.service.calls import TOTALS_KEY, ServiceCalls, kill_actor
 from rlix.exec.service.jobs import JobLedger
-from rlix.exec.service.roster import Roster
+from rlix.exec.service.prom import Metrics
+from rlix.exec.service.roster import Roster, kept
+from rlix.exec.service.status import cluster_status
 from rlix.exec.service.usage import ClusterUsage
 from rlix.protocol import GpuMap, GrantReply, SchedulerStats
 
@@ -60,15 +62,6 @@ from rlix.protocol import GpuMap, GrantReply, SchedulerStats
 def in_actor() -> bool:
     """Whether this code runs in a Ray actor (asked without starting Ray, as ``get_runtime_context`` would)."""
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-
-
-def prom_export():
-    """The service's metrics exporter, in an actor; None elsewhere (a test building the class in-process)."""
-    if not in_actor():
-        return None
-    from rlix.exec.service.prom import PromExport
-
-    return PromExport()
 
 
 def reserve_gpus(cluster: ClusterSpec, names: str | None) -> tuple[GpuMap, str]:
@@ -142,6 +135,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         lease_s: float = 15.0,
         rejoin_s: float = 30.0,
         gpu_names: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         # The service reserves the cluster's GPUs in Ray under ``gpu_names`` (found again after a restart)
@@ -160,15 +154,20 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
         self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
-        self.usage = ClusterUsage(cluster.num_gpus, start=self.now())  # GPU-seconds per job, and the timeline
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
         self.restarts = restarts_so_far()
-        self.jobs = JobLedger(lease_s, persist=in_actor(), restarted=self.restarts > 0)  # one record per job id
-        self.roster = Roster(restarted=self.restarts > 0, persist=in_actor(), now=self.now(), max_wait_s=rejoin_s)
+        restarted, self.persist = self.restarts > 0, in_actor()
+        self.jobs = JobLedger(lease_s, persist=self.persist, restarted=restarted)  # one record per job id
+        self.roster = Roster(restarted=restarted, persist=self.persist, now=self.now(), max_wait_s=rejoin_s)
+        totals = (kept(TOTALS_KEY) if restarted and self.persist else None) or {}  # what the previous life counted
+        # GPU-seconds per job id and the timeline; a restarted service's go on from its previous life's
+        self.usage = ClusterUsage(cluster.num_gpus, start=0.0 if restarted else self.now(), totals=totals.get("usage"))
+        self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
+        self.metrics_port = metrics_port  # where the service serves /metrics (None: nowhere)
+        self.metrics_server = None
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
-        self.prom = prom_export()  # Prometheus metrics through Ray's metrics API (None outside an actor)
         self._routes = self._route_table()  # each request type of the protocol, and the call that answers it
 
     def now(self) -> float:
@@ -220,16 +219,37 @@ class SchedulerActor(ServiceCalls, PlanExecution):
     # ------------------------------------------------------------ the calls
 
     async def start(self) -> None:
-        """Start planning (:class:`SchedulingError` if the service could not reserve its GPUs)."""
+        """Start planning, and serving metrics (:class:`SchedulingError` if the service could not reserve its
+        GPUs, or its metrics port is taken)."""
         if self.gpus_error:
             raise SchedulingError(self.gpus_error)
         self._start_loops()
+        await self._serve_metrics()
 
     def _start_loops(self) -> None:
-        """The periodic plan and the liveness watch (a restarted actor starts them on its first event)."""
+        """The periodic plan, the liveness watch and the metrics (a restarted actor starts them on its first event)."""
         if self.ticker is None:
             self.ticker = self.order.spawn(self._tick())
             self.order.spawn(self._watch())
+            self.order.spawn(self._serve_metrics())
+
+    async def _serve_metrics(self) -> None:
+        """Serve ``/metrics`` on ``metrics_port`` (once; nothing without a port)."""
+        if self.metrics_port is None or self.metrics_server is not None:
+            return
+        from rlix.exec.service.prom import serve
+
+        try:
+            self.metrics_server = await serve(self.metrics_port, self._metrics_page)
+        except OSError as exc:
+            raise SchedulingError(f"--metrics-port {self.metrics_port}: {exc.strerror or exc}; pick a free port") from None
+
+    def _metrics_page(self) -> str:
+        now = self.now()
+        self._account()
+        page = self.metrics.text(cluster_status(self, now))
+        self._keep_totals(now)  # what this scrape read is where a restarted service goes on from
+        return page
 
     async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "") -> None:
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
@@ -324,6 +344,8 @@ class SchedulerActor(ServiceCalls, PlanExecution):
 
     async def stop(self) -> None:
         self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
+        if self.metrics_server is not None:
+            self.metrics_server.close()
 
     # ------------------------------------------------------------ planning
 

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 
 from rlix.core import Rejoin, SchedulingError, Stage
+from rlix.exec.service.roster import keep
 from rlix.exec.service.status import cluster_status
 from rlix.protocol import (
     CancelReply,
@@ -28,6 +29,7 @@ from rlix.protocol import (
     TimelineReply,
 )
 
+TOTALS_KEY = "rlix-scheduler/totals"  # each job's GPU-seconds and preemptions, kept for a restarted service
 LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
 LIVENESS_DEADLINE_S = 10.0  # an endpoint that does not answer within this is gone (s)
 CANCEL_GRACE_S = 30.0  # a cancelled job still registered this long after its cancel is killed (s)
@@ -212,9 +214,8 @@ class ServiceCalls:
                     if not alive:
                         self.jobs.end(pid, "failed", "its process is gone", self.now())
                         self.order.spawn(self._unreachable(pid))
-                if self.prom is not None:
-                    self._account()
-                    self.prom.update(cluster_status(self, self.now()))
+                self._account()
+                self._keep_totals(self.now())
             except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
                 self._bug(exc)
 
@@ -247,6 +248,12 @@ class ServiceCalls:
                 busy = loads.get(holder.gpus[0], 1) > 0
                 out.append((job, Stage.ROLLOUT.value, Activity.WORK if busy else Activity.HELD))
         return out
+
+    def _keep_totals(self, now: float) -> None:
+        """Each job's GPU-seconds and counts up to ``now``, where a restarted service finds them (so what a scrape
+        read never falls back after a restart)."""
+        if self.persist:
+            keep(TOTALS_KEY, {"usage": self.usage.totals(now), "preemptions": dict(self.metrics.preemptions)})
 
     def _account(self) -> None:
         self.usage.update(self.now(), self._holders())

@@ -1,6 +1,6 @@
 """Executor layer: ``rlix``, the tools of the cluster's shared scheduler service.
 
-    rlix scheduler start [--address A] [--policy P] [--set KNOB=VALUE ...] [--nodes N --gpus G]
+    rlix scheduler start [--address A] [--policy P] [--set KNOB=VALUE ...] [--nodes N --gpus G] [--metrics-port P]
     rlix scheduler stop [--address A] [--force]
     rlix status [--address A] [--json]
     rlix cancel JOB [--address A] [--force]
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="a scheduler knob (repeatable)")
     start.add_argument("--nodes", type=int, default=None, help="nodes it manages (default: the Ray cluster's GPU nodes)")
     start.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: read from Ray)")
+    start.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics at :PORT/metrics")
     stop = act.add_parser("stop", help="stop the service (refused while jobs run)")
     stop.add_argument("--force", action="store_true", help="cancel every job cleanly first")
     status = sub.add_parser("status", help="jobs, the GPUs they hold, and the cluster's use")
@@ -112,10 +113,11 @@ def _start(service, args) -> int:
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
     try:
-        connect.start(cluster, args.policy, knobs)
+        connect.start(cluster, args.policy, knobs, args.metrics_port)
     except connect.ClusterError as exc:  # its GPUs could not be reserved in Ray
         raise UserError(str(exc)) from None
-    print(f"rlix scheduler started: {cluster.nodes} x {cluster.gpus_per_node} GPUs, policy {args.policy}")
+    served = f"; metrics at :{args.metrics_port}/metrics" if args.metrics_port else ""
+    print(f"rlix scheduler started: {cluster.nodes} x {cluster.gpus_per_node} GPUs, policy {args.policy}{served}")
     return 0
 
 

@@ -22,6 +22,7 @@ from rlix.transport import NAMESPACE, SCHEDULER_CALL_S, SERVICE_NAME, ClusterErr
 
 SHRINK_CALL_S = 300.0  # deadline of a scheduler's shrink and expand calls to a pipeline (s; a vLLM cold wake can take 100)
 GPU_NAMES = "rlix-gpus"  # the service's GPU reservation: placement groups rlix-gpus-0, -1, ...
+HEAD_NODE = "node:__internal_head__"  # the resource Ray gives the head node alone
 REJOIN_S = 30.0  # a restarted service plans nothing until its pipelines rejoined, or for this long at most (s)
 
 
@@ -49,8 +50,9 @@ def ray_cluster() -> ClusterSpec:
     return ClusterSpec(nodes=len(counts), gpus_per_node=counts[0])
 
 
-def start(cluster: ClusterSpec, policy: str, knobs) -> RayTransport:
-    """Start the service (or get the one a concurrent starter made); returns the transport to it.
+def start(cluster: ClusterSpec, policy: str, knobs, metrics_port: int | None = None) -> RayTransport:
+    """Start the service on the Ray head node (or get the one a concurrent starter made); returns the
+    transport to it. ``metrics_port``: where it serves Prometheus metrics (None: nowhere).
 
     ``knobs``: a :class:`rlix.exec.front.config.SchedulerKnobs` (the config's scheduler block).
     """
@@ -59,7 +61,12 @@ def start(cluster: ClusterSpec, policy: str, knobs) -> RayTransport:
     from rlix.exec.control.scheduler_actor import SchedulerActor
 
     handle = SchedulerActor.options(
-        name=SERVICE_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1, get_if_exists=True
+        name=SERVICE_NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        max_restarts=-1,
+        get_if_exists=True,
+        resources={HEAD_NODE: 0.001},  # its metrics and its records stay where operators look: the head node
     ).remote(
         cluster,
         policy,
@@ -70,6 +77,7 @@ def start(cluster: ClusterSpec, policy: str, knobs) -> RayTransport:
         lease_s=15.0,
         rejoin_s=REJOIN_S,
         gpu_names=GPU_NAMES,
+        metrics_port=metrics_port,
     )
     service = RayTransport(handle)
     try:

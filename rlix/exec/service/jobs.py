@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from dataclasses import dataclass, field
 
+from rlix.exec.service.roster import keep, kept
 from rlix.protocol import JobClaim, JobNote, NameTaken, Stopped
 
 KV_KEY = "rlix-scheduler/jobs"
-KV_NAMESPACE = "rlix"
 
 
 class Phase(enum.Enum):
@@ -248,22 +247,15 @@ class JobLedger:
         return record
 
     def _save(self) -> None:
-        if not self.persist:
-            return
-        from ray.experimental.internal_kv import _internal_kv_put
-
-        live = [_plain(r) for r in self.records.values() if not r.ended]
-        _internal_kv_put(KV_KEY, json.dumps({"count": self.count, "jobs": live}, sort_keys=True), namespace=KV_NAMESPACE)
+        if self.persist:
+            keep(KV_KEY, {"count": self.count, "jobs": [_plain(r) for r in self.records.values() if not r.ended]})
 
     def _load(self, *, records: bool) -> None:
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        raw = _internal_kv_get(KV_KEY, namespace=KV_NAMESPACE)
-        if not raw:
+        saved = kept(KV_KEY)
+        if not saved:
             return
-        kept = json.loads(raw)
-        self.count = kept["count"]
-        for plain in kept["jobs"] if records else ():
+        self.count = saved["count"]
+        for plain in saved["jobs"] if records else ():
             record = JobRecord(**{**plain, "phase": Phase(plain["phase"]), "phases": [tuple(p) for p in plain["phases"]]})
             self.records[record.id] = record
 

@@ -56,12 +56,22 @@ class Roster:
 
     def _save(self) -> None:
         if self.persist:
-            from ray.experimental.internal_kv import _internal_kv_put
-
-            _internal_kv_put(KV_KEY, json.dumps(self.pipelines, sort_keys=True), namespace=KV_NAMESPACE)
+            keep(KV_KEY, self.pipelines)
 
     def _load(self) -> dict[str, float | None]:
-        from ray.experimental.internal_kv import _internal_kv_get
+        return dict(kept(KV_KEY) or {})
 
-        raw = _internal_kv_get(KV_KEY, namespace=KV_NAMESPACE)
-        return dict(json.loads(raw)) if raw else {}
+
+def keep(key: str, value) -> None:
+    """Write ``value`` (JSON) under ``key`` in Ray's internal key-value store, where a restarted service reads it."""
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(key, json.dumps(value, sort_keys=True), namespace=KV_NAMESPACE)
+
+
+def kept(key: str):
+    """What :func:`keep` wrote under ``key`` (None: nothing)."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(key, namespace=KV_NAMESPACE)
+    return json.loads(raw) if raw else None

@@ -148,6 +148,7 @@ class JobClaim:
     priority: int
     steps: int  # steps it will train (rlix status shows steps done of these)
     id: str = ""  # the job id the scheduler gave it ("" until claimed)
+    config: str = ""  # the config it was submitted from (for rlix history)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +191,7 @@ class JobRow:
     fair_s: float = 0.0  # its fair share: each GPU-second of its home split equally between the jobs there
     queue_position: int | None  # 1 = next to be admitted; None = not queued
     error: str = ""
+    reason: str = ""  # why a queued or submitted job waits, in a line
     tenant: str = ""  # the tenant it belongs to ("" for none)
 
 
@@ -207,6 +209,28 @@ class ClusterStatus:
     queue_length: int
     jobs: tuple[JobRow, ...]
     restarts: int = 0
+    started_at: float = 0.0  # time.time() when the service first started (the zero of its clock)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryRow:
+    """A job that ended, as ``rlix history`` lists it (times in Unix seconds)."""
+
+    id: str
+    name: str
+    user: str  # user@host that submitted it
+    submitter: str
+    config: str  # the config it was submitted from ("" for a pipeline of its own)
+    state: str  # finished, failed or cancelled
+    reason: str  # how it ended, in a line ("" for a job that finished)
+    submitted_at: float
+    ended_at: float
+    phases: tuple[tuple[str, float], ...]  # (phase, when it was entered)
+    steps_done: int
+    steps_total: int
+    gpu_s: float
+    lent_s: float
+    borrowed_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -413,6 +437,15 @@ class Cancel(AdminCall):
     job: str
     by: str = ""
     force: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobHistory(AdminCall):
+    """The jobs that ended, oldest first (a tuple of :class:`HistoryRow`); ``user``: only theirs (a
+    name, or user@host); ``since``: ended at or after this Unix time."""
+
+    user: str = ""
+    since: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

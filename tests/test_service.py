@@ -38,9 +38,9 @@ def cluster(tmp_path_factory):
     c.start()
     c.metrics_port = free_port()
     try:
-        res = c.rlix(
-            "scheduler", "start", "--set", "min_residency_s=2", "--set", "report_ttl_s=10", "--metrics-port", str(c.metrics_port)
-        )
+        c.history = c.tmp / "history.sqlite"
+        knobs = ("--set", "min_residency_s=2", "--set", "report_ttl_s=10")
+        res = c.rlix("scheduler", "start", *knobs, "--metrics-port", str(c.metrics_port), "--history", str(c.history))
         assert res.returncode == 0 and "rlix scheduler started: 1 x 4 GPUs, policy rlix" in res.stdout, res.stderr
         yield c
     finally:
@@ -66,6 +66,19 @@ def finished(proc, timeout_s: float = 300) -> int:
 
 def metrics(config) -> dict:
     return json.loads((config.parent / f"out_{config.stem}" / "metrics.json").read_text())
+
+
+def wait_for_history(cluster, ids: set[str], timeout_s: float = 30) -> list[dict]:
+    """``rlix history --json``'s rows of these jobs, once all are there (written once their GPUs are back)."""
+    deadline = time.time() + timeout_s
+    while True:
+        res = cluster.rlix("history", "--json")
+        assert res.returncode == 0, res.stderr[-2000:]
+        rows = [r for r in json.loads(res.stdout) if r["id"] in ids]
+        if len(rows) == len(ids):
+            return rows
+        assert time.time() < deadline, f"not in the history within {timeout_s} s: {ids - {r['id'] for r in rows}}"
+        time.sleep(1)
 
 
 def used_by_prometheus(prom, jobs: list[dict]) -> dict[str, float]:
@@ -157,6 +170,10 @@ def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, prom, tmp_pat
     # no GPU had both jobs' processes on it at once, across the restart too (a worker whose shrink was
     # under way when the scheduler died is reported by the rejoin until its GPUs are free)
     assert overlaps(gpu_intervals(one, two)) == []
+    # the history holds both, as ended under the restarted scheduler, with the configs they came from
+    ended = wait_for_history(cluster, {j["id"] for j in (jobs["epsilon"], jobs["zeta"])})
+    assert {r["config"].split(":", 1)[1] for r in ended} == {str(one), str(two)}
+    assert all(r["state"] == "finished" and r["phases"][0][0] == "submitted" for r in ended)
     # one series per job across the restart (the same job id), its GPU-seconds never falling back, and a sum by job
     # that counts each job once: what rlix status says
     both = [jobs["epsilon"], jobs["zeta"]]
@@ -219,6 +236,16 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     assert (runs[1]["steps_done"], runs[1]["steps_total"]) == (2, 2)
     res = cluster.rlix("cancel", runs[0]["id"])  # by id
     assert res.returncode == 0 and f"job {runs[0]['id']} already cancelled" in res.stdout
+    # the history, as sacct: both runs, each with its own GPU-seconds and how it ended
+    rows = {r["id"]: r for r in wait_for_history(cluster, {j["id"] for j in runs})}
+    assert [rows[j["id"]]["state"] for j in runs] == ["cancelled", "finished"]
+    assert rows[runs[0]["id"]]["reason"] == f"cancelled by {asker}" and rows[runs[0]["id"]]["user"] == asker
+    assert [rows[j["id"]]["gpu_s"] for j in runs] == pytest.approx([j["gpu_s"] for j in runs], rel=1e-6)
+    mine = json.loads(cluster.rlix("history", "--json", "--user", asker.split("@")[0], "--since", "1h").stdout)
+    assert {j["id"] for j in runs} <= {r["id"] for r in mine}
+    assert json.loads(cluster.rlix("history", "--json", "--user", "nobody").stdout) == []
+    detail = cluster.rlix("status", runs[1]["id"])
+    assert detail.returncode == 0 and "finished" in detail.stdout and "PHASE" in detail.stdout, detail.stderr
 
 
 def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):

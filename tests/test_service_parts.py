@@ -239,3 +239,49 @@ def test_the_status_table_shows_tenants_where_jobs_name_them():
         ["a-1", "a", "research", "running"],
         ["b-1", "b", "-", "running"],
     ]
+
+
+def test_the_history_keeps_each_ended_job_once_by_id_and_reads_back_as_sacct_would(tmp_path):
+    from rlix.exec.service.history import History, history_row
+
+    jobs, usage = JobLedger(lease_s=10), ClusterUsage(2)
+    first = jobs.claim("s1", "ann@h", (JobClaim(name="a", priority=0, steps=5, config="h:/a.yaml"),), set(), 0.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)
+    jobs.granted("a", 2.0)
+    usage.update(2.0, [("a-1", "init", W), None])
+    jobs.end("a", "failed", "ActorDiedError", 12.0)
+    usage.update(12.0, [None, None])
+    jobs.claim("s2", "bob@h", (c("a", 0, 3),), set(), 13.0)
+    jobs.end("a", "cancelled", "cancelled by ann@h", 20.0)
+    db = History(tmp_path / "rlix" / "history.sqlite")
+    for record in jobs.records.values():
+        db.write(history_row(record, usage, t0=1000.0))
+    db.write(history_row(jobs.find("a-1"), usage, t0=1000.0))  # written again: replaced, not doubled
+    again = History(tmp_path / "rlix" / "history.sqlite")  # another process (a restarted scheduler) reads the file
+    rows = again.query()
+    assert [(r.id, r.state, r.user) for r in rows] == [("a-1", "failed", "ann@h"), ("a-2", "cancelled", "bob@h")]
+    assert first == ("a-1",) and rows[0].config == "h:/a.yaml" and rows[0].reason == "ActorDiedError"
+    assert rows[0].gpu_s == pytest.approx(10.0) and rows[1].gpu_s == 0.0
+    assert rows[0].phases == (("submitted", 1000.0), ("queued", 1001.0), ("loading", 1002.0), ("failed", 1012.0))
+    assert [r.id for r in again.query(user="bob")] == ["a-2"] and again.query(user="ann@h")[0].id == "a-1"
+    assert [r.id for r in again.query(since=1015.0)] == ["a-2"]
+
+
+def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):
+    import subprocess
+    import sys
+
+    from rlix.exec.service.history import History, history_row
+
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("b", 0, 5),), set(), 0.0)
+    jobs.end("b", "cancelled", "cancelled by ann@h", 3.0)
+    path = tmp_path / "h.sqlite"
+    History(path).write(history_row(jobs.find("b"), ClusterUsage(1), t0=1e9))
+    cmd = [sys.executable, "-m", "rlix.exec.service.cli", "history", "--db", str(path)]
+    listed = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert [(r["id"], r["state"], r["reason"]) for r in listed] == [("b-1", "cancelled", "cancelled by ann@h")]
+    table = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "b-1" in table and "cancelled (cancelled by ann@h)" in table and "ELAPSED" in table
+    bad = subprocess.run([*cmd, "--since", "soon"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("rlix: --since soon:") and "Traceback" not in bad.stderr

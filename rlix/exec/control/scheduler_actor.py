@@ -51,6 +51,7 @@ from rlix.core import (
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
 from rlix.exec.service.calls import TOTALS_KEY, ServiceCalls, kill_actor
+from rlix.exec.service.history import History
 from rlix.exec.service.jobs import JobLedger
 from rlix.exec.service.prom import Metrics
 from rlix.exec.service.roster import Roster, kept
@@ -136,6 +137,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         rejoin_s: float = 30.0,
         gpu_names: str | None = None,
         metrics_port: int | None = None,
+        history: str | None = None,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         # The service reserves the cluster's GPUs in Ray under ``gpu_names`` (found again after a restart)
@@ -167,6 +169,8 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
         self.metrics_port = metrics_port  # where the service serves /metrics (None: nowhere)
         self.metrics_server = None
+        self.history = History(history) if history else None  # the jobs that ended, in SQLite (None: not kept)
+        self.in_history = self.history.written() if self.history is not None else set()  # ids written there
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
         self._routes = self._route_table()  # each request type of the protocol, and the call that answers it
 
@@ -214,6 +218,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             p.Stats: lambda r: self.stats(),
             p.Holdings: lambda r: self.holdings(),
             p.Stop: lambda r: self.stop(),
+            p.JobHistory: lambda r: self.job_history(r.user, r.since),
         }
 
     # ------------------------------------------------------------ the calls

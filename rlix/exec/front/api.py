@@ -19,6 +19,7 @@ submitter's; without one, the run starts a local Ray and a private scheduler.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -116,8 +117,15 @@ class Session:
     """One run: a scheduler actor, and a coordinator per admitted pipeline."""
 
     def __init__(
-        self, config: RunConfig, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None
+        self,
+        config: RunConfig,
+        *,
+        address: str | None = None,
+        policy: str | None = None,
+        out_dir: str | None = None,
+        source: str = "",
     ) -> None:
+        """``source``: the config's file, if it came from one (a shared scheduler's history names it)."""
         import ray
 
         if policy is not None:
@@ -134,7 +142,7 @@ class Session:
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
-        self.submission = Submission.join(config, address, where) if address else None
+        self.submission = Submission.join(config, address, where, source) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
             ids = ", ".join(f"{c.name} as {c.id}" for c in self.submission.jobs)
@@ -458,11 +466,24 @@ def _free():
 
 
 def init(
-    config: RunConfig | str | Path, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None
+    config: RunConfig | str | Path,
+    *,
+    address: str | None = None,
+    policy: str | None = None,
+    out_dir: str | None = None,
+    source: str = "",
 ) -> Session:
-    """Validate ``config`` (a path or a RunConfig) and start the control plane."""
-    cfg = config if isinstance(config, RunConfig) else load_config(config)
-    return Session(cfg, address=address, policy=policy, out_dir=out_dir)
+    """Validate ``config`` (a path or a RunConfig) and start the control plane. ``source``: where the config
+    came from (default: the path given, on this host), for a shared scheduler's history."""
+    if not isinstance(config, RunConfig):
+        source = source or config_source(config)
+        config = load_config(config)
+    return Session(config, address=address, policy=policy, out_dir=out_dir, source=source)
+
+
+def config_source(path: str | Path) -> str:
+    """A config file as history names it: ``host:/absolute/path``."""
+    return f"{socket.gethostname()}:{Path(path).resolve()}"
 
 
 def run(config: RunConfig | str | Path, **kwargs):

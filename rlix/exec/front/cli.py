@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with interrupts, ProgressView(enabled=cfg.output.console and not args.no_console) as view:
             view.note = "Ctrl-C stops every job and writes the outputs so far; a second Ctrl-C exits at once"
-            outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view, stop=interrupts.requested)
+            source = api.config_source(args.config)
+            outputs = api.run(
+                cfg, address=args.address, out_dir=args.out, on_progress=view, stop=interrupts.requested, source=source
+            )
     except api.ClusterError as exc:
         print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
         return 2

@@ -30,8 +30,9 @@ RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several 
 class Submission:
     """One ``rlix-run``'s claim on the shared scheduler: its jobs' names, renewed while it runs."""
 
-    def __init__(self, config: RunConfig) -> None:
-        """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it."""
+    def __init__(self, config: RunConfig, source: str = "") -> None:
+        """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it.
+        ``source``: the config's file (for ``rlix history``)."""
         given = "cluster" in config.model_fields_set
         service = transport.find()
         if service is None:  # the first submission starts the service, once its jobs are known to fit
@@ -58,7 +59,7 @@ class Submission:
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
         self.submitter = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.user = protocol.asker()
-        claims = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j)) for j in config.jobs)
+        claims = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j), config=source) for j in config.jobs)
         try:
             ids = service.call_sync(protocol.Claim(submitter=self.submitter, jobs=claims, user=self.user))
         except NameTaken as exc:
@@ -75,7 +76,7 @@ class Submission:
         self._renewer.start()
 
     @classmethod
-    def join(cls, config: RunConfig, address: str, where: str) -> Submission:
+    def join(cls, config: RunConfig, address: str, where: str, source: str = "") -> Submission:
         """Join the Ray cluster at ``address`` (named by ``where``) and submit there; Ray is left again on failure."""
         import ray
         from ray.exceptions import RayError
@@ -83,7 +84,7 @@ class Submission:
         given = "cluster" in config.model_fields_set
         transport.join(address, config.cluster.spec().num_gpus if given else 0, where)
         try:
-            return cls(config)
+            return cls(config, source)
         except VersionMismatch as exc:
             ray.shutdown()
             raise connect.ServiceError(f"{where} {address}: {exc}") from None

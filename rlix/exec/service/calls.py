@@ -15,11 +15,13 @@ import asyncio
 import dataclasses
 
 from rlix.core import Rejoin, SchedulingError, Stage
+from rlix.exec.service.history import history_row
 from rlix.exec.service.roster import keep
 from rlix.exec.service.status import cluster_status
 from rlix.protocol import (
     CancelReply,
     ClusterStatus,
+    HistoryRow,
     JobClaim,
     JobNote,
     PipelineGone,
@@ -157,6 +159,31 @@ class ServiceCalls:
         self._account()
         return cluster_status(self, self.now())
 
+    async def job_history(self, user: str = "", since: float = 0.0) -> tuple[HistoryRow, ...]:
+        """The jobs that ended (``rlix history``), oldest first: those written to the database, and any not written yet."""
+        self._write_history()
+        if self.history is None:
+            raise SchedulingError("this rlix scheduler keeps no history (a private run's scheduler)")
+        return tuple(self.history.query(user=user, since=since))
+
+    def _write_history(self) -> None:
+        """Write the jobs that ended and hold no GPU any more to the history (once each, with their final figures)."""
+        if self.history is None:
+            return
+        self._account()
+        self.usage.integrate(self.now())
+        for record in self.jobs.records.values():
+            if record.ended and record.id not in self.in_history and self._settled(record):
+                self.history.write(history_row(record, self.usage, self.t0))
+                self.in_history.add(record.id)
+
+    def _settled(self, record) -> bool:
+        """Whether an ended job's GPUs are all back: its pipeline left the core, or its name is another job's now."""
+        if record.name not in self.core.pipelines():
+            return True
+        active = self.jobs.active(record.name)
+        return active is not None and active.id != record.id
+
     async def timeline(self) -> TimelineReply:
         """The cluster's activity since the service started."""
         now = self.now()
@@ -216,6 +243,7 @@ class ServiceCalls:
                         self.order.spawn(self._unreachable(pid))
                 self._account()
                 self._keep_totals(self.now())
+                self._write_history()
             except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
                 self._bug(exc)
 

@@ -1,8 +1,10 @@
 """Executor layer: ``rlix``, the tools of the cluster's shared scheduler service.
 
-    rlix scheduler start [--address A] [--policy P] [--set KNOB=VALUE ...] [--nodes N --gpus G] [--metrics-port P]
+    rlix scheduler start [--address A] [--policy P] [--set KNOB=VALUE ...] [--nodes N --gpus G]
+                         [--metrics-port P] [--history PATH]
     rlix scheduler stop [--address A] [--force]
-    rlix status [--address A] [--json]
+    rlix status [JOB] [--address A] [--json] [--watch [S]]
+    rlix history [--user U] [--since T] [--json] [--db PATH] [--address A]
     rlix cancel JOB [--address A] [--force]
     rlix timeline [--address A] [--plot out.png]
 
@@ -37,16 +39,24 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--nodes", type=int, default=None, help="nodes it manages (default: the Ray cluster's GPU nodes)")
     start.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: read from Ray)")
     start.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics at :PORT/metrics")
+    start.add_argument("--history", default=None, help="the SQLite file of ended jobs (default ~/.rlix/history.sqlite)")
     stop = act.add_parser("stop", help="stop the service (refused while jobs run)")
     stop.add_argument("--force", action="store_true", help="cancel every job cleanly first")
     status = sub.add_parser("status", help="jobs, the GPUs they hold, and the cluster's use")
+    status.add_argument("job", nargs="?", default=None, help="one job's detail (its id, or its name)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="S", help="refresh every S s")
+    history = sub.add_parser("history", help="the jobs that ended (as sacct)")
+    history.add_argument("--user", default="", help="only this user's jobs (a name, or user@host)")
+    history.add_argument("--since", default="", help="ended since: 2026-11-27, '2026-11-27 14:00', or 30m, 6h, 2d ago")
+    history.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    history.add_argument("--db", default=None, help="read this history file directly (on the head node; no Ray)")
     cancel = sub.add_parser("cancel", help="cancel a job (it ends cancelled, keeping what it did)")
     cancel.add_argument("job", help="its job id, or its name while it has not ended")
     cancel.add_argument("--force", action="store_true", help="cancel another user's job")
     timeline = sub.add_parser("timeline", help="the cluster's GPU-by-time chart since the service started")
     timeline.add_argument("--plot", default=None, help="write the chart here (PNG); default: print the segments as JSON")
-    for q in (start, stop, status, cancel, timeline):
+    for q in (start, stop, status, cancel, timeline, history):
         q.add_argument("--address", default=None, help="the Ray cluster (default: RAY_ADDRESS, else auto)")
     return p
 
@@ -54,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        service = _connect(args)
+        service = None if getattr(args, "db", None) else _connect(args)
         code = COMMANDS[(args.command, getattr(args, "action", None))](service, args)
         if args.command in READ_ONLY and argv is None:  # a tool's reading: leave without Ray's slow teardown
             sys.stdout.flush()
@@ -113,7 +123,7 @@ def _start(service, args) -> int:
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
     try:
-        connect.start(cluster, args.policy, knobs, args.metrics_port)
+        connect.start(cluster, args.policy, knobs, args.metrics_port, args.history or connect.DEFAULT_HISTORY)
     except connect.ClusterError as exc:  # its GPUs could not be reserved in Ray
         raise UserError(str(exc)) from None
     served = f"; metrics at :{args.metrics_port}/metrics" if args.metrics_port else ""
@@ -154,14 +164,89 @@ def _stop(service, args) -> int:
 
 def _status(service, args) -> int:
     from rlix import protocol
-    from rlix.exec.service.show import status_table
 
     status = service.call_sync(protocol.Status())
+    if args.job is not None:
+        return _one_job(status, args)
+    if args.watch is not None:
+        return _watch(service, args.watch)
     if args.json:
         print(json.dumps(asdict(status), indent=1))
     else:
+        from rlix.exec.service.show import status_table
+
         status_table(status)
     return 0
+
+
+def _one_job(status, args) -> int:
+    """``rlix status JOB``: the job by id, else the latest of that name."""
+    rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
+    if not rows:
+        raise UserError(f"no job '{args.job}' on this cluster; 'rlix status' lists them, 'rlix history' those that ended")
+    if args.json:
+        print(json.dumps(asdict(rows[0]), indent=1))
+    else:
+        from rlix.exec.service.show import console, job_detail
+
+        console().print(job_detail(rows[0], status.started_at))
+    return 0
+
+
+def _watch(service, every_s: float) -> int:
+    """The status table, refreshed every ``every_s`` until Ctrl-C."""
+    import time
+
+    from rich.live import Live
+
+    from rlix import protocol
+    from rlix.exec.service.show import console, status_view
+
+    with Live(status_view(service.call_sync(protocol.Status())), console=console(), auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(every_s)
+                live.update(status_view(service.call_sync(protocol.Status())), refresh=True)
+        except KeyboardInterrupt:
+            return 0
+
+
+def _history(service, args) -> int:
+    from rlix import protocol
+    from rlix.exec.service.show import history_table
+
+    since = _since(args.since)
+    if args.db:
+        from rlix.exec.service.history import History
+
+        if not os.path.exists(os.path.expanduser(args.db)):
+            raise UserError(f"--db {args.db}: no such file; the scheduler's is ~/.rlix/history.sqlite on the head node")
+        rows = History(args.db).query(user=args.user, since=since)
+    else:
+        rows = list(service.call_sync(protocol.JobHistory(user=args.user, since=since)))
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        history_table(rows)
+    return 0
+
+
+def _since(text: str) -> float:
+    """``--since`` as Unix seconds: a date, a date and time, or an age (30m, 6h, 2d); "" is the beginning."""
+    import time
+    from datetime import datetime
+
+    if not text:
+        return 0.0
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(text[:-1]) * units[text[-1]]
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise UserError(
+            f"--since {text}: write a date (2026-11-27), a date and time ('2026-11-27 14:00'), or 30m, 6h, 2d"
+        ) from None
 
 
 def _cancel(service, args) -> int:
@@ -192,7 +277,7 @@ def _timeline(service, args) -> int:
     return 0
 
 
-READ_ONLY = ("status", "timeline")  # commands that change nothing on the service
+READ_ONLY = ("status", "timeline", "history")  # commands that change nothing on the service
 
 COMMANDS = {
     ("scheduler", "start"): _start,
@@ -200,6 +285,7 @@ COMMANDS = {
     ("status", None): _status,
     ("cancel", None): _cancel,
     ("timeline", None): _timeline,
+    ("history", None): _history,
 }
 
 

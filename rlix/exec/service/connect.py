@@ -17,6 +17,7 @@ import time
 from rlix import protocol
 from rlix.core import ClusterSpec, SchedulingError
 from rlix.exec.control.gpu_reservation import RESERVE_WAIT_S, release
+from rlix.exec.service.history import DEFAULT_PATH as DEFAULT_HISTORY
 from rlix.protocol import GpuMap
 from rlix.transport import NAMESPACE, SCHEDULER_CALL_S, SERVICE_NAME, ClusterError, RayTransport
 
@@ -50,9 +51,12 @@ def ray_cluster() -> ClusterSpec:
     return ClusterSpec(nodes=len(counts), gpus_per_node=counts[0])
 
 
-def start(cluster: ClusterSpec, policy: str, knobs, metrics_port: int | None = None) -> RayTransport:
+def start(
+    cluster: ClusterSpec, policy: str, knobs, metrics_port: int | None = None, history: str = DEFAULT_HISTORY
+) -> RayTransport:
     """Start the service on the Ray head node (or get the one a concurrent starter made); returns the
-    transport to it. ``metrics_port``: where it serves Prometheus metrics (None: nowhere).
+    transport to it. ``metrics_port``: where it serves Prometheus metrics (None: nowhere); ``history``: the
+    SQLite file of its ended jobs, on the head node.
 
     ``knobs``: a :class:`rlix.exec.front.config.SchedulerKnobs` (the config's scheduler block).
     """
@@ -78,6 +82,7 @@ def start(cluster: ClusterSpec, policy: str, knobs, metrics_port: int | None = N
         rejoin_s=REJOIN_S,
         gpu_names=GPU_NAMES,
         metrics_port=metrics_port,
+        history=history,
     )
     service = RayTransport(handle)
     try:

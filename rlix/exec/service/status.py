@@ -37,6 +37,24 @@ def queue_order(service, held: dict) -> list[str]:
     return queued
 
 
+def waits_for(record: JobRecord, service, held: dict) -> str:
+    """Why a job not yet loading waits, in a line ("" for one past that)."""
+    if record.phase is Phase.SUBMITTED:
+        return "its submitter prepares it (models, data) before it registers"
+    if record.phase is not Phase.QUEUED:
+        return ""
+    refusal = service.core.admission_refusal(record.name)
+    if refusal:
+        return refusal
+    spec = service.specs.get(record.name)
+    if spec is None:
+        return ""
+    gpus = spec.init_gpus
+    holders = sorted({service.jobs.id_of(p) for p, on in held.items() for g, _ in on if g in gpus and p != record.name})
+    taken = f" (held by {', '.join(holders)})" if holders else ""
+    return f"its model load waits for GPUs {','.join(map(str, gpus))}{taken}"
+
+
 def job_row(record: JobRecord, service, held: dict, queue: list[str]) -> JobRow:
     """A job's row: its record, what it holds now, and its GPU-seconds (booked under its id)."""
     usage, live = service.usage, not record.ended
@@ -60,6 +78,7 @@ def job_row(record: JobRecord, service, held: dict, queue: list[str]) -> JobRow:
         fair_s=usage.fair.get(record.id, 0.0),
         queue_position=queue.index(record.name) + 1 if live and record.name in queue else None,
         error=record.error,
+        reason=waits_for(record, service, held),
     )
 
 
@@ -84,4 +103,5 @@ def cluster_status(service, now: float) -> ClusterStatus:
         queue_length=len(queue),
         jobs=tuple(rows),
         restarts=service.restarts,
+        started_at=service.t0,
     )

@@ -29,10 +29,11 @@ requests as the core takes them. A request the core refuses raises
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from rlix.core import PipelineSpec, Rejoin, ReportDemand, Role, Stage, WorkerLost
-from rlix.core.types import Gpus
+if TYPE_CHECKING:  # annotations only: the rlix tool reads a status without loading the core
+    from rlix.core import PipelineSpec, Rejoin, ReportDemand, Role, Stage, WorkerLost
+    from rlix.core.types import Gpus
 
 PROTOCOL_VERSION = 1  # raised whenever a request or reply changes shape
 
@@ -210,6 +211,15 @@ class ClusterStatus:
     jobs: tuple[JobRow, ...]
     restarts: int = 0
     started_at: float = 0.0  # time.time() when the service first started (the zero of its clock)
+
+
+def status_from_json(data: dict) -> ClusterStatus:
+    """A :class:`ClusterStatus` from its JSON (``rlix status --json``, or the service's ``/status`` page)."""
+
+    def row(r: dict) -> JobRow:
+        return JobRow(**{**r, "gpus": tuple(map(tuple, r["gpus"])), "phases": tuple(map(tuple, r["phases"]))})
+
+    return ClusterStatus(**{**data, "jobs": tuple(row(r) for r in data["jobs"])})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 from rlix.protocol import PROTOCOL_VERSION, Request
 
@@ -54,6 +55,31 @@ class RayTransport:
             if isinstance(cause, Exception):
                 raise cause from None
             raise
+
+
+def page_file(gcs_port: int) -> Path:
+    """Where the scheduler service of the Ray cluster whose GCS listens on ``gcs_port`` writes the address of its
+    HTTP pages, on its node (the head node)."""
+    return Path.home() / ".rlix" / f"scheduler-{gcs_port}.json"
+
+
+def status_over_http(address: str, timeout_s: float = 2.0) -> dict | None:
+    """``rlix status --json`` as the scheduler serves it over HTTP, without Ray: found through the file its
+    node holds (:func:`page_file`); None where it cannot be read so (another node, no service, an old one)."""
+    import json
+    import urllib.request
+
+    if address == "auto":  # the cluster this host belongs to, as Ray's own 'auto' finds it
+        try:
+            address = Path("/tmp/ray/ray_current_cluster").read_text().strip()
+        except OSError:
+            return None
+    try:
+        url = json.loads(page_file(int(address.rpartition(":")[2])).read_text())["url"]
+        with urllib.request.urlopen(f"{url}/status", timeout=timeout_s) as reply:
+            return json.loads(reply.read())
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def find() -> RayTransport | None:

@@ -80,9 +80,10 @@ class ServiceCluster:
     def stop(self) -> None:
         subprocess.run([self.ray, "stop", "--force"], capture_output=True, env=self.env, timeout=120)
 
-    def rlix(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def rlix(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "rlix.exec.service.cli", *args, "--address", self.address]
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=ROOT)
+        env = {**self.env, **(env or {})}
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
     def submit(self, config: Path, *extra: str, via_env: bool = False) -> subprocess.Popen:
         """``rlix-run CONFIG --address A`` in the background (its output in CONFIG.out / .err).

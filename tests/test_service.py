@@ -249,6 +249,12 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
 
 
 def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):
+    # status over the scheduler's HTTP page (the file on this, its node, says where) and through Ray say the same
+    fast, _ = cluster.status()
+    elsewhere = cluster.rlix("status", "--json", env={"HOME": str(tmp_path)})  # no page file there: through Ray
+    assert elsewhere.returncode == 0, elsewhere.stderr[-2000:]
+    through_ray = json.loads(elsewhere.stdout)
+    assert [(j["id"], j["state"]) for j in through_ray["jobs"]] == [(j["id"], j["state"]) for j in fast["jobs"]]
     png = tmp_path / "cluster.png"
     res = cluster.rlix("timeline", "--plot", str(png))
     assert res.returncode == 0 and png.stat().st_size > 10_000, res.stderr

@@ -25,6 +25,8 @@ restart) are :class:`rlix.exec.service.calls.ServiceCalls`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -57,6 +59,7 @@ from rlix.exec.service.prom import Metrics
 from rlix.exec.service.roster import Roster, kept
 from rlix.exec.service.status import cluster_status
 from rlix.exec.service.usage import ClusterUsage
+from rlix.exec.service.web import Web
 from rlix.protocol import GpuMap, GrantReply, SchedulerStats
 
 
@@ -138,6 +141,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         gpu_names: str | None = None,
         metrics_port: int | None = None,
         history: str | None = None,
+        pages: bool = False,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         # The service reserves the cluster's GPUs in Ray under ``gpu_names`` (found again after a restart)
@@ -167,8 +171,8 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         # GPU-seconds per job id and the timeline; a restarted service's go on from its previous life's
         self.usage = ClusterUsage(cluster.num_gpus, start=0.0 if restarted else self.now(), totals=totals.get("usage"))
         self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
-        self.metrics_port = metrics_port  # where the service serves /metrics (None: nowhere)
-        self.metrics_server = None
+        self.metrics_port = metrics_port  # where the service serves /metrics and /status (None: a free port)
+        self.web = Web(metrics_port or 0) if pages else None  # its HTTP pages (the shared service's)
         self.history = History(history) if history else None  # the jobs that ended, in SQLite (None: not kept)
         self.in_history = self.history.written() if self.history is not None else set()  # ids written there
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
@@ -239,22 +243,25 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             self.order.spawn(self._serve_metrics())
 
     async def _serve_metrics(self) -> None:
-        """Serve ``/metrics`` on ``metrics_port`` (once; nothing without a port)."""
-        if self.metrics_port is None or self.metrics_server is not None:
+        """Serve ``/metrics`` and ``/status`` (once; nothing for a private run's scheduler)."""
+        if self.web is None:
             return
-        from rlix.exec.service.prom import serve
-
+        pages = {"/metrics": self._metrics_page, "/status": self._status_page}
         try:
-            self.metrics_server = await serve(self.metrics_port, self._metrics_page)
+            await self.web.start(pages)
         except OSError as exc:
             raise SchedulingError(f"--metrics-port {self.metrics_port}: {exc.strerror or exc}; pick a free port") from None
 
-    def _metrics_page(self) -> str:
+    def _metrics_page(self) -> tuple[str, str]:
         now = self.now()
         self._account()
         page = self.metrics.text(cluster_status(self, now))
         self._keep_totals(now)  # what this scrape read is where a restarted service goes on from
-        return page
+        return "text/plain; version=0.0.4", page
+
+    def _status_page(self) -> tuple[str, str]:
+        self._account()
+        return "application/json", json.dumps(dataclasses.asdict(cluster_status(self, self.now())))
 
     async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "") -> None:
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
@@ -349,8 +356,8 @@ class SchedulerActor(ServiceCalls, PlanExecution):
 
     async def stop(self) -> None:
         self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
-        if self.metrics_server is not None:
-            self.metrics_server.close()
+        if self.web is not None:
+            self.web.close()
 
     # ------------------------------------------------------------ planning
 

@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "status" and (read := _over_http(args)) is not None:  # no Ray to import: fast
+            return _status(read, args)
         service = None if getattr(args, "db", None) else _connect(args)
         code = COMMANDS[(args.command, getattr(args, "action", None))](service, args)
         if args.command in READ_ONLY and argv is None:  # a tool's reading: leave without Ray's slow teardown
@@ -162,14 +164,18 @@ def _stop(service, args) -> int:
     return 0
 
 
-def _status(service, args) -> int:
-    from rlix import protocol
+def _status(read, args) -> int:
+    """``rlix status``: ``read()`` gives the status (over HTTP, or through Ray: ``read`` is then the transport)."""
+    if not callable(read):
+        from rlix import protocol
 
-    status = service.call_sync(protocol.Status())
+        service = read
+        read = lambda: service.call_sync(protocol.Status())  # noqa: E731
+    status = read()
     if args.job is not None:
         return _one_job(status, args)
     if args.watch is not None:
-        return _watch(service, args.watch)
+        return _watch(read, args.watch)
     if args.json:
         print(json.dumps(asdict(status), indent=1))
     else:
@@ -177,6 +183,25 @@ def _status(service, args) -> int:
 
         status_table(status)
     return 0
+
+
+def _over_http(args):
+    """A reader of the status over the service's HTTP page, where this host can read it so; else None."""
+    from rlix import protocol, transport
+
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    first = transport.status_over_http(address)
+    if first is None:
+        return None
+    ready = [first]
+
+    def read():
+        data = ready.pop() if ready else transport.status_over_http(address)
+        if data is None:
+            raise UserError("the rlix scheduler stopped answering; see 'rlix status' again")
+        return protocol.status_from_json(data)
+
+    return read
 
 
 def _one_job(status, args) -> int:
@@ -193,20 +218,19 @@ def _one_job(status, args) -> int:
     return 0
 
 
-def _watch(service, every_s: float) -> int:
+def _watch(read, every_s: float) -> int:
     """The status table, refreshed every ``every_s`` until Ctrl-C."""
     import time
 
     from rich.live import Live
 
-    from rlix import protocol
     from rlix.exec.service.show import console, status_view
 
-    with Live(status_view(service.call_sync(protocol.Status())), console=console(), auto_refresh=False) as live:
+    with Live(status_view(read()), console=console(), auto_refresh=False) as live:
         try:
             while True:
                 time.sleep(every_s)
-                live.update(status_view(service.call_sync(protocol.Status())), refresh=True)
+                live.update(status_view(read()), refresh=True)
         except KeyboardInterrupt:
             return 0
 

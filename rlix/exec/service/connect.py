@@ -83,6 +83,7 @@ def start(
         gpu_names=GPU_NAMES,
         metrics_port=metrics_port,
         history=history,
+        pages=True,
     )
     service = RayTransport(handle)
     try:

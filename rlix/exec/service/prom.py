@@ -1,8 +1,9 @@
-"""Executor layer: the scheduler service's Prometheus metrics, served by the service itself.
+"""Executor layer: the scheduler service's Prometheus metrics, served by the service itself (with its status).
 
 ``rlix scheduler start --metrics-port P`` makes the service answer
 ``GET http://<head node>:P/metrics`` in the Prometheus text format, with plain
-``ray`` (no dashboard, no Ray metrics agent). Each scrape reads the service's
+``ray`` (no dashboard, no Ray metrics agent); ``/status`` is ``rlix status --json``
+(what the ``rlix`` tool reads without importing Ray). Each scrape reads the service's
 state at that moment, the same snapshot ``rlix status`` reads, so a query of
 a job's GPU-seconds gives what ``rlix status`` prints. Series are keyed by job
 id; one process serves them (a restarted service takes the port over), so a
@@ -123,19 +124,21 @@ class Metrics:
         return exposition(samples(status) + counted + self.plan_latency.samples())
 
 
-async def serve(port: int, page: Callable[[], str]) -> asyncio.AbstractServer:
-    """Answer ``GET /metrics`` on ``port`` (every interface) with ``page()``; anything else is 404."""
+async def serve(port: int, pages: dict[str, Callable[[], tuple[str, str]]]) -> asyncio.AbstractServer:
+    """Answer ``GET <path>`` on ``port`` (every interface; 0: any free one) with ``pages[path]()``, a
+    (content type, body) pair; any other path is 404."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1")
-            path = request.split(" ", 2)[1] if request.count(" ") >= 2 else ""
-            if path.split("?")[0] == "/metrics":
-                status, body = "200 OK", page().encode()
+            path = request.split(" ", 2)[1].split("?")[0] if request.count(" ") >= 2 else ""
+            if path in pages:
+                status, (kind, text) = "200 OK", pages[path]()
             else:
-                status, body = "404 Not Found", b"rlix serves /metrics\n"
-            head = f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-            writer.write(f"{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+                status, kind, text = "404 Not Found", "text/plain", f"rlix serves {', '.join(sorted(pages))}\n"
+            body = text.encode()
+            head = f"HTTP/1.1 {status}\r\nContent-Type: {kind}; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+            writer.write(f"{head}Connection: close\r\n\r\n".encode() + body)
             await writer.drain()
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, asyncio.LimitOverrunError):
             pass

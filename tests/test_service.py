@@ -8,6 +8,7 @@ polled while jobs run.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import warnings
@@ -213,7 +214,7 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     # cancel: the job ends cancelled, its submitter exits 3 with its outputs written and says who asked
     wait_for(lambda s: jobs_by_name(s)["eta"]["state"] in ("loading", "running"), cluster, 120)
     res = cluster.rlix("cancel", "eta")
-    assert res.returncode == 0 and "job 'eta' asked to stop" in res.stdout
+    assert res.returncode == 0 and re.fullmatch(r"job eta-\d+ asked to stop\n", res.stdout), res.stdout
     assert p.wait(timeout=120) == 3
     assert "eta: cancelled" in long.with_suffix(".out").read_text()
     asker = protocol.asker()
@@ -262,7 +263,7 @@ def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):
     res = cluster.rlix("timeline")
     segments = json.loads(res.stdout)["segments"]
     assert sum(s["end"] - s["start"] for s in segments) == pytest.approx(status["busy_gpu_s"], abs=1e-6)
-    assert {s["job"] for s in segments} == {j["name"] for j in status["jobs"] if j["gpu_s"] > 0}
+    assert {s["job"] for s in segments} == {j["id"] for j in status["jobs"] if j["gpu_s"] > 0}  # by job id
     nowhere = ServiceCluster(tmp_path)
     res = nowhere.rlix("status")
     assert res.returncode == 2 and "no Ray cluster answers there" in res.stderr.strip().splitlines()[-1]

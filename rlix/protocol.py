@@ -249,7 +249,8 @@ class TimelineReply:
 
     recorder: object  # a rlix.metrics.UsageRecorder, closed at ``now``
     now: float  # seconds since the service started
-    jobs: tuple[str, ...]
+    jobs: tuple[str, ...]  # job ids
+    utilization: float = 0.0  # as rlix status says it at ``now``
 
 
 @dataclass(frozen=True, kw_only=True)

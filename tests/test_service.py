@@ -261,7 +261,9 @@ def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):
     assert res.returncode == 0 and png.stat().st_size > 10_000, res.stderr
     status, _ = cluster.status()  # nothing runs now: the chart holds every busy GPU-second
     res = cluster.rlix("timeline")
-    segments = json.loads(res.stdout)["segments"]
+    timeline = json.loads(res.stdout)
+    segments = timeline["segments"]
+    assert timeline["utilization"] == pytest.approx(status["utilization"], abs=0.01)  # one definition, read moments apart
     assert sum(s["end"] - s["start"] for s in segments) == pytest.approx(status["busy_gpu_s"], abs=1e-6)
     assert {s["job"] for s in segments} == {j["id"] for j in status["jobs"] if j["gpu_s"] > 0}  # by job id
     nowhere = ServiceCluster(tmp_path)

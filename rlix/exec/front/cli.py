@@ -52,11 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rlix.exec.front import api
     from rlix.exec.front.console import ProgressView
+    from rlix.exec.front.shared import joins_shared
 
     interrupts = Interrupts()
     try:
         with interrupts, ProgressView(enabled=cfg.output.console and not args.no_console) as view:
-            view.note = "Ctrl-C stops every job and writes the outputs so far; a second Ctrl-C exits at once"
+            view.note = ctrl_c_note(shared=joins_shared(args.address, cfg) is not None)
             source = api.config_source(args.config)
             outputs = api.run(
                 cfg, address=args.address, out_dir=args.out, on_progress=view, stop=interrupts.requested, source=source
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlix-run: stopped by Ctrl-C; the outputs above cover the {outputs.wall_s:.0f} s run (partial)", file=sys.stderr)
         return 130
     return exit_status(outputs.results)
+
+
+def ctrl_c_note(*, shared: bool) -> str:
+    """What Ctrl-C does, for the live view's footer."""
+    what = "stops this run's jobs (the cluster's other jobs go on)" if shared else "stops every job"
+    return f"Ctrl-C {what} and writes the outputs so far; a second Ctrl-C exits at once"
 
 
 def report(outputs, json_path: str | None) -> None:

@@ -189,7 +189,8 @@ class ServiceCalls:
         now = self.now()
         self._account()
         rec = self.usage.timeline(now)
-        return TimelineReply(recorder=rec, now=now, jobs=tuple(sorted(rec.by_pipeline)))
+        util = cluster_status(self, now).utilization
+        return TimelineReply(recorder=rec, now=now, jobs=tuple(sorted(rec.by_pipeline)), utilization=util)
 
     # ------------------------------------------------------------ keeping the cluster whole
 

@@ -288,16 +288,19 @@ def _timeline(service, args) -> int:
     reply = service.call_sync(protocol.Timeline())
     rec, now, jobs = reply.recorder, reply.now, list(reply.jobs)
     if args.plot:
+        from rlix.exec.service import connect
         from rlix.sim.plot import plot_runs
 
-        plot_runs({"rlix scheduler": (rec, now)}, jobs, args.plot, f"rlix scheduler: {len(jobs)} jobs, {now:.0f} s")
+        title = f"rlix scheduler: {connect.jobs(len(jobs))}, utilization {reply.utilization:.3f}"
+        plot_runs({"rlix scheduler": (rec, now)}, jobs, args.plot, title, span="up")
         print(f"wrote {args.plot}")
         return 0
     segments = [
         {"gpu": s.gpu, "start": s.start, "end": s.end, "activity": s.activity.value, "job": s.pipeline_id, "stage": s.stage}
         for s in rec.iter_segments()
     ]
-    print(json.dumps({"now_s": now, "num_gpus": rec.num_gpus, "segments": segments}, indent=1))
+    out = {"now_s": now, "num_gpus": rec.num_gpus, "utilization": reply.utilization, "segments": segments}
+    print(json.dumps(out, indent=1))
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from rlix.core import Stage
 from rlix.core.types import GangHolder
 from rlix.exec.service.jobs import JobRecord, Phase
+from rlix.metrics import utilization
 from rlix.protocol import ClusterStatus, JobRow
 
 
@@ -90,8 +91,7 @@ def cluster_status(service, now: float) -> ClusterStatus:
     busy = usage.busy_gpu_s(now)  # integrated to now: the rows below read the same figures
     rows = [job_row(r, service, held, queue) for r in sorted(service.jobs.records.values(), key=lambda r: r.seq)]
     c = service.core.cluster
-    span = now - usage.start  # since the service (re)started: what its figures cover
-    util = busy / (c.num_gpus * span) if span > 0 else 0.0
+    util = utilization(busy, c.num_gpus, now - usage.start)  # since the service started (its figures go on across restarts)
     return ClusterStatus(
         nodes=c.nodes,
         gpus_per_node=c.gpus_per_node,

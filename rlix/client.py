@@ -249,7 +249,8 @@ class Client:
                 admitted=self.admitted,
             )
             try:
-                await self.sched.call(protocol.RejoinPipeline(event=event, endpoint=self._endpoint), self.timeout_s)
+                back = protocol.RejoinPipeline(event=event, endpoint=self._endpoint, user=protocol.asker())
+                await self.sched.call(back, self.timeout_s)
             except (SchedulingError, PipelineGone) as exc:  # its holdings clash with the new ledger: it must stop
                 raise PipelineGone(f"the restarted rlix scheduler refused pipeline '{self.pipeline_id}': {exc}") from None
             self._life = (await self.sched.call(protocol.Info(), self.timeout_s)).life

@@ -104,10 +104,12 @@ class CallbackEndpoint:
         """Stop serving, and the inbox actor with it."""
         import ray
 
+        me = asyncio.current_task()  # a stop() that unregisters closes the endpoint from one of its own calls
         if self._serving is not None:
             self._serving.cancel()
         for task in list(self._running):
-            task.cancel()
+            if task is not me:
+                task.cancel()
         if self.actor is not None:
             ray.kill(self.actor, no_restart=True)
         self.actor = self._serving = None

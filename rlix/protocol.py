@@ -309,6 +309,7 @@ class RejoinPipeline(PipelineCall):
 
     event: Rejoin
     endpoint: Any
+    user: str = ""  # who runs it: user@host
 
 
 @dataclass(frozen=True, kw_only=True)

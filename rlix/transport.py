@@ -14,7 +14,7 @@ import asyncio
 import socket
 from pathlib import Path
 
-from rlix.protocol import PROTOCOL_VERSION, Request
+from rlix.protocol import PROTOCOL_VERSION, Request, VersionMismatch
 
 SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
 NAMESPACE = "rlix"  # the Ray namespace it lives in
@@ -34,8 +34,16 @@ class RayTransport:
         self.actor = actor
 
     def send(self, request: Request):
-        """The request sent; its reply's Ray object ref (awaitable)."""
-        return self.actor.handle.remote(request, PROTOCOL_VERSION)
+        """The request sent; its reply's Ray object ref (awaitable). :class:`VersionMismatch` for a scheduler
+        older than this protocol (it has no ``handle``)."""
+        try:
+            handle = self.actor.handle
+        except AttributeError:
+            raise VersionMismatch(
+                f"the rlix scheduler running predates rlix protocol {PROTOCOL_VERSION}; restart it with this rlix "
+                "('rlix scheduler stop' and 'rlix scheduler start')"
+            ) from None
+        return handle.remote(request, PROTOCOL_VERSION)
 
     async def call(self, request: Request, timeout_s: float | None = None):
         """The reply to ``request`` (no deadline with ``timeout_s`` None: a gang request waits for GPUs)."""
@@ -66,6 +74,7 @@ def page_file(gcs_port: int) -> Path:
 def status_over_http(address: str, timeout_s: float = 2.0) -> dict | None:
     """``rlix status --json`` as the scheduler serves it over HTTP, without Ray: found through the file its
     node holds (:func:`page_file`); None where it cannot be read so (another node, no service, an old one)."""
+    import http.client
     import json
     import urllib.request
 
@@ -78,7 +87,7 @@ def status_over_http(address: str, timeout_s: float = 2.0) -> dict | None:
         url = json.loads(page_file(int(address.rpartition(":")[2])).read_text())["url"]
         with urllib.request.urlopen(f"{url}/status", timeout=timeout_s) as reply:
             return json.loads(reply.read())
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, http.client.HTTPException):
         return None
 
 

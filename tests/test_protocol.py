@@ -166,3 +166,18 @@ def test_a_callback_endpoint_answers_the_schedulers_calls_with_the_pipelines_cor
         assert [(r.name, r.state) for r in status.jobs] == [("a", "finished")]
     finally:
         ray.shutdown()
+
+
+@pytest.mark.exec
+def test_a_register_the_core_refuses_ends_the_job_it_queued_saying_why():
+    from rlix.core import SchedulingError
+
+    async def scenario():
+        sched = _actor(2)
+        v = protocol.PROTOCOL_VERSION
+        with pytest.raises(SchedulingError):  # GPU 5 is not on a 2-GPU cluster
+            await sched.handle(protocol.Register(spec=spec("z", (0,), (0, 5)), endpoint=None, user="ann@h"), v)
+        return await sched.handle(protocol.Status(), v)
+
+    (row,) = asyncio.run(scenario()).jobs
+    assert (row.name, row.state, row.user) == ("z", "failed", "ann@h") and "5" in row.error

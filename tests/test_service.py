@@ -214,7 +214,7 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     # cancel: the job ends cancelled, its submitter exits 3 with its outputs written and says who asked
     wait_for(lambda s: jobs_by_name(s)["eta"]["state"] in ("loading", "running"), cluster, 120)
     res = cluster.rlix("cancel", "eta")
-    assert res.returncode == 0 and re.fullmatch(r"job eta-\d+ asked to stop\n", res.stdout), res.stdout
+    assert res.returncode == 0 and re.fullmatch(r"job eta#\d+ asked to stop\n", res.stdout), res.stdout
     assert p.wait(timeout=120) == 3
     assert "eta: cancelled" in long.with_suffix(".out").read_text()
     asker = protocol.asker()

@@ -1,4 +1,4 @@
-"""The scheduler service's parts without Ray: the job book, GPU accounting, status, the metrics' samples."""
+"""The scheduler service's parts without Ray: the job records, GPU accounting, status, metrics and history."""
 
 from __future__ import annotations
 
@@ -29,18 +29,18 @@ def phases(ledger: JobLedger) -> dict[str, str]:
 
 def test_every_submission_gets_its_own_id_and_names_are_unique_until_their_job_ends():
     jobs = JobLedger(lease_s=10)
-    assert jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 1, 3)), set(), 0.0) == ("a-1", "b-2")
-    with pytest.raises(NameTaken, match=r"job 'a' is already on this cluster \(a-1, submitted by ann@h\)"):
+    assert jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 1, 3)), set(), 0.0) == ("a#1", "b#2")
+    with pytest.raises(NameTaken, match=r"job 'a' is already on this cluster \(a#1, submitted by ann@h\)"):
         jobs.claim("s2", "bob@h", (c("c", 0, 1), c("a", 0, 1)), set(), 1.0)
-    assert phases(jobs) == {"a-1": "submitted", "b-2": "submitted"}  # nothing of a refused claim is kept
+    assert phases(jobs) == {"a#1": "submitted", "b#2": "submitted"}  # nothing of a refused claim is kept
     with pytest.raises(NameTaken, match="already running"):  # an external pipeline's name, never claimed
         jobs.claim("s2", "bob@h", (c("ext", 0, 1),), {"ext"}, 1.0)
     jobs.registering("a", "s1", "ann@h", 0, 1.0)
     jobs.end("a", "finished", "", 2.0)
-    assert jobs.claim("s2", "bob@h", (c("a", 0, 7),), set(), 3.0) == ("a-3",)  # the name runs again, a new job
-    assert phases(jobs) == {"a-1": "finished", "b-2": "submitted", "a-3": "submitted"}
-    assert jobs.open_jobs() == ["b", "a"] and jobs.find("a").id == "a-3" and jobs.find("a-1").user == "ann@h"
-    assert jobs.id_of("a") == "a-3"
+    assert jobs.claim("s2", "bob@h", (c("a", 0, 7),), set(), 3.0) == ("a#3",)  # the name runs again, a new job
+    assert phases(jobs) == {"a#1": "finished", "b#2": "submitted", "a#3": "submitted"}
+    assert jobs.open_jobs() == ["b", "a"] and jobs.find("a").id == "a#3" and jobs.find("a#1").user == "ann@h"
+    assert jobs.id_of("a") == "a#3"
 
 
 def test_a_job_moves_only_as_its_phase_table_allows():
@@ -71,8 +71,8 @@ def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_jobs
     fresh = JobLedger(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
     with pytest.raises(NameTaken):
         fresh.claim("s2", "bob@h", (c("a", 0, 5),), {"a"}, 0.0)
-    fresh.renew_claims("s1", "ann@h", (c("b", 0, 5, "b-7"),), 0.0)
-    assert fresh.find("b").id == "b-7" and fresh.find("b").submitter == "s1"
+    fresh.renew_claims("s1", "ann@h", (c("b", 0, 5, "b#7"),), 0.0)
+    assert fresh.find("b").id == "b#7" and fresh.find("b").submitter == "s1"
 
 
 def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
@@ -98,7 +98,7 @@ def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
         jobs.registering("c", "s1", "ann@h", 0, 2.0)
     jobs.end("a", "finished", "", 2.0)
     record = jobs.registering("a", "", "bob@h", 0, 3.0)  # once its job ended, the name may run again: a new job
-    assert record.id == "a-3" and record.phase is Phase.QUEUED and jobs.find("a-1").phase is Phase.FINISHED
+    assert record.id == "a#3" and record.phase is Phase.QUEUED and jobs.find("a#1").phase is Phase.FINISHED
 
 
 def test_leases_lapse_and_cancels_reach_their_submitter():
@@ -140,7 +140,7 @@ def test_overlapping_homes_share_what_they_lent():
 
 def row(name: str, gpus, state="running", tenant: str = "") -> JobRow:
     return JobRow(
-        id=f"{name}-1",
+        id=f"{name}#1",
         name=name,
         tenant=tenant,
         submitter="s",
@@ -173,21 +173,21 @@ def status(*rows: JobRow) -> ClusterStatus:
 def test_the_metrics_page_is_prometheus_text_of_the_status_by_job_id():
     first = samples(status(row("a", [(0, "rollout"), (1, "rollout"), (2, "actor_train")]), row("b", [], "queued")))
     values = {(n, t): v for n, t, v in first}
-    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "rollout")))] == 2  # series by job id
-    assert values[("rlix_gpus_held", (("job", "a-1"), ("stage", "actor_train")))] == 1
+    assert values[("rlix_gpus_held", (("job", "a#1"), ("stage", "rollout")))] == 2  # series by job id
+    assert values[("rlix_gpus_held", (("job", "a#1"), ("stage", "actor_train")))] == 1
     assert values[("rlix_idle_gpus", ())] == 1 and values[("rlix_gpus_total", ())] == 4
     assert values[("rlix_jobs", (("state", "running"),))] == 1 and values[("rlix_jobs", (("state", "queued"),))] == 1
-    assert values[("rlix_job_gpu_seconds", (("job", "a-1"), ("kind", "lent")))] == 1.0
-    metrics = Metrics({"a-1": 3})
+    assert values[("rlix_job_gpu_seconds", (("job", "a#1"), ("kind", "lent")))] == 1.0
+    metrics = Metrics({"a#1": 3})
     for seconds in (0.0001, 0.003, 7.0):
         metrics.plan_latency.observe(seconds)
     lines = metrics.text(status(row("a", [(0, "rollout")]))).splitlines()
     assert lines[:3] == [
         "# HELP rlix_gpus_held GPUs a job holds now, by stage",
         "# TYPE rlix_gpus_held gauge",
-        'rlix_gpus_held{job="a-1",stage="rollout"} 1.0',
+        'rlix_gpus_held{job="a#1",stage="rollout"} 1.0',
     ]
-    assert 'rlix_preemptions_total{job="a-1"} 3.0' in lines and "# TYPE rlix_preemptions_total counter" in lines
+    assert 'rlix_preemptions_total{job="a#1"} 3.0' in lines and "# TYPE rlix_preemptions_total counter" in lines
     buckets = [line for line in lines if line.startswith("rlix_plan_latency_seconds_bucket")]
     assert buckets[0] == 'rlix_plan_latency_seconds_bucket{le="0.0005"} 1.0'  # cumulative, as Prometheus reads them
     assert buckets[-1] == 'rlix_plan_latency_seconds_bucket{le="+Inf"} 3.0' and "rlix_plan_latency_seconds_count 3.0" in lines
@@ -195,7 +195,7 @@ def test_the_metrics_page_is_prometheus_text_of_the_status_by_job_id():
 
 
 def test_the_dashboard_reads_only_metrics_the_service_exports():
-    metrics = Metrics({"a-1": 2})
+    metrics = Metrics({"a#1": 2})
     metrics.plan_latency.observe(0.003)
     page = metrics.text(status(row("a", [(0, "rollout")])))
     exported = {line.split("{")[0].split()[0] for line in page.splitlines() if not line.startswith("#")}
@@ -233,11 +233,11 @@ def test_the_status_table_shows_tenants_where_jobs_name_them():
 
     assert "TENANT" not in shown(row("a", [(0, "rollout")]))[1]
     lines = shown(row("a", [(0, "rollout")], tenant="research"), row("b", [(1, "rollout")]))
-    rows = [line.split() for line in lines if line.split() and line.split()[0] in ("ID", "a-1", "b-1")]
+    rows = [line.split() for line in lines if line.split() and line.split()[0] in ("ID", "a#1", "b#1")]
     assert [r[:4] for r in rows] == [
         ["ID", "NAME", "TENANT", "STATE"],
-        ["a-1", "a", "research", "running"],
-        ["b-1", "b", "-", "running"],
+        ["a#1", "a", "research", "running"],
+        ["b#1", "b", "-", "running"],
     ]
 
 
@@ -248,7 +248,7 @@ def test_the_history_keeps_each_ended_job_once_by_id_and_reads_back_as_sacct_wou
     first = jobs.claim("s1", "ann@h", (JobClaim(name="a", priority=0, steps=5, config="h:/a.yaml"),), set(), 0.0)
     jobs.registering("a", "s1", "ann@h", 0, 1.0)
     jobs.granted("a", 2.0)
-    usage.update(2.0, [("a-1", "init", W), None])
+    usage.update(2.0, [("a#1", "init", W), None])
     jobs.end("a", "failed", "ActorDiedError", 12.0)
     usage.update(12.0, [None, None])
     jobs.claim("s2", "bob@h", (c("a", 0, 3),), set(), 13.0)
@@ -256,15 +256,15 @@ def test_the_history_keeps_each_ended_job_once_by_id_and_reads_back_as_sacct_wou
     db = History(tmp_path / "rlix" / "history.sqlite")
     for record in jobs.records.values():
         db.write(history_row(record, usage, t0=1000.0))
-    db.write(history_row(jobs.find("a-1"), usage, t0=1000.0))  # written again: replaced, not doubled
+    db.write(history_row(jobs.find("a#1"), usage, t0=1000.0))  # written again: replaced, not doubled
     again = History(tmp_path / "rlix" / "history.sqlite")  # another process (a restarted scheduler) reads the file
     rows = again.query()
-    assert [(r.id, r.state, r.user) for r in rows] == [("a-1", "failed", "ann@h"), ("a-2", "cancelled", "bob@h")]
-    assert first == ("a-1",) and rows[0].config == "h:/a.yaml" and rows[0].reason == "ActorDiedError"
+    assert [(r.id, r.state, r.user) for r in rows] == [("a#1", "failed", "ann@h"), ("a#2", "cancelled", "bob@h")]
+    assert first == ("a#1",) and rows[0].config == "h:/a.yaml" and rows[0].reason == "ActorDiedError"
     assert rows[0].gpu_s == pytest.approx(10.0) and rows[1].gpu_s == 0.0
     assert rows[0].phases == (("submitted", 1000.0), ("queued", 1001.0), ("loading", 1002.0), ("failed", 1012.0))
-    assert [r.id for r in again.query(user="bob")] == ["a-2"] and again.query(user="ann@h")[0].id == "a-1"
-    assert [r.id for r in again.query(since=1015.0)] == ["a-2"]
+    assert [r.id for r in again.query(user="bob")] == ["a#2"] and again.query(user="ann@h")[0].id == "a#1"
+    assert [r.id for r in again.query(since=1015.0)] == ["a#2"]
 
 
 def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):
@@ -280,8 +280,36 @@ def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):
     History(path).write(history_row(jobs.find("b"), ClusterUsage(1), t0=1e9))
     cmd = [sys.executable, "-m", "rlix.exec.service.cli", "history", "--db", str(path)]
     listed = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
-    assert [(r["id"], r["state"], r["reason"]) for r in listed] == [("b-1", "cancelled", "cancelled by ann@h")]
+    assert [(r["id"], r["state"], r["reason"]) for r in listed] == [("b#1", "cancelled", "cancelled by ann@h")]
     table = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert "b-1" in table and "cancelled (cancelled by ann@h)" in table and "ELAPSED" in table
+    assert "b#1" in table and "cancelled (cancelled by ann@h)" in table and "ELAPSED" in table
     bad = subprocess.run([*cmd, "--since", "soon"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("rlix: --since soon:") and "Traceback" not in bad.stderr
+
+
+def test_a_restarted_ledger_keeps_ids_counting_leases_running_and_ends_jobs_that_did_not_come_back(monkeypatch):
+    store: dict = {}  # Ray's internal key-value store (the process boundary)
+    monkeypatch.setattr("rlix.exec.service.jobs.keep", lambda key, value: store.__setitem__(key, json.loads(json.dumps(value))))
+    monkeypatch.setattr("rlix.exec.service.jobs.kept", lambda key: store.get(key))
+    first = JobLedger(lease_s=10, persist=True, counted=7)  # its history holds ids up to #7
+    assert first.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0) == ("a#8", "b#9")
+    first.registering("a", "s1", "ann@h", 0, 1.0)
+    first.registering("b", "s1", "ann@h", 0, 1.0)
+    again = JobLedger(lease_s=10, persist=True, restarted=True, now=50.0)
+    assert phases(again) == {"a#8": "queued", "b#9": "queued"} and again.find("a").user == "ann@h"
+    again.rejoined("a", "ann@h", True, 51.0)  # a came back; b's pipeline did not
+    assert again.unjoined({"a"}, 80.0) == ["b"]
+    assert phases(again) == {"a#8": "loading", "b#9": "failed"}
+    assert again.find("b").error == "it did not rejoin the restarted scheduler"
+    assert again.expired(70.0) == ["s1"]  # its submitter never renewed after the restart: its lease lapsed
+    assert again.claim("s2", "bob@h", (c("b", 0, 1),), {"a"}, 81.0) == ("b#10",)  # ids go on counting
+    assert JobLedger(lease_s=10, persist=True, now=0.0).count == 10  # a new service on the cluster: still on
+
+
+def test_a_pipeline_goes_by_its_name_even_where_another_job_has_that_id():
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("exp", 0, 5),), set(), 0.0)
+    jobs.registering("exp", "s1", "ann@h", 0, 1.0)
+    odd = jobs.registering("exp#1", "", "bob@h", 0, 2.0)  # an outside pipeline named like exp's id
+    assert jobs.id_of("exp#1") == odd.id == "exp#1#2" and jobs.id_of("exp") == "exp#1"
+    assert jobs.find("exp#1") is odd  # a name first

@@ -54,7 +54,7 @@ from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
 from rlix.exec.service.calls import TOTALS_KEY, ServiceCalls, kill_actor
 from rlix.exec.service.history import History
-from rlix.exec.service.jobs import JobLedger
+from rlix.exec.service.jobs import JobLedger, job_number
 from rlix.exec.service.prom import Metrics
 from rlix.exec.service.roster import Roster, kept
 from rlix.exec.service.status import cluster_status
@@ -165,7 +165,10 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
         self.restarts = restarts_so_far()
         restarted, self.persist = self.restarts > 0, in_actor()
-        self.jobs = JobLedger(lease_s, persist=self.persist, restarted=restarted)  # one record per job id
+        self.history = History(history) if history else None  # the jobs that ended, in SQLite (None: not kept)
+        self.in_history = self.history.written() if self.history is not None else set()  # ids written there
+        counted = max((job_number(i) for i in self.in_history), default=0)  # ids go on above the history's
+        self.jobs = JobLedger(lease_s, persist=self.persist, restarted=restarted, counted=counted, now=self.now())
         self.roster = Roster(restarted=restarted, persist=self.persist, now=self.now(), max_wait_s=rejoin_s)
         totals = (kept(TOTALS_KEY) if restarted and self.persist else None) or {}  # what the previous life counted
         # GPU-seconds per job id and the timeline; a restarted service's go on from its previous life's
@@ -173,8 +176,6 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
         self.metrics_port = metrics_port  # where the service serves /metrics and /status (None: a free port)
         self.web = Web(metrics_port or 0) if pages else None  # its HTTP pages (the shared service's)
-        self.history = History(history) if history else None  # the jobs that ended, in SQLite (None: not kept)
-        self.in_history = self.history.written() if self.history is not None else set()  # ids written there
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
         self._routes = self._route_table()  # each request type of the protocol, and the call that answers it
 
@@ -197,7 +198,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         p = protocol
         return {
             p.Register: lambda r: self.register(r.spec, r.endpoint, r.submitter, r.user),
-            p.RejoinPipeline: lambda r: self.rejoin(r.event, r.endpoint),
+            p.RejoinPipeline: lambda r: self.rejoin(r.event, r.endpoint, r.user),
             p.RequestGang: lambda r: self.request(r.pipeline_id, r.stage, r.role, r.after),
             p.ReleaseGang: lambda r: self.release(r.pipeline_id, r.stage, r.demand),
             p.Report: lambda r: self.report(r.demand),
@@ -249,8 +250,9 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         pages = {"/metrics": self._metrics_page, "/status": self._status_page}
         try:
             await self.web.start(pages)
-        except OSError as exc:
-            raise SchedulingError(f"--metrics-port {self.metrics_port}: {exc.strerror or exc}; pick a free port") from None
+        except (OSError, OverflowError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise SchedulingError(f"--metrics-port {self.metrics_port}: {why}; pick a free port") from None
 
     def _metrics_page(self) -> tuple[str, str]:
         now = self.now()
@@ -267,8 +269,13 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
         job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
         await self._rejoin_window()
-        self.jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
-        await self._event(Register(spec=spec))
+        record = self.jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
+        try:
+            await self._event(Register(spec=spec))
+        except SchedulingError as exc:  # refused by the core: the job this call queued ends, saying why
+            if spec.pipeline_id not in self.core.pipelines() and self.jobs.active(spec.pipeline_id) is record:
+                self.jobs.end(spec.pipeline_id, "failed", str(exc), self.now())
+            raise
         self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         self._joined(spec, coordinator)
 

@@ -77,7 +77,7 @@ class ServiceCalls:
         """A pipeline's keep-alive: raises if this scheduler does not know it (it restarted, or dropped it)."""
         self._known(pipeline_id)
 
-    async def rejoin(self, event: Rejoin, endpoint) -> None:
+    async def rejoin(self, event: Rejoin, endpoint, user: str = "") -> None:
         """A pipeline registered with this scheduler before its restart registers again with its holdings."""
         pid = event.spec.pipeline_id
         if pid in self.core.pipelines():
@@ -87,7 +87,7 @@ class ServiceCalls:
         if event.admitted_at is None:  # when the previous life admitted it, as it kept it
             event = dataclasses.replace(event, admitted_at=self.roster.admitted_before(pid))
         await self._event(event)
-        self.jobs.rejoined(pid, event.admitted, self.now())
+        self.jobs.rejoined(pid, user, event.admitted, self.now())
         self._joined(event.spec, endpoint)
         if event.demand is not None:
             self.demands[pid] = event.demand
@@ -242,6 +242,8 @@ class ServiceCalls:
                     if not alive:
                         self.jobs.end(pid, "failed", "its process is gone", self.now())
                         self.order.spawn(self._unreachable(pid))
+                if self.roster.restarted_and_done(self.now()):  # once: the jobs that did not come back ended
+                    self.jobs.unjoined(set(self.core.pipelines()), self.now())
                 self._account()
                 self._keep_totals(self.now())
                 self._write_history()

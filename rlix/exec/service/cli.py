@@ -28,6 +28,24 @@ class UserError(Exception):
     """Bad input, or nothing to talk to: one line, exit 2."""
 
 
+def port(text: str) -> int:
+    """A TCP port, 1 to 65535 (argparse says so in one line otherwise)."""
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (1 to 65535)")
+    return int(text)
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlix", description="The rlix scheduler shared by every job on a Ray cluster.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -38,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="a scheduler knob (repeatable)")
     start.add_argument("--nodes", type=int, default=None, help="nodes it manages (default: the Ray cluster's GPU nodes)")
     start.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: read from Ray)")
-    start.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics at :PORT/metrics")
+    start.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics at :PORT/metrics")
     start.add_argument("--history", default=None, help="the SQLite file of ended jobs (default ~/.rlix/history.sqlite)")
     stop = act.add_parser("stop", help="stop the service (refused while jobs run)")
     stop.add_argument("--force", action="store_true", help="cancel every job cleanly first")
     status = sub.add_parser("status", help="jobs, the GPUs they hold, and the cluster's use")
     status.add_argument("job", nargs="?", default=None, help="one job's detail (its id, or its name)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
-    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="S", help="refresh every S s")
+    status.add_argument("--watch", type=seconds, nargs="?", const=2.0, default=None, metavar="S", help="refresh every S s")
     history = sub.add_parser("history", help="the jobs that ended (as sacct)")
     history.add_argument("--user", default="", help="only this user's jobs (a name, or user@host)")
     history.add_argument("--since", default="", help="ended since: 2026-11-27, '2026-11-27 14:00', or 30m, 6h, 2d ago")
@@ -146,7 +164,10 @@ def _knobs(pairs: list[str]):
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UserError(f"--set {pair}: write KNOB=VALUE, e.g. --set min_residency_s=5")
-        raw[key] = yaml.safe_load(value)
+        try:
+            raw[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--set {pair}: the value does not read as YAML; quote it or write a plain number") from None
     try:
         return SchedulerKnobs.model_validate(raw)
     except ValidationError as exc:
@@ -201,6 +222,10 @@ def _over_http(args):
             raise UserError("the rlix scheduler stopped answering; see 'rlix status' again")
         return protocol.status_from_json(data)
 
+    try:
+        protocol.status_from_json(first)
+    except (TypeError, KeyError):  # a page of another rlix version: through Ray, which checks the protocol
+        return None
     return read
 
 
@@ -236,6 +261,8 @@ def _watch(read, every_s: float) -> int:
 
 
 def _history(service, args) -> int:
+    import sqlite3
+
     from rlix import protocol
     from rlix.exec.service.show import history_table
 
@@ -245,7 +272,10 @@ def _history(service, args) -> int:
 
         if not os.path.exists(os.path.expanduser(args.db)):
             raise UserError(f"--db {args.db}: no such file; the scheduler's is ~/.rlix/history.sqlite on the head node")
-        rows = History(args.db).query(user=args.user, since=since)
+        try:
+            rows = History(args.db, readonly=True).query(user=args.user, since=since)
+        except sqlite3.Error as exc:
+            raise UserError(f"--db {args.db}: not an rlix history ({exc})") from None
     else:
         rows = list(service.call_sync(protocol.JobHistory(user=args.user, since=since)))
     if args.json:

@@ -88,9 +88,12 @@ def start(
     service = RayTransport(handle)
     try:
         service.call_sync(protocol.Start(), SCHEDULER_CALL_S + RESERVE_WAIT_S)
-    except SchedulingError as exc:  # its GPUs could not be reserved: no service
+    except SchedulingError as exc:  # its GPUs could not be reserved, or its port is taken: no service
         ray.kill(handle, no_restart=True)
         raise ClusterError(str(exc)) from None
+    except BaseException:  # nothing is left running half started
+        ray.kill(handle, no_restart=True)
+        raise
     return service
 
 

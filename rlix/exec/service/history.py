@@ -46,8 +46,13 @@ COLUMNS = tuple(HistoryRow.__dataclass_fields__)
 class History:
     """The database of ended jobs (one connection, used from the scheduler's event loop only)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        """``readonly``: to read a file that is there (``rlix history --db``), changing nothing."""
         self.path = Path(path).expanduser()
+        if readonly:
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+            self.db.execute("SELECT id FROM jobs LIMIT 1")  # sqlite3.Error if it is not a history
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, timeout=10)
         self.db.execute(SCHEMA)

@@ -1,7 +1,7 @@
 """Executor layer: the jobs a scheduler service knows, one record per job id, apart from the GPUs they hold.
 
-Every submission of a job gets a job id (``name-N``, N counting every job the
-service ever saw); the name is a label, unique among jobs not yet ended, and
+Every submission of a job gets a job id (``name#N``, N counting every job the
+service ever saw, its history included; no job name holds a ``#``); the name is a label, unique among jobs not yet ended, and
 it is the pipeline id the core plans with while the job lasts. A record
 moves through its phases by the transition table ``MOVES``; any other move
 raises :class:`IllegalMove`. ``rlix status`` is a projection of the records.
@@ -90,14 +90,17 @@ class JobRecord:
 class JobLedger:
     """Job records by id, the leases of their submitters, and which id each name has now."""
 
-    def __init__(self, lease_s: float, *, persist: bool = False, restarted: bool = False) -> None:
+    def __init__(
+        self, lease_s: float, *, persist: bool = False, restarted: bool = False, counted: int = 0, now: float = 0.0
+    ) -> None:
+        """``counted``: jobs an earlier service gave ids (its history's); ids go on above them."""
         self.lease_s = lease_s  # a submitter silent this long is gone (seconds)
         self.persist = persist
         self.records: dict[str, JobRecord] = {}
         self.renewed: dict[str, float] = {}  # submitter -> when it last renewed
-        self.count = 0  # jobs ever given an id
+        self.count = counted  # jobs ever given an id
         if persist:  # ids go on counting from the service's earlier lives (its records only after a restart)
-            self._load(records=restarted)
+            self._load(records=restarted, now=now)
 
     # ------------------------------------------------------------ lookups
 
@@ -105,16 +108,19 @@ class JobLedger:
         """The job of this name not yet ended (names are unique among those)."""
         return next((r for r in self.records.values() if r.name == name and not r.ended), None)
 
-    def find(self, job: str) -> JobRecord | None:
-        """A job by id, else the job of that name not ended, else the latest of that name."""
-        if job in self.records:
-            return self.records[job]
-        named = [r for r in self.records.values() if r.name == job]
+    def named(self, name: str) -> JobRecord | None:
+        """The job of this name not ended, else the latest of that name."""
+        named = [r for r in self.records.values() if r.name == name]
         return next((r for r in named if not r.ended), named[-1] if named else None)
 
+    def find(self, job: str) -> JobRecord | None:
+        """A job by its name (as :meth:`named`), else by its id."""
+        return self.named(job) or self.records.get(job)
+
     def id_of(self, name: str) -> str:
-        """The id a pipeline's GPU-seconds are booked under: its job's (the name itself for one the ledger lost)."""
-        record = self.find(name)
+        """The id a pipeline's GPU-seconds are booked under: its job's (pipelines go by name; the name itself for
+        one the ledger lost)."""
+        record = self.named(name)
         return record.id if record is not None else name
 
     def open_jobs(self) -> list[str]:
@@ -187,9 +193,9 @@ class JobLedger:
         self._save()
         return record
 
-    def rejoined(self, name: str, admitted: bool, now: float) -> None:
+    def rejoined(self, name: str, user: str, admitted: bool, now: float) -> None:
         """A pipeline rejoined a restarted service: its record (recovered, or new) is queued, or loading if admitted."""
-        record = self.active(name) or self._new(name, "", "", 0, 0, now)
+        record = self.active(name) or self._new(name, "", user, 0, 0, now)
         if record.phase is Phase.SUBMITTED:
             record.move(Phase.QUEUED, now)
         if admitted and record.phase is Phase.QUEUED:
@@ -237,7 +243,7 @@ class JobLedger:
     ) -> JobRecord:
         self.count += 1
         record = JobRecord(
-            id=job_id or f"{name}-{self.count}",
+            id=job_id or f"{name}#{self.count}",
             name=name,
             submitter=submitter,
             user=user,
@@ -254,14 +260,30 @@ class JobLedger:
         if self.persist:
             keep(KV_KEY, {"count": self.count, "jobs": [_plain(r) for r in self.records.values() if not r.ended]})
 
-    def _load(self, *, records: bool) -> None:
+    def _load(self, *, records: bool, now: float) -> None:
         saved = kept(KV_KEY)
         if not saved:
             return
-        self.count = saved["count"]
+        self.count = max(self.count, saved["count"])
         for plain in saved["jobs"] if records else ():
             record = JobRecord(**{**plain, "phase": Phase(plain["phase"]), "phases": [tuple(p) for p in plain["phases"]]})
             self.records[record.id] = record
+            if record.submitter:  # its lease runs from the restart: a submitter gone meanwhile lapses too
+                self.renewed.setdefault(record.submitter, now)
+
+    def unjoined(self, registered: set[str], now: float) -> list[str]:
+        """After a restart's rejoin window: jobs registered before it whose pipeline did not rejoin end failed;
+        returns their names."""
+        lost = [r.name for r in self.records.values() if r.registered and r.name not in registered]
+        for name in lost:
+            self.end(name, "failed", "it did not rejoin the restarted scheduler", now)
+        return lost
+
+
+def job_number(job_id: str) -> int:
+    """N of a job id ``name#N`` (0 for an id of another form)."""
+    number = job_id.rpartition("#")[2]
+    return int(number) if number.isdigit() else 0
 
 
 def _plain(record: JobRecord) -> dict:

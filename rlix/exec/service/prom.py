@@ -133,7 +133,10 @@ async def serve(port: int, pages: dict[str, Callable[[], tuple[str, str]]]) -> a
             request = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1")
             path = request.split(" ", 2)[1].split("?")[0] if request.count(" ") >= 2 else ""
             if path in pages:
-                status, (kind, text) = "200 OK", pages[path]()
+                try:
+                    status, (kind, text) = "200 OK", pages[path]()
+                except Exception as exc:  # noqa: BLE001 -- said to the reader, as a server error
+                    status, kind, text = "500 Internal Server Error", "text/plain", f"{type(exc).__name__}: {exc}\n"
             else:
                 status, kind, text = "404 Not Found", "text/plain", f"rlix serves {', '.join(sorted(pages))}\n"
             body = text.encode()

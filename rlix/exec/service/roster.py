@@ -29,10 +29,19 @@ class Roster:
         self.before: dict[str, float | None] = self._load() if restarted and persist else {}  # the previous life's
         self.expected: set[str] = set(self.before)  # still to rejoin
         self.until = now + max_wait_s if restarted else float("-inf")
+        self._swept = False  # the jobs that did not rejoin have been ended
 
     def waiting(self, now: float) -> bool:
         """Whether planning waits for pipelines of the scheduler's previous life to rejoin."""
         return bool(self.expected) and now < self.until
+
+    def restarted_and_done(self, now: float) -> bool:
+        """True once, the first time it is asked after a restart's rejoin window closed (every pipeline back, or
+        its deadline passed): the moment to end the jobs whose pipeline did not come back."""
+        if self.until == float("-inf") or self.waiting(now) or self._swept:
+            return False
+        self._swept = True
+        return True
 
     def admitted_before(self, pipeline_id: str) -> float | None:
         """When the previous life admitted a rejoining pipeline (None: it had not, or it is new)."""

@@ -21,14 +21,20 @@ class Web:
         self.port = port  # 0: any free port
         self.server = None
         self.file = None
+        self.starting = False
 
     async def start(self, pages: dict[str, Callable[[], tuple[str, str]]]) -> None:
         """Serve ``pages``; raises OSError if the port is taken."""
         import ray
 
-        if self.server is not None:
+        if self.starting:  # once: the first caller binds (another awaiting meanwhile must not bind a second)
             return
-        self.server = await serve(self.port, pages)
+        self.starting = True
+        try:
+            self.server = await serve(self.port, pages)
+        except BaseException:
+            self.starting = False
+            raise
         port = self.server.sockets[0].getsockname()[1]
         gcs_port = int(ray.get_runtime_context().gcs_address.rpartition(":")[2])
         self.file = page_file(gcs_port)

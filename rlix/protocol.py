@@ -249,6 +249,7 @@ class TimelineReply:
 
     recorder: object  # a rlix.metrics.UsageRecorder, closed at ``now``
     now: float  # seconds since the service started
+    start: float = 0.0  # where the chart's segments start: the service's last (re)start
     jobs: tuple[str, ...]  # job ids
     utilization: float = 0.0  # as rlix status says it at ``now``
 

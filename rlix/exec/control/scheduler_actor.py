@@ -177,6 +177,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.metrics_port = metrics_port  # where the service serves /metrics and /status (None: a free port)
         self.web = Web(metrics_port or 0) if pages else None  # its HTTP pages (the shared service's)
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
+        self.began = self.now()  # when this life began (its timeline starts there)
         self._routes = self._route_table()  # each request type of the protocol, and the call that answers it
 
     def now(self) -> float:

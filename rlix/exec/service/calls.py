@@ -190,7 +190,7 @@ class ServiceCalls:
         self._account()
         rec = self.usage.timeline(now)
         util = cluster_status(self, now).utilization
-        return TimelineReply(recorder=rec, now=now, jobs=tuple(sorted(rec.by_pipeline)), utilization=util)
+        return TimelineReply(recorder=rec, now=now, start=self.began, jobs=tuple(sorted(rec.by_pipeline)), utilization=util)
 
     # ------------------------------------------------------------ keeping the cluster whole
 

@@ -329,7 +329,8 @@ def _timeline(service, args) -> int:
         {"gpu": s.gpu, "start": s.start, "end": s.end, "activity": s.activity.value, "job": s.pipeline_id, "stage": s.stage}
         for s in rec.iter_segments()
     ]
-    out = {"now_s": now, "num_gpus": rec.num_gpus, "utilization": reply.utilization, "segments": segments}
+    out = {"now_s": now, "start_s": reply.start, "num_gpus": rec.num_gpus, "utilization": reply.utilization}
+    out["segments"] = segments
     print(json.dumps(out, indent=1))
     return 0
 

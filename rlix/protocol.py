@@ -150,6 +150,7 @@ class JobClaim:
     steps: int  # steps it will train (rlix status shows steps done of these)
     id: str = ""  # the job id the scheduler gave it ("" until claimed)
     config: str = ""  # the config it was submitted from (for rlix history)
+    log: str = ""  # its run's log, host:path (for rlix logs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +194,7 @@ class JobRow:
     queue_position: int | None  # 1 = next to be admitted; None = not queued
     error: str = ""
     reason: str = ""  # why a queued or submitted job waits, in a line
+    log: str = ""  # its run's log, host:path ("" for a pipeline that keeps none)
     tenant: str = ""  # the tenant it belongs to ("" for none)
 
 
@@ -220,6 +222,16 @@ def status_from_json(data: dict) -> ClusterStatus:
         return JobRow(**{**r, "gpus": tuple(map(tuple, r["gpus"])), "phases": tuple(map(tuple, r["phases"]))})
 
     return ClusterStatus(**{**data, "jobs": tuple(row(r) for r in data["jobs"])})
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogChunk:
+    """A piece of a job's run log, as the scheduler reads it on its node (``found`` False: not there)."""
+
+    found: bool
+    text: str  # whole lines, from the offset asked for
+    offset: int  # where the next read starts
+    ended: bool  # the job has ended (nothing more will come of it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -450,6 +462,14 @@ class Cancel(AdminCall):
     job: str
     by: str = ""
     force: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadLog(AdminCall):
+    """The lines of a job's run log from byte ``offset`` (a :class:`LogChunk`), read by the scheduler on its node."""
+
+    job: str
+    offset: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

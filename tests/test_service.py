@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 import warnings
 
@@ -247,6 +249,26 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     assert json.loads(cluster.rlix("history", "--json", "--user", "nobody").stdout) == []
     detail = cluster.rlix("status", runs[1]["id"])
     assert detail.returncode == 0 and "finished" in detail.stdout and "PHASE" in detail.stdout, detail.stderr
+
+
+def test_a_detached_run_goes_on_without_its_terminal_and_rlix_logs_follows_it(cluster, tmp_path):
+    away = write_config(tmp_path / "away.yaml", [job("lam", "2-3", steps=3)])
+    cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(away), "--address", cluster.address, "--detach"]
+    t = time.time()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=180, cwd=tmp_path)
+    print(f"rlix-run --detach returned in {time.time() - t:.1f} s")
+    assert res.returncode == 0, res.stderr[-2000:]
+    job_id = re.search(r"lam as (lam#\d+)", res.stdout).group(1)
+    assert f"outputs in {tmp_path / 'out_away'}" in res.stdout
+    # its submitting process has exited; the run goes on, and rlix logs --follow prints its lines until it ends
+    logs = cluster.rlix("logs", job_id, "--follow", timeout=300)
+    assert logs.returncode == 0 and "lam: finished steps=3/3" in logs.stdout, logs.stdout[-2000:] + logs.stderr[-2000:]
+    assert all(line.split(" ", 2)[1] == "lam:" for line in logs.stdout.splitlines())
+    (row,) = wait_for_history(cluster, {job_id})
+    assert row["state"] == "finished" and row["config"].endswith(f":{away}")
+    assert json.loads((tmp_path / "out_away" / "metrics.json").read_text())["executor"]["shared"]
+    missing = cluster.rlix("logs", "nobody")
+    assert missing.returncode == 2 and "no job 'nobody'" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -313,3 +314,39 @@ def test_a_pipeline_goes_by_its_name_even_where_another_job_has_that_id():
     odd = jobs.registering("exp#1", "", "bob@h", 0, 2.0)  # an outside pipeline named like exp's id
     assert jobs.id_of("exp#1") == odd.id == "exp#1#2" and jobs.id_of("exp") == "exp#1"
     assert jobs.find("exp#1") is odd  # a name first
+
+
+@pytest.mark.exec
+def test_a_run_log_has_a_line_per_change_and_a_jobs_lines_are_read_whole(tmp_path):
+    from types import SimpleNamespace
+
+    from rlix.exec.front.api import _Pipeline
+    from rlix.exec.front.config import load_config
+    from rlix.exec.front.runlog import RunLog
+    from rlix.exec.job.records import JobStatus
+    from rlix.exec.messages import JobResult
+    from rlix.exec.service.logs import NAME, chunk_here, lines_of, read_chunk
+
+    cfg = load_config(ROOT / "examples" / "cpu_two_jobs.yaml")
+    pipes = {j.name: _Pipeline(pipeline_id=j.name, job=j) for j in cfg.jobs}
+    first, second = sorted(pipes)
+    session = SimpleNamespace(pipelines=pipes, now=lambda: 0.0)
+    log = RunLog(tmp_path)
+    log(session)
+    log(session)  # nothing changed: nothing written
+    pipes[first].result = JobResult(pipeline_id=first, status=JobStatus.FINISHED, steps_planned=2, finish_s=5.0)
+    log(session)
+    log.close()
+    path = tmp_path / NAME
+    text, offset = read_chunk(path, 0)
+    assert [line.split(" ", 1)[1] for line in lines_of(text, first)] == [
+        f"{first}: queued steps=0/{pipes[first].job.steps} reward -",
+        f"{first}: finished steps=0/2 reward - jct_s=5.0",
+    ]
+    assert len(lines_of(text, second)) == 1 and offset == path.stat().st_size
+    with open(path, "a") as f:
+        f.write(f"12:00:00 {second}: half a li")  # a line being written is not read yet
+    assert read_chunk(path, offset) == ("", offset)
+    here = chunk_here(f"{socket.gethostname()}:{path}", 0, ended=True)
+    assert here.found and here.text == text and here.ended
+    assert not chunk_here(f"elsewhere:{path}", 0, ended=False).found

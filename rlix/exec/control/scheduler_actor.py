@@ -225,6 +225,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             p.Holdings: lambda r: self.holdings(),
             p.Stop: lambda r: self.stop(),
             p.JobHistory: lambda r: self.job_history(r.user, r.since),
+            p.ReadLog: lambda r: self.read_log(r.job, r.offset),
         }
 
     # ------------------------------------------------------------ the calls

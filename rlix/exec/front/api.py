@@ -33,10 +33,12 @@ from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
 from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
+from rlix.exec.front.runlog import RunLog
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
 from rlix.exec.service.connect import SHRINK_CALL_S
+from rlix.exec.service.logs import NAME as RUN_LOG
 from rlix.import_path import worker_pythonpath
 from rlix.protocol import GpuMap, SchedulerStats, Stopped
 from rlix.transport import SCHEDULER_CALL_S, ClusterError, RayTransport, answers  # noqa: F401 -- rlix-run catches api.ClusterError
@@ -142,7 +144,8 @@ class Session:
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
-        self.submission = Submission.join(config, address, where, source) if address else None
+        log = f"{socket.gethostname()}:{self.out_dir.resolve() / RUN_LOG}"  # where rlix logs finds the jobs' lines
+        self.submission = Submission.join(config, address, where, source, log) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
             ids = ", ".join(f"{c.name} as {c.id}" for c in self.submission.jobs)
@@ -246,18 +249,28 @@ class Session:
             if not any(p.job is j for p in self.pipelines.values()):
                 self.register(j)
         kill_at = dict(kill_at or {})
-        while True:
-            try:
-                if stop is not None and stop() and self.stopped_at is None:
+        log = RunLog(self.out_dir)  # every job's changes, as the live view shows them (rlix logs follows it)
+
+        def progress(session) -> None:
+            log(session)
+            if on_progress is not None:
+                on_progress(session)
+
+        try:
+            while True:
+                try:
+                    if stop is not None and stop() and self.stopped_at is None:
+                        self.stop()
+                    if self._tick(progress, kill_at):
+                        break
+                    time.sleep(poll_s)
+                except KeyboardInterrupt:
+                    if self.stopped_at is not None:
+                        raise
                     self.stop()
-                if self._tick(on_progress, kill_at):
-                    break
-                time.sleep(poll_s)
-            except KeyboardInterrupt:
-                if self.stopped_at is not None:
-                    raise
-                self.stop()
-        return self._outputs()
+            return self._outputs()
+        finally:
+            log.close()
 
     def _tick(self, on_progress, kill_at: dict[str, float]) -> bool:
         """One poll: admit, kill, collect, show; True once every job has its result."""

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default: the config's output.dir)")
     p.add_argument("--no-console", action="store_true", help="no live progress table")
     p.add_argument("--json", default=None, help="also write the metrics to this path")
+    p.add_argument("--detach", action="store_true", help="with --address: run on the cluster's head node and return")
+    p.add_argument("--source", default=None, help=argparse.SUPPRESS)  # a detached run's config, as submitted
     return p
 
 
@@ -54,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     from rlix.exec.front.console import ProgressView
     from rlix.exec.front.shared import joins_shared
 
+    source = args.source or api.config_source(args.config)
+    if args.detach:
+        return detached(cfg, args, source)
     interrupts = Interrupts()
     try:
         with interrupts, ProgressView(enabled=cfg.output.console and not args.no_console) as view:
             view.note = ctrl_c_note(shared=joins_shared(args.address, cfg) is not None)
-            source = api.config_source(args.config)
             outputs = api.run(
                 cfg, address=args.address, out_dir=args.out, on_progress=view, stop=interrupts.requested, source=source
             )
@@ -73,6 +77,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlix-run: stopped by Ctrl-C; the outputs above cover the {outputs.wall_s:.0f} s run (partial)", file=sys.stderr)
         return 130
     return exit_status(outputs.results)
+
+
+def detached(cfg, args, source: str) -> int:
+    """``--detach``: the run goes to the shared scheduler's head node; returns once its jobs are submitted."""
+    from rlix.exec.front import api
+    from rlix.exec.front.detach import submit
+    from rlix.exec.front.shared import joins_shared
+
+    address = joins_shared(args.address, cfg)
+    if address is None:
+        print("rlix-run: --detach runs on a Ray cluster's head node: give --address (or RAY_ADDRESS)", file=sys.stderr)
+        return 2
+    extra = ["--policy", args.policy] if args.policy else []
+    try:
+        return submit(cfg, address=address, out=args.out, source=source, extra=extra)
+    except api.ClusterError as exc:
+        print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
+        return 2
 
 
 def ctrl_c_note(*, shared: bool) -> str:

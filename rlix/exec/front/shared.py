@@ -24,15 +24,16 @@ from rlix.exec.front.joblines import default_steps
 from rlix.exec.service import connect
 from rlix.protocol import JobClaim, NameTaken, Stopped, VersionMismatch
 
+TAG_ENV = "RLIX_RUN_TAG"  # a detached submission's tag (the end of its submitter's name): how it finds its jobs
 RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several times longer)
 
 
 class Submission:
     """One ``rlix-run``'s claim on the shared scheduler: its jobs' names, renewed while it runs."""
 
-    def __init__(self, config: RunConfig, source: str = "") -> None:
+    def __init__(self, config: RunConfig, source: str = "", log: str = "") -> None:
         """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it.
-        ``source``: the config's file (for ``rlix history``)."""
+        ``source``: the config's file (for ``rlix history``); ``log``: the run's log, ``host:path`` (for ``rlix logs``)."""
         given = "cluster" in config.model_fields_set
         service = transport.find()
         if service is None:  # the first submission starts the service, once its jobs are known to fit
@@ -57,9 +58,12 @@ class Submission:
         cluster = config.cluster.model_copy(update={"nodes": info.nodes, "gpus_per_node": info.gpus_per_node})
         self.config = config.model_copy(update={"cluster": cluster, "policy": info.policy})
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
-        self.submitter = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        tag = os.environ.get(TAG_ENV) or uuid.uuid4().hex[:6]  # a detached run's is its submitter's
+        self.submitter = f"{socket.gethostname()}:{os.getpid()}:{tag}"
         self.user = protocol.asker()
-        claims = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j), config=source) for j in config.jobs)
+        claims = tuple(
+            JobClaim(name=j.name, priority=j.priority, steps=default_steps(j), config=source, log=log) for j in config.jobs
+        )
         try:
             ids = service.call_sync(protocol.Claim(submitter=self.submitter, jobs=claims, user=self.user))
         except NameTaken as exc:
@@ -76,7 +80,7 @@ class Submission:
         self._renewer.start()
 
     @classmethod
-    def join(cls, config: RunConfig, address: str, where: str, source: str = "") -> Submission:
+    def join(cls, config: RunConfig, address: str, where: str, source: str = "", log: str = "") -> Submission:
         """Join the Ray cluster at ``address`` (named by ``where``) and submit there; Ray is left again on failure."""
         import ray
         from ray.exceptions import RayError
@@ -84,7 +88,7 @@ class Submission:
         given = "cluster" in config.model_fields_set
         transport.join(address, config.cluster.spec().num_gpus if given else 0, where)
         try:
-            return cls(config, source)
+            return cls(config, source, log)
         except VersionMismatch as exc:
             ray.shutdown()
             raise connect.ServiceError(f"{where} {address}: {exc}") from None

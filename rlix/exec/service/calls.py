@@ -16,6 +16,7 @@ import dataclasses
 
 from rlix.core import Rejoin, SchedulingError, Stage
 from rlix.exec.service.history import history_row
+from rlix.exec.service.logs import chunk_here
 from rlix.exec.service.roster import keep
 from rlix.exec.service.status import cluster_status
 from rlix.protocol import (
@@ -24,6 +25,7 @@ from rlix.protocol import (
     HistoryRow,
     JobClaim,
     JobNote,
+    LogChunk,
     PipelineGone,
     PipelineUnknown,
     ServiceInfo,
@@ -165,6 +167,13 @@ class ServiceCalls:
         if self.history is None:
             raise SchedulingError("this rlix scheduler keeps no history (a private run's scheduler)")
         return tuple(self.history.query(user=user, since=since))
+
+    async def read_log(self, job: str, offset: int = 0) -> LogChunk:
+        """A job's run log from ``offset``, where it lies on this node (``rlix logs`` from another host)."""
+        record = self.jobs.find(job)
+        if record is None:
+            raise SchedulingError(f"no job '{job}' on this cluster; see rlix status")
+        return chunk_here(record.log, offset, record.ended)
 
     def _write_history(self) -> None:
         """Write the jobs that ended and hold no GPU any more to the history (once each, with their final figures)."""

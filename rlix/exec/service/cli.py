@@ -5,6 +5,7 @@
     rlix scheduler stop [--address A] [--force]
     rlix status [JOB] [--address A] [--json] [--watch [S]]
     rlix history [--user U] [--since T] [--json] [--db PATH] [--address A]
+    rlix logs JOB [--follow] [--address A]
     rlix cancel JOB [--address A] [--force]
     rlix timeline [--address A] [--plot out.png]
 
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("job", nargs="?", default=None, help="one job's detail (its id, or its name)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.add_argument("--watch", type=seconds, nargs="?", const=2.0, default=None, metavar="S", help="refresh every S s")
+    logs = sub.add_parser("logs", help="a job's lines of its run's log")
+    logs.add_argument("job", help="its job id, or its name")
+    logs.add_argument("--follow", "-f", action="store_true", help="go on printing until the job ends")
     history = sub.add_parser("history", help="the jobs that ended (as sacct)")
     history.add_argument("--user", default="", help="only this user's jobs (a name, or user@host)")
     history.add_argument("--since", default="", help="ended since: 2026-11-27, '2026-11-27 14:00', or 30m, 6h, 2d ago")
@@ -74,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--force", action="store_true", help="cancel another user's job")
     timeline = sub.add_parser("timeline", help="the cluster's GPU-by-time chart since the service started")
     timeline.add_argument("--plot", default=None, help="write the chart here (PNG); default: print the segments as JSON")
-    for q in (start, stop, status, cancel, timeline, history):
+    for q in (start, stop, status, cancel, timeline, history, logs):
         q.add_argument("--address", default=None, help="the Ray cluster (default: RAY_ADDRESS, else auto)")
     return p
 
@@ -285,6 +289,41 @@ def _history(service, args) -> int:
     return 0
 
 
+def _logs(service, args) -> int:
+    """``rlix logs JOB``: the job's lines of its run's log, read here if it lies on this host, else by the
+    scheduler on its node; ``--follow`` goes on until the job has ended."""
+    import time
+
+    from rlix import protocol
+    from rlix.exec.service.logs import lines_of, local_path, read_chunk
+
+    status = service.call_sync(protocol.Status())
+    rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
+    if not rows:
+        raise UserError(f"no job '{args.job}' on this cluster; see rlix status")
+    row, offset = rows[0], 0
+    if not row.log:
+        raise UserError(f"job {row.id} keeps no run log (a pipeline of its own); see rlix status {row.id}")
+    here = local_path(row.log)
+    while True:
+        if here is not None:
+            text, offset = read_chunk(here, offset)
+            ended = row.state in ("finished", "failed", "cancelled")
+        else:
+            chunk = service.call_sync(protocol.ReadLog(job=row.id, offset=offset))
+            if not chunk.found:
+                host, _, path = row.log.partition(":")
+                raise UserError(f"job {row.id}'s log is on {host} at {path}; run rlix logs there, or read that file")
+            text, offset, ended = chunk.text, chunk.offset, chunk.ended
+        for line in lines_of(text, row.name):
+            print(line, flush=True)
+        if not args.follow or (ended and not text):
+            return 0
+        if not text:
+            time.sleep(1.0)
+            row = next((r for r in service.call_sync(protocol.Status()).jobs if r.id == row.id), row)
+
+
 def _since(text: str) -> float:
     """``--since`` as Unix seconds: a date, a date and time, or an age (30m, 6h, 2d); "" is the beginning."""
     import time
@@ -335,7 +374,7 @@ def _timeline(service, args) -> int:
     return 0
 
 
-READ_ONLY = ("status", "timeline", "history")  # commands that change nothing on the service
+READ_ONLY = ("status", "timeline", "history", "logs")  # commands that change nothing on the service
 
 COMMANDS = {
     ("scheduler", "start"): _start,
@@ -344,6 +383,7 @@ COMMANDS = {
     ("cancel", None): _cancel,
     ("timeline", None): _timeline,
     ("history", None): _history,
+    ("logs", None): _logs,
 }
 
 

@@ -66,6 +66,7 @@ class JobRecord:
     steps_total: int
     seq: int  # creation order: the tie-breaker between queued jobs
     config: str = ""  # the config it was submitted from
+    log: str = ""  # its run's log, host:path
     phase: Phase = Phase.SUBMITTED
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, when it was entered)
     note: JobNote | None = None
@@ -141,7 +142,7 @@ class JobLedger:
                 raise NameTaken(f"job '{name}' is already on this cluster ({held.id}, submitted by {held.user}); rename the job")
             if name in registered:
                 raise NameTaken(f"job '{name}' is already running on this cluster; rename the job")
-        ids = tuple(self._new(j.name, submitter, user, j.priority, j.steps, now, config=j.config).id for j in jobs)
+        ids = tuple(self._new(j.name, submitter, user, j.priority, j.steps, now, config=j.config, log=j.log).id for j in jobs)
         self.renewed[submitter] = now
         self._save()
         return ids
@@ -153,7 +154,7 @@ class JobLedger:
         it may have rejoined already) is recorded again, under the id it was given."""
         for job in jobs:
             if job.id and job.id not in self.records and self.active(job.name) is None:
-                self._new(job.name, submitter, user, job.priority, job.steps, now, job_id=job.id, config=job.config)
+                self._new(job.name, submitter, user, job.priority, job.steps, now, job_id=job.id, config=job.config, log=job.log)
         self.renewed[submitter] = now
 
     def renew(self, submitter: str, now: float) -> tuple[tuple[str, Stopped], ...]:
@@ -239,7 +240,16 @@ class JobLedger:
     # ------------------------------------------------------------ records kept across restarts
 
     def _new(
-        self, name: str, submitter: str, user: str, priority: int, steps: int, now: float, job_id: str = "", config: str = ""
+        self,
+        name: str,
+        submitter: str,
+        user: str,
+        priority: int,
+        steps: int,
+        now: float,
+        job_id: str = "",
+        config: str = "",
+        log: str = "",
     ) -> JobRecord:
         self.count += 1
         record = JobRecord(
@@ -252,6 +262,7 @@ class JobLedger:
             seq=self.count,
             phases=[(Phase.SUBMITTED.value, now)],
             config=config,
+            log=log,
         )
         self.records[record.id] = record
         return record

@@ -80,6 +80,7 @@ def job_row(record: JobRecord, service, held: dict, queue: list[str]) -> JobRow:
         queue_position=queue.index(record.name) + 1 if live and record.name in queue else None,
         error=record.error,
         reason=waits_for(record, service, held),
+        log=record.log,
     )
 
 

@@ -46,7 +46,7 @@ class DetachedRun:
         address = ray.get_runtime_context().gcs_address
         cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(config), "--address", address, "--no-console", *args]
         self.console = open(self.out / "rlix-run.out", "w")
-        env = {**os.environ, TAG_ENV: tag}
+        env = {**driver_env(os.environ), TAG_ENV: tag}
         here = cwd if Path(cwd).is_dir() else self.out
         self.proc = subprocess.Popen(cmd, stdout=self.console, stderr=subprocess.STDOUT, env=env, cwd=here)
         threading.Thread(target=self._end_with_run, daemon=True).start()
@@ -63,6 +63,14 @@ class DetachedRun:
         self.proc.wait()
         time.sleep(30)  # its submitter may still ask how it ended
         os._exit(0)
+
+
+def driver_env(worker: dict[str, str]) -> dict[str, str]:
+    """A Ray worker's environment made a driver's: without what Ray sets for its worker processes (a driver's
+    GPUs hidden, its job and raylet), keeping how to reach the cluster (its token)."""
+    return {
+        k: v for k, v in worker.items() if k != "CUDA_VISIBLE_DEVICES" and (not k.startswith("RAY_") or k.startswith("RAY_AUTH"))
+    }
 
 
 def submit(config: RunConfig, *, address: str, out: str | None, source: str, extra: list[str]) -> int:

@@ -47,27 +47,29 @@ class _NullCoordinator:
 
 
 def bench_scheduler(n: int) -> dict:
+    from rlix import protocol
     from rlix.core import ClusterSpec, PipelineSpec, ReportDemand, Role, RoleSpec, SchedulerConfig, Stage
     from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.transport import RayTransport
 
     cluster = ClusterSpec(nodes=1, gpus_per_node=4)
-    sched = SchedulerActor.remote(cluster, "rlix", SchedulerConfig(), time.time(), 0.5)
-    ray.get(sched.start.remote())
+    sched = RayTransport(SchedulerActor.remote(cluster, "rlix", SchedulerConfig(), time.time(), 0.5))
+    sched.call_sync(protocol.Start())
     spec = PipelineSpec(
         pipeline_id="p",
         roles=(RoleSpec(role=Role.ACTOR_TRAIN, gpus=(0,)), RoleSpec(role=Role.ACTOR_INFER, gpus=(0, 1, 2, 3))),
     )
-    ray.get(sched.register.remote(spec, _NullCoordinator.remote()))
+    sched.call_sync(protocol.Register(spec=spec, endpoint=_NullCoordinator.remote()))
     rt, rep = [], []
     for _ in range(n):
         t = time.perf_counter()
-        ray.get(sched.request.remote("p", Stage.ACTOR_TRAIN))
-        ray.get(sched.release.remote("p", Stage.ACTOR_TRAIN))
+        sched.call_sync(protocol.RequestGang(pipeline_id="p", stage=Stage.ACTOR_TRAIN))
+        sched.call_sync(protocol.ReleaseGang(pipeline_id="p", stage=Stage.ACTOR_TRAIN))
         rt.append(time.perf_counter() - t)
         t = time.perf_counter()
-        ray.get(sched.report.remote(ReportDemand(pipeline_id="p", pending=0)))
+        sched.call_sync(protocol.Report(demand=ReportDemand(pipeline_id="p", pending=0)))
         rep.append(time.perf_counter() - t)
-    ray.kill(sched)
+    ray.kill(sched.actor)
     return {
         "request_release_ms_mean": 1e3 * statistics.fmean(rt),
         "request_release_ms_p50": 1e3 * statistics.median(rt),

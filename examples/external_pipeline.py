@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -39,12 +38,14 @@ from dataclasses import dataclass
 import ray
 import torch
 
+from rlix import protocol
 from rlix.client import Client, SchedulerGone, connect
 from rlix.config import parse_gpus
 from rlix.core import ClusterSpec, PipelineSpec, ReportDemand, Role, RoleSpec, SchedulingError, Stage, WorkerLoad
 from rlix.core.topology import validate_pipeline
 from rlix.core.types import Gpus
-from rlix.exec.messages import JobNote, NameTaken
+from rlix.protocol import JobNote, NameTaken
+from rlix.transport import ClusterError
 
 ARMS = 8
 REPORT_S = 0.25  # seconds between demand reports while a batch is played
@@ -327,7 +328,7 @@ class BanditPipeline:
         self.calls[f"shrink ({reason})"] += 1
         await self.rollouts.shrink(tuple(gpus))
 
-    async def stop(self) -> None:
+    async def stop(self, why=None) -> None:  # why: who cancelled it (a rlix.protocol.Stopped)
         self.stop_now()
 
     def stop_now(self) -> None:
@@ -370,13 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         return refuse(f"--gpus {args.gpus}: {exc}")
     try:
-        if args.address is not None:  # fail fast where nothing listens (joining Ray would wait minutes)
-            host, _, port = args.address.removeprefix("ray://").rpartition(":")
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        sched = connect(args.address)
-    except (OSError, ValueError, SchedulerGone) as exc:
-        return refuse(f"--address {args.address}: {exc}")
-    info = ray.get(sched.info.remote())
+        sched = connect(args.address, where="--address")  # fails fast, in one line, where nothing listens
+    except (ClusterError, SchedulerGone) as exc:
+        return refuse(str(exc))
+    info = sched.call_sync(protocol.Info())
     cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
     spec = pipeline_spec(args.name, home, cluster, args.priority, args.batch)
     try:

@@ -4,7 +4,8 @@ rlix's own job coordinator is built on it, and so can a pipeline written
 outside rlix (its own loop, its own rollout engine). The protocol:
 
 1. ``sched = connect()`` finds the cluster's scheduler service (a named Ray
-   actor; ``rlix scheduler start`` or the first ``rlix-run --address`` starts it).
+   actor; ``rlix scheduler start`` or the first ``rlix-run --address`` starts it)
+   and returns the transport to it (:class:`rlix.transport.RayTransport`).
 2. ``client = Client(sched, "my-job", workers=...)``; ``await client.register(spec, endpoint)``
    registers the pipeline's GPU topology (a :class:`rlix.core.PipelineSpec`;
    its ``open_limit``, the most trajectories the pipeline can have open at once,
@@ -12,10 +13,12 @@ outside rlix (its own loop, its own rollout engine). The protocol:
    batches open one after another, bound the demand the scheduler weighs:
    0 and False leave them undeclared; ``batch_credit`` needs an accurate
    ``finished`` in the reports, or new batches are credited only at releases)
-   and the *endpoint*: a Ray actor of the pipeline that the scheduler calls
-   with three async methods, ``expand(gpus)`` (start a rollout worker on these
-   GPUs), ``shrink(gpus, reason)`` (stop the one there; return once its GPUs
-   are free) and ``stop()`` (the job was cancelled: end the run).
+   and the *endpoint* (:class:`rlix.protocol.Endpoint`): a Ray actor of the
+   pipeline that the scheduler calls with three async methods, ``expand(gpus)``
+   (start a rollout worker on these GPUs), ``shrink(gpus, reason)`` (stop the
+   one there; return once its GPUs are free) and ``stop()`` (the job was
+   cancelled: end the run). :class:`CallbackEndpoint` makes one of three
+   coroutines of the pipeline's own process, with no actor class to write.
 3. Gang stages: ``gpus = await client.request(Stage.ACTOR_TRAIN)`` waits until a
    plan grants the stage; ``await client.release(stage)`` gives it back.
    ``request(next, after=held)`` is a hand-over: ``held`` is released and
@@ -36,16 +39,27 @@ rejoins: it registers again with what it holds (the gang stages it was
 granted, its rollout workers from ``workers()``, its last demand), then
 retries the call. Until the scheduler is back, the pipeline keeps what it
 holds and waits. All calls are coroutines; run them in one event loop.
+
+Every call is a request of :mod:`rlix.protocol`, stamped with its version;
+:class:`Service` makes the submitter's and operator's calls (blocking), as
+the ``rlix`` tool and ``rlix-run`` do. Importing this module loads no part of
+rlix's executor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 
-from rlix.core import ReportDemand, Role, Stage, WorkerLost
+from rlix import protocol
+from rlix.core import Rejoin, ReportDemand, Role, SchedulingError, Stage, WorkerLost
 from rlix.core.types import Gpus, PipelineSpec
-from rlix.exec.service.connect import NAMESPACE, SERVICE_NAME, join
+from rlix.endpoint import CallbackEndpoint
+from rlix.protocol import PipelineGone, PipelineUnknown
+from rlix.transport import RayTransport, find, join
+
+__all__ = ["CallbackEndpoint", "Client", "SchedulerGone", "connect"]
 
 RESTART_WAIT_S = 120.0  # how long a client waits for a restarting scheduler before giving up
 KEEPALIVE_S = 1.0  # seconds between keep-alive calls: how soon a restart is noticed
@@ -55,23 +69,23 @@ class SchedulerGone(RuntimeError):
     """The scheduler did not come back (stopped, or restarting for longer than ``RESTART_WAIT_S``)."""
 
 
-def connect(address: str | None = None):
-    """The cluster's scheduler service (a Ray actor handle); joins Ray at ``address`` (default:
-    ``RAY_ADDRESS``, else ``auto``) first if not joined.
+def connect(address: str | None = None, *, where: str = "address") -> RayTransport:
+    """The transport to the cluster's scheduler service; joins Ray at ``address`` (default:
+    ``RAY_ADDRESS``, else ``auto``) first if not joined. ``where``: what the errors call the address.
 
-    Raises :class:`rlix.exec.control.actor_placement.ClusterError` (one line) if no Ray cluster
-    answers there, and :class:`SchedulerGone` if no scheduler service runs on it.
+    Raises :class:`rlix.transport.ClusterError` (one line) if no Ray cluster answers
+    there, and :class:`SchedulerGone` if no scheduler service runs on it.
     """
     import os
 
     import ray
 
     if not ray.is_initialized():
-        join(address or os.environ.get("RAY_ADDRESS") or "auto", 0, "address", quiet=True)
-    try:
-        return ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
-    except ValueError:
-        raise SchedulerGone("no rlix scheduler runs on this Ray cluster; start one with 'rlix scheduler start'") from None
+        join(address or os.environ.get("RAY_ADDRESS") or "auto", 0, where, quiet=True)
+    service = find()
+    if service is None:
+        raise SchedulerGone("no rlix scheduler runs on this Ray cluster; start one with 'rlix scheduler start'")
+    return service
 
 
 class Client:
@@ -88,7 +102,7 @@ class Client:
 
     def __init__(
         self,
-        scheduler,
+        scheduler: RayTransport,
         pipeline_id: str,
         *,
         workers: Callable[[], tuple[Gpus, ...]] = tuple,
@@ -109,6 +123,7 @@ class Client:
         self.admitted = False  # it was granted GPUs once (its home stays taken under a partitioning policy)
         self._spec: PipelineSpec | None = None
         self._endpoint = None
+        self._callbacks: CallbackEndpoint | None = None  # a ready-made endpoint the client started
         self._demand: ReportDemand | None = None
         self._note = None  # the latest progress note (sent again after a rejoin)
         self._life = ""  # the id of the scheduler's life this pipeline last (re)joined
@@ -118,26 +133,30 @@ class Client:
     # ------------------------------------------------------------ the protocol
 
     async def register(self, spec: PipelineSpec, endpoint) -> None:
-        """Register the pipeline's topology and its endpoint actor; starts the keep-alive."""
+        """Register the pipeline's topology and its endpoint (an actor, or a :class:`CallbackEndpoint`,
+        started here and closed at :meth:`unregister`); starts the keep-alive."""
+        if isinstance(endpoint, CallbackEndpoint):
+            self._callbacks, endpoint = endpoint, await endpoint.start()
         self._spec, self._endpoint = spec, endpoint
         self._rejoining = asyncio.Lock()
-        self._life = (await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)).life
-        await self._call("register", spec, endpoint, self.submitter, again=None)
+        self._life = (await self.sched.call(protocol.Info(), self.timeout_s)).life
+        hello = protocol.Register(spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker())
+        await self._call(hello, again=None)
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     async def rollout_bundles(self) -> tuple[Gpus, ...]:
         """The bundles the policy may ever give this pipeline's rollout workers (to start them early)."""
-        return await self._call("rollout_bundles", self.pipeline_id)
+        return await self._call(protocol.RolloutBundles(pipeline_id=self.pipeline_id))
 
     async def request(self, stage: Stage, role: Role | None = None, *, after: Stage | None = None):
         """Ask for ``stage``'s gang on ``role``'s GPUs (None: the stage's default role, or the model
-        load's GPUs for INIT); returns the :class:`rlix.exec.messages.GrantReply` once granted.
+        load's GPUs for INIT); returns the :class:`rlix.protocol.GrantReply` once granted.
         ``after``: a held stage released in the same plan (a hand-over)."""
         if after is not None:
             self.held.pop(after)
+        ask = protocol.RequestGang(pipeline_id=self.pipeline_id, stage=stage, role=role, after=after)
         # After a rejoin the new scheduler never knew ``after`` (it is no longer held): a plain request.
-        again = ("request", (self.pipeline_id, stage, role, None))
-        reply = await self._call("request", self.pipeline_id, stage, role, after, wait=True, again=again)
+        reply = await self._call(ask, wait=True, again=dataclasses.replace(ask, after=None))
         self.held[stage] = reply.gpus
         self.admitted = True
         return reply
@@ -148,47 +167,46 @@ class Client:
         if report is not None:
             self._demand = report
         # After a rejoin the stage is already free (the pipeline rejoined without it); only the demand is news.
-        again = ("report", (report,)) if report is not None else None
-        await self._call("release", self.pipeline_id, stage, report, again=again)
+        again = protocol.Report(demand=report) if report is not None else None
+        await self._call(protocol.ReleaseGang(pipeline_id=self.pipeline_id, stage=stage, demand=report), again=again)
 
     async def report(self, report: ReportDemand) -> None:
         self._demand = report
-        await self._call("report", report)
+        await self._call(protocol.Report(demand=report))
 
     async def lost(self, first_gpu: int, failed: bool = True) -> None:
         """A rollout worker of the pipeline is gone without a plan's shrink: its GPUs are free. ``failed``:
         it died or did not wake (no worker of the pipeline goes there for ``lost_cooldown_s``)."""
-        await self._call("lost", WorkerLost(pipeline_id=self.pipeline_id, first_gpu=first_gpu, failed=failed))
+        await self._call(protocol.Lost(event=WorkerLost(pipeline_id=self.pipeline_id, first_gpu=first_gpu, failed=failed)))
 
-    async def note(self, note) -> None:
-        """Progress for ``rlix status`` (a :class:`rlix.exec.messages.JobNote`)."""
+    async def note(self, note: protocol.JobNote) -> None:
+        """Progress for ``rlix status``."""
         self._note = note
-        await self._call("note", note)
+        await self._call(protocol.Note(note=note))
 
     async def unregister(self, status: str = "finished", error: str = "") -> None:
         """Leave: every GPU the pipeline holds goes back (its rollout workers are shrunk first)."""
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.held.clear()
-        await asyncio.wait_for(self.sched.unregister.remote(self.pipeline_id, status, error), self.timeout_s)
+        await self.sched.call(protocol.Unregister(pipeline_id=self.pipeline_id, status=status, error=error), self.timeout_s)
+        if self._callbacks is not None:  # its workers are shrunk: nothing calls the endpoint any more
+            await self._callbacks.close()
 
     # ------------------------------------------------------------ restarts
 
-    async def _call(self, method: str, *args, wait: bool = False, again: tuple | None | bool = True):
-        """Call the scheduler; if it restarted meanwhile, rejoin and call again.
+    async def _call(self, request: protocol.PipelineCall, *, wait: bool = False, again=True):
+        """Send ``request``; if the scheduler restarted meanwhile, rejoin and send again.
 
-        ``again``: what to call after a rejoin: True the same, None nothing,
-        or ``(method, args)`` (the pipeline's state already moved on).
+        ``again``: what to send after a rejoin: True the same, None nothing,
+        or another request (the pipeline's state already moved on).
         """
         from ray.exceptions import RayActorError
 
-        from rlix.exec.messages import PipelineUnknown
-
         while True:
             life = self._life  # the scheduler's life the call is sent to
-            ref = getattr(self.sched, method).remote(*args)
             try:
-                return await (ref if wait else asyncio.wait_for(ref, self.timeout_s))
+                return await self.sched.call(request, None if wait else self.timeout_s)
             except PipelineUnknown:
                 if self._spec is None:  # never registered: nothing to rejoin with
                     raise
@@ -200,7 +218,7 @@ class Client:
             if again is None:
                 return None
             if again is not True:
-                (method, args), again = again, True
+                request, again = again, True
 
     async def _restarted(self, life: str) -> bool:
         """Wait for the scheduler's actor to answer again; whether it has restarted since its life
@@ -211,7 +229,7 @@ class Client:
         give_up = loop.time() + RESTART_WAIT_S
         while True:
             try:
-                info = await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)
+                info = await self.sched.call(protocol.Info(), self.timeout_s)
                 return info.life != life
             except (RayActorError, asyncio.TimeoutError):
                 if loop.time() > give_up:
@@ -220,11 +238,8 @@ class Client:
 
     async def _rejoin(self) -> None:
         """Register again with what the pipeline holds (once, however many calls noticed the restart)."""
-        from rlix.core import Rejoin, SchedulingError
-        from rlix.exec.messages import PipelineGone
-
         async with self._rejoining:
-            if await self.sched.knows.remote(self.pipeline_id):
+            if await self.sched.call(protocol.Knows(pipeline_id=self.pipeline_id), self.timeout_s):
                 return  # another call rejoined meanwhile
             event = Rejoin(
                 spec=self._spec,
@@ -234,22 +249,21 @@ class Client:
                 admitted=self.admitted,
             )
             try:
-                await asyncio.wait_for(self.sched.rejoin.remote(event, self._endpoint), self.timeout_s)
+                back = protocol.RejoinPipeline(event=event, endpoint=self._endpoint, user=protocol.asker())
+                await self.sched.call(back, self.timeout_s)
             except (SchedulingError, PipelineGone) as exc:  # its holdings clash with the new ledger: it must stop
                 raise PipelineGone(f"the restarted rlix scheduler refused pipeline '{self.pipeline_id}': {exc}") from None
-            self._life = (await asyncio.wait_for(self.sched.info.remote(), self.timeout_s)).life
+            self._life = (await self.sched.call(protocol.Info(), self.timeout_s)).life
             self.rejoins += 1
             if self._note is not None:  # the restarted scheduler lost what the pipeline said of its progress
-                await asyncio.wait_for(self.sched.note.remote(self._note), self.timeout_s)
+                await self.sched.call(protocol.Note(note=self._note), self.timeout_s)
 
     async def _keep_alive(self) -> None:
         """Ask every ``keepalive_s`` whether the scheduler still knows the pipeline (rejoins if not)."""
-        from rlix.exec.messages import PipelineGone
-
         while True:
             await asyncio.sleep(self.keepalive_s)
             try:
-                await self._call("alive", self.pipeline_id)
+                await self._call(protocol.Alive(pipeline_id=self.pipeline_id))
             except (PipelineGone, SchedulerGone) as exc:
                 if self.on_gone is not None:
                     self.on_gone(exc)

@@ -30,6 +30,13 @@ from dataclasses import asdict, dataclass, field
 from rlix.lending import HomeBook
 
 
+def utilization(busy_gpu_s: float, num_gpus: int, seconds: float) -> float:
+    """The scheduler service's utilization: GPU-seconds some job held (any activity) over GPUs x seconds.
+    ``rlix status``, ``rlix timeline`` and the ``rlix_utilization`` metric all read this one figure (a run's
+    ``gpu_utilization`` is narrower: the ``work`` bucket only)."""
+    return busy_gpu_s / (num_gpus * seconds) if seconds > 0 else 0.0
+
+
 class Activity(enum.Enum):
     FREE = "free"
     WORK = "work"

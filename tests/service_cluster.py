@@ -80,9 +80,10 @@ class ServiceCluster:
     def stop(self) -> None:
         subprocess.run([self.ray, "stop", "--force"], capture_output=True, env=self.env, timeout=120)
 
-    def rlix(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def rlix(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "rlix.exec.service.cli", *args, "--address", self.address]
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=ROOT)
+        env = {**self.env, **(env or {})}
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
     def submit(self, config: Path, *extra: str, via_env: bool = False) -> subprocess.Popen:
         """``rlix-run CONFIG --address A`` in the background (its output in CONFIG.out / .err).
@@ -155,3 +156,52 @@ def overlaps(intervals: dict[int, list[tuple[float, float, str]]], slack_s: floa
                 if j1 != j2 and min(e1, e2) - s2 > slack_s:
                     found.append((gpu, (j1, s1, e1), (j2, s2, e2)))
     return found
+
+
+class Prometheus:
+    """A real Prometheus server (Debian's ``prometheus``) scraping the rlix scheduler's ``/metrics`` every second."""
+
+    def __init__(self, tmp: Path, target_port: int) -> None:
+        self.binary = shutil.which("prometheus")
+        self.port = free_port()
+        self.tmp = tmp
+        config = tmp / "prometheus.yml"
+        target = {"targets": [f"127.0.0.1:{target_port}"]}
+        # honor_labels: the series' own job label (a job id) is kept, not renamed beside the scrape job's
+        scrape = {"job_name": "rlix", "scrape_interval": "1s", "honor_labels": True, "static_configs": [target]}
+        config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [scrape]}))
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        cmd = [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.tmp / 'tsdb'}"]
+        cmd += [f"--web.listen-address=127.0.0.1:{self.port}"]
+        self.log = open(self.tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:  # ready once it answers queries and has scraped its target once
+            try:
+                if self.query("up") and self.query("up")[0]["value"][1] == "1":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"prometheus did not scrape rlix within 60 s: {(self.tmp / 'prometheus.log').read_text()[-2000:]}")
+
+    def query(self, expr: str) -> list[dict]:
+        """An instant PromQL query's result (the HTTP API's ``data.result``)."""
+        import urllib.parse
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return json.loads(reply.read())["data"]["result"]
+
+    def by_job(self, expr: str) -> dict[str, float]:
+        """An instant query's values by their job label (a job id)."""
+        return {r["metric"]["job"]: float(r["value"][1]) for r in self.query(expr)}
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)

@@ -352,3 +352,22 @@ def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
     capsys.readouterr()
     assert exit_status({"copy": ok, "x": crashed, "arith": bad}) == 2
     assert capsys.readouterr().err == "rlix-run: job arith: RewardError: reward function f.py:g raised KeyError: 'a'\n"
+
+
+def test_exit_status_says_a_cancel_and_a_stopped_scheduler_apart_and_names_who_asked(capsys):
+    from rlix.exec.front.cli import exit_status
+    from rlix.exec.job.records import JobStatus
+    from rlix.exec.messages import JobResult
+    from rlix.protocol import Stopped
+
+    ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)
+    by_hand = Stopped(by="ann@head")
+    cancelled = JobResult(pipeline_id="x", status=JobStatus.CANCELLED, error=by_hand.line(), stopped=by_hand)
+    halted = Stopped(by="bob@head", scheduler_stopped=True)
+    stopped = JobResult(pipeline_id="y", status=JobStatus.CANCELLED, error=halted.line(), stopped=halted)
+    crashed = JobResult(pipeline_id="z", status=JobStatus.FAILED, error="ActorDiedError")
+    assert exit_status({"copy": ok, "x": cancelled}) == 3
+    assert capsys.readouterr().err == "rlix-run: job x: cancelled by ann@head\n"
+    assert exit_status({"copy": ok, "x": cancelled, "y": stopped}) == 4
+    assert capsys.readouterr().err.splitlines()[-1] == "rlix-run: job y: the rlix scheduler was stopped by bob@head"
+    assert exit_status({"x": cancelled, "y": stopped, "z": crashed}) == 1  # a failure says the most

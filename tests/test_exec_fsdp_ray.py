@@ -45,9 +45,9 @@ def _gang_run(gpus, model_dir):
 
     from rlix.core import ClusterSpec
     from rlix.exec.actors import TrainerJob
-    from rlix.exec.messages import GpuMap
     from rlix.exec.train.grpo import GrpoConfig
     from rlix.exec.train.trainer_gang import TrainerGang
+    from rlix.protocol import GpuMap
 
     job = TrainerJob(model_path=str(model_dir), cfg=GrpoConfig(kl_coef=0.1, minibatches=3, seed=2), dtype="float64")
     gang = TrainerGang.start(ClusterSpec(nodes=1, gpus_per_node=2), gpus, GpuMap(), "test/trainer", job)

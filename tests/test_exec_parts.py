@@ -218,25 +218,23 @@ class _Remote:
 
 
 class _Scheduler:
+    """The transport to the scheduler (the process boundary): notes each request, grants at once."""
+
     def __init__(self, gpus, queued_s: float) -> None:
-        from rlix.exec.messages import GrantReply
-
         self.calls: list[tuple] = []
+        self.gpus, self.queued_s = gpus, queued_s
 
-        def done(value=None):  # like a Ray object ref: the call is made (and noted) when .remote() is
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result(value)
-            return fut
+    async def call(self, request, timeout_s=None):
+        from rlix import protocol
 
-        def request(pid, stage, role, after=None):
-            self.calls.append(("request", stage, role) + ((("after", after),) if after is not None else ()))
-            return done(GrantReply(gpus=gpus, queued_s=queued_s))
-
-        def release(pid, stage, report=None):
-            self.calls.append(("release", stage) + ((("report", report.pending),) if report is not None else ()))
-            return done()
-
-        self.request, self.release = _Remote(request), _Remote(release)
+        if isinstance(request, protocol.RequestGang):
+            after = (("after", request.after),) if request.after is not None else ()
+            self.calls.append(("request", request.stage, request.role) + after)
+            return protocol.GrantReply(gpus=self.gpus, queued_s=self.queued_s)
+        assert isinstance(request, protocol.ReleaseGang)
+        report = (("report", request.demand.pending),) if request.demand is not None else ()
+        self.calls.append(("release", request.stage) + report)
+        return None
 
 
 class _Trainer:

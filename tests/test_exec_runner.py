@@ -42,6 +42,20 @@ class _Handle:
         return _Remote(getattr(self.obj, name))
 
 
+class _Transport:
+    """The transport to a scheduler actor in this process (the process boundary): a request is
+    handled by the actor's one call, stamped with this protocol version."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    async def call(self, request, timeout_s=None):
+        from rlix.protocol import PROTOCOL_VERSION
+
+        reply = self.actor.handle(request, PROTOCOL_VERSION)
+        return await (reply if timeout_s is None else asyncio.wait_for(reply, timeout_s))
+
+
 class _Trainer:
     """The trainer gang: notes its calls; a snapshot is the name of the weights after ``trained`` updates."""
 
@@ -154,7 +168,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
     now = lambda: time.time() - t0  # noqa: E731
     job = spec("p", (0,), (0, 1), slots=2)
     rec, pool, queue = Recorder("p"), WorkerPool(2), RolloutQueue(max_tries=2)
-    link = SchedulerLink(pipeline_id="p", sched=_Handle(actor), recorder=rec, limits=LimitsConfig(), now=now)
+    link = SchedulerLink(pipeline_id="p", sched=_Transport(actor), recorder=rec, limits=LimitsConfig(), now=now)
     released, release = [], link.release
 
     async def noting_release(stage, report=None):  # what each release carried to the scheduler

@@ -15,8 +15,8 @@ from rlix.exec.actors import CONTROL_THREADS, RolloutWorkerActor
 from rlix.exec.front.config import load_config
 from rlix.exec.job.coordinator import PipelineCoordinator, end_processes, worker_options
 from rlix.exec.job.records import JobStatus
-from rlix.exec.messages import GpuMap
 from rlix.exec.rollout.hooks import Processes
+from rlix.protocol import GpuMap
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

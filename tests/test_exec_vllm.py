@@ -345,8 +345,8 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     from rlix.core import ClusterSpec
     from rlix.exec.actors import RolloutWorkerActor
     from rlix.exec.control.actor_placement import actor_options
-    from rlix.exec.messages import GpuMap
     from rlix.exec.rollout.torch_backend import Emulation
+    from rlix.protocol import GpuMap
 
     single = fresh(engines(), model_dir)
     want = [single.generate(_req(p, traj_id=i, n=16, seed=5)) for i, p in enumerate(PROMPTS)]

@@ -1,90 +1,117 @@
-"""The scheduler service's parts without Ray: the job book, GPU accounting, status, the metrics' samples."""
+"""The scheduler service's parts without Ray: the job records, GPU accounting, status, metrics and history."""
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
 
-from rlix.exec.messages import ClusterStatus, JobClaim, JobRow, NameTaken
-from rlix.exec.service.book import JobBook
-from rlix.exec.service.prom import samples
+from rlix.exec.service.jobs import ENDED, MOVES, IllegalMove, JobLedger, Phase
+from rlix.exec.service.prom import Metrics, samples
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
+from rlix.protocol import ClusterStatus, JobClaim, JobNote, JobRow, NameTaken, Stopped
 
 ROOT = Path(__file__).resolve().parent.parent
 W = Activity.WORK
 
 
-def c(name: str, priority: int, steps: int) -> JobClaim:
-    return JobClaim(name=name, priority=priority, steps=steps)
+def c(name: str, priority: int, steps: int, job_id: str = "") -> JobClaim:
+    return JobClaim(name=name, priority=priority, steps=steps, id=job_id)
 
 
-def test_names_are_unique_on_the_cluster_until_their_job_ends():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5), c("b", 1, 3)), set(), 0.0)
-    with pytest.raises(NameTaken, match="job 'a' is already on this cluster .submitted by s1"):
-        book.claim("s2", (c("c", 0, 1), c("a", 0, 1)), set(), 1.0)
-    assert "c" not in book.claims  # nothing of a refused claim is kept
+def phases(ledger: JobLedger) -> dict[str, str]:
+    return {r.id: r.phase.value for r in ledger.records.values()}
+
+
+def test_every_submission_gets_its_own_id_and_names_are_unique_until_their_job_ends():
+    jobs = JobLedger(lease_s=10)
+    assert jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 1, 3)), set(), 0.0) == ("a#1", "b#2")
+    with pytest.raises(NameTaken, match=r"job 'a' is already on this cluster \(a#1, submitted by ann@h\)"):
+        jobs.claim("s2", "bob@h", (c("c", 0, 1), c("a", 0, 1)), set(), 1.0)
+    assert phases(jobs) == {"a#1": "submitted", "b#2": "submitted"}  # nothing of a refused claim is kept
     with pytest.raises(NameTaken, match="already running"):  # an external pipeline's name, never claimed
-        book.claim("s2", (c("ext", 0, 1),), {"ext"}, 1.0)
-    book.end("a", "finished")
-    book.claim("s2", (c("a", 0, 7),), set(), 2.0)  # a name whose job ended may run again
-    assert book.claims["a"].submitter == "s2" and "a" not in book.ended and book.open_jobs() == ["b", "a"]
+        jobs.claim("s2", "bob@h", (c("ext", 0, 1),), {"ext"}, 1.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)
+    jobs.end("a", "finished", "", 2.0)
+    assert jobs.claim("s2", "bob@h", (c("a", 0, 7),), set(), 3.0) == ("a#3",)  # the name runs again, a new job
+    assert phases(jobs) == {"a#1": "finished", "b#2": "submitted", "a#3": "submitted"}
+    assert jobs.open_jobs() == ["b", "a"] and jobs.find("a").id == "a#3" and jobs.find("a#1").user == "ann@h"
+    assert jobs.id_of("a") == "a#3"
 
 
-def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_names():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5),), set(), 0.0)
-    book.end("a", "finished")
-    book.renew_claims("s1", (c("a", 0, 5),), 1.0)
-    assert book.ended["a"] == ("finished", "")  # a renewal does not make an ended job look new
-    fresh = JobBook(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
+def test_a_job_moves_only_as_its_phase_table_allows():
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("a", 0, 5),), set(), 0.0)
+    record = jobs.find("a")
+    with pytest.raises(IllegalMove, match="submitted -> running"):
+        record.move(Phase.RUNNING, 1.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)
+    jobs.noted(JobNote(pipeline_id="a", loaded=True, steps_done=0, steps_total=5), 1.5)  # no GPUs yet: not running
+    assert record.phase is Phase.QUEUED
+    jobs.granted("a", 2.0)
+    jobs.noted(JobNote(pipeline_id="a", loaded=True, steps_done=1, steps_total=5), 3.0)
+    jobs.end("a", "finished", "", 4.0)
+    assert record.phases == [("submitted", 0.0), ("queued", 1.0), ("loading", 2.0), ("running", 3.0), ("finished", 4.0)]
+    for later in (Phase.RUNNING, Phase.FAILED, Phase.QUEUED):
+        with pytest.raises(IllegalMove):
+            record.move(later, 5.0)
+    assert all(not MOVES[p] for p in ENDED) and Phase.SUBMITTED not in set().union(*MOVES.values())
+
+
+def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_jobs_under_their_ids():
+    jobs = JobLedger(lease_s=10)
+    (a,) = jobs.claim("s1", "ann@h", (c("a", 0, 5),), set(), 0.0)
+    jobs.end("a", "finished", "", 0.5)
+    jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, a),), 1.0)
+    assert phases(jobs) == {a: "finished"}  # a renewal does not make an ended job look new
+    fresh = JobLedger(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
     with pytest.raises(NameTaken):
-        fresh.claim("s2", (c("a", 0, 5),), {"a"}, 0.0)
-    fresh.renew_claims("s1", (c("a", 0, 5),), 0.0)
-    assert fresh.claims["a"].submitter == "s1"
+        fresh.claim("s2", "bob@h", (c("a", 0, 5),), {"a"}, 0.0)
+    fresh.renew_claims("s1", "ann@h", (c("b", 0, 5, "b#7"),), 0.0)
+    assert fresh.find("b").id == "b#7" and fresh.find("b").submitter == "s1"
 
 
 def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
-    book.end("a", "finished")
-    book.claim("s2", (c("a", 0, 3),), set(), 1.0)  # a new job of the ended name
-    book.renew_claims("s1", (c("a", 0, 5), c("b", 0, 5)), 12.0)  # s1 still lists a: the renewal must hold anyway
-    book.renew_claims("s2", (c("a", 0, 3),), 12.0)
-    assert book.expired(20.0) == [] and book.claims["a"].submitter == "s2" and book.claims["b"].submitter == "s1"
+    jobs = JobLedger(lease_s=10)
+    a, b = jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
+    jobs.end("a", "finished", "", 0.5)
+    (a2,) = jobs.claim("s2", "bob@h", (c("a", 0, 3),), set(), 1.0)  # a new job of the ended name
+    jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, a), c("b", 0, 5, b)), 12.0)  # s1 still lists a: the renewal holds
+    jobs.renew_claims("s2", "bob@h", (c("a", 0, 3, a2),), 12.0)
+    assert jobs.expired(20.0) == [] and jobs.find("a").submitter == "s2" and jobs.find("b").submitter == "s1"
 
 
 def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5), c("c", 0, 5)), set(), 0.0)
-    with pytest.raises(NameTaken, match="submitted by s1"):
-        book.registering("a", "")  # an external pipeline
-    with pytest.raises(NameTaken, match="submitted by s1"):
-        book.registering("a", "s2")
-    book.registering("a", "s1")  # the submitter's own coordinator
-    book.cancel_asked.add("c")
-    book.end("c", "cancelled")
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("a", 0, 5), c("c", 0, 5)), set(), 0.0)
+    with pytest.raises(NameTaken, match="submitted by ann@h"):
+        jobs.registering("a", "", "bob@h", 0, 1.0)  # an external pipeline
+    with pytest.raises(NameTaken, match="submitted by ann@h"):
+        jobs.registering("a", "s2", "bob@h", 0, 1.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)  # the submitter's own coordinator
+    jobs.cancelled("c", Stopped(by="ann@h"), 1.0)
     with pytest.raises(NameTaken, match="cancelled before it started"):
-        book.registering("c", "s1")
-    book.end("a", "finished")
-    book.registering("a", "")  # once its job ended, the name may run again: nothing of the old run is kept
-    assert "a" not in book.claims and "a" not in book.ended
+        jobs.registering("c", "s1", "ann@h", 0, 2.0)
+    jobs.end("a", "finished", "", 2.0)
+    record = jobs.registering("a", "", "bob@h", 0, 3.0)  # once its job ended, the name may run again: a new job
+    assert record.id == "a#3" and record.phase is Phase.QUEUED and jobs.find("a#1").phase is Phase.FINISHED
 
 
 def test_leases_lapse_and_cancels_reach_their_submitter():
-    book = JobBook(lease_s=10)
-    book.claim("s1", (c("a", 0, 5),), set(), 0.0)
-    book.claim("s2", (c("b", 0, 5),), set(), 0.0)
-    book.cancel_asked.add("b")
-    assert book.renew("s1", 5.0) == () and book.renew("s2", 5.0) == ("b",)
-    book.renew("s1", 12.0)
-    assert book.expired(16.0) == ["s2"] and book.jobs_of("s2") == ["b"]
-    assert book.expired(16.0) == []
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("a", 0, 5),), set(), 0.0)
+    jobs.claim("s2", "bob@h", (c("b", 0, 5),), set(), 0.0)
+    jobs.cancelled("b", Stopped(by="ann@h"), 1.0)
+    assert jobs.renew("s1", 5.0) == () and jobs.renew("s2", 5.0) == (("b", Stopped(by="ann@h")),)
+    assert jobs.find("b").error == "cancelled by ann@h"
+    jobs.renew("s1", 12.0)
+    assert jobs.expired(16.0) == ["s2"] and jobs.jobs_of("s1") == ["a"]
+    assert jobs.expired(16.0) == []
 
 
 def test_gpu_seconds_used_borrowed_and_lent_add_up():
@@ -114,6 +141,7 @@ def test_overlapping_homes_share_what_they_lent():
 
 def row(name: str, gpus, state="running", tenant: str = "") -> JobRow:
     return JobRow(
+        id=f"{name}#1",
         name=name,
         tenant=tenant,
         submitter="s",
@@ -143,25 +171,37 @@ def status(*rows: JobRow) -> ClusterStatus:
     )
 
 
-def test_metric_samples_follow_the_snapshot_and_zero_what_is_gone():
+def test_the_metrics_page_is_prometheus_text_of_the_status_by_job_id():
     first = samples(status(row("a", [(0, "rollout"), (1, "rollout"), (2, "actor_train")]), row("b", [], "queued")))
     values = {(n, t): v for n, t, v in first}
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "rollout")))] == 2
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "actor_train")))] == 1
+    assert values[("rlix_gpus_held", (("job", "a#1"), ("stage", "rollout")))] == 2  # series by job id
+    assert values[("rlix_gpus_held", (("job", "a#1"), ("stage", "actor_train")))] == 1
     assert values[("rlix_idle_gpus", ())] == 1 and values[("rlix_gpus_total", ())] == 4
     assert values[("rlix_jobs", (("state", "running"),))] == 1 and values[("rlix_jobs", (("state", "queued"),))] == 1
-    assert values[("rlix_job_gpu_seconds", (("job", "a"), ("kind", "lent")))] == 1.0
-    second = samples(status(row("a", [(0, "rollout")])), {(n, t) for n, t, _ in first})
-    values = {(n, t): v for n, t, v in second}
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "actor_train")))] == 0  # a stage no longer held reads 0
-    assert values[("rlix_gpus_held", (("job", "a"), ("stage", "rollout")))] == 1 and values[("rlix_idle_gpus", ())] == 3
+    assert values[("rlix_job_gpu_seconds", (("job", "a#1"), ("kind", "lent")))] == 1.0
+    metrics = Metrics({"a#1": 3})
+    for seconds in (0.0001, 0.003, 7.0):
+        metrics.plan_latency.observe(seconds)
+    lines = metrics.text(status(row("a", [(0, "rollout")]))).splitlines()
+    assert lines[:3] == [
+        "# HELP rlix_gpus_held GPUs a job holds now, by stage",
+        "# TYPE rlix_gpus_held gauge",
+        'rlix_gpus_held{job="a#1",stage="rollout"} 1.0',
+    ]
+    assert 'rlix_preemptions_total{job="a#1"} 3.0' in lines and "# TYPE rlix_preemptions_total counter" in lines
+    buckets = [line for line in lines if line.startswith("rlix_plan_latency_seconds_bucket")]
+    assert buckets[0] == 'rlix_plan_latency_seconds_bucket{le="0.0005"} 1.0'  # cumulative, as Prometheus reads them
+    assert buckets[-1] == 'rlix_plan_latency_seconds_bucket{le="+Inf"} 3.0' and "rlix_plan_latency_seconds_count 3.0" in lines
+    assert sum(line.startswith("# TYPE rlix_plan_latency_seconds ") for line in lines) == 1
 
 
 def test_the_dashboard_reads_only_metrics_the_service_exports():
-    exported = {f"ray_{n}" for n, _, _ in samples(status(row("a", [(0, "rollout")])))}
-    exported |= {"ray_rlix_preemptions_total", "ray_rlix_plan_latency_seconds_bucket"}
+    metrics = Metrics({"a#1": 2})
+    metrics.plan_latency.observe(0.003)
+    page = metrics.text(status(row("a", [(0, "rollout")])))
+    exported = {line.split("{")[0].split()[0] for line in page.splitlines() if not line.startswith("#")}
     dash = json.loads((ROOT / "dashboards" / "rlix-grafana.json").read_text())
-    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\bray_rlix_\w+", t["expr"])}
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\brlix_\w+", t["expr"])}
     assert used and used <= exported, used - exported
     assert {p["title"] for p in dash["panels"]} >= {"GPUs held per job", "Plan latency", "Queue length"}
 
@@ -194,5 +234,119 @@ def test_the_status_table_shows_tenants_where_jobs_name_them():
 
     assert "TENANT" not in shown(row("a", [(0, "rollout")]))[1]
     lines = shown(row("a", [(0, "rollout")], tenant="research"), row("b", [(1, "rollout")]))
-    rows = [line.split() for line in lines if line.split() and line.split()[0] in ("JOB", "a", "b")]
-    assert [r[:3] for r in rows] == [["JOB", "TENANT", "STATE"], ["a", "research", "running"], ["b", "-", "running"]]
+    rows = [line.split() for line in lines if line.split() and line.split()[0] in ("ID", "a#1", "b#1")]
+    assert [r[:4] for r in rows] == [
+        ["ID", "NAME", "TENANT", "STATE"],
+        ["a#1", "a", "research", "running"],
+        ["b#1", "b", "-", "running"],
+    ]
+
+
+def test_the_history_keeps_each_ended_job_once_by_id_and_reads_back_as_sacct_would(tmp_path):
+    from rlix.exec.service.history import History, history_row
+
+    jobs, usage = JobLedger(lease_s=10), ClusterUsage(2)
+    first = jobs.claim("s1", "ann@h", (JobClaim(name="a", priority=0, steps=5, config="h:/a.yaml"),), set(), 0.0)
+    jobs.registering("a", "s1", "ann@h", 0, 1.0)
+    jobs.granted("a", 2.0)
+    usage.update(2.0, [("a#1", "init", W), None])
+    jobs.end("a", "failed", "ActorDiedError", 12.0)
+    usage.update(12.0, [None, None])
+    jobs.claim("s2", "bob@h", (c("a", 0, 3),), set(), 13.0)
+    jobs.end("a", "cancelled", "cancelled by ann@h", 20.0)
+    db = History(tmp_path / "rlix" / "history.sqlite")
+    for record in jobs.records.values():
+        db.write(history_row(record, usage, t0=1000.0))
+    db.write(history_row(jobs.find("a#1"), usage, t0=1000.0))  # written again: replaced, not doubled
+    again = History(tmp_path / "rlix" / "history.sqlite")  # another process (a restarted scheduler) reads the file
+    rows = again.query()
+    assert [(r.id, r.state, r.user) for r in rows] == [("a#1", "failed", "ann@h"), ("a#2", "cancelled", "bob@h")]
+    assert first == ("a#1",) and rows[0].config == "h:/a.yaml" and rows[0].reason == "ActorDiedError"
+    assert rows[0].gpu_s == pytest.approx(10.0) and rows[1].gpu_s == 0.0
+    assert rows[0].phases == (("submitted", 1000.0), ("queued", 1001.0), ("loading", 1002.0), ("failed", 1012.0))
+    assert [r.id for r in again.query(user="bob")] == ["a#2"] and again.query(user="ann@h")[0].id == "a#1"
+    assert [r.id for r in again.query(since=1015.0)] == ["a#2"]
+
+
+def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):
+    import subprocess
+    import sys
+
+    from rlix.exec.service.history import History, history_row
+
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("b", 0, 5),), set(), 0.0)
+    jobs.end("b", "cancelled", "cancelled by ann@h", 3.0)
+    path = tmp_path / "h.sqlite"
+    History(path).write(history_row(jobs.find("b"), ClusterUsage(1), t0=1e9))
+    cmd = [sys.executable, "-m", "rlix.exec.service.cli", "history", "--db", str(path)]
+    listed = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert [(r["id"], r["state"], r["reason"]) for r in listed] == [("b#1", "cancelled", "cancelled by ann@h")]
+    table = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "b#1" in table and "cancelled (cancelled by ann@h)" in table and "ELAPSED" in table
+    bad = subprocess.run([*cmd, "--since", "soon"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("rlix: --since soon:") and "Traceback" not in bad.stderr
+
+
+def test_a_restarted_ledger_keeps_ids_counting_leases_running_and_ends_jobs_that_did_not_come_back(monkeypatch):
+    store: dict = {}  # Ray's internal key-value store (the process boundary)
+    monkeypatch.setattr("rlix.exec.service.jobs.keep", lambda key, value: store.__setitem__(key, json.loads(json.dumps(value))))
+    monkeypatch.setattr("rlix.exec.service.jobs.kept", lambda key: store.get(key))
+    first = JobLedger(lease_s=10, persist=True, counted=7)  # its history holds ids up to #7
+    assert first.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0) == ("a#8", "b#9")
+    first.registering("a", "s1", "ann@h", 0, 1.0)
+    first.registering("b", "s1", "ann@h", 0, 1.0)
+    again = JobLedger(lease_s=10, persist=True, restarted=True, now=50.0)
+    assert phases(again) == {"a#8": "queued", "b#9": "queued"} and again.find("a").user == "ann@h"
+    again.rejoined("a", "ann@h", True, 51.0)  # a came back; b's pipeline did not
+    assert again.unjoined({"a"}, 80.0) == ["b"]
+    assert phases(again) == {"a#8": "loading", "b#9": "failed"}
+    assert again.find("b").error == "it did not rejoin the restarted scheduler"
+    assert again.expired(70.0) == ["s1"]  # its submitter never renewed after the restart: its lease lapsed
+    assert again.claim("s2", "bob@h", (c("b", 0, 1),), {"a"}, 81.0) == ("b#10",)  # ids go on counting
+    assert JobLedger(lease_s=10, persist=True, now=0.0).count == 10  # a new service on the cluster: still on
+
+
+def test_a_pipeline_goes_by_its_name_even_where_another_job_has_that_id():
+    jobs = JobLedger(lease_s=10)
+    jobs.claim("s1", "ann@h", (c("exp", 0, 5),), set(), 0.0)
+    jobs.registering("exp", "s1", "ann@h", 0, 1.0)
+    odd = jobs.registering("exp#1", "", "bob@h", 0, 2.0)  # an outside pipeline named like exp's id
+    assert jobs.id_of("exp#1") == odd.id == "exp#1#2" and jobs.id_of("exp") == "exp#1"
+    assert jobs.find("exp#1") is odd  # a name first
+
+
+@pytest.mark.exec
+def test_a_run_log_has_a_line_per_change_and_a_jobs_lines_are_read_whole(tmp_path):
+    from types import SimpleNamespace
+
+    from rlix.exec.front.api import _Pipeline
+    from rlix.exec.front.config import load_config
+    from rlix.exec.front.runlog import RunLog
+    from rlix.exec.job.records import JobStatus
+    from rlix.exec.messages import JobResult
+    from rlix.exec.service.logs import NAME, chunk_here, lines_of, read_chunk
+
+    cfg = load_config(ROOT / "examples" / "cpu_two_jobs.yaml")
+    pipes = {j.name: _Pipeline(pipeline_id=j.name, job=j) for j in cfg.jobs}
+    first, second = sorted(pipes)
+    session = SimpleNamespace(pipelines=pipes, now=lambda: 0.0)
+    log = RunLog(tmp_path)
+    log(session)
+    log(session)  # nothing changed: nothing written
+    pipes[first].result = JobResult(pipeline_id=first, status=JobStatus.FINISHED, steps_planned=2, finish_s=5.0)
+    log(session)
+    log.close()
+    path = tmp_path / NAME
+    text, offset = read_chunk(path, 0)
+    assert [line.split(" ", 1)[1] for line in lines_of(text, first)] == [
+        f"{first}: queued steps=0/{pipes[first].job.steps} reward -",
+        f"{first}: finished steps=0/2 reward - jct_s=5.0",
+    ]
+    assert len(lines_of(text, second)) == 1 and offset == path.stat().st_size
+    with open(path, "a") as f:
+        f.write(f"12:00:00 {second}: half a li")  # a line being written is not read yet
+    assert read_chunk(path, offset) == ("", offset)
+    here = chunk_here(f"{socket.gethostname()}:{path}", 0, ended=True)
+    assert here.found and here.text == text and here.ended
+    assert not chunk_here(f"elsewhere:{path}", 0, ended=False).found

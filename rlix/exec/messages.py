@@ -1,14 +1,13 @@
-"""Executor layer: the messages the executor's processes send each other, as frozen values.
+"""Executor layer: the messages the executor's own processes send each other, as frozen values.
 
-Every type the executor defines to cross a process boundary lives here:
-requests and results of rollout workers, weight and adapter snapshots, the
-trainer's samples and statistics, switch timings, the engine settings sent to
-a worker at start-up, and the control plane's replies (a gang grant, the
-scheduler's statistics, a job's progress and result). Two kinds of value
-cross beside them without being defined here: the core's own events and specs
-(``PipelineSpec``, ``ReportDemand``, ``WorkerLost``, ``Stage``), sent to the
-scheduler actor as the core takes them, and the run records of
-:mod:`rlix.exec.job.records`, carried inside ``JobProgress`` and ``JobResult``.
+Every type the executor defines to cross a process boundary inside a job
+lives here: requests and results of rollout workers, weight and adapter
+snapshots, the trainer's samples and statistics, switch timings, the engine
+settings sent to a worker at start-up, and a job's progress and result for
+its driver. What crosses to and from the scheduler (requests, replies,
+errors) is the scheduler's protocol, :mod:`rlix.protocol`, which any
+pipeline speaks; the run records of :mod:`rlix.exec.job.records` travel
+inside ``JobProgress`` and ``JobResult``.
 
 Backends (torch, vLLM), learners (GRPO, LoRA) and worker actors import this
 module and not each other, so the executor's modules form no import circle.
@@ -19,12 +18,12 @@ are made tensors only where they are read (:class:`WireTensors`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from rlix.core.types import Gpus
 from rlix.exec.job.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, TrajRecord
+from rlix.protocol import Stopped
 
 # ------------------------------------------------------------------ weights
 
@@ -234,44 +233,6 @@ class EngineStopped(RuntimeError):
     """The rollout engine itself broke: the worker process exits, and its work goes elsewhere as a dead worker's does."""
 
 
-class PipelineUnknown(RuntimeError):
-    """The scheduler does not know this pipeline (it restarted since the pipeline registered): rejoin, then retry."""
-
-
-class PipelineGone(RuntimeError):
-    """The scheduler unregistered this pipeline (cancelled, unreachable, or its submitter gone): stop using it."""
-
-
-class NameTaken(ValueError):
-    """A job name is already in use on the cluster's scheduler."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobClaim:
-    """A job an ``rlix-run`` submission claims on the shared scheduler, by name."""
-
-    name: str
-    priority: int
-    steps: int  # steps it will train (rlix status shows steps done of these)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CancelReply:
-    """What ``rlix cancel`` did: whether the job was found, and what happened to it."""
-
-    found: bool
-    message: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class TimelineReply:
-    """The cluster's activity since the service started, for ``rlix timeline``."""
-
-    recorder: object  # a rlix.metrics.UsageRecorder, closed at ``now``
-    now: float  # seconds since the service started
-    jobs: tuple[str, ...]
-
-
 # ------------------------------------------------------------------ training
 
 
@@ -352,7 +313,7 @@ class Rendezvous:
     world: int
 
 
-# ------------------------------------------------------------------ control plane
+# ------------------------------------------------------------------ a job's run, for its driver
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,96 +360,4 @@ class JobResult:
     trainer_ranks: int = 0  # data-parallel trainer processes (one per actor_train GPU); 0 = never started
     events: tuple[ActivityChange, ...] = ()  # not yet drained by a progress poll
     bad_input: bool = False  # failed on the user's input (a reward function), not on rlix: exit status 2
-
-
-@dataclass(frozen=True, kw_only=True)
-class GrantReply:
-    """The scheduler actor's answer to a gang request, once a plan grants it."""
-
-    gpus: Gpus
-    queued_s: float  # seconds the request waited inside the scheduler for GPUs
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerStats:
-    """The scheduler actor's counts and timings, for the driver's report."""
-
-    plans: int
-    plan_s: float  # seconds spent inside core planning
-    unmet: tuple[tuple[float, bool], ...] = ()  # (t, some pipeline has queued trajectories)
-    shrinks: int = 0
-    expands: int = 0
-    grants: int = 0
-    errors: tuple[str, ...] = field(default_factory=tuple)
-
-
-# ------------------------------------------------------------------ the shared scheduler service
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuMap:
-    """The cluster's GPUs as reserved in Ray (:mod:`rlix.exec.control.gpu_reservation`): per rlix
-    node, its placement group (one bundle per GPU, an opaque Ray handle) and each GPU's device id
-    on its Ray node. Empty: nothing reserved (one node, every process on it, ids as numbered)."""
-
-    groups: tuple[Any, ...] = ()
-    devices: tuple[tuple[str, ...], ...] = ()  # as Ray names them (an index, or a UUID / MIG id)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServiceInfo:
-    """What a running scheduler service manages, for a submitter joining it."""
-
-    nodes: int
-    gpus_per_node: int
-    policy: str
-    started_at: float  # time.time() when the service was first started (its clock's zero)
-    restarts: int = 0  # times Ray restarted the service's actor since
-    life: str = ""  # an id of this life of the actor (new at each restart)
-    gpus: GpuMap = GpuMap()  # the GPUs the service reserved in Ray, where submitters place their processes
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobNote:
-    """What a pipeline tells the scheduler about its progress, for ``rlix status``."""
-
-    pipeline_id: str
-    loaded: bool  # its model is loaded (it runs steps); False while it loads
-    steps_done: int
-    steps_total: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobRow:
-    """One job in ``rlix status``: its state, what it holds now, and its GPU-seconds since it registered."""
-
-    name: str
-    submitter: str  # who submitted it (host:pid of an rlix-run, or the pipeline's own client)
-    state: str  # queued, loading, running, finished, failed, cancelled
-    priority: int
-    gpus: tuple[tuple[int, str], ...]  # (GPU, what holds it: a stage name or "rollout") now
-    steps_done: int
-    steps_total: int
-    gpu_s: float  # GPU-seconds it held
-    lent_s: float  # GPU-seconds other jobs held of its home GPUs
-    borrowed_s: float  # GPU-seconds it held outside its home GPUs
-    fair_s: float = 0.0  # its fair share: each GPU-second of its home split equally between the jobs there
-    queue_position: int | None  # 1 = next to be admitted; None = not queued
-    error: str = ""
-    tenant: str = ""  # the tenant it belongs to ("" for none)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterStatus:
-    """The scheduler service's answer to ``rlix status``."""
-
-    nodes: int
-    gpus_per_node: int
-    policy: str
-    uptime_s: float  # seconds since the service started
-    busy_gpu_s: float  # GPU-seconds some job held a GPU, since the service started
-    utilization: float  # busy_gpu_s over (GPUs x uptime)
-    idle_fraction: float  # 1 - utilization
-    queue_length: int
-    jobs: tuple[JobRow, ...]
-    restarts: int = 0
+    stopped: Stopped | None = None  # cancelled through the scheduler: who asked (exit status 3, or 4 for a stopped scheduler)

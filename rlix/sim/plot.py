@@ -105,8 +105,9 @@ def _draw_run(ax, ux, usage: UsageRecorder, makespan: float, pipelines: list[str
     return float(util.mean())
 
 
-def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], title: str) -> Figure:
-    """``runs``: policy -> (usage with segments, makespan seconds). One time axis for all, in the unit the longest suits."""
+def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], title: str, span: str = "makespan") -> Figure:
+    """``runs``: policy -> (usage with segments, makespan seconds). One time axis for all, in the unit the longest suits;
+    ``span``: what each run's length is called (a live scheduler's is how long it has been up)."""
     n = len(runs)
     longest = max(m for _, m in runs.values())
     unit, per = time_unit(longest)
@@ -115,7 +116,7 @@ def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[st
     for i, (policy, (usage, makespan)) in enumerate(runs.items()):
         ax, ux = axes[2 * i][0], axes[2 * i + 1][0]
         util = _draw_run(ax, ux, usage, makespan, pipelines, (unit, per, right))
-        ax.set_title(f"{policy}: makespan {_span(makespan, unit, per)}, mean utilization {util:.2f}", loc="left", fontsize=10)
+        ax.set_title(f"{policy}: {span} {_span(makespan, unit, per)}, GPUs working {util:.2f}", loc="left", fontsize=10)
     colours = palette(pipelines)
     handles = [Patch(color=colours[pid], label=pid) for pid in pipelines[:20]]
     handles += [Patch(color=SWITCH_RGB, label="switching"), Patch(facecolor="white", edgecolor="grey", label="free")]
@@ -125,9 +126,11 @@ def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[st
     return fig
 
 
-def plot_runs(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], path: str | Path, title: str) -> None:
+def plot_runs(
+    runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], path: str | Path, title: str, span: str = "makespan"
+) -> None:
     """Write :func:`runs_figure` as a PNG at ``path``."""
-    fig = runs_figure(runs, pipelines, title)
+    fig = runs_figure(runs, pipelines, title, span)
     try:
         fig.savefig(path, dpi=110)
     finally:

@@ -15,14 +15,11 @@ from dataclasses import dataclass
 
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
-from rlix.exec.messages import GpuMap
 from rlix.import_path import worker_pythonpath
+from rlix.protocol import GpuMap
+from rlix.transport import ClusterError
 
 EXPECTED_DEVICES = "RLIX_DEVICES"  # the devices a worker's bundle was given, checked against what it sees
-
-
-class ClusterError(RuntimeError):
-    """The Ray cluster is unreachable or smaller than the config's cluster: one line, nothing started."""
 
 
 class DeviceMismatchError(RuntimeError):

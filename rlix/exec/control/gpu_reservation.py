@@ -15,8 +15,8 @@ device) order, so it is the same in every process that reads the reservation.
 from __future__ import annotations
 
 from rlix.core import ClusterSpec
-from rlix.exec.control.actor_placement import ClusterError
-from rlix.exec.messages import GpuMap
+from rlix.protocol import GpuMap
+from rlix.transport import ClusterError
 
 RESERVE_WAIT_S = 60.0  # how long to wait for Ray to reserve the GPUs (s)
 

@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from rlix.core import Expand, Grant, Shrink, ShrinkReason
-from rlix.exec.messages import GrantReply
+from rlix.protocol import GrantReply
 
 
 class PlanExecution:
@@ -30,9 +30,8 @@ class PlanExecution:
         plan = self.core.plan(self.now())
         took = time.perf_counter() - t0
         self.plan_s += took
-        if self.prom is not None:
-            self.prom.observe_plan(took)
-            self._count_preemptions(plan.shrinks)
+        self.metrics.plan_latency.observe(took)
+        self._count_preemptions(plan.shrinks)
         if plan.empty:
             return None
         for pid in {g.pipeline_id for g in plan.grants} | {e.worker.pipeline_id for e in plan.expands}:
@@ -55,6 +54,7 @@ class PlanExecution:
             self.order.spawn(self._unreachable(pid))
 
     async def _grant(self, grant: Grant) -> None:
+        self.jobs.granted(grant.pipeline_id, self.now())
         entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
         if entry is not None and not entry[0].done():
             entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
@@ -83,4 +83,4 @@ class PlanExecution:
             report = self.demands.get(s.worker.pipeline_id)
             loads = {w.first_gpu: w.active for w in report.loads} if report is not None else {}
             if s.reason is not ShrinkReason.UNREGISTER and loads.get(s.worker.gpus[0], 0) > 0:
-                self.prom.count_preemptions(1, s.worker.pipeline_id)
+                self.metrics.preemptions[self.jobs.id_of(s.worker.pipeline_id)] += 1

@@ -25,11 +25,16 @@ restart) are :class:`rlix.exec.service.calls.ServiceCalls`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import ray
 
+from rlix import protocol
 from rlix.core import (
     ClusterSpec,
     PipelineSpec,
@@ -47,11 +52,15 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.control.plan_execution import PlanExecution
-from rlix.exec.messages import GpuMap, GrantReply, SchedulerStats
-from rlix.exec.service.book import JobBook
-from rlix.exec.service.calls import ServiceCalls, kill_actor
-from rlix.exec.service.roster import Roster
+from rlix.exec.service.calls import TOTALS_KEY, ServiceCalls, kill_actor
+from rlix.exec.service.history import History
+from rlix.exec.service.jobs import JobLedger, job_number
+from rlix.exec.service.prom import Metrics
+from rlix.exec.service.roster import Roster, kept
+from rlix.exec.service.status import cluster_status
 from rlix.exec.service.usage import ClusterUsage
+from rlix.exec.service.web import Web
+from rlix.protocol import GpuMap, GrantReply, SchedulerStats
 
 
 def in_actor() -> bool:
@@ -59,21 +68,12 @@ def in_actor() -> bool:
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
-def prom_export():
-    """The service's metrics exporter, in an actor; None elsewhere (a test building the class in-process)."""
-    if not in_actor():
-        return None
-    from rlix.exec.service.prom import PromExport
-
-    return PromExport()
-
-
 def reserve_gpus(cluster: ClusterSpec, names: str | None) -> tuple[GpuMap, str]:
     """The service's GPU reservation (:func:`rlix.exec.control.gpu_reservation.reserve`), and why it failed ("": it did not)."""
     if names is None or not in_actor():
         return GpuMap(), ""
-    from rlix.exec.control.actor_placement import ClusterError
     from rlix.exec.control.gpu_reservation import reserve
+    from rlix.transport import ClusterError
 
     try:
         return reserve(cluster, names=names), ""
@@ -139,6 +139,9 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         lease_s: float = 15.0,
         rejoin_s: float = 30.0,
         gpu_names: str | None = None,
+        metrics_port: int | None = None,
+        history: str | None = None,
+        pages: bool = False,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         # The service reserves the cluster's GPUs in Ray under ``gpu_names`` (found again after a restart)
@@ -157,44 +160,129 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
         self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
-        self.book = JobBook(lease_s)  # jobs by name: claims, progress notes, endings
-        self.usage = ClusterUsage(cluster.num_gpus, start=self.now())  # GPU-seconds per job, and the timeline
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
         self.restarts = restarts_so_far()
-        self.roster = Roster(restarted=self.restarts > 0, persist=in_actor(), now=self.now(), max_wait_s=rejoin_s)
+        restarted, self.persist = self.restarts > 0, in_actor()
+        self.history = History(history) if history else None  # the jobs that ended, in SQLite (None: not kept)
+        self.in_history = self.history.written() if self.history is not None else set()  # ids written there
+        counted = max((job_number(i) for i in self.in_history), default=0)  # ids go on above the history's
+        self.jobs = JobLedger(lease_s, persist=self.persist, restarted=restarted, counted=counted, now=self.now())
+        self.roster = Roster(restarted=restarted, persist=self.persist, now=self.now(), max_wait_s=rejoin_s)
+        totals = (kept(TOTALS_KEY) if restarted and self.persist else None) or {}  # what the previous life counted
+        # GPU-seconds per job id and the timeline; a restarted service's go on from its previous life's
+        self.usage = ClusterUsage(cluster.num_gpus, start=0.0 if restarted else self.now(), totals=totals.get("usage"))
+        self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
+        self.metrics_port = metrics_port  # where the service serves /metrics and /status (None: a free port)
+        self.web = Web(metrics_port or 0) if pages else None  # its HTTP pages (the shared service's)
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
-        self.prom = prom_export()  # Prometheus metrics through Ray's metrics API (None outside an actor)
+        self.began = self.now()  # when this life began (its timeline starts there)
+        self._routes = self._route_table()  # each request type of the protocol, and the call that answers it
 
     def now(self) -> float:
         return time.time() - self.t0
 
-    # ------------------------------------------------------------ public calls
+    # ------------------------------------------------------------ the protocol
+
+    async def handle(self, request: protocol.Request, version: int):
+        """The one call clients make (:mod:`rlix.protocol`): the reply to ``request``, or its typed error."""
+        protocol.check_version(version)
+        try:
+            route = self._routes[type(request)]
+        except KeyError:
+            raise TypeError(f"not a request of rlix protocol {protocol.PROTOCOL_VERSION}: {type(request).__name__}") from None
+        return await route(request)
+
+    def _route_table(self) -> dict[type, Callable[[Any], Awaitable]]:
+        """Each request type, and the call that answers it."""
+        p = protocol
+        return {
+            p.Register: lambda r: self.register(r.spec, r.endpoint, r.submitter, r.user),
+            p.RejoinPipeline: lambda r: self.rejoin(r.event, r.endpoint, r.user),
+            p.RequestGang: lambda r: self.request(r.pipeline_id, r.stage, r.role, r.after),
+            p.ReleaseGang: lambda r: self.release(r.pipeline_id, r.stage, r.demand),
+            p.Report: lambda r: self.report(r.demand),
+            p.Lost: lambda r: self.lost(r.event),
+            p.Note: lambda r: self.note(r.note),
+            p.Unregister: lambda r: self.unregister(r.pipeline_id, r.status, r.error),
+            p.Alive: lambda r: self.alive(r.pipeline_id),
+            p.Knows: lambda r: self.knows(r.pipeline_id),
+            p.RolloutBundles: lambda r: self.rollout_bundles(r.pipeline_id),
+            p.AdmissionRefusal: lambda r: self.admission_refusal(r.pipeline_id),
+            p.Info: lambda r: self.info(),
+            p.Claim: lambda r: self.claim(r.submitter, r.jobs, r.user),
+            p.Renew: lambda r: self.renew(r.submitter, r.jobs, r.user),
+            p.Leave: lambda r: self.leave(r.submitter),
+            p.Start: lambda r: self.start(),
+            p.Status: lambda r: self.status(),
+            p.Timeline: lambda r: self.timeline(),
+            p.Cancel: lambda r: self.cancel(r.job, p.Stopped(by=r.by), force=r.force),
+            p.CancelAll: lambda r: self.cancel_all(r.by),
+            p.KillAll: lambda r: self.kill_all(),
+            p.Busy: lambda r: self.busy(),
+            p.Stats: lambda r: self.stats(),
+            p.Holdings: lambda r: self.holdings(),
+            p.Stop: lambda r: self.stop(),
+            p.JobHistory: lambda r: self.job_history(r.user, r.since),
+            p.ReadLog: lambda r: self.read_log(r.job, r.offset),
+        }
+
+    # ------------------------------------------------------------ the calls
 
     async def start(self) -> None:
-        """Start planning (:class:`SchedulingError` if the service could not reserve its GPUs)."""
+        """Start planning, and serving metrics (:class:`SchedulingError` if the service could not reserve its
+        GPUs, or its metrics port is taken)."""
         if self.gpus_error:
             raise SchedulingError(self.gpus_error)
         self._start_loops()
+        await self._serve_metrics()
 
     def _start_loops(self) -> None:
-        """The periodic plan and the liveness watch (a restarted actor starts them on its first event)."""
+        """The periodic plan, the liveness watch and the metrics (a restarted actor starts them on its first event)."""
         if self.ticker is None:
             self.ticker = self.order.spawn(self._tick())
             self.order.spawn(self._watch())
+            self.order.spawn(self._serve_metrics())
 
-    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "") -> None:
+    async def _serve_metrics(self) -> None:
+        """Serve ``/metrics`` and ``/status`` (once; nothing for a private run's scheduler)."""
+        if self.web is None:
+            return
+        pages = {"/metrics": self._metrics_page, "/status": self._status_page}
+        try:
+            await self.web.start(pages)
+        except (OSError, OverflowError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise SchedulingError(f"--metrics-port {self.metrics_port}: {why}; pick a free port") from None
+
+    def _metrics_page(self) -> tuple[str, str]:
+        now = self.now()
+        self._account()
+        page = self.metrics.text(cluster_status(self, now))
+        self._keep_totals(now)  # what this scrape read is where a restarted service goes on from
+        return "text/plain; version=0.0.4", page
+
+    def _status_page(self) -> tuple[str, str]:
+        self._account()
+        return "application/json", json.dumps(dataclasses.asdict(cluster_status(self, self.now())))
+
+    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "") -> None:
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
         job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
         await self._rejoin_window()
-        self.book.registering(spec.pipeline_id, submitter)
-        await self._event(Register(spec=spec))
+        record = self.jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
+        try:
+            await self._event(Register(spec=spec))
+        except SchedulingError as exc:  # refused by the core: the job this call queued ends, saying why
+            if spec.pipeline_id not in self.core.pipelines() and self.jobs.active(spec.pipeline_id) is record:
+                self.jobs.end(spec.pipeline_id, "failed", str(exc), self.now())
+            raise
         self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         self._joined(spec, coordinator)
 
     async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
-        self.book.end(pipeline_id, status, error)
+        self.jobs.end(pipeline_id, status, error, self.now())
         endpoint = self.coordinators.get(pipeline_id)
         try:
             done = await self._event(Unregister(pipeline_id=pipeline_id))
@@ -277,6 +365,8 @@ class SchedulerActor(ServiceCalls, PlanExecution):
 
     async def stop(self) -> None:
         self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
+        if self.web is not None:
+            self.web.close()
 
     # ------------------------------------------------------------ planning
 
@@ -313,7 +403,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():
                 self.gone.add(pipeline_id)
-                self.book.end(pipeline_id, "failed", "unreachable")
+                self.jobs.end(pipeline_id, "failed", "unreachable", self.now())
                 self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
@@ -325,7 +415,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         fail_waiting(self.waiting, pipeline_id)
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.demands.pop(pipeline_id, None)
-        self.usage.set_home(self.now(), pipeline_id, ())
+        self.usage.set_home(self.now(), self.jobs.id_of(pipeline_id), ())
         self.roster.left(pipeline_id)
 
     def _bug(self, exc: BaseException) -> None:

@@ -20,7 +20,7 @@ from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
 from rlix.exec.front.config import LimitsConfig
 from rlix.exec.job.recorder import Recorder
-from rlix.exec.messages import GrantReply
+from rlix.protocol import GrantReply
 
 
 class SchedulerLink:

@@ -19,11 +19,13 @@ submitter's; without one, the run starts a local Ray and a private scheduler.
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlix.exec.control.actor_placement import ClusterError  # noqa: F401 -- rlix-run catches api.ClusterError
+from rlix import protocol
 from rlix.exec.control.gpu_reservation import release
 from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
@@ -31,11 +33,15 @@ from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
 from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
+from rlix.exec.front.runlog import RunLog
 from rlix.exec.front.shared import Submission, joins_shared
 from rlix.exec.job.records import ActivityChange, JobStatus
-from rlix.exec.messages import LOAD_WAIT, GpuMap, JobProgress, JobResult, SchedulerStats
-from rlix.exec.service.connect import SCHEDULER_CALL_S, SHRINK_CALL_S, answers
+from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
+from rlix.exec.service.connect import SHRINK_CALL_S
+from rlix.exec.service.logs import NAME as RUN_LOG
 from rlix.import_path import worker_pythonpath
+from rlix.protocol import GpuMap, SchedulerStats, Stopped
+from rlix.transport import SCHEDULER_CALL_S, ClusterError, RayTransport, answers  # noqa: F401 -- rlix-run catches api.ClusterError
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
 STOP_GRACE_S = 8.0
@@ -73,7 +79,7 @@ class _Pipeline:
         if not done:
             self.poll(session.events)
             if self.progress is not None and self.progress.phase == LOAD_WAIT:  # queued for admission? say why
-                self.admission = ray.get(session.scheduler.admission_refusal.remote(self.pipeline_id), timeout=10)
+                self.admission = session.scheduler.call_sync(protocol.AdmissionRefusal(pipeline_id=self.pipeline_id), 10)
             else:
                 self.admission = None
             return
@@ -83,7 +89,7 @@ class _Pipeline:
         except Exception as exc:  # killed or crashed coordinator process
             # A crashed job never unregistered itself: its GPUs and its admission go back now
             # (idempotent after a kill), or a queued job waiting for its home would wait forever.
-            session.scheduler.unregister.remote(self.pipeline_id)
+            session.scheduler.send(protocol.Unregister(pipeline_id=self.pipeline_id))
             killed = self.killed_at is not None
             t = self.killed_at if killed else session.now()
             error = "" if killed else describe(exc, session.out_dir / self.pipeline_id)
@@ -113,8 +119,15 @@ class Session:
     """One run: a scheduler actor, and a coordinator per admitted pipeline."""
 
     def __init__(
-        self, config: RunConfig, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None
+        self,
+        config: RunConfig,
+        *,
+        address: str | None = None,
+        policy: str | None = None,
+        out_dir: str | None = None,
+        source: str = "",
     ) -> None:
+        """``source``: the config's file, if it came from one (a shared scheduler's history names it)."""
         import ray
 
         if policy is not None:
@@ -131,9 +144,12 @@ class Session:
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
-        self.submission = Submission.join(config, address, where) if address else None
+        log = f"{socket.gethostname()}:{self.out_dir.resolve() / RUN_LOG}"  # where rlix logs finds the jobs' lines
+        self.submission = Submission.join(config, address, where, source, log) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
+            ids = ", ".join(f"{c.name} as {c.id}" for c in self.submission.jobs)
+            print(f"rlix-run: submitted to the rlix scheduler at {address}: {ids}", file=sys.stderr)
         self.cluster = config.cluster.spec()
         self.gpu_map = GpuMap()  # the GPUs reserved in Ray (once started)
         try:
@@ -149,7 +165,6 @@ class Session:
 
     def _start(self, config: RunConfig, address: str | None) -> None:
         """Fresh logs, then the local Ray (no address), the GPUs reserved, and a private scheduler (no service)."""
-        import ray
 
         from rlix.exec.control.gpu_reservation import reserve
         from rlix.exec.control.scheduler_actor import SchedulerActor
@@ -163,10 +178,11 @@ class Session:
         if self.submission is not None:
             self.scheduler = self.submission.scheduler
         else:
-            self.scheduler = SchedulerActor.remote(
+            actor = SchedulerActor.remote(
                 self.cluster, config.policy, config.scheduler.core(), self.t0, config.scheduler.plan_interval_s, SHRINK_CALL_S
             )
-            ray.get(self.scheduler.start.remote(), timeout=SCHEDULER_CALL_S)
+            self.scheduler = RayTransport(actor)
+            self.scheduler.call_sync(protocol.Start())
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
         self._seq = 0
@@ -214,12 +230,11 @@ class Session:
         if p.coordinator is not None:
             p.poll(self.events)
             ray.kill(p.coordinator)  # its worker actors die with it (Ray owner fate-sharing)
-        ray.get(self.scheduler.unregister.remote(pipeline_id), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)  # waits for its shrinks
+        gone = protocol.Unregister(pipeline_id=pipeline_id)
+        self.scheduler.call_sync(gone, SCHEDULER_CALL_S + SHRINK_CALL_S)  # returns once its workers are shrunk
 
     def holdings(self) -> dict[str, tuple[int, ...]]:
-        import ray
-
-        return ray.get(self.scheduler.holdings.remote(), timeout=SCHEDULER_CALL_S)
+        return self.scheduler.call_sync(protocol.Holdings())
 
     # ------------------------------------------------------------ running
 
@@ -234,25 +249,35 @@ class Session:
             if not any(p.job is j for p in self.pipelines.values()):
                 self.register(j)
         kill_at = dict(kill_at or {})
-        while True:
-            try:
-                if stop is not None and stop() and self.stopped_at is None:
+        log = RunLog(self.out_dir)  # every job's changes, as the live view shows them (rlix logs follows it)
+
+        def progress(session) -> None:
+            log(session)
+            if on_progress is not None:
+                on_progress(session)
+
+        try:
+            while True:
+                try:
+                    if stop is not None and stop() and self.stopped_at is None:
+                        self.stop()
+                    if self._tick(progress, kill_at):
+                        break
+                    time.sleep(poll_s)
+                except KeyboardInterrupt:
+                    if self.stopped_at is not None:
+                        raise
                     self.stop()
-                if self._tick(on_progress, kill_at):
-                    break
-                time.sleep(poll_s)
-            except KeyboardInterrupt:
-                if self.stopped_at is not None:
-                    raise
-                self.stop()
-        return self._outputs()
+            return self._outputs()
+        finally:
+            log.close()
 
     def _tick(self, on_progress, kill_at: dict[str, float]) -> bool:
         """One poll: admit, kill, collect, show; True once every job has its result."""
         now = self.now()
         if self.submission is not None:  # jobs `rlix cancel` stopped: not started never start, started ones stop
-            for pid in self.submission.take_cancelled():
-                self._cancel(pid, now)
+            for pid, why in self.submission.take_cancelled():
+                self._cancel(pid, now, why)
         for p in self.pipelines.values():
             if p.coordinator is None and p.result is None and p.killed_at is None and now >= p.job.arrival_s:
                 self.admit(p.pipeline_id)
@@ -272,15 +297,19 @@ class Session:
             on_progress(self)
         return all(p.result is not None for p in self.pipelines.values())
 
-    def _cancel(self, pipeline_id: str, now: float) -> None:
-        """End one job cancelled: one not started never starts; a running one stops (its run ends cancelled)."""
+    def _cancel(self, pipeline_id: str, now: float, why: Stopped | None = None) -> None:
+        """End one job cancelled (``why``: through the scheduler, by whom; None: by this run): one not
+        started never starts; a running one stops (its run ends cancelled)."""
         p = self.pipelines.get(pipeline_id)
         if p is None or p.result is not None:
             return
         if p.coordinator is None:
-            p.result = JobResult(pipeline_id=p.pipeline_id, status=JobStatus.CANCELLED, arrival_s=now, finish_s=now)
+            error = why.line() if why is not None else ""
+            p.result = JobResult(
+                pipeline_id=p.pipeline_id, status=JobStatus.CANCELLED, error=error, arrival_s=now, finish_s=now, stopped=why
+            )
         else:
-            p.coordinator.stop.remote()
+            p.coordinator.stop.remote(why)
 
     def stop(self) -> None:
         """Stop every job now, keeping what each has done (status cancelled; the outputs say they are partial).
@@ -303,8 +332,8 @@ class Session:
             ray.shutdown()
             return
         try:
-            ray.get(self.scheduler.stop.remote(), timeout=5)
-            ray.kill(self.scheduler)
+            self.scheduler.call_sync(protocol.Stop(), 5)
+            ray.kill(self.scheduler.actor)
         except Exception:
             pass
         release(self.gpu_map)  # this run's GPU reservation (a Ray it joined may run other work after it)
@@ -331,7 +360,7 @@ def session_outputs(session: Session):
     pipelines = session.pipelines
     end = max(max((p.result.finish_s for p in pipelines.values()), default=0.0), 1e-3)
     try:
-        stats = ray.get(session.scheduler.stats.remote(), timeout=SCHEDULER_CALL_S)
+        stats = session.scheduler.call_sync(protocol.Stats())
     except ray.exceptions.RayActorError:  # a shared scheduler stopped (rlix scheduler stop --force): no counts
         stats = SchedulerStats(plans=0, plan_s=0.0)
     if session.submission is not None:  # the shared scheduler's clock started before this run
@@ -450,11 +479,24 @@ def _free():
 
 
 def init(
-    config: RunConfig | str | Path, *, address: str | None = None, policy: str | None = None, out_dir: str | None = None
+    config: RunConfig | str | Path,
+    *,
+    address: str | None = None,
+    policy: str | None = None,
+    out_dir: str | None = None,
+    source: str = "",
 ) -> Session:
-    """Validate ``config`` (a path or a RunConfig) and start the control plane."""
-    cfg = config if isinstance(config, RunConfig) else load_config(config)
-    return Session(cfg, address=address, policy=policy, out_dir=out_dir)
+    """Validate ``config`` (a path or a RunConfig) and start the control plane. ``source``: where the config
+    came from (default: the path given, on this host), for a shared scheduler's history."""
+    if not isinstance(config, RunConfig):
+        source = source or config_source(config)
+        config = load_config(config)
+    return Session(config, address=address, policy=policy, out_dir=out_dir, source=source)
+
+
+def config_source(path: str | Path) -> str:
+    """A config file as history names it: ``host:/absolute/path``."""
+    return f"{socket.gethostname()}:{Path(path).resolve()}"
 
 
 def run(config: RunConfig | str | Path, **kwargs):

@@ -1,10 +1,16 @@
 """Executor layer: ``rlix-run CONFIG`` (the CLI; :mod:`rlix.exec.front.api` is the same in Python).
 
-Exit status: 0 all jobs finished, 1 some job failed or was killed, 2 bad
-config or a Ray cluster that is not there or too small (a one-line error;
-no actor was started), or a job failed on the user's input at run time (a
-reward function that raised or returned the wrong values: one line on
-stderr naming it, after the other jobs finished).
+Exit status, what happened to the run's jobs:
+
+- 0 every job finished;
+- 1 some job failed or was killed;
+- 2 bad config, or a Ray cluster that is not there or too small (a one-line
+  error; no actor was started), or a job failed on the user's input at run
+  time (a reward function that raised or returned the wrong values: one line
+  on stderr naming it, after the other jobs finished);
+- 3 a job was cancelled (``rlix cancel``; who asked is on stderr);
+- 4 the shared scheduler was stopped under a job (``rlix scheduler stop --force``);
+- 130 interrupted (Ctrl-C): the outputs so far are written.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default: the config's output.dir)")
     p.add_argument("--no-console", action="store_true", help="no live progress table")
     p.add_argument("--json", default=None, help="also write the metrics to this path")
+    p.add_argument("--detach", action="store_true", help="with --address: run on the cluster's head node and return")
+    p.add_argument("--source", default=None, help=argparse.SUPPRESS)  # a detached run's config, as submitted
     return p
 
 
@@ -46,12 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rlix.exec.front import api
     from rlix.exec.front.console import ProgressView
+    from rlix.exec.front.shared import joins_shared
 
+    source = args.source or api.config_source(args.config)
+    if args.detach:
+        return detached(cfg, args, source)
     interrupts = Interrupts()
     try:
         with interrupts, ProgressView(enabled=cfg.output.console and not args.no_console) as view:
-            view.note = "Ctrl-C stops every job and writes the outputs so far; a second Ctrl-C exits at once"
-            outputs = api.run(cfg, address=args.address, out_dir=args.out, on_progress=view, stop=interrupts.requested)
+            view.note = ctrl_c_note(shared=joins_shared(args.address, cfg) is not None)
+            outputs = api.run(
+                cfg, address=args.address, out_dir=args.out, on_progress=view, stop=interrupts.requested, source=source
+            )
     except api.ClusterError as exc:
         print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
         return 2
@@ -63,6 +77,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlix-run: stopped by Ctrl-C; the outputs above cover the {outputs.wall_s:.0f} s run (partial)", file=sys.stderr)
         return 130
     return exit_status(outputs.results)
+
+
+def detached(cfg, args, source: str) -> int:
+    """``--detach``: the run goes to the shared scheduler's head node; returns once its jobs are submitted."""
+    from rlix.exec.front import api
+    from rlix.exec.front.detach import submit
+    from rlix.exec.front.shared import joins_shared
+
+    address = joins_shared(args.address, cfg)
+    if address is None:
+        print("rlix-run: --detach runs on a Ray cluster's head node: give --address (or RAY_ADDRESS)", file=sys.stderr)
+        return 2
+    extra = ["--policy", args.policy] if args.policy else []
+    try:
+        return submit(cfg, address=address, out=args.out, source=source, extra=extra)
+    except api.ClusterError as exc:
+        print(f"rlix-run: cluster error: {exc}", file=sys.stderr)
+        return 2
+
+
+def ctrl_c_note(*, shared: bool) -> str:
+    """What Ctrl-C does, for the live view's footer."""
+    what = "stops this run's jobs (the cluster's other jobs go on)" if shared else "stops every job"
+    return f"Ctrl-C {what} and writes the outputs so far; a second Ctrl-C exits at once"
 
 
 def report(outputs, json_path: str | None) -> None:
@@ -108,7 +146,9 @@ class Interrupts:
 
 
 def exit_status(results: dict) -> int:
-    """2 if a job failed on the user's input (said on stderr, one line each), 1 if another failed or was killed, else 0."""
+    """What happened, as the exit status (the README lists them): 2 a job failed on the user's input
+    (said on stderr, one line each), 1 another failed or was killed, 4 the shared scheduler was
+    stopped under a job, 3 a job was cancelled (by whom, on stderr), else 0."""
     from rlix.exec.job.records import JobStatus
 
     bad = sorted(pid for pid, r in results.items() if r.bad_input)
@@ -116,7 +156,14 @@ def exit_status(results: dict) -> int:
         print(f"rlix-run: job {pid}: {results[pid].error}", file=sys.stderr)
     if bad:
         return 2
-    return 0 if all(r.status is JobStatus.FINISHED for r in results.values()) else 1
+    if any(r.status in (JobStatus.FAILED, JobStatus.KILLED) for r in results.values()):
+        return 1
+    stopped = {pid: r.stopped for pid, r in sorted(results.items()) if r.stopped is not None}
+    for pid, why in stopped.items():
+        print(f"rlix-run: job {pid}: {why.line()}", file=sys.stderr)
+    if any(why.scheduler_stopped for why in stopped.values()):
+        return 4
+    return 3 if any(r.status is JobStatus.CANCELLED for r in results.values()) else 0
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ from rlix.config import ClusterModel, JobModel, SchedulerModel
 from rlix.core import Stage
 from rlix.exec.front.config import JobConfig, RunConfig
 from rlix.exec.job.records import ActivityChange, JobStatus, SwitchKind
-from rlix.exec.messages import JobResult, SchedulerStats
+from rlix.exec.messages import JobResult
 from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
+from rlix.protocol import SchedulerStats
 from rlix.sim.trace import PipelineModel, StepModel, StreamModel, SwitchModel, TraceModel, dump_trace
 
 

@@ -12,36 +12,37 @@ which of its jobs ``rlix cancel`` asked to stop before they started.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
 import uuid
 
+from rlix import protocol, transport
 from rlix.exec.front.config import ConfigError, RunConfig, check_topology
 from rlix.exec.front.joblines import default_steps
 from rlix.exec.service import connect
+from rlix.protocol import JobClaim, NameTaken, Stopped, VersionMismatch
 
+TAG_ENV = "RLIX_RUN_TAG"  # a detached submission's tag (the end of its submitter's name): how it finds its jobs
 RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several times longer)
 
 
 class Submission:
     """One ``rlix-run``'s claim on the shared scheduler: its jobs' names, renewed while it runs."""
 
-    def __init__(self, config: RunConfig) -> None:
-        """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it."""
-        import ray
-
-        from rlix.exec.messages import JobClaim, NameTaken
-
+    def __init__(self, config: RunConfig, source: str = "", log: str = "") -> None:
+        """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it.
+        ``source``: the config's file (for ``rlix history``); ``log``: the run's log, ``host:path`` (for ``rlix logs``)."""
         given = "cluster" in config.model_fields_set
-        handle = connect.find()
-        if handle is None:  # the first submission starts the service, once its jobs are known to fit
+        service = transport.find()
+        if service is None:  # the first submission starts the service, once its jobs are known to fit
             cluster = config.cluster.spec() if given else connect.ray_cluster()
             cluster_block = config.cluster.model_copy(update={"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node})
             check_topology(config.model_copy(update={"cluster": cluster_block}))
-            handle = connect.start(cluster, config.policy, config.scheduler)
-        self.scheduler = handle
-        self.info = info = ray.get(handle.info.remote(), timeout=connect.SCHEDULER_CALL_S)
+            service = connect.start(cluster, config.policy, config.scheduler)
+        self.scheduler = service
+        self.info = info = service.call_sync(protocol.Info())
         have = (info.nodes, info.gpus_per_node)
         if given and (config.cluster.nodes, config.cluster.gpus_per_node) != have:
             raise ConfigError(
@@ -57,31 +58,40 @@ class Submission:
         cluster = config.cluster.model_copy(update={"nodes": info.nodes, "gpus_per_node": info.gpus_per_node})
         self.config = config.model_copy(update={"cluster": cluster, "policy": info.policy})
         check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
-        self.submitter = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.jobs = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j)) for j in config.jobs)
-        self.open = self.jobs  # the jobs this run has not seen end (what a renewal keeps claimed)
+        tag = os.environ.get(TAG_ENV) or uuid.uuid4().hex[:6]  # a detached run's is its submitter's
+        self.submitter = f"{socket.gethostname()}:{os.getpid()}:{tag}"
+        self.user = protocol.asker()
+        claims = tuple(
+            JobClaim(name=j.name, priority=j.priority, steps=default_steps(j), config=source, log=log) for j in config.jobs
+        )
         try:
-            ray.get(handle.claim.remote(self.submitter, self.jobs), timeout=connect.SCHEDULER_CALL_S)
+            ids = service.call_sync(protocol.Claim(submitter=self.submitter, jobs=claims, user=self.user))
         except NameTaken as exc:
-            message = str(getattr(exc, "cause", exc))  # the service's own words, without Ray's wrapping
+            message = str(exc)
             names = [j.name for j in config.jobs]
             index = next((i for i, n in enumerate(names) if f"'{n}'" in message), 0)
             raise ConfigError(f"jobs[{index}].name: {message}") from None
-        self.cancelled: set[str] = set()  # jobs whose cancel was asked for (read by the run's poll)
+        self.jobs = tuple(dataclasses.replace(c, id=i) for c, i in zip(claims, ids))  # with the ids the scheduler gave
+        self.ids = {c.name: c.id for c in self.jobs}
+        self.open = self.jobs  # the jobs this run has not seen end (what a renewal keeps claimed)
+        self.cancelled: dict[str, Stopped] = {}  # jobs whose cancel was asked for, and why (read by the run's poll)
         self._done = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="rlix-lease", daemon=True)
         self._renewer.start()
 
     @classmethod
-    def join(cls, config: RunConfig, address: str, where: str) -> Submission:
+    def join(cls, config: RunConfig, address: str, where: str, source: str = "", log: str = "") -> Submission:
         """Join the Ray cluster at ``address`` (named by ``where``) and submit there; Ray is left again on failure."""
         import ray
         from ray.exceptions import RayError
 
         given = "cluster" in config.model_fields_set
-        connect.join(address, config.cluster.spec().num_gpus if given else 0, where)
+        transport.join(address, config.cluster.spec().num_gpus if given else 0, where)
         try:
-            return cls(config)
+            return cls(config, source, log)
+        except VersionMismatch as exc:
+            ray.shutdown()
+            raise connect.ServiceError(f"{where} {address}: {exc}") from None
         except RayError as exc:
             ray.shutdown()
             raise connect.ServiceError(
@@ -92,11 +102,9 @@ class Submission:
             ray.shutdown()
             raise
 
-    def take_cancelled(self) -> list[str]:
-        """The jobs whose cancel was asked for since the last call."""
-        names = sorted(self.cancelled)
-        self.cancelled.difference_update(names)
-        return names
+    def take_cancelled(self) -> list[tuple[str, Stopped]]:
+        """The jobs whose cancel was asked for since the last call, and why."""
+        return [(name, self.cancelled.pop(name)) for name in sorted(self.cancelled)]
 
     def ended(self, names) -> None:
         """The run saw these jobs end: renewals no longer claim them (the name is free for others)."""
@@ -105,21 +113,18 @@ class Submission:
 
     def _renew(self) -> None:
         """Renew the lease every ``RENEW_S`` from its own thread, however long the run's poll takes."""
-        import ray
-
         while not self._done.wait(RENEW_S):
             try:
-                ref = self.scheduler.renew.remote(self.submitter, self.open)
-                self.cancelled.update(ray.get(ref, timeout=connect.SCHEDULER_CALL_S))
+                renewal = protocol.Renew(submitter=self.submitter, jobs=self.open, user=self.user)
+                asked = self.scheduler.call_sync(renewal)
+                self.cancelled.update(asked)
             except Exception:  # noqa: BLE001 -- the service is restarting: the next renewal claims again
                 pass
 
     def leave(self) -> None:
-        import ray
-
         self._done.set()
         try:
-            ray.get(self.scheduler.leave.remote(self.submitter), timeout=connect.SCHEDULER_CALL_S)
+            self.scheduler.call_sync(protocol.Leave(submitter=self.submitter))
         except Exception:  # noqa: BLE001 -- the service is gone: nothing to leave
             pass
 

@@ -36,7 +36,7 @@ from rlix.exec.host_priority import background_start
 from rlix.exec.job.recorder import Recorder
 from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
-from rlix.exec.messages import LOAD_WAIT, Emulation, GpuMap, JobNote, JobProgress, JobResult
+from rlix.exec.messages import LOAD_WAIT, Emulation, JobProgress, JobResult
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
@@ -44,6 +44,7 @@ from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.job import executor_stages, stage_role, warm_order
 from rlix.metrics import Activity
+from rlix.protocol import GpuMap, JobNote, Stopped
 from rlix.step import JobPlan, StepMachine, StreamSpec, declared_spec
 
 
@@ -160,7 +161,12 @@ def deadlines_of(limits) -> Deadlines:
 
 
 class JobStopped(Exception):
-    """The job was asked to stop (its run ends cancelled, keeping what it did)."""
+    """The job was asked to stop (its run ends cancelled, keeping what it did); ``why``: who asked
+    through the scheduler (None: its own run's driver, on Ctrl-C)."""
+
+    def __init__(self, why: Stopped | None = None) -> None:
+        super().__init__(why.line() if why is not None else "stopped")
+        self.why = why
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -214,7 +220,7 @@ class PipelineCoordinator:
         loop = asyncio.get_running_loop()
         self.failure, self.wake_up = loop.create_future(), asyncio.Event()
         self.status = JobStatus.RUNNING
-        error, bad_input = "", False
+        error, bad_input, stopped = "", False, None
         try:
             self.runner = self._runner()
             await self.link.control(self.link.client.register(self.spec, ray.get_runtime_context().current_actor))
@@ -229,8 +235,9 @@ class PipelineCoordinator:
             if self.failure.done():
                 raise self.failure.result()
             self.status = JobStatus.FINISHED
-        except JobStopped:  # stopped on request: what was done is kept and reported
-            self.status = JobStatus.CANCELLED
+        except JobStopped as exc:  # stopped on request: what was done is kept and reported
+            self.status, stopped = JobStatus.CANCELLED, exc.why
+            error = stopped.line() if stopped is not None else ""
         except Exception as exc:  # one job's failure never reaches the others
             self.status = JobStatus.FAILED
             error, bad_input = failure_line(exc, self.steplog.dir if self.steplog is not None else None)
@@ -238,7 +245,8 @@ class PipelineCoordinator:
             await self._teardown(error)
             if self.steplog is not None:
                 self.steplog.close()
-        return job_result(self.rec, self.runner, self.status, error, bad_input, self.arrival_s, self.now())
+        result = job_result(self.rec, self.runner, self.status, error, bad_input, self.arrival_s, self.now())
+        return replace(result, stopped=stopped)
 
     def _runner(self) -> StepRunner:
         hooks = Hooks(
@@ -355,9 +363,10 @@ class PipelineCoordinator:
     async def shrink(self, gpus: Gpus, reason: str) -> None:
         await self.rollout.shrink(gpus, reason)
 
-    async def stop(self) -> None:
-        """Stop the job now (Ctrl-C): its run returns what was done, status cancelled."""
-        self._fatal(JobStopped())
+    async def stop(self, why: Stopped | None = None) -> None:
+        """Stop the job now (Ctrl-C, or ``why``: a cancel through the scheduler): its run returns what
+        was done, status cancelled."""
+        self._fatal(JobStopped(why))
 
     async def progress(self) -> JobProgress:
         held = len(self.pool.held_gpus()) + len(self.link.gpus_held())

@@ -15,18 +15,25 @@ import asyncio
 import dataclasses
 
 from rlix.core import Rejoin, SchedulingError, Stage
-from rlix.exec.messages import (
+from rlix.exec.service.history import history_row
+from rlix.exec.service.logs import chunk_here
+from rlix.exec.service.roster import keep
+from rlix.exec.service.status import cluster_status
+from rlix.protocol import (
     CancelReply,
     ClusterStatus,
+    HistoryRow,
     JobClaim,
     JobNote,
+    LogChunk,
     PipelineGone,
     PipelineUnknown,
     ServiceInfo,
+    Stopped,
     TimelineReply,
 )
-from rlix.exec.service.status import cluster_status
 
+TOTALS_KEY = "rlix-scheduler/totals"  # each job's GPU-seconds and preemptions, kept for a restarted service
 LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
 LIVENESS_DEADLINE_S = 10.0  # an endpoint that does not answer within this is gone (s)
 CANCEL_GRACE_S = 30.0  # a cancelled job still registered this long after its cancel is killed (s)
@@ -48,7 +55,7 @@ def kill_actor(handle) -> None:
 
 
 class ServiceCalls:
-    """Service calls of the scheduler actor (state: ``self.book``, ``self.usage``, ``self.gone``)."""
+    """Service calls of the scheduler actor (state: ``self.jobs``, ``self.usage``, ``self.gone``)."""
 
     async def info(self) -> ServiceInfo:
         if self.gpus_error:  # a (restarted) service without its GPUs: nothing may be placed through it
@@ -72,7 +79,7 @@ class ServiceCalls:
         """A pipeline's keep-alive: raises if this scheduler does not know it (it restarted, or dropped it)."""
         self._known(pipeline_id)
 
-    async def rejoin(self, event: Rejoin, endpoint) -> None:
+    async def rejoin(self, event: Rejoin, endpoint, user: str = "") -> None:
         """A pipeline registered with this scheduler before its restart registers again with its holdings."""
         pid = event.spec.pipeline_id
         if pid in self.core.pipelines():
@@ -82,53 +89,58 @@ class ServiceCalls:
         if event.admitted_at is None:  # when the previous life admitted it, as it kept it
             event = dataclasses.replace(event, admitted_at=self.roster.admitted_before(pid))
         await self._event(event)
+        self.jobs.rejoined(pid, user, event.admitted, self.now())
         self._joined(event.spec, endpoint)
         if event.demand is not None:
             self.demands[pid] = event.demand
 
     async def note(self, note: JobNote) -> None:
         self._known(note.pipeline_id)
-        self.book.notes[note.pipeline_id] = note
+        self.jobs.noted(note, self.now())
 
-    async def claim(self, submitter: str, jobs: tuple[JobClaim, ...]) -> None:
-        """Claim job names for ``submitter`` (:class:`rlix.exec.messages.NameTaken` if one is in use).
+    async def claim(self, submitter: str, jobs: tuple[JobClaim, ...], user: str = "") -> tuple[str, ...]:
+        """Claim job names for ``submitter`` (:class:`rlix.protocol.NameTaken` if one is in use); returns their ids.
 
         Waits while a restarted scheduler's pipelines rejoin: until they have, a name that is running may not look so."""
         await self._rejoin_window()
-        self.book.claim(submitter, jobs, set(self.core.pipelines()), self.now())
+        return self.jobs.claim(submitter, user, jobs, set(self.core.pipelines()), self.now())
 
-    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...]) -> tuple[str, ...]:
-        """``submitter``'s lease, with the jobs it has not seen end; returns those whose cancel was asked for."""
-        self.book.renew_claims(submitter, jobs, self.now())
-        return self.book.renew(submitter, self.now())
+    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...], user: str = "") -> tuple[tuple[str, Stopped], ...]:
+        """``submitter``'s lease, with the jobs it has not seen end; returns those cancelled before they started, and why."""
+        self.jobs.renew_claims(submitter, user, jobs, self.now())
+        return self.jobs.renew(submitter, self.now())
 
     async def leave(self, submitter: str) -> None:
         """A submitter is done: its lease ends (its jobs stay listed as they ended)."""
-        self.book.renewed.pop(submitter, None)
-        for name in self.book.jobs_of(submitter):
-            self.book.end(name, "cancelled")
+        self.jobs.leave(submitter, self.now())
 
-    async def cancel(self, name: str) -> CancelReply:
-        """Cancel a job: a running one is asked to stop (it ends cancelled; killed if it has not
-        left within ``CANCEL_GRACE_S``); one not started never starts."""
-        if name in self.book.ended:
-            return CancelReply(found=True, message=f"job '{name}' already {self.book.ended[name][0]}")
-        endpoint = self.coordinators.get(name)
+    async def cancel(self, job: str, why: Stopped = Stopped(), *, force: bool = False) -> CancelReply:
+        """Cancel a job, by id or name: a running one is asked to stop (it ends cancelled; killed if it
+        has not left within ``CANCEL_GRACE_S``); one not started never starts. ``why``: who asked, told to
+        the job (its submitter prints it); another user's job only with ``force``."""
+        record = self.jobs.find(job)
+        if record is None:
+            return CancelReply(found=False, message=f"no job '{job}' on this cluster; see rlix status")
+        if record.ended:
+            return CancelReply(found=True, message=f"job {record.id} already {record.phase.value}")
+        owner, asker = record.user.partition("@")[0], why.by.partition("@")[0]
+        if owner and asker and owner != asker and not force:
+            message = f"job {record.id} is {owner}'s (submitted from {record.user}); cancel it with --force"
+            return CancelReply(found=True, refused=True, message=message)
+        endpoint = self.coordinators.get(record.name)
         if endpoint is not None:
-            endpoint.stop.remote()
-            self.order.spawn(self._stopped_or_killed(name, endpoint))
-            return CancelReply(found=True, message=f"job '{name}' asked to stop")
-        if name in self.book.claims:
-            self.book.cancel_asked.add(name)
-            self.book.end(name, "cancelled")
-            return CancelReply(found=True, message=f"job '{name}' cancelled before it started")
-        return CancelReply(found=False, message=f"no job '{name}' on this cluster; see rlix status")
+            endpoint.stop.remote(why)
+            self.order.spawn(self._stopped_or_killed(record.name, endpoint))
+            return CancelReply(found=True, message=f"job {record.id} asked to stop")
+        self.jobs.cancelled(record.name, why, self.now())
+        return CancelReply(found=True, message=f"job {record.id} cancelled before it started")
 
-    async def cancel_all(self) -> int:
-        """Cancel every job not ended (``rlix scheduler stop --force``); returns how many."""
-        names = sorted(set(self.book.open_jobs()) | set(self.core.pipelines()))
+    async def cancel_all(self, by: str = "") -> int:
+        """Cancel every job not ended, the scheduler being stopped by ``by`` (``rlix scheduler stop --force``);
+        returns how many."""
+        names = sorted(set(self.jobs.open_jobs()) | set(self.core.pipelines()))
         for name in names:
-            await self.cancel(name)
+            await self.cancel(name, Stopped(by=by, scheduler_stopped=True), force=True)
         return len(names)
 
     async def kill_all(self) -> list[str]:
@@ -137,24 +149,57 @@ class ServiceCalls:
         names = sorted(self.core.pipelines())
         for name in names:
             await self._drop(name, "cancelled", "killed: the scheduler was stopped")
-        for name in self.book.open_jobs():
-            self.book.end(name, "cancelled", "the scheduler was stopped")
+        for name in self.jobs.open_jobs():
+            self.jobs.end(name, "cancelled", "the scheduler was stopped", self.now())
         return names
 
     async def busy(self) -> list[str]:
         """Jobs not ended: registered pipelines and claimed jobs (``rlix scheduler stop`` refuses while any)."""
-        return sorted(set(self.book.open_jobs()) | set(self.core.pipelines()))
+        return sorted(set(self.jobs.open_jobs()) | set(self.core.pipelines()))
 
     async def status(self) -> ClusterStatus:
         self._account()
         return cluster_status(self, self.now())
+
+    async def job_history(self, user: str = "", since: float = 0.0) -> tuple[HistoryRow, ...]:
+        """The jobs that ended (``rlix history``), oldest first: those written to the database, and any not written yet."""
+        self._write_history()
+        if self.history is None:
+            raise SchedulingError("this rlix scheduler keeps no history (a private run's scheduler)")
+        return tuple(self.history.query(user=user, since=since))
+
+    async def read_log(self, job: str, offset: int = 0) -> LogChunk:
+        """A job's run log from ``offset``, where it lies on this node (``rlix logs`` from another host)."""
+        record = self.jobs.find(job)
+        if record is None:
+            raise SchedulingError(f"no job '{job}' on this cluster; see rlix status")
+        return chunk_here(record.log, offset, record.ended)
+
+    def _write_history(self) -> None:
+        """Write the jobs that ended and hold no GPU any more to the history (once each, with their final figures)."""
+        if self.history is None:
+            return
+        self._account()
+        self.usage.integrate(self.now())
+        for record in self.jobs.records.values():
+            if record.ended and record.id not in self.in_history and self._settled(record):
+                self.history.write(history_row(record, self.usage, self.t0))
+                self.in_history.add(record.id)
+
+    def _settled(self, record) -> bool:
+        """Whether an ended job's GPUs are all back: its pipeline left the core, or its name is another job's now."""
+        if record.name not in self.core.pipelines():
+            return True
+        active = self.jobs.active(record.name)
+        return active is not None and active.id != record.id
 
     async def timeline(self) -> TimelineReply:
         """The cluster's activity since the service started."""
         now = self.now()
         self._account()
         rec = self.usage.timeline(now)
-        return TimelineReply(recorder=rec, now=now, jobs=tuple(sorted(rec.by_pipeline)))
+        util = cluster_status(self, now).utilization
+        return TimelineReply(recorder=rec, now=now, start=self.began, jobs=tuple(sorted(rec.by_pipeline)), utilization=util)
 
     # ------------------------------------------------------------ keeping the cluster whole
 
@@ -187,7 +232,7 @@ class ServiceCalls:
         self.coordinators[spec.pipeline_id] = endpoint
         self.roster.joined(spec.pipeline_id, self.core.admitted_at(spec.pipeline_id))
         self.specs[spec.pipeline_id] = spec
-        self.usage.set_home(self.now(), spec.pipeline_id, spec.home_gpus)
+        self.usage.set_home(self.now(), self.jobs.id_of(spec.pipeline_id), spec.home_gpus)
         self._account()
 
     async def _watch(self) -> None:
@@ -195,20 +240,22 @@ class ServiceCalls:
         while True:
             await asyncio.sleep(LIVENESS_S)
             try:
-                for submitter in self.book.expired(self.now()):
-                    for name in self.book.jobs_of(submitter):
-                        if name not in self.book.ended and name in self.core.pipelines():
+                for submitter in self.jobs.expired(self.now()):
+                    for name in self.jobs.jobs_of(submitter):
+                        if name in self.core.pipelines():
                             self.order.spawn(self._drop(name, "failed", f"its submitter {submitter} is gone"))
-                        self.book.end(name, "failed", f"its submitter {submitter} is gone")
+                        self.jobs.end(name, "failed", f"its submitter {submitter} is gone", self.now())
                 endpoints = list(self.coordinators.items())
                 answers = await asyncio.gather(*(self._answers(e) for _, e in endpoints))
                 for (pid, _), alive in zip(endpoints, answers):
                     if not alive:
-                        self.book.end(pid, "failed", "its process is gone")
+                        self.jobs.end(pid, "failed", "its process is gone", self.now())
                         self.order.spawn(self._unreachable(pid))
-                if self.prom is not None:
-                    self._account()
-                    self.prom.update(cluster_status(self, self.now()))
+                if self.roster.restarted_and_done(self.now()):  # once: the jobs that did not come back ended
+                    self.jobs.unjoined(set(self.core.pipelines()), self.now())
+                self._account()
+                self._keep_totals(self.now())
+                self._write_history()
             except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
                 self._bug(exc)
 
@@ -223,7 +270,7 @@ class ServiceCalls:
         return True
 
     def _holders(self) -> list:
-        """What holds each GPU now, as the usage accounting books it."""
+        """What holds each GPU now, as the usage accounting books it: by job id (two runs of one name apart)."""
         from rlix.core.types import GangHolder
         from rlix.metrics import Activity
 
@@ -231,14 +278,22 @@ class ServiceCalls:
         for holder in self.core.ledger.owner:
             if holder is None:
                 out.append(None)
-            elif isinstance(holder, GangHolder):
-                out.append((holder.pipeline_id, holder.stage.value, Activity.WORK))
+                continue
+            job = self.jobs.id_of(holder.pipeline_id)
+            if isinstance(holder, GangHolder):
+                out.append((job, holder.stage.value, Activity.WORK))
             else:
                 report = self.demands.get(holder.pipeline_id)
                 loads = {w.first_gpu: w.active for w in report.loads} if report is not None else {}
                 busy = loads.get(holder.gpus[0], 1) > 0
-                out.append((holder.pipeline_id, Stage.ROLLOUT.value, Activity.WORK if busy else Activity.HELD))
+                out.append((job, Stage.ROLLOUT.value, Activity.WORK if busy else Activity.HELD))
         return out
+
+    def _keep_totals(self, now: float) -> None:
+        """Each job's GPU-seconds and counts up to ``now``, where a restarted service finds them (so what a scrape
+        read never falls back after a restart)."""
+        if self.persist:
+            keep(TOTALS_KEY, {"usage": self.usage.totals(now), "preemptions": dict(self.metrics.preemptions)})
 
     def _account(self) -> None:
         self.usage.update(self.now(), self._holders())

@@ -1,9 +1,12 @@
 """Executor layer: ``rlix``, the tools of the cluster's shared scheduler service.
 
     rlix scheduler start [--address A] [--policy P] [--set KNOB=VALUE ...] [--nodes N --gpus G]
+                         [--metrics-port P] [--history PATH]
     rlix scheduler stop [--address A] [--force]
-    rlix status [--address A] [--json]
-    rlix cancel JOB [--address A]
+    rlix status [JOB] [--address A] [--json] [--watch [S]]
+    rlix history [--user U] [--since T] [--json] [--db PATH] [--address A]
+    rlix logs JOB [--follow] [--address A]
+    rlix cancel JOB [--address A] [--force]
     rlix timeline [--address A] [--plot out.png]
 
 ``--address`` defaults to ``RAY_ADDRESS``, else ``auto`` (the cluster this
@@ -19,9 +22,29 @@ import os
 import sys
 from dataclasses import asdict
 
+from rlix.protocol import VersionMismatch
+
 
 class UserError(Exception):
     """Bad input, or nothing to talk to: one line, exit 2."""
+
+
+def port(text: str) -> int:
+    """A TCP port, 1 to 65535 (argparse says so in one line otherwise)."""
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (1 to 65535)")
+    return int(text)
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,15 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="a scheduler knob (repeatable)")
     start.add_argument("--nodes", type=int, default=None, help="nodes it manages (default: the Ray cluster's GPU nodes)")
     start.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: read from Ray)")
+    start.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics at :PORT/metrics")
+    start.add_argument("--history", default=None, help="the SQLite file of ended jobs (default ~/.rlix/history.sqlite)")
     stop = act.add_parser("stop", help="stop the service (refused while jobs run)")
     stop.add_argument("--force", action="store_true", help="cancel every job cleanly first")
     status = sub.add_parser("status", help="jobs, the GPUs they hold, and the cluster's use")
+    status.add_argument("job", nargs="?", default=None, help="one job's detail (its id, or its name)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument("--watch", type=seconds, nargs="?", const=2.0, default=None, metavar="S", help="refresh every S s")
+    logs = sub.add_parser("logs", help="a job's lines of its run's log")
+    logs.add_argument("job", help="its job id, or its name")
+    logs.add_argument("--follow", "-f", action="store_true", help="go on printing until the job ends")
+    history = sub.add_parser("history", help="the jobs that ended (as sacct)")
+    history.add_argument("--user", default="", help="only this user's jobs (a name, or user@host)")
+    history.add_argument("--since", default="", help="ended since: 2026-11-27, '2026-11-27 14:00', or 30m, 6h, 2d ago")
+    history.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    history.add_argument("--db", default=None, help="read this history file directly (on the head node; no Ray)")
     cancel = sub.add_parser("cancel", help="cancel a job (it ends cancelled, keeping what it did)")
-    cancel.add_argument("job")
+    cancel.add_argument("job", help="its job id, or its name while it has not ended")
+    cancel.add_argument("--force", action="store_true", help="cancel another user's job")
     timeline = sub.add_parser("timeline", help="the cluster's GPU-by-time chart since the service started")
     timeline.add_argument("--plot", default=None, help="write the chart here (PNG); default: print the segments as JSON")
-    for q in (start, stop, status, cancel, timeline):
+    for q in (start, stop, status, cancel, timeline, history, logs):
         q.add_argument("--address", default=None, help="the Ray cluster (default: RAY_ADDRESS, else auto)")
     return p
 
@@ -50,14 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        handle = _connect(args)
-        code = COMMANDS[(args.command, getattr(args, "action", None))](handle, args)
+        if args.command == "status" and (read := _over_http(args)) is not None:  # no Ray to import: fast
+            return _status(read, args)
+        service = None if getattr(args, "db", None) else _connect(args)
+        code = COMMANDS[(args.command, getattr(args, "action", None))](service, args)
         if args.command in READ_ONLY and argv is None:  # a tool's reading: leave without Ray's slow teardown
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
         return code
     except UserError as exc:
+        print(f"rlix: {exc}", file=sys.stderr)
+        return 2
+    except VersionMismatch as exc:
         print(f"rlix: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a Ray error: the service died, is restarting, or did not answer in time
@@ -70,28 +111,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _connect(args):
-    """Join the Ray cluster; the service's handle (None only for ``scheduler start`` when none runs)."""
-    from rlix.exec.service import connect
+    """Join the Ray cluster; the transport to its scheduler service (None only for ``scheduler start``
+    when none runs)."""
+    from rlix import transport
 
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
-        connect.join(address, 0, "--address", quiet=True)
-    except connect.ClusterError as exc:
+        transport.join(address, 0, "--address", quiet=True)
+    except transport.ClusterError as exc:
         raise UserError(str(exc)) from None
-    handle = connect.find()
-    if handle is None and (args.command, getattr(args, "action", None)) != ("scheduler", "start"):
+    service = transport.find()
+    if service is None and (args.command, getattr(args, "action", None)) != ("scheduler", "start"):
         raise UserError(f"no rlix scheduler runs on the Ray cluster at {address}; start one with 'rlix scheduler start'")
-    return handle
+    return service
 
 
-def _start(handle, args) -> int:
-    import ray
-
+def _start(service, args) -> int:
+    from rlix import protocol
     from rlix.core import ClusterSpec
     from rlix.exec.service import connect
 
-    if handle is not None:
-        info = ray.get(handle.info.remote(), timeout=connect.SCHEDULER_CALL_S)
+    if service is not None:
+        info = service.call_sync(protocol.Info())
         print(f"rlix scheduler already runs: {info.nodes} x {info.gpus_per_node} GPUs, policy {info.policy}")
         return 0
     from rlix.core import POLICIES
@@ -106,10 +147,11 @@ def _start(handle, args) -> int:
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
     try:
-        connect.start(cluster, args.policy, knobs)
+        connect.start(cluster, args.policy, knobs, args.metrics_port, args.history or connect.DEFAULT_HISTORY)
     except connect.ClusterError as exc:  # its GPUs could not be reserved in Ray
         raise UserError(str(exc)) from None
-    print(f"rlix scheduler started: {cluster.nodes} x {cluster.gpus_per_node} GPUs, policy {args.policy}")
+    served = f"; metrics at :{args.metrics_port}/metrics" if args.metrics_port else ""
+    print(f"rlix scheduler started: {cluster.nodes} x {cluster.gpus_per_node} GPUs, policy {args.policy}{served}")
     return 0
 
 
@@ -126,70 +168,213 @@ def _knobs(pairs: list[str]):
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UserError(f"--set {pair}: write KNOB=VALUE, e.g. --set min_residency_s=5")
-        raw[key] = yaml.safe_load(value)
+        try:
+            raw[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--set {pair}: the value does not read as YAML; quote it or write a plain number") from None
     try:
         return SchedulerKnobs.model_validate(raw)
     except ValidationError as exc:
         raise UserError(f"--set {one_line(exc)}") from None
 
 
-def _stop(handle, args) -> int:
+def _stop(service, args) -> int:
     from rlix.exec.service import connect
 
     try:
-        print(connect.stop(handle, force=args.force))
+        print(connect.stop(service, force=args.force))
     except connect.ServiceError as exc:
         print(f"rlix: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _status(handle, args) -> int:
-    import ray
+def _status(read, args) -> int:
+    """``rlix status``: ``read()`` gives the status (over HTTP, or through Ray: ``read`` is then the transport)."""
+    if not callable(read):
+        from rlix import protocol
 
-    from rlix.exec.service import connect
-    from rlix.exec.service.show import status_table
-
-    status = ray.get(handle.status.remote(), timeout=connect.SCHEDULER_CALL_S)
+        service = read
+        read = lambda: service.call_sync(protocol.Status())  # noqa: E731
+    status = read()
+    if args.job is not None:
+        return _one_job(status, args)
+    if args.watch is not None:
+        return _watch(read, args.watch)
     if args.json:
         print(json.dumps(asdict(status), indent=1))
     else:
+        from rlix.exec.service.show import status_table
+
         status_table(status)
     return 0
 
 
-def _cancel(handle, args) -> int:
-    import ray
+def _over_http(args):
+    """A reader of the status over the service's HTTP page, where this host can read it so; else None."""
+    from rlix import protocol, transport
 
-    from rlix.exec.service import connect
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    first = transport.status_over_http(address)
+    if first is None:
+        return None
+    ready = [first]
 
-    reply = ray.get(handle.cancel.remote(args.job), timeout=connect.SCHEDULER_CALL_S)
-    print(reply.message if reply.found else f"rlix: {reply.message}", file=sys.stdout if reply.found else sys.stderr)
-    return 0 if reply.found else 1
+    def read():
+        data = ready.pop() if ready else transport.status_over_http(address)
+        if data is None:
+            raise UserError("the rlix scheduler stopped answering; see 'rlix status' again")
+        return protocol.status_from_json(data)
+
+    try:
+        protocol.status_from_json(first)
+    except (TypeError, KeyError):  # a page of another rlix version: through Ray, which checks the protocol
+        return None
+    return read
 
 
-def _timeline(handle, args) -> int:
-    import ray
+def _one_job(status, args) -> int:
+    """``rlix status JOB``: the job by id, else the latest of that name."""
+    rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
+    if not rows:
+        raise UserError(f"no job '{args.job}' on this cluster; 'rlix status' lists them, 'rlix history' those that ended")
+    if args.json:
+        print(json.dumps(asdict(rows[0]), indent=1))
+    else:
+        from rlix.exec.service.show import console, job_detail
 
-    from rlix.exec.service import connect
+        console().print(job_detail(rows[0], status.started_at))
+    return 0
 
-    reply = ray.get(handle.timeline.remote(), timeout=connect.SCHEDULER_CALL_S)
+
+def _watch(read, every_s: float) -> int:
+    """The status table, refreshed every ``every_s`` until Ctrl-C."""
+    import time
+
+    from rich.live import Live
+
+    from rlix.exec.service.show import console, status_view
+
+    with Live(status_view(read()), console=console(), auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(every_s)
+                live.update(status_view(read()), refresh=True)
+        except KeyboardInterrupt:
+            return 0
+
+
+def _history(service, args) -> int:
+    import sqlite3
+
+    from rlix import protocol
+    from rlix.exec.service.show import history_table
+
+    since = _since(args.since)
+    if args.db:
+        from rlix.exec.service.history import History
+
+        if not os.path.exists(os.path.expanduser(args.db)):
+            raise UserError(f"--db {args.db}: no such file; the scheduler's is ~/.rlix/history.sqlite on the head node")
+        try:
+            rows = History(args.db, readonly=True).query(user=args.user, since=since)
+        except sqlite3.Error as exc:
+            raise UserError(f"--db {args.db}: not an rlix history ({exc})") from None
+    else:
+        rows = list(service.call_sync(protocol.JobHistory(user=args.user, since=since)))
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        history_table(rows)
+    return 0
+
+
+def _logs(service, args) -> int:
+    """``rlix logs JOB``: the job's lines of its run's log, read here if it lies on this host, else by the
+    scheduler on its node; ``--follow`` goes on until the job has ended."""
+    import time
+
+    from rlix import protocol
+    from rlix.exec.service.logs import lines_of, local_path, read_chunk
+
+    status = service.call_sync(protocol.Status())
+    rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
+    if not rows:
+        raise UserError(f"no job '{args.job}' on this cluster; see rlix status")
+    row, offset = rows[0], 0
+    if not row.log:
+        raise UserError(f"job {row.id} keeps no run log (a pipeline of its own); see rlix status {row.id}")
+    here = local_path(row.log)
+    while True:
+        if here is not None:
+            text, offset = read_chunk(here, offset)
+            ended = row.state in ("finished", "failed", "cancelled")
+        else:
+            chunk = service.call_sync(protocol.ReadLog(job=row.id, offset=offset))
+            if not chunk.found:
+                host, _, path = row.log.partition(":")
+                raise UserError(f"job {row.id}'s log is on {host} at {path}; run rlix logs there, or read that file")
+            text, offset, ended = chunk.text, chunk.offset, chunk.ended
+        for line in lines_of(text, row.name):
+            print(line, flush=True)
+        if not args.follow or (ended and not text):
+            return 0
+        if not text:
+            time.sleep(1.0)
+            row = next((r for r in service.call_sync(protocol.Status()).jobs if r.id == row.id), row)
+
+
+def _since(text: str) -> float:
+    """``--since`` as Unix seconds: a date, a date and time, or an age (30m, 6h, 2d); "" is the beginning."""
+    import time
+    from datetime import datetime
+
+    if not text:
+        return 0.0
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(text[:-1]) * units[text[-1]]
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise UserError(
+            f"--since {text}: write a date (2026-11-27), a date and time ('2026-11-27 14:00'), or 30m, 6h, 2d"
+        ) from None
+
+
+def _cancel(service, args) -> int:
+    from rlix import protocol
+
+    reply = service.call_sync(protocol.Cancel(job=args.job, by=protocol.asker(), force=args.force))
+    done = reply.found and not reply.refused
+    print(reply.message if done else f"rlix: {reply.message}", file=sys.stdout if done else sys.stderr)
+    return 0 if done else 1
+
+
+def _timeline(service, args) -> int:
+    from rlix import protocol
+
+    reply = service.call_sync(protocol.Timeline())
     rec, now, jobs = reply.recorder, reply.now, list(reply.jobs)
     if args.plot:
+        from rlix.exec.service import connect
         from rlix.sim.plot import plot_runs
 
-        plot_runs({"rlix scheduler": (rec, now)}, jobs, args.plot, f"rlix scheduler: {len(jobs)} jobs, {now:.0f} s")
+        title = f"rlix scheduler: {connect.jobs(len(jobs))}, utilization {reply.utilization:.3f}"
+        plot_runs({"rlix scheduler": (rec, now)}, jobs, args.plot, title, span="up")
         print(f"wrote {args.plot}")
         return 0
     segments = [
         {"gpu": s.gpu, "start": s.start, "end": s.end, "activity": s.activity.value, "job": s.pipeline_id, "stage": s.stage}
         for s in rec.iter_segments()
     ]
-    print(json.dumps({"now_s": now, "num_gpus": rec.num_gpus, "segments": segments}, indent=1))
+    out = {"now_s": now, "start_s": reply.start, "num_gpus": rec.num_gpus, "utilization": reply.utilization}
+    out["segments"] = segments
+    print(json.dumps(out, indent=1))
     return 0
 
 
-READ_ONLY = ("status", "timeline")  # commands that change nothing on the service
+READ_ONLY = ("status", "timeline", "history", "logs")  # commands that change nothing on the service
 
 COMMANDS = {
     ("scheduler", "start"): _start,
@@ -197,6 +382,8 @@ COMMANDS = {
     ("status", None): _status,
     ("cancel", None): _cancel,
     ("timeline", None): _timeline,
+    ("history", None): _history,
+    ("logs", None): _logs,
 }
 
 

@@ -12,19 +12,18 @@ restart) for every submitter's processes; stopping it gives them back.
 
 from __future__ import annotations
 
-import socket
 import time
 
+from rlix import protocol
 from rlix.core import ClusterSpec, SchedulingError
-from rlix.exec.control.actor_placement import ClusterError
 from rlix.exec.control.gpu_reservation import RESERVE_WAIT_S, release
-from rlix.exec.messages import GpuMap
+from rlix.exec.service.history import DEFAULT_PATH as DEFAULT_HISTORY
+from rlix.protocol import GpuMap
+from rlix.transport import NAMESPACE, SCHEDULER_CALL_S, SERVICE_NAME, ClusterError, RayTransport
 
-SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
-NAMESPACE = "rlix"  # the Ray namespace it lives in
-SCHEDULER_CALL_S = 30.0  # deadline of a driver's call to the service (s)
 SHRINK_CALL_S = 300.0  # deadline of a scheduler's shrink and expand calls to a pipeline (s; a vLLM cold wake can take 100)
 GPU_NAMES = "rlix-gpus"  # the service's GPU reservation: placement groups rlix-gpus-0, -1, ...
+HEAD_NODE = "node:__internal_head__"  # the resource Ray gives the head node alone
 REJOIN_S = 30.0  # a restarted service plans nothing until its pipelines rejoined, or for this long at most (s)
 
 
@@ -32,46 +31,9 @@ class ServiceError(ClusterError):
     """The service cannot be started or reached as asked (a one-line message with the fix)."""
 
 
-HINT = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
-
-
-def answers(address: str, where: str) -> None:
-    """Raise one line (:class:`ClusterError`) unless something listens at ``address`` (``auto``: not checked
-    here); ``where`` names the setting it came from. Cheap: a run checks it before anything else."""
-    if address == "auto":
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-    except (OSError, ValueError):
-        raise ClusterError(f"{where} {address}: no Ray cluster answers there; {HINT}") from None
-
-
-def join(address: str, gpus_needed: int, where: str, *, quiet: bool = False) -> None:
-    """Connect to an existing Ray cluster, failing fast with one line if it is not there.
-
-    ``where`` names the setting the address came from (``--address`` or ``ray.address``);
-    ``quiet``: without Ray's notices on connecting (the ``rlix`` tools).
-    """
-    import logging
-
-    import ray
-
-    answers(address, where)
-    try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING if quiet else logging.INFO)
-    except ConnectionError:
-        raise ClusterError(
-            f"{where} {address}: no Ray cluster accepted the connection; {HINT} "
-            "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
-        ) from None
-    have = int(ray.cluster_resources().get("GPU", 0))
-    if have < gpus_needed:
-        ray.shutdown()
-        raise ClusterError(
-            f"{where} {address}: the Ray cluster has {have} GPUs but cluster in the config needs {gpus_needed}; "
-            "add nodes or lower cluster.nodes / cluster.gpus_per_node"
-        )
+def jobs(n: int) -> str:
+    """``1 job``, ``2 jobs``."""
+    return f"{n} job" if n == 1 else f"{n} jobs"
 
 
 def ray_cluster() -> ClusterSpec:
@@ -89,18 +51,12 @@ def ray_cluster() -> ClusterSpec:
     return ClusterSpec(nodes=len(counts), gpus_per_node=counts[0])
 
 
-def find():
-    """The running service's actor handle, or None."""
-    import ray
-
-    try:
-        return ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
-    except ValueError:
-        return None
-
-
-def start(cluster: ClusterSpec, policy: str, knobs):
-    """Start the service (or get the one a concurrent starter made); returns its handle.
+def start(
+    cluster: ClusterSpec, policy: str, knobs, metrics_port: int | None = None, history: str = DEFAULT_HISTORY
+) -> RayTransport:
+    """Start the service on the Ray head node (or get the one a concurrent starter made); returns the
+    transport to it. ``metrics_port``: where it serves Prometheus metrics (None: nowhere); ``history``: the
+    SQLite file of its ended jobs, on the head node.
 
     ``knobs``: a :class:`rlix.exec.front.config.SchedulerKnobs` (the config's scheduler block).
     """
@@ -109,7 +65,12 @@ def start(cluster: ClusterSpec, policy: str, knobs):
     from rlix.exec.control.scheduler_actor import SchedulerActor
 
     handle = SchedulerActor.options(
-        name=SERVICE_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1, get_if_exists=True
+        name=SERVICE_NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        max_restarts=-1,
+        get_if_exists=True,
+        resources={HEAD_NODE: 0.001},  # its metrics and its records stay where operators look: the head node
     ).remote(
         cluster,
         policy,
@@ -120,39 +81,46 @@ def start(cluster: ClusterSpec, policy: str, knobs):
         lease_s=15.0,
         rejoin_s=REJOIN_S,
         gpu_names=GPU_NAMES,
+        metrics_port=metrics_port,
+        history=history,
+        pages=True,
     )
+    service = RayTransport(handle)
     try:
-        ray.get(handle.start.remote(), timeout=SCHEDULER_CALL_S + RESERVE_WAIT_S)
-    except SchedulingError as exc:  # its GPUs could not be reserved: no service
+        service.call_sync(protocol.Start(), SCHEDULER_CALL_S + RESERVE_WAIT_S)
+    except SchedulingError as exc:  # its GPUs could not be reserved, or its port is taken: no service
         ray.kill(handle, no_restart=True)
-        raise ClusterError(str(getattr(exc, "cause", exc))) from None
-    return handle
+        raise ClusterError(str(exc)) from None
+    except BaseException:  # nothing is left running half started
+        ray.kill(handle, no_restart=True)
+        raise
+    return service
 
 
-def stop(handle, *, force: bool, wait_s: float = 60.0) -> str:
+def stop(service: RayTransport, *, force: bool, wait_s: float = 60.0) -> str:
     """Stop the service: refused while jobs run (:class:`ServiceError`) unless ``force``, which
     cancels them and waits up to ``wait_s`` for them to leave first; jobs still there then are
     killed (their processes with them), so none runs on with nothing arbitrating its GPUs."""
     import ray
 
-    busy = ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S)
+    busy = service.call_sync(protocol.Busy())
     if busy and not force:
-        raise ServiceError(f"{len(busy)} jobs are not done ({', '.join(busy)}); wait, cancel them, or use --force")
+        raise ServiceError(f"{jobs(len(busy))} not done ({', '.join(busy)}); wait, cancel them, or use --force")
     killed = []
     if busy:
-        ray.get(handle.cancel_all.remote(), timeout=SCHEDULER_CALL_S)
+        service.call_sync(protocol.CancelAll(by=protocol.asker()))
         deadline = time.time() + wait_s
-        while time.time() < deadline and ray.get(handle.busy.remote(), timeout=SCHEDULER_CALL_S):
+        while time.time() < deadline and service.call_sync(protocol.Busy()):
             time.sleep(0.5)
-        killed = ray.get(handle.kill_all.remote(), timeout=SCHEDULER_CALL_S + SHRINK_CALL_S)
+        killed = service.call_sync(protocol.KillAll(), SCHEDULER_CALL_S + SHRINK_CALL_S)
     try:
-        gpus = ray.get(handle.info.remote(), timeout=SCHEDULER_CALL_S).gpus
+        gpus = service.call_sync(protocol.Info()).gpus
     except SchedulingError:  # it has no reservation to give back
         gpus = GpuMap()
-    ray.get(handle.stop.remote(), timeout=SCHEDULER_CALL_S)
+    service.call_sync(protocol.Stop())
     release(gpus)  # the GPUs go back to Ray (before the service goes: nothing left reserved if this process dies)
-    ray.kill(handle, no_restart=True)
+    ray.kill(service.actor, no_restart=True)
     if not busy:
         return "rlix scheduler stopped"
     late = f"; killed after {wait_s:g} s: {', '.join(killed)}" if killed else ""
-    return f"rlix scheduler stopped ({len(busy)} jobs cancelled{late})"
+    return f"rlix scheduler stopped ({jobs(len(busy))} cancelled{late})"

@@ -29,10 +29,19 @@ class Roster:
         self.before: dict[str, float | None] = self._load() if restarted and persist else {}  # the previous life's
         self.expected: set[str] = set(self.before)  # still to rejoin
         self.until = now + max_wait_s if restarted else float("-inf")
+        self._swept = False  # the jobs that did not rejoin have been ended
 
     def waiting(self, now: float) -> bool:
         """Whether planning waits for pipelines of the scheduler's previous life to rejoin."""
         return bool(self.expected) and now < self.until
+
+    def restarted_and_done(self, now: float) -> bool:
+        """True once, the first time it is asked after a restart's rejoin window closed (every pipeline back, or
+        its deadline passed): the moment to end the jobs whose pipeline did not come back."""
+        if self.until == float("-inf") or self.waiting(now) or self._swept:
+            return False
+        self._swept = True
+        return True
 
     def admitted_before(self, pipeline_id: str) -> float | None:
         """When the previous life admitted a rejoining pipeline (None: it had not, or it is new)."""
@@ -56,12 +65,22 @@ class Roster:
 
     def _save(self) -> None:
         if self.persist:
-            from ray.experimental.internal_kv import _internal_kv_put
-
-            _internal_kv_put(KV_KEY, json.dumps(self.pipelines, sort_keys=True), namespace=KV_NAMESPACE)
+            keep(KV_KEY, self.pipelines)
 
     def _load(self) -> dict[str, float | None]:
-        from ray.experimental.internal_kv import _internal_kv_get
+        return dict(kept(KV_KEY) or {})
 
-        raw = _internal_kv_get(KV_KEY, namespace=KV_NAMESPACE)
-        return dict(json.loads(raw)) if raw else {}
+
+def keep(key: str, value) -> None:
+    """Write ``value`` (JSON) under ``key`` in Ray's internal key-value store, where a restarted service reads it."""
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(key, json.dumps(value, sort_keys=True), namespace=KV_NAMESPACE)
+
+
+def kept(key: str):
+    """What :func:`keep` wrote under ``key`` (None: nothing)."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(key, namespace=KV_NAMESPACE)
+    return json.loads(raw) if raw else None

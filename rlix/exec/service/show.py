@@ -1,11 +1,20 @@
-"""Executor layer: ``rlix status`` as a table (in the manner of ``squeue``)."""
+"""Executor layer: ``rlix status`` and ``rlix history`` as tables (in the manner of ``squeue`` and ``sacct``)."""
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+import time
 
-from rlix.exec.messages import ClusterStatus, JobRow
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from rlix.protocol import ClusterStatus, HistoryRow, JobRow
+
+NUMBERS = ("PRI", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE", "STEPS", "ELAPSED")
+
+
+def console() -> Console:
+    return Console(width=None if Console().is_terminal else 160)
 
 
 def gpu_text(row: JobRow) -> str:
@@ -16,23 +25,33 @@ def gpu_text(row: JobRow) -> str:
     return " ".join(f"{label} {','.join(map(str, gs))}" for label, gs in sorted(by.items())) or "-"
 
 
-def status_table(status: ClusterStatus, console: Console | None = None) -> None:
-    console = console or Console(width=None if Console().is_terminal else 160)
-    console.print(
+def state_text(row: JobRow) -> str:
+    """Its state, with why it ended or why it waits."""
+    why = row.error or row.reason
+    return row.state + (f" ({why})" if why else "")
+
+
+def _table(columns: tuple[str, ...]) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    for name in columns:
+        table.add_column(name, justify="right" if name in NUMBERS else "left")
+    return table
+
+
+def status_view(status: ClusterStatus) -> Group:
+    """The cluster's line, then a row per job."""
+    head = Text(
         f"rlix scheduler: {status.nodes} x {status.gpus_per_node} GPUs, policy {status.policy}, up {status.uptime_s:.0f} s"
         f"{f', restarted {status.restarts}x' if status.restarts else ''}; utilization {status.utilization:.3f}, "
         f"idle {status.idle_fraction:.3f}, queued {status.queue_length}"
     )
-    table = Table(show_edge=False, pad_edge=False)
     tenants = any(r.tenant for r in status.jobs)
-    columns = ("JOB", "TENANT") if tenants else ("JOB",)
-    numbers = ("PRI", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE")
-    for name in (*columns, "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE", "SUBMITTER"):
-        table.add_column(name, justify="right" if name in numbers else "left")
+    columns = ("ID", "NAME", "TENANT") if tenants else ("ID", "NAME")
+    table = _table((*columns, "STATE", "PRI", "GPUS", "STEPS", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE", "USER"))
     for r in status.jobs:
         table.add_row(
-            *((r.name, r.tenant or "-") if tenants else (r.name,)),
-            r.state + (f" ({r.error})" if r.error else ""),
+            *((r.id, r.name, r.tenant or "-") if tenants else (r.id, r.name)),
+            state_text(r),
             str(r.priority),
             gpu_text(r),
             f"{r.steps_done}/{r.steps_total}",
@@ -41,6 +60,59 @@ def status_table(status: ClusterStatus, console: Console | None = None) -> None:
             f"{r.lent_s:.0f}",
             f"{r.borrowed_s:.0f}",
             str(r.queue_position) if r.queue_position is not None else "-",
-            r.submitter,
+            r.user or r.submitter,
         )
-    console.print(table)
+    return Group(head, table)
+
+
+def status_table(status: ClusterStatus, out: Console | None = None) -> None:
+    (out or console()).print(status_view(status))
+
+
+def job_detail(row: JobRow, started_at: float) -> Group:
+    """One job: every field of its row, and its phases with their times (``started_at``: the service's zero)."""
+    fields = Table.grid(padding=(0, 2))
+    for key, value in (
+        ("job", f"{row.id} ({row.name})"),
+        ("state", state_text(row)),
+        ("user", row.user or "-"),
+        ("submitter", row.submitter),
+        ("priority", str(row.priority) + (f", tenant {row.tenant}" if row.tenant else "")),
+        ("gpus", gpu_text(row)),
+        ("steps", f"{row.steps_done}/{row.steps_total}"),
+        ("gpu-seconds", f"{row.gpu_s:.1f} used, {row.fair_s:.1f} fair, {row.lent_s:.1f} lent, {row.borrowed_s:.1f} borrowed"),
+        ("queue", str(row.queue_position) if row.queue_position is not None else "-"),
+    ):
+        fields.add_row(key, value)
+    phases = _table(("PHASE", "SINCE", "FOR"))
+    ends = [t for _, t in row.phases[1:]] + [None]
+    for (phase, t), end in zip(row.phases, ends):
+        span = f"{end - t:.1f} s" if end is not None else "-"
+        phases.add_row(phase, clock(started_at + t), span)
+    return Group(fields, Text(""), phases)
+
+
+def history_table(rows: list[HistoryRow], out: Console | None = None) -> None:
+    table = _table(
+        ("ID", "NAME", "USER", "STATE", "SUBMITTED", "ENDED", "ELAPSED", "STEPS", "GPU-S", "LENT", "BORROWED", "CONFIG")
+    )
+    for r in rows:
+        table.add_row(
+            r.id,
+            r.name,
+            r.user or "-",
+            r.state + (f" ({r.reason})" if r.reason else ""),
+            clock(r.submitted_at),
+            clock(r.ended_at),
+            f"{r.ended_at - r.submitted_at:.0f} s",
+            f"{r.steps_done}/{r.steps_total}",
+            f"{r.gpu_s:.0f}",
+            f"{r.lent_s:.0f}",
+            f"{r.borrowed_s:.0f}",
+            r.config or "-",
+        )
+    (out or console()).print(table)
+
+
+def clock(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_s))

@@ -1,17 +1,19 @@
-"""Executor layer: the answer to ``rlix status``, read from the scheduler service's state.
+"""Executor layer: the answer to ``rlix status``, a projection of the service's job records.
 
-A job is *queued* until it holds GPUs (its place in the queue is its model
-load's place among the pending requests, then jobs claimed but not yet
-registered, in claim order), *loading* from its first grant until it says
-its model is loaded, then *running*, until it ends finished, failed or
-cancelled.
+Each job's state is its record's phase (:mod:`rlix.exec.service.jobs`); its
+place in the queue is its model load's place among the pending requests,
+then registered jobs holding nothing, then jobs submitted but not yet
+registered, in submission order. GPU-seconds are booked by job id, so two
+runs of one name are counted apart.
 """
 
 from __future__ import annotations
 
 from rlix.core import Stage
 from rlix.core.types import GangHolder
-from rlix.exec.messages import ClusterStatus, JobRow
+from rlix.exec.service.jobs import JobRecord, Phase
+from rlix.metrics import utilization
+from rlix.protocol import ClusterStatus, JobRow
 
 
 def held_gpus(ledger) -> dict[str, list[tuple[int, str]]]:
@@ -25,60 +27,72 @@ def held_gpus(ledger) -> dict[str, list[tuple[int, str]]]:
 
 
 def queue_order(service, held: dict) -> list[str]:
-    """Jobs waiting to be admitted, next first: registered ones waiting for their load's GPUs, then claimed ones."""
-    registered = set(service.core.pipelines())
-    waiting = [pid for pid, stage in service.core.pending_requests() if stage is Stage.INIT and pid not in held]
-    waiting += [pid for pid in registered if pid not in held and pid not in waiting and pid not in service.book.notes]
-    waiting += [n for n in service.book.open_jobs() if n not in registered and n not in waiting]
-    return waiting
+    """Jobs waiting to be admitted, next first: registered ones waiting for their load's GPUs (in the
+    core's order), then the others registered and holding nothing, then those submitted, not yet registered."""
+    jobs = service.jobs
+    queued = [pid for pid, stage in service.core.pending_requests() if stage is Stage.INIT and pid not in held]
+    for record in sorted(jobs.records.values(), key=lambda r: r.seq):
+        if record.phase is Phase.QUEUED and record.name not in held and record.name not in queued:
+            queued.append(record.name)
+    queued += [r.name for r in sorted(jobs.records.values(), key=lambda r: r.seq) if r.phase is Phase.SUBMITTED]
+    return queued
 
 
-def job_state(service, name: str, held: dict, queue: list[str]) -> str:
-    book = service.book
-    if name in book.ended:
-        return book.ended[name][0]
-    if name in queue:
-        return "queued"
-    note = book.notes.get(name)
-    if note is not None and note.loaded:
-        return "running"
-    if name in held or note is not None:
-        return "loading"
-    return "queued"
+def waits_for(record: JobRecord, service, held: dict) -> str:
+    """Why a job not yet loading waits, in a line ("" for one past that)."""
+    if record.phase is Phase.SUBMITTED:
+        return "its submitter prepares it (models, data) before it registers"
+    if record.phase is not Phase.QUEUED:
+        return ""
+    refusal = service.core.admission_refusal(record.name)
+    if refusal:
+        return refusal
+    spec = service.specs.get(record.name)
+    if spec is None:
+        return ""
+    gpus = spec.init_gpus
+    holders = sorted({service.jobs.id_of(p) for p, on in held.items() for g, _ in on if g in gpus and p != record.name})
+    taken = f" (held by {', '.join(holders)})" if holders else ""
+    return f"its model load waits for GPUs {','.join(map(str, gpus))}{taken}"
+
+
+def job_row(record: JobRecord, service, held: dict, queue: list[str]) -> JobRow:
+    """A job's row: its record, what it holds now, and its GPU-seconds (booked under its id)."""
+    usage, live = service.usage, not record.ended
+    spec = service.specs.get(record.name) if live else None
+    note = record.note
+    return JobRow(
+        id=record.id,
+        name=record.name,
+        submitter=record.submitter or "client",
+        user=record.user,
+        state=record.phase.value,
+        phases=tuple(record.phases),
+        priority=spec.priority if spec is not None else record.priority,
+        tenant=spec.tenant if spec is not None else "",
+        gpus=tuple(held.get(record.name, ())) if live else (),
+        steps_done=note.steps_done if note is not None else 0,
+        steps_total=record.steps_total,
+        gpu_s=usage.used.get(record.id, 0.0),
+        lent_s=usage.lent.get(record.id, 0.0),
+        borrowed_s=usage.borrowed.get(record.id, 0.0),
+        fair_s=usage.fair.get(record.id, 0.0),
+        queue_position=queue.index(record.name) + 1 if live and record.name in queue else None,
+        error=record.error,
+        reason=waits_for(record, service, held),
+        log=record.log,
+    )
 
 
 def cluster_status(service, now: float) -> ClusterStatus:
     """The status snapshot of a scheduler actor (``service``) at ``now`` (its clock)."""
     held = held_gpus(service.core.ledger)
     queue = queue_order(service, held)
-    usage, book = service.usage, service.book
+    usage = service.usage
     busy = usage.busy_gpu_s(now)  # integrated to now: the rows below read the same figures
-    specs = service.specs
-    names = list(dict.fromkeys([*book.claims, *specs]))
-    rows = []
-    for name in names:
-        claim, note, spec = book.claims.get(name), book.notes.get(name), specs.get(name)
-        rows.append(
-            JobRow(
-                name=name,
-                submitter=claim.submitter if claim is not None else "client",
-                state=job_state(service, name, held, queue),
-                priority=spec.priority if spec is not None else claim.priority,
-                tenant=spec.tenant if spec is not None else "",
-                gpus=tuple(held.get(name, ())),
-                steps_done=note.steps_done if note is not None else 0,
-                steps_total=note.steps_total if note is not None else (claim.steps_total if claim is not None else 0),
-                gpu_s=usage.used.get(name, 0.0),
-                lent_s=usage.lent.get(name, 0.0),
-                borrowed_s=usage.borrowed.get(name, 0.0),
-                fair_s=usage.fair.get(name, 0.0),
-                queue_position=queue.index(name) + 1 if name in queue else None,
-                error=book.ended.get(name, ("", ""))[1],
-            )
-        )
+    rows = [job_row(r, service, held, queue) for r in sorted(service.jobs.records.values(), key=lambda r: r.seq)]
     c = service.core.cluster
-    span = now - usage.start  # since the service (re)started: what its figures cover
-    util = busy / (c.num_gpus * span) if span > 0 else 0.0
+    util = utilization(busy, c.num_gpus, now - usage.start)  # since the service started (its figures go on across restarts)
     return ClusterStatus(
         nodes=c.nodes,
         gpus_per_node=c.gpus_per_node,
@@ -90,4 +104,5 @@ def cluster_status(service, now: float) -> ClusterStatus:
         queue_length=len(queue),
         jobs=tuple(rows),
         restarts=service.restarts,
+        started_at=service.t0,
     )

@@ -16,14 +16,26 @@ from rlix.metrics import Activity, UsageRecorder
 Holder = tuple[str, str, Activity]  # (job, stage or "rollout", activity)
 
 
+KINDS = ("used", "lent", "borrowed", "fair")
+
+
 class ClusterUsage:
-    def __init__(self, num_gpus: int, start: float = 0.0) -> None:
+    """``totals``: each kind's GPU-seconds per job a restarted service kept (:meth:`totals`); they go on from there."""
+
+    def __init__(self, num_gpus: int, start: float = 0.0, totals: dict[str, dict[str, float]] | None = None) -> None:
         self.num_gpus = num_gpus
         self.recorder = UsageRecorder(num_gpus, start=start)
         self.start = start
         self.held: list[Holder | None] = [None] * num_gpus
         book = self.recorder.homes
         self.used, self.lent, self.borrowed, self.fair = book.used, book.lent, book.borrowed, book.fair
+        for kind, per_job in (totals or {}).items():
+            getattr(self, kind).update(per_job)
+
+    def totals(self, now: float) -> dict[str, dict[str, float]]:
+        """Each kind's GPU-seconds per job, up to ``now`` (what a restarted service starts from)."""
+        self.integrate(now)
+        return {kind: dict(getattr(self, kind)) for kind in KINDS}
 
     def set_home(self, now: float, job: str, gpus) -> None:
         """The job's home GPUs (its partition) from ``now`` on; ``()`` once it left."""

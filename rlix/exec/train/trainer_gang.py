@@ -18,7 +18,8 @@ from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
 from rlix.exec.actors import TrainerActor
 from rlix.exec.control.actor_placement import actor_options
-from rlix.exec.messages import GpuMap, TrainerJob
+from rlix.exec.messages import TrainerJob
+from rlix.protocol import GpuMap
 
 # The trainer calls a gang sends to every rank (each a method of TrainerActor).
 GANG_CALLS = (

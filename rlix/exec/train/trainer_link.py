@@ -17,8 +17,9 @@ from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.control.deadline import call
 from rlix.exec.front.config import JobConfig, LimitsConfig
-from rlix.exec.messages import Emulation, GpuMap, TrainerJob
+from rlix.exec.messages import Emulation, TrainerJob
 from rlix.exec.train.residency import ALL_PARTS, STAGE_PARTS
+from rlix.protocol import GpuMap
 
 
 class TrainerLink:

@@ -1,0 +1,140 @@
+"""How a request of :mod:`rlix.protocol` reaches the cluster's scheduler, and its reply comes back: Ray.
+
+The scheduler is a named Ray actor (``rlix-scheduler`` in the ``rlix``
+namespace) with one call, ``handle(request, version)``. :class:`RayTransport`
+sends a request there, stamped with this client's ``PROTOCOL_VERSION``, from
+a coroutine (pipelines) or blocking (the ``rlix`` tool, a submitter's
+driver). :func:`join` joins a Ray cluster at an address, failing fast with
+one line if nothing answers there. Nothing here imports the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+from rlix.protocol import PROTOCOL_VERSION, Request, VersionMismatch
+
+SERVICE_NAME = "rlix-scheduler"  # the scheduler service's actor name
+NAMESPACE = "rlix"  # the Ray namespace it lives in
+SCHEDULER_CALL_S = 30.0  # deadline of a blocking call to the scheduler (s)
+
+HINT = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster is unreachable or smaller than the config's cluster: one line, nothing started."""
+
+
+class RayTransport:
+    """Requests to the scheduler actor behind ``actor`` (a Ray actor handle), and their replies."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def send(self, request: Request):
+        """The request sent; its reply's Ray object ref (awaitable). :class:`VersionMismatch` for a scheduler
+        older than this protocol (it has no ``handle``)."""
+        try:
+            handle = self.actor.handle
+        except AttributeError:
+            raise VersionMismatch(
+                f"the rlix scheduler running predates rlix protocol {PROTOCOL_VERSION}; restart it with this rlix "
+                "('rlix scheduler stop' and 'rlix scheduler start')"
+            ) from None
+        return handle.remote(request, PROTOCOL_VERSION)
+
+    async def call(self, request: Request, timeout_s: float | None = None):
+        """The reply to ``request`` (no deadline with ``timeout_s`` None: a gang request waits for GPUs)."""
+        ref = self.send(request)
+        return await (ref if timeout_s is None else asyncio.wait_for(ref, timeout_s))
+
+    def call_sync(self, request: Request, timeout_s: float | None = SCHEDULER_CALL_S):
+        """The reply to ``request``, blocking (a Ray ``GetTimeoutError`` after ``timeout_s``). An error the
+        scheduler answered with is raised as itself (one of :mod:`rlix.protocol`'s), without Ray's wrapping."""
+        import ray
+        from ray.exceptions import RayTaskError
+
+        try:
+            return ray.get(self.send(request), timeout=timeout_s)
+        except RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
+
+
+def page_file(gcs_port: int) -> Path:
+    """Where the scheduler service of the Ray cluster whose GCS listens on ``gcs_port`` writes the address of its
+    HTTP pages, on its node (the head node)."""
+    return Path.home() / ".rlix" / f"scheduler-{gcs_port}.json"
+
+
+def status_over_http(address: str, timeout_s: float = 2.0) -> dict | None:
+    """``rlix status --json`` as the scheduler serves it over HTTP, without Ray: found through the file its
+    node holds (:func:`page_file`); None where it cannot be read so (another node, no service, an old one)."""
+    import http.client
+    import json
+    import urllib.request
+
+    if address == "auto":  # the cluster this host belongs to, as Ray's own 'auto' finds it
+        try:
+            address = Path("/tmp/ray/ray_current_cluster").read_text().strip()
+        except OSError:
+            return None
+    try:
+        url = json.loads(page_file(int(address.rpartition(":")[2])).read_text())["url"]
+        with urllib.request.urlopen(f"{url}/status", timeout=timeout_s) as reply:
+            return json.loads(reply.read())
+    except (OSError, ValueError, KeyError, http.client.HTTPException):
+        return None
+
+
+def find() -> RayTransport | None:
+    """The transport to the cluster's scheduler service, or None if none runs (Ray joined already)."""
+    import ray
+
+    try:
+        return RayTransport(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE))
+    except ValueError:
+        return None
+
+
+def answers(address: str, where: str) -> None:
+    """Raise one line (:class:`ClusterError`) unless something listens at ``address`` (``auto``: not checked
+    here); ``where`` names the setting it came from. Cheap: a run checks it before anything else."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise ClusterError(f"{where} {address}: no Ray cluster answers there; {HINT}") from None
+
+
+def join(address: str, gpus_needed: int, where: str, *, quiet: bool = False) -> None:
+    """Connect to an existing Ray cluster, failing fast with one line if it is not there.
+
+    ``where`` names the setting the address came from (``--address`` or ``ray.address``);
+    ``quiet``: without Ray's notices on connecting (the ``rlix`` tools).
+    """
+    import logging
+
+    import ray
+
+    answers(address, where)
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING if quiet else logging.INFO)
+    except ConnectionError:
+        raise ClusterError(
+            f"{where} {address}: no Ray cluster accepted the connection; {HINT} "
+            "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
+        ) from None
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if have < gpus_needed:
+        ray.shutdown()
+        raise ClusterError(
+            f"{where} {address}: the Ray cluster has {have} GPUs but cluster in the config needs {gpus_needed}; "
+            "add nodes or lower cluster.nodes / cluster.gpus_per_node"
+        )

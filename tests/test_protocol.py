@@ -1,0 +1,183 @@
+"""The scheduler's protocol: typed requests answered by one call, a version checked at every call,
+a client library that loads nothing of the executor, and a ready-made endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import spec
+
+from rlix import protocol
+from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig, Stage
+
+
+def _actor(gpus: int):
+    from rlix.exec.control.scheduler_actor import SchedulerActor
+
+    cluster = ClusterSpec(nodes=1, gpus_per_node=gpus)
+    return SchedulerActor.__ray_metadata__.modified_class(cluster, "rlix", SchedulerConfig(), time.time(), 60.0)
+
+
+def _request_types() -> list[type]:
+    calls = (protocol.PipelineCall, protocol.SubmitterCall, protocol.AdminCall)
+    return [c for _, c in inspect.getmembers(protocol, inspect.isclass) if issubclass(c, calls) and c not in calls]
+
+
+@pytest.mark.exec
+def test_every_request_of_the_protocol_is_answered_by_the_scheduler_and_nothing_else_is():
+    sched = _actor(2)
+    assert set(sched._routes) == set(_request_types())
+    assert len(_request_types()) >= 20
+    for request in _request_types():
+        assert dataclasses.is_dataclass(request) and request.__dataclass_params__.frozen, request
+
+    with pytest.raises(TypeError, match="not a request of rlix protocol"):
+        asyncio.run(sched.handle(spec("a", (0,), (0, 1)), protocol.PROTOCOL_VERSION))
+
+
+@pytest.mark.exec
+def test_a_client_of_another_protocol_version_is_refused_in_one_line_naming_both():
+    sched = _actor(2)
+    with pytest.raises(protocol.VersionMismatch) as refused:
+        asyncio.run(sched.handle(protocol.Info(), protocol.PROTOCOL_VERSION + 1))
+    message = str(refused.value)
+    assert f"protocol {protocol.PROTOCOL_VERSION + 1}" in message and f"scheduler {protocol.PROTOCOL_VERSION}" in message
+    assert "\n" not in message
+    info = asyncio.run(sched.handle(protocol.Info(), protocol.PROTOCOL_VERSION))
+    assert (info.nodes, info.gpus_per_node, info.policy) == (1, 2, "rlix")
+
+
+@pytest.mark.exec
+def test_pipeline_calls_through_handle_plan_as_the_calls_they_name():
+    """Register, demand, a gang request and release, and unregister, all as requests: the grant
+    comes back typed, and an unknown pipeline's call raises the protocol's own error."""
+
+    class Remote:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def remote(self, *args):
+            return asyncio.ensure_future(self.fn(*args))
+
+    calls: list = []
+
+    async def expand(gpus):
+        calls.append(("expand", tuple(gpus)))
+
+    async def shrink(gpus, reason):
+        calls.append(("shrink", tuple(gpus), reason))
+
+    endpoint = type("Endpoint", (), {})()
+    endpoint.expand, endpoint.shrink = Remote(expand), Remote(shrink)
+
+    async def scenario():
+        sched = _actor(2)
+        v = protocol.PROTOCOL_VERSION
+        await sched.handle(protocol.Start(), v)
+        await sched.handle(protocol.Register(spec=spec("a", (0,), (0, 1)), endpoint=endpoint), v)
+        grant = await sched.handle(protocol.RequestGang(pipeline_id="a", stage=Stage.INIT), v)
+        demand = ReportDemand(pipeline_id="a", pending=8, batch_size=8)
+        await sched.handle(protocol.ReleaseGang(pipeline_id="a", stage=Stage.INIT, demand=demand), v)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        held = await sched.handle(protocol.Holdings(), v)
+        with pytest.raises(protocol.PipelineUnknown):
+            await sched.handle(protocol.Report(demand=ReportDemand(pipeline_id="b", pending=1)), v)
+        await sched.handle(protocol.Unregister(pipeline_id="a", status="finished"), v)
+        status = await sched.handle(protocol.Status(), v)
+        await sched.handle(protocol.Stop(), v)
+        return grant, held, status
+
+    grant, held, status = asyncio.run(scenario())
+    assert isinstance(grant, protocol.GrantReply) and grant.gpus == (0,)
+    assert held == {"a": (0, 1)} and ("expand", (0,)) in calls and ("expand", (1,)) in calls
+    assert [(r.name, r.state) for r in status.jobs] == [("a", "finished")]
+
+
+def test_the_client_library_loads_no_part_of_the_executor_nor_ray():
+    code = "import sys, rlix.client; print(sorted(m for m in sys.modules if m.startswith(('rlix.exec', 'ray'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.heavy
+def test_a_callback_endpoint_answers_the_schedulers_calls_with_the_pipelines_coroutines(tmp_path):
+    """A pipeline with no actor class of its own: the scheduler's expands reach its coroutines, a
+    shrink for its training returns only once its coroutine did (the grant comes after), and the
+    endpoint's actor is gone once it unregistered."""
+    import ray
+
+    from rlix.client import CallbackEndpoint, Client
+    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.import_path import worker_pythonpath
+    from rlix.transport import RayTransport
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
+    )
+    try:
+        actor = SchedulerActor.remote(ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(), time.time(), 60.0)
+        sched = RayTransport(actor)
+        sched.call_sync(protocol.Start())
+        events: list = []
+
+        async def expand(gpus):
+            events.append(("expand", gpus))
+
+        async def shrink(gpus, reason):
+            await asyncio.sleep(0.3)  # a worker taking its time to let go
+            events.append(("shrunk", gpus, reason))
+
+        async def pipeline():
+            endpoint = CallbackEndpoint(expand=expand, shrink=shrink)
+            client = Client(sched, "a")
+            await client.register(spec("a", (0,), (0, 1)), endpoint)
+            await client.request(Stage.INIT)
+            await client.release(Stage.INIT, ReportDemand(pipeline_id="a", pending=8, batch_size=8))
+            for _ in range(100):
+                if len([e for e in events if e[0] == "expand"]) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            await client.request(Stage.ACTOR_TRAIN)
+            events.append(("granted",))
+            await client.release(Stage.ACTOR_TRAIN)
+            inbox = endpoint.actor
+            await client.unregister("finished")
+            return inbox
+
+        inbox = asyncio.run(pipeline())
+        granted = events.index(("granted",))
+        assert {e[1] for e in events[:granted] if e[0] == "expand"} == {(0,), (1,)}
+        assert any(e[:2] == ("shrunk", (0,)) for e in events[:granted])  # its GPU was free before the grant
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(inbox.__ray_ready__.remote(), timeout=30)
+        status = sched.call_sync(protocol.Status())
+        assert [(r.name, r.state) for r in status.jobs] == [("a", "finished")]
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.exec
+def test_a_register_the_core_refuses_ends_the_job_it_queued_saying_why():
+    from rlix.core import SchedulingError
+
+    async def scenario():
+        sched = _actor(2)
+        v = protocol.PROTOCOL_VERSION
+        with pytest.raises(SchedulingError):  # GPU 5 is not on a 2-GPU cluster
+            await sched.handle(protocol.Register(spec=spec("z", (0,), (0, 5)), endpoint=None, user="ann@h"), v)
+        return await sched.handle(protocol.Status(), v)
+
+    (row,) = asyncio.run(scenario()).jobs
+    assert (row.name, row.state, row.user) == ("z", "failed", "ann@h") and "5" in row.error

@@ -181,3 +181,40 @@ def test_a_register_the_core_refuses_ends_the_job_it_queued_saying_why():
 
     (row,) = asyncio.run(scenario()).jobs
     assert (row.name, row.state, row.user) == ("z", "failed", "ann@h") and "5" in row.error
+
+
+@pytest.mark.exec
+def test_a_cancel_reaches_a_registered_jobs_endpoint_with_who_asked_and_another_users_needs_force():
+    stops: list = []
+
+    class Remote:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def remote(self, *args):
+            return asyncio.ensure_future(self.fn(*args))
+
+    async def stop(why):
+        stops.append(why)
+
+    async def nothing(*args):
+        return None
+
+    endpoint = type("Endpoint", (), {})()
+    endpoint.stop, endpoint.expand, endpoint.shrink = Remote(stop), Remote(nothing), Remote(nothing)
+
+    async def scenario():
+        sched = _actor(2)
+        v = protocol.PROTOCOL_VERSION
+        await sched.handle(protocol.Register(spec=spec("a", (0,), (0, 1)), endpoint=endpoint, user="ann@h1"), v)
+        refused = await sched.handle(protocol.Cancel(job="a", by="bob@h2"), v)
+        mine = await sched.handle(protocol.Cancel(job="a#1", by="ann@h2"), v)  # by id, the same user elsewhere
+        for _ in range(20):
+            await asyncio.sleep(0)
+        sched.order.cancel()
+        return refused, mine
+
+    refused, mine = asyncio.run(scenario())
+    assert refused.refused and "a#1 is ann's" in refused.message and "--force" in refused.message
+    assert not mine.refused and mine.message == "job a#1 asked to stop"
+    assert stops == [protocol.Stopped(by="ann@h2")]

@@ -16,6 +16,7 @@ import dataclasses
 
 from rlix.core import Rejoin, SchedulingError, Stage
 from rlix.exec.service.history import history_row
+from rlix.exec.service.jobs import Phase
 from rlix.exec.service.logs import chunk_here
 from rlix.exec.service.roster import keep
 from rlix.exec.service.status import cluster_status
@@ -127,13 +128,11 @@ class ServiceCalls:
         if owner and asker and owner != asker and not force:
             message = f"job {record.id} is {owner}'s (submitted from {record.user}); cancel it with --force"
             return CancelReply(found=True, refused=True, message=message)
-        endpoint = self.coordinators.get(record.name)
-        if endpoint is not None:
-            endpoint.stop.remote(why)
-            self.order.spawn(self._stopped_or_killed(record.name, endpoint))
-            return CancelReply(found=True, message=f"job {record.id} asked to stop")
-        self.jobs.cancelled(record.name, why, self.now())
-        return CancelReply(found=True, message=f"job {record.id} cancelled before it started")
+        if record.phase is Phase.SUBMITTED:
+            self.jobs.cancelled(record.name, why, self.now())
+            return CancelReply(found=True, message=f"job {record.id} cancelled before it started")
+        self.order.spawn(self._stop(record.name, why))
+        return CancelReply(found=True, message=f"job {record.id} asked to stop")
 
     async def cancel_all(self, by: str = "") -> int:
         """Cancel every job not ended, the scheduler being stopped by ``by`` (``rlix scheduler stop --force``);
@@ -215,6 +214,17 @@ class ServiceCalls:
         if endpoint is not None:
             kill_actor(endpoint)
         await self.unregister(pipeline_id, status, error)
+
+    async def _stop(self, name: str, why: Stopped) -> None:
+        """Ask a registered job's endpoint to stop (once it has one: a job registering has it in a moment)."""
+        for _ in range(100):
+            endpoint = self.coordinators.get(name)
+            if endpoint is not None or name not in self.core.pipelines() and self.jobs.active(name) is None:
+                break
+            await asyncio.sleep(0.1)
+        if endpoint is not None:
+            endpoint.stop.remote(why)
+            await self._stopped_or_killed(name, endpoint)
 
     async def _stopped_or_killed(self, name: str, endpoint) -> None:
         """A cancelled job that has not left within ``CANCEL_GRACE_S`` is killed."""

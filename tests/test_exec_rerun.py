@@ -66,6 +66,22 @@ def test_prepare_rerun_says_which_jobs_resume_and_from_which_step(tmp_path, caps
     ]
 
 
+def test_a_run_into_an_earlier_runs_directory_keeps_the_earlier_outputs(tmp_path):
+    cfg, out = _config(tmp_path), tmp_path / "out"
+    prepare_rerun(cfg, out)  # a first run into a new directory: nothing to keep
+    assert not out.exists() or not any(out.iterdir())
+    out.mkdir(exist_ok=True)
+    for name, text in (("metrics.json", '{"partial": false}'), ("timeline.json", "{}"), ("rlix-run.log", "a line\n")):
+        (out / name).write_text(text)
+    (out / "full").mkdir()
+    prepare_rerun(cfg, out)  # a second run (the same config again, or another into the same directory)
+    assert (out / "previous-1" / "metrics.json").read_text() == '{"partial": false}'
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == []  # the new run writes fresh ones
+    (out / "metrics.json").write_text("{}")
+    prepare_rerun(cfg, out)
+    assert (out / "previous-2" / "metrics.json").read_text() == "{}" and (out / "previous-1" / "rlix-run.log").exists()
+
+
 def test_a_job_that_starts_afresh_moves_its_old_logs_aside_and_keeps_them(tmp_path):
     job = tmp_path / "out" / "small"
     _write_lines(job, [{"step": s, "reward_mean": 0.1} for s in (1, 2, 3)])

@@ -5,8 +5,8 @@ a full finetune after its newest ``step_<N>``, each adapter of a multi-LoRA
 job after its own saved step (an adapter without one starts from the
 beginning). The driver says so on stderr, one line per resuming job.
 
-A job's directory (``<output.dir>/<job>``: ``metrics.jsonl``, TensorBoard
-events, ``data.json``, ...) never mixes two runs. The files an earlier run
+The output directory never mixes two runs, nor does a job's directory
+(``<output.dir>/<job>``: ``metrics.jsonl``, TensorBoard events, ``data.json``, ...). The files an earlier run
 left there move to ``previous-<n>/`` (n = 1, 2, ...; nothing is deleted), so
 every run writes fresh ones. A resuming job's fresh ``metrics.jsonl`` starts
 with the earlier lines of the steps its checkpoint holds (a line's step at
@@ -84,8 +84,10 @@ def _held(line: dict, resumes: dict[str, int]) -> bool:
 
 
 def prepare_rerun(config: RunConfig, out_dir: str | Path) -> dict[str, dict[str, int]]:
-    """Before any actor starts: say which jobs resume from which step, and give every job's
-    directory under ``out_dir`` fresh logs. Returns each job's resume steps."""
+    """Before any actor starts: say which jobs resume from which step, and give the run (its
+    ``metrics.json``, timeline, trace and log) and every job's directory under ``out_dir`` fresh
+    files, an earlier run's moved to ``previous-<n>/``. Returns each job's resume steps."""
+    set_aside(Path(out_dir), {})  # an earlier run's outputs are kept, never overwritten
     out = {}
     for job in config.jobs:
         out[job.name] = resumes = resume_steps(job)

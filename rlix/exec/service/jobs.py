@@ -98,6 +98,7 @@ class JobLedger:
         self.lease_s = lease_s  # a submitter silent this long is gone (seconds)
         self.persist = persist
         self.records: dict[str, JobRecord] = {}
+        self.by_name: dict[str, list[JobRecord]] = {}  # each name's jobs, oldest first (lookups by name stay short)
         self.renewed: dict[str, float] = {}  # submitter -> when it last renewed
         self.count = counted  # jobs ever given an id
         if persist:  # ids go on counting from the service's earlier lives (its records only after a restart)
@@ -107,12 +108,12 @@ class JobLedger:
 
     def active(self, name: str) -> JobRecord | None:
         """The job of this name not yet ended (names are unique among those)."""
-        return next((r for r in self.records.values() if r.name == name and not r.ended), None)
+        return next((r for r in reversed(self.by_name.get(name, ())) if not r.ended), None)
 
     def named(self, name: str) -> JobRecord | None:
         """The job of this name not ended, else the latest of that name."""
-        named = [r for r in self.records.values() if r.name == name]
-        return next((r for r in named if not r.ended), named[-1] if named else None)
+        named = self.by_name.get(name, ())
+        return self.active(name) or (named[-1] if named else None)
 
     def find(self, job: str) -> JobRecord | None:
         """A job by its name (as :meth:`named`), else by its id."""
@@ -185,7 +186,7 @@ class JobLedger:
         if record is not None and record.submitter != submitter:
             raise NameTaken(f"job '{name}' is already on this cluster ({record.id}, submitted by {record.user}); rename the job")
         if record is None:
-            mine = [r for r in self.records.values() if r.name == name and r.submitter == submitter and submitter]
+            mine = [r for r in self.by_name.get(name, ()) if r.submitter == submitter and submitter]
             if mine and mine[-1].stopped is not None and Phase.QUEUED.value not in dict(mine[-1].phases):
                 raise NameTaken(f"job '{name}' was cancelled before it started")
             record = self._new(name, submitter, user, priority, 0, now)
@@ -264,8 +265,12 @@ class JobLedger:
             config=config,
             log=log,
         )
-        self.records[record.id] = record
+        self._add(record)
         return record
+
+    def _add(self, record: JobRecord) -> None:
+        self.records[record.id] = record
+        self.by_name.setdefault(record.name, []).append(record)
 
     def _save(self) -> None:
         if self.persist:
@@ -278,7 +283,7 @@ class JobLedger:
         self.count = max(self.count, saved["count"])
         for plain in saved["jobs"] if records else ():
             record = JobRecord(**{**plain, "phase": Phase(plain["phase"]), "phases": [tuple(p) for p in plain["phases"]]})
-            self.records[record.id] = record
+            self._add(record)
             if record.submitter:  # its lease runs from the restart: a submitter gone meanwhile lapses too
                 self.renewed.setdefault(record.submitter, now)
 

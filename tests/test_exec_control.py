@@ -691,6 +691,26 @@ def test_a_spare_start_still_waiting_when_the_job_ends_starts_no_process():
     assert job.spawned == [0]
 
 
+def test_an_expand_waiting_for_its_process_when_the_job_ends_returns_quietly():
+    """The job finishes while an expand waits for a cold start: teardown cancels the start, and the
+    expand returns rather than raising (a raising expand makes the scheduler drop the job before its
+    result is collected)."""
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        expand = asyncio.ensure_future(job.ctl.expand((0,)))  # not warm: the expand starts the process
+        await _settle()
+        for task in job.ctl.starts():
+            task.cancel()
+        await asyncio.wait_for(expand, 1.0)
+        return job, expand
+
+    job, expand = asyncio.run(scenario())
+    assert expand.exception() is None and job.workers[0].calls == [("prepare",)]
+    assert job.lost == [] and job.ctl.rec.switches == []
+
+
 def test_a_process_that_cannot_be_created_is_dead_not_starting_for_ever():
     from rlix.exec.rollout.pool import WorkerState
 

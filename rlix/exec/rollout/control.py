@@ -102,8 +102,8 @@ class RolloutControl:
         t = self.hooks.now()
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):  # not warm (yet): wait for its process
             self._mark(w, WorkerPhase.START)
-            if not await asyncio.shield(self.life.start(w)) or w.generation != gen:
-                return  # dead, or shrunk meanwhile (the shrink booked the GPUs)
+            if not await self._started(w) or w.generation != gen:
+                return  # dead, the job ended, or shrunk meanwhile (the shrink booked the GPUs)
             self.rec.switch(SwitchKind.COLD_START, t, self.hooks.now() - t)  # GPU held while the process started
         self._mark(w, WorkerPhase.LOAD)
         async with self.locks.setdefault(w.first, asyncio.Lock()):
@@ -125,6 +125,18 @@ class RolloutControl:
             if w.generation == gen:
                 self._mark(w, WorkerPhase.IDLE)
                 self.dispatch()
+
+    async def _started(self, w: Worker) -> bool:
+        """Whether ``w``'s process is up, once its start ends: False if it died, or if the job ended
+        and teardown cancelled the start (an expand still waiting for it then ends quietly: the
+        scheduler would take an expand raising for a dead coordinator)."""
+        start = self.life.start(w)
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            if not start.cancelled():
+                raise  # this expand itself was cancelled
+            return False
 
     async def _wake(self, w: Worker) -> SwitchTiming:
         full, version, adapters = self.hooks.weights()

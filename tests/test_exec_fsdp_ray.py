@@ -3,8 +3,8 @@
 A :class:`TrainerGang` over 2 logical GPUs (2 processes, FSDP2 over gloo)
 answers like a gang of 1 on the same batch (float64, so any real difference
 stands far above rounding), each rank pinned to its own GPU; and the CPU
-example with its small job's ``actor_train`` widened to 2 GPUs finishes,
-reporting ``trainer_ranks`` 2 in metrics.json.
+example's small job, its ``actor_train`` widened to 2 GPUs, finishes under
+rlix-run, reporting ``trainer_ranks`` 2 in metrics.json.
 """
 
 from __future__ import annotations
@@ -98,8 +98,7 @@ def test_two_gpu_actor_train_mapping_reports_two_ranks(tmp_path):
     small = type(cfg.jobs[0]).model_validate(
         {**raw, "steps": 2, "roles": {**raw["roles"], "actor_train": {**raw["roles"]["actor_train"], "gpus": [0, 1]}}}
     )
-    large = cfg.jobs[1].model_copy(update={"steps": 2})
-    outputs = api.run(cfg.model_copy(update={"jobs": [small, large]}), out_dir=str(tmp_path / "out"))
-    assert {n: r.status for n, r in outputs.results.items()} == {"small": JobStatus.FINISHED, "large": JobStatus.FINISHED}
+    outputs = api.run(cfg.model_copy(update={"jobs": [small]}), out_dir=str(tmp_path / "out"))
+    assert outputs.results["small"].status is JobStatus.FINISHED, outputs.results["small"].error
     jobs = json.loads(Path(outputs.files["metrics"]).read_text())["executor"]["jobs"]
-    assert (jobs["small"]["trainer_ranks"], jobs["large"]["trainer_ranks"]) == (2, 1)
+    assert jobs["small"]["trainer_ranks"] == 2

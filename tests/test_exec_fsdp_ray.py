@@ -25,7 +25,7 @@ TOL = 1e-9  # float64: measured differences are ~1e-15
 def ray_cpu():
     import ray
 
-    from rlix.import_path import worker_pythonpath
+    from rlix.ray_runtime import worker_pythonpath
 
     ray.init(
         address="local",  # a new cluster, even where `ray start` runs one on this machine

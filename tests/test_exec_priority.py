@@ -35,7 +35,7 @@ def test_only_a_background_process_is_started_through_nice_with_this_interpreter
 def test_every_thread_of_a_background_process_runs_at_the_lowest_priority():
     import ray
 
-    from rlix.import_path import worker_pythonpath
+    from rlix.ray_runtime import worker_pythonpath
 
     @ray.remote(num_cpus=0, max_concurrency=4)  # a threaded actor, as a rollout worker is
     class Probe:

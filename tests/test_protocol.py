@@ -115,7 +115,7 @@ def test_a_callback_endpoint_answers_the_schedulers_calls_with_the_pipelines_cor
 
     from rlix.client import CallbackEndpoint, Client
     from rlix.exec.control.scheduler_actor import SchedulerActor
-    from rlix.import_path import worker_pythonpath
+    from rlix.ray_runtime import worker_pythonpath
     from rlix.transport import RayTransport
 
     ray.init(

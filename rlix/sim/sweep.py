@@ -21,8 +21,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from rlix.config import read_document
-from rlix.import_path import worker_pythonpath
 from rlix.metrics import RunMetrics
+from rlix.ray_runtime import worker_pythonpath
 from rlix.sim.simulator import replay
 from rlix.sim.trace import Trace, TraceError, parse_trace
 
@@ -216,7 +216,7 @@ def run_on_ray(
     """Each cell as one Ray task on a local Ray this call starts (or the cluster at ``address``); rows sorted."""
     import ray
 
-    from rlix.exec.front.local_ray import init_local_ray
+    from rlix.ray_runtime import init_local_ray
 
     # Ray's INFO lines ("Started a local Ray instance") would break up the progress bar; its warnings still show.
     common = {

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
-from rlix.import_path import worker_pythonpath
 from rlix.protocol import GpuMap
+from rlix.ray_runtime import worker_pythonpath
 from rlix.transport import ClusterError
 
 EXPECTED_DEVICES = "RLIX_DEVICES"  # the devices a worker's bundle was given, checked against what it sees

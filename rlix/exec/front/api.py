@@ -31,7 +31,6 @@ from rlix.exec.errors import describe
 from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
-from rlix.exec.front.local_ray import init_local_ray
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.runlog import RunLog
 from rlix.exec.front.shared import Submission, joins_shared
@@ -39,8 +38,8 @@ from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
 from rlix.exec.service.connect import SHRINK_CALL_S
 from rlix.exec.service.logs import NAME as RUN_LOG
-from rlix.import_path import worker_pythonpath
 from rlix.protocol import GpuMap, SchedulerStats, Stopped
+from rlix.ray_runtime import init_local_ray, worker_pythonpath
 from rlix.transport import SCHEDULER_CALL_S, ClusterError, RayTransport, answers  # noqa: F401 -- rlix-run catches api.ClusterError
 
 # Seconds a stopped job has to end its run before its coordinator is killed.

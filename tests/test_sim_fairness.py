@@ -2,10 +2,10 @@
 (jobs each on its own home partition, rollout allowed on the whole cluster, arriving over
 time, of different sizes and tails), with ``home_guarantee`` on (the default), no job finishes more than
 2% later under ``rlix`` than alone on its home under ``static``, and the makespan is never
-longer. (Off, a job may be up to a few per cent later: the README's tables.)
+longer. (Off, a job may be up to a few per cent later: the tables in docs/scheduling-model.md.)
 
 Jobs queued for a partition another job holds (``queued_cluster``) are guests there: they
-are promised less (see the README's scheduling model), so this family is not drawn here.
+are promised less (see docs/scheduling-model.md), so this family is not drawn here.
 """
 
 from __future__ import annotations

@@ -429,7 +429,7 @@ class SchedulerConfig:
       others' gang stages go after its own of the same job priority, with
       the guarantee or without). On by default: off, the split alone decides
       and nothing is promised per job (a shorter makespan on mixed_agentic,
-      but jobs up to 6.5% later than under ``static``: see the README).
+      but jobs up to 6.5% later than under ``static``: see docs/scheduling-model.md).
     - ``lend_ahead_s`` (with ``home_guarantee``): the guarantee is what
       keeps a job no later than under ``static``; a job already ahead of
       its own ``static`` pace does not need it. Ahead is counted at the

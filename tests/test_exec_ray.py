@@ -2,7 +2,9 @@
 
 One run per policy is shared by the module's tests: both jobs under rlix, and
 the small job alone under static (its own partition: what it learns there is
-what it must learn under rlix; the large job would only make that run longer).
+what it must learn under rlix; the large job would only make that run longer,
+so the static run checks confinement and replay on one job: the core's tests
+hold static to each job's partition).
 A third run has one job killed mid-way and one that crashes, beside a job
 that finishes.
 """
@@ -92,6 +94,12 @@ def test_rollout_workers_expand_onto_other_jobs_gpus_and_shrink(runs):
     for e in static_tl:
         if e.get("ph") == "X" and e.get("pid") == 0 and e["name"].endswith(":rollout"):
             assert e["tid"] in homes[e["name"].split(":")[0]]
+
+
+def test_each_job_reports_its_own_trainer_ranks(runs):
+    """One rank per job here (each trains on one GPU); tests/test_exec_fsdp_ray.py has a job on two."""
+    jobs = json.loads(Path(runs["rlix"].files["metrics"]).read_text())["executor"]["jobs"]
+    assert {pid: j["trainer_ranks"] for pid, j in jobs.items()} == {"small": 1, "large": 1}
 
 
 def test_both_policies_report_their_overheads(runs):

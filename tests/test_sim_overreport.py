@@ -7,7 +7,7 @@ entitlement, so the liar finishes no sooner, and no other job later, by more tha
 ``two_jobs`` and its redraws, and on random small traces of several jobs on their own
 homes (those of ``tests/test_sim_fairness.py``), with and without ``home_guarantee``.
 (A multi-LoRA job with staleness in batch mode can still claim up to its declared
-``open_limit``: docs/layout.md's benchmark notes say what that costs.)
+``open_limit``: docs/benchmarks.md say what that costs.)
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class RolloutControl:
         try:
             return await asyncio.shield(start)
         except asyncio.CancelledError:
-            if not start.cancelled():
+            if not start.cancelled() or _cancelling():
                 raise  # this expand itself was cancelled
             return False
 
@@ -230,3 +230,9 @@ class RolloutControl:
                 self._mark(w, WorkerPhase.BUSY if busy else WorkerPhase.IDLE)
             if timing.synced_bytes:
                 self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)
+
+
+def _cancelling() -> bool:
+    """Whether the running task was asked to cancel (Python 3.11+; before, only the start's own state tells)."""
+    task = asyncio.current_task()
+    return task is not None and getattr(task, "cancelling", lambda: 0)() > 0

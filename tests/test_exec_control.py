@@ -329,6 +329,15 @@ async def _warm(job: _Job, *bundles) -> None:
     await _settle()
 
 
+async def _cold_expand():
+    """A job expanded onto GPU 0 with no process there yet, its start held open: (job, the expand)."""
+    job = _Job()
+    job.prepare_gate = _Gate(open_=False)
+    expand = asyncio.ensure_future(job.ctl.expand((0,)))  # not warm: the expand starts the process
+    await _settle()
+    return job, expand
+
+
 async def _waking(trajectories: int):
     """A job with ``trajectories`` queued whose worker on GPU 0 is waking (its wake held open): (job, worker, the expand)."""
     job = _Job()
@@ -429,10 +438,7 @@ def test_a_shrink_before_the_process_is_up_cancels_the_expand():
     from rlix.exec.rollout.pool import WorkerState
 
     async def scenario():
-        job = _Job()
-        job.prepare_gate = _Gate(open_=False)
-        expand = asyncio.ensure_future(job.ctl.expand((0,)))  # not warm: the expand starts the process
-        await _settle()
+        job, expand = await _cold_expand()
         assert job.workers[0].calls == [("prepare",)] and not expand.done()
         await job.ctl.shrink((0,), "rebalance")
         job.prepare_gate.event.set()
@@ -587,10 +593,7 @@ def test_an_expand_onto_a_starting_worker_books_the_start_then_the_wake():
     from rlix.exec.job.records import SwitchKind
 
     async def scenario():
-        job = _Job()
-        job.prepare_gate = _Gate(open_=False)
-        expand = asyncio.ensure_future(job.ctl.expand((0,)))
-        await _settle()
+        job, expand = await _cold_expand()
         job.prepare_gate.event.set()
         await asyncio.wait_for(expand, 1.0)
         return job
@@ -697,10 +700,7 @@ def test_an_expand_waiting_for_its_process_when_the_job_ends_returns_quietly():
     result is collected)."""
 
     async def scenario():
-        job = _Job()
-        job.prepare_gate = _Gate(open_=False)
-        expand = asyncio.ensure_future(job.ctl.expand((0,)))  # not warm: the expand starts the process
-        await _settle()
+        job, expand = await _cold_expand()
         for task in job.ctl.starts():
             task.cancel()
         await asyncio.wait_for(expand, 1.0)
@@ -715,10 +715,7 @@ def test_an_expand_cancelled_while_its_process_starts_raises_and_the_start_goes_
     """The expand's own cancellation is not the job ending: it propagates, and the shielded start is untouched."""
 
     async def scenario():
-        job = _Job()
-        job.prepare_gate = _Gate(open_=False)
-        expand = asyncio.ensure_future(job.ctl.expand((0,)))
-        await _settle()
+        job, expand = await _cold_expand()
         expand.cancel()
         await _settle()
         (start,) = job.ctl.starts()

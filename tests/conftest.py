@@ -1,3 +1,4 @@
+import compileall
 import importlib.util
 import os
 import sys
@@ -13,6 +14,12 @@ settings.register_profile("explore", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_sessionstart(session):
+    """Byte-compile rlix once for the session: every Ray worker process imports it, and where
+    PYTHONDONTWRITEBYTECODE is set (the CI machine) each would compile it from source again."""
+    compileall.compile_dir(Path(__file__).resolve().parent.parent / "rlix", quiet=1)
 
 EXEC_EXTRA = ("ray", "torch", "transformers", "peft", "datasets")
 MISSING = [name for name in EXEC_EXTRA if importlib.util.find_spec(name) is None]

@@ -185,3 +185,36 @@ def test_a_worker_that_sees_other_devices_than_its_bundle_fails_at_once(monkeypa
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # what Ray before 2.56 did to an actor asking for no GPU
     with pytest.raises(DeviceMismatchError, match=r"^job/rollout2: CUDA_VISIBLE_DEVICES is '' but its bundle's GPUs are '2,3'"):
         check_devices()
+
+
+def test_own_device_ids_are_those_ray_reads(monkeypatch):
+    from rlix.exec.control.gpu_reservation import own_devices
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert own_devices(3) == ("0", "1", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 5,6,7")
+    assert own_devices(2) == ("4", "5")  # Ray takes the first ones listed
+    assert own_devices(5) is None  # fewer listed than GPUs: each bundle is asked
+
+
+@pytest.mark.exec
+def test_a_run_of_its_own_ray_knows_the_ids_every_bundle_would_report(monkeypatch, tmp_path):
+    """The ids a run's own Ray is not asked for (:func:`own_devices`) are the ones its bundles report when asked."""
+    import ray
+
+    from rlix.core import ClusterSpec
+    from rlix.exec.control.gpu_reservation import own_devices, release, reserve
+    from rlix.ray_runtime import init_local_ray
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # Ray's token of its own
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,3,6")
+    init_local_ray(num_cpus=1, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        spec = ClusterSpec(nodes=1, gpus_per_node=2)
+        asked = reserve(spec)
+        release(asked)
+        known = reserve(spec, devices=own_devices(2))
+        release(known)
+        assert sorted(asked.devices[0]) == sorted(known.devices[0]) == ["3", "5"]
+    finally:
+        ray.shutdown()

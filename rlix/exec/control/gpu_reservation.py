@@ -6,7 +6,9 @@ the shared scheduler service) reserves them first: one placement group per
 rlix node, one bundle per GPU, packed on one Ray node. Ray then accounts every
 GPU as used, and each bundle's physical device id is read back from inside it
 (``ray.get_gpu_ids``), so a node whose raylet sees devices 4-7 gets workers on
-4-7, not 0-3. Worker processes are placed in the bundle of their first GPU
+4-7, not 0-3. A run's own one-node Ray reserves every GPU that Ray has, so its ids
+are known without asking (:func:`own_devices`): which bundle Ray gave which id does
+not matter when all of them are the run's. Worker processes are placed in the bundle of their first GPU
 (:func:`rlix.exec.control.actor_placement.actor_options`) and see exactly their
 bundle's devices. rlix node order is the groups' (node address, node id, first
 device) order, so it is the same in every process that reads the reservation.
@@ -29,11 +31,19 @@ def _probe():
     return ray.util.get_node_ip_address(), ctx.get_node_id(), str(ray.get_gpu_ids()[0])
 
 
-def reserve(cluster: ClusterSpec, *, names: str | None = None, wait_s: float = RESERVE_WAIT_S) -> GpuMap:
+def reserve(
+    cluster: ClusterSpec,
+    *,
+    names: str | None = None,
+    wait_s: float = RESERVE_WAIT_S,
+    devices: tuple[str, ...] | None = None,
+) -> GpuMap:
     """Reserve the cluster's GPUs (``cluster.nodes`` groups of ``gpus_per_node``) and read their ids back.
 
     ``names``: the groups are named ``{names}-{i}`` and detached (they outlive this process, as the
     scheduler service's do; a restarted service finds its own); None: unnamed, gone with the job.
+    ``devices``: the one node's ids when they are known already (:func:`own_devices`); None: each
+    bundle is asked, in a process of its own.
     :class:`ClusterError` (one line) if Ray cannot reserve them within ``wait_s``.
     """
     import ray
@@ -55,11 +65,24 @@ def reserve(cluster: ClusterSpec, *, names: str | None = None, wait_s: float = R
                 f"{wait_s:g} s: other Ray work holds some, or the nodes are smaller; free them or lower cluster.nodes / "
                 "cluster.gpus_per_node"
             )
+        if devices is not None and cluster.nodes == 1:
+            return GpuMap(groups=tuple(groups), devices=(devices,))
         return _read_back(groups, cluster)
     except BaseException:
         for g in made:  # only what this call made: groups found (a restarted service's) hold running jobs' processes
             remove_placement_group(g)
         raise
+
+
+def own_devices(num_gpus: int) -> tuple[str, ...] | None:
+    """The device ids of a one-node Ray that this process started with ``num_gpus`` GPUs: the first
+    ``num_gpus`` of ``CUDA_VISIBLE_DEVICES``, as Ray reads them, or 0..n-1 when it is unset. None when
+    they cannot be told (fewer ids listed than GPUs): then each bundle is asked."""
+    import os
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in listed.split(",") if d.strip()] if listed is not None else [str(i) for i in range(num_gpus)]
+    return tuple(ids[:num_gpus]) if len(ids) >= num_gpus else None
 
 
 def _existing(name: str, cluster: ClusterSpec):

@@ -165,14 +165,19 @@ class Session:
     def _start(self, config: RunConfig, address: str | None) -> None:
         """Fresh logs, then the local Ray (no address), the GPUs reserved, and a private scheduler (no service)."""
 
-        from rlix.exec.control.gpu_reservation import reserve
+        from rlix.exec.control.gpu_reservation import own_devices, reserve
         from rlix.exec.control.scheduler_actor import SchedulerActor
 
         prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
+        devices = None  # the GPUs' ids, when this run's own Ray has them all (else each bundle is asked)
         if self._own_ray and not address:
             start_local_ray(config, self.cluster.num_gpus)
+            devices = own_devices(self.cluster.num_gpus)
         # The GPUs, reserved in Ray: the service's (it reserved them when it started), or this run's own.
-        self.gpu_map = self.submission.info.gpus if self.submission is not None else reserve(self.cluster)
+        if self.submission is not None:
+            self.gpu_map = self.submission.info.gpus
+        else:
+            self.gpu_map = reserve(self.cluster, devices=devices)
         self.t0 = time.time()
         if self.submission is not None:
             self.scheduler = self.submission.scheduler

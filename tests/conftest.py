@@ -21,6 +21,7 @@ def pytest_sessionstart(session):
     PYTHONDONTWRITEBYTECODE is set (the CI machine) each would compile it from source again."""
     compileall.compile_dir(Path(__file__).resolve().parent.parent / "rlix", quiet=1)
 
+
 EXEC_EXTRA = ("ray", "torch", "transformers", "peft", "datasets")
 MISSING = [name for name in EXEC_EXTRA if importlib.util.find_spec(name) is None]
 

@@ -122,13 +122,14 @@ def test_the_measured_trace_replays(runs, policy):
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
-    """One run of three jobs: ``small`` (3 steps); ``large`` (40 steps), killed once its first step is
-    done; and ``crash``, a copy of ``small`` with no home, that raises when its step 1 starts. The
-    holdings seen right after the kill are kept."""
+    """One run of three jobs: ``small`` (3 steps), whose rollout worker on GPU 1 dies 1 s into its
+    first rollout; ``large`` (40 steps), killed once its first step is done; and ``crash``, a copy of
+    ``small`` with no home, that raises when its step 1 starts (its only fault). The holdings seen right
+    after the kill are kept."""
     from rlix.exec.front import api
 
     cfg = load_config(EXAMPLE)
-    small = cfg.jobs[0].model_copy(update={"steps": 3})
+    small = type(cfg.jobs[0]).model_validate({**cfg.jobs[0].model_dump(), "steps": 3, "fault": {"die_in_rollout_gpu": 1}})
     large = cfg.jobs[1].model_copy(update={"steps": 40})
     crash = type(small).model_validate(
         {**small.model_dump(), "name": "crash", "steps": 5, "home": [], "fault": {"crash_at_step": 1}, "seed": 2}
@@ -170,3 +171,12 @@ def test_crashing_pipeline_releases_gpus(faulty):
     assert "crash_at_step" in outputs.results["crash"].error
     assert outputs.results["small"].status is JobStatus.FINISHED
     assert outputs.results["small"].lost == 0
+
+
+def test_rollout_worker_killed_mid_rollout_is_continued_elsewhere(faulty):
+    outputs, _ = faulty
+    small = outputs.results["small"]
+    assert small.status is JobStatus.FINISHED, small.error
+    assert small.workers_lost >= 1
+    assert small.requeued >= 1  # its in-flight trajectories went back to the queue
+    assert small.lost == 0 and len(small.trajectories) == 3 * load_config(EXAMPLE).jobs[0].batch_size

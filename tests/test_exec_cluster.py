@@ -197,7 +197,7 @@ def test_own_device_ids_are_those_ray_reads(monkeypatch):
     assert own_devices(5) is None  # fewer listed than GPUs: each bundle is asked
 
 
-@pytest.mark.exec
+@pytest.mark.heavy
 def test_a_run_of_its_own_ray_knows_the_ids_every_bundle_would_report(monkeypatch, tmp_path):
     """The ids a run's own Ray is not asked for (:func:`own_devices`) are the ones its bundles report when asked."""
     import ray

@@ -49,7 +49,7 @@ class _NullCoordinator:
 def bench_scheduler(n: int) -> dict:
     from rlix import protocol
     from rlix.core import ClusterSpec, PipelineSpec, ReportDemand, Role, RoleSpec, SchedulerConfig, Stage
-    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.service.scheduler_actor import SchedulerActor
     from rlix.transport import RayTransport
 
     cluster = ClusterSpec(nodes=1, gpus_per_node=4)
@@ -92,8 +92,8 @@ def bench_worker(
     then ``reps`` times shrink, expand with a new version, and an awake sync of another new version."""
     import torch
 
-    from rlix.exec.actors import RolloutWorkerActor
     from rlix.exec.data.model import ModelSize, build_model, load_model, param_count
+    from rlix.exec.rollout.actor import RolloutWorkerActor
     from rlix.exec.rollout.torch_backend import Emulation, VllmOptions
     from rlix.exec.train.weights import publish_of
 

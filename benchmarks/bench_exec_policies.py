@@ -27,8 +27,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from rlix.exec.config import RunConfig, load_config
 from rlix.exec.front import api
-from rlix.exec.front.config import RunConfig, load_config
 from rlix.job import WorkerPhase, worker_booking
 from rlix.sim.simulator import Simulation, replay
 from rlix.sim.trace import load_trace

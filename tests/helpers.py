@@ -73,7 +73,7 @@ def assert_config_error_names(raw: dict, field: str) -> None:
     """``raw`` fails to parse with one line that starts with ``field``."""
     import pytest
 
-    from rlix.exec.front.config import ConfigError, parse_config
+    from rlix.exec.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError) as info:
         parse_config(raw)
@@ -90,7 +90,7 @@ def assert_trace_replays(outputs, policy: str) -> None:
     How close the replay's times come to the run's (makespan, each job's completion time, the share
     of GPU-seconds spent switching) is a wall-clock figure that a loaded machine moves: it is printed
     by ``benchmarks/bench_exec_policies.py``, never asserted here."""
-    from rlix.exec.job.records import JobStatus
+    from rlix.exec.records import JobStatus
     from rlix.sim.simulator import Simulation
     from rlix.sim.trace import load_trace
 

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rlix.exec.config import JobConfig
 from rlix.exec.data.recipe import Recipe
-from rlix.exec.front.config import JobConfig
 from rlix.exec.rollout.torch_backend import Emulation, TorchRolloutBackend
 from rlix.exec.train.grpo import GrpoLearner
 

@@ -123,10 +123,10 @@ def test_two_node_cluster_reserves_the_gpus_and_pins_every_worker_to_the_node_th
     from ray.cluster_utils import Cluster
 
     from rlix.core import ClusterSpec
-    from rlix.exec.control.actor_placement import actor_options
+    from rlix.exec.config import load_config
     from rlix.exec.control.gpu_reservation import release, reserve
     from rlix.exec.front import api
-    from rlix.exec.front.config import load_config
+    from rlix.exec.placement import actor_options
 
     nodes2 = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2})
     nodes2.add_node(num_cpus=1, num_gpus=2)
@@ -176,7 +176,7 @@ def test_two_node_cluster_reserves_the_gpus_and_pins_every_worker_to_the_node_th
 
 @pytest.mark.exec
 def test_a_worker_that_sees_other_devices_than_its_bundle_fails_at_once(monkeypatch):
-    from rlix.exec.control.actor_placement import EXPECTED_DEVICES, DeviceMismatchError, check_devices
+    from rlix.exec.placement import EXPECTED_DEVICES, DeviceMismatchError, check_devices
 
     monkeypatch.setenv(EXPECTED_DEVICES, "2,3")
     monkeypatch.setenv("RLIX_WORKER", "job/rollout2")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import assert_config_error_names
 
-from rlix.exec.front.config import RunConfig, load_config, parse_config
+from rlix.exec.config import RunConfig, load_config, parse_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -96,7 +96,7 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
 
 def test_import_rlix_exec_is_light():
     code = (
-        "import sys, rlix, rlix.exec, rlix.exec.front.config, rlix.exec.front.cli; "
+        "import sys, rlix, rlix.exec, rlix.exec.config, rlix.exec.front.cli; "
         "print(any(m in sys.modules for m in ('ray', 'torch', 'vllm')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

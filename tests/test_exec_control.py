@@ -48,7 +48,7 @@ class _Coordinator:
 
 
 def _actor(gpus: int):
-    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.service.scheduler_actor import SchedulerActor
 
     cluster = ClusterSpec(nodes=1, gpus_per_node=gpus)
     return SchedulerActor.__ray_metadata__.modified_class(cluster, "rlix", SchedulerConfig(), time.time(), 60.0)
@@ -261,7 +261,7 @@ class _Job:
     """The coordinator's side of one pipeline's rollout control: its hooks, and what they were told."""
 
     def __init__(self, *, slots: int = 1, wake_s: float = 5.0) -> None:
-        from rlix.exec.job.recorder import Recorder
+        from rlix.exec.recorder import Recorder
         from rlix.exec.rollout.control import RolloutControl
         from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
         from rlix.exec.rollout.pool import WorkerPool
@@ -571,7 +571,7 @@ def test_a_newer_weight_version_published_during_a_wake_is_synced_before_work():
 def test_a_wake_that_builds_the_engine_is_booked_as_a_cold_start():
     """A worker whose first wake builds its engine on the GPUs: that wake is a cold start, later ones are wakes
     (and only wakes make the measured wake cost); the GPUs are switching in both."""
-    from rlix.exec.job.records import SwitchKind
+    from rlix.exec.records import SwitchKind
 
     async def scenario():
         job = _Job()
@@ -590,7 +590,7 @@ def test_a_wake_that_builds_the_engine_is_booked_as_a_cold_start():
 
 def test_an_expand_onto_a_starting_worker_books_the_start_then_the_wake():
     """GPUs given to a worker whose process is still starting are switching ("start") until it is up, then it wakes ("load")."""
-    from rlix.exec.job.records import SwitchKind
+    from rlix.exec.records import SwitchKind
 
     async def scenario():
         job, expand = await _cold_expand()

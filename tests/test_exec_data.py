@@ -292,7 +292,7 @@ def test_bad_input_is_one_line_naming_job_and_field(tmp_path, case, edit, field,
             job[k] = {**job[k], **v}
         else:
             job[k] = v
-    from rlix.exec.front.config import ConfigError, parse_config
+    from rlix.exec.config import ConfigError, parse_config
 
     assert_config_error_names(raw, field)
     with pytest.raises(ConfigError) as info:
@@ -303,14 +303,14 @@ def test_bad_input_is_one_line_naming_job_and_field(tmp_path, case, edit, field,
 
 
 def test_good_data_config_parses(tmp_path):
-    from rlix.exec.front.config import parse_config
+    from rlix.exec.config import parse_config
 
     cfg = parse_config(_data_cfg(tmp_path, eval={"path": str(tmp_path / "train.jsonl")}))
     assert cfg.jobs[0].data.prompt_field == "q" and cfg.jobs[0].task is None
 
 
 def test_example_config_validates():
-    from rlix.exec.front.config import load_config
+    from rlix.exec.config import load_config
 
     cfg = load_config(ROOT / "examples" / "cpu_data.yaml")
     assert {j.name for j in cfg.jobs} == {"arith", "copy"}
@@ -336,8 +336,8 @@ def test_cli_refuses_bad_data_with_exit_2(tmp_path, which):
 
 def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
     from rlix.exec.front.cli import exit_status
-    from rlix.exec.job.records import JobStatus
     from rlix.exec.messages import JobResult
+    from rlix.exec.records import JobStatus
 
     ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)
     crashed = JobResult(pipeline_id="x", status=JobStatus.FAILED, error="ActorDiedError")
@@ -356,8 +356,8 @@ def test_exit_status_2_when_a_job_failed_on_its_reward_function(capsys):
 
 def test_exit_status_says_a_cancel_and_a_stopped_scheduler_apart_and_names_who_asked(capsys):
     from rlix.exec.front.cli import exit_status
-    from rlix.exec.job.records import JobStatus
     from rlix.exec.messages import JobResult
+    from rlix.exec.records import JobStatus
     from rlix.protocol import Stopped
 
     ok = JobResult(pipeline_id="copy", status=JobStatus.FINISHED)

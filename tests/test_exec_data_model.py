@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.front.config import JobConfig
+from rlix.exec.config import JobConfig
 
 pytestmark = pytest.mark.exec
 
@@ -97,8 +97,8 @@ def test_built_tokenizer_keeps_every_printable_ascii_character(tmp_path, arch):
 
 
 def test_characters_outside_the_alphabet_are_counted_and_reported(tmp_path, model_dir, capsys):
+    from rlix.exec.config import RunConfig
     from rlix.exec.front.api import data_report, prepare_recipes
-    from rlix.exec.front.config import RunConfig
 
     rows = [{"q": SPELL, "answer": "x"}, {"q": "Été 🙂 =", "answer": "y"}, {"q": "naïve", "answer": "z"}]
     (tmp_path / "u.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
@@ -148,8 +148,8 @@ def _raise_line(name: str) -> int:
     ],
 )
 def test_reward_functions_are_tried_on_a_few_prompts_before_any_actor(tmp_path, model_dir, name, words):
+    from rlix.exec.config import ConfigError, RunConfig
     from rlix.exec.front.api import prepare_recipes
-    from rlix.exec.front.config import ConfigError, RunConfig
 
     job = _job(tmp_path)
     rewards = [job.rewards[0], job.rewards[0].model_copy(update={"function": f"{ROOT}/tests/data/trl_rewards.py:{name}"})]
@@ -220,7 +220,7 @@ def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, 
 def test_metrics_jsonl_and_tensorboard(tmp_path):
     from rlix.exec.data.recipe import EvalScore, ScoredStep
     from rlix.exec.data.rewards import FunctionScores
-    from rlix.exec.front.steplog import StepLog
+    from rlix.exec.job.steplog import StepLog
     from rlix.exec.train.grpo import TrainStats
     from rlix.metrics import Activity
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.front.config import load_config
-from rlix.exec.job.records import JobStatus
+from rlix.exec.config import load_config
+from rlix.exec.records import JobStatus
 
 pytestmark = pytest.mark.heavy
 

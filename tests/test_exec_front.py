@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlix.exec.config import absolute_paths, parse_config
 from rlix.exec.errors import describe, one_line, plain
-from rlix.exec.front.config import absolute_paths, parse_config
 from rlix.exec.front.console import rows
 from rlix.exec.front.joblines import job_line
-from rlix.exec.job.records import JobStatus, StepRecord
 from rlix.exec.messages import JobProgress, JobResult
+from rlix.exec.records import JobStatus, StepRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +96,7 @@ def test_an_actor_that_died_in_its_constructor_reads_as_the_error_it_quotes():
     from ray.exceptions import ActorDiedError, RayTaskError
 
     message = "model directory /data/m cannot be read on node n2; put it on storage every node reads"
-    remote = 'Traceback (most recent call last):\n  File "rlix/exec/actors.py", line 60, in __init__\n'
+    remote = 'Traceback (most recent call last):\n  File "rlix/exec/rollout/actor.py", line 60, in __init__\n'
     init = RayTaskError(
         "RolloutWorkerActor.__init__", remote + f"FileNotFoundError: {message}", FileNotFoundError(message), pid=1, ip="n2"
     )
@@ -149,7 +149,7 @@ def _step(step, reward, stream=""):
 
 
 def _progress(pid, steps_done, total, phase="", since=0.0):
-    from rlix.exec.job.records import reward_spans
+    from rlix.exec.records import reward_spans
 
     return JobProgress(
         pipeline_id=pid,

@@ -44,7 +44,7 @@ def _gang_run(gpus, model_dir):
     from test_exec_fsdp import _perturbed, _samples
 
     from rlix.core import ClusterSpec
-    from rlix.exec.actors import TrainerJob
+    from rlix.exec.messages import TrainerJob
     from rlix.exec.train.grpo import GrpoConfig
     from rlix.exec.train.trainer_gang import TrainerGang
     from rlix.protocol import GpuMap
@@ -89,9 +89,9 @@ def test_gang_of_two_trains_like_gang_of_one(ray_cpu, tmp_path):
 
 
 def test_two_gpu_actor_train_mapping_reports_two_ranks(tmp_path):
+    from rlix.exec.config import load_config
     from rlix.exec.front import api
-    from rlix.exec.front.config import load_config
-    from rlix.exec.job.records import JobStatus
+    from rlix.exec.records import JobStatus
 
     cfg = load_config(EXAMPLE)
     raw = cfg.jobs[0].model_dump()

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlix.exec.front.config import ConfigError, load_config
+from rlix.exec.config import ConfigError, load_config
 from rlix.exec.front.host_memory import HOST_QUEUE, parameters, resident_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobStatus

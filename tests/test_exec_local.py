@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlix.exec.front.config import JobConfig
-from rlix.exec.train.grpo import group_advantages
+from rlix.exec.config import JobConfig
+from rlix.exec.data.rewards import group_advantages
 
 pytestmark = pytest.mark.heavy
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlix.exec.front.config import JobConfig
+from rlix.exec.config import JobConfig
 
 pytestmark = pytest.mark.heavy
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import LastRows, assert_last_rows_are_the_summary, assert_trace_replays
 
-from rlix.exec.front.config import load_config
-from rlix.exec.job.records import JobStatus, SwitchKind
+from rlix.exec.config import load_config
+from rlix.exec.records import JobStatus, SwitchKind
 
 pytestmark = pytest.mark.heavy
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import assert_config_error_names
 
-from rlix.exec.front.config import ConfigError, load_config, parse_config
+from rlix.exec.config import ConfigError, load_config, parse_config
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -75,8 +75,8 @@ def test_gpu_mixed_example_asks_for_vllm():
 @pytest.mark.exec
 def test_torch_path_never_imports_vllm():
     code = (
-        "import sys, rlix, rlix.exec.front.config, rlix.exec.rollout.torch_backend, rlix.exec.train.lora, "
-        "rlix.exec.job.coordinator, rlix.exec.actors;"
+        "import sys, rlix, rlix.exec.config, rlix.exec.rollout.torch_backend, rlix.exec.train.lora, "
+        "rlix.exec.job.coordinator, rlix.exec.rollout.actor, rlix.exec.train.actor;"
         "from rlix.exec.rollout.torch_backend import make_backend; make_backend('torch');"
         "print('vllm' in sys.modules)"
     )

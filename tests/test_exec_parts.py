@@ -10,9 +10,9 @@ import pytest
 from rlix.core import Stage
 from rlix.exec.data.recipe import Trajectory
 from rlix.exec.data.tasks import Prompt
-from rlix.exec.job.recorder import Recorder
-from rlix.exec.job.records import JobStatus, SwitchKind
 from rlix.exec.messages import GenRequest, GenResult
+from rlix.exec.recorder import Recorder
+from rlix.exec.records import JobStatus, SwitchKind
 from rlix.exec.rollout.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import RolloutQueue, TrajectoryFailed
 from rlix.job import warm_order
@@ -258,8 +258,8 @@ class _Trainer:
 
 
 def _link(sched, **limits):
+    from rlix.exec.config import LimitsConfig
     from rlix.exec.control.scheduler_link import SchedulerLink
-    from rlix.exec.front.config import LimitsConfig
 
     return SchedulerLink(
         pipeline_id="large", sched=sched, recorder=Recorder("large"), limits=LimitsConfig(**limits), now=lambda: 0.0
@@ -290,8 +290,8 @@ def test_a_stage_takes_the_gpus_over_from_the_one_before_in_one_call():
 
 
 def test_a_stage_that_hangs_misses_its_deadline():
-    from rlix.exec.control.deadline import WorkerTimeout
-    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.config import LimitsConfig
+    from rlix.exec.deadline import WorkerTimeout
     from rlix.exec.train.trainer_link import TrainerLink
 
     async def main():
@@ -303,7 +303,7 @@ def test_a_stage_that_hangs_misses_its_deadline():
 
 
 def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
-    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.config import LimitsConfig
     from rlix.exec.train.trainer_link import TrainerLink
 
     async def main():
@@ -326,7 +326,7 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
 
 
 def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
-    from rlix.exec.front.config import LimitsConfig
+    from rlix.exec.config import LimitsConfig
     from rlix.exec.train.trainer_link import TrainerLink
 
     async def main():
@@ -355,7 +355,7 @@ async def _a_training_while_b_waits(stage: Stage, min_residency_s: float, home_g
     from helpers import spec
 
     from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig
-    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.service.scheduler_actor import SchedulerActor
 
     sched = SchedulerActor.__ray_metadata__.modified_class(
         ClusterSpec(nodes=1, gpus_per_node=2),

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from rlix.core import ClusterSpec
-from rlix.exec.control.actor_placement import actor_options
 from rlix.exec.host_priority import BACKGROUND_NICE, background_start
+from rlix.exec.placement import actor_options
 from rlix.protocol import GpuMap
 
 SPEC = ClusterSpec(nodes=1, gpus_per_node=2)

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from rlix.exec.front.config import parse_config
+from rlix.exec.config import parse_config
 from rlix.exec.front.outputs import build_outputs, trace_model, usage_from_events
-from rlix.exec.job.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
 from rlix.exec.messages import JobResult
+from rlix.exec.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord
 from rlix.metrics import Activity
 from rlix.protocol import SchedulerStats
 from rlix.sim.simulator import Simulation

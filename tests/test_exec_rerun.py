@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rlix.exec.front.config import load_config
+from rlix.exec.config import load_config
 from rlix.exec.front.rerun import prepare_rerun, resume_steps, set_aside
-from rlix.exec.front.steplog import StepLog, read_lines
+from rlix.exec.job.steplog import StepLog, read_lines
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_mixed.yaml"
 
@@ -138,8 +138,8 @@ def test_resumed_step_log_continues_after_its_checkpoint_without_interleaving(tm
 
 def test_step_n_is_the_nth_trained_step_in_metrics_and_progress(tmp_path):
     from rlix.exec.data.recipe import ScoredStep
-    from rlix.exec.job.recorder import Recorder
-    from rlix.exec.job.records import JobStatus, StepRecord, TrajRecord
+    from rlix.exec.recorder import Recorder
+    from rlix.exec.records import JobStatus, StepRecord, TrajRecord
     from rlix.exec.train.grpo import TrainStats
 
     rec, log = Recorder("small"), StepLog(tmp_path / "small")

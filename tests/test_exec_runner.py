@@ -148,16 +148,16 @@ class _Recipe:
 
 async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=None, timeout_s: float = 20.0):
     """One job on 2 GPUs (trains on GPU 0, rolls out on 0-1) driven to its end, or to its failure."""
-    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.config import LimitsConfig
     from rlix.exec.control.scheduler_link import SchedulerLink
-    from rlix.exec.front.config import LimitsConfig
-    from rlix.exec.job.recorder import Recorder
-    from rlix.exec.job.records import JobStatus
     from rlix.exec.job.step_runner import Parts, StepRunner
+    from rlix.exec.recorder import Recorder
+    from rlix.exec.records import JobStatus
     from rlix.exec.rollout.control import RolloutControl
     from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
     from rlix.exec.rollout.pool import WorkerPool
     from rlix.exec.rollout.queue import RolloutQueue
+    from rlix.exec.service.scheduler_actor import SchedulerActor
     from rlix.exec.train.trainer_link import TrainerLink
 
     actor = SchedulerActor.__ray_metadata__.modified_class(

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from rlix.core import ClusterSpec
-from rlix.exec.actors import CONTROL_THREADS, RolloutWorkerActor
-from rlix.exec.front.config import load_config
+from rlix.exec.config import load_config
 from rlix.exec.job.coordinator import PipelineCoordinator, end_processes, worker_options
-from rlix.exec.job.records import JobStatus
+from rlix.exec.records import JobStatus
+from rlix.exec.rollout.actor import CONTROL_THREADS, RolloutWorkerActor
 from rlix.exec.rollout.hooks import Processes
 from rlix.protocol import GpuMap
 

@@ -343,8 +343,8 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
     import ray
 
     from rlix.core import ClusterSpec
-    from rlix.exec.actors import RolloutWorkerActor
-    from rlix.exec.control.actor_placement import actor_options
+    from rlix.exec.placement import actor_options
+    from rlix.exec.rollout.actor import RolloutWorkerActor
     from rlix.exec.rollout.torch_backend import Emulation
     from rlix.protocol import GpuMap
 
@@ -379,9 +379,9 @@ def test_a_two_gpu_bundle_runs_one_tensor_parallel_engine(model_dir, engines, ra
 
 
 def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
+    from rlix.exec.config import parse_config
     from rlix.exec.front import api
-    from rlix.exec.front.config import parse_config
-    from rlix.exec.job.records import JobStatus, SwitchKind
+    from rlix.exec.records import JobStatus, SwitchKind
 
     model = {"size": {"arch": "qwen2", "hidden_size": 256, "num_layers": 2, "num_heads": 4, "intermediate_size": 512, "seed": 0}}
     common = dict(
@@ -432,7 +432,7 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
 
 def test_the_cpu_vllm_example_validates():
     """examples/cpu_vllm.yaml: both jobs on vLLM, one of them on a tensor-parallel (2-GPU) rollout worker."""
-    from rlix.exec.front.config import load_config
+    from rlix.exec.config import load_config
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_vllm.yaml")
     assert [j.rollout_backend for j in cfg.jobs] == ["vllm", "vllm"]

@@ -58,3 +58,41 @@ def test_nothing_below_the_executor_imports_it(path):
 @pytest.mark.parametrize("path", sorted((RLIX / "core").rglob("*.py")), ids=module_name)
 def test_the_core_imports_only_itself(path):
     assert {m for m in imports_of(path) if not m.startswith("rlix.core")} == set()
+
+
+# The executor's own layers, lowest first: a unit (a module or a package directly under rlix.exec) imports
+# only units of lower layers (and itself). So no circle of its packages can form.
+EXEC_LAYERS = (
+    ("errors", "device_memory", "host_priority", "records", "deadline", "placement"),
+    ("messages",),
+    ("recorder",),
+    ("data",),
+    ("config",),
+    ("train",),
+    ("rollout",),
+    ("control",),
+    ("job",),
+    ("service",),
+    ("front",),
+)
+EXEC_LAYER = {unit: i for i, units in enumerate(EXEC_LAYERS) for unit in units}
+
+
+def exec_unit(module: str) -> str | None:
+    """``rlix.exec.job.coordinator`` -> ``job``; None for ``rlix.exec`` itself and for modules outside it."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["rlix", "exec"] else None
+
+
+def test_every_executor_unit_has_a_layer():
+    units = {exec_unit(module_name(p)) for p in (RLIX / "exec").rglob("*.py")} - {None}
+    assert units == set(EXEC_LAYER)
+
+
+@pytest.mark.parametrize("path", sorted((RLIX / "exec").rglob("*.py")), ids=module_name)
+def test_the_executor_imports_only_down_its_layers(path):
+    unit = exec_unit(module_name(path))
+    if unit is None:
+        return
+    up = {m for m in imports_of(path) if exec_unit(m) not in (None, unit) and EXEC_LAYER[exec_unit(m)] >= EXEC_LAYER[unit]}
+    assert not up, f"{unit} (layer {EXEC_LAYER[unit]}) imports {sorted(up)}"

@@ -18,7 +18,7 @@ from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig, Stage
 
 
 def _actor(gpus: int):
-    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.service.scheduler_actor import SchedulerActor
 
     cluster = ClusterSpec(nodes=1, gpus_per_node=gpus)
     return SchedulerActor.__ray_metadata__.modified_class(cluster, "rlix", SchedulerConfig(), time.time(), 60.0)
@@ -114,7 +114,7 @@ def test_a_callback_endpoint_answers_the_schedulers_calls_with_the_pipelines_cor
     import ray
 
     from rlix.client import CallbackEndpoint, Client
-    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.service.scheduler_actor import SchedulerActor
     from rlix.ray_runtime import worker_pythonpath
     from rlix.transport import RayTransport
 

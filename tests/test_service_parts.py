@@ -320,11 +320,11 @@ def test_a_pipeline_goes_by_its_name_even_where_another_job_has_that_id():
 def test_a_run_log_has_a_line_per_change_and_a_jobs_lines_are_read_whole(tmp_path):
     from types import SimpleNamespace
 
+    from rlix.exec.config import load_config
     from rlix.exec.front.api import _Pipeline
-    from rlix.exec.front.config import load_config
     from rlix.exec.front.runlog import RunLog
-    from rlix.exec.job.records import JobStatus
     from rlix.exec.messages import JobResult
+    from rlix.exec.records import JobStatus
     from rlix.exec.service.logs import NAME, chunk_here, lines_of, read_chunk
 
     cfg = load_config(ROOT / "examples" / "cpu_two_jobs.yaml")

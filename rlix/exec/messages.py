@@ -6,7 +6,7 @@ snapshots, the trainer's samples and statistics, switch timings, the engine
 settings sent to a worker at start-up, and a job's progress and result for
 its driver. What crosses to and from the scheduler (requests, replies,
 errors) is the scheduler's protocol, :mod:`rlix.protocol`, which any
-pipeline speaks; the run records of :mod:`rlix.exec.job.records` travel
+pipeline speaks; the run records of :mod:`rlix.exec.records` travel
 inside ``JobProgress`` and ``JobResult``.
 
 Backends (torch, vLLM), learners (GRPO, LoRA) and worker actors import this
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from rlix.exec.job.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, TrajRecord
+from rlix.exec.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, TrajRecord
 from rlix.protocol import Stopped
 
 # ------------------------------------------------------------------ weights

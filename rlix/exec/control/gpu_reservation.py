@@ -9,7 +9,7 @@ GPU as used, and each bundle's physical device id is read back from inside it
 4-7, not 0-3. A run's own one-node Ray reserves every GPU that Ray has, so its ids
 are known without asking (:func:`own_devices`): which bundle Ray gave which id does
 not matter when all of them are the run's. Worker processes are placed in the bundle of their first GPU
-(:func:`rlix.exec.control.actor_placement.actor_options`) and see exactly their
+(:func:`rlix.exec.placement.actor_options`) and see exactly their
 bundle's devices. rlix node order is the groups' (node address, node id, first
 device) order, so it is the same in every process that reads the reservation.
 """

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from rlix.client import Client
 from rlix.core import ReportDemand, Role, Stage
 from rlix.core.types import Gpus
-from rlix.exec.control.deadline import call
-from rlix.exec.front.config import LimitsConfig
-from rlix.exec.job.recorder import Recorder
+from rlix.exec.config import LimitsConfig
+from rlix.exec.deadline import call
+from rlix.exec.recorder import Recorder
 from rlix.protocol import GrantReply
 
 

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.exec.data.rewards import FunctionScores, RewardBatch, RewardRef, RewardSet
+from rlix.exec.data.rewards import FunctionScores, RewardBatch, RewardRef, RewardSet, group_advantages
 from rlix.exec.data.sources import (
     DataError,
     DatasetPrompts,
@@ -32,7 +32,6 @@ from rlix.exec.data.sources import (
 )
 from rlix.exec.data.tasks import Task, make_task
 from rlix.exec.messages import GenRequest, GenResult, Sample
-from rlix.exec.train.grpo import group_advantages
 
 
 class TextCodec:

@@ -256,3 +256,16 @@ def _values(ref: RewardRef, out: object, n: int) -> tuple[float | None, ...]:
             raise RewardError(f"reward function {ref.function} returned {x}; return finite floats")
         clean.append(None if math.isnan(x) else x)  # TRL treats NaN as no opinion too
     return tuple(clean)
+
+
+def group_advantages(rewards: list[float], groups: list[int]) -> list[float]:
+    """(r - group mean) / (group std + eps): GRPO's critic-free baseline."""
+    by_group: dict[int, list[float]] = {}
+    for r, g in zip(rewards, groups):
+        by_group.setdefault(g, []).append(r)
+    stats = {}
+    for g, rs in by_group.items():
+        mean = sum(rs) / len(rs)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
+        stats[g] = (mean, std)
+    return [(r - stats[g][0]) / (stats[g][1] + 1e-4) for r, g in zip(rewards, groups)]

@@ -26,16 +26,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlix import protocol
+from rlix.exec.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.control.gpu_reservation import release
 from rlix.exec.errors import describe
-from rlix.exec.front.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.runlog import RunLog
 from rlix.exec.front.shared import Submission, joins_shared
-from rlix.exec.job.records import ActivityChange, JobStatus
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
+from rlix.exec.records import ActivityChange, JobStatus
 from rlix.exec.service.connect import SHRINK_CALL_S
 from rlix.exec.service.logs import NAME as RUN_LOG
 from rlix.protocol import GpuMap, SchedulerStats, Stopped
@@ -166,7 +166,7 @@ class Session:
         """Fresh logs, then the local Ray (no address), the GPUs reserved, and a private scheduler (no service)."""
 
         from rlix.exec.control.gpu_reservation import own_devices, reserve
-        from rlix.exec.control.scheduler_actor import SchedulerActor
+        from rlix.exec.service.scheduler_actor import SchedulerActor
 
         prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
         devices = None  # the GPUs' ids, when this run's own Ray has them all (else each bundle is asked)
@@ -347,7 +347,7 @@ class Session:
 
 def step_log(job_dir: Path, recipe):
     """A job's per-step log (its data report written first, for a data job)."""
-    from rlix.exec.front.steplog import StepLog
+    from rlix.exec.job.steplog import StepLog
 
     log = StepLog(job_dir)
     if recipe is not None:

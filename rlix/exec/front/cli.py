@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from rlix.exec.front.config import ConfigError, load_config
+    from rlix.exec.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, policy=args.policy)
@@ -149,7 +149,7 @@ def exit_status(results: dict) -> int:
     """What happened, as the exit status (docs/executor.md lists them): 2 a job failed on the user's input
     (said on stderr, one line each), 1 another failed or was killed, 4 the shared scheduler was
     stopped under a job, 3 a job was cancelled (by whom, on stderr), else 0."""
-    from rlix.exec.job.records import JobStatus
+    from rlix.exec.records import JobStatus
 
     bad = sorted(pid for pid, r in results.items() if r.bad_input)
     for pid in bad:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from rlix.config import QueueModel
-from rlix.exec.front.config import ConfigError, JobConfig, RunConfig
+from rlix.exec.config import ConfigError, JobConfig, RunConfig
 
 GB = 1e9
 HOST_QUEUE = "host memory"

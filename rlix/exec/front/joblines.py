@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlix.exec.job.records import RewardSpan, reward_spans
+from rlix.exec.records import RewardSpan, reward_spans
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from rlix.config import ClusterModel, JobModel, SchedulerModel
 from rlix.core import Stage
-from rlix.exec.front.config import JobConfig, RunConfig
-from rlix.exec.job.records import ActivityChange, JobStatus, SwitchKind
+from rlix.exec.config import JobConfig, RunConfig
 from rlix.exec.messages import JobResult
+from rlix.exec.records import ActivityChange, JobStatus, SwitchKind
 from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.protocol import SchedulerStats

@@ -11,7 +11,7 @@ left there move to ``previous-<n>/`` (n = 1, 2, ...; nothing is deleted), so
 every run writes fresh ones. A resuming job's fresh ``metrics.jsonl`` starts
 with the earlier lines of the steps its checkpoint holds (a line's step at
 most its stream's resume step); lines of steps it will train again stay only
-in ``previous-<n>/``. :class:`~rlix.exec.front.steplog.StepLog` writes the
+in ``previous-<n>/``. :class:`~rlix.exec.job.steplog.StepLog` writes the
 carried lines into its fresh TensorBoard events when it opens them.
 Directories in the job's directory (a checkpoint directory kept there, older
 ``previous-<n>``) stay where they are.
@@ -24,8 +24,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from rlix.exec.front.config import JobConfig, RunConfig
-from rlix.exec.front.steplog import read_lines
+from rlix.exec.config import JobConfig, RunConfig
+from rlix.exec.job.steplog import read_lines
 
 
 def resume_steps(job: JobConfig) -> dict[str, int]:

@@ -19,7 +19,7 @@ import threading
 import uuid
 
 from rlix import protocol, transport
-from rlix.exec.front.config import ConfigError, RunConfig, check_topology
+from rlix.exec.config import ConfigError, RunConfig, check_topology
 from rlix.exec.front.joblines import default_steps
 from rlix.exec.service import connect
 from rlix.protocol import JobClaim, NameTaken, Stopped, VersionMismatch

@@ -7,7 +7,7 @@
 - :class:`~rlix.exec.rollout.pool.WorkerPool` + :class:`~rlix.exec.rollout.control.RolloutControl`:
   the rollout workers' lifecycle and the plan's expand/shrink calls;
 - :class:`~rlix.exec.control.scheduler_link.SchedulerLink`: calls to the scheduler actor;
-- :class:`~rlix.exec.job.recorder.Recorder`: what happened, for the trace and metrics.
+- :class:`~rlix.exec.recorder.Recorder`: what happened, for the trace and metrics.
 
 The coordinator registers the job, starts the runner and the demand reports,
 answers the scheduler's expand and shrink calls, and tears everything down
@@ -25,18 +25,18 @@ import ray
 
 from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
-from rlix.exec.control.actor_placement import actor_options
+from rlix.exec.config import JobConfig
 from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.data.recipe import Recipe
 from rlix.exec.data.rewards import RewardError
 from rlix.exec.errors import describe
-from rlix.exec.front.config import JobConfig
-from rlix.exec.front.steplog import StepLog
 from rlix.exec.host_priority import background_start
-from rlix.exec.job.recorder import Recorder
-from rlix.exec.job.records import JobStatus
 from rlix.exec.job.step_runner import Parts, StepRunner
+from rlix.exec.job.steplog import StepLog
 from rlix.exec.messages import LOAD_WAIT, Emulation, JobProgress, JobResult
+from rlix.exec.placement import actor_options
+from rlix.exec.recorder import Recorder
+from rlix.exec.records import JobStatus
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
@@ -116,7 +116,7 @@ def job_note(pipeline_id: str, runner: StepRunner | None, rec: Recorder) -> JobN
 def worker_options(cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str, slots_per_worker: int) -> dict:
     """Ray options of a rollout worker on ``gpus``: its placement, and a thread per generation slot plus
     room for control calls (so a sleep or a sync never waits for a slot)."""
-    from rlix.exec.actors import worker_concurrency
+    from rlix.exec.rollout.actor import worker_concurrency
 
     return {**actor_options(cluster, gpus, gpu_map, name), "max_concurrency": worker_concurrency(slots_per_worker)}
 
@@ -297,7 +297,7 @@ class PipelineCoordinator:
         )
 
     def _spawn(self, gpus: Gpus, first_process: bool, background: bool):
-        from rlix.exec.actors import RolloutWorkerActor
+        from rlix.exec.rollout.actor import RolloutWorkerActor
 
         opts = worker_options(self.cluster, gpus, self.gpu_map, f"{self.pid}/rollout{gpus[0]}", self.job.slots_per_worker)
         fault = self.job.fault.for_worker(gpus[0], first_process)

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from rlix.core import Stage
 from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.data.recipe import Recipe, ScoredStep, Trajectory
-from rlix.exec.front.steplog import StepLog
-from rlix.exec.job.recorder import Recorder
-from rlix.exec.job.records import StepRecord, SwitchKind, TrajRecord
+from rlix.exec.job.steplog import StepLog
 from rlix.exec.messages import GenResult
+from rlix.exec.recorder import Recorder
+from rlix.exec.records import StepRecord, SwitchKind, TrajRecord
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.queue import Queued, RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink

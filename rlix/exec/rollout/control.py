@@ -27,11 +27,11 @@ from __future__ import annotations
 import asyncio
 
 from rlix.core.types import Gpus
-from rlix.exec.control.deadline import call
+from rlix.exec.deadline import call
 from rlix.exec.device_memory import NotEnoughMemoryError
-from rlix.exec.job.recorder import Recorder
-from rlix.exec.job.records import SwitchKind
 from rlix.exec.messages import SwitchTiming
+from rlix.exec.recorder import Recorder
+from rlix.exec.records import SwitchKind
 from rlix.exec.rollout.dispatch import Dispatch, book_worker
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
 from rlix.exec.rollout.lifecycle import WorkerLifecycle

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from rlix.exec.control.deadline import WorkerTimeout, call
-from rlix.exec.job.recorder import Recorder
+from rlix.exec.deadline import WorkerTimeout, call
+from rlix.exec.recorder import Recorder
 from rlix.exec.rollout.hooks import Hooks, Processes
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import Queued, RolloutQueue, TrajectoryFailed

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from rlix.exec.control.deadline import call
-from rlix.exec.job.recorder import Recorder
-from rlix.exec.job.records import SwitchKind
+from rlix.exec.deadline import call
+from rlix.exec.recorder import Recorder
+from rlix.exec.records import SwitchKind
 from rlix.exec.rollout.dispatch import book_worker
 from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState

@@ -21,8 +21,8 @@ import collections
 from dataclasses import dataclass
 
 from rlix.exec.data.recipe import Trajectory, continuation
-from rlix.exec.job.records import TrajRecord
 from rlix.exec.messages import GenRequest, GenResult
+from rlix.exec.records import TrajRecord
 from rlix.exec.rollout.pool import Worker, WorkerPool
 
 

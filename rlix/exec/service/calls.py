@@ -1,6 +1,6 @@
 """Executor layer: the scheduler actor's calls as a service shared by independent submitters.
 
-Mixed into :class:`rlix.exec.control.scheduler_actor.SchedulerActor`: job
+Mixed into :class:`rlix.exec.service.scheduler_actor.SchedulerActor`: job
 names claimed per submitter under a lease, progress notes, ``rlix status``,
 ``rlix cancel``, the timeline, and what keeps a shared cluster whole when
 a party disappears: submitters whose lease runs out and pipelines whose

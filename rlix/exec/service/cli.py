@@ -161,7 +161,7 @@ def _knobs(pairs: list[str]):
     from pydantic import ValidationError
 
     from rlix.config import one_line
-    from rlix.exec.front.config import SchedulerKnobs
+    from rlix.exec.config import SchedulerKnobs
 
     raw: dict[str, object] = {}
     for pair in pairs:

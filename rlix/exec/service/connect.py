@@ -58,11 +58,11 @@ def start(
     transport to it. ``metrics_port``: where it serves Prometheus metrics (None: nowhere); ``history``: the
     SQLite file of its ended jobs, on the head node.
 
-    ``knobs``: a :class:`rlix.exec.front.config.SchedulerKnobs` (the config's scheduler block).
+    ``knobs``: a :class:`rlix.exec.config.SchedulerKnobs` (the config's scheduler block).
     """
     import ray
 
-    from rlix.exec.control.scheduler_actor import SchedulerActor
+    from rlix.exec.service.scheduler_actor import SchedulerActor
 
     handle = SchedulerActor.options(
         name=SERVICE_NAME,

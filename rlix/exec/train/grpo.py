@@ -8,7 +8,6 @@ in-process, which is how the recipe is tested without Ray.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 
@@ -27,20 +26,7 @@ from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
 from rlix.exec.train.residency import ALL_PARTS, Residency
 from rlix.exec.train.weights import publish_of, snapshot_of
 
-__all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats", "group_advantages"]
-
-
-def group_advantages(rewards: list[float], groups: list[int]) -> list[float]:
-    """(r - group mean) / (group std + eps): GRPO's critic-free baseline."""
-    by_group: dict[int, list[float]] = {}
-    for r, g in zip(rewards, groups):
-        by_group.setdefault(g, []).append(r)
-    stats = {}
-    for g, rs in by_group.items():
-        mean = sum(rs) / len(rs)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
-        stats[g] = (mean, std)
-    return [(r - stats[g][0]) / (stats[g][1] + 1e-4) for r, g in zip(rewards, groups)]
+__all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats"]
 
 
 class GrpoLearner:

@@ -16,9 +16,9 @@ import ray
 
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
-from rlix.exec.actors import TrainerActor
-from rlix.exec.control.actor_placement import actor_options
 from rlix.exec.messages import TrainerJob
+from rlix.exec.placement import actor_options
+from rlix.exec.train.actor import TrainerActor
 from rlix.protocol import GpuMap
 
 # The trainer calls a gang sends to every rank (each a method of TrainerActor).

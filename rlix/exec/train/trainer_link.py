@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
-from rlix.exec.control.deadline import call
-from rlix.exec.front.config import JobConfig, LimitsConfig
+from rlix.exec.config import JobConfig, LimitsConfig
+from rlix.exec.deadline import call
 from rlix.exec.messages import Emulation, TrainerJob
 from rlix.exec.train.residency import ALL_PARTS, STAGE_PARTS
 from rlix.protocol import GpuMap

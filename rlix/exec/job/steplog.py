@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlix.exec.job.records import StepRecord, TrajRecord
+from rlix.exec.records import StepRecord, TrajRecord
 from rlix.metrics import Activity
 
 

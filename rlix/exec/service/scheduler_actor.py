@@ -16,7 +16,7 @@ starts before the shrinks that free its GPUs. Every call to a coordinator has
 a deadline; a coordinator that cannot be reached in time is treated as gone:
 its pipeline is unregistered and the others carry on.
 
-Carrying plans out is :class:`~rlix.exec.control.plan_execution.PlanExecution`.
+Carrying plans out is :class:`~rlix.exec.service.plan_execution.PlanExecution`.
 The same actor, named and detached, is the cluster's shared scheduler
 service; its service calls (claims, status, cancel, rejoining after a
 restart) are :class:`rlix.exec.service.calls.ServiceCalls`.
@@ -51,10 +51,10 @@ from rlix.core import (
     WorkerLost,
 )
 from rlix.exec.control.gpu_order import GpuOrder
-from rlix.exec.control.plan_execution import PlanExecution
 from rlix.exec.service.calls import TOTALS_KEY, ServiceCalls, kill_actor
 from rlix.exec.service.history import History
 from rlix.exec.service.jobs import JobLedger, job_number
+from rlix.exec.service.plan_execution import PlanExecution
 from rlix.exec.service.prom import Metrics
 from rlix.exec.service.roster import Roster, kept
 from rlix.exec.service.status import cluster_status

@@ -11,6 +11,7 @@ but the code path is the same.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from rlix.core import ClusterSpec
@@ -98,3 +99,22 @@ def device_for_worker() -> str:
     import torch
 
     return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def require_readable(path: str, what: str) -> None:
+    """A path the driver named that this worker's node cannot read: one line naming it and the node."""
+    if not os.access(path, os.R_OK):
+        import socket
+
+        raise FileNotFoundError(
+            f"{what} {path} cannot be read on node {socket.gethostname()}; "
+            "put it on storage every node of the Ray cluster reads, under the same path"
+        )
+
+
+def setup_process() -> str:
+    """A worker process's start: one torch thread, and its visible devices checked against its bundle's."""
+    import torch
+
+    torch.set_num_threads(1)
+    return check_devices()

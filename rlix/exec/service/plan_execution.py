@@ -1,6 +1,6 @@
 """Executor layer: carrying a plan out, the part of the scheduler actor that acts on coordinators.
 
-Mixed into :class:`rlix.exec.control.scheduler_actor.SchedulerActor`. A plan's
+Mixed into :class:`rlix.exec.service.scheduler_actor.SchedulerActor`. A plan's
 actions are queued per GPU (:class:`~rlix.exec.control.gpu_order.GpuOrder`):
 shrinks (awaited, so GPUs are really free), then grants (the waiting
 ``request`` calls return), then expands. Every call to a coordinator has a

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlix.core.types import Gpus
-from rlix.exec.job.records import (
+from rlix.exec.messages import JobProgress, JobResult
+from rlix.exec.records import (
     ActivityChange,
     JobStatus,
     StepRecord,
@@ -22,7 +23,6 @@ from rlix.exec.job.records import (
     TrajRecord,
     reward_spans,
 )
-from rlix.exec.messages import JobProgress, JobResult
 from rlix.metrics import Activity
 
 

@@ -31,7 +31,7 @@ from rlix.exec.config import RunConfig, load_config
 from rlix.exec.front import api
 from rlix.job import WorkerPhase, worker_booking
 from rlix.sim.simulator import Simulation, replay
-from rlix.sim.trace import load_trace
+from rlix.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rlix.sim.simulator import replay
-from rlix.sim.trace import load_trace
+from rlix.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,7 +28,7 @@ from rlix.sim.alone import alone_jcts, slowdowns
 from rlix.sim.scenarios import cotenancy_family
 from rlix.sim.simulator import replay
 from rlix.sim.sweep import parse_seeds
-from rlix.sim.trace import Trace, TraceError, TraceModel, load_trace
+from rlix.trace import Trace, TraceError, TraceModel, load_trace
 
 SHAPES = [(jobs, nodes, staggered) for jobs in (2, 4, 8) for nodes in (1, 2) for staggered in (False, True)]
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
 from rlix.sim.simulator import Simulation  # noqa: E402
-from rlix.sim.trace import Trace, load_trace  # noqa: E402
+from rlix.trace import Trace, load_trace  # noqa: E402
 
 TARGET = 0.02
 

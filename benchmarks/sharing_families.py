@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's rlix, whateve
 from test_sim_fairness import random_trace  # noqa: E402  (the family the property test draws)
 
 from rlix.sim.simulator import replay  # noqa: E402
-from rlix.sim.trace import Trace, TraceError, load_trace  # noqa: E402
+from rlix.trace import Trace, TraceError, load_trace  # noqa: E402
 
 
 def families() -> dict[str, list[Trace]]:

@@ -13,7 +13,7 @@ import time
 root = sys.argv[1]
 sys.path.insert(0, root)
 from rlix.sim.simulator import replay
-from rlix.sim.trace import load_trace
+from rlix.trace import load_trace
 
 names = sys.argv[2].split(",")
 seeds = [None if s == "s" else int(s) for s in sys.argv[3].split(",")]

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
 from rlix.sim.simulator import replay
 from rlix.sim.sweep import SweepError, parse_seeds
-from rlix.sim.trace import Trace, TraceError, load_trace
+from rlix.trace import Trace, TraceError, load_trace
 
 ORDERS = ("as drawn", "longest first", "shortest first")
 

@@ -92,7 +92,7 @@ def assert_trace_replays(outputs, policy: str) -> None:
     by ``benchmarks/bench_exec_policies.py``, never asserted here."""
     from rlix.exec.records import JobStatus
     from rlix.sim.simulator import Simulation
-    from rlix.sim.trace import load_trace
+    from rlix.trace import load_trace
 
     sim_run = Simulation(load_trace(outputs.files["trace"]), policy, keep_segments=True)
     sim = sim_run.run()

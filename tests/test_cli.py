@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from rlix.sim.cli import main
-from rlix.sim.trace import SCHEMA_PATH, json_schema
+from rlix.trace import SCHEMA_PATH, json_schema
 
 ROOT = Path(__file__).parent.parent
 TRACES = ROOT / "traces"
@@ -81,7 +81,7 @@ def test_generate_writes_a_trace_that_validates(tmp_path):
 
 def test_shipped_traces_match_the_committed_schema():
     schema = json.loads(SCHEMA_PATH.read_text())
-    assert schema == json.loads(json.dumps(json_schema(), sort_keys=True)), "regenerate: python -m rlix.sim.trace --schema"
+    assert schema == json.loads(json.dumps(json_schema(), sort_keys=True)), "regenerate: python -m rlix.trace --schema"
     for path in sorted(TRACES.glob("*.json")):
         jsonschema.validate(json.loads(path.read_text()), schema)
 

@@ -19,7 +19,7 @@ from rlix.exec.records import ActivityChange, JobStatus, StepRecord, SwitchKind,
 from rlix.metrics import Activity
 from rlix.protocol import SchedulerStats
 from rlix.sim.simulator import Simulation
-from rlix.sim.trace import dump_trace, load_trace
+from rlix.trace import dump_trace, load_trace
 
 CONFIG = """
 cluster: {nodes: 1, gpus_per_node: 4}
@@ -153,7 +153,7 @@ STATS = SchedulerStats(plans=12, plan_s=0.01, unmet=((0.0, True), (1.0, False)))
 
 
 def test_a_run_writes_its_gpu_by_time_chart_beside_its_metrics(tmp_path):
-    from rlix.sim.plot import plot_runs
+    from rlix.plot import plot_runs
 
     cfg, results, _ = _recorded()
     out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path / "run")
@@ -172,7 +172,7 @@ def test_a_run_writes_its_gpu_by_time_chart_beside_its_metrics(tmp_path):
 
 
 def test_without_matplotlib_a_run_writes_its_other_outputs(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "rlix.sim.plot", None)  # as if matplotlib were not installed: the import fails
+    monkeypatch.setitem(sys.modules, "rlix.plot", None)  # as if matplotlib were not installed: the import fails
     cfg, results, _ = _recorded()
     out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path)
     assert set(out.files) == {"timeline", "metrics", "trace"}

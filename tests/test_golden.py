@@ -15,7 +15,7 @@ import pytest
 from rlix.core import POLICIES
 from rlix.sim.report import results_json, write_json
 from rlix.sim.simulator import replay
-from rlix.sim.trace import load_trace
+from rlix.trace import load_trace
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = Path(__file__).parent / "golden"

@@ -10,6 +10,8 @@ modules import nothing of ``rlix.exec``.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,39 +62,36 @@ def test_the_core_imports_only_itself(path):
     assert {m for m in imports_of(path) if not m.startswith("rlix.core")} == set()
 
 
-# The executor's own layers, lowest first: a unit (a module or a package directly under rlix.exec) imports
-# only units of lower layers (and itself). So no circle of its packages can form.
-EXEC_LAYERS = (
-    ("errors", "device_memory", "host_priority", "records", "deadline", "placement"),
-    ("messages",),
-    ("recorder",),
-    ("data",),
-    ("config",),
-    ("train",),
-    ("rollout",),
-    ("control",),
-    ("job",),
-    ("service",),
-    ("front",),
-)
-EXEC_LAYER = {unit: i for i, units in enumerate(EXEC_LAYERS) for unit in units}
+def contracts() -> dict[str, list[str]]:
+    """The import-linter contracts in pyproject.toml: each one's layers, top first, siblings split apart."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((RLIX.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    out = {}
+    for c in config:
+        prefix = f"{c['containers'][0]}." if c.get("containers") else ""
+        out[c["name"]] = [f"{prefix}{unit.strip()}" for layer in c["layers"] for unit in layer.split("|")]
+    return out
 
 
-def exec_unit(module: str) -> str | None:
-    """``rlix.exec.job.coordinator`` -> ``job``; None for ``rlix.exec`` itself and for modules outside it."""
-    parts = module.split(".")
-    return parts[2] if len(parts) > 2 and parts[:2] == ["rlix", "exec"] else None
+def test_the_contracts_name_every_part():
+    """No module or package slips past the layers: each one directly under rlix, and under rlix.exec, is in one."""
+    named = {unit for units in contracts().values() for unit in units}
+    for package in (RLIX, RLIX / "exec"):
+        parts = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+        parts |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+        prefix = module_name(package / "__init__.py")
+        assert {f"{prefix}.{part}" for part in parts} - named == set(), prefix
 
 
-def test_every_executor_unit_has_a_layer():
-    units = {exec_unit(module_name(p)) for p in (RLIX / "exec").rglob("*.py")} - {None}
-    assert units == set(EXEC_LAYER)
-
-
-@pytest.mark.parametrize("path", sorted((RLIX / "exec").rglob("*.py")), ids=module_name)
-def test_the_executor_imports_only_down_its_layers(path):
-    unit = exec_unit(module_name(path))
-    if unit is None:
-        return
-    up = {m for m in imports_of(path) if exec_unit(m) not in (None, unit) and EXEC_LAYER[exec_unit(m)] >= EXEC_LAYER[unit]}
-    assert not up, f"{unit} (layer {EXEC_LAYER[unit]}) imports {sorted(up)}"
+def test_the_import_contracts_hold(tmp_path):
+    """lint-imports (import-linter) on the contracts: every import counts, inside functions too."""
+    pytest.importorskip("importlinter")
+    res = subprocess.run(
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()", "--no-cache"],
+        cwd=RLIX.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert f"Contracts: {len(contracts())} kept, 0 broken." in res.stdout

@@ -8,7 +8,7 @@ import pytest
 
 from rlix.lending import HomeBook
 from rlix.sim.simulator import replay
-from rlix.sim.trace import load_trace
+from rlix.trace import load_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 

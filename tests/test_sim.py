@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rlix.core import POLICIES
 from rlix.sim.report import results_json, write_json
 from rlix.sim.simulator import Simulation, replay
-from rlix.sim.trace import Trace, TraceModel, load_trace
+from rlix.trace import Trace, TraceModel, load_trace
 
 TRACES = Path(__file__).parent.parent / "traces"
 

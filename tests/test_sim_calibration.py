@@ -8,7 +8,7 @@ import pytest
 
 from rlix.sim.scenarios import build
 from rlix.sim.simulator import Simulation, replay
-from rlix.sim.trace import Trace, TraceModel, load_trace
+from rlix.trace import Trace, TraceModel, load_trace
 
 TRACES = Path(__file__).parent.parent / "traces"
 

@@ -18,7 +18,7 @@ import pytest
 
 import rlix.core.shares as shares
 from rlix.sim.simulator import Simulation
-from rlix.sim.trace import load_trace
+from rlix.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ["two_jobs", "queued_cluster", "mixed_agentic", "async_disaggregated", "agentic_swe", "verl_dapo_colocated"]

@@ -17,7 +17,7 @@ import pytest
 from helpers import drawn_job
 
 from rlix.sim.simulator import replay
-from rlix.sim.trace import Trace, TraceModel, load_trace
+from rlix.trace import Trace, TraceModel, load_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 

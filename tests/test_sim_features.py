@@ -7,7 +7,7 @@ import pytest
 
 from rlix.core import POLICIES
 from rlix.sim.simulator import Simulation, replay
-from rlix.sim.trace import Trace, TraceModel
+from rlix.trace import Trace, TraceModel
 
 
 def _trace(*pipelines: dict, nodes: int = 1, gpus_per_node: int = 8, scheduler: dict | None = None) -> Trace:

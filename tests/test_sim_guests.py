@@ -17,7 +17,7 @@ import pytest
 from helpers import drawn_job
 
 from rlix.sim.simulator import replay
-from rlix.sim.trace import Trace, TraceModel
+from rlix.trace import Trace, TraceModel
 
 
 def queued_trace(seed: int) -> Trace:

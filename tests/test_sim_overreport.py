@@ -19,7 +19,7 @@ import pytest
 from test_sim_fairness import random_trace
 
 from rlix.sim.simulator import Simulation
-from rlix.sim.trace import Trace, load_trace
+from rlix.trace import Trace, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_JOBS = load_trace(ROOT / "traces" / "two_jobs.json")

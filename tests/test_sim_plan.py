@@ -21,7 +21,7 @@ import pytest
 from rlix.sim import sweep, sweep_plot
 from rlix.sim.cli import main
 from rlix.sim.simulator import replay
-from rlix.sim.trace import load_trace
+from rlix.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "traces"

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from rlix.metrics import Activity, UsageRecorder
-from rlix.sim.plot import gpu_ticks, plot_runs, runs_figure, time_unit
+from rlix.plot import gpu_ticks, plot_runs, runs_figure, time_unit
 
 
 def _usage(num_gpus: int, makespan: float) -> UsageRecorder:
@@ -106,7 +106,7 @@ def test_plot_runs_writes_a_png(tmp_path):
 
 
 def test_a_segment_ending_at_a_makespan_whose_last_bin_rounds_past_the_raster_is_drawn():
-    from rlix.sim.plot import BINS, raster
+    from rlix.plot import BINS, raster
 
     makespan = 45.425028562545776  # BINS / makespan x makespan rounds to just above BINS
     assert makespan * (BINS / makespan) > BINS

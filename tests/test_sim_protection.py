@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rlix.core import Plan, ShrinkReason
 from rlix.sim.simulator import Simulation
-from rlix.sim.trace import Trace, TraceModel
+from rlix.trace import Trace, TraceModel
 
 
 class WatchedSimulation(Simulation):

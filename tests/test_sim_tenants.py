@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlix.sim.simulator import Simulation
-from rlix.sim.trace import TraceError, parse_trace
+from rlix.trace import TraceError, parse_trace
 
 
 def pipeline(pid: str, tenant: str, train: list[int], *, seed: int, steps: int = 3) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from rlix.core import Policy
 from rlix.metrics import RunMetrics
 from rlix.sim.simulator import replay
-from rlix.sim.trace import Trace, TraceModel
+from rlix.trace import Trace, TraceModel
 
 
 def alone(trace: Trace, job_id: str) -> Trace:

@@ -27,7 +27,7 @@ from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
 from rlix.sim import scenarios, sweep
 from rlix.sim.report import print_table, results_json, write_json
-from rlix.sim.trace import Trace, TraceError, dump_trace, json_schema, load_trace
+from rlix.trace import Trace, TraceError, dump_trace, json_schema, load_trace
 
 PROG = "rlix-sim"
 
@@ -179,7 +179,7 @@ def _replay(args, console: Console, err: Console) -> int:
         if show:
             console.print(f"wrote {args.json}")
     if args.plot:
-        from rlix.sim.plot import plot_runs
+        from rlix.plot import plot_runs
 
         plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
         if show:

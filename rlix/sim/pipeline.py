@@ -21,7 +21,6 @@ from rlix.core import Event, PipelineSpec, Register, ReleaseStage, ReportDemand,
 from rlix.job import step_sequence, warm_order
 from rlix.metrics import PipelineTally, UsageRecorder
 from rlix.sim.engine import Batch, EngineOptions, RolloutEngine
-from rlix.sim.trace import PipelineModel, Step, speed_curve
 from rlix.step import (
     Book,
     DemandChanged,
@@ -42,6 +41,7 @@ from rlix.step import (
     Work,
     carry_out,
 )
+from rlix.trace import PipelineModel, Step, speed_curve
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlix.sim.trace import TraceModel
+from rlix.trace import TraceModel
 
 Scenario = Callable[[int], dict]
 

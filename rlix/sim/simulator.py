@@ -23,7 +23,7 @@ from rlix.job import WorkerPhase, lower_bounds, worker_booking
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.sim.engine import book_worker
 from rlix.sim.pipeline import Host, SimPipeline
-from rlix.sim.trace import Trace
+from rlix.trace import Trace
 
 Progress = Callable[[float, int, int], None]  # (sim seconds, trajectories done, trajectories total)
 

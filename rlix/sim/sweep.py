@@ -24,7 +24,7 @@ from rlix.config import read_document
 from rlix.metrics import RunMetrics
 from rlix.ray_runtime import worker_pythonpath
 from rlix.sim.simulator import replay
-from rlix.sim.trace import Trace, TraceError, parse_trace
+from rlix.trace import Trace, TraceError, parse_trace
 
 SWEEP_FORMAT = "rlix-sweep"
 KnobValue = float | bool | None  # a scheduler knob's value once validated (heartbeat_s may be None)

@@ -21,7 +21,7 @@ from rich.table import Table
 from rlix.config import one_line, read_document
 from rlix.metrics import RunMetrics
 from rlix.sim.simulator import replay
-from rlix.sim.trace import PipelineModel, Trace, TraceError, pipeline_topology_error
+from rlix.trace import PipelineModel, Trace, TraceError, pipeline_topology_error
 
 WHATIF_FORMAT = "rlix-whatif"
 

@@ -3,11 +3,11 @@
 - ``timeline.json``: Chrome/Perfetto trace events, one track per GPU;
 - ``trace.json``: what really happened, in the rlix-trace format (explicit
   steps from measured durations), built as the trace format's own model
-  (:class:`rlix.sim.trace.TraceModel`), so it is validated when written and
+  (:class:`rlix.trace.TraceModel`), so it is validated when written and
   ``rlix-sim replay`` reads back exactly what was written;
 - ``metrics.json``: the brief's metrics, via :mod:`rlix.metrics`;
 - ``timeline.png``: the GPU-by-time chart and utilization, drawn as
-  ``rlix-sim replay --plot`` draws a replay (:mod:`rlix.sim.plot`), when
+  ``rlix-sim replay --plot`` draws a replay (:mod:`rlix.plot`), when
   matplotlib can be imported.
 """
 
@@ -26,7 +26,7 @@ from rlix.exec.records import ActivityChange, JobStatus, SwitchKind
 from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.protocol import SchedulerStats
-from rlix.sim.trace import PipelineModel, StepModel, StreamModel, SwitchModel, TraceModel, dump_trace
+from rlix.trace import PipelineModel, StepModel, StreamModel, SwitchModel, TraceModel, dump_trace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +244,7 @@ def _job_json(r: JobResult) -> dict:
 def timeline_png(rec: UsageRecorder, end: float, policy: str, pipelines: list[str], path: Path) -> Path | None:
     """The run's GPU-by-time chart at ``path``, as the simulator draws a replay; None without matplotlib."""
     try:
-        from rlix.sim.plot import plot_runs
+        from rlix.plot import plot_runs
     except ImportError:  # matplotlib is optional for the executor: the JSON outputs say it all
         return None
     plot_runs({policy: (rec, end)}, pipelines, path, f"rlix-run: {len(pipelines)} jobs")

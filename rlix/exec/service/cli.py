@@ -358,7 +358,7 @@ def _timeline(service, args) -> int:
     rec, now, jobs = reply.recorder, reply.now, list(reply.jobs)
     if args.plot:
         from rlix.exec.service import connect
-        from rlix.sim.plot import plot_runs
+        from rlix.plot import plot_runs
 
         title = f"rlix scheduler: {connect.jobs(len(jobs))}, utilization {reply.utilization:.3f}"
         plot_runs({"rlix scheduler": (rec, now)}, jobs, args.plot, title, span="up")

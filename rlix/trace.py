@@ -7,8 +7,8 @@ other stages. The compact ``generate`` form (a distribution and a seed) is
 expanded deterministically with numpy's PCG64, so the same trace always
 yields the same trajectories. ``rlix-run`` writes the explicit form.
 
-The JSON Schema (``rlix/sim/schema/trace-v1.schema.json``) is generated from
-these models: ``python -m rlix.sim.trace --schema``.
+The JSON Schema (``rlix/schema/trace-v1.schema.json``) is generated from
+these models: ``python -m rlix.trace --schema``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlix.exec.config import absolute_paths, parse_config
-from rlix.exec.errors import describe, one_line, plain
+from rlix.exec.error_text import describe, one_line, plain
 from rlix.exec.front.console import rows
 from rlix.exec.front.joblines import job_line
 from rlix.exec.messages import JobProgress, JobResult

@@ -48,7 +48,7 @@ class RewardError(RuntimeError):
         line = _one_line(self)
         if not self.details or directory is None:
             return line
-        from rlix.exec.errors import keep
+        from rlix.exec.error_text import keep
 
         path = keep(f"{line}\n\n{self.details}", directory, "reward_error.txt")
         return line if path is None else f"{line}; traceback in {path}"

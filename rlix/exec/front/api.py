@@ -12,7 +12,7 @@ its GPUs go back to the others.
 
 With an address (``address=``, the config's ``ray.address``, or Ray's
 ``RAY_ADDRESS``), the run's jobs go to the cluster's shared scheduler
-service (:mod:`rlix.exec.front.shared`) and share its GPUs with every other
+service (:mod:`rlix.exec.front.submission`) and share its GPUs with every other
 submitter's; without one, the run starts a local Ray and a private scheduler.
 """
 
@@ -28,12 +28,12 @@ from pathlib import Path
 from rlix import protocol
 from rlix.exec.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.control.gpu_reservation import release
-from rlix.exec.errors import describe
+from rlix.exec.error_text import describe
 from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
 from rlix.exec.front.rerun import prepare_rerun
 from rlix.exec.front.runlog import RunLog
-from rlix.exec.front.shared import Submission, joins_shared
+from rlix.exec.front.submission import Submission, joins_shared
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
 from rlix.exec.records import ActivityChange, JobStatus
 from rlix.exec.service.connect import SHRINK_CALL_S

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rlix.exec.front import api
     from rlix.exec.front.console import ProgressView
-    from rlix.exec.front.shared import joins_shared
+    from rlix.exec.front.submission import joins_shared
 
     source = args.source or api.config_source(args.config)
     if args.detach:
@@ -83,7 +83,7 @@ def detached(cfg, args, source: str) -> int:
     """``--detach``: the run goes to the shared scheduler's head node; returns once its jobs are submitted."""
     from rlix.exec.front import api
     from rlix.exec.front.detach import submit
-    from rlix.exec.front.shared import joins_shared
+    from rlix.exec.front.submission import joins_shared
 
     address = joins_shared(args.address, cfg)
     if address is None:

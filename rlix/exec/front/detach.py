@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from rlix.exec.config import RunConfig, absolute_paths
-from rlix.exec.front.shared import TAG_ENV
+from rlix.exec.front.submission import TAG_ENV
 from rlix.exec.service.connect import HEAD_NODE
 from rlix.transport import NAMESPACE
 

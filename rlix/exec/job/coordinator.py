@@ -29,7 +29,7 @@ from rlix.exec.config import JobConfig
 from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.data.recipe import Recipe
 from rlix.exec.data.rewards import RewardError
-from rlix.exec.errors import describe
+from rlix.exec.error_text import describe
 from rlix.exec.host_priority import background_start
 from rlix.exec.job.step_runner import Parts, StepRunner
 from rlix.exec.job.steplog import StepLog

@@ -6,6 +6,7 @@ import json
 import re
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -318,8 +319,6 @@ def test_a_pipeline_goes_by_its_name_even_where_another_job_has_that_id():
 
 @pytest.mark.exec
 def test_a_run_log_has_a_line_per_change_and_a_jobs_lines_are_read_whole(tmp_path):
-    from types import SimpleNamespace
-
     from rlix.exec.config import load_config
     from rlix.exec.front.api import _Pipeline
     from rlix.exec.front.runlog import RunLog
@@ -350,3 +349,38 @@ def test_a_run_log_has_a_line_per_change_and_a_jobs_lines_are_read_whole(tmp_pat
     here = chunk_here(f"{socket.gethostname()}:{path}", 0, ended=True)
     assert here.found and here.text == text and here.ended
     assert not chunk_here(f"elsewhere:{path}", 0, ended=False).found
+
+
+class _SaysEnded:
+    """The scheduler (across Ray, so faked here) answering status: the job has ended, its log on this host."""
+
+    def __init__(self, log: str) -> None:
+        self.row = SimpleNamespace(id="lam#1", name="lam", log=log, state="finished")
+
+    def call_sync(self, request):
+        return SimpleNamespace(jobs=[self.row])
+
+
+def test_logs_follow_waits_for_the_last_line_of_a_job_already_ended(tmp_path, capsys, monkeypatch):
+    """The scheduler learns a job ended before its run writes the last line (on its next poll): --follow prints it."""
+    import threading
+
+    from rlix.exec.service import cli
+
+    path = tmp_path / "rlix-run.log"
+    path.write_text("12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2\n")
+    def last_line():
+        with path.open("a") as f:
+            f.write("12:00:02 lam: finished steps=3/3 reward 0.2 -> 0.3 jct_s=9.0\n")
+
+    late = threading.Timer(1.5, last_line)
+    late.start()
+    args = SimpleNamespace(job="lam#1", follow=True)
+    assert cli._logs(_SaysEnded(f"{socket.gethostname()}:{path}"), args) == 0
+    late.join()
+    assert capsys.readouterr().out.splitlines()[-1].endswith("lam: finished steps=3/3 reward 0.2 -> 0.3 jct_s=9.0")
+    # a run that died before its last line: --follow still ends, once it has waited for it
+    monkeypatch.setattr(cli, "LAST_LINE_WAIT_S", 0.5)
+    path.write_text("12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2\n")
+    assert cli._logs(_SaysEnded(f"{socket.gethostname()}:{path}"), args) == 0
+    assert capsys.readouterr().out.splitlines() == ["12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2"]

@@ -289,13 +289,16 @@ def _history(service, args) -> int:
     return 0
 
 
+LAST_LINE_WAIT_S = 15.0  # after a job ended, how long rlix logs --follow waits for its last line
+
+
 def _logs(service, args) -> int:
     """``rlix logs JOB``: the job's lines of its run's log, read here if it lies on this host, else by the
     scheduler on its node; ``--follow`` goes on until the job has ended."""
     import time
 
     from rlix import protocol
-    from rlix.exec.service.logs import lines_of, local_path, read_chunk
+    from rlix.exec.service.logs import ENDED, lines_of, local_path, read_chunk, state_of
 
     status = service.call_sync(protocol.Status())
     rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
@@ -305,10 +308,11 @@ def _logs(service, args) -> int:
     if not row.log:
         raise UserError(f"job {row.id} keeps no run log (a pipeline of its own); see rlix status {row.id}")
     here = local_path(row.log)
+    said_ended, ended_at = False, None  # whether its last line (it ended) was read; when the scheduler said it ended
     while True:
         if here is not None:
             text, offset = read_chunk(here, offset)
-            ended = row.state in ("finished", "failed", "cancelled")
+            ended = row.state in ENDED
         else:
             chunk = service.call_sync(protocol.ReadLog(job=row.id, offset=offset))
             if not chunk.found:
@@ -317,8 +321,13 @@ def _logs(service, args) -> int:
             text, offset, ended = chunk.text, chunk.offset, chunk.ended
         for line in lines_of(text, row.name):
             print(line, flush=True)
-        if not args.follow or (ended and not text):
+            said_ended = said_ended or state_of(line) in ENDED
+        if not args.follow:
             return 0
+        if ended and not text:  # its run writes the last line on its next poll: wait for it (a run gone writes none)
+            ended_at = ended_at or time.monotonic()
+            if said_ended or time.monotonic() - ended_at > LAST_LINE_WAIT_S:
+                return 0
         if not text:
             time.sleep(1.0)
             row = next((r for r in service.call_sync(protocol.Status()).jobs if r.id == row.id), row)

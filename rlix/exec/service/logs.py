@@ -15,12 +15,19 @@ from rlix.protocol import LogChunk
 
 NAME = "rlix-run.log"  # a run's log, in its output directory
 CHUNK = 1 << 20  # the most bytes one read returns
+ENDED = ("finished", "failed", "cancelled")  # the states a job's last lines say
 
 
 def job_of(line: str) -> str:
     """The job a log line (``<time> <job>: ...``) is about ("" for a line about the run)."""
     words = line.split(" ", 2)
     return words[1].removesuffix(":") if len(words) > 2 and words[1].endswith(":") else ""
+
+
+def state_of(line: str) -> str:
+    """What a job's log line (``<time> <job>: <state> ...``) says it is doing ("" for a line about the run)."""
+    words = line.split(" ", 3)
+    return words[2] if len(words) > 2 and job_of(line) else ""
 
 
 def local_path(log: str) -> Path | None:

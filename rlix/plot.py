@@ -1,4 +1,4 @@
-"""Simulator layer: pictures of a replay (matplotlib, headless).
+"""Shared layer: pictures of a replay (matplotlib, headless).
 
 For each policy: a GPU-by-time chart coloured by pipeline (rollout lighter,
 gang stages full colour, switching grey, held-but-idle pale) and GPU

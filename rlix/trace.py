@@ -1,4 +1,4 @@
-"""Simulator layer: the rlix-trace format (version 1), loading and expansion.
+"""Shared layer: the rlix-trace format (version 1), loading and expansion (the simulator replays it, rlix-run records it).
 
 A trace is one JSON file: the cluster, and for each pipeline its arrival,
 kind, role mappings, switching costs and steps. A step lists its rollout
@@ -429,7 +429,7 @@ def speed_curve(model: DecodeSpeedModel | None):
 
 
 class Trace:
-    """A loaded, validated trace with helpers the simulator needs."""
+    """A loaded, validated trace, with its jobs, specs and expanded steps."""
 
     def __init__(self, model: TraceModel, source: str = "<trace>") -> None:
         self.model = model

@@ -192,7 +192,7 @@ def test_own_device_ids_are_those_ray_reads(monkeypatch):
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert own_devices(3) == ("0", "1", "2")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 5,6,7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert own_devices(2) == ("4", "5")  # Ray takes the first ones listed
     assert own_devices(5) is None  # fewer listed than GPUs: each bundle is asked
 

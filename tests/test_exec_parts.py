@@ -150,9 +150,11 @@ def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_i
     q.queue.clear()
     q.aborted(item, _result(item.request, 0, finished=False, version=-1))  # a sleeping worker handed it back
     assert item.segments == 0 and item.min_version == 1 << 30
+    assert (q.requeued, q.orphaned) == (1, 0)
     q.queue.clear()
     q.aborted(item, None)  # its worker died
     assert q.queue[0] is item and item.request.prefix_ids == ()
+    assert (q.requeued, q.orphaned) == (2, 1)  # counted apart: continued because its worker died
 
 
 def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():

@@ -85,7 +85,6 @@ def test_the_contracts_name_every_part():
 
 def test_the_import_contracts_hold(tmp_path):
     """lint-imports (import-linter) on the contracts: every import counts, inside functions too."""
-    pytest.importorskip("importlinter")
     res = subprocess.run(
         [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()", "--no-cache"],
         cwd=RLIX.parent,

@@ -369,6 +369,7 @@ def test_logs_follow_waits_for_the_last_line_of_a_job_already_ended(tmp_path, ca
 
     path = tmp_path / "rlix-run.log"
     path.write_text("12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2\n")
+
     def last_line():
         with path.open("a") as f:
             f.write("12:00:02 lam: finished steps=3/3 reward 0.2 -> 0.3 jct_s=9.0\n")

@@ -351,6 +351,7 @@ class JobResult:
     trajectories: tuple[TrajRecord, ...] = ()
     switches: tuple[SwitchRecord, ...] = ()
     requeued: int = 0
+    orphaned: int = 0  # of the requeued, those whose worker died under them (continued elsewhere)
     lost: int = 0
     preemptions: int = 0  # shrinks that interrupted running trajectories (as in the simulator)
     workers_lost: int = 0  # rollout worker processes that died or were killed (missed a deadline)

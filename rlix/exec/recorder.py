@@ -29,6 +29,7 @@ from rlix.metrics import Activity
 @dataclass(kw_only=True)
 class Counters:
     requeued: int = 0  # trajectories put back in the queue (abort or dead worker)
+    orphaned: int = 0  # of those, put back because their worker died
     preemptions: int = 0  # shrinks that interrupted running trajectories (as in the simulator)
     workers_lost: int = 0  # worker processes that died or were killed (not woken in time)
     control_s: float = 0.0  # blocking control-plane seconds beyond waiting for GPUs
@@ -137,6 +138,7 @@ class Recorder:
             trajectories=tuple(sorted(self.trajs.values(), key=lambda r: r.traj_id)),
             switches=tuple(self.switches),
             requeued=c.requeued,
+            orphaned=c.orphaned,
             lost=planned - len(self.trajs) if status is JobStatus.FINISHED else 0,
             preemptions=c.preemptions,
             workers_lost=c.workers_lost,

@@ -81,7 +81,7 @@ def own_devices(num_gpus: int) -> tuple[str, ...] | None:
     import os
 
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [d.strip() for d in listed.split(",") if d.strip()] if listed is not None else [str(i) for i in range(num_gpus)]
+    ids = (listed.split(",") if listed else []) if listed is not None else [str(i) for i in range(num_gpus)]
     return tuple(ids[:num_gpus]) if len(ids) >= num_gpus else None
 
 

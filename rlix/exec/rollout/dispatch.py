@@ -89,6 +89,7 @@ class Dispatch:
         elif result is None or result.aborted or not result.finished:
             self.queue.aborted(q, result)  # continued elsewhere from where it stopped
             self.rec.counters.requeued = self.queue.requeued
+            self.rec.counters.orphaned = self.queue.orphaned
         else:
             self.hooks.finished(q, result)
 

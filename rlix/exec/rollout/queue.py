@@ -55,6 +55,7 @@ class RolloutQueue:
         self.max_tries = max_tries
         self.queue: collections.deque[Queued] = collections.deque()
         self.requeued = 0  # trajectories put back after an abort or a dead worker
+        self.orphaned = 0  # of those, put back because their worker died
         self.dropped: set[int] = set()  # trajectories of batches that will never be trained
 
     def __len__(self) -> int:
@@ -108,6 +109,7 @@ class RolloutQueue:
         if q.traj_id in self.dropped:
             return
         self.requeued += 1
+        self.orphaned += result is None
         self.queue.appendleft(q)
 
     def failed(self, q: Queued, reason: str) -> None:

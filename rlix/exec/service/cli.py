@@ -298,7 +298,7 @@ def _logs(service, args) -> int:
     import time
 
     from rlix import protocol
-    from rlix.exec.service.logs import ENDED, lines_of, local_path, read_chunk, state_of
+    from rlix.exec.service.logs import ENDED, LAST_STATES, lines_of, local_path, read_chunk, state_of
 
     status = service.call_sync(protocol.Status())
     rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
@@ -321,8 +321,10 @@ def _logs(service, args) -> int:
             text, offset, ended = chunk.text, chunk.offset, chunk.ended
         for line in lines_of(text, row.name):
             print(line, flush=True)
-            said_ended = said_ended or state_of(line) in ENDED
+            said_ended = said_ended or state_of(line) in LAST_STATES
         if not args.follow:
+            if text:  # a long log comes in chunks
+                continue
             return 0
         if ended and not text:  # its run writes the last line on its next poll: wait for it (a run gone writes none)
             ended_at = ended_at or time.monotonic()

@@ -15,7 +15,8 @@ from rlix.protocol import LogChunk
 
 NAME = "rlix-run.log"  # a run's log, in its output directory
 CHUNK = 1 << 20  # the most bytes one read returns
-ENDED = ("finished", "failed", "cancelled")  # the states a job's last lines say
+ENDED = ("finished", "failed", "cancelled")  # a job record's end states, as the scheduler says them
+LAST_STATES = ("finished", "failed", "cancelled", "killed")  # what a job's last line in its run's log may say
 
 
 def job_of(line: str) -> str:

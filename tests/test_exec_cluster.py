@@ -198,7 +198,7 @@ def test_own_device_ids_are_those_ray_reads(monkeypatch):
 
 
 @pytest.mark.heavy
-def test_a_run_of_its_own_ray_knows_the_ids_every_bundle_would_report(monkeypatch, tmp_path):
+def test_a_run_of_its_own_ray_knows_the_ids_every_bundle_would_report(monkeypatch):
     """The ids a run's own Ray is not asked for (:func:`own_devices`) are the ones its bundles report when asked."""
     import ray
 
@@ -206,7 +206,6 @@ def test_a_run_of_its_own_ray_knows_the_ids_every_bundle_would_report(monkeypatc
     from rlix.exec.control.gpu_reservation import own_devices, release, reserve
     from rlix.ray_runtime import init_local_ray
 
-    monkeypatch.setenv("HOME", str(tmp_path))  # Ray's token of its own
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,3,6")
     init_local_ray(num_cpus=1, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:

@@ -81,7 +81,10 @@ def own_devices(num_gpus: int) -> tuple[str, ...] | None:
     import os
 
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = (listed.split(",") if listed else []) if listed is not None else [str(i) for i in range(num_gpus)]
+    if listed is None:
+        ids = [str(i) for i in range(num_gpus)]
+    else:
+        ids = listed.split(",") if listed else []
     return tuple(ids[:num_gpus]) if len(ids) >= num_gpus else None
 
 

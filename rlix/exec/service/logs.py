@@ -11,12 +11,14 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from rlix.exec.records import JobStatus
+from rlix.exec.service.jobs import ENDED as ENDED_PHASES
 from rlix.protocol import LogChunk
 
 NAME = "rlix-run.log"  # a run's log, in its output directory
 CHUNK = 1 << 20  # the most bytes one read returns
-ENDED = ("finished", "failed", "cancelled")  # a job record's end states, as the scheduler says them
-LAST_STATES = ("finished", "failed", "cancelled", "killed")  # what a job's last line in its run's log may say
+ENDED = frozenset(p.value for p in ENDED_PHASES)  # a job record's end states, as the scheduler says them
+LAST_STATES = frozenset(s.value for s in JobStatus) - {JobStatus.PENDING.value, JobStatus.RUNNING.value}  # a last line's
 
 
 def job_of(line: str) -> str:

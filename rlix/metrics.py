@@ -207,6 +207,7 @@ class PipelineMetrics:
     preemptions: int
     queue_delay_s: float  # arrival to the grant of its model load (the job's admission)
     tenant: str = ""  # the tenant it belongs to ("" for none)
+    length_rank_correlation: float | None = None  # Spearman, predicted vs actual trajectory length (rlix.lengths)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,6 +276,7 @@ class PipelineTally:
     trajectories: int = 0
     preemptions: int = 0
     tenant: str = ""
+    length_rank_correlation: float | None = None  # None: its trajectories carry no prompt ids
 
     def to_metrics(self, usage: UsageRecorder, pipeline_id: str, end: float) -> PipelineMetrics:
         finish = self.finish_s if self.finish_s is not None else end
@@ -295,6 +297,7 @@ class PipelineTally:
             preemptions=self.preemptions,
             queue_delay_s=(self.arrival_s if self.admitted_s is None else self.admitted_s) - self.arrival_s,
             tenant=self.tenant,
+            length_rank_correlation=self.length_rank_correlation,
         )
 
 

@@ -99,6 +99,11 @@ class StepModel(StrictModel):
         "(generation first and last: [gen, tool, gen, ...])",
     )
     stages: dict[StageName, Seconds] = Field(default_factory=dict, description="seconds of each non-rollout stage")
+    prompts: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        description="per trajectory, the id of its prompt in the job's dataset (the step's trajectories sharing one "
+        "form its group); a prompt seen again in a later step is the same prompt in another epoch",
+    )
 
     @model_validator(mode="after")
     def _one_form(self) -> StepModel:
@@ -106,6 +111,9 @@ class StepModel(StrictModel):
             raise ValueError(
                 "give exactly one of 'trajectories' (seconds each) or 'segments' (agentic: [gen, tool, gen, ...] each)"
             )
+        n = len(self.trajectories if self.trajectories is not None else self.segments or ())
+        if self.prompts is not None and len(self.prompts) != n:
+            raise ValueError(f"prompts: give one prompt id per trajectory ({n}), got {len(self.prompts)}")
         for j, segs in enumerate(self.segments or ()):
             if len(segs) % 2 == 0 or sum(segs[0::2]) <= 0:
                 raise ValueError(
@@ -165,6 +173,33 @@ class StageCostModel(StrictModel):
     )
 
 
+class PromptsModel(StrictModel):
+    """Generated prompt identity: each step samples groups of a prompt, prompts come back epoch after epoch, and a
+    trajectory's length depends on its prompt.
+
+    A trajectory's log-length is the duration's lognormal with its standard
+    normal split three ways: ``sqrt(epoch_correlation) * z_prompt +
+    sqrt(group_correlation - epoch_correlation) * z_visit + sqrt(1 - group_correlation) * z_own``.
+    Two samples of one group correlate by ``group_correlation``, samples of one
+    prompt in different epochs by ``epoch_correlation`` (of log-length); the
+    lengths' distribution stays the duration's. With both 0 the lengths are
+    those drawn without prompts.
+    """
+
+    group_size: int = Field(ge=1, description="trajectories per prompt in a step (GRPO's group); divides trajectories_per_step")
+    dataset: int = Field(ge=1, description="prompts in the dataset: one epoch visits each once, in a shuffled order")
+    group_correlation: float = Field(default=0.0, ge=0, le=1, description="correlation of log-length within a group")
+    epoch_correlation: float = Field(
+        default=0.0, ge=0, le=1, description="correlation of one prompt's log-lengths across epochs (<= group_correlation)"
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> PromptsModel:
+        if self.epoch_correlation > self.group_correlation:
+            raise ValueError("epoch_correlation must be <= group_correlation (a group shares its epoch's draw too)")
+        return self
+
+
 class GenerateModel(StrictModel):
     """Compact form: ``steps`` steps drawn from a distribution with ``seed``."""
 
@@ -175,6 +210,17 @@ class GenerateModel(StrictModel):
     stage_jitter: float = Field(default=0.0, ge=0, lt=1, description="relative +/- spread of stage seconds")
     seed: int = 0
     agentic: ToolModel | None = Field(default=None, description="split each trajectory into turns with tool calls between")
+    prompts: PromptsModel | None = Field(default=None, description="give trajectories prompt ids with correlated lengths")
+
+    @model_validator(mode="after")
+    def _groups(self) -> GenerateModel:
+        if self.prompts is not None:
+            size, dataset = self.prompts.group_size, self.prompts.dataset
+            if self.trajectories_per_step % size:
+                raise ValueError(f"prompts.group_size ({size}) must divide trajectories_per_step ({self.trajectories_per_step})")
+            if dataset < self.trajectories_per_step // size:
+                raise ValueError(f"prompts.dataset ({dataset}) must hold a step's {self.trajectories_per_step // size} prompts")
+        return self
 
 
 class ArrivalsModel(StrictModel):
@@ -320,21 +366,27 @@ def stream_stage_names(stream: StreamModel) -> set[Stage]:
 
 
 class Step:
-    """One expanded step: trajectory seconds (numpy array), agentic segments if any, and stage seconds.
+    """One expanded step: trajectory seconds (numpy array), agentic segments if any, stage seconds, and prompt ids if any.
 
     ``trajectories`` holds each trajectory's seconds in all (generation and
     tool); ``segments``, when not None, holds each one's alternating
-    generation and tool seconds.
+    generation and tool seconds; ``prompts``, when not None, each one's prompt
+    id (the step's trajectories of one prompt are its group).
     """
 
-    __slots__ = ("segments", "stages", "trajectories")
+    __slots__ = ("prompts", "segments", "stages", "trajectories")
 
     def __init__(
-        self, trajectories: np.ndarray, stages: dict[Stage, float], segments: list[tuple[float, ...]] | None = None
+        self,
+        trajectories: np.ndarray,
+        stages: dict[Stage, float],
+        segments: list[tuple[float, ...]] | None = None,
+        prompts: np.ndarray | None = None,
     ) -> None:
         self.trajectories = trajectories
         self.segments = segments
         self.stages = stages
+        self.prompts = prompts
 
     def rollout(self):
         """What the rollout engine queues: durations, or segment tuples."""
@@ -346,13 +398,51 @@ class Step:
             return self.trajectories
         return np.asarray([sum(s[0::2]) for s in self.segments], dtype=np.float64)
 
+    def reorder(self, idx: np.ndarray) -> None:
+        """Put the trajectories (with their segments and prompts) in the order ``idx``."""
+        self.trajectories = self.trajectories[idx]
+        if self.segments is not None:
+            self.segments = [self.segments[i] for i in idx]
+        if self.prompts is not None:
+            self.prompts = self.prompts[idx]
+
 
 def _explicit(s: StepModel) -> Step:
     stages = {Stage(k): v for k, v in s.stages.items()}
+    prompts = None if s.prompts is None else np.asarray(s.prompts, dtype=np.int64)
     if s.segments is None:
-        return Step(np.asarray(s.trajectories, dtype=np.float64), stages)
+        return Step(np.asarray(s.trajectories, dtype=np.float64), stages, prompts=prompts)
     segments = [tuple(float(x) for x in segs) for segs in s.segments]
-    return Step(np.asarray([sum(x) for x in segments], dtype=np.float64), stages, segments)
+    return Step(np.asarray([sum(x) for x in segments], dtype=np.float64), stages, segments, prompts)
+
+
+class _PromptDraw:
+    """A generated stream's prompts, epoch after epoch, and the shared part of each trajectory's log-length draw."""
+
+    def __init__(self, model: PromptsModel, per_step: int, seed: int) -> None:
+        self.model = model
+        self.rng = np.random.Generator(np.random.PCG64([seed, 0, 1]))  # its own: the lengths' generator draws as before
+        self.per_step = per_step // model.group_size
+        self.z_prompt = self.rng.standard_normal(model.dataset)  # what a prompt keeps from epoch to epoch
+        self._order: list[int] = []  # the rest of this epoch's prompts, in the order visited
+
+    def next_step(self) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt id per trajectory, its shared standard-normal part) for the next step."""
+        prompts: list[int] = []
+        while len(prompts) < self.per_step:
+            if not self._order:  # a new epoch; a prompt this step already holds waits for its end
+                fresh = self.rng.permutation(self.model.dataset).tolist()
+                held = set(prompts)
+                self._order = [q for q in fresh if q not in held] + [q for q in fresh if q in held]
+            prompts.append(self._order.pop(0))
+        ids = np.asarray(prompts, dtype=np.int64)
+        z_visit = self.rng.standard_normal(len(ids))
+        m = self.model
+        shared = (
+            math.sqrt(m.epoch_correlation) * self.z_prompt[ids] + math.sqrt(m.group_correlation - m.epoch_correlation) * z_visit
+        )
+        g = m.group_size
+        return np.repeat(ids, g), np.repeat(shared, g)
 
 
 def _agentic(durations: np.ndarray, tools: ToolModel, rng: np.random.Generator) -> list[tuple[float, ...]]:
@@ -385,16 +475,22 @@ def expand_stream(stream: StreamModel) -> list[Step]:
     rng = np.random.Generator(np.random.PCG64(gen.seed))
     d = gen.duration
     mu, sigma = _lognormal(d)
+    draw = None if gen.prompts is None else _PromptDraw(gen.prompts, gen.trajectories_per_step, gen.seed)
     out = []
     for _ in range(gen.steps):
-        durations = rng.lognormal(mu, sigma, gen.trajectories_per_step)
+        prompts = None
+        if draw is None:
+            durations = rng.lognormal(mu, sigma, gen.trajectories_per_step)
+        else:  # the prompt's share of the normal moves the mean; the trajectory's own share draws as before
+            prompts, shared = draw.next_step()
+            durations = rng.lognormal(mu + sigma * shared, sigma * math.sqrt(1.0 - draw.model.group_correlation))
         if d.max_s is not None:
             np.minimum(durations, d.max_s, out=durations)
         stages = {}
         for name in sorted(gen.stages):
             jitter = 1.0 + gen.stage_jitter * (2.0 * rng.random() - 1.0) if gen.stage_jitter else 1.0
             stages[Stage(name)] = gen.stages[name] * jitter
-        out.append(Step(durations, stages))
+        out.append(Step(durations, stages, prompts=prompts))
     if gen.agentic is not None:  # its own generator: the durations above stay those of the plain form
         tool_rng = np.random.Generator(np.random.PCG64([gen.seed, gen.agentic.seed]))
         for step in out:
@@ -466,6 +562,16 @@ class Trace:
             for j, block in enumerate(blocks):
                 if "generate" in block:
                     block["generate"]["seed"] = seed * 1_000_003 + i * 1_009 + j
+        return Trace(TraceModel.model_validate(raw), self.source)
+
+    def without_prompts(self) -> Trace:
+        """The same trace with its trajectories' prompt ids dropped (started as drawn, none predicted)."""
+        raw = self.model.model_dump(exclude_none=True)
+        for p in raw["pipelines"]:
+            for block in [p, *p.get("adapters", [])]:
+                block.get("generate", {}).pop("prompts", None)
+                for step in block.get("steps", []):
+                    step.pop("prompts", None)
         return Trace(TraceModel.model_validate(raw), self.source)
 
     def with_scheduler(self, settings: dict[str, str]) -> Trace:

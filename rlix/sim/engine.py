@@ -31,6 +31,7 @@ from simpy.events import NORMAL, URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WorkerPhase, worker_booking
+from rlix.lengths import Group, LengthPredictor, PredictedQueue
 from rlix.metrics import UsageRecorder
 
 Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
@@ -45,7 +46,7 @@ def book_worker(usage: UsageRecorder, gpus, now: float, phase: WorkerPhase, pipe
 class Batch:
     """One step's rollout of one stream: ``n`` trajectories, none started on weights older than ``version``."""
 
-    __slots__ = ("done", "left", "lora", "n", "oldest", "step", "stream", "version")
+    __slots__ = ("done", "groups", "left", "lora", "n", "oldest", "step", "stream", "version")
 
     def __init__(self, env: simpy.Environment, stream: int, step: int, version: int, n: int, lora: bool) -> None:
         self.stream = stream
@@ -56,6 +57,7 @@ class Batch:
         self.done = env.event()
         self.lora = lora
         self.oldest = math.inf  # oldest weight version a finished trajectory's first segment used
+        self.groups: list[Group] = []  # its prompts' groups (none without prompt ids)
 
 
 class Traj:
@@ -63,7 +65,10 @@ class Traj:
         "batch",
         "duration",
         "generating",
+        "group",
         "idx",
+        "predicted",
+        "queued",
         "remaining",
         "seg",
         "segments",
@@ -85,6 +90,9 @@ class Traj:
         self.token = 0  # sequence number of its live heap entry (0: none): older entries are stale
         self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
         self.version = -1  # weight version its first segment started on (-1: not started)
+        self.group: Group | None = None  # its prompt's group in its batch (None: no prompt ids)
+        self.predicted = math.nan  # predicted log-seconds when it started (nan: none)
+        self.queued = False
 
 
 class SimWorker:
@@ -219,6 +227,7 @@ class EngineOptions:
     streaming: bool = False  # workers move to the newest weights; batches overlap
     partial: bool = False  # streaming: sync weights under running trajectories (they go on)
     speed: Speed | None = None  # None: every trajectory decodes at full speed
+    predict: bool = False  # trajectories carry prompt ids: start them by predicted length (rlix.lengths)
 
 
 class WeightLoader:
@@ -384,7 +393,8 @@ class RolloutEngine:
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self._order: list[int] = []  # the workers' first GPUs, ascending: every demand report walks them
-        self.pending: deque[Traj] = deque()
+        self.predictor = LengthPredictor() if options.predict else None
+        self.pending: deque[Traj] | PredictedQueue = deque() if self.predictor is None else PredictedQueue(self.predictor)
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.running = 0
         self.batch_left = 0  # trajectories of unfinished batches
@@ -398,9 +408,24 @@ class RolloutEngine:
 
     # ------------------------------------------------------------ commands
 
-    def add_batch(self, batch: Batch, trajectories: Sequence[Sequence[float]] | Sequence[float] | np.ndarray) -> None:
-        """Queue a batch: one duration per trajectory, or one segment list per trajectory."""
-        self.pending.extend(map(Traj, repeat(batch), _segments(trajectories), count(self._made)))  # idx made, made + 1, ...
+    def add_batch(
+        self,
+        batch: Batch,
+        trajectories: Sequence[Sequence[float]] | Sequence[float] | np.ndarray,
+        prompts: np.ndarray | None = None,
+    ) -> None:
+        """Queue a batch: one duration per trajectory, or one segment list per trajectory; each one's prompt id, if known."""
+        made = map(Traj, repeat(batch), _segments(trajectories), count(self._made))  # idx made, made + 1, ...
+        if self.predictor is not None and prompts is not None:
+            made = list(made)
+            groups: dict[int, Group] = {}
+            for t, prompt in zip(made, prompts.tolist()):
+                g = groups.get(prompt)
+                if g is None:
+                    g = groups[prompt] = Group(batch.stream, prompt, t.idx)
+                t.group = g
+            batch.groups = list(groups.values())
+        self.pending.extend(made)
         self._made += batch.n
         self.batch_left += batch.n
         self.open_n += batch.n
@@ -533,9 +558,13 @@ class RolloutEngine:
             batch = t.batch
             if t.version < batch.oldest:
                 batch.oldest = t.version
+            if t.group is not None:
+                self.pending.finished(t, t.duration)
             batch.left -= 1
             if batch.left == 0:
                 self.open_n -= batch.n
+                for g in batch.groups:
+                    self.predictor.close(g)
                 batch.done.succeed()
         if finished:
             self.running -= finished

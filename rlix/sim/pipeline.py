@@ -109,6 +109,7 @@ class SimPipeline:
             streaming=model.rollout_mode == "streaming",
             partial=model.partial_rollout,
             speed=speed_curve(model.decode_speed),
+            predict=all(step.prompts is not None for _, steps in self.streams for step in steps),
         )
 
     @property
@@ -239,7 +240,8 @@ class SimPipeline:
 
     def queue_batch(self, e: QueueBatch) -> None:
         batch = Batch(self.env, e.stream, e.step, e.version, e.size, self.lora)
-        self.engine.add_batch(batch, self.streams[e.stream][1][e.step].rollout())
+        step = self.streams[e.stream][1][e.step]
+        self.engine.add_batch(batch, step.rollout(), step.prompts)
         self.host.request_plan()  # demand went up: plan now, not at the next tick
         batch.done.callbacks.append(
             lambda _: self._do(self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.oldest))
@@ -258,6 +260,8 @@ class SimPipeline:
         self.tally.admitted_s = self.machine.admitted_s  # the model load's grant: queued until then
         self.tally.finish_s = self.env.now
         self.tally.trajectories = self.engine.completed
+        if self.engine.predictor is not None:
+            self.tally.length_rank_correlation = self.engine.predictor.rank_correlation()
         self.host.usage.homes.set_home(self.env.now, self.pid, ())
         self.host.submit(Unregister(pipeline_id=self.pid))
         self.host.request_plan()

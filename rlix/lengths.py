@@ -1,0 +1,275 @@
+"""Shared layer: which waiting trajectory starts next, by its predicted length (both shells use it).
+
+A rollout's makespan is set by when its longest trajectories start: one that
+starts last and runs longest holds the step open. Trajectories carry a prompt
+id; the step's trajectories sharing one are its group. A trajectory's length
+is predicted from what is known of its prompt, in log-seconds:
+
+- its prompt's lengths in earlier steps (an earlier epoch), and
+- its group siblings' lengths that finished in this step.
+
+:class:`LengthPredictor` keeps that evidence and checks it on every finish:
+until the evidence it had for a trajectory is seen to track the trajectory's
+own length (Pearson's r of log-lengths over enough pairs), nothing is ordered
+by it, so a job whose lengths do not repeat runs as drawn.
+
+:class:`PredictedQueue` is a rollout's waiting trajectories. Aborted ones
+(taken off a worker) go first, as before. Then, while the predictor is
+trusted, one probe per group with no evidence (its first sibling, to learn the
+group), then the rest of the groups whose probe still runs (a probe still
+running is a long one), then the informed groups, predicted-longest first. A
+group's trajectories go in their drawn order; ties go by the first drawn. While
+it is not trusted, everything goes in the drawn order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable
+
+MIN_PAIRS = 500  # evidence-vs-length pairs before the predictor is trusted
+MIN_CORRELATION = 0.2  # Pearson's r of log-lengths it must reach (4.5 standard errors of r = 0 at MIN_PAIRS)
+
+
+class Group:
+    """The trajectories of one step's prompt: those waiting (drawn order), how many run, what finished."""
+
+    __slots__ = ("finished", "finished_n", "finished_sum", "first", "key", "line", "prompt", "queued", "running", "size", "stream", "token")
+
+    def __init__(self, stream: int, prompt: int, first: int) -> None:
+        self.stream = stream
+        self.prompt = prompt
+        self.first = first  # the drawn index of its first trajectory: the tie-breaker
+        self.queued: deque = deque()  # its waiting trajectories, drawn order
+        self.size = 0  # its trajectories
+        self.running = 0
+        self.finished_n = 0
+        self.finished_sum = 0.0  # log-seconds of its finished trajectories
+        self.finished: list[float] = []  # each one's log-seconds
+        self.token = 0  # its live heap entry's sequence number (0: none)
+        self.key = math.nan  # predicted log-seconds of its trajectories (nan: no evidence)
+        self.line: deque | None = None  # the probe or waiting line it stands in, while it has no evidence
+
+
+class Pearson:
+    """Pearson's r of pairs added one at a time (running sums)."""
+
+    __slots__ = ("n", "sx", "sxx", "sxy", "sy", "syy")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sx = self.sy = self.sxx = self.syy = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.syy += y * y
+        self.sxy += x * y
+
+    def r(self) -> float:
+        """The correlation so far (nan: fewer than two pairs, or one side constant)."""
+        n = self.n
+        vx, vy = self.sxx - self.sx * self.sx / n if n else 0.0, self.syy - self.sy * self.sy / n if n else 0.0
+        if n < 2 or vx <= 0 or vy <= 0:
+            return math.nan
+        return (self.sxy - self.sx * self.sy / n) / math.sqrt(vx * vy)
+
+
+class LengthPredictor:
+    """Predicted log-length of a group's trajectories from its prompt's earlier steps and its finished siblings."""
+
+    def __init__(self) -> None:
+        self._history: dict[tuple[int, int], list[float]] = {}  # (stream, prompt) -> [sum, n] of earlier steps' log-lengths
+        self.check = Pearson()  # the evidence a trajectory had against its own log-length, at each finish
+        self.dispatched: list[tuple[float, float]] = []  # (prediction at start, actual log-length), predicted ones
+
+    def predict(self, g: Group) -> float:
+        """The group's predicted log-seconds, nan without evidence."""
+        h = self._history.get((g.stream, g.prompt))
+        total = g.finished_sum + (h[0] if h else 0.0)
+        n = g.finished_n + (h[1] if h else 0)
+        return total / n if n else math.nan
+
+    def finished(self, g: Group, seconds: float, predicted_at_start: float) -> None:
+        """A trajectory of ``g`` finished after ``seconds`` (``predicted_at_start``: what it was given, nan: nothing)."""
+        own = math.log(max(seconds, 1e-9))
+        if predicted_at_start == predicted_at_start:
+            self.dispatched.append((predicted_at_start, own))
+        g.finished_n += 1
+        g.finished_sum += own
+        g.finished.append(own)
+
+    def complete(self, g: Group) -> None:
+        """Every trajectory of ``g`` finished: check, for each, what the rest of the evidence said of it.
+
+        Checked only once the group is whole: a sibling that finished first is a
+        short one, so evidence read at a finish would track the finishing
+        trajectory's length even where lengths do not repeat.
+        """
+        h = self._history.get((g.stream, g.prompt))
+        for own in g.finished:
+            n = g.finished_n - 1 + (h[1] if h else 0)
+            if n:
+                self.check.add((g.finished_sum - own + (h[0] if h else 0.0)) / n, own)
+
+    def close(self, g: Group) -> None:
+        """The group's step is over: its lengths become its prompt's history."""
+        if g.finished_n:
+            h = self._history.setdefault((g.stream, g.prompt), [0.0, 0])
+            h[0] += g.finished_sum
+            h[1] += g.finished_n
+
+    @property
+    def trusted(self) -> bool:
+        """Its evidence has been seen to track lengths: order by it."""
+        return self.check.n >= MIN_PAIRS and self.check.r() >= MIN_CORRELATION
+
+    def rank_correlation(self) -> float | None:
+        """Spearman's rank correlation of the predictions trajectories started with against their lengths (None: < 2)."""
+        if len(self.dispatched) < 2:
+            return None
+        x, y = zip(*self.dispatched)
+        rx, ry = _ranks(x), _ranks(y)
+        mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+        cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+        vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+        return cov / math.sqrt(vx * vy) if vx > 0 and vy > 0 else None
+
+
+def _ranks(values: tuple[float, ...]) -> list[float]:
+    """1-based ranks, ties given their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: (values[i], i))
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+class PredictedQueue:
+    """A rollout's waiting trajectories, served predicted-longest first once the predictor is trusted.
+
+    Each trajectory has ``group`` (its :class:`Group`), ``idx`` (unique, in
+    drawn order), ``predicted`` (set here when it is served) and ``queued``.
+    It reads as the deque it stands in for: ``q[0]``, ``popleft``,
+    ``extend`` (a new batch, drawn order) and ``extendleft`` (aborted ones).
+    """
+
+    def __init__(self, predictor: LengthPredictor) -> None:
+        self.predictor = predictor
+        self._front: deque = deque()  # aborted trajectories, first to go
+        self._drawn: deque = deque()  # every waiting one in drawn order (served ones skipped lazily)
+        self._probe: deque[Group] = deque()  # groups with no evidence and none running
+        self._waiting: deque[Group] = deque()  # groups with no evidence and some running (a probe)
+        self._heap: list[tuple[float, int, int, Group]] = []  # (-key, first, token, group)
+        self._n = 0
+        self._seq = 0
+        self._head = None  # the trajectory q[0] showed: popleft serves it
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def extend(self, trajectories: Iterable) -> None:
+        groups: dict[int, Group] = {}
+        for t in trajectories:
+            t.queued = True
+            self._drawn.append(t)
+            t.group.queued.append(t)
+            t.group.size += 1
+            groups.setdefault(id(t.group), t.group)
+            self._n += 1
+        self._head = None
+        for g in groups.values():
+            self._place(g)
+
+    def extendleft(self, trajectories: Iterable) -> None:
+        for t in trajectories:
+            t.queued = True
+            t.group.running -= 1
+            self._front.appendleft(t)
+            self._n += 1
+        self._head = None
+
+    def __getitem__(self, i: int):
+        if i != 0 or not self._n:
+            raise IndexError(i)
+        if self._head is None:
+            self._head = self._next()
+        return self._head
+
+    def popleft(self):
+        t = self[0]
+        self._head = None
+        t.queued = False
+        self._n -= 1
+        g = t.group
+        if self._front and self._front[0] is t:
+            self._front.popleft()
+        else:
+            g.queued.remove(t) if g.queued[0] is not t else g.queued.popleft()
+        g.running += 1
+        t.predicted = g.key
+        return t
+
+    def finished(self, t, seconds: float) -> None:
+        """``t`` (served from here) finished after ``seconds``: its group learns, and may move up or down."""
+        g = t.group
+        g.running -= 1
+        self.predictor.finished(g, seconds, t.predicted)
+        self._head = None
+        if g.queued:
+            self._place(g)
+        elif g.finished_n == g.size:
+            self.predictor.complete(g)
+
+    # ------------------------------------------------------------ order
+
+    def _place(self, g: Group) -> None:
+        """File ``g`` by its evidence: in the heap by prediction, else (once) in the probe line."""
+        key = self.predictor.predict(g)
+        g.key = key
+        if key == key:
+            self._seq += 1
+            g.token = self._seq
+            heapq.heappush(self._heap, (-key, g.first, self._seq, g))
+        elif g.line is None:
+            g.line = self._probe
+            self._probe.append(g)
+
+    def _next(self):
+        if self._front:
+            return self._front[0]
+        if not self.predictor.trusted:
+            drawn = self._drawn
+            while not drawn[0].queued:
+                drawn.popleft()
+            return drawn[0]
+        probe, waiting = self._probe, self._waiting
+        while probe and (probe[0].running or not probe[0].queued or probe[0].key == probe[0].key):
+            g = probe.popleft()  # probed (it waits for its probe now), emptied, or learnt since
+            g.line = None
+            if g.queued and g.key != g.key:
+                g.line = waiting
+                waiting.append(g)
+        if probe:
+            return probe[0].queued[0]
+        while waiting and (not waiting[0].queued or waiting[0].key == waiting[0].key):
+            waiting.popleft().line = None  # emptied, or its probe finished: in the heap now
+        if waiting:
+            return waiting[0].queued[0]
+        heap = self._heap
+        while heap[0][2] != heap[0][3].token or not heap[0][3].queued:
+            heapq.heappop(heap)
+        return heap[0][3].queued[0]

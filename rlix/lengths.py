@@ -36,7 +36,20 @@ MIN_CORRELATION = 0.2  # Pearson's r of log-lengths it must reach (4.5 standard 
 class Group:
     """The trajectories of one step's prompt: those waiting (drawn order), how many run, what finished."""
 
-    __slots__ = ("finished", "finished_n", "finished_sum", "first", "key", "line", "prompt", "queued", "running", "size", "stream", "token")
+    __slots__ = (
+        "finished",
+        "finished_n",
+        "finished_sum",
+        "first",
+        "key",
+        "line",
+        "prompt",
+        "queued",
+        "running",
+        "size",
+        "stream",
+        "token",
+    )
 
     def __init__(self, stream: int, prompt: int, first: int) -> None:
         self.stream = stream

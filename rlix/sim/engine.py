@@ -91,8 +91,7 @@ class Traj:
         self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
         self.version = -1  # weight version its first segment started on (-1: not started)
         self.group: Group | None = None  # its prompt's group in its batch (None: no prompt ids)
-        self.predicted = math.nan  # predicted log-seconds when it started (nan: none)
-        self.queued = False
+        # ``predicted`` and ``queued`` are the PredictedQueue's (rlix.lengths), set there when it holds the trajectory.
 
 
 class SimWorker:

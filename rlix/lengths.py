@@ -8,16 +8,17 @@ is predicted from what is known of its prompt, in log-seconds:
 - its prompt's lengths in earlier steps (an earlier epoch), and
 - its group siblings' lengths that finished in this step.
 
-:class:`LengthPredictor` keeps that evidence and checks it on every finish:
-until the evidence it had for a trajectory is seen to track the trajectory's
-own length (Pearson's r of log-lengths over enough pairs), nothing is ordered
-by it, so a job whose lengths do not repeat runs as drawn.
+A job's trajectories carry prompt ids in every step, or it orders none.
+:class:`LengthPredictor` keeps that evidence and checks it as each group
+completes: until the evidence each member had is seen to track the member's
+own length (Pearson's r of log-lengths, within each step, over enough pairs),
+nothing is ordered by it, so a job whose lengths do not repeat runs as drawn.
 
 :class:`PredictedQueue` is a rollout's waiting trajectories. Aborted ones
 (taken off a worker) go first, as before. Then, while the predictor is
 trusted, one probe per group with no evidence (its first sibling, to learn the
-group), then the rest of the groups whose probe still runs (a probe still
-running is a long one), then the informed groups, predicted-longest first. A
+group), then the rest of the groups whose probe still runs or was taken off
+its worker (a probe still running is a long one), then the informed groups, predicted-longest first. A
 group's trajectories go in their drawn order; ties go by the first drawn. While
 it is not trusted, everything goes in the drawn order.
 """
@@ -30,7 +31,8 @@ from collections import deque
 from collections.abc import Iterable
 
 MIN_PAIRS = 500  # evidence-vs-length pairs before the predictor is trusted
-MIN_CORRELATION = 0.2  # Pearson's r of log-lengths it must reach (4.5 standard errors of r = 0 at MIN_PAIRS)
+MIN_CORRELATION = 0.2  # Pearson's r of log-lengths it must reach (about 3 standard errors of r = 0 at MIN_PAIRS,
+# a group's pairs being dependent)
 
 
 class Group:
@@ -47,12 +49,14 @@ class Group:
         "queued",
         "running",
         "size",
+        "step",
         "stream",
         "token",
     )
 
-    def __init__(self, stream: int, prompt: int, first: int) -> None:
+    def __init__(self, stream: int, step: int, prompt: int, first: int) -> None:
         self.stream = stream
+        self.step = step
         self.prompt = prompt
         self.first = first  # the drawn index of its first trajectory: the tie-breaker
         self.queued: deque = deque()  # its waiting trajectories, drawn order
@@ -67,29 +71,37 @@ class Group:
 
 
 class Pearson:
-    """Pearson's r of pairs added one at a time (running sums)."""
+    """Pearson's r of pairs added one at a time, pooled within cohorts (a stream's step).
 
-    __slots__ = ("n", "sx", "sxx", "sxy", "sy", "syy")
+    Each cohort is centred on its own means, so lengths that differ from one
+    step or adapter stream to another (longer answers as training goes on)
+    show no correlation that prompts did not make.
+    """
 
     def __init__(self) -> None:
         self.n = 0
-        self.sx = self.sy = self.sxx = self.syy = self.sxy = 0.0
+        self._sums: dict[tuple[int, int], list[float]] = {}  # cohort -> [n, sx, sy, sxx, syy, sxy]
 
-    def add(self, x: float, y: float) -> None:
+    def add(self, cohort: tuple[int, int], x: float, y: float) -> None:
+        s = self._sums.setdefault(cohort, [0.0] * 6)
+        s[0] += 1
+        s[1] += x
+        s[2] += y
+        s[3] += x * x
+        s[4] += y * y
+        s[5] += x * y
         self.n += 1
-        self.sx += x
-        self.sy += y
-        self.sxx += x * x
-        self.syy += y * y
-        self.sxy += x * y
 
     def r(self) -> float:
-        """The correlation so far (nan: fewer than two pairs, or one side constant)."""
-        n = self.n
-        vx, vy = self.sxx - self.sx * self.sx / n if n else 0.0, self.syy - self.sy * self.sy / n if n else 0.0
-        if n < 2 or vx <= 0 or vy <= 0:
+        """The pooled within-cohort correlation so far (nan: no spread yet)."""
+        vx = vy = cov = 0.0
+        for n, sx, sy, sxx, syy, sxy in self._sums.values():
+            vx += sxx - sx * sx / n
+            vy += syy - sy * sy / n
+            cov += sxy - sx * sy / n
+        if vx <= 0 or vy <= 0:
             return math.nan
-        return (self.sxy - self.sx * self.sy / n) / math.sqrt(vx * vy)
+        return cov / math.sqrt(vx * vy)
 
 
 class LengthPredictor:
@@ -97,7 +109,8 @@ class LengthPredictor:
 
     def __init__(self) -> None:
         self._history: dict[tuple[int, int], list[float]] = {}  # (stream, prompt) -> [sum, n] of earlier steps' log-lengths
-        self.check = Pearson()  # the evidence a trajectory had against its own log-length, at each finish
+        self.check = Pearson()  # the evidence a trajectory had against its own log-length, as its group completes
+        self.trusted = False  # the evidence has been seen to track lengths: order by it
         self.dispatched: list[tuple[float, float]] = []  # (prediction at start, actual log-length), predicted ones
 
     def predict(self, g: Group) -> float:
@@ -127,7 +140,8 @@ class LengthPredictor:
         for own in g.finished:
             n = g.finished_n - 1 + (h[1] if h else 0)
             if n:
-                self.check.add((g.finished_sum - own + (h[0] if h else 0.0)) / n, own)
+                self.check.add((g.stream, g.step), (g.finished_sum - own + (h[0] if h else 0.0)) / n, own)
+        self.trusted = self.check.n >= MIN_PAIRS and self.check.r() >= MIN_CORRELATION
 
     def close(self, g: Group) -> None:
         """The group's step is over: its lengths become its prompt's history."""
@@ -135,11 +149,6 @@ class LengthPredictor:
             h = self._history.setdefault((g.stream, g.prompt), [0.0, 0])
             h[0] += g.finished_sum
             h[1] += g.finished_n
-
-    @property
-    def trusted(self) -> bool:
-        """Its evidence has been seen to track lengths: order by it."""
-        return self.check.n >= MIN_PAIRS and self.check.r() >= MIN_CORRELATION
 
     def rank_correlation(self) -> float | None:
         """Spearman's rank correlation of the predictions trajectories started with against their lengths (None: < 2)."""
@@ -227,6 +236,9 @@ class PredictedQueue:
         self._head = None
         t.queued = False
         self._n -= 1
+        drawn = self._drawn
+        while drawn and not drawn[0].queued:  # served ahead of their drawn turn: let them go
+            drawn.popleft()
         g = t.group
         if self._front and self._front[0] is t:
             self._front.popleft()

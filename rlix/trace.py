@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
@@ -284,6 +285,11 @@ class PipelineModel(JobModel):
         "weights; staleness counts their oldest segment) instead of waiting for the worker to drain",
     )
     decode_speed: DecodeSpeedModel | None = Field(default=None, description="default: every trajectory decodes at full speed")
+    dispatch: Literal["predicted", "drawn"] = Field(
+        default="predicted",
+        description="order of a rollout's waiting trajectories: predicted-longest first from their prompt ids (rlix.lengths; "
+        "as drawn where a step has none), or as drawn; rlix-run records the order it used",
+    )
     stage_cost: StageCostModel = Field(default_factory=StageCostModel)
     arrivals: ArrivalsModel | None = Field(default=None, description="this pipeline is a template: copies of it arrive over time")
     # full finetune: the job's own steps; multi-LoRA: one stream per adapter
@@ -424,7 +430,7 @@ class _PromptDraw:
         self.rng = np.random.Generator(np.random.PCG64([seed, 0, 1]))  # its own: the lengths' generator draws as before
         self.per_step = per_step // model.group_size
         self.z_prompt = self.rng.standard_normal(model.dataset)  # what a prompt keeps from epoch to epoch
-        self._order: list[int] = []  # the rest of this epoch's prompts, in the order visited
+        self._order: deque[int] = deque()  # the rest of this epoch's prompts, in the order visited
 
     def next_step(self) -> tuple[np.ndarray, np.ndarray]:
         """(prompt id per trajectory, its shared standard-normal part) for the next step."""
@@ -433,8 +439,8 @@ class _PromptDraw:
             if not self._order:  # a new epoch; a prompt this step already holds waits for its end
                 fresh = self.rng.permutation(self.model.dataset).tolist()
                 held = set(prompts)
-                self._order = [q for q in fresh if q not in held] + [q for q in fresh if q in held]
-            prompts.append(self._order.pop(0))
+                self._order = deque([q for q in fresh if q not in held] + [q for q in fresh if q in held])
+            prompts.append(self._order.popleft())
         ids = np.asarray(prompts, dtype=np.int64)
         z_visit = self.rng.standard_normal(len(ids))
         m = self.model

@@ -56,7 +56,16 @@ def _step(stream: str, step: int, t0: float) -> StepRecord:
 
 def _trajs(stream: str, step: int, first_id: int) -> tuple[TrajRecord, ...]:
     return tuple(
-        TrajRecord(traj_id=first_id + k, stream=stream, step=step, gen_s=0.4 + 0.1 * k, segments=1, tokens=9, weight_version=step)
+        TrajRecord(
+            traj_id=first_id + k,
+            stream=stream,
+            step=step,
+            gen_s=0.4 + 0.1 * k,
+            segments=1,
+            tokens=9,
+            weight_version=step,
+            prompt=k // 2,
+        )
         for k in range(3)
     )
 
@@ -101,6 +110,14 @@ def test_recorded_trace_round_trips_through_the_trace_format(tmp_path):
     again = tmp_path / "again.json"
     dump_trace(loaded.model, again)
     assert again.read_text() == first.read_text()
+
+
+def test_recorded_trace_carries_each_trajectorys_prompt_and_the_order_the_run_used():
+    _, _, model = _recorded()
+    full, lora = model.pipelines
+    assert [s.prompts for s in full.steps] == [[0, 0, 1], [0, 0, 1]]  # a group of two and one alone, each step
+    assert all(s.prompts == [0, 0, 1] for a in lora.adapters for s in a.steps)
+    assert full.dispatch == lora.dispatch == "drawn"  # a replay starts them as the run did
 
 
 def test_recorded_trace_carries_what_the_run_registered_and_measured():

@@ -105,7 +105,7 @@ def _batch(prompts: list[int], start: int = 0) -> list[_Traj]:
     groups: dict[int, Group] = {}
     out = []
     for i, p in enumerate(prompts, start):
-        g = groups.setdefault(p, Group(0, p, i))
+        g = groups.setdefault(p, Group(0, 0, p, i))
         out.append(_Traj(g, i))
     return out
 
@@ -113,7 +113,7 @@ def _batch(prompts: list[int], start: int = 0) -> list[_Traj]:
 def _trusted(predictor: LengthPredictor) -> None:
     """Feed it pairs whose evidence tracks the length, as a job with repeating lengths would."""
     for i in range(MIN_PAIRS):
-        g = Group(9, 1000 + i, 0)
+        g = Group(9, 0, 1000 + i, 0)
         predictor.finished(g, 10.0 + i, math.nan)
         predictor.finished(g, 11.0 + i, math.nan)
         predictor.complete(g)
@@ -165,11 +165,23 @@ def test_a_prompts_earlier_lengths_order_its_next_step_from_the_start():
 def test_evidence_that_does_not_track_lengths_is_never_trusted():
     predictor, rng = LengthPredictor(), np.random.default_rng(0)
     for i in range(5 * MIN_PAIRS):
-        g = Group(0, i, 0)
+        g = Group(0, 0, i, 0)
         for seconds in sorted(rng.lognormal(3.0, 1.0, 2)):  # in the order they would finish
             predictor.finished(g, float(seconds), math.nan)
         predictor.complete(g)
     assert predictor.check.n == 10 * MIN_PAIRS and not predictor.trusted
+
+
+def test_streams_of_unlike_lengths_do_not_make_unrelated_prompts_look_predictive():
+    # Two adapters, one's answers e (2.7) times the other's: pooled, a member's siblings would "predict" it.
+    predictor, rng = LengthPredictor(), np.random.default_rng(1)
+    for i in range(2 * MIN_PAIRS):
+        stream = i % 2
+        g = Group(stream, 0, i, 0)
+        for seconds in sorted(rng.lognormal(3.0 + stream, 0.5, 4)):
+            predictor.finished(g, float(seconds), math.nan)
+        predictor.complete(g)
+    assert not predictor.trusted
 
 
 # ------------------------------------------------------------------ in a replay
@@ -198,3 +210,16 @@ def test_uncorrelated_prompts_replay_exactly_as_drawn():
     uncorrelated = replay(parse_trace(_replay_trace(0.0)), "rlix")
     assert uncorrelated.makespan_s == drawn.makespan_s
     assert uncorrelated.pipelines["job"].step_latency_p99_s == drawn.pipelines["job"].step_latency_p99_s
+
+
+
+def test_a_job_whose_trace_says_drawn_starts_as_drawn_though_it_has_prompt_ids():
+    raw = _replay_trace(0.9)
+    raw["pipelines"][0]["dispatch"] = "drawn"  # what rlix-run records: the order the run used
+    said = replay(parse_trace(raw), "rlix")
+    stripped = parse_trace(_replay_trace(0.9))
+    for _, steps in stripped.streams["job"]:
+        for step in steps:
+            step.prompts = None
+    assert said.pipelines["job"].length_rank_correlation is None
+    assert said.makespan_s == replay(stripped, "rlix").makespan_s

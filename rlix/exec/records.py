@@ -36,6 +36,7 @@ class TrajRecord:
     segments: int  # > 1 when it was aborted and continued
     tokens: int
     weight_version: int  # oldest policy version that produced a token
+    prompt: int = -1  # its prompt's row in the job's dataset (-1: not known)
 
 
 @dataclass(frozen=True, kw_only=True)

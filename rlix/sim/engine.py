@@ -415,13 +415,17 @@ class RolloutEngine:
     ) -> None:
         """Queue a batch: one duration per trajectory, or one segment list per trajectory; each one's prompt id, if known."""
         made = map(Traj, repeat(batch), _segments(trajectories), count(self._made))  # idx made, made + 1, ...
-        if self.predictor is not None and prompts is not None:
+        if self.predictor is not None:
+            if prompts is None:
+                raise ValueError(
+                    f"{self.pipeline_id}: this engine orders by predicted length; give each trajectory its prompt id"
+                )
             made = list(made)
             groups: dict[int, Group] = {}
             for t, prompt in zip(made, prompts.tolist()):
                 g = groups.get(prompt)
                 if g is None:
-                    g = groups[prompt] = Group(batch.stream, prompt, t.idx)
+                    g = groups[prompt] = Group(batch.stream, batch.step, prompt, t.idx)
                 t.group = g
             batch.groups = list(groups.values())
         self.pending.extend(made)

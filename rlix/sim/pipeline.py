@@ -109,7 +109,8 @@ class SimPipeline:
             streaming=model.rollout_mode == "streaming",
             partial=model.partial_rollout,
             speed=speed_curve(model.decode_speed),
-            predict=all(step.prompts is not None for _, steps in self.streams for step in steps),
+            predict=model.dispatch == "predicted"
+            and all(step.prompts is not None for _, steps in self.streams for step in steps),
         )
 
     @property

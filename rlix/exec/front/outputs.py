@@ -22,7 +22,7 @@ from rlix.config import ClusterModel, JobModel, SchedulerModel
 from rlix.core import Stage
 from rlix.exec.config import JobConfig, RunConfig
 from rlix.exec.messages import JobResult
-from rlix.exec.records import ActivityChange, JobStatus, SwitchKind
+from rlix.exec.records import ActivityChange, JobStatus, SwitchKind, TrajRecord
 from rlix.job import JobShape, StepShape, lower_bounds
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.protocol import SchedulerStats
@@ -143,6 +143,7 @@ def _pipeline(job: JobConfig, pid: str, res: JobResult) -> PipelineModel:
         arrival_s=round(res.arrival_s, 4),  # measured: when it really arrived
         home=list(spec.home),  # the home it named ([]: none, so a replay derives it as the run did)
         preempt="continue",  # the executor continues an aborted trajectory elsewhere
+        dispatch="drawn",  # the executor starts a batch's trajectories in the order drawn
         init_s=round(res.init_s, 4),
         switch=_switch(res, lora),
         **_streams(res, [a.name for a in job.adapters] if lora else None),
@@ -173,16 +174,23 @@ def _switch(res: JobResult, lora: bool) -> SwitchModel:
 
 
 def _steps(res: JobResult, stream: str) -> list[StepModel]:
-    """Measured steps of one stream: each trajectory's generation seconds and the stage seconds."""
-    by_step: dict[int, list[float]] = {}
+    """Measured steps of one stream: each trajectory's generation seconds and prompt, and the stage seconds."""
+    by_step: dict[int, list[TrajRecord]] = {}
     for t in res.trajectories:
         if t.stream == stream:
-            by_step.setdefault(t.step, []).append(max(t.gen_s, 1e-4))
-    return [
-        StepModel(trajectories=[round(x, 4) for x in by_step.get(s.step, [1e-4])], stages={k: round(v, 4) for k, v in s.stages})
-        for s in res.steps
-        if s.stream == stream
-    ]
+            by_step.setdefault(t.step, []).append(t)
+    out = []
+    for s in (s for s in res.steps if s.stream == stream):
+        trajs = by_step.get(s.step, [])
+        prompts = [t.prompt for t in trajs]
+        out.append(
+            StepModel(
+                trajectories=[round(max(t.gen_s, 1e-4), 4) for t in trajs] or [1e-4],
+                prompts=prompts if prompts and min(prompts) >= 0 else None,
+                stages={k: round(v, 4) for k, v in s.stages},
+            )
+        )
+    return out
 
 
 def _streams(res: JobResult, adapters: list[str] | None) -> dict:

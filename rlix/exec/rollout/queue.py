@@ -95,6 +95,7 @@ class RolloutQueue:
             segments=q.segments + 1,
             tokens=len(result.token_ids),
             weight_version=min(q.min_version, result.weight_version) if produced else q.min_version,
+            prompt=q.traj.prompt.row,
         )
 
     def aborted(self, q: Queued, result: GenResult | None) -> None:

@@ -212,7 +212,6 @@ def test_uncorrelated_prompts_replay_exactly_as_drawn():
     assert uncorrelated.pipelines["job"].step_latency_p99_s == drawn.pipelines["job"].step_latency_p99_s
 
 
-
 def test_a_job_whose_trace_says_drawn_starts_as_drawn_though_it_has_prompt_ids():
     raw = _replay_trace(0.9)
     raw["pipelines"][0]["dispatch"] = "drawn"  # what rlix-run records: the order the run used

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 MIN_PAIRS = 500  # evidence-vs-length pairs before the predictor is trusted
 MIN_CORRELATION = 0.2  # Pearson's r of log-lengths it must reach (about 3 standard errors of r = 0 at MIN_PAIRS,
@@ -54,7 +54,7 @@ class Group:
         "token",
     )
 
-    def __init__(self, stream: int, step: int, prompt: int, first: int) -> None:
+    def __init__(self, stream: Hashable, step: int, prompt: int, first: int) -> None:
         self.stream = stream
         self.step = step
         self.prompt = prompt
@@ -216,6 +216,20 @@ class PredictedQueue:
         for g in groups.values():
             self._place(g)
 
+    def discard(self, trajectories: Iterable) -> None:
+        """Take these waiting trajectories out (their batch will never be trained)."""
+        for t in trajectories:
+            if not t.queued:
+                continue
+            t.queued = False
+            self._n -= 1
+            g = t.group
+            if any(x is t for x in g.queued):
+                g.queued = deque(x for x in g.queued if x is not t)
+            else:
+                self._front = deque(x for x in self._front if x is not t)
+        self._head = None
+
     def extendleft(self, trajectories: Iterable) -> None:
         for t in trajectories:
             t.queued = True
@@ -256,8 +270,9 @@ class PredictedQueue:
         self._head = None
         if g.queued:
             self._place(g)
-        elif g.finished_n == g.size:
+        elif g.finished_n == g.size:  # whole: score its evidence, then keep its lengths for its prompt's next visit
             self.predictor.complete(g)
+            self.predictor.close(g)
 
     # ------------------------------------------------------------ order
 

@@ -318,10 +318,17 @@ class _Job:
 
     def add(self, n: int) -> None:
         from rlix.exec.data.recipe import Trajectory
-        from rlix.exec.data.tasks import Prompt
+        from rlix.exec.data.sources import PromptItem
 
         reqs = [GenRequest(traj_id=i, prompt_ids=(1, 2), max_new_tokens=4) for i in range(n)]
-        self.queue.add([Trajectory(step=0, prompt=Prompt(prompt_id=r.traj_id, text="x", answer="x"), request=r) for r in reqs])
+        self.queue.add(
+            [
+                Trajectory(
+                    step=0, prompt=PromptItem(row=r.traj_id, prompt="x", prompt_ids=(), columns=(("answer", "x"),)), request=r
+                )
+                for r in reqs
+            ]
+        )
 
 
 async def _warm(job: _Job, *bundles) -> None:

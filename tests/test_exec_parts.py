@@ -9,7 +9,7 @@ import pytest
 
 from rlix.core import Stage
 from rlix.exec.data.recipe import Trajectory
-from rlix.exec.data.tasks import Prompt
+from rlix.exec.data.sources import PromptItem
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import JobStatus, SwitchKind
@@ -71,7 +71,7 @@ def test_pool_reports_loads_of_awake_workers_and_free_slots():
 
 def _traj(i: int, step: int = 0) -> Trajectory:
     req = GenRequest(traj_id=i, prompt_ids=(1, 2), max_new_tokens=8)
-    return Trajectory(step=step, prompt=Prompt(prompt_id=i, text="x", answer="x"), request=req)
+    return Trajectory(step=step, prompt=PromptItem(row=i, prompt="x", prompt_ids=(), columns=(("answer", "x"),)), request=req)
 
 
 def _result(req: GenRequest, new: int, *, finished: bool, version: int = 0) -> GenResult:
@@ -146,15 +146,39 @@ def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
 def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_is():
     q = RolloutQueue(max_tries=1)
     q.add([_traj(0)])
-    item = q.queue[0]
-    q.queue.clear()
+    item = q.queue.popleft()  # as a worker took it
     q.aborted(item, _result(item.request, 0, finished=False, version=-1))  # a sleeping worker handed it back
     assert item.segments == 0 and item.min_version == 1 << 30
     assert (q.requeued, q.orphaned) == (1, 0)
-    q.queue.clear()
+    q.queue.popleft()
     q.aborted(item, None)  # its worker died
     assert q.queue[0] is item and item.request.prefix_ids == ()
     assert (q.requeued, q.orphaned) == (2, 1)  # counted apart: continued because its worker died
+
+
+def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_longest_first():
+    q = RolloutQueue(max_tries=1)
+
+    def sampled(step: int, first: int, rows: list[int]) -> list[Trajectory]:  # GRPO: two samples of each row
+        out = []
+        for k, row in enumerate(r for r in rows for _ in range(2)):
+            req = GenRequest(traj_id=first + k, prompt_ids=(1, 2), max_new_tokens=999)
+            item = PromptItem(row=row, prompt="x", prompt_ids=(), columns=())
+            out.append(Trajectory(step=step, prompt=item, request=req, group=k // 2))
+        return out
+
+    def run(n: int, tokens: dict[int, int]) -> list[int]:
+        served = [q.queue.popleft() for _ in range(n)]
+        for item in served:
+            q.finished(item, _result(item.request, tokens[item.traj.prompt.row], finished=True))
+        return [item.traj_id for item in served]
+
+    lengths = {row: 10 + 3 * row for row in range(300)}  # each prompt's answers run to one length
+    q.add(sampled(0, 0, list(range(300))))
+    assert run(600, lengths) == list(range(600))  # as drawn until the lengths are seen to repeat
+    assert q.predictor.trusted
+    q.add(sampled(1, 600, [7, 250, 40]))
+    assert run(6, lengths) == [602, 603, 604, 605, 600, 601]  # row 250 ran longest last epoch, then 40, then 7
 
 
 def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
@@ -170,10 +194,10 @@ def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
     )
     [(_, running)] = q.assign(pool)
     q.drop({running.traj_id, 2})
-    assert [x.traj_id for x in q.queue] == [1, 3]
+    assert q.waiting() == [1, 3] and len(q) == 2
     q.aborted(running, None)  # a shrink hands it back: its batch is gone, so it stays out
     q.failed(running, "EngineRefused: no")
-    assert [x.traj_id for x in q.queue] == [1, 3] and q.requeued == 0
+    assert q.waiting() == [1, 3] and len(q) == 2 and q.requeued == 0
 
 
 def test_application_errors_are_retried_a_bounded_number_of_times_then_fail_the_job():

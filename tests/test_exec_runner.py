@@ -14,7 +14,7 @@ from helpers import spec
 from rlix.core import ClusterSpec, SchedulerConfig, Stage
 from rlix.exec.data.recipe import ScoredStep, Trajectory
 from rlix.exec.data.rewards import RewardError, RewardRef, RewardSet
-from rlix.exec.data.tasks import Prompt
+from rlix.exec.data.sources import PromptItem
 from rlix.exec.messages import GenRequest, GenResult, SwitchTiming, TrainStats
 from rlix.step import JobPlan, StepMachine, StreamSpec
 
@@ -136,7 +136,12 @@ class _Recipe:
 
     def trajectories(self, step: int) -> list[Trajectory]:
         reqs = [GenRequest(traj_id=2 * step + i, prompt_ids=(1,), max_new_tokens=3) for i in range(2)]
-        return [Trajectory(step=step, prompt=Prompt(prompt_id=r.traj_id, text="x", answer="x"), request=r) for r in reqs]
+        return [
+            Trajectory(
+                step=step, prompt=PromptItem(row=r.traj_id, prompt="x", prompt_ids=(), columns=(("answer", "x"),)), request=r
+            )
+            for r in reqs
+        ]
 
     def score(self, trajs, results) -> ScoredStep:
         if self.rewards[trajs[0].step] is None:  # the user's function raises, called as a recipe calls it

@@ -154,8 +154,7 @@ def test_a_prompts_earlier_lengths_order_its_next_step_from_the_start():
     q.extend(first)
     for t, seconds in zip(_serve(q, 2), (100.0, 3.0)):
         q.finished(first[t], seconds)
-    for t in first:
-        predictor.close(t.group)
+    # Each group of one is whole once it finished: its length is its prompt's history now.
     second = _batch([1, 1, 0, 0], start=2)
     q.extend(second)
     assert _serve(q, 4) == [4, 5, 2, 3]  # prompt 0 was long last epoch
@@ -214,7 +213,7 @@ def test_uncorrelated_prompts_replay_exactly_as_drawn():
 
 def test_a_job_whose_trace_says_drawn_starts_as_drawn_though_it_has_prompt_ids():
     raw = _replay_trace(0.9)
-    raw["pipelines"][0]["dispatch"] = "drawn"  # what rlix-run records: the order the run used
+    raw["pipelines"][0]["dispatch"] = "drawn"
     said = replay(parse_trace(raw), "rlix")
     stripped = parse_trace(_replay_trace(0.9))
     for _, steps in stripped.streams["job"]:

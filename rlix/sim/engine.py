@@ -46,7 +46,7 @@ def book_worker(usage: UsageRecorder, gpus, now: float, phase: WorkerPhase, pipe
 class Batch:
     """One step's rollout of one stream: ``n`` trajectories, none started on weights older than ``version``."""
 
-    __slots__ = ("done", "groups", "left", "lora", "n", "oldest", "step", "stream", "version")
+    __slots__ = ("done", "left", "lora", "n", "oldest", "step", "stream", "version")
 
     def __init__(self, env: simpy.Environment, stream: int, step: int, version: int, n: int, lora: bool) -> None:
         self.stream = stream
@@ -57,7 +57,6 @@ class Batch:
         self.done = env.event()
         self.lora = lora
         self.oldest = math.inf  # oldest weight version a finished trajectory's first segment used
-        self.groups: list[Group] = []  # its prompts' groups (none without prompt ids)
 
 
 class Traj:
@@ -427,7 +426,6 @@ class RolloutEngine:
                 if g is None:
                     g = groups[prompt] = Group(batch.stream, batch.step, prompt, t.idx)
                 t.group = g
-            batch.groups = list(groups.values())
         self.pending.extend(made)
         self._made += batch.n
         self.batch_left += batch.n
@@ -566,8 +564,6 @@ class RolloutEngine:
             batch.left -= 1
             if batch.left == 0:
                 self.open_n -= batch.n
-                for g in batch.groups:
-                    self.predictor.close(g)
                 batch.done.succeed()
         if finished:
             self.running -= finished

@@ -1,7 +1,10 @@
 """Executor layer: one pipeline's rollout queue (what runs next, what continues after an abort).
 
 Pure (no Ray, no asyncio), in the manner of an engine scheduler: :meth:`assign`
-hands queued trajectories to free worker slots and returns the assignments;
+hands queued trajectories to free worker slots, in the order of
+:class:`rlix.lengths.PredictedQueue` (continuations first, then as drawn until
+lengths are seen to repeat with their prompts, then predicted-longest first,
+lengths in tokens), and returns the assignments;
 the shell runs them and reports each outcome back through one method per
 outcome:
 
@@ -17,20 +20,21 @@ outcome:
 
 from __future__ import annotations
 
-import collections
+import math
 from dataclasses import dataclass
 
 from rlix.exec.data.recipe import Trajectory, continuation
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.records import TrajRecord
 from rlix.exec.rollout.pool import Worker, WorkerPool
+from rlix.lengths import Group, LengthPredictor, PredictedQueue
 
 
 class TrajectoryFailed(RuntimeError):
     """A trajectory failed on every try (an application error, not a lost worker)."""
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)  # an entry is itself: queues find it by identity
 class Queued:
     """A trajectory waiting for (or running in) a slot, possibly the rest of an aborted one."""
 
@@ -40,6 +44,10 @@ class Queued:
     segments: int = 0
     min_version: int = 1 << 30  # oldest weight version that produced a token so far
     errors: int = 0  # application errors so far
+    group: Group | None = None  # its prompt's group in its step (the PredictedQueue's, with the three below)
+    idx: int = 0  # drawn order, unique in the queue
+    predicted: float = math.nan
+    queued: bool = False
 
     @property
     def traj_id(self) -> int:
@@ -47,13 +55,16 @@ class Queued:
 
 
 class RolloutQueue:
-    """FIFO of trajectories; continuations go to the front (they hold a batch back)."""
+    """Waiting trajectories by predicted length; continuations go to the front (they hold a batch back)."""
 
     def __init__(self, *, max_tries: int) -> None:
         if max_tries < 1:
             raise ValueError("max_tries must be >= 1")
         self.max_tries = max_tries
-        self.queue: collections.deque[Queued] = collections.deque()
+        self.predictor = LengthPredictor()
+        self.queue = PredictedQueue(self.predictor)
+        self._waiting: dict[int, Queued] = {}  # traj id -> its entry, while queued
+        self._made = 0
         self.requeued = 0  # trajectories put back after an abort or a dead worker
         self.orphaned = 0  # of those, put back because their worker died
         self.dropped: set[int] = set()  # trajectories of batches that will never be trained
@@ -61,13 +72,27 @@ class RolloutQueue:
     def __len__(self) -> int:
         return len(self.queue)
 
+    def waiting(self) -> list[int]:
+        """Ids of the trajectories waiting for a slot, ascending."""
+        return sorted(self._waiting)
+
     def add(self, trajs: list[Trajectory]) -> None:
-        self.queue.extend(Queued(traj=t, request=t.request) for t in trajs)
+        """Queue a batch: a prompt's samples in a step are its group (eval prompts apart from the trained ones)."""
+        groups: dict[tuple, Group] = {}
+        made = []
+        for t in trajs:
+            key = (t.request.adapter, t.eval, t.step, t.group)
+            q = Queued(traj=t, request=t.request, idx=self._made)
+            q.group = groups.get(key) or groups.setdefault(key, Group(key[:2], t.step, t.prompt.row, q.idx))
+            self._made += 1
+            self._waiting[q.traj_id] = q
+            made.append(q)
+        self.queue.extend(made)
 
     def drop(self, traj_ids: set[int]) -> None:
         """These trajectories' batch will never be trained: out of the queue, and never put back."""
         self.dropped |= traj_ids
-        self.queue = collections.deque(q for q in self.queue if q.traj_id not in traj_ids)
+        self.queue.discard([self._waiting.pop(i) for i in sorted(traj_ids) if i in self._waiting])
 
     def assign(self, pool: WorkerPool) -> list[tuple[Worker, Queued]]:
         """Fill free slots of awake workers, lowest GPU first.
@@ -79,6 +104,7 @@ class RolloutQueue:
         for worker in pool.free_slots():
             while self.queue and len(worker.inflight) < pool.slots_per_worker:
                 q = self.queue.popleft()
+                del self._waiting[q.traj_id]
                 worker.inflight[q.traj_id] = None
                 out.append((worker, q))
         return out
@@ -87,6 +113,7 @@ class RolloutQueue:
 
     def finished(self, q: Queued, result: GenResult) -> TrajRecord:
         produced = _produced(q, result)
+        self.queue.finished(q, max(len(result.token_ids), 1))  # its length, in tokens, teaches its group
         return TrajRecord(
             traj_id=q.traj_id,
             stream=q.traj.request.adapter,
@@ -111,7 +138,7 @@ class RolloutQueue:
             return
         self.requeued += 1
         self.orphaned += result is None
-        self.queue.appendleft(q)
+        self._put_back(q)
 
     def failed(self, q: Queued, reason: str) -> None:
         """An application error: retry from where it was, or raise once every try failed."""
@@ -120,7 +147,11 @@ class RolloutQueue:
         q.errors += 1
         if q.errors >= self.max_tries:
             raise TrajectoryFailed(f"trajectory {q.traj_id} (step {q.traj.step}) failed {q.errors} times: {reason}")
-        self.queue.appendleft(q)
+        self._put_back(q)
+
+    def _put_back(self, q: Queued) -> None:
+        self._waiting[q.traj_id] = q
+        self.queue.extendleft([q])
 
 
 def _produced(q: Queued, result: GenResult) -> bool:

@@ -152,14 +152,19 @@ class LengthPredictor:
 
     def rank_correlation(self) -> float | None:
         """Spearman's rank correlation of the predictions trajectories started with against their lengths (None: < 2)."""
-        if len(self.dispatched) < 2:
-            return None
-        x, y = zip(*self.dispatched)
-        rx, ry = _ranks(x), _ranks(y)
-        mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-        cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-        vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-        return cov / math.sqrt(vx * vy) if vx > 0 and vy > 0 else None
+        return spearman(self.dispatched)
+
+
+def spearman(pairs: list[tuple[float, float]]) -> float | None:
+    """Spearman's rank correlation of (x, y) pairs, ties at their mean rank (None: fewer than two, or no spread)."""
+    if len(pairs) < 2:
+        return None
+    x, y = zip(*pairs)
+    rx, ry = _ranks(x), _ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return cov / math.sqrt(vx * vy) if vx > 0 and vy > 0 else None
 
 
 def _ranks(values: tuple[float, ...]) -> list[float]:

@@ -156,3 +156,26 @@ def test_step_n_is_the_nth_trained_step_in_metrics_and_progress(tmp_path):
     assert [x["staleness"] for x in read_lines(tmp_path / "small" / "metrics.jsonl")] == [0, 0]
     progress = rec.progress(JobStatus.RUNNING, steps=8, gpus_held=0, before=4)
     assert (progress.step, progress.steps) == (6, 8)  # the console's row: the last step's number, as in metrics.jsonl
+
+
+def test_a_step_line_reports_how_well_the_predicted_lengths_ranked_its_responses(tmp_path):
+    from rlix.exec.data.recipe import ScoredStep
+    from rlix.exec.records import StepRecord, TrajRecord
+    from rlix.exec.train.grpo import TrainStats
+
+    log = StepLog(tmp_path / "small")
+    scored = ScoredStep(samples=(), rewards=(0.5,), functions=())
+    stats = TrainStats(loss=0.1, kl=0.0, clip_fraction=0.0, tokens=1, seconds=1.0)
+    lines = []
+    for k, predicted in enumerate(([1.0, 2.0, 3.0, None], [3.0, 2.0, 1.0, None], [None] * 4)):
+        record = StepRecord(
+            step=k, started_s=k, finished_s=k + 1.0, mean_reward=0.5, mean_tokens=1.0, stages=(), min_weight_version=k
+        )
+        trained = [
+            TrajRecord(traj_id=10 * k + i, step=k, gen_s=1.0, segments=1, tokens=t, weight_version=k, predicted=p)
+            for i, (t, p) in enumerate(zip((5, 9, 30, 2), predicted))
+        ]
+        lines.append(log.write_step(record, trained, scored, stats))
+    log.close()
+    # Ranked right, then backwards (the one with no prediction left out each time), then no prediction at all.
+    assert [x["length_rank_correlation"] for x in read_lines(tmp_path / "small" / "metrics.jsonl")] == [1.0, -1.0, None]

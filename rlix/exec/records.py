@@ -37,6 +37,7 @@ class TrajRecord:
     tokens: int
     weight_version: int  # oldest policy version that produced a token
     prompt: int = -1  # its prompt's row in the job's dataset (-1: not known)
+    predicted: float | None = None  # the predicted log-length (tokens) it last started with (rlix.lengths; None: none)
 
 
 @dataclass(frozen=True, kw_only=True)

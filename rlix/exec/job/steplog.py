@@ -19,11 +19,13 @@ into the fresh TensorBoard events when they open).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from rlix.exec.records import StepRecord, TrajRecord
+from rlix.lengths import spearman
 from rlix.metrics import Activity
 
 
@@ -54,7 +56,9 @@ def _fn_key(name: str) -> str:
     return f"{stem}.{fn}" if stem else fn
 
 
-def step_metrics(*, step: int, scored, train, tokens: list[int], step_s: float, gpu_s: float, staleness: int) -> dict:
+def step_metrics(
+    *, step: int, scored, train, tokens: list[int], step_s: float, gpu_s: float, staleness: int, length_rank: float | None = None
+) -> dict:
     """One metrics line (flat keys, so pandas and TensorBoard read it as is)."""
     rewards = list(scored.rewards)
     mean = sum(rewards) / max(len(rewards), 1)
@@ -76,6 +80,7 @@ def step_metrics(*, step: int, scored, train, tokens: list[int], step_s: float, 
         step_s=step_s,
         gpu_s_held=gpu_s,
         staleness=staleness,
+        length_rank_correlation=length_rank,  # predicted against actual response length (rlix.lengths; None: unordered)
     )
     if scored.eval is not None:
         out["eval/reward_mean"] = scored.eval.mean_reward
@@ -129,14 +134,36 @@ class StepLog:
             tokens=[r.tokens for r in trained],
             step_s=record.finished_s - record.started_s,
             staleness=record.step - min(r.weight_version for r in trained),
+            length_rank=spearman([(r.predicted, math.log(max(r.tokens, 1))) for r in trained if r.predicted is not None]),
         )
 
-    def write(self, *, stream: str, t: float, step: int, scored, train, tokens: list[int], step_s: float, staleness: int) -> dict:
+    def write(
+        self,
+        *,
+        stream: str,
+        t: float,
+        step: int,
+        scored,
+        train,
+        tokens: list[int],
+        step_s: float,
+        staleness: int,
+        length_rank: float | None = None,
+    ) -> dict:
         """Append the step's line; GPU-seconds are those held since the stream's previous line."""
         held = self.clock.advance(t)
         gpu_s = held - self._last_gpu_s.get(stream, 0.0)
         self._last_gpu_s[stream] = held
-        line = step_metrics(step=step, scored=scored, train=train, tokens=tokens, step_s=step_s, gpu_s=gpu_s, staleness=staleness)
+        line = step_metrics(
+            step=step,
+            scored=scored,
+            train=train,
+            tokens=tokens,
+            step_s=step_s,
+            gpu_s=gpu_s,
+            staleness=staleness,
+            length_rank=length_rank,
+        )
         if stream:
             line = {"adapter": stream, **line}
         self._open()

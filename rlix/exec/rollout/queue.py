@@ -123,6 +123,7 @@ class RolloutQueue:
             tokens=len(result.token_ids),
             weight_version=min(q.min_version, result.weight_version) if produced else q.min_version,
             prompt=q.traj.prompt.row,
+            predicted=None if math.isnan(q.predicted) else q.predicted,
         )
 
     def aborted(self, q: Queued, result: GenResult | None) -> None:

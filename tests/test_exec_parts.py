@@ -181,6 +181,26 @@ def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_l
     assert run(6, lengths) == [602, 603, 604, 605, 600, 601]  # row 250 ran longest last epoch, then 40, then 7
 
 
+def test_eval_prompts_are_each_their_own_group_apart_from_the_trained_ones():
+    q = RolloutQueue(max_tries=1)
+    item = lambda row: PromptItem(row=row, prompt="x", prompt_ids=(), columns=())  # noqa: E731
+    trajs = [
+        Trajectory(step=0, prompt=item(3), request=GenRequest(traj_id=0, prompt_ids=(1,), max_new_tokens=4), group=0),
+        Trajectory(step=0, prompt=item(3), request=GenRequest(traj_id=1, prompt_ids=(1,), max_new_tokens=4), group=0),
+        *(
+            Trajectory(
+                step=0, prompt=item(r), request=GenRequest(traj_id=2 + r, prompt_ids=(1,), max_new_tokens=4), eval=True, group=-1
+            )
+            for r in range(3)
+        ),
+    ]
+    q.add(trajs)
+    served = [q.queue.popleft() for _ in range(5)]
+    groups = [x.group for x in served]
+    assert groups[0] is groups[1] and len({id(g) for g in groups}) == 4  # the trained pair, and three eval rows alone
+    assert [(g.stream, g.prompt) for g in groups[2:]] == [(("", True), 0), (("", True), 1), (("", True), 2)]
+
+
 def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
     q = RolloutQueue(max_tries=3)
     q.add([_traj(i) for i in range(4)])

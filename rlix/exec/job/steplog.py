@@ -80,7 +80,7 @@ def step_metrics(
         step_s=step_s,
         gpu_s_held=gpu_s,
         staleness=staleness,
-        length_rank_correlation=length_rank,  # predicted against actual response length (rlix.lengths; None: unordered)
+        length_rank_correlation=length_rank,  # predicted against actual response length (rlix.lengths; None: < 2 predicted)
     )
     if scored.eval is not None:
         out["eval/reward_mean"] = scored.eval.mean_reward

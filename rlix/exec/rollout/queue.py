@@ -77,11 +77,14 @@ class RolloutQueue:
         return sorted(self._waiting)
 
     def add(self, trajs: list[Trajectory]) -> None:
-        """Queue a batch: a prompt's samples in a step are its group (eval prompts apart from the trained ones)."""
+        """Queue a batch: a prompt's samples in a step are its group (eval prompts apart from the trained ones).
+
+        Trained samples name their group; eval ones have none (-1) and are grouped by their row.
+        """
         groups: dict[tuple, Group] = {}
         made = []
         for t in trajs:
-            key = (t.request.adapter, t.eval, t.step, t.group)
+            key = (t.request.adapter, t.eval, t.step, t.prompt.row if t.eval else t.group)
             q = Queued(traj=t, request=t.request, idx=self._made)
             q.group = groups.get(key) or groups.setdefault(key, Group(key[:2], t.step, t.prompt.row, q.idx))
             self._made += 1

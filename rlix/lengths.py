@@ -3,7 +3,8 @@
 A rollout's makespan is set by when its longest trajectories start: one that
 starts last and runs longest holds the step open. Trajectories carry a prompt
 id; the step's trajectories sharing one are its group. A trajectory's length
-is predicted from what is known of its prompt, in log-seconds:
+is predicted from what is known of its prompt, as a log-length (seconds in the
+simulator, tokens in the executor):
 
 - its prompt's lengths in earlier steps (an earlier epoch), and
 - its group siblings' lengths that finished in this step.
@@ -18,8 +19,8 @@ nothing is ordered by it, so a job whose lengths do not repeat runs as drawn.
 (taken off a worker) go first, as before. Then, while the predictor is
 trusted, one probe per group with no evidence (its first sibling, to learn the
 group), then the rest of the groups whose probe still runs or was taken off
-its worker (a probe still running is a long one), then the informed groups, predicted-longest first. A
-group's trajectories go in their drawn order; ties go by the first drawn. While
+its worker (a probe still running is a long one), then the informed groups,
+predicted-longest first. A group's trajectories go in their drawn order; ties go by the first drawn. While
 it is not trusted, everything goes in the drawn order.
 """
 
@@ -108,20 +109,20 @@ class LengthPredictor:
     """Predicted log-length of a group's trajectories from its prompt's earlier steps and its finished siblings."""
 
     def __init__(self) -> None:
-        self._history: dict[tuple[int, int], list[float]] = {}  # (stream, prompt) -> [sum, n] of earlier steps' log-lengths
+        self._history: dict[tuple[Hashable, int], list[float]] = {}  # (stream, prompt) -> [sum, n] of earlier log-lengths
         self.check = Pearson()  # the evidence a trajectory had against its own log-length, as its group completes
         self.trusted = False  # the evidence has been seen to track lengths: order by it
         self.dispatched: list[tuple[float, float]] = []  # (prediction at start, actual log-length), predicted ones
 
     def predict(self, g: Group) -> float:
-        """The group's predicted log-seconds, nan without evidence."""
+        """The group's predicted log-length, nan without evidence."""
         h = self._history.get((g.stream, g.prompt))
         total = g.finished_sum + (h[0] if h else 0.0)
         n = g.finished_n + (h[1] if h else 0)
         return total / n if n else math.nan
 
     def finished(self, g: Group, seconds: float, predicted_at_start: float) -> None:
-        """A trajectory of ``g`` finished after ``seconds`` (``predicted_at_start``: what it was given, nan: nothing)."""
+        """A trajectory of ``g`` finished at length ``seconds`` (``predicted_at_start``: what it was given, nan: nothing)."""
         own = math.log(max(seconds, 1e-9))
         if predicted_at_start == predicted_at_start:
             self.dispatched.append((predicted_at_start, own))
@@ -144,7 +145,7 @@ class LengthPredictor:
         self.trusted = self.check.n >= MIN_PAIRS and self.check.r() >= MIN_CORRELATION
 
     def close(self, g: Group) -> None:
-        """The group's step is over: its lengths become its prompt's history."""
+        """The group is whole: its lengths become its prompt's history, for the prompt's next visit."""
         if g.finished_n:
             h = self._history.setdefault((g.stream, g.prompt), [0.0, 0])
             h[0] += g.finished_sum

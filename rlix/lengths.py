@@ -41,7 +41,6 @@ class Group:
 
     __slots__ = (
         "finished",
-        "finished_n",
         "finished_sum",
         "first",
         "key",
@@ -63,7 +62,6 @@ class Group:
         self.queued: deque = deque()  # its waiting trajectories, drawn order
         self.size = 0  # its trajectories
         self.running = 0
-        self.finished_n = 0
         self.finished_sum = 0.0  # log-seconds of its finished trajectories
         self.finished: list[float] = []  # each one's log-seconds
         self.token = 0  # its live heap entry's sequence number (0: none)
@@ -118,7 +116,7 @@ class LengthPredictor:
         """The group's predicted log-length, nan without evidence."""
         h = self._history.get((g.stream, g.prompt))
         total = g.finished_sum + (h[0] if h else 0.0)
-        n = g.finished_n + (h[1] if h else 0)
+        n = len(g.finished) + (h[1] if h else 0)
         return total / n if n else math.nan
 
     def finished(self, g: Group, seconds: float, predicted_at_start: float) -> None:
@@ -126,7 +124,6 @@ class LengthPredictor:
         own = math.log(max(seconds, 1e-9))
         if predicted_at_start == predicted_at_start:
             self.dispatched.append((predicted_at_start, own))
-        g.finished_n += 1
         g.finished_sum += own
         g.finished.append(own)
 
@@ -139,17 +136,17 @@ class LengthPredictor:
         """
         h = self._history.get((g.stream, g.prompt))
         for own in g.finished:
-            n = g.finished_n - 1 + (h[1] if h else 0)
+            n = len(g.finished) - 1 + (h[1] if h else 0)
             if n:
                 self.check.add((g.stream, g.step), (g.finished_sum - own + (h[0] if h else 0.0)) / n, own)
         self.trusted = self.check.n >= MIN_PAIRS and self.check.r() >= MIN_CORRELATION
 
     def close(self, g: Group) -> None:
         """The group is whole: its lengths become its prompt's history, for the prompt's next visit."""
-        if g.finished_n:
+        if g.finished:
             h = self._history.setdefault((g.stream, g.prompt), [0.0, 0])
             h[0] += g.finished_sum
-            h[1] += g.finished_n
+            h[1] += len(g.finished)
 
     def rank_correlation(self) -> float | None:
         """Spearman's rank correlation of the predictions trajectories started with against their lengths (None: < 2)."""
@@ -276,7 +273,7 @@ class PredictedQueue:
         self._head = None
         if g.queued:
             self._place(g)
-        elif g.finished_n == g.size:  # whole: score its evidence, then keep its lengths for its prompt's next visit
+        elif len(g.finished) == g.size:  # whole: score its evidence, then keep its lengths for its prompt's next visit
             self.predictor.complete(g)
             self.predictor.close(g)
 

@@ -26,6 +26,11 @@ The project's own classes, driven as its actors drive them, each section on its 
   reused), the bytes moved, and each against a pinned host-to-device copy of the same
   bytes in the same run (targets: offload + reload <= 0.6 s for 0.5B; a sync through the
   host >= 0.8x pinned);
+- hand-off (``--switches``): the learner stages a new version on its GPU and publishes it
+  (:mod:`rlix.exec.train.handoff`); a second process on the same GPU (a torch rollout engine)
+  loads it over CUDA IPC and through the host buckets, bit-exact against each other (target:
+  CUDA IPC <= 0.1 s for 0.5B); also each host bucket page-locked in place and copied once, a
+  variant measured for the host path's next step;
 - generation: ``GenRequest`` s through the backend (tokens/s), and whether greedy output is
   the same before a sleep and after a wake with the same weights.
 
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -60,6 +66,7 @@ TARGETS = {
     "sync_fraction_of_pageable": 0.5,
     "offload_reload_s": 0.6,
     "sync_fraction_of_pinned": 0.8,
+    "handoff_s": 0.1,
 }
 T0 = time.perf_counter()
 
@@ -276,7 +283,121 @@ def bench_switches(res: dict, args, ctx: dict) -> None:
             res[f"{kind}_fraction_of_pinned_copy"] = ideal / res[f"{kind}_offload_reload_s"]
     else:
         res["h2d_note"] = "CPU run: host-to-device copies not measured"
-    res["ipc_note"] = "CUDA IPC hand-off: not built yet (issue 44 item 2); unmeasured"
+    ctx["switch_learner"] = learner  # the hand-off section stages and publishes its weights
+
+
+# ------------------------------------------------------------------ hand-off over CUDA IPC
+
+
+def bench_handoff(res: dict, args, ctx: dict) -> None:
+    """The trained learner stages its new version on the GPU (as at the end of a training stage), offloads,
+    and publishes; a second process on the same GPU loads it into a torch rollout engine ``--reps`` + 1
+    times over CUDA IPC and as many through the host buckets (pinned staging), bit-exact against each other."""
+    import torch
+
+    if not cuda(ctx):  # the two processes and both loads still run, each through the host
+        res["note"] = "CPU run: CUDA IPC needs a GPU; unmeasured"
+    learner = ctx["switch_learner"]
+    learner.reload()  # the model on the GPU, as a training stage leaves it
+    res["stage_s"] = timed(ctx, lambda: learner.stage_handoff("bfloat16"))[1]
+    res["held_bytes"] = learner.handoff.nbytes if learner.handoff is not None else 0
+    learner.offload()
+    res["after_offload"] = memory(ctx)  # the held buckets stay: the hand-off's GPU memory between stages
+    res["publish_s"], _, w = timed(ctx, lambda: learner.publish("bfloat16"))
+    if w.handoff is None and cuda(ctx):
+        raise RuntimeError("the learner published no hand-off (TrainOptions.gpu_handoff off, or no staged version)")
+    res["bytes"] = w.nbytes
+    mp = torch.multiprocessing.get_context("spawn")
+    here, there = mp.Pipe()
+    proc = mp.Process(target=handoff_worker, args=(there, ctx["path"], ctx["device"], args.reps), daemon=True)
+    proc.start()
+    try:
+        here.send(w)
+        if not here.poll(300):
+            raise TimeoutError("the worker process did not answer within 300 s")
+        got = here.recv()
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    if "error" in got:
+        raise RuntimeError(f"worker process: {got['error']}")
+    res |= got
+    for path in ("ipc", "host"):
+        res[f"{path}_GBps"] = w.nbytes / res[f"{path}_s_median"] / 1e9
+    if cuda(ctx):
+        res |= h2d_speed(w.nbytes)
+        res["host_fraction_of_pinned"] = res["host_GBps"] / res["h2d_pinned_GBps"]
+        res["registered"] = registered_h2d(w)
+        learner.handoff.drop()
+
+
+def handoff_worker(conn, path: str, device: str, reps: int) -> None:
+    """The second process: a torch rollout engine on ``device`` loading the published version received on
+    ``conn``, over CUDA IPC and then through the host; sends back the seconds and whether both agree."""
+    try:
+        conn.send(_handoff_loads(conn.recv(), path, device, reps))
+    except Exception as e:  # noqa: BLE001 -- the parent records it as the section's error
+        conn.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]})
+
+
+def _handoff_loads(w, path: str, device: str, reps: int) -> dict:
+    from dataclasses import replace
+
+    import torch
+
+    from rlix.exec.messages import Emulation
+    from rlix.exec.rollout.torch_backend import make_backend
+    from rlix.exec.train.weights import PinnedStaging, load_into
+
+    torch.set_num_threads(1)  # as a worker actor runs
+    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+    engine = make_backend("torch", Emulation())
+    engine.prepare(path, device)
+    engine.wake(None)
+    model, out = engine.model, {}
+    pinned = PinnedStaging() if device.startswith("cuda") else None
+    for label, weights, staging in (("ipc", w, None), ("host", replace(w, handoff=None), pinned)):
+        secs = []
+        for _ in range(reps + 1):
+            sync()
+            t = time.perf_counter()
+            route = load_into(model, weights, device, staging)
+            sync()
+            secs.append(time.perf_counter() - t)
+        out |= {f"{label}_route": route.path.value, f"{label}_reason": route.reason, f"{label}_first_s": secs[0]}
+        out[f"{label}_s_median"] = statistics.median(secs[1:])
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        if label == "ipc":
+            ipc_state = state
+    out["bit_exact"] = all(torch.equal(ipc_state[k], v) for k, v in state.items())
+    return out
+
+
+def registered_h2d(w) -> dict:
+    """A variant not in rlix yet, measured to choose the host path's next step: each host bucket
+    page-locked where it lies (cudaHostRegister), copied once to the device, and unregistered, all timed;
+    no staging copy. (The object store's buckets are read-only shared memory, which would need the
+    read-only flag.)"""
+    import torch
+
+    cudart = torch.cuda.cudart()
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = []
+        for b in w.buckets:
+            if cudart.cudaHostRegister(b.ctypes.data, b.nbytes, 0) != 0:
+                return {"error": "cudaHostRegister refused the bucket"}
+            outs.append(torch.from_numpy(b).to("cuda", non_blocking=True))
+        torch.cuda.synchronize()
+        for b in w.buckets:
+            cudart.cudaHostUnregister(b.ctypes.data)
+        times.append(time.perf_counter() - t)
+        del outs
+    s = statistics.median(times)
+    return {"s_median": s, "GBps": w.nbytes / s / 1e9}
 
 
 # ------------------------------------------------------------------ weight sync
@@ -371,7 +492,8 @@ def bench_load_into(res: dict, args, ctx: dict, publish) -> None:
 
     backend, device = ctx["backend"], ctx["device"]
     res["copy_threads_default"] = COPY_THREADS
-    for threads in sorted({COPY_THREADS, 1}, reverse=True):
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    for threads in sorted({COPY_THREADS, 1, min(16, cpus)}, reverse=True):  # more threads: is the host copy the limit?
         staging = PinnedStaging(copy_threads=threads) if cuda(ctx) else None
         secs = []
         for _ in range(args.reps + 1):
@@ -525,9 +647,20 @@ def summary(out: dict) -> str:
             f"{TARGETS['offload_reload_s']} s: {verdict(judged, TARGETS['offload_reload_s'], True)}); host buffers "
             f"{sw.get('host_buffers', '-')}, after {out['args']['reps']} rounds {sw.get('host_buffers_after', '-')}",
             f"switches: sync through the host {fmt(frac, '.2f')}x a pinned copy (target >= "
-            f"{TARGETS['sync_fraction_of_pinned']}: {verdict(frac, TARGETS['sync_fraction_of_pinned'], False)}); "
-            f"{sw.get('ipc_note', '')}",
+            f"{TARGETS['sync_fraction_of_pinned']}: {verdict(frac, TARGETS['sync_fraction_of_pinned'], False)})",
         ]
+    ho = out.get("handoff", {})
+    if ho:
+        ipc = ho.get("ipc_s_median") if ho.get("ipc_route") == "cuda_ipc" else None  # judged only in place
+        lines.append(
+            f"handoff: {fmt(ho.get('bytes', 0) / 1e9 or None)} GB; CUDA IPC to a second process on the GPU "
+            f"{fmt(ipc)} s ({ho.get('ipc_route', '-')}; target <= {TARGETS['handoff_s']}: "
+            f"{verdict(ipc, TARGETS['handoff_s'], True)}), through the host {fmt(ho.get('host_s_median'))} s "
+            f"({fmt(ho.get('host_fraction_of_pinned'), '.2f')}x pinned); bit-exact {ho.get('bit_exact', '-')}; "
+            f"stage {fmt(ho.get('stage_s'))} s, publish {fmt(ho.get('publish_s'))} s; "
+            f"host buckets registered in place {fmt(ho.get('registered', {}).get('GBps'), '.1f')} GB/s"
+            + (f"; {ho['note']}" if "note" in ho else "")
+        )
     lines += [f"{k}: ERROR {v['error']}" for k, v in out.items() if isinstance(v, dict) and "error" in v]
     return "\n".join(lines)
 
@@ -545,7 +678,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens each request generates at most")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the executor's actors run one)")
     ap.add_argument("--json", default=None, help="also write the figures here (after every section)")
-    ap.add_argument("--switches", action="store_true", help="only the switches and the weight sync (setup first)")
+    ap.add_argument(
+        "--switches",
+        action="store_true",
+        help="only the switches (setup first): a trainer's offload and reload through pageable memory and "
+        "through its page-locked host buffers; the weight hand-off to a second process on the same GPU over "
+        "CUDA IPC and through the host buckets (pinned staging); a rollout engine's sync through the host; "
+        "each against a pinned host-to-device copy",
+    )
     return ap.parse_args()
 
 
@@ -560,7 +700,7 @@ def main() -> None:
     ctx: dict = {"device": "cuda:0" if args.device == "cuda" else "cpu"}  # as device_for_worker names it
     sections = (("setup", setup), ("trainer", bench_trainer), ("sync", bench_sync), ("generate", bench_generate))
     if args.switches:
-        sections = (("setup", setup), ("switches", bench_switches), ("sync", bench_sync))
+        sections = (("setup", setup), ("switches", bench_switches), ("handoff", bench_handoff), ("sync", bench_sync))
     with tempfile.TemporaryDirectory() as tmp:
         ctx["tmp"] = tmp
         for name, fn in sections:

@@ -102,6 +102,16 @@ def test_each_job_reports_its_own_trainer_ranks(runs):
     assert {pid: j["trainer_ranks"] for pid, j in jobs.items()} == {"small": 1, "large": 1}
 
 
+def test_every_weight_load_names_its_path(runs):
+    """Each job's rollout workers loaded trained weights, and each load says how they came: through the
+    host on a CPU (the in-place CUDA IPC path needs a GPU: benchmarks/bench_gpu_torch.py --switches)."""
+    jobs = json.loads(Path(runs["rlix"].files["metrics"]).read_text())["executor"]["jobs"]
+    for pid, j in jobs.items():
+        loads = j["weight_loads"]
+        assert loads and {x["path"] for x in loads} == {"host"}, pid
+        assert all(x["bytes"] > 0 and x["kind"] in ("wake", "cold_start", "sync") for x in loads), pid
+
+
 def test_both_policies_report_their_overheads(runs):
     # Speed targets (rlix sooner than static, little switching) are measured by
     # benchmarks/bench_exec_policies.py, never asserted here: a loaded machine makes them flaky.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from rlix.exec.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, TrajRecord
+from rlix.exec.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, SyncPath, TrajRecord
 from rlix.protocol import Stopped
 
 # ------------------------------------------------------------------ weights
@@ -67,6 +67,22 @@ class WeightBuckets:
     buckets: tuple[Any, ...]  # numpy uint8 arrays
     slots: tuple[TensorSlot, ...]
     nbytes: int
+    handoff: DeviceHandoff | None = None  # the same buckets on the trainer's GPU (CUDA only), for workers beside it
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceHandoff:
+    """Where a trainer also keeps a published version's buckets on its GPU, for a rollout worker that
+    sees the same GPU to read them in place over CUDA IPC (:mod:`rlix.exec.train.handoff`).
+
+    ``host`` names the machine (host name and boot id) and ``device_uuid`` the GPU, so a worker
+    maps the GPU to its own device index whatever devices its process sees. ``buckets`` holds one
+    CUDA IPC handle per bucket (the arguments torch rebuilds a shared CUDA tensor from), in the
+    order of :attr:`WeightBuckets.buckets`."""
+
+    host: str
+    device_uuid: str
+    buckets: tuple[tuple[Any, ...], ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,6 +227,7 @@ class SwitchTiming:
     version: int = -1
     adapters: tuple[tuple[str, int], ...] = ()  # multi-LoRA: (adapter, version) the engine serves
     cold: bool = False  # the wake built the engine on the device (a cold start, not a resume)
+    sync_path: SyncPath | None = None  # how the full weights came, where the switch loaded them
 
     def adapter_version(self, name: str) -> int:
         return dict(self.adapters).get(name, -1)
@@ -287,6 +304,10 @@ class TrainOptions:
     precision: str = "auto"  # "auto" | "bf16" | "fp32"
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (less memory, ~1/3 more compute)
     logprob_chunk_tokens: int = 1024  # tokens whose full-vocabulary log-softmax is computed at once
+    # On a GPU: keep each trained version's published buckets on the trainer's GPU until its next stage,
+    # so rollout workers that see that GPU load them over CUDA IPC (rlix.exec.train.handoff); costs the
+    # published bytes of GPU memory between stages
+    gpu_handoff: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ from rlix.exec.records import (
     StepRecord,
     SwitchKind,
     SwitchRecord,
+    SyncPath,
     TrajRecord,
     reward_spans,
 )
@@ -61,8 +62,10 @@ class Recorder:
         if self.observer is not None:
             self.observer(now, tuple(gpus), activity)
 
-    def switch(self, kind: SwitchKind, t: float, seconds: float, synced_bytes: int = 0) -> None:
-        self.switches.append(SwitchRecord(kind=kind, t=t, seconds=seconds, synced_bytes=synced_bytes))
+    def switch(
+        self, kind: SwitchKind, t: float, seconds: float, synced_bytes: int = 0, sync_path: SyncPath | None = None
+    ) -> None:
+        self.switches.append(SwitchRecord(kind=kind, t=t, seconds=seconds, synced_bytes=synced_bytes, sync_path=sync_path))
 
     def trajectory(self, record: TrajRecord) -> None:
         self.trajs[record.traj_id] = record

@@ -62,12 +62,20 @@ class SwitchKind(enum.Enum):
     STAGE_OFFLOAD = "stage_offload"  # trainer off its GPUs
 
 
+class SyncPath(enum.Enum):
+    """How a rollout worker received the trainer's weights (:mod:`rlix.exec.train.handoff` chooses)."""
+
+    HOST = "host"  # the published host buckets (the object store), through pinned staging on a GPU
+    CUDA_IPC = "cuda_ipc"  # read in place from the trainer's own GPU buckets (same machine, same GPU visible)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SwitchRecord:
     kind: SwitchKind
     t: float
     seconds: float  # as seen by the coordinator (includes the Ray call)
     synced_bytes: int = 0
+    sync_path: SyncPath | None = None  # how the weights came, where a switch loaded any
 
 
 class JobStatus(enum.Enum):

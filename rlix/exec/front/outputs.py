@@ -246,7 +246,19 @@ def _job_json(r: JobResult) -> dict:
         "gpu_wait_s": r.gpu_wait_s,
         "trainer_ranks": r.trainer_ranks,
         "switch_s": {k.value: round(sum(s.seconds for s in r.switches if s.kind is k), 4) for k in SwitchKind},
+        "weight_loads": _weight_loads(r.switches),
     }
+
+
+def _weight_loads(switches) -> list[dict]:
+    """Every load of the full weights by a rollout worker (a wake's or a live sync's): when, how long,
+    the bytes, and the path they came by (``host`` or ``cuda_ipc``, :mod:`rlix.exec.train.handoff`)."""
+    return [
+        {"t": round(s.t, 4), "kind": s.kind.value, "seconds": round(s.seconds, 4), "bytes": s.synced_bytes}
+        | {"path": s.sync_path.value}
+        for s in switches
+        if s.sync_path is not None
+    ]
 
 
 def timeline_png(rec: UsageRecorder, end: float, policy: str, pipelines: list[str], path: Path) -> Path | None:

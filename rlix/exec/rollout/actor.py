@@ -79,18 +79,22 @@ class RolloutWorkerActor:
         cold = self.backend.builds_on_wake
         self.memory.wait_for("wake")  # what the first wake took must be free (NotEnoughMemoryError: reported lost)
         self.memory.measure("wake", lambda: self.backend.wake(snapshot, adapters))
-        synced = snapshot.nbytes if snapshot is not None and snapshot.version != before else 0
+        full = snapshot is not None and snapshot.version != before
+        synced = snapshot.nbytes if full else 0
         synced += sum(a.nbytes for a in adapters if a.version > had.get(a.name, -1))
-        return self._timing(t0, synced, cold)
+        return self._timing(t0, synced, cold, full)
 
-    def _timing(self, t0: float, synced: int, cold: bool = False) -> SwitchTiming:
+    def _timing(self, t0: float, synced: int, cold: bool = False, full: bool = False) -> SwitchTiming:
+        """The switch since ``t0``; ``full``: it loaded the full weights (their route is named)."""
         versions = tuple(sorted(self.backend.adapter_versions.items()))
+        route = self.backend.route if full else None
         return SwitchTiming(
             seconds=time.perf_counter() - t0,
             synced_bytes=synced,
             version=self.backend.weight_version,
             adapters=versions,
             cold=cold,
+            sync_path=route.path if route is not None else None,
         )
 
     def update_adapter(self, snapshot: AdapterSnapshot) -> SwitchTiming:
@@ -113,7 +117,7 @@ class RolloutWorkerActor:
         if not self.backend.awake or snapshot.version <= self.backend.weight_version:
             return SwitchTiming(seconds=0.0, version=self.backend.weight_version)
         self.backend.update_weights(snapshot)
-        return SwitchTiming(seconds=time.perf_counter() - t0, synced_bytes=snapshot.nbytes, version=snapshot.version)
+        return self._timing(t0, snapshot.nbytes, full=True)
 
     def generate(self, request: GenRequest) -> GenResult:
         if self.fault.refuse_requests:

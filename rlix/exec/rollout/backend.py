@@ -11,12 +11,18 @@ Implementations import this module and :mod:`rlix.exec.messages` only.
 from __future__ import annotations
 
 import abc
+from typing import TYPE_CHECKING
 
 from rlix.exec.messages import AdapterSnapshot, GenRequest, GenResult, WeightBuckets
+
+if TYPE_CHECKING:
+    from rlix.exec.train.handoff import Route
 
 
 class RolloutBackend(abc.ABC):
     """One rollout worker's inference engine."""
+
+    route: Route | None = None  # how the newest full weights came, and why that way (None: none loaded yet)
 
     @abc.abstractmethod
     def prepare(self, model_path: str, device: str) -> None:

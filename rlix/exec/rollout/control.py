@@ -25,6 +25,7 @@ default), so the races here are tested without Ray.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from rlix.core.types import Gpus
 from rlix.exec.deadline import call
@@ -121,7 +122,7 @@ class RolloutControl:
                 return
             self.pool.move(w, WorkerState.AWAKE)
             kind = SwitchKind.COLD_START if timing.cold else SwitchKind.WAKE  # an engine built on the GPUs is no wake
-            self.rec.switch(kind, t, self.hooks.now() - t, timing.synced_bytes)
+            self.rec.switch(kind, t, self.hooks.now() - t, timing.synced_bytes, timing.sync_path)
             if w.generation == gen:
                 self._mark(w, WorkerPhase.IDLE)
                 self.dispatch()
@@ -142,13 +143,15 @@ class RolloutControl:
         full, version, adapters = self.hooks.weights()
         refs = [ref for _, ref, _ in adapters]
         timing = await call(w.handle.wake.remote(full, *refs), self.deadlines.wake_s, "wake")
+        path = timing.sync_path
         # Newer versions may have appeared while waking: the next batch never meets old weights.
         while (cur := self.hooks.weights())[1] > timing.version:
             timing = await call(w.handle.update_weights.remote(cur[0]), self.deadlines.call_s, "weight sync")
+            path = timing.sync_path or path
         for name, ref, v in self.hooks.weights()[2]:
             if timing.adapter_version(name) < v:
                 timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
-        return timing
+        return dataclasses.replace(timing, sync_path=path)  # how the full weights came, whichever call loaded them
 
     async def shrink(self, gpus: Gpus, reason: str) -> None:
         """The plan takes ``gpus`` back: abort, drop weights, re-queue what was running."""
@@ -229,7 +232,7 @@ class RolloutControl:
                 busy = any(task is not None for task in w.inflight.values())
                 self._mark(w, WorkerPhase.BUSY if busy else WorkerPhase.IDLE)
             if timing.synced_bytes:
-                self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes)
+                self.rec.switch(SwitchKind.SYNC, t, self.hooks.now() - t, timing.synced_bytes, timing.sync_path)
 
 
 def _cancelling() -> bool:

@@ -133,7 +133,7 @@ class TorchRolloutBackend(RolloutBackend):
 
         if self._staging is None and self.device.startswith("cuda"):
             self._staging = PinnedStaging()
-        load_into(self.model, weights, self.device, self._staging)
+        self.route = load_into(self.model, weights, self.device, self._staging)
         self._tie()
         self._version = weights.version
 

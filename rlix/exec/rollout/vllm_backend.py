@@ -247,14 +247,19 @@ class VllmRolloutBackend(RolloutBackend):
         generator of device tensors, each bucket carried over through the pinned staging buffer as the
         model's loader asks for it. A CPU host, or a tensor-parallel engine (whose ranks are other
         processes, so the list is sent to each): zero-copy views of the object store's buffers."""
-        from rlix.exec.train.weights import PinnedStaging, device_tensors
+        from rlix.exec.train.weights import PinnedStaging, close, device_tensors, route_to
 
-        if self._device.startswith("cuda") and len(self.devices) == 1:
-            self._staging = self._staging or PinnedStaging()
-            pairs = hf_base_pairs(device_tensors(weights, self._device, self._staging))
-        else:
-            pairs = list(hf_base_pairs(device_tensors(weights, "cpu")))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
+        one_gpu = self._device.startswith("cuda") and len(self.devices) == 1
+        self.route, opened = route_to(weights, self._device if one_gpu else "cpu")
+        try:
+            if one_gpu:
+                self._staging = self._staging or PinnedStaging()
+                pairs = hf_base_pairs(device_tensors(weights, self._device, self._staging, opened))
+            else:
+                pairs = list(hf_base_pairs(device_tensors(weights, "cpu")))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
+        finally:
+            close(opened, self._device)
         # Prefix caching is on by default: cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache(reset_running_requests=True)
         self._version = weights.version

@@ -84,7 +84,12 @@ class TrainerActor:
         return self.learner.logprobs(samples, reference=reference)
 
     def train(self, samples: list[Sample], adapter: str = "") -> TrainStats:
-        return self.learner.train_adapter(adapter, samples) if adapter else self.learner.train(samples)
+        """One update; full finetune on a GPU: the new version also staged on the GPU for the hand-off."""
+        if adapter:
+            return self.learner.train_adapter(adapter, samples)
+        stats = self.learner.train(samples)
+        self.learner.stage_handoff(self.sync_dtype)
+        return stats
 
     def adapter_versions(self) -> dict[str, int]:
         """Multi-LoRA: ticks each adapter has trained (restored from a checkpoint or 0)."""

@@ -23,8 +23,9 @@ from rlix.exec.messages import (
 )
 from rlix.exec.train.compute import autocast, mixed_precision_policy, token_logprobs, uses_bf16
 from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
+from rlix.exec.train.handoff import DeviceBuckets
 from rlix.exec.train.residency import ALL_PARTS, Residency
-from rlix.exec.train.weights import publish_of, snapshot_of
+from rlix.exec.train.weights import publish_of, snapshot_of, stage_on_device
 
 __all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats"]
 
@@ -74,6 +75,10 @@ class GrpoLearner:
         self.options = options
         self.bf16 = uses_bf16(options.precision, device)
         self.residency = Residency(device)
+        # The trained weights kept on the GPU for workers beside it (rank 0 keeps them; None: not on a GPU)
+        on_gpu = options.gpu_handoff and device.startswith("cuda")
+        self.handoff = DeviceBuckets() if on_gpu and ranks.rank == 0 else None
+        self._stages_handoff = on_gpu
 
     def _prepare(self, model, *, train: bool):
         """``model`` set up to compute as :attr:`options` say, and sharded over the ranks."""
@@ -91,16 +96,27 @@ class GrpoLearner:
         self.residency.offload()
 
     def reload(self, parts: Iterable[LearnerPart] = ALL_PARTS) -> None:
-        """``parts`` onto the device (a stage's: :data:`~rlix.exec.train.residency.STAGE_PARTS`)."""
+        """``parts`` onto the device (a stage's: :data:`~rlix.exec.train.residency.STAGE_PARTS`); the
+        published version's GPU buckets go first (the stage's workers have been shrunk)."""
+        if self.handoff is not None:
+            self.handoff.drop()
         self.residency.need(parts)
 
     def snapshot(self) -> WeightSnapshot:
         return snapshot_of(self.model, self.version)
 
+    def stage_handoff(self, dtype: str = "bfloat16") -> None:
+        """On a GPU, at the end of a training stage: the new version's ``dtype`` buckets written on the
+        device while the stage still holds it, for :meth:`publish` to hand to workers beside it (a
+        collective under FSDP2)."""
+        if self._stages_handoff:
+            stage_on_device(self.model, self.version, dtype, self.handoff, self.device)
+
     def publish(self, dtype: str = "bfloat16") -> WeightBuckets | None:
         """The weights as rollout workers load them (``dtype`` buckets); rank 0 keeps them, the others
-        return None (a collective under FSDP2)."""
-        return publish_of(self.model, self.version, dtype, keep=self.ranks.rank == 0)
+        return None (a collective under FSDP2). With this version staged on the GPU, copied from there
+        and handed over with CUDA IPC handles (:mod:`rlix.exec.train.handoff`)."""
+        return publish_of(self.model, self.version, dtype, keep=self.ranks.rank == 0, on_device=self.handoff)
 
     # ------------------------------------------------------------ scoring
 

@@ -35,9 +35,23 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import wait
 
 from rlix.exec.messages import TensorSlot, WeightBuckets, WeightSnapshot
+from rlix.exec.records import SyncPath
 from rlix.exec.train.fsdp import full
+from rlix.exec.train.handoff import DeviceBuckets, Route, choose, host_id, open_buckets, visible_gpus
 
-__all__ = ["BUCKET_BYTES", "PinnedStaging", "WeightSnapshot", "device_tensors", "load_into", "publish_of", "snapshot_of", "views"]
+__all__ = [
+    "BUCKET_BYTES",
+    "PinnedStaging",
+    "WeightSnapshot",
+    "close",
+    "device_tensors",
+    "load_into",
+    "publish_of",
+    "route_to",
+    "snapshot_of",
+    "stage_on_device",
+    "views",
+]
 
 BUCKET_BYTES = 256 << 20  # bytes per bucket: large copies, and a pinned staging buffer of a bounded size
 ALIGN_BYTES = 64  # every tensor starts on a 64-byte boundary inside its bucket
@@ -95,19 +109,75 @@ def _layout(shapes: Mapping[str, tuple[tuple[int, ...], tuple]], itemsize: int, 
     return slots, [n * itemsize for n in sizes]
 
 
-def publish_of(model, version: int, dtype: str = "bfloat16", *, keep: bool = True, bucket_bytes: int = BUCKET_BYTES):
+def publish_of(
+    model,
+    version: int,
+    dtype: str = "bfloat16",
+    *,
+    keep: bool = True,
+    bucket_bytes: int = BUCKET_BYTES,
+    on_device: DeviceBuckets | None = None,
+):
     """``model``'s weights cast to ``dtype`` into flat buckets, each tensor gathered whole and written once
     (a collective under FSDP2: every rank calls it; only the rank with ``keep`` fills buckets, the others
-    return None so the object store holds one copy)."""
+    return None so the object store holds one copy).
+
+    When ``on_device`` holds this version (:func:`stage_on_device` wrote it while the trainer had its
+    GPU), the host buckets are copied from those, one whole bucket at a time, and the published
+    version carries their CUDA IPC handles for workers beside the trainer."""
     import numpy as np
     import torch
 
-    sd = model.state_dict()
-    tdt = _torch_dtype(dtype)
-    itemsize = torch.empty((), dtype=tdt).element_size()
-    slots, sizes = _layout({k: (tuple(v.shape), _storage_key(v)) for k, v in sd.items()}, itemsize, bucket_bytes)
+    if on_device is not None and on_device.holds(version, dtype):
+        flats, slots = on_device.flats, on_device.slots
+        buckets = tuple(np.empty(f.numel() * f.element_size(), dtype=np.uint8) for f in flats)
+        for b, flat in zip(buckets, flats):
+            torch.from_numpy(b).copy_(flat.view(torch.uint8))
+        handoff = on_device.share()
+        return WeightBuckets(
+            version=version, dtype=dtype, buckets=buckets, slots=slots, nbytes=sum(b.nbytes for b in buckets), handoff=handoff
+        )
+    slots, sizes = _layout_of(model, dtype, bucket_bytes)
     buckets = tuple(np.empty(n, dtype=np.uint8) for n in sizes) if keep else ()
-    flats = [torch.from_numpy(b).view(tdt) for b in buckets]
+    _write(model, slots, [torch.from_numpy(b).view(_torch_dtype(dtype)) for b in buckets] if keep else None)
+    if not keep:
+        return None
+    return WeightBuckets(version=version, dtype=dtype, buckets=buckets, slots=slots, nbytes=sum(sizes))
+
+
+def stage_on_device(
+    model, version: int, dtype: str, keeper: DeviceBuckets | None, device: str, *, bucket_bytes: int = BUCKET_BYTES
+) -> None:
+    """Write ``model``'s weights as ``dtype`` buckets on ``device`` into ``keeper`` (a collective under
+    FSDP2; ranks without a keeper only take part), for :func:`publish_of` to publish with CUDA IPC
+    handles. Called at the end of a training stage, while the trainer still has its GPU."""
+    import torch
+
+    slots, sizes = _layout_of(model, dtype, bucket_bytes)
+    flats = None
+    if keeper is not None:
+        keeper.drop()  # the older version's buckets go before the new ones take their room
+        flats = [torch.empty(n, dtype=torch.uint8, device=device).view(_torch_dtype(dtype)) for n in sizes]
+    _write(model, slots, flats)
+    if keeper is not None:
+        keeper.hold(flats, slots, version, dtype, device)
+
+
+def _layout_of(model, dtype: str, bucket_bytes: int) -> tuple[tuple[TensorSlot, ...], list[int]]:
+    import torch
+
+    sd = model.state_dict()
+    itemsize = torch.empty((), dtype=_torch_dtype(dtype)).element_size()
+    slots, sizes = _layout({k: (tuple(v.shape), _storage_key(v)) for k, v in sd.items()}, itemsize, bucket_bytes)
+    return tuple(slots), sizes
+
+
+def _write(model, slots: tuple[TensorSlot, ...], flats: list | None) -> None:
+    """Each of ``model``'s tensors gathered whole (a collective under FSDP2) and, with ``flats``, cast
+    into its slot (a tied weight once)."""
+    import torch
+
+    sd = model.state_dict()
     written: set[tuple[int, int]] = set()
     with torch.no_grad():
         for slot in slots:
@@ -115,11 +185,8 @@ def publish_of(model, version: int, dtype: str = "bfloat16", *, keep: bool = Tru
                 continue
             written.add((slot.bucket, slot.offset))
             whole = full(sd[slot.name]).detach()
-            if keep:
+            if flats is not None:
                 flats[slot.bucket][slot.offset : slot.offset + slot.numel].copy_(whole.reshape(-1))
-    if not keep:
-        return None
-    return WeightBuckets(version=version, dtype=dtype, buckets=buckets, slots=tuple(slots), nbytes=sum(sizes))
 
 
 def _flat(bucket, dtype):
@@ -196,27 +263,61 @@ class PinnedStaging:
         return out
 
 
-def device_tensors(w: WeightBuckets, device: str, staging: PinnedStaging | None = None) -> Iterator[tuple[str, object]]:
-    """(name, tensor on ``device``) for every slot of ``w``, bucket by bucket: on a CPU views of the
-    buckets themselves; on CUDA views of each bucket's device copy (a fresh tensor per bucket, so a
-    consumer may keep them)."""
+def route_to(
+    w: WeightBuckets, device: str, *, host: str | None = None, visible: Mapping[str, int] | None = None
+) -> tuple[Route, list | None]:
+    """How ``w`` reaches ``device`` (:func:`~rlix.exec.train.handoff.choose`, for this machine and the
+    GPUs this process sees unless ``host`` and ``visible`` say otherwise), and over CUDA IPC the
+    trainer's buckets opened here; a failed open falls back to the host buckets, saying why."""
+    if visible is None:
+        visible = visible_gpus() if w.handoff is not None and device.startswith("cuda") else {}
+    route = choose(w.handoff, device, host or host_id(), visible)
+    if route.path is not SyncPath.CUDA_IPC:
+        return route, None
+    try:
+        return route, open_buckets(w.handoff, visible)
+    except Exception as exc:  # noqa: BLE001 -- any failure to open leaves the host buckets, which always work
+        return Route(SyncPath.HOST, f"CUDA IPC open failed ({type(exc).__name__}: {exc}); through the host"), None
+
+
+def device_tensors(
+    w: WeightBuckets, device: str, staging: PinnedStaging | None = None, opened: list | None = None
+) -> Iterator[tuple[str, object]]:
+    """(name, tensor on ``device``) for every slot of ``w``, bucket by bucket: views of the trainer's own
+    GPU buckets when ``opened`` (:func:`route_to`; on their device, which may be another GPU of this
+    machine); else on a CPU views of the host buckets themselves, and on CUDA views of each bucket's
+    device copy (a fresh tensor per bucket, so a consumer may keep them)."""
     dt = _torch_dtype(w.dtype)
     on_cuda = device.startswith("cuda")
-    staging = staging or (PinnedStaging() if on_cuda else None)
+    if opened is None and on_cuda:
+        staging = staging or PinnedStaging()
     by_bucket: dict[int, list[TensorSlot]] = {}
     for s in w.slots:
         by_bucket.setdefault(s.bucket, []).append(s)
     for b, slots in sorted(by_bucket.items()):
-        flat = _flat(w.buckets[b], dt)
-        if on_cuda:
-            flat = staging.to_device(flat, device)
+        if opened is not None:
+            flat = opened[b]
+        else:
+            flat = _flat(w.buckets[b], dt)
+            if on_cuda:
+                flat = staging.to_device(flat, device)
         for s in slots:
             yield s.name, flat[s.offset : s.offset + s.numel].view(s.shape)
 
 
-def load_into(model, w: WeightBuckets, device: str, staging: PinnedStaging | None = None) -> None:
+def close(opened: list | None, device: str) -> None:
+    """Every copy out of the trainer's opened buckets done, then this process's references to them gone
+    (the trainer may free them after)."""
+    if opened:
+        import torch
+
+        torch.cuda.synchronize(device)
+        opened.clear()
+
+
+def load_into(model, w: WeightBuckets, device: str, staging: PinnedStaging | None = None) -> Route:
     """Copy ``w`` into ``model``'s parameters and buffers in place (cast to their dtype); every state-dict
-    entry must have a slot and every slot an entry."""
+    entry must have a slot and every slot an entry. Returns the route the weights came by."""
     import torch
 
     target = model.state_dict(keep_vars=True)
@@ -224,6 +325,11 @@ def load_into(model, w: WeightBuckets, device: str, staging: PinnedStaging | Non
     if names != set(target):
         missing, unexpected = sorted(set(target) - names), sorted(names - set(target))
         raise ValueError(f"weights v{w.version} do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    with torch.no_grad():
-        for name, t in device_tensors(w, device, staging):
-            target[name].copy_(t)
+    route, opened = route_to(w, device)
+    try:
+        with torch.no_grad():
+            for name, t in device_tensors(w, device, staging, opened):
+                target[name].copy_(t)
+    finally:
+        close(opened, device)
+    return route

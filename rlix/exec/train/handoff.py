@@ -1,0 +1,152 @@
+"""Executor layer: weights handed to a rollout worker in place on one machine (CUDA IPC), and the choice of path.
+
+On a GPU a trainer publishes each version twice: as host buckets, which Ray's
+object store carries to every worker (:mod:`rlix.exec.train.weights`), and as
+the same buckets on its own GPU, kept by a :class:`DeviceBuckets` until its
+next stage needs the memory. The published :class:`~rlix.exec.messages.WeightBuckets`
+carries a :class:`~rlix.exec.messages.DeviceHandoff`: one CUDA IPC handle per
+bucket, the machine and the GPU's UUID. A worker on the same machine whose
+process sees that GPU opens the handles and copies device to device into its
+engine (:func:`open_buckets`); any other worker, and any worker whose open fails,
+reads the host buckets. :func:`choose` is that choice, a pure function, and its
+:class:`Route` names the path and why, which the run's switch records keep per
+sync (:class:`~rlix.exec.records.SyncPath`).
+
+Lifetime: a worker copies what it opened before its wake or sync returns and
+then closes it. The trainer drops its GPU buckets only when it publishes the
+next version or reloads for a stage. A worker can read them only while it sees
+the trainer's GPU, and the scheduler shrinks every worker on a stage's GPUs
+before the stage starts (a shrink waits for a wake in flight), so no worker
+reads buckets that are being freed.
+
+Cost: the trainer holds one version's bytes (its weights in the rollout dtype)
+on its first GPU between stages, beside the rollout worker that may run there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlix.exec.messages import DeviceHandoff
+from rlix.exec.records import SyncPath
+
+__all__ = ["DeviceBuckets", "Route", "choose", "host_id", "open_buckets", "visible_gpus"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one version reaches a worker, and why that way."""
+
+    path: SyncPath
+    reason: str
+
+
+@functools.cache
+def host_id() -> str:
+    """This machine: its host name and boot id (two machines may share a host name, never a boot)."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return f"{socket.gethostname()}/{boot.read_text().strip() if boot.exists() else ''}"
+
+
+def visible_gpus() -> dict[str, int]:
+    """UUID -> device index of every CUDA device this process sees (none without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+
+
+def choose(handoff: DeviceHandoff | None, device: str, host: str, visible: Mapping[str, int]) -> Route:
+    """The path onto ``device`` for weights published with ``handoff``, for a worker on ``host`` that
+    sees the GPUs ``visible`` (UUID -> index): in place over CUDA IPC when the trainer's GPU is one
+    of them, else through the host buckets."""
+    if handoff is None:
+        return Route(SyncPath.HOST, "published without GPU buckets (a CPU trainer, or adapters only)")
+    if not device.startswith("cuda"):
+        return Route(SyncPath.HOST, "the worker is not on a CUDA device")
+    if handoff.host != host:
+        return Route(SyncPath.HOST, "the trainer is on another machine")
+    if handoff.device_uuid not in visible:
+        return Route(SyncPath.HOST, "the trainer's GPU is not visible to this worker")
+    return Route(SyncPath.CUDA_IPC, f"the trainer's GPU is visible here as cuda:{visible[handoff.device_uuid]}")
+
+
+@functools.cache
+def _device_arg() -> int:
+    """Where the device index sits in torch's CUDA IPC rebuild arguments (the arguments' names are
+    torch's own, read once rather than assumed)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    return list(inspect.signature(rebuild_cuda_tensor).parameters).index("storage_device")
+
+
+def _counter_args() -> tuple[int, int]:
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    names = list(inspect.signature(rebuild_cuda_tensor).parameters)
+    return names.index("ref_counter_handle"), names.index("ref_counter_offset")
+
+
+class DeviceBuckets:
+    """A trainer's newest weights as buckets on its GPU (written at the end of a training stage), shared
+    over CUDA IPC once published, and held until the next stage or version drops them."""
+
+    def __init__(self) -> None:
+        self.flats: list = []  # one device tensor per bucket; the handles point into these
+        self.slots: tuple = ()  # the buckets' index (TensorSlot), as the host buckets have it
+        self.version, self.dtype, self.device = -1, "", ""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.numel() * f.element_size() for f in self.flats)
+
+    def hold(self, flats: Sequence, slots: tuple, version: int, dtype: str, device: str) -> None:
+        self.drop()
+        self.flats, self.slots = list(flats), tuple(slots)
+        self.version, self.dtype, self.device = version, dtype, device
+
+    def holds(self, version: int, dtype: str) -> bool:
+        return bool(self.flats) and (self.version, self.dtype) == (version, dtype)
+
+    def share(self) -> DeviceHandoff:
+        """The held buckets' CUDA IPC handles, with this machine and the GPU's UUID."""
+        import torch
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        torch.cuda.synchronize(self.device)  # the buckets are written before any other process reads them
+        counter, offset = _counter_args()
+        handles = []
+        for flat in self.flats:
+            _, args = reduce_tensor(flat)
+            # torch counts one reader per share and keeps a block some reader never closed out of reuse
+            # for good; these are held and dropped by this keeper, and read by any number of workers
+            # (or none), so the share's own count is given back at once.
+            torch.UntypedStorage._release_ipc_counter_cuda(args[counter], args[offset])
+            handles.append(tuple(args))
+        index = torch.device(self.device).index or 0
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        return DeviceHandoff(host=host_id(), device_uuid=uuid, buckets=tuple(handles))
+
+    def drop(self) -> None:
+        """Free the held buckets (a stage needs the memory, or a newer version replaces them)."""
+        if self.flats:
+            import torch
+
+            self.flats, self.slots, self.version = [], (), -1
+            if torch.cuda.is_available():
+                torch.cuda.ipc_collect()
+
+
+def open_buckets(handoff: DeviceHandoff, visible: Mapping[str, int]) -> list:
+    """The trainer's GPU buckets as tensors of this process (no copy), on the index this process
+    sees the trainer's GPU at. Close them (drop every reference) once copied."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    index, at = visible[handoff.device_uuid], _device_arg()
+    return [rebuild_cuda_tensor(*args[:at], index, *args[at + 1 :]) for args in handoff.buckets]

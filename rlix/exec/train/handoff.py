@@ -78,15 +78,9 @@ def choose(handoff: DeviceHandoff | None, device: str, host: str, visible: Mappi
 
 
 @functools.cache
-def _device_arg() -> int:
-    """Where the device index sits in torch's CUDA IPC rebuild arguments (the arguments' names are
-    torch's own, read once rather than assumed)."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    return list(inspect.signature(rebuild_cuda_tensor).parameters).index("storage_device")
-
-
 def _counter_args() -> tuple[int, int]:
+    """Where the reference counter's file and offset sit in torch's CUDA IPC rebuild arguments (the
+    arguments' names are torch's own, read once rather than assumed)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
     names = list(inspect.signature(rebuild_cuda_tensor).parameters)
@@ -124,9 +118,9 @@ class DeviceBuckets:
         handles = []
         for flat in self.flats:
             _, args = reduce_tensor(flat)
-            # torch counts one reader per share and keeps a block some reader never closed out of reuse
-            # for good; these are held and dropped by this keeper, and read by any number of workers
-            # (or none), so the share's own count is given back at once.
+            # torch counts one reader per share, and keeps a block whose count is not back to zero out of
+            # reuse for good. Any number of workers read these (or none), uncounted (UNCOUNTED), and this
+            # keeper decides when they go, so the share's own count is given back at once.
             torch.UntypedStorage._release_ipc_counter_cuda(args[counter], args[offset])
             handles.append(tuple(args))
         index = torch.device(self.device).index or 0
@@ -143,10 +137,30 @@ class DeviceBuckets:
                 torch.cuda.ipc_collect()
 
 
+# A reference-counter file that does not exist: torch's reader then counts nothing when it closes
+# (its decrement is best effort), which is right here: the trainer's keeper, not a count of readers,
+# decides when the buckets are freed (see the module's "Lifetime").
+UNCOUNTED = b"/rlix_handoff_uncounted"
+
+
 def open_buckets(handoff: DeviceHandoff, visible: Mapping[str, int]) -> list:
     """The trainer's GPU buckets as tensors of this process (no copy), on the index this process
     sees the trainer's GPU at. Close them (drop every reference) once copied."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    index, at = visible[handoff.device_uuid], _device_arg()
-    return [rebuild_cuda_tensor(*args[:at], index, *args[at + 1 :]) for args in handoff.buckets]
+    (at, counter), index = _open_args(), visible[handoff.device_uuid]
+    opened = []
+    for args in handoff.buckets:
+        args = list(args)
+        args[at], args[counter] = index, UNCOUNTED
+        opened.append(rebuild_cuda_tensor(*args))
+    return opened
+
+
+@functools.cache
+def _open_args() -> tuple[int, int]:
+    """Where the device index and the reference-counter file sit in torch's CUDA IPC rebuild arguments."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    names = list(inspect.signature(rebuild_cuda_tensor).parameters)
+    return names.index("storage_device"), names.index("ref_counter_handle")

@@ -329,6 +329,7 @@ def bench_handoff(res: dict, args, ctx: dict) -> None:
         res |= h2d_speed(w.nbytes)
         res["host_fraction_of_pinned"] = res["host_GBps"] / res["h2d_pinned_GBps"]
         res["registered"] = registered_h2d(w)
+        res["refused_registration"] = refused_registration()
         before = torch.cuda.memory_allocated()
         learner.handoff.drop()  # a stage needs the room: the bytes come back though a reader opened them
         res["freed_by_drop_bytes"] = before - torch.cuda.memory_allocated()
@@ -373,6 +374,29 @@ def _handoff_loads(w, path: str, device: str, reps: int) -> dict:
         if label == "ipc":
             ipc_state = state
     out["bit_exact"] = all(torch.equal(ipc_state[k], v) for k, v in state.items())
+    return out
+
+
+def refused_registration() -> dict:
+    """A registration CUDA refuses (the pages are registered already) leaves the registry unchanged and no
+    CUDA error behind for the next kernel to report."""
+    import torch
+
+    from rlix.exec.train.host_pages import HostPages
+
+    cudart = torch.cuda.cudart()
+    buf = torch.empty(4 << 20, dtype=torch.uint8)
+    if cudart.cudaHostRegister(buf.data_ptr(), buf.numel(), 0) != 0:
+        return {"error": "could not register the test buffer"}
+    reg = HostPages(1 << 30, is_shared=lambda start, end: True)
+    out = {"clears_with": getattr(reg._clear, "__name__", str(reg._clear))}
+    out["pinned"] = reg.pinned(buf.data_ptr() + 4096, 4096)
+    try:
+        (torch.ones(8, device="cuda") * 2).sum().item()
+        out["kernel_after"] = "ok"
+    except RuntimeError as e:
+        out["kernel_after"] = f"{type(e).__name__}: {e}"[:300]
+    cudart.cudaHostUnregister(buf.data_ptr())
     return out
 
 
@@ -455,9 +479,48 @@ def publisher(ctx: dict) -> tuple[Callable[[], object], list[float]]:
         t = time.perf_counter()
         w = publish_of(model, ctx["version"], "bfloat16")
         seconds.append(time.perf_counter() - t)
+        if cuda(ctx):  # a worker reads the buckets where Ray's object store holds them
+            ctx.setdefault("store", ObjectStore(w.nbytes))
+            w = ctx["store"].put(w)
         return w
 
     return publish, seconds
+
+
+class ObjectStore:
+    """Published versions where Ray's object store would hold them for a worker on the trainer's node:
+    read-only views into one shared mapping under /dev/shm, allocated once, each version in the slot the
+    version before last freed (as the store reuses freed space)."""
+
+    def __init__(self, nbytes: int, slots: int = 2) -> None:
+        import mmap
+
+        import numpy as np
+
+        self.slot_bytes = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE + mmap.PAGESIZE
+        shm = Path("/dev/shm")
+        room = shm.is_dir() and os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize > 2 * self.slot_bytes * slots
+        self.shared = bool(room)  # else a temporary file elsewhere: staged, as a store outside /dev/shm would be
+        self._file = tempfile.TemporaryFile(dir=str(shm) if room else None)
+        self._file.truncate(self.slot_bytes * slots)
+        self._map = mmap.mmap(self._file.fileno(), self.slot_bytes * slots)
+        self._arena = np.frombuffer(self._map, dtype=np.uint8)
+        self._slots, self._next = slots, 0
+
+    def put(self, w):
+        from dataclasses import replace
+
+        at = self._next * self.slot_bytes + 64 * self._next  # not page-aligned, as an object's data need not be
+        self._next = (self._next + 1) % self._slots
+        views = []
+        for b in w.buckets:
+            view = self._arena[at : at + b.nbytes]
+            view[:] = b
+            view = view.view()
+            view.setflags(write=False)
+            views.append(view)
+            at += -(-b.nbytes // 64) * 64
+        return replace(w, buckets=tuple(views))
 
 
 def engine_info(backend) -> dict:
@@ -503,6 +566,9 @@ def bench_sync(res: dict, args, ctx: dict) -> None:
         res[f"{key}_s_median"] = statistics.median(r[f"{key}_done_s"] for r in res["reps"])
         res[f"{key}_call_s_median"] = statistics.median(r[f"{key}_s"] for r in res["reps"])
     res["sync_GBps"] = w.nbytes / res["sync_s_median"] / 1e9
+    staging = getattr(backend, "_staging", None)
+    res["direct_copies"] = staging.direct_copies if staging is not None else 0  # buckets read in place, page-locked
+    res["store_in_dev_shm"] = getattr(ctx.get("store"), "shared", None)
     res["expand_GBps"] = w.nbytes / res["expand_s_median"] / 1e9
     bench_load_into(res, args, ctx, publish)
     res["publish_s_median"] = statistics.median(publish_s)
@@ -675,7 +741,8 @@ def summary(out: dict) -> str:
             f"copy), pinned {fmt(both)} s ({fmt(sw.get('pinned_fraction_of_pinned_copy'), '.2f')}x; target <= "
             f"{TARGETS['offload_reload_s']} s: {verdict(judged, TARGETS['offload_reload_s'], True)}); host buffers "
             f"{sw.get('host_buffers', '-')}, after {out['args']['reps']} rounds {sw.get('host_buffers_after', '-')}",
-            f"switches: sync through the host {fmt(frac, '.2f')}x a pinned copy (target >= "
+            f"switches: sync through the host ({sy.get('direct_copies', '-')} buckets read in place, page-locked) "
+            f"{fmt(frac, '.2f')}x a pinned copy (target >= "
             f"{TARGETS['sync_fraction_of_pinned']}: {verdict(frac, TARGETS['sync_fraction_of_pinned'], False)})",
         ]
     ho = out.get("handoff", {})
@@ -690,7 +757,9 @@ def summary(out: dict) -> str:
             f"{fmt(ho.get('freed_by_drop_bytes', 0) / 1e9 or None)} GB freed; "
             f"host buckets page-locked in place: every sync {fmt(ho.get('registered', {}).get('per_sync_GBps'), '.1f')} "
             f"GB/s, a shared mapping registered once {fmt(ho.get('registered', {}).get('once_GBps'), '.1f')} GB/s "
-            f"(+{fmt(ho.get('registered', {}).get('once_register_s'))} s once)" + (f"; {ho['note']}" if "note" in ho else "")
+            f"(+{fmt(ho.get('registered', {}).get('once_register_s'))} s once); a refused registration: pinned "
+            f"{ho.get('refused_registration', {}).get('pinned', '-')}, next kernel "
+            f"{ho.get('refused_registration', {}).get('kernel_after', '-')}" + (f"; {ho['note']}" if "note" in ho else "")
         )
     lines += [f"{k}: ERROR {v['error']}" for k, v in out.items() if isinstance(v, dict) and "error" in v]
     return "\n".join(lines)

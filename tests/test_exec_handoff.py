@@ -99,3 +99,100 @@ def test_the_run_metrics_name_the_path_of_every_weight_load():
         {"t": 1.0, "kind": "wake", "seconds": 0.05, "bytes": 100, "path": "cuda_ipc"},
         {"t": 3.0, "kind": "sync", "seconds": 0.2, "bytes": 100, "path": "host"},
     ]
+
+
+# ------------------------------------------------------------------ shared host memory page-locked in place
+
+
+class Cuda:
+    """CUDA's cudaHostRegister / cudaHostUnregister as this process sees them: a range registered once,
+    an overlapping registration refused (as CUDA refuses it), and what was asked, in order."""
+
+    def __init__(self, refuse_flags: int = -1) -> None:
+        self.held: dict[int, int] = {}
+        self.calls: list[tuple] = []
+        self.refuse_flags = refuse_flags
+
+    def register(self, start: int, nbytes: int, flags: int) -> int:
+        self.calls.append(("register", start, nbytes, flags))
+        if flags == self.refuse_flags or any(s < start + nbytes and start < s + n for s, n in self.held.items()):
+            return 712  # cudaErrorHostMemoryAlreadyRegistered (or refused)
+        self.held[start] = nbytes
+        return 0
+
+    def unregister(self, start: int) -> int:
+        self.calls.append(("unregister", start))
+        return 0 if self.held.pop(start, None) is not None else 713
+
+
+def pages(budget: int, cuda: Cuda, shared=lambda s, e: True):
+    from rlix.exec.train.host_pages import HostPages
+
+    return HostPages(budget, cuda.register, cuda.unregister, is_shared=shared)
+
+
+def test_shared_memory_is_registered_once_by_whole_pages_and_reused():
+    from rlix.exec.train.host_pages import PAGE
+
+    cuda = Cuda()
+    reg = pages(1 << 30, cuda)
+    assert reg.pinned(10 * PAGE + 64, 3 * PAGE)  # not page-aligned: its pages are
+    assert reg.ranges() == [(10 * PAGE, 14 * PAGE)]
+    assert reg.pinned(11 * PAGE, PAGE) and reg.pinned(10 * PAGE, 4 * PAGE)  # inside: nothing registered again
+    assert [c[0] for c in cuda.calls] == ["register"] and reg.registered_bytes == 4 * PAGE
+
+
+def test_an_overlapping_range_replaces_the_ranges_it_overlaps_and_the_oldest_go_past_the_budget():
+    from rlix.exec.train.host_pages import PAGE
+
+    cuda = Cuda()
+    reg = pages(6 * PAGE, cuda)
+    assert reg.pinned(0, 2 * PAGE) and reg.pinned(4 * PAGE, 2 * PAGE)
+    assert reg.pinned(PAGE, 2 * PAGE)  # overlaps the first: it goes
+    assert reg.ranges() == [(PAGE, 3 * PAGE), (4 * PAGE, 6 * PAGE)] and set(cuda.held) == {PAGE, 4 * PAGE}
+    assert reg.pinned(4 * PAGE, PAGE)  # used: now the most recent
+    assert reg.pinned(10 * PAGE, 3 * PAGE)  # 2 + 2 + 3 pages > 6: the least recently used (at PAGE) goes
+    assert reg.ranges() == [(4 * PAGE, 6 * PAGE), (10 * PAGE, 13 * PAGE)] and reg.held <= reg.budget
+    assert not reg.pinned(20 * PAGE, 7 * PAGE)  # larger than the budget: staged, nothing dropped for it
+    assert reg.ranges() == [(4 * PAGE, 6 * PAGE), (10 * PAGE, 13 * PAGE)]
+    reg.clear()
+    assert cuda.held == {} and reg.ranges() == []
+
+
+def test_only_shared_memory_is_registered_and_a_refusal_tries_read_only_then_stages():
+    from rlix.exec.train.host_pages import PAGE, REGISTER_PORTABLE, REGISTER_READ_ONLY
+
+    cuda = Cuda()
+    assert not pages(1 << 30, cuda, shared=lambda s, e: False).pinned(0, PAGE) and cuda.calls == []
+    cuda = Cuda(refuse_flags=REGISTER_PORTABLE)
+    assert pages(1 << 30, cuda).pinned(0, PAGE)  # a read-only mapping: registered read-only
+    assert [c[3] for c in cuda.calls] == [REGISTER_PORTABLE, REGISTER_PORTABLE | REGISTER_READ_ONLY]
+    cuda.held[8 * PAGE] = PAGE  # registered by someone else in this process: refused both ways
+    reg = pages(1 << 30, cuda)
+    assert not reg.pinned(8 * PAGE, PAGE) and reg.ranges() == []
+
+
+def test_a_shared_mapping_under_dev_shm_is_found_in_the_process_maps(tmp_path):
+    import mmap
+    from pathlib import Path
+
+    from rlix.exec.train.host_pages import shared_mapping
+
+    if not Path("/dev/shm").is_dir() or not Path("/proc/self/maps").exists():
+        pytest.skip("needs /dev/shm and /proc")
+    import ctypes
+    import tempfile
+
+    with tempfile.TemporaryFile(dir="/dev/shm") as f:
+        f.truncate(4 * mmap.PAGESIZE)
+        shared = mmap.mmap(f.fileno(), 4 * mmap.PAGESIZE)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+        assert shared_mapping(start, start + 4 * mmap.PAGESIZE)
+        assert not shared_mapping(start, start + 5 * mmap.PAGESIZE)  # runs past the mapping
+        private = mmap.mmap(-1, mmap.PAGESIZE)  # anonymous: not the object store's
+        at = ctypes.addressof(ctypes.c_char.from_buffer(private))
+        assert not shared_mapping(at, at + 16)
+        del start, at
+    fake = "7f0000000000-7f0000100000 rw-p 00000000 00:1a 5 /dev/shm/x\n7f0000200000-7f0000300000 rw-s 00000000 00:1a 6 /tmp/y\n"
+    assert not shared_mapping(0x7F0000000000, 0x7F0000000010, fake)  # private, and shared outside /dev/shm
+    assert not shared_mapping(0x7F0000200000, 0x7F0000200010, fake)

@@ -38,6 +38,7 @@ from rlix.exec.messages import TensorSlot, WeightBuckets, WeightSnapshot
 from rlix.exec.records import SyncPath
 from rlix.exec.train.fsdp import full
 from rlix.exec.train.handoff import DeviceBuckets, Route, choose, host_id, open_buckets, visible_gpus
+from rlix.exec.train.host_pages import HostPages, process_pages
 
 __all__ = [
     "BUCKET_BYTES",
@@ -208,17 +209,21 @@ def views(w: WeightBuckets) -> dict:
 
 
 class PinnedStaging:
-    """Two page-locked host buffers, reused across syncs, that carry buckets to a CUDA device: a bucket
-    is copied into one while the other's host-to-device copy may still run. The host copy (object store
-    to pinned memory) is the slow half, so ``copy_threads`` threads share it (a worker process runs one
-    torch thread; a copy releases the GIL)."""
+    """Carries buckets to a CUDA device at pinned speed, reused across syncs. A bucket in shared memory (Ray's
+    object store) is page-locked where it lies (:class:`~rlix.exec.train.host_pages.HostPages`) and copied
+    straight to the device; any other goes through two page-locked buffers: a bucket is copied into one
+    while the other's host-to-device copy may still run. That host copy is the slow half, so
+    ``copy_threads`` threads share it (a worker process runs one torch thread; a copy releases the GIL)."""
 
-    def __init__(self, copy_threads: int = COPY_THREADS) -> None:
+    def __init__(self, copy_threads: int = COPY_THREADS, pages: HostPages | None = None) -> None:
         self._bufs: list = []
         self._events: list = []
         self._turn = 0
         self._threads = max(1, copy_threads)
         self._pool = None
+        self.pages = pages  # the process's registry unless given (set at the first copy to a device)
+        self._direct = False  # a copy straight from the caller's memory may still run
+        self.direct_copies = 0  # buckets copied straight from page-locked shared memory, over the process's life
 
     def _host_copy(self, dst, src) -> None:
         """``dst.copy_(src)`` (same shape), split into ``copy_threads`` contiguous parts copied at once."""
@@ -243,10 +248,19 @@ class PinnedStaging:
             f.result()
 
     def to_device(self, flat, device: str):
-        """``flat`` (a CPU tensor) as a new tensor on ``device``, via a pinned buffer."""
+        """``flat`` (a CPU tensor) as a new tensor on ``device``: straight from its own pages when they can be
+        page-locked in place (call :meth:`wait` before its memory may go), else via a pinned buffer."""
         import torch
 
         n = flat.numel() * flat.element_size()
+        if self.pages is None:
+            self.pages = process_pages()
+        if n and self.pages.pinned(flat.data_ptr(), n):
+            out = torch.empty(flat.numel(), dtype=flat.dtype, device=device)
+            out.copy_(flat, non_blocking=True)
+            self._direct = True
+            self.direct_copies += 1
+            return out
         if not self._bufs or self._bufs[0].numel() < n:
             torch.cuda.synchronize(device)  # no copy still reads the buffers being replaced
             self._bufs = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
@@ -261,6 +275,14 @@ class PinnedStaging:
         self._events[i] = torch.cuda.Event()
         self._events[i].record(torch.cuda.current_stream(device))  # the stream the copy into ``out`` went on
         return out
+
+    def wait(self, device: str) -> None:
+        """Every copy straight from a caller's memory done (its buffers may be released after)."""
+        if self._direct:
+            import torch
+
+            torch.cuda.current_stream(device).synchronize()
+            self._direct = False
 
 
 def route_to(
@@ -303,6 +325,8 @@ def device_tensors(
                 flat = staging.to_device(flat, device)
         for s in slots:
             yield s.name, flat[s.offset : s.offset + s.numel].view(s.shape)
+    if staging is not None:
+        staging.wait(device)
 
 
 def close(opened: list | None, device: str) -> None:

@@ -142,21 +142,34 @@ def test_shared_memory_is_registered_once_by_whole_pages_and_reused():
     assert [c[0] for c in cuda.calls] == ["register"] and reg.registered_bytes == 4 * PAGE
 
 
-def test_an_overlapping_range_replaces_the_ranges_it_overlaps_and_the_oldest_go_past_the_budget():
+def test_ranges_that_overlap_or_touch_merge_and_the_oldest_go_past_the_budget():
     from rlix.exec.train.host_pages import PAGE
 
     cuda = Cuda()
-    reg = pages(6 * PAGE, cuda)
-    assert reg.pinned(0, 2 * PAGE) and reg.pinned(4 * PAGE, 2 * PAGE)
-    assert reg.pinned(PAGE, 2 * PAGE)  # overlaps the first: it goes
-    assert reg.ranges() == [(PAGE, 3 * PAGE), (4 * PAGE, 6 * PAGE)] and set(cuda.held) == {PAGE, 4 * PAGE}
-    assert reg.pinned(4 * PAGE, PAGE)  # used: now the most recent
-    assert reg.pinned(10 * PAGE, 3 * PAGE)  # 2 + 2 + 3 pages > 6: the least recently used (at PAGE) goes
-    assert reg.ranges() == [(4 * PAGE, 6 * PAGE), (10 * PAGE, 13 * PAGE)] and reg.held <= reg.budget
-    assert not reg.pinned(20 * PAGE, 7 * PAGE)  # larger than the budget: staged, nothing dropped for it
-    assert reg.ranges() == [(4 * PAGE, 6 * PAGE), (10 * PAGE, 13 * PAGE)]
+    reg = pages(8 * PAGE, cuda)
+    assert reg.pinned(0, 2 * PAGE) and reg.pinned(5 * PAGE, PAGE)
+    assert reg.pinned(2 * PAGE - 8, 8 + PAGE)  # the next bucket begins on the page the first ends on: merged
+    assert reg.ranges() == [(0, 3 * PAGE), (5 * PAGE, 6 * PAGE)] and cuda.held == {0: 3 * PAGE, 5 * PAGE: PAGE}
+    assert reg.pinned(PAGE, PAGE) and reg.pinned(5 * PAGE + 9, 10)  # inside: nothing registered again
+    calls = len(cuda.calls)
+    assert reg.pinned(10 * PAGE, 3 * PAGE)  # 3 + 1 + 3 pages fit in 8
+    assert len(cuda.calls) == calls + 1 and reg.held == 7 * PAGE
+    assert reg.pinned(20 * PAGE, 2 * PAGE)  # 9 > 8: the least recently used (at 0) goes
+    assert reg.ranges() == [(5 * PAGE, 6 * PAGE), (10 * PAGE, 13 * PAGE), (20 * PAGE, 22 * PAGE)]
+    assert not reg.pinned(30 * PAGE, 9 * PAGE)  # larger than the budget: staged, nothing dropped for it
+    assert len(reg.ranges()) == 3
     reg.clear()
     assert cuda.held == {} and reg.ranges() == []
+
+
+def test_ranges_in_different_mappings_are_not_merged():
+    from rlix.exec.train.host_pages import PAGE
+
+    cuda = Cuda()
+    one_mapping = lambda s, e: e <= 4 * PAGE or s >= 4 * PAGE  # mappings [0, 4) and [4, ...) pages
+    reg = pages(1 << 30, cuda, shared=one_mapping)
+    assert reg.pinned(2 * PAGE, 2 * PAGE) and reg.pinned(4 * PAGE, PAGE)  # they touch, across two mappings
+    assert reg.ranges() == [(2 * PAGE, 4 * PAGE), (4 * PAGE, 5 * PAGE)]
 
 
 def test_only_shared_memory_is_registered_and_a_refusal_tries_read_only_then_stages():

@@ -73,7 +73,7 @@ class HostPages:
 
             cudart = torch.cuda.cudart()
             register, unregister = cudart.cudaHostRegister, cudart.cudaHostUnregister
-            self._clear = getattr(cudart, "cudaGetLastError", None) or _loaded_cudart_get_last_error()
+            self._clear = _flush_cuda_error
         self.budget = budget
         self._register, self._unregister, self._is_shared = register, unregister, is_shared
         self._ranges: OrderedDict[int, int] = OrderedDict()  # start -> end, least recently used first
@@ -87,25 +87,30 @@ class HostPages:
         return sorted(self._ranges.items())
 
     def pinned(self, addr: int, nbytes: int) -> bool:
-        """Whether ``nbytes`` at ``addr`` are page-locked now: inside a range held already, or in
-        shared memory whose pages this call registers (dropping ranges they overlap, and the least
-        recently used past the budget)."""
+        """Whether ``nbytes`` at ``addr`` are page-locked now: inside a range held already, or in shared
+        memory whose pages this call registers, merged with the held ranges they overlap or touch (two
+        buckets of one version share a page where one ends and the next begins), the least recently
+        used dropped past the budget."""
         start, end = addr - addr % PAGE, -(-(addr + nbytes) // PAGE) * PAGE
         for lo, hi in self._ranges.items():
             if lo <= start and end <= hi:
                 self._ranges.move_to_end(lo)
                 return True
-        if end - start > self.budget or not self._is_shared(start, end):
+        merged = [lo for lo, hi in self._ranges.items() if lo <= end and start <= hi]
+        lo = min([start, *merged])
+        hi = max([end, *(self._ranges[m] for m in merged)])
+        if not self._is_shared(lo, hi):  # the ranges lie in different mappings: this one alone
+            merged, lo, hi = [m for m in merged if m < end and start < self._ranges[m]], start, end
+        if hi - lo > self.budget or not self._is_shared(lo, hi):
             return False
-        for lo, hi in list(self._ranges.items()):
-            if lo < end and start < hi:
-                self._drop(lo)
-        while self._ranges and self.held + (end - start) > self.budget:
+        for m in merged:
+            self._drop(m)
+        while self._ranges and self.held + (hi - lo) > self.budget:
             self._drop(next(iter(self._ranges)))
         for flags in (REGISTER_PORTABLE, REGISTER_PORTABLE | REGISTER_READ_ONLY):
-            if self._register(start, end - start, flags) == 0:
-                self._ranges[start] = end
-                self.registered_bytes += end - start
+            if self._register(lo, hi - lo, flags) == 0:
+                self._ranges[lo] = hi
+                self.registered_bytes += hi - lo
                 return True
             self._clear_error()
         return False
@@ -130,19 +135,12 @@ def process_pages() -> HostPages:
     return HostPages(BUDGET_BYTES)
 
 
-def _loaded_cudart_get_last_error() -> Callable[[], object] | None:
-    """``cudaGetLastError`` of the CUDA runtime this process has loaded (torch's), found by its path in
-    ``/proc/self/maps``; None where there is none to find."""
-    import ctypes
+def _flush_cuda_error() -> None:
+    """Clear CUDA's last error through torch's own runtime: a kernel launch reads (and so clears) it and
+    raises what it read, which is the refusal already handled."""
+    import torch
 
-    maps = Path("/proc/self/maps")
-    if not maps.exists():
-        return None
-    for line in maps.read_text().splitlines():
-        path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
-        if "/libcudart" in path and ".so" in path:
-            try:
-                return ctypes.CDLL(path).cudaGetLastError
-            except OSError:
-                return None
-    return None
+    try:
+        torch.empty(1, device="cuda").zero_()
+    except RuntimeError:
+        pass

@@ -22,6 +22,13 @@ through the pinned buffer on a GPU (4). The pickled path before this took a
 CPU copy of an already-CPU state dict, pickled it (fp32), put it, and
 unpickled it in every worker before the engine's copy.
 
+On a GPU two shortcuts remove copies: a bucket in the object store's shared
+memory is page-locked where it lies (:mod:`rlix.exec.train.host_pages`) and
+copied straight to the device, skipping (4); and a worker that sees the
+trainer's GPU reads the version in place over CUDA IPC
+(:mod:`rlix.exec.train.handoff`), skipping all four. :func:`route_to` chooses,
+and :func:`load_into` says which path it took.
+
 :func:`snapshot_of` is the whole state dict in the trainer's own dtype (the
 master weights), for checkpoints and in-process checks; it never crosses to a
 worker.

@@ -253,6 +253,8 @@ def test_a_job_runs_to_its_end_through_the_real_scheduler_and_parts():
     assert runner.trainer.weights()[1] == 3  # the newest published version
     # on-policy: each step's trajectories came from the weights of the step before
     assert [min(t.weight_version for t in result.trajectories if t.step == k) for k in range(3)] == [0, 1, 2]
+    # and the step machine's record of each step says so, as the simulator's does
+    assert [(t.step, t.version) for t in runner.machine.history] == [(0, 0), (1, 1), (2, 2)]
     assert len(reports) == 1  # demand reports started once, when the model load ended
     # the model load's GPUs go back with the first batch's report (never lent for want of it);
     # each training's release carries the batch it opens, the last one none

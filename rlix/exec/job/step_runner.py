@@ -244,7 +244,8 @@ class StepRunner:
         self.p.rollout.hooks.changed()
         if len(batch.results) < len(batch.trajs):
             return []
-        return self.machine.rolled(stream, step, self.now())
+        oldest = min(self.rec.trajs[t.request.traj_id].weight_version for t in batch.trajs)  # over every segment
+        return self.machine.rolled(stream, step, self.now(), oldest_version=oldest)
 
     def score(self, e: Score) -> None:
         if self.p.crash_at_step == e.step:

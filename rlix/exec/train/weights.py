@@ -323,17 +323,19 @@ def device_tensors(
     by_bucket: dict[int, list[TensorSlot]] = {}
     for s in w.slots:
         by_bucket.setdefault(s.bucket, []).append(s)
-    for b, slots in sorted(by_bucket.items()):
-        if opened is not None:
-            flat = opened[b]
-        else:
-            flat = _flat(w.buckets[b], dt)
-            if on_cuda:
-                flat = staging.to_device(flat, device)
-        for s in slots:
-            yield s.name, flat[s.offset : s.offset + s.numel].view(s.shape)
-    if staging is not None:
-        staging.wait(device)
+    try:
+        for b, slots in sorted(by_bucket.items()):
+            if opened is not None:
+                flat = opened[b]
+            else:
+                flat = _flat(w.buckets[b], dt)
+                if on_cuda:
+                    flat = staging.to_device(flat, device)
+            for s in slots:
+                yield s.name, flat[s.offset : s.offset + s.numel].view(s.shape)
+    finally:  # consumed, abandoned or failed: no copy still reads the caller's buckets
+        if staging is not None and on_cuda:
+            staging.wait(device)
 
 
 def close(opened: list | None, device: str) -> None:

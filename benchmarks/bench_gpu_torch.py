@@ -249,7 +249,8 @@ def bench_switches(res: dict, args, ctx: dict) -> None:
     from rlix.exec.train.grpo import GrpoLearner
     from rlix.exec.train.residency import module_to, optimizer_to, release_cached_memory
 
-    learner = GrpoLearner(ctx["path"], ctx["device"], GrpoConfig(), Emulation(), options=TrainOptions(precision=args.precision))
+    opts = TrainOptions(precision=args.precision, gpu_handoff=True)  # the hand-off section stages and publishes
+    learner = GrpoLearner(ctx["path"], ctx["device"], GrpoConfig(), Emulation(), options=opts)
     train_step(ctx, learner, synthetic_samples(args.samples, args.tokens, int(learner.model.config.vocab_size)))  # Adam state
     parts = learner.residency.tracked()
 

@@ -180,9 +180,10 @@ class TrainConfig(StrictModel):
         default=1024, ge=1, description="tokens whose full-vocabulary log-softmax is computed at once (fp32 per chunk only)"
     )
     gpu_handoff: bool = Field(
-        default=True,
-        description="on a GPU, keep each trained version's weights on the trainer's GPU until its next stage, so rollout "
-        "workers that see that GPU load them over CUDA IPC (costs the published bytes of GPU memory between stages)",
+        default=False,
+        description="experimental, one trainer rank on a GPU: keep each trained version's weights on the trainer's GPU "
+        "until its next stage, so rollout workers that see that GPU load them over CUDA IPC (costs the published bytes "
+        "of GPU memory between stages)",
     )
 
     def value(self) -> TrainOptions:

@@ -304,10 +304,11 @@ class TrainOptions:
     precision: str = "auto"  # "auto" | "bf16" | "fp32"
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (less memory, ~1/3 more compute)
     logprob_chunk_tokens: int = 1024  # tokens whose full-vocabulary log-softmax is computed at once
-    # On a GPU: keep each trained version's published buckets on the trainer's GPU until its next stage,
-    # so rollout workers that see that GPU load them over CUDA IPC (rlix.exec.train.handoff); costs the
-    # published bytes of GPU memory between stages
-    gpu_handoff: bool = True
+    # On a GPU, one rank: keep each trained version's published buckets on the trainer's GPU until its next
+    # stage, so rollout workers that see that GPU load them over CUDA IPC (rlix.exec.train.handoff); costs
+    # the published bytes of GPU memory between stages. Off by default: a published version's handles can
+    # outlive its buckets (handoff.py, "Lifetime"), measured by benchmarks/bench_gpu_torch.py only
+    gpu_handoff: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

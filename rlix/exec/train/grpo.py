@@ -76,7 +76,8 @@ class GrpoLearner:
         self.bf16 = uses_bf16(options.precision, device)
         self.residency = Residency(device)
         # The trained weights kept on the GPU for workers beside it (rank 0 keeps them; None: not on a GPU)
-        on_gpu = options.gpu_handoff and device.startswith("cuda")
+        # one rank only: under FSDP2 every rank must gather as many tensors at publish as rank 0
+        on_gpu = options.gpu_handoff and device.startswith("cuda") and ranks.world == 1
         self.handoff = DeviceBuckets() if on_gpu and ranks.rank == 0 else None
         self._stages_handoff = on_gpu
 

@@ -13,11 +13,13 @@ reads the host buckets. :func:`choose` is that choice, a pure function, and its
 sync (:class:`~rlix.exec.records.SyncPath`).
 
 Lifetime: a worker copies what it opened before its wake or sync returns and
-then closes it. The trainer drops its GPU buckets only when it publishes the
-next version or reloads for a stage. A worker can read them only while it sees
-the trainer's GPU, and the scheduler shrinks every worker on a stage's GPUs
-before the stage starts (a shrink waits for a wake in flight), so no worker
-reads buckets that are being freed.
+then closes it. The trainer drops its GPU buckets when it reloads for a stage
+or stages the next version. Known gap, why it is off by default
+(``TrainOptions.gpu_handoff``): the job keeps publishing version v, handles
+included, until v + 1 is published, which is after the stage that dropped v's
+buckets has released its GPUs; a worker woken in between may open handles to
+freed (or reused) memory. The fix is to publish the handles apart from the
+host buckets and withdraw them at the trainer's reload.
 
 Cost: the trainer holds one version's bytes (its weights in the rollout dtype)
 on its first GPU between stages, beside the rollout worker that may run there.

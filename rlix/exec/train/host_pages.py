@@ -68,12 +68,14 @@ class HostPages:
         is_shared: Callable[[int, int], bool] = shared_mapping,
     ) -> None:
         self._clear: Callable[[], object] | None = None
+        self._quiesce: Callable[[], object] | None = None  # waits for copies still reading registered pages
         if register is None or unregister is None:
             import torch
 
             cudart = torch.cuda.cudart()
             register, unregister = cudart.cudaHostRegister, cudart.cudaHostUnregister
             self._clear = _flush_cuda_error
+            self._quiesce = torch.cuda.synchronize
         self.budget = budget
         self._register, self._unregister, self._is_shared = register, unregister, is_shared
         self._ranges: OrderedDict[int, int] = OrderedDict()  # start -> end, least recently used first
@@ -121,8 +123,12 @@ class HostPages:
             self._clear()
 
     def _drop(self, start: int) -> None:
+        """Unregister a range, once no copy still reads it (an earlier bucket of the same sync may)."""
+        if self._quiesce is not None:
+            self._quiesce()
         del self._ranges[start]
-        self._unregister(start)
+        if self._unregister(start) != 0:
+            self._clear_error()
 
     def clear(self) -> None:
         for start in list(self._ranges):

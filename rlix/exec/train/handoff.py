@@ -80,13 +80,12 @@ def choose(handoff: DeviceHandoff | None, device: str, host: str, visible: Mappi
 
 
 @functools.cache
-def _counter_args() -> tuple[int, int]:
-    """Where the reference counter's file and offset sit in torch's CUDA IPC rebuild arguments (the
-    arguments' names are torch's own, read once rather than assumed)."""
+def _arg(name: str) -> int:
+    """Where ``name`` sits in torch's CUDA IPC rebuild arguments (torch's own names, read once rather
+    than assumed)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    names = list(inspect.signature(rebuild_cuda_tensor).parameters)
-    return names.index("ref_counter_handle"), names.index("ref_counter_offset")
+    return list(inspect.signature(rebuild_cuda_tensor).parameters).index(name)
 
 
 class DeviceBuckets:
@@ -116,7 +115,7 @@ class DeviceBuckets:
         from torch.multiprocessing.reductions import reduce_tensor
 
         torch.cuda.synchronize(self.device)  # the buckets are written before any other process reads them
-        counter, offset = _counter_args()
+        counter, offset = _arg("ref_counter_handle"), _arg("ref_counter_offset")
         handles = []
         for flat in self.flats:
             _, args = reduce_tensor(flat)
@@ -150,19 +149,10 @@ def open_buckets(handoff: DeviceHandoff, visible: Mapping[str, int]) -> list:
     sees the trainer's GPU at. Close them (drop every reference) once copied."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    (at, counter), index = _open_args(), visible[handoff.device_uuid]
+    at, counter, index = _arg("storage_device"), _arg("ref_counter_handle"), visible[handoff.device_uuid]
     opened = []
     for args in handoff.buckets:
         args = list(args)
         args[at], args[counter] = index, UNCOUNTED
         opened.append(rebuild_cuda_tensor(*args))
     return opened
-
-
-@functools.cache
-def _open_args() -> tuple[int, int]:
-    """Where the device index and the reference-counter file sit in torch's CUDA IPC rebuild arguments."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    names = list(inspect.signature(rebuild_cuda_tensor).parameters)
-    return names.index("storage_device"), names.index("ref_counter_handle")

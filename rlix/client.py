@@ -33,6 +33,11 @@ outside rlix (its own loop, its own rollout engine). The protocol:
 5. ``await client.unregister("finished")`` at the end (or failed, cancelled):
    every GPU it holds goes back.
 
+A pipeline that starts its own actors on the GPUs an expand or a grant gave
+it places them with ``client.actor_options(gpus)`` (:mod:`rlix.bundles`); its
+rollout workers can be an :class:`rlix.elastic_pool.ElasticPool`; a loop that
+is not asyncio makes the same calls through :class:`BlockingClient`.
+
 A scheduler that restarts (its actor killed, its node lost) forgets its
 pipelines. The client notices (a call fails, or its keep-alive does) and
 rejoins: it registers again with what it holds (the gang stages it was
@@ -50,16 +55,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import CancelledError
 
 from rlix import protocol
-from rlix.core import Rejoin, ReportDemand, Role, SchedulingError, Stage, WorkerLost
+from rlix.bundles import bundle_options
+from rlix.core import ClusterSpec, Rejoin, ReportDemand, Role, SchedulingError, Stage, WorkerLost
 from rlix.core.types import Gpus, PipelineSpec
 from rlix.endpoint import CallbackEndpoint
 from rlix.protocol import PipelineGone, PipelineUnknown
 from rlix.transport import RayTransport, find, join
 
-__all__ = ["CallbackEndpoint", "Client", "SchedulerGone", "connect"]
+__all__ = ["BlockingClient", "CallbackEndpoint", "Client", "SchedulerGone", "connect"]
 
 RESTART_WAIT_S = 120.0  # how long a client waits for a restarting scheduler before giving up
 KEEPALIVE_S = 1.0  # seconds between keep-alive calls: how soon a restart is noticed
@@ -121,6 +129,7 @@ class Client:
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not released
         self.rejoins = 0  # times this pipeline rejoined a restarted scheduler
         self.admitted = False  # it was granted GPUs once (its home stays taken under a partitioning policy)
+        self.info: protocol.ServiceInfo | None = None  # what the scheduler manages, once registered
         self._spec: PipelineSpec | None = None
         self._endpoint = None
         self._callbacks: CallbackEndpoint | None = None  # a ready-made endpoint the client started
@@ -139,10 +148,20 @@ class Client:
             self._callbacks, endpoint = endpoint, await endpoint.start()
         self._spec, self._endpoint = spec, endpoint
         self._rejoining = asyncio.Lock()
-        self._life = (await self.sched.call(protocol.Info(), self.timeout_s)).life
+        self.info = await self.sched.call(protocol.Info(), self.timeout_s)
+        self._life = self.info.life
         hello = protocol.Register(spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker())
         await self._call(hello, again=None)
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+
+    def actor_options(self, gpus: Gpus, env: dict[str, str] | None = None) -> dict:
+        """Ray's ``.options(...)`` for one of the pipeline's own actors on ``gpus`` (an expand's or a grant's):
+        placed in the bundle rlix reserved for their first GPU, asking Ray for none, seeing exactly their
+        devices (:mod:`rlix.bundles`); ``env``: more environment variables. After :meth:`register`."""
+        if self.info is None:
+            raise RuntimeError(f"pipeline '{self.pipeline_id}': actor_options needs the scheduler's answer; register first")
+        cluster = ClusterSpec(nodes=self.info.nodes, gpus_per_node=self.info.gpus_per_node)
+        return bundle_options(cluster, gpus, self.info.gpus, name=self.pipeline_id, env=env)
 
     async def rollout_bundles(self) -> tuple[Gpus, ...]:
         """The bundles the policy may ever give this pipeline's rollout workers (to start them early)."""
@@ -253,7 +272,8 @@ class Client:
                 await self.sched.call(back, self.timeout_s)
             except (SchedulingError, PipelineGone) as exc:  # its holdings clash with the new ledger: it must stop
                 raise PipelineGone(f"the restarted rlix scheduler refused pipeline '{self.pipeline_id}': {exc}") from None
-            self._life = (await self.sched.call(protocol.Info(), self.timeout_s)).life
+            self.info = await self.sched.call(protocol.Info(), self.timeout_s)
+            self._life = self.info.life
             self.rejoins += 1
             if self._note is not None:  # the restarted scheduler lost what the pipeline said of its progress
                 await self.sched.call(protocol.Note(note=self._note), self.timeout_s)
@@ -270,3 +290,100 @@ class Client:
                 return
             except Exception:  # noqa: BLE001 -- a slow or refused call: the next keep-alive tries again
                 continue
+
+
+class BlockingClient:
+    """A :class:`Client` for a pipeline whose loop is not asyncio (a plain training loop, a trainer's
+    callbacks): each call blocks until its reply. The client's event loop runs on a thread of its own
+    (:attr:`loop`), and with it the keep-alive and a :class:`CallbackEndpoint`'s coroutines, so the
+    scheduler's ``expand`` and ``shrink`` are answered while the pipeline computes. :meth:`run` runs any
+    other coroutine there (an :class:`rlix.elastic_pool.ElasticPool`'s ``play``, say).
+
+        with BlockingClient(connect(), "my-job") as client:
+            client.register(spec, endpoint)
+            client.request(Stage.ACTOR_TRAIN) ... client.release(Stage.ACTOR_TRAIN, demand)
+            client.unregister("finished")
+    """
+
+    def __init__(self, scheduler: RayTransport, pipeline_id: str, **options) -> None:
+        self.client = Client(scheduler, pipeline_id, **options)
+        self.loop = asyncio.new_event_loop()
+        self._waits: set = set()  # the calls the pipeline's thread waits on
+        self._interrupt_next = False  # an interrupt for the next call (none waited when it came)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"rlix-client-{pipeline_id}", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine, timeout_s: float | None = None):
+        """``coro``'s result, run on the client's loop; interrupted (:meth:`interrupt`, Ctrl-C, a timeout), it
+        is cancelled there."""
+        with self._lock:
+            if self._interrupt_next:  # an interrupt came while nothing waited: this call takes it
+                self._interrupt_next = False
+                coro.close()
+                raise CancelledError(f"pipeline '{self.client.pipeline_id}' interrupted")
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._waits.add(fut)
+        try:
+            return fut.result(timeout_s)
+        except BaseException:
+            fut.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._waits.discard(fut)
+
+    def interrupt(self) -> None:
+        """Cancel what the pipeline's thread waits on (a gang request, a batch), or else its next call: that
+        call raises :class:`concurrent.futures.CancelledError`. For the endpoint's ``stop`` (a cancel) and the
+        client's ``on_gone``; callable from any thread, the client's loop included."""
+        with self._lock:
+            cancelled = [fut.cancel() for fut in self._waits]
+            self._interrupt_next = not any(cancelled)
+
+    def register(self, spec: PipelineSpec, endpoint) -> None:
+        self.run(self.client.register(spec, endpoint))
+
+    def request(self, stage: Stage, role: Role | None = None, *, after: Stage | None = None):
+        return self.run(self.client.request(stage, role, after=after))
+
+    def release(self, stage: Stage, report: ReportDemand | None = None) -> None:
+        self.run(self.client.release(stage, report))
+
+    def report(self, report: ReportDemand) -> None:
+        self.run(self.client.report(report))
+
+    def lost(self, first_gpu: int, failed: bool = True) -> None:
+        self.run(self.client.lost(first_gpu, failed))
+
+    def note(self, note: protocol.JobNote) -> None:
+        self.run(self.client.note(note))
+
+    def unregister(self, status: str = "finished", error: str = "") -> None:
+        self.run(self.client.unregister(status, error))
+
+    def actor_options(self, gpus: Gpus, env: dict[str, str] | None = None) -> dict:
+        return self.client.actor_options(gpus, env)
+
+    def close(self) -> None:
+        """Stop the client's loop and its thread (after :meth:`unregister`)."""
+        if self.loop.is_closed():
+            return
+        self.run(_cancel_all())  # the keep-alive, a pool's workers' tasks: nothing is left pending
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def _cancel_all() -> None:
+    """Cancel every other task of the running loop, and wait for them to end."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

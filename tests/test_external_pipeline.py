@@ -1,16 +1,16 @@
-"""The example pipeline written outside rlix's recipe (examples/external_pipeline.py):
-its learning rule and rollout engine in-process, and the whole pipeline beside an
-``rlix-run`` job under the cluster's shared scheduler."""
+"""The example pipeline written outside rlix's recipe (examples/external_pipeline.py): its learning
+rule in-process, and the whole pipeline beside an ``rlix-run`` job under the cluster's shared
+scheduler. The client library it stands on (the elastic pool, the blocking client, placement) is
+tested in tests/test_elastic_pool.py."""
 
 from __future__ import annotations
 
-import asyncio
+import ast
 import importlib.util
 import re
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -51,95 +51,10 @@ def test_a_trajectory_depends_on_seed_step_and_index_only():
     means, probs = ep.arm_means(0), ep.Policy().probs()
     assert ep.play(probs, means, 0, 2, 5) == ep.play(probs, means, 0, 2, 5)
     outcomes = {ep.play(probs, means, 0, step, i) for step in range(4) for i in range(32)}
-    assert {arm for arm, _ in outcomes} == set(range(ep.ARMS))  # a uniform policy reaches every arm
-    greedy = [0.0] * ep.ARMS
+    assert {arm for arm, _ in outcomes} == set(range(len(means)))  # a uniform policy reaches every arm
+    greedy = [0.0] * len(means)
     greedy[3] = 1.0
     assert {ep.play(greedy, means, 1, 0, i)[0] for i in range(16)} == {3}
-
-
-# ------------------------------------------------------------------ the rollout engine
-
-
-def expected(ep, probs, step: int, size: int) -> list[tuple[int, int, float]]:
-    means = ep.arm_means(0)
-    return [(i, *ep.play(probs, means, 0, step, i)) for i in range(size)]
-
-
-def test_rollouts_deal_a_batch_across_expands_and_shrinks():
-    ep = example()
-    means, probs = ep.arm_means(0), ep.Policy().probs()
-    reports = []
-
-    async def report(demand):
-        reports.append(demand)
-
-    async def run():
-        engine = ep.Rollouts("bandit", lambda gpus: ep.Player(gpus, means, 0, 0.01), report_s=0.005)
-        engine.expand((0,))
-        batch = asyncio.get_running_loop().create_task(engine.play(probs, 3, 24, report=report))
-        await asyncio.sleep(0.035)
-        engine.expand((1,))
-        engine.expand((2,))
-        await asyncio.sleep(0.035)
-        await engine.shrink((0,))  # its trajectory in flight is played again elsewhere
-        assert (0,) not in engine.running
-        return engine, await batch
-
-    engine, trajs = asyncio.run(run())
-    assert [(t.idx, t.arm, t.reward) for t in trajs] == expected(ep, probs, 3, 24)  # every one once, same outcome
-    assert set(Counter(t.gpu for t in trajs)) == {0, 1, 2}
-    assert set(engine.workers) == {(1,), (2,)}
-    first = reports[0]
-    assert first.pipeline_id == "bandit" and first.batch_size == 24
-    assert first.pending + sum(w.active for w in first.loads) == 24  # reported before anything finished
-    assert any({w.first_gpu for w in r.loads} == {1, 2} for r in reports)  # the new workers' loads were reported
-    assert all(a != b for a, b in zip(reports, reports[1:]))  # sent when the demand changed only
-    assert engine.demand(24) == ep.ReportDemand(pipeline_id="bandit", pending=0, batch_size=24, finished=24)
-
-
-def test_a_dead_worker_is_reported_lost_and_its_trajectory_played_again():
-    import ray.exceptions
-
-    ep = example()
-    means, probs = ep.arm_means(0), ep.Policy().probs()
-
-    class Dies(ep.Player):
-        async def rollout(self, probs, step, idx):
-            await asyncio.sleep(self.traj_s)
-            raise ray.exceptions.RayActorError()  # its process is gone
-
-    lost = []
-
-    async def on_lost(gpus):
-        lost.append(gpus)
-
-    async def run():
-        start = lambda gpus: (Dies if gpus == (0,) else ep.Player)(gpus, means, 0, 0.01)
-        engine = ep.Rollouts("bandit", start, lost=on_lost)
-        engine.expand((0,))
-        engine.expand((1,))
-        return engine, await engine.play(probs, 0, 8)
-
-    engine, trajs = asyncio.run(run())
-    assert lost == [(0,)]
-    assert [(t.idx, t.arm, t.reward) for t in trajs] == expected(ep, probs, 0, 8)
-    assert {t.gpu for t in trajs} == {1} and set(engine.workers) == {(1,)}
-
-
-def test_a_worker_error_fails_the_batch():
-    ep = example()
-
-    class Broken(ep.Player):
-        async def rollout(self, probs, step, idx):
-            raise ValueError("bad arm")
-
-    async def run():
-        engine = ep.Rollouts("bandit", lambda gpus: Broken(gpus, ep.arm_means(0), 0, 0.0))
-        engine.expand((0,))
-        await engine.play(ep.Policy().probs(), 0, 4)
-
-    with pytest.raises(ValueError, match="bad arm"):
-        asyncio.run(run())
 
 
 # ------------------------------------------------------------------ its topology and command line
@@ -216,8 +131,29 @@ def test_external_pipeline_beside_rlix_run(tmp_path):
         # Its rewards are those of the same learning in-process, however the scheduler moved its workers.
         r = example().train_in_process(8, 32, seed=0)
         assert re.search(rf"bandit: finished steps=8/8, reward {r[0]:.3f} -> {r[-1]:.3f}", logs["ext.out"]), logs["ext.out"]
+        # Each worker played on the device of the GPU it was expanded onto: every trajectory once, on the cluster's.
+        per_device = ast.literal_eval(re.search(r"bandit: trajectories per rollout device (\{.*\})", logs["ext.out"]).group(1))
+        assert set(per_device) <= {0, 1, 2, 3} and sum(per_device.values()) == 8 * 32, per_device
+
+        # Alone now, found as Ray's 'auto' finds the cluster this host runs.
+        cmd = [sys.executable, str(EXAMPLE), "--address", "auto", "--name", "bandit2", "--steps", "2", "--gpus", "0"]
+        alone = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, cwd=tmp_path, timeout=300)
+        r = example().train_in_process(2, 32, seed=0)
+        assert alone.returncode == 0, alone.stderr[-3000:]
+        assert f"bandit2: finished steps=2/2, reward {r[0]:.3f} -> {r[-1]:.3f}" in alone.stdout, alone.stdout
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
         cluster.stop()
+
+
+def test_the_example_is_short_and_speaks_through_the_client_library_only():
+    import ast
+
+    tree = ast.parse(EXAMPLE.read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert len(EXAMPLE.read_text().splitlines()) <= 200
+    assert not {m for m in imported if m == "rlix.exec" or m.startswith("rlix.exec.")}, imported
+    assert {"rlix.client", "rlix.elastic_pool"} <= imported

@@ -1,0 +1,177 @@
+"""An elastic rollout pool for a pipeline written outside rlix: its batch dealt out to whatever rollout
+workers the scheduler gives it, as the scheduler expands and shrinks them.
+
+The pipeline brings its own engine: ``start(gpus)`` starts a worker on the
+GPUs of an expand (a Ray actor placed with :meth:`rlix.client.Client.actor_options`,
+say), ``run(worker, item)`` plays one item of a batch on it (a coroutine),
+and ``stop(worker)`` ends one. The pool does the rest:
+
+- :meth:`expand` and :meth:`shrink` are the scheduler's calls, ready to be a
+  :class:`rlix.endpoint.CallbackEndpoint`'s (:meth:`endpoint`);
+- :meth:`play` deals a batch's items out, one at a time per worker, and
+  returns their results in the batch's order, whichever worker played each;
+  it sends ``report(demand)`` whenever the demand changed;
+- an item whose worker is shrunk goes back to the front of the queue; one
+  whose worker died (``died``: Ray's ``RayActorError`` by default) too, and
+  ``lost(first_gpu)`` tells the scheduler; any other error fails the batch;
+- :meth:`demand` is the :class:`rlix.core.ReportDemand` the scheduler sizes
+  the pipeline's workers from.
+
+So a trajectory's outcome must depend on its item alone, never on the
+worker that played it: then sharing never changes what a pipeline learns.
+Every method runs in the pipeline's event loop. Nothing here imports the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from rlix.core import ReportDemand, WorkerLoad
+from rlix.core.types import Gpus
+from rlix.endpoint import CallbackEndpoint
+
+REPORT_S = 0.25  # seconds between demand checks while a batch is played
+
+
+class ElasticPool:
+    """A batch's items dealt out to the pipeline's rollout workers, one at a time each."""
+
+    def __init__(
+        self,
+        pipeline_id: str,
+        *,
+        start: Callable[[Gpus], Any],
+        run: Callable[[Any, Any], Awaitable[Any]],
+        stop: Callable[[Any], Any] = lambda worker: None,
+        lost: Callable[[int], Awaitable[None]] | None = None,
+        died: tuple[type[BaseException], ...] | None = None,
+        report_s: float = REPORT_S,
+    ) -> None:
+        if died is None:
+            from ray.exceptions import RayActorError
+
+            died = (RayActorError,)
+        self.pid, self.start, self.run, self.stop, self.lost = pipeline_id, start, run, stop, lost
+        self.died, self.report_s = died, report_s
+        self._workers: dict[Gpus, Any] = {}
+        self._serving: dict[Gpus, asyncio.Task] = {}
+        self._running: dict[Gpus, int] = {}  # worker -> the index of the item it plays
+        self._queue: list[int] = []  # indices of the batch's items not yet dealt out
+        self._items: Sequence = ()
+        self._results: dict[int, Any] = {}
+        self.finished = 0  # items finished, all batches (reported: it ends the turn a starving pipeline got)
+        self._failure: BaseException | None = None
+        self._changed = asyncio.Event()
+
+    @property
+    def workers(self) -> tuple[Gpus, ...]:
+        """The bundles of the workers held now (what a rejoining :class:`rlix.client.Client` reports)."""
+        return tuple(sorted(self._workers))
+
+    def endpoint(self, stop: Callable[..., Awaitable[None]] | None = None) -> CallbackEndpoint:
+        """The scheduler's calls answered by this pool; ``stop(why)``: the pipeline's own answer to a cancel."""
+        return CallbackEndpoint(expand=self.expand, shrink=self.shrink, **({"stop": stop} if stop else {}))
+
+    # ------------------------------------------------------------ the scheduler's calls
+
+    async def expand(self, gpus: Gpus) -> None:
+        """Start a worker on ``gpus``; it takes items as soon as a batch has some."""
+        gpus = tuple(gpus)
+        self._workers[gpus] = self.start(gpus)
+        self._serving[gpus] = asyncio.get_running_loop().create_task(self._serve(gpus))
+
+    async def shrink(self, gpus: Gpus, reason: str = "") -> None:
+        """Stop the worker on ``gpus`` (its item in flight goes back to the queue); returns once it is gone."""
+        task = self._serving.pop(tuple(gpus), None)
+        if task is None:
+            return  # it died meanwhile: nothing runs there
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await _maybe(self.stop(self._workers.pop(tuple(gpus))))
+
+    async def close(self) -> None:
+        """Stop every worker (the pipeline is leaving)."""
+        for gpus in self.workers:
+            await self.shrink(gpus)
+
+    # ------------------------------------------------------------ batches
+
+    async def play(self, items: Sequence, report: Callable[[ReportDemand], Awaitable[None]] | None = None) -> list:
+        """Each item's result, in the batch's order; ``report(demand)`` is sent whenever the demand changed."""
+        self._items, self._queue, self._results = items, list(range(len(items))), {}
+        self._changed.set()
+        played = asyncio.Event()
+        reporter = asyncio.get_running_loop().create_task(self._report(report, len(items), played)) if report else None
+        try:
+            await self._until(lambda: len(self._results) == len(items) or self._failure is not None)
+        finally:
+            played.set()  # ends the reporter even where its cancel is lost (asyncio.wait_for before 3.12 can drop one)
+            if reporter is not None:
+                reporter.cancel()
+                await asyncio.gather(reporter, return_exceptions=True)
+            self._queue = []  # a batch that failed leaves nothing for the workers
+        if self._failure is not None:
+            raise self._failure
+        return [self._results[i] for i in range(len(items))]
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fail the batch being played, and every later one, with ``exc`` (a worker raised)."""
+        self._failure = exc
+        self._changed.set()
+
+    def demand(self, batch_size: int, announce: int = 0) -> ReportDemand:
+        """Items waiting (``announce``: those of a batch about to start), and the running ones per worker."""
+        loads = tuple(WorkerLoad(first_gpu=gpus[0], active=1) for gpus in sorted(self._running))
+        pending = len(self._queue) + announce
+        return ReportDemand(pipeline_id=self.pid, pending=pending, loads=loads, batch_size=batch_size, finished=self.finished)
+
+    # ------------------------------------------------------------ inside
+
+    async def _serve(self, gpus: Gpus) -> None:
+        while True:
+            await self._until(lambda: bool(self._queue))
+            idx = self._queue.pop(0)
+            self._running[gpus] = idx
+            try:
+                result = await self.run(self._workers[gpus], self._items[idx])
+            except asyncio.CancelledError:  # shrunk: played again by another worker (same outcome)
+                self._queue.insert(0, idx)
+                raise
+            except self.died:  # its process died: likewise, and the scheduler is told
+                self._queue.insert(0, idx)
+                return await self._gone(gpus)
+            except Exception as exc:  # noqa: BLE001 -- not a dead worker: the batch fails
+                return self._fail(exc)
+            finally:
+                self._running.pop(gpus)
+                self._changed.set()
+            self._results[idx] = result
+            self.finished += 1
+
+    async def _gone(self, gpus: Gpus) -> None:
+        self._serving.pop(gpus, None)
+        self._workers.pop(gpus, None)
+        if self.lost is not None:
+            await self.lost(gpus[0])
+
+    async def _report(self, report: Callable[[ReportDemand], Awaitable[None]], size: int, played: asyncio.Event) -> None:
+        last = None
+        while not played.is_set():
+            now = self.demand(size)
+            if now != last:
+                await report(now)
+                last = now
+            await asyncio.sleep(self.report_s)
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._changed.clear()
+            await self._changed.wait()
+
+
+async def _maybe(value) -> None:
+    """Await ``value`` if it is awaitable (a ``stop`` may be a plain function or a coroutine function)."""
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        await value

@@ -1,0 +1,232 @@
+"""The client library for pipelines written outside rlix: the elastic rollout pool, the blocking client,
+and where a pipeline's own actors are placed. Without Ray: the scheduler is the real scheduler-actor
+class in this process; fakes stand only at the process boundary (the endpoint's Ray handle)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import Counter
+from concurrent.futures import CancelledError
+
+import pytest
+from helpers import spec
+
+from rlix.bundles import PlacementError, bundle_options, pinning
+from rlix.client import BlockingClient
+from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig, Stage
+from rlix.elastic_pool import ElasticPool
+from rlix.endpoint import CallbackEndpoint
+from rlix.protocol import GpuMap
+
+
+class Dead(Exception):
+    """Stands for Ray's ``RayActorError``: the worker's process is gone."""
+
+
+class Engine:
+    """A worker's engine: an item's outcome depends on the item alone; it says which GPUs played it."""
+
+    def __init__(self, gpus, item_s: float = 0.01) -> None:
+        self.gpus, self.item_s = gpus, item_s
+
+    async def play(self, item: int) -> tuple[int, float, int]:
+        await asyncio.sleep(self.item_s)
+        return item, random.Random(item).random(), self.gpus[0]
+
+
+def outcome(item: int) -> tuple[int, float]:
+    return item, random.Random(item).random()
+
+
+def pool_of(start=Engine, **kw) -> ElasticPool:
+    return ElasticPool("p", start=start, run=lambda worker, item: worker.play(item), died=(Dead,), **kw)
+
+
+def test_a_batch_is_dealt_across_expands_and_shrinks_and_comes_back_in_order():
+    reports: list[ReportDemand] = []
+
+    async def report(demand):
+        reports.append(demand)
+
+    async def run():
+        pool = pool_of(report_s=0.005)
+        await pool.expand((0,))
+        batch = asyncio.get_running_loop().create_task(pool.play(list(range(24)), report=report))
+        await asyncio.sleep(0.035)
+        await pool.expand((1,))
+        await pool.expand([2])
+        await asyncio.sleep(0.035)
+        await pool.shrink((0,), "stage")  # its item in flight is played again elsewhere
+        return pool, await batch
+
+    pool, results = asyncio.run(run())
+    assert [(i, r) for i, r, _ in results] == [outcome(i) for i in range(24)]  # every item once, same outcome
+    assert set(Counter(gpu for _, _, gpu in results)) == {0, 1, 2}
+    assert pool.workers == ((1,), (2,))
+    first = reports[0]
+    assert first.pipeline_id == "p" and first.batch_size == 24
+    assert first.pending + sum(w.active for w in first.loads) == 24  # reported before anything finished
+    assert any({w.first_gpu for w in r.loads} == {1, 2} for r in reports)  # the new workers' loads were reported
+    assert all(a != b for a, b in zip(reports, reports[1:]))  # sent when the demand changed only
+    assert pool.demand(24) == ReportDemand(pipeline_id="p", pending=0, batch_size=24, finished=24)
+    assert pool.demand(8, announce=8).pending == 8
+
+
+def test_a_dead_worker_is_reported_lost_and_its_item_played_again():
+    class Dies(Engine):
+        async def play(self, item):
+            await asyncio.sleep(self.item_s)
+            raise Dead
+
+    lost, stopped = [], []
+
+    async def on_lost(first_gpu):
+        lost.append(first_gpu)
+
+    async def run():
+        pool = pool_of(lambda gpus: (Dies if gpus == (0,) else Engine)(gpus), lost=on_lost, stop=stopped.append)
+        await pool.expand((0,))
+        await pool.expand((1,))
+        results = await pool.play(list(range(8)))
+        await pool.close()
+        return pool, results
+
+    pool, results = asyncio.run(run())
+    assert lost == [0]
+    assert [(i, r) for i, r, _ in results] == [outcome(i) for i in range(8)]
+    assert {gpu for _, _, gpu in results} == {1}
+    assert pool.workers == () and [w.gpus for w in stopped] == [(1,)]  # the dead one was not stopped again
+
+
+def test_a_worker_error_fails_the_batch_and_the_pool():
+    class Broken(Engine):
+        async def play(self, item):
+            raise ValueError("bad item")
+
+    async def run():
+        pool = pool_of(Broken)
+        await pool.expand((0,))
+        with pytest.raises(ValueError, match="bad item"):
+            await pool.play([1, 2, 3])
+        assert pool.demand(3).pending == 0  # nothing left for the workers
+        with pytest.raises(ValueError, match="bad item"):
+            await pool.play([4])
+
+    asyncio.run(run())
+
+
+def test_the_pools_endpoint_answers_the_schedulers_calls_with_it():
+    pool = pool_of()
+
+    async def mine(why):
+        return None
+
+    end = pool.endpoint(stop=mine)
+    assert isinstance(end, CallbackEndpoint)
+    assert end.callbacks == {"expand": pool.expand, "shrink": pool.shrink, "stop": mine}
+    assert pool.endpoint().callbacks["stop"] is not mine
+
+
+# ------------------------------------------------------------------ the blocking client
+
+
+def test_interrupt_cancels_the_wait_in_progress_or_else_the_next_call_only():
+    with BlockingClient(None, "p") as client:
+        assert client.run(asyncio.sleep(0, result=7)) == 7
+        threading.Timer(0.2, client.interrupt).start()
+        t = time.monotonic()
+        with pytest.raises(CancelledError):
+            client.run(asyncio.sleep(30))
+        assert time.monotonic() - t < 10
+        assert client.run(asyncio.sleep(0, result=8)) == 8  # the interrupt was spent on the wait
+        client.interrupt()  # nothing waits: the next call takes it
+        with pytest.raises(CancelledError, match="'p' interrupted"):
+            client.run(asyncio.sleep(0, result=9))
+        assert client.run(asyncio.sleep(0, result=10)) == 10
+    assert client.loop.is_closed()
+
+
+class _Remote:
+    """A method across a process boundary: ``.remote(...)`` starts the call and gives an awaitable."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return asyncio.ensure_future(self.fn(*args))
+
+
+class _Endpoint:
+    """The pool's endpoint as the scheduler sees it (a Ray actor handle, here in-process)."""
+
+    def __init__(self, pool: ElasticPool) -> None:
+        self.expand, self.shrink = _Remote(pool.expand), _Remote(pool.shrink)
+        self.stop = _Remote(lambda why=None: asyncio.sleep(0))
+
+
+class _Transport:
+    """The transport to a scheduler actor in this process (the process boundary)."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    async def call(self, request, timeout_s=None):
+        from rlix.protocol import PROTOCOL_VERSION
+
+        reply = self.actor.handle(request, PROTOCOL_VERSION)
+        return await (reply if timeout_s is None else asyncio.wait_for(reply, timeout_s))
+
+
+def test_a_blocking_pipeline_borrows_the_idle_gpus_for_its_rollouts_and_gives_them_back():
+    from rlix.exec.service.scheduler_actor import SchedulerActor
+
+    actor = SchedulerActor.__ray_metadata__.modified_class(
+        ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(), time.time(), 0.05
+    )
+    client = BlockingClient(_Transport(actor), "p", keepalive_s=0.2)
+    client.run(actor.start())
+    pool = ElasticPool(
+        "p", start=Engine, run=lambda worker, item: worker.play(item), died=(Dead,), lost=client.client.lost, report_s=0.02
+    )
+    try:
+        client.register(spec("p", (0,), (0, 1), slots=1), _Endpoint(pool))
+        assert client.actor_options((1,))["runtime_env"]["env_vars"]["CUDA_VISIBLE_DEVICES"] == "1"
+        client.request(Stage.INIT)
+        client.release(Stage.INIT, pool.demand(16, announce=16))
+        results = client.run(pool.play(list(range(16)), report=client.client.report), timeout_s=15)
+        assert [(i, r) for i, r, _ in results] == [outcome(i) for i in range(16)]
+        assert {gpu for _, _, gpu in results} == {0, 1}  # a worker on each GPU: the idle one was lent
+        client.report(pool.demand(16))
+        assert client.request(Stage.ACTOR_TRAIN).gpus == (0,)
+        client.release(Stage.ACTOR_TRAIN, pool.demand(0))
+        client.unregister("finished")
+        assert pool.workers == ()  # the scheduler shrank them before it forgot the pipeline
+    finally:
+        client.run(actor.stop())
+        client.close()
+
+
+# ------------------------------------------------------------------ placing a pipeline's own actors
+
+
+def test_an_actor_is_placed_in_the_bundle_of_its_first_gpu_and_sees_its_devices():
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    two = ClusterSpec(nodes=2, gpus_per_node=4)
+    assert pinning(two, (6, 7)).node == 1 and pinning(two, (6, 7)).local_gpus == (2, 3)
+    with pytest.raises(ValueError, match="span nodes"):
+        pinning(two, (3, 4))
+    reserved = GpuMap(groups=("group0", "group1"), devices=(("0", "1", "2", "3"), ("4", "5", "GPU-a", "GPU-b")))
+    opts = bundle_options(two, (6, 7), reserved, name="p", env={"X": "1"})
+    assert opts["num_cpus"] == 0 and opts["num_gpus"] == 0
+    assert opts["runtime_env"]["env_vars"] == {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "X": "1"}
+    strategy = opts["scheduling_strategy"]
+    assert isinstance(strategy, PlacementGroupSchedulingStrategy)
+    assert strategy.placement_group == "group1" and strategy.placement_group_bundle_index == 2
+    one = bundle_options(ClusterSpec(nodes=1, gpus_per_node=4), (2,), GpuMap(), name="p")
+    assert "scheduling_strategy" not in one and one["runtime_env"]["env_vars"] == {"CUDA_VISIBLE_DEVICES": "2"}
+    with pytest.raises(PlacementError, match="p: no GPU reservation for a 2-node cluster"):
+        bundle_options(two, (6,), GpuMap(), name="p")

@@ -81,9 +81,9 @@ class Player:
 
     def __init__(self, means: tuple[float, ...], seed: int, traj_s: float) -> None:
         self.means, self.seed, self.traj_s = means, seed, traj_s
-        self.device = int(os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
+        self.device = os.environ["CUDA_VISIBLE_DEVICES"]  # as rlix placed it: the device ids of its GPUs
 
-    async def rollout(self, probs: list[float], step: int, idx: int) -> tuple[int, float, int]:
+    async def rollout(self, probs: list[float], step: int, idx: int) -> tuple[int, float, str]:
         await asyncio.sleep(self.traj_s)  # stands in for generating on the device
         return (*play(probs, self.means, self.seed, step, idx), self.device)
 
@@ -115,10 +115,6 @@ def run_pipeline(sched, spec: PipelineSpec, args: argparse.Namespace) -> tuple[s
     rewards, per_device, status = [], Counter(), "finished"
     try:
         client.register(spec, pool.endpoint(stop=on_cancel))
-    except NameTaken as exc:  # nothing registered: nothing to give back
-        client.close()
-        return "refused", str(exc), rewards, per_device
-    try:
         client.note(JobNote(pipeline_id=name, loaded=False, steps_done=0, steps_total=n))
         client.request(Stage.INIT)  # the model load's GPUs
         policy = Policy()
@@ -135,6 +131,9 @@ def run_pipeline(sched, spec: PipelineSpec, args: argparse.Namespace) -> tuple[s
             more = b if step + 1 < n else 0
             client.release(Stage.ACTOR_TRAIN, pool.demand(more, announce=more))
         client.note(JobNote(pipeline_id=name, loaded=True, steps_done=n, steps_total=n))
+    except NameTaken as exc:  # nothing registered: nothing to give back
+        client.close()
+        return "refused", str(exc), rewards, per_device
     except (CancelledError, KeyboardInterrupt):
         status = "failed" if why.get("error") else "cancelled"
     except Exception as exc:  # noqa: BLE001 -- the run fails, and says why
@@ -143,7 +142,7 @@ def run_pipeline(sched, spec: PipelineSpec, args: argparse.Namespace) -> tuple[s
         client.unregister(status, why.get("error", ""))
     except Exception:  # noqa: BLE001 -- already forgotten (cancelled), or the scheduler is gone
         pass
-    client.run(pool.close())
+    client.run(pool.close(), interruptible=False)
     client.close()
     return status, why.get("error", ""), rewards, per_device
 

@@ -208,9 +208,11 @@ class Client:
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.held.clear()
-        await self.sched.call(protocol.Unregister(pipeline_id=self.pipeline_id, status=status, error=error), self.timeout_s)
-        if self._callbacks is not None:  # its workers are shrunk: nothing calls the endpoint any more
-            await self._callbacks.close()
+        try:
+            await self.sched.call(protocol.Unregister(pipeline_id=self.pipeline_id, status=status, error=error), self.timeout_s)
+        finally:
+            if self._callbacks is not None:  # its workers are shrunk (or the scheduler is gone): nothing calls it any more
+                await self._callbacks.close()
 
     # ------------------------------------------------------------ restarts
 
@@ -310,20 +312,26 @@ class BlockingClient:
         self.loop = asyncio.new_event_loop()
         self._waits: set = set()  # the calls the pipeline's thread waits on
         self._interrupt_next = False  # an interrupt for the next call (none waited when it came)
+        self._leaving = False  # unregister has begun: nothing is interrupted any more
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"rlix-client-{pipeline_id}", daemon=True)
         self._thread.start()
 
-    def run(self, coro: Coroutine, timeout_s: float | None = None):
+    def run(self, coro: Coroutine, timeout_s: float | None = None, *, interruptible: bool = True):
         """``coro``'s result, run on the client's loop; interrupted (:meth:`interrupt`, Ctrl-C, a timeout), it
-        is cancelled there."""
+        is cancelled there. ``interruptible=False``: :meth:`interrupt` neither cancels it nor is spent on it
+        (the calls that clean up)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("BlockingClient.run called on its own loop (an endpoint callback?): await the call there")
         with self._lock:
-            if self._interrupt_next:  # an interrupt came while nothing waited: this call takes it
+            if interruptible and self._interrupt_next:  # an interrupt came while nothing waited: this call takes it
                 self._interrupt_next = False
                 coro.close()
                 raise CancelledError(f"pipeline '{self.client.pipeline_id}' interrupted")
             fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-            self._waits.add(fut)
+            if interruptible:
+                self._waits.add(fut)
         try:
             return fut.result(timeout_s)
         except BaseException:
@@ -334,10 +342,14 @@ class BlockingClient:
                 self._waits.discard(fut)
 
     def interrupt(self) -> None:
-        """Cancel what the pipeline's thread waits on (a gang request, a batch), or else its next call: that
-        call raises :class:`concurrent.futures.CancelledError`. For the endpoint's ``stop`` (a cancel) and the
-        client's ``on_gone``; callable from any thread, the client's loop included."""
+        """Make the pipeline's thread stop waiting: the call it waits on (a gang request, a batch) is
+        cancelled, or, if it waits on none, its next call is; that call raises
+        :class:`concurrent.futures.CancelledError`. Once :meth:`unregister` has begun, nothing is
+        interrupted. For the endpoint's ``stop`` (a cancel) and the client's ``on_gone``; callable from
+        any thread, the client's loop included."""
         with self._lock:
+            if self._leaving:
+                return
             cancelled = [fut.cancel() for fut in self._waits]
             self._interrupt_next = not any(cancelled)
 
@@ -360,7 +372,10 @@ class BlockingClient:
         self.run(self.client.note(note))
 
     def unregister(self, status: str = "finished", error: str = "") -> None:
-        self.run(self.client.unregister(status, error))
+        """Leave (:meth:`Client.unregister`); from here on :meth:`interrupt` cancels nothing."""
+        with self._lock:
+            self._leaving, self._interrupt_next = True, False
+        self.run(self.client.unregister(status, error), interruptible=False)
 
     def actor_options(self, gpus: Gpus, env: dict[str, str] | None = None) -> dict:
         return self.client.actor_options(gpus, env)
@@ -369,7 +384,7 @@ class BlockingClient:
         """Stop the client's loop and its thread (after :meth:`unregister`)."""
         if self.loop.is_closed():
             return
-        self.run(_cancel_all())  # the keep-alive, a pool's workers' tasks: nothing is left pending
+        self.run(_cancel_all(), interruptible=False)  # the keep-alive, a pool's workers' tasks: nothing is left pending
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()

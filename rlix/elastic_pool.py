@@ -62,6 +62,7 @@ class ElasticPool:
         self._items: Sequence = ()
         self._results: dict[int, Any] = {}
         self.finished = 0  # items finished, all batches (reported: it ends the turn a starving pipeline got)
+        self._batch = 0  # the number of the batch being played (an item's result counts for its own batch only)
         self._failure: BaseException | None = None
         self._changed = asyncio.Event()
 
@@ -79,6 +80,8 @@ class ElasticPool:
     async def expand(self, gpus: Gpus) -> None:
         """Start a worker on ``gpus``; it takes items as soon as a batch has some."""
         gpus = tuple(gpus)
+        if gpus in self._workers:
+            return  # it holds them already
         self._workers[gpus] = self.start(gpus)
         self._serving[gpus] = asyncio.get_running_loop().create_task(self._serve(gpus))
 
@@ -99,8 +102,9 @@ class ElasticPool:
     # ------------------------------------------------------------ batches
 
     async def play(self, items: Sequence, report: Callable[[ReportDemand], Awaitable[None]] | None = None) -> list:
-        """Each item's result, in the batch's order; ``report(demand)`` is sent whenever the demand changed."""
-        self._items, self._queue, self._results = items, list(range(len(items))), {}
+        """Each item's result, in the batch's order; ``report(demand)`` is sent whenever the demand changed.
+        A batch cancelled or failed leaves nothing behind: what its workers still play is dropped."""
+        self._items, self._queue, self._results, self._failure = items, list(range(len(items))), {}, None
         self._changed.set()
         played = asyncio.Event()
         reporter = asyncio.get_running_loop().create_task(self._report(report, len(items), played)) if report else None
@@ -111,15 +115,11 @@ class ElasticPool:
             if reporter is not None:
                 reporter.cancel()
                 await asyncio.gather(reporter, return_exceptions=True)
-            self._queue = []  # a batch that failed leaves nothing for the workers
+            self._batch += 1  # items of this batch still in flight are dropped when they end
+            self._queue = []
         if self._failure is not None:
             raise self._failure
         return [self._results[i] for i in range(len(items))]
-
-    def _fail(self, exc: BaseException) -> None:
-        """Fail the batch being played, and every later one, with ``exc`` (a worker raised)."""
-        self._failure = exc
-        self._changed.set()
 
     def demand(self, batch_size: int, announce: int = 0) -> ReportDemand:
         """Items waiting (``announce``: those of a batch about to start), and the running ones per worker."""
@@ -132,29 +132,41 @@ class ElasticPool:
     async def _serve(self, gpus: Gpus) -> None:
         while True:
             await self._until(lambda: bool(self._queue))
-            idx = self._queue.pop(0)
+            batch, idx = self._batch, self._queue.pop(0)
             self._running[gpus] = idx
             try:
                 result = await self.run(self._workers[gpus], self._items[idx])
             except asyncio.CancelledError:  # shrunk: played again by another worker (same outcome)
-                self._queue.insert(0, idx)
+                self._again(batch, idx)
                 raise
             except self.died:  # its process died: likewise, and the scheduler is told
-                self._queue.insert(0, idx)
+                self._again(batch, idx)
                 return await self._gone(gpus)
-            except Exception as exc:  # noqa: BLE001 -- not a dead worker: the batch fails
-                return self._fail(exc)
+            except Exception as exc:  # noqa: BLE001 -- not a dead worker: its batch fails
+                if batch == self._batch:
+                    self._failure = exc
+            else:
+                if batch == self._batch:
+                    self._results[idx] = result
+                    self.finished += 1
             finally:
                 self._running.pop(gpus)
                 self._changed.set()
-            self._results[idx] = result
-            self.finished += 1
+
+    def _again(self, batch: int, idx: int) -> None:
+        """Item ``idx`` goes back to the front of the queue, if its batch is still being played."""
+        if batch == self._batch:
+            self._queue.insert(0, idx)
 
     async def _gone(self, gpus: Gpus) -> None:
         self._serving.pop(gpus, None)
         self._workers.pop(gpus, None)
         if self.lost is not None:
-            await self.lost(gpus[0])
+            try:
+                await self.lost(gpus[0])
+            except Exception as exc:  # noqa: BLE001 -- the scheduler was not told: the batch fails, and says why
+                self._failure = exc
+                self._changed.set()
 
     async def _report(self, report: Callable[[ReportDemand], Awaitable[None]], size: int, played: asyncio.Event) -> None:
         last = None

@@ -101,10 +101,12 @@ def test_a_dead_worker_is_reported_lost_and_its_item_played_again():
     assert pool.workers == () and [w.gpus for w in stopped] == [(1,)]  # the dead one was not stopped again
 
 
-def test_a_worker_error_fails_the_batch_and_the_pool():
+def test_a_worker_error_fails_its_batch_only():
     class Broken(Engine):
         async def play(self, item):
-            raise ValueError("bad item")
+            if item == 2:
+                raise ValueError("bad item")
+            return await super().play(item)
 
     async def run():
         pool = pool_of(Broken)
@@ -112,10 +114,25 @@ def test_a_worker_error_fails_the_batch_and_the_pool():
         with pytest.raises(ValueError, match="bad item"):
             await pool.play([1, 2, 3])
         assert pool.demand(3).pending == 0  # nothing left for the workers
-        with pytest.raises(ValueError, match="bad item"):
-            await pool.play([4])
+        return await pool.play([4, 5])
 
-    asyncio.run(run())
+    assert [(i, r) for i, r, _ in asyncio.run(run())] == [outcome(4), outcome(5)]
+
+
+def test_a_cancelled_batch_leaves_nothing_behind():
+    async def run():
+        pool = pool_of(lambda gpus: Engine(gpus, item_s=0.05))
+        await pool.expand((0,))
+        await pool.expand((1,))
+        old = asyncio.get_running_loop().create_task(pool.play([100, 101, 102, 103]))
+        await asyncio.sleep(0.02)  # both workers are playing an old item
+        old.cancel()
+        await asyncio.gather(old, return_exceptions=True)
+        await pool.shrink((1,))  # its old item does not come back
+        assert pool.demand(0).pending == 0
+        return await pool.play([7, 8, 9])  # the old items still in flight end meanwhile: dropped
+
+    assert [(i, r) for i, r, _ in asyncio.run(run())] == [outcome(7), outcome(8), outcome(9)]
 
 
 def test_the_pools_endpoint_answers_the_schedulers_calls_with_it():
@@ -136,16 +153,39 @@ def test_the_pools_endpoint_answers_the_schedulers_calls_with_it():
 def test_interrupt_cancels_the_wait_in_progress_or_else_the_next_call_only():
     with BlockingClient(None, "p") as client:
         assert client.run(asyncio.sleep(0, result=7)) == 7
-        threading.Timer(0.2, client.interrupt).start()
+        waiting = threading.Event()
+
+        async def wait_long():
+            waiting.set()
+            await asyncio.sleep(30)
+
+        def interrupt_once_waiting():
+            waiting.wait(10)
+            time.sleep(0.05)
+            client.interrupt()
+
+        threading.Thread(target=interrupt_once_waiting).start()
         t = time.monotonic()
         with pytest.raises(CancelledError):
-            client.run(asyncio.sleep(30))
+            client.run(wait_long())
         assert time.monotonic() - t < 10
         assert client.run(asyncio.sleep(0, result=8)) == 8  # the interrupt was spent on the wait
         client.interrupt()  # nothing waits: the next call takes it
         with pytest.raises(CancelledError, match="'p' interrupted"):
             client.run(asyncio.sleep(0, result=9))
         assert client.run(asyncio.sleep(0, result=10)) == 10
+        client.interrupt()
+        assert client.run(asyncio.sleep(0, result=11), interruptible=False) == 11  # a cleanup call is not interrupted
+        with pytest.raises(CancelledError):  # and does not spend it
+            client.run(asyncio.sleep(0))
+
+        async def from_its_loop():
+            return client.run(asyncio.sleep(0))
+
+        with pytest.raises(RuntimeError, match="on its own loop"):
+            client.run(from_its_loop())
+        with pytest.raises(RuntimeError, match="register first"):
+            client.actor_options((0,))
     assert client.loop.is_closed()
 
 
@@ -202,8 +242,12 @@ def test_a_blocking_pipeline_borrows_the_idle_gpus_for_its_rollouts_and_gives_th
         client.report(pool.demand(16))
         assert client.request(Stage.ACTOR_TRAIN).gpus == (0,)
         client.release(Stage.ACTOR_TRAIN, pool.demand(0))
+        client.interrupt()  # a cancel that came too late for any wait: the leaving calls still run
         client.unregister("finished")
         assert pool.workers == ()  # the scheduler shrank them before it forgot the pipeline
+        assert [row.phases[-1][0] for row in client.run(actor.status()).jobs] == ["finished"]
+        client.interrupt()  # after unregister: nothing to interrupt
+        assert client.run(asyncio.sleep(0, result=1)) == 1
     finally:
         client.run(actor.stop())
         client.close()
@@ -230,3 +274,17 @@ def test_an_actor_is_placed_in_the_bundle_of_its_first_gpu_and_sees_its_devices(
     assert "scheduling_strategy" not in one and one["runtime_env"]["env_vars"] == {"CUDA_VISIBLE_DEVICES": "2"}
     with pytest.raises(PlacementError, match="p: no GPU reservation for a 2-node cluster"):
         bundle_options(two, (6,), GpuMap(), name="p")
+
+
+def test_rlix_places_its_own_workers_the_same_way_and_says_a_cluster_error():
+    from rlix.exec.placement import EXPECTED_DEVICES, actor_options
+    from rlix.transport import ClusterError
+
+    two = ClusterSpec(nodes=2, gpus_per_node=4)
+    reserved = GpuMap(groups=("group0", "group1"), devices=(("0", "1", "2", "3"), ("4", "5", "GPU-a", "GPU-b")))
+    opts = actor_options(two, (6, 7), reserved, "w")
+    env = opts["runtime_env"]["env_vars"]
+    assert env["CUDA_VISIBLE_DEVICES"] == env[EXPECTED_DEVICES] == "GPU-a,GPU-b" and env["RLIX_WORKER"] == "w"
+    assert opts["scheduling_strategy"].placement_group_bundle_index == 2
+    with pytest.raises(ClusterError, match="w: no GPU reservation for a 2-node cluster"):  # rlix-run says it in one line
+        actor_options(two, (6,), GpuMap(), "w")

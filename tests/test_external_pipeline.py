@@ -133,7 +133,7 @@ def test_external_pipeline_beside_rlix_run(tmp_path):
         assert re.search(rf"bandit: finished steps=8/8, reward {r[0]:.3f} -> {r[-1]:.3f}", logs["ext.out"]), logs["ext.out"]
         # Each worker played on the device of the GPU it was expanded onto: every trajectory once, on the cluster's.
         per_device = ast.literal_eval(re.search(r"bandit: trajectories per rollout device (\{.*\})", logs["ext.out"]).group(1))
-        assert set(per_device) <= {0, 1, 2, 3} and sum(per_device.values()) == 8 * 32, per_device
+        assert set(per_device) <= {"0", "1", "2", "3"} and sum(per_device.values()) == 8 * 32, per_device
 
         # Alone now, found as Ray's 'auto' finds the cluster this host runs.
         cmd = [sys.executable, str(EXAMPLE), "--address", "auto", "--name", "bandit2", "--steps", "2", "--gpus", "0"]

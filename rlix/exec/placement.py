@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 
-from rlix.bundles import bundle_options, visible_devices
+from rlix.bundles import PlacementError, bundle_options, visible_devices
 from rlix.core import ClusterSpec
 from rlix.core.types import Gpus
 from rlix.protocol import GpuMap
 from rlix.ray_runtime import worker_pythonpath
+from rlix.transport import ClusterError
 
 EXPECTED_DEVICES = "RLIX_DEVICES"  # the devices a worker's bundle was given, checked against what it sees
 
@@ -37,7 +38,10 @@ def actor_options(cluster: ClusterSpec, gpus: Gpus, gpu_map: GpuMap, name: str) 
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
     }
-    return bundle_options(cluster, gpus, gpu_map, name=name, env=env)
+    try:
+        return bundle_options(cluster, gpus, gpu_map, name=name, env=env)
+    except PlacementError as exc:  # a run's cluster error: one line, as rlix-run reports it
+        raise ClusterError(str(exc)) from None
 
 
 def check_devices() -> str:

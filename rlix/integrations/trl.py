@@ -1,0 +1,280 @@
+"""rlix for TRL's ``GRPOTrainer``: a training script joins the cluster's shared rlix scheduler with two lines.
+
+    from rlix.integrations.trl import rlix_grpo                                  # rlix
+    trainer = GRPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=ds,
+                          **rlix_grpo("my-job", address=args.address))            # rlix
+
+``rlix_grpo`` gives the trainer a ``rollout_func`` and a callback (TRL >= 1.16;
+TRL marks ``rollout_func`` experimental). The job then runs as any rlix job:
+
+- **Training is a gang stage** on ``train_gpus`` (the job's home). The job
+  registers when training begins and holds the stage while TRL computes.
+- **Rollouts go to rlix's elastic rollout workers.** For each generation batch
+  TRL calls ``rollout_func(prompts, trainer)``. The job then:
+  1. gives the training GPUs back, with its model and optimizer state moved to host memory;
+  2. publishes the trainer's weights once per global step (rlix's weight sync);
+  3. deals the prompts to rlix's rollout workers (its torch engine), which the
+     scheduler expands onto idle GPUs of the cluster and shrinks for other jobs' stages;
+  4. asks for the training GPUs again, and returns TRL's ``prompt_ids``,
+     ``completion_ids`` and ``logprobs``.
+
+  A completion is sampled with a seed of its own (the job's seed, the global
+  step, its index in the batch), whatever worker plays it: sharing never
+  changes what the job learns.
+- **Cancel.** After ``rlix cancel``, training stops at the step's end with a
+  checkpoint TRL saves and resumes from; :attr:`RlixGRPO.status` says ``cancelled``.
+- **Progress** shows in ``rlix status`` and ``rlix timeline``; TRL logs its metrics as ever.
+- **Without ``address``** the job runs privately: a Ray cluster of ``gpus``
+  logical GPUs on this host, with a scheduler of its own, as ``rlix-run`` does.
+
+Prompts are TRL's: text, or chat messages without tools or images. One
+training process (no ``accelerate launch``), and rlix's torch engine for now.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from rlix.client import BlockingClient, connect
+from rlix.core import ClusterSpec, PipelineSpec, Role, RoleSpec, Stage
+from rlix.elastic_pool import ElasticPool
+from rlix.protocol import Info, JobNote
+
+__all__ = ["RlixGRPO", "rlix_grpo"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSettings:
+    """How the job sits on the cluster."""
+
+    name: str
+    address: str | None = None  # the Ray cluster of a shared scheduler; None: a private one
+    train_gpus: tuple[int, ...] = (0,)  # its home, where it trains
+    gpus: int = 2  # a private cluster's logical GPUs
+    priority: int = 0
+    seed: int = 0  # the seed of its completions' sampling
+    slots_per_worker: int = 1
+
+
+def rlix_grpo(name: str, *, address: str | None = None, train_gpus=(0,), gpus: int = 2, priority: int = 0, seed: int = 0) -> dict:
+    """``GRPOTrainer``'s keyword arguments that make the trainer an rlix job named ``name`` (its
+    ``rollout_func`` and ``callbacks``). ``address``: a Ray cluster running the rlix scheduler
+    (``auto``, ``HOST:PORT``); None: a private cluster of ``gpus`` logical GPUs."""
+    job = RlixGRPO(JobSettings(name=name, address=address, train_gpus=tuple(train_gpus), gpus=gpus, priority=priority, seed=seed))
+    return {"rollout_func": job.rollout, "callbacks": [RlixCallback(job)]}
+
+
+class _Worker:
+    """One rollout worker: rlix's rollout actor, and the weight version it holds."""
+
+    def __init__(self, actor, gpus) -> None:
+        self.actor, self.gpus, self.version = actor, tuple(gpus), -1
+
+    def stop(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
+
+
+class RlixGRPO:
+    """One TRL trainer as an rlix job: its registration, its rollout workers, its weights."""
+
+    def __init__(self, settings: JobSettings) -> None:
+        self.s = settings
+        self.status = "pending"  # then running, and finished, cancelled or failed
+        self.cancelled_by = None
+        self.client: BlockingClient | None = None
+        self.pool: ElasticPool | None = None
+        self.version, self.weights = 0, None  # the published weights (0: the checkpoint's own)
+        self.model_path = ""
+
+    # ------------------------------------------------------------ joining and leaving
+
+    def begin(self, model) -> None:
+        """Join the scheduler, register, and hold the training stage (``model``: the trainer's)."""
+        sched = self._scheduler()
+        info = sched.call_sync(Info())
+        self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
+        self.model_path = _checkpoint_of(model)
+        self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers)
+        self.pool = ElasticPool(self.s.name, start=self._start, run=self._play, stop=_Worker.stop, lost=self.client.client.lost)
+        self.client.register(self._spec(), self.pool.endpoint(stop=self._on_cancel))
+        self.client.request(Stage.INIT)
+        self.client.request(Stage.ACTOR_TRAIN, after=Stage.INIT)
+        self.status = "running"
+
+    def end(self, error: str = "", *, step: int = 0, output_dir: str = "") -> None:
+        """Give everything back and leave (status finished, cancelled or failed). Cancelled, the process exits
+        with rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom."""
+        if self.client is None:
+            return
+        if self.status == "running":
+            self.status = "failed" if error else "finished"
+        try:
+            self.client.unregister(self.status, error)
+        finally:
+            self.client.run(self.pool.close(), interruptible=False)
+            self.client.close()
+            self.client = None
+        if self.status == "cancelled":
+            why = self.cancelled_by.line() if self.cancelled_by is not None else "cancelled"
+            print(f"{self.s.name}: {why} at step {step}; its checkpoint is under {output_dir}", file=sys.stderr)
+            raise SystemExit(4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
+
+    def _scheduler(self):
+        if self.s.address is not None:
+            return connect(self.s.address, where="address")
+        from rlix.exec.config import SchedulerKnobs
+        from rlix.exec.service.connect import start
+        from rlix.ray_runtime import init_local_ray
+
+        init_local_ray(num_gpus=self.s.gpus, log_to_driver=False, include_dashboard=False)
+        return start(ClusterSpec(nodes=1, gpus_per_node=self.s.gpus), "rlix", SchedulerKnobs())
+
+    def _spec(self) -> PipelineSpec:
+        everywhere = tuple(range(self.cluster.num_gpus))
+        roles = (RoleSpec(role=Role.ACTOR_TRAIN, gpus=self.s.train_gpus), RoleSpec(role=Role.ACTOR_INFER, gpus=everywhere))
+        return PipelineSpec(pipeline_id=self.s.name, roles=roles, home=self.s.train_gpus, priority=self.s.priority)
+
+    async def _on_cancel(self, who) -> None:
+        self.status, self.cancelled_by = "cancelled", who
+
+    # ------------------------------------------------------------ a generation batch
+
+    def rollout(self, prompts: list, trainer) -> dict:
+        """TRL's ``rollout_func``: one completion per prompt (TRL repeats each prompt ``num_generations`` times)."""
+        from rlix.exec.messages import GenRequest
+
+        prompt_ids = _tokenize(trainer.processing_class, prompts)
+        self._publish(trainer)
+        step = trainer.state.global_step
+        base = (self.s.seed * 1_000_003 + step) * 1_000_003
+        budget, temperature = trainer.max_completion_length, trainer.temperature
+        requests = [
+            GenRequest(traj_id=i, prompt_ids=tuple(p), max_new_tokens=budget, temperature=temperature, seed=base + i)
+            for i, p in enumerate(prompt_ids)
+        ]
+        self._lend(trainer, len(requests))
+        played = self.client.run(self.pool.play(requests, report=self.client.client.report))
+        results = [r for r, _ in played]
+        waited = self._reclaim(trainer)
+        _log(trainer, {"rlix/rollout_workers": len({gpus for _, gpus in played}), "rlix/train_wait_s": waited})
+        return {
+            "prompt_ids": [list(p) for p in prompt_ids],
+            "completion_ids": [list(r.token_ids) for r in results],
+            "logprobs": [list(r.logprobs) for r in results],
+        }
+
+    def _publish(self, trainer) -> None:
+        """The trainer's weights, once per global step after the first (step 0 rolls out the checkpoint's)."""
+        import ray
+
+        from rlix.exec.train.weights import publish_of
+
+        step = trainer.state.global_step
+        if step == 0 or step == self.version:
+            return
+        dtype = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
+        self.version, self.weights = step, ray.put(publish_of(trainer.model, step, dtype))
+
+    def _lend(self, trainer, pending: int) -> None:
+        """The training GPUs given back (the model and optimizer state on the host) while ``pending`` wait."""
+        _move(trainer, "cpu")
+        self.client.release(Stage.ACTOR_TRAIN, self.pool.demand(pending, announce=pending))
+
+    def _reclaim(self, trainer) -> float:
+        """The training GPUs back, the model and optimizer state on them; the seconds the stage waited."""
+        self.client.report(self.pool.demand(0))
+        grant = self.client.request(Stage.ACTOR_TRAIN)
+        _move(trainer, trainer.accelerator.device)
+        return grant.queued_s
+
+    # ------------------------------------------------------------ rollout workers
+
+    def _start(self, gpus) -> _Worker:
+        from rlix.exec.messages import Emulation
+        from rlix.exec.placement import actor_options
+        from rlix.exec.rollout.actor import RolloutWorkerActor, worker_concurrency
+
+        opts = actor_options(self.cluster, gpus, self.client.client.info.gpus, f"{self.s.name}-rollout-{gpus[0]}")
+        actor = RolloutWorkerActor.options(**opts, max_concurrency=worker_concurrency(self.s.slots_per_worker))
+        return _Worker(actor.remote(Emulation()), gpus)
+
+    async def _play(self, worker: _Worker, request):
+        if worker.version < 0:
+            await worker.actor.prepare.remote(self.model_path)
+        if worker.version != self.version:  # wake on the latest weights (the checkpoint's before any step)
+            await worker.actor.wake.remote(self.weights)
+            worker.version = self.version
+        return await worker.actor.generate.remote(request), worker.gpus
+
+    # ------------------------------------------------------------ progress
+
+    def step_done(self, state, control) -> None:
+        self.client.note(JobNote(pipeline_id=self.s.name, loaded=True, steps_done=state.global_step, steps_total=state.max_steps))
+        if self.status == "cancelled":  # at the step's end: a checkpoint TRL resumes from, then stop
+            control.should_save = True
+            control.should_training_stop = True
+
+
+class RlixCallback(TrainerCallback):
+    """Joins at the start of training, notes each step, leaves at its end."""
+
+    def __init__(self, job: RlixGRPO) -> None:
+        self.job = job
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if args.world_size > 1:
+            raise ValueError(
+                f"rlix.integrations.trl: the trainer runs as {args.world_size} processes; one is supported for now "
+                "(run the script with python, not accelerate launch or torchrun)"
+            )
+        self.job.begin(kwargs["model"])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.job.step_done(state, control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.job.end(step=state.global_step, output_dir=args.output_dir)
+
+
+def _checkpoint_of(model) -> str:
+    """A directory the rollout workers load the model from: where it was loaded from, else a copy saved now."""
+    path = Path(str(getattr(model.config, "_name_or_path", "") or ""))
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    out = Path(tempfile.mkdtemp(prefix="rlix-trl-"))
+    model.save_pretrained(out)
+    return str(out)
+
+
+def _tokenize(tokenizer, prompts: list) -> list[list[int]]:
+    """Each prompt's token ids, as TRL tokenizes text and chat prompts."""
+    if prompts and isinstance(prompts[0], list):
+        chats = tokenizer.apply_chat_template(conversation=prompts, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return chats["input_ids"]
+    return tokenizer(text=prompts)["input_ids"]
+
+
+def _move(trainer, device) -> None:
+    """The trainer's model and its optimizer's state on ``device``."""
+    trainer.model.to(device)
+    optimizer = getattr(trainer, "optimizer", None)
+    for state in optimizer.state.values() if optimizer is not None else ():
+        for key, value in state.items():
+            if hasattr(value, "to"):
+                state[key] = value.to(device)
+
+
+def _log(trainer, values: dict) -> None:
+    """``values`` into TRL's metrics of the step (logged, averaged over the logging interval, with its own)."""
+    metrics = getattr(trainer, "_metrics", None)
+    if metrics is not None:
+        mode = "train" if trainer.model.training else "eval"
+        for key, value in values.items():
+            metrics[mode][key].append(float(value))

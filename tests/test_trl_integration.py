@@ -9,6 +9,7 @@ with a checkpoint under ``rlix cancel``."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -35,15 +36,41 @@ def test_the_example_is_trls_script_plus_a_few_marked_lines():
     assert len(calls) == 1 and {k.arg for k in calls[0].keywords} == {"model", "reward_funcs", "args", "train_dataset"}
 
 
-def test_prompts_are_tokenized_as_trl_tokenizes_them(tmp_path):
-    from rlix.exec.data.model import build_tokenizer
-    from rlix.integrations.trl import _tokenize
+def test_each_completion_has_a_seed_of_its_own_that_the_engine_can_take():
+    from rlix.integrations.trl import completion_seed
 
-    tok = build_tokenizer(tmp_path)
-    assert _tokenize(tok, ["ab=", "c="]) == tok(text=["ab=", "c="])["input_ids"]
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
-    chats = [[{"role": "user", "content": "ab"}], [{"role": "user", "content": "c"}]]
-    assert _tokenize(tok, chats) == [tok("ab=")["input_ids"], tok("c=")["input_ids"]]
+    seeds = [
+        completion_seed(s, m, step, b, i)
+        for s in (0, 42, 10**6)
+        for m in ("train", "eval")
+        for step in range(3)
+        for b in range(2)
+        for i in range(16)
+    ]
+    assert len(set(seeds)) == len(seeds)  # no two completions share one: not across batches of a step, nor eval and train
+    assert all(0 <= s < 1 << 30 for s in seeds)  # the engine's per-token seed (seed * 1_000_003 + position) fits 64 bits
+    assert completion_seed(42, "train", 1, 0, 5) == completion_seed(42, "train", 1, 0, 5)  # in any process
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"top_p": 0.9}, "top_p=0.9 is not supported by rlix's rollout engine; leave it unset"),
+        ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
+        ({"generation_kwargs": {"top_p": 0.5}}, "generation_kwargs={'top_p': 0.5} is not supported"),
+        ({"world_size": 2}, "runs as 2 processes; one is supported for now"),
+    ],
+)
+def test_settings_rlix_cannot_honour_are_refused_in_one_line(setting, message):
+    from types import SimpleNamespace
+
+    from rlix.integrations.trl import refuse_unsupported
+
+    plain = {"top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0, "generation_kwargs": None, "world_size": 1}
+    refuse_unsupported(SimpleNamespace(**plain))  # TRL's defaults pass
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        refuse_unsupported(SimpleNamespace(**{**plain, **setting}))
+    assert "\n" not in str(err.value)
 
 
 # ------------------------------------------------------------------ runs
@@ -117,9 +144,11 @@ def test_trl_job_beside_rlix_run_learns_the_same_borrows_gpus_and_stops_on_cance
         assert cluster.rlix("cancel", "trl-cancel").returncode == 0
         assert long.wait(timeout=300) == 3, (cancel_dir / "trl.err").read_text()[-3000:]
         err = (cancel_dir / "trl.err").read_text()
-        assert re.search(r"trl-cancel: cancelled by \S+ at step \d+", err), err[-3000:]
-        step = int(re.search(r"at step (\d+)", err).group(1))
-        assert 1 <= step < 40 and (cancel_dir / "trl" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+        found = re.search(r"trl-cancel: cancelled by \S+ at step (\d+); its checkpoint is (\S+)", err)
+        assert found, err[-3000:]
+        step, checkpoint = int(found.group(1)), Path(found.group(2))
+        assert 1 <= step < 40 and checkpoint == cancel_dir / "trl" / f"checkpoint-{step}", err[-3000:]
+        assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
     finally:
         for proc in procs:
             if proc.poll() is None:

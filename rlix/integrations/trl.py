@@ -11,30 +11,43 @@ TRL marks ``rollout_func`` experimental). The job then runs as any rlix job:
   registers when training begins and holds the stage while TRL computes.
 - **Rollouts go to rlix's elastic rollout workers.** For each generation batch
   TRL calls ``rollout_func(prompts, trainer)``. The job then:
-  1. gives the training GPUs back, with its model and optimizer state moved to host memory;
-  2. publishes the trainer's weights once per global step (rlix's weight sync);
+  1. publishes the trainer's weights, once per global step (rlix's weight sync);
+  2. gives the training GPUs back, with its model, reference model and
+     optimizer state moved to host memory;
   3. deals the prompts to rlix's rollout workers (its torch engine), which the
      scheduler expands onto idle GPUs of the cluster and shrinks for other jobs' stages;
   4. asks for the training GPUs again, and returns TRL's ``prompt_ids``,
      ``completion_ids`` and ``logprobs``.
 
-  A completion is sampled with a seed of its own (the job's seed, the global
-  step, its index in the batch), whatever worker plays it: sharing never
-  changes what the job learns.
-- **Cancel.** After ``rlix cancel``, training stops at the step's end with a
-  checkpoint TRL saves and resumes from; :attr:`RlixGRPO.status` says ``cancelled``.
-- **Progress** shows in ``rlix status`` and ``rlix timeline``; TRL logs its metrics as ever.
+  A completion is sampled with a seed of its own (from the job's seed, the
+  mode, the global step, the batch's number within the step and the
+  completion's index), whatever worker plays it: sharing never changes what
+  the job learns.
+- **Cancel.** After ``rlix cancel``, training stops at the end of the step
+  with a checkpoint TRL saves and resumes from (a cancel during a rollout saves
+  the step the rollout began at), and the process exits with 3, as
+  ``rlix-run`` does. A step that outlasts the scheduler's cancel grace (30 s)
+  is ended by the scheduler instead.
+- **Progress** shows in ``rlix status`` and ``rlix timeline``; TRL logs
+  ``rlix/rollout_workers`` and ``rlix/train_wait_s`` with its own metrics.
 - **Without ``address``** the job runs privately: a Ray cluster of ``gpus``
   logical GPUs on this host, with a scheduler of its own, as ``rlix-run`` does.
 
-Prompts are TRL's: text, or chat messages without tools or images. One
-training process (no ``accelerate launch``), and rlix's torch engine for now.
+Not supported (refused in one line at the start of training): several
+training processes (``accelerate launch``), a PEFT model, and sampling
+settings rlix's engine lacks (``top_p``, ``top_k``, ``min_p``,
+``repetition_penalty``, ``generation_kwargs``). Completions stop at the
+model's first EOS id. The model must load from a directory every node reads.
 """
 
 from __future__ import annotations
 
+import atexit
+import random
 import sys
 import tempfile
+from collections import Counter
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +86,7 @@ class _Worker:
     """One rollout worker: rlix's rollout actor, and the weight version it holds."""
 
     def __init__(self, actor, gpus) -> None:
-        self.actor, self.gpus, self.version = actor, tuple(gpus), -1
+        self.actor, self.gpus, self.version, self.prepared = actor, tuple(gpus), -1, False
 
     def stop(self) -> None:
         import ray
@@ -90,40 +103,53 @@ class RlixGRPO:
         self.cancelled_by = None
         self.client: BlockingClient | None = None
         self.pool: ElasticPool | None = None
-        self.version, self.weights = 0, None  # the published weights (0: the checkpoint's own)
+        self.version, self.weights = -1, None  # the published weights (the global step they are of)
         self.model_path = ""
+        self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
+        self.saved_at = -1  # the global step of the last checkpoint TRL saved
 
     # ------------------------------------------------------------ joining and leaving
 
     def begin(self, model) -> None:
         """Join the scheduler, register, and hold the training stage (``model``: the trainer's)."""
+        if hasattr(model, "peft_config"):
+            raise ValueError("rlix.integrations.trl: a PEFT model is not supported yet; pass GRPOTrainer no peft_config")
         sched = self._scheduler()
         info = sched.call_sync(Info())
         self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
         self.model_path = _checkpoint_of(model)
-        self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers)
+        self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers, on_gone=self._gone)
         self.pool = ElasticPool(self.s.name, start=self._start, run=self._play, stop=_Worker.stop, lost=self.client.client.lost)
         self.client.register(self._spec(), self.pool.endpoint(stop=self._on_cancel))
         self.client.request(Stage.INIT)
         self.client.request(Stage.ACTOR_TRAIN, after=Stage.INIT)
         self.status = "running"
+        atexit.register(self.end, "the training script ended without finishing its training")
 
     def end(self, error: str = "", *, step: int = 0, output_dir: str = "") -> None:
-        """Give everything back and leave (status finished, cancelled or failed). Cancelled, the process exits
-        with rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom."""
+        """Give everything back and leave (finished, cancelled or failed). Cancelled, the process exits with
+        rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom."""
         if self.client is None:
             return
+        atexit.unregister(self.end)
         if self.status == "running":
             self.status = "failed" if error else "finished"
         try:
             self.client.unregister(self.status, error)
+        except Exception:  # noqa: BLE001 -- already forgotten (killed), or the scheduler is gone
+            pass
         finally:
             self.client.run(self.pool.close(), interruptible=False)
             self.client.close()
             self.client = None
+            if self.s.address is None:  # the private cluster goes with the job
+                import ray
+
+                ray.shutdown()
         if self.status == "cancelled":
             why = self.cancelled_by.line() if self.cancelled_by is not None else "cancelled"
-            print(f"{self.s.name}: {why} at step {step}; its checkpoint is under {output_dir}", file=sys.stderr)
+            saved = f"; its checkpoint is {output_dir}/checkpoint-{step}" if self.saved_at == step else "; no checkpoint"
+            print(f"{self.s.name}: {why} at step {step}{saved}", file=sys.stderr)
             raise SystemExit(4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
 
     def _scheduler(self):
@@ -143,26 +169,28 @@ class RlixGRPO:
 
     async def _on_cancel(self, who) -> None:
         self.status, self.cancelled_by = "cancelled", who
+        self.client.interrupt()  # a rollout waiting on workers the scheduler takes back stops waiting
+
+    def _gone(self, exc: BaseException) -> None:
+        self.status = "failed"
+        self.client.interrupt()
 
     # ------------------------------------------------------------ a generation batch
 
     def rollout(self, prompts: list, trainer) -> dict:
         """TRL's ``rollout_func``: one completion per prompt (TRL repeats each prompt ``num_generations`` times)."""
-        from rlix.exec.messages import GenRequest
-
-        prompt_ids = _tokenize(trainer.processing_class, prompts)
+        if self.client is None:
+            raise RuntimeError(f"rlix job '{self.s.name}': a rollout outside trainer.train() (rlix joins when training begins)")
+        prompt_ids = trainer._tokenize_prompts(prompts)[0]  # exactly as TRL tokenizes (chat templates, tools)
+        requests = self._requests(trainer, prompt_ids)
         self._publish(trainer)
-        step = trainer.state.global_step
-        base = (self.s.seed * 1_000_003 + step) * 1_000_003
-        budget, temperature = trainer.max_completion_length, trainer.temperature
-        requests = [
-            GenRequest(traj_id=i, prompt_ids=tuple(p), max_new_tokens=budget, temperature=temperature, seed=base + i)
-            for i, p in enumerate(prompt_ids)
-        ]
-        self._lend(trainer, len(requests))
-        played = self.client.run(self.pool.play(requests, report=self.client.client.report))
+        try:
+            self._lend(trainer, len(requests))
+            played = self.client.run(self.pool.play(requests, report=self.client.client.report))
+            waited = self._reclaim(trainer)
+        except CancelledError:  # cancelled (or dropped) mid-rollout: stop at the step it began at
+            self._stop_now(trainer)
         results = [r for r, _ in played]
-        waited = self._reclaim(trainer)
         _log(trainer, {"rlix/rollout_workers": len({gpus for _, gpus in played}), "rlix/train_wait_s": waited})
         return {
             "prompt_ids": [list(p) for p in prompt_ids],
@@ -170,14 +198,43 @@ class RlixGRPO:
             "logprobs": [list(r.logprobs) for r in results],
         }
 
+    def _requests(self, trainer, prompt_ids: list) -> list:
+        """One request per prompt, each with a seed of its own (:func:`completion_seed`)."""
+        from rlix.exec.messages import GenRequest
+
+        mode = "train" if trainer.model.training else "eval"
+        step = trainer.state.global_step
+        batch = self.batches[(mode, step)]
+        self.batches[(mode, step)] += 1
+        budget, temperature = trainer.max_completion_length, trainer.temperature
+        return [
+            GenRequest(
+                traj_id=i,
+                prompt_ids=tuple(p),
+                max_new_tokens=budget,
+                temperature=temperature,
+                seed=completion_seed(self.s.seed, mode, step, batch, i),
+            )
+            for i, p in enumerate(prompt_ids)
+        ]
+
+    def _stop_now(self, trainer) -> None:
+        """A checkpoint of the step the rollout began at (TRL's own), then leave."""
+        step = trainer.state.global_step
+        if self.status == "cancelled" and step > 0:
+            trainer._save_checkpoint(trainer.model, trial=None)
+            self.saved_at = step
+        self.end("the rlix scheduler dropped the job mid-rollout", step=step, output_dir=trainer.args.output_dir)
+        raise SystemExit(1)  # dropped, not cancelled (a cancel exits in end)
+
     def _publish(self, trainer) -> None:
-        """The trainer's weights, once per global step after the first (step 0 rolls out the checkpoint's)."""
+        """The trainer's weights, once per global step (the step's number is their version)."""
         import ray
 
         from rlix.exec.train.weights import publish_of
 
         step = trainer.state.global_step
-        if step == 0 or step == self.version:
+        if step == self.version:
             return
         dtype = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
         self.version, self.weights = step, ray.put(publish_of(trainer.model, step, dtype))
@@ -206,9 +263,10 @@ class RlixGRPO:
         return _Worker(actor.remote(Emulation()), gpus)
 
     async def _play(self, worker: _Worker, request):
-        if worker.version < 0:
+        if not worker.prepared:
             await worker.actor.prepare.remote(self.model_path)
-        if worker.version != self.version:  # wake on the latest weights (the checkpoint's before any step)
+            worker.prepared = True
+        if worker.version != self.version:  # wake on the latest weights
             await worker.actor.wake.remote(self.weights)
             worker.version = self.version
         return await worker.actor.generate.remote(request), worker.gpus
@@ -216,9 +274,13 @@ class RlixGRPO:
     # ------------------------------------------------------------ progress
 
     def step_done(self, state, control) -> None:
-        self.client.note(JobNote(pipeline_id=self.s.name, loaded=True, steps_done=state.global_step, steps_total=state.max_steps))
-        if self.status == "cancelled":  # at the step's end: a checkpoint TRL resumes from, then stop
-            control.should_save = True
+        note = JobNote(pipeline_id=self.s.name, loaded=True, steps_done=state.global_step, steps_total=state.max_steps)
+        try:
+            self.client.note(note)
+        except CancelledError:  # the cancel came while no call waited: this call took it
+            pass
+        if self.status in ("cancelled", "failed"):  # at the step's end: a checkpoint TRL resumes from, then stop
+            control.should_save = self.status == "cancelled"
             control.should_training_stop = True
 
 
@@ -229,15 +291,14 @@ class RlixCallback(TrainerCallback):
         self.job = job
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if args.world_size > 1:
-            raise ValueError(
-                f"rlix.integrations.trl: the trainer runs as {args.world_size} processes; one is supported for now "
-                "(run the script with python, not accelerate launch or torchrun)"
-            )
+        refuse_unsupported(args)
         self.job.begin(kwargs["model"])
 
     def on_step_end(self, args, state, control, **kwargs):
         self.job.step_done(state, control)
+
+    def on_save(self, args, state, control, **kwargs):
+        self.job.saved_at = state.global_step
 
     def on_train_end(self, args, state, control, **kwargs):
         self.job.end(step=state.global_step, output_dir=args.output_dir)
@@ -253,22 +314,21 @@ def _checkpoint_of(model) -> str:
     return str(out)
 
 
-def _tokenize(tokenizer, prompts: list) -> list[list[int]]:
-    """Each prompt's token ids, as TRL tokenizes text and chat prompts."""
-    if prompts and isinstance(prompts[0], list):
-        chats = tokenizer.apply_chat_template(conversation=prompts, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return chats["input_ids"]
-    return tokenizer(text=prompts)["input_ids"]
-
-
 def _move(trainer, device) -> None:
-    """The trainer's model and its optimizer's state on ``device``."""
-    trainer.model.to(device)
+    """The trainer's model, its reference model and its optimizer's state on ``device`` (0-dim state, such
+    as Adam's step count, stays where the optimizer keeps it)."""
+    import torch
+
+    for model in (trainer.model, getattr(trainer, "ref_model", None)):
+        if model is not None:
+            model.to(device)
     optimizer = getattr(trainer, "optimizer", None)
     for state in optimizer.state.values() if optimizer is not None else ():
         for key, value in state.items():
-            if hasattr(value, "to"):
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
                 state[key] = value.to(device)
+    if str(device) == "cpu" and torch.cuda.is_available():
+        torch.cuda.empty_cache()  # what moved is free for other jobs, not kept in torch's cache
 
 
 def _log(trainer, values: dict) -> None:
@@ -278,3 +338,25 @@ def _log(trainer, values: dict) -> None:
         mode = "train" if trainer.model.training else "eval"
         for key, value in values.items():
             metrics[mode][key].append(float(value))
+
+
+def completion_seed(seed: int, mode: str, step: int, batch: int, index: int) -> int:
+    """A completion's sampling seed, below 2**30: the job's seed, train or eval, the global step, the
+    generation batch's number within that step, and the completion's index in the batch."""
+    return random.Random(f"{seed}/{mode}/{step}/{batch}/{index}").randrange(1 << 30)
+
+
+UNSUPPORTED = {"top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0, "generation_kwargs": None}
+
+
+def refuse_unsupported(args) -> None:
+    """One line naming what rlix's rollouts cannot do yet, if the trainer's arguments ask for it."""
+    if args.world_size > 1:
+        raise ValueError(
+            f"rlix.integrations.trl: the trainer runs as {args.world_size} processes; one is supported for now "
+            "(run the script with python, not accelerate launch or torchrun)"
+        )
+    for name, plain in UNSUPPORTED.items():
+        value = getattr(args, name, plain)
+        if value not in (plain, None) and not (name == "top_k" and value in (0, -1)):
+            raise ValueError(f"rlix.integrations.trl: {name}={value!r} is not supported by rlix's rollout engine; leave it unset")

@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -109,6 +111,24 @@ class ServiceCluster:
         return subprocess.run(
             [sys.executable, "-c", prelude + code], capture_output=True, text=True, env=self.env, timeout=120, cwd=ROOT
         )
+
+
+@contextmanager
+def scheduler_running(tmp: Path) -> Iterator[tuple[ServiceCluster, list[subprocess.Popen]]]:
+    """A :class:`ServiceCluster` with the rlix scheduler started on it, and a list for the processes the test
+    starts: at the end, those still running are killed and the cluster is stopped."""
+    cluster = ServiceCluster(tmp)
+    cluster.start()
+    procs: list[subprocess.Popen] = []
+    try:
+        res = cluster.rlix("scheduler", "start")
+        assert res.returncode == 0, res.stderr[-2000:]
+        yield cluster, procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        cluster.stop()
 
 
 def jobs_by_name(status: dict) -> dict[str, dict]:

@@ -12,6 +12,7 @@ from collections import Counter
 from concurrent.futures import CancelledError
 
 import pytest
+from boundary import InProcessTransport, Remote
 from helpers import spec
 
 from rlix.bundles import PlacementError, bundle_options, pinning
@@ -189,35 +190,12 @@ def test_interrupt_cancels_the_wait_in_progress_or_else_the_next_call_only():
     assert client.loop.is_closed()
 
 
-class _Remote:
-    """A method across a process boundary: ``.remote(...)`` starts the call and gives an awaitable."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args):
-        return asyncio.ensure_future(self.fn(*args))
-
-
 class _Endpoint:
     """The pool's endpoint as the scheduler sees it (a Ray actor handle, here in-process)."""
 
     def __init__(self, pool: ElasticPool) -> None:
-        self.expand, self.shrink = _Remote(pool.expand), _Remote(pool.shrink)
-        self.stop = _Remote(lambda why=None: asyncio.sleep(0))
-
-
-class _Transport:
-    """The transport to a scheduler actor in this process (the process boundary)."""
-
-    def __init__(self, actor) -> None:
-        self.actor = actor
-
-    async def call(self, request, timeout_s=None):
-        from rlix.protocol import PROTOCOL_VERSION
-
-        reply = self.actor.handle(request, PROTOCOL_VERSION)
-        return await (reply if timeout_s is None else asyncio.wait_for(reply, timeout_s))
+        self.expand, self.shrink = Remote(pool.expand), Remote(pool.shrink)
+        self.stop = Remote(lambda why=None: asyncio.sleep(0))
 
 
 def test_a_blocking_pipeline_borrows_the_idle_gpus_for_its_rollouts_and_gives_them_back():
@@ -226,7 +204,7 @@ def test_a_blocking_pipeline_borrows_the_idle_gpus_for_its_rollouts_and_gives_th
     actor = SchedulerActor.__ray_metadata__.modified_class(
         ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(), time.time(), 0.05
     )
-    client = BlockingClient(_Transport(actor), "p", keepalive_s=0.2)
+    client = BlockingClient(InProcessTransport(actor), "p", keepalive_s=0.2)
     client.run(actor.start())
     pool = ElasticPool(
         "p", start=Engine, run=lambda worker, item: worker.play(item), died=(Dead,), lost=client.client.lost, report_s=0.02

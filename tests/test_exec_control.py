@@ -12,21 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from boundary import Remote
 from helpers import spec
 
 from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig, Stage
 from rlix.exec.messages import GenRequest, GenResult, SwitchTiming
 from rlix.metrics import Activity
-
-
-class _Remote:
-    """A remote method at the process boundary: ``.remote(...)`` gives an awaitable, as a Ray object ref."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args):
-        return asyncio.ensure_future(self.fn(*args))
 
 
 class _Coordinator:
@@ -44,7 +35,7 @@ class _Coordinator:
         async def expand(gpus):
             calls.append((name, "expand", tuple(gpus)))
 
-        self.shrink, self.expand = _Remote(shrink), _Remote(expand)
+        self.shrink, self.expand = Remote(shrink), Remote(expand)
 
 
 def _actor(gpus: int):
@@ -254,7 +245,7 @@ class _Worker:
 
         methods = {"prepare": prepare, "wake": wake, "update_weights": update_weights, "sleep": sleep, "generate": generate}
         for name, fn in methods.items():
-            setattr(self, name, _Remote(fn))
+            setattr(self, name, Remote(fn))
 
 
 class _Job:

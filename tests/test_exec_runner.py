@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from boundary import Handle, InProcessTransport, Remote
 from helpers import spec
 
 from rlix.core import ClusterSpec, SchedulerConfig, Stage
@@ -20,40 +21,6 @@ from rlix.step import JobPlan, StepMachine, StreamSpec
 
 STAGES = (Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN)
 DATA = Path(__file__).resolve().parent / "data"
-
-
-class _Remote:
-    """A method across a process boundary: ``.remote(...)`` starts the call and gives an awaitable."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def remote(self, *args):
-        return asyncio.ensure_future(self.fn(*args))
-
-
-class _Handle:
-    """An actor handle on an object in this process: every async method is callable as ``.remote``."""
-
-    def __init__(self, obj) -> None:
-        self.obj = obj
-
-    def __getattr__(self, name):
-        return _Remote(getattr(self.obj, name))
-
-
-class _Transport:
-    """The transport to a scheduler actor in this process (the process boundary): a request is
-    handled by the actor's one call, stamped with this protocol version."""
-
-    def __init__(self, actor) -> None:
-        self.actor = actor
-
-    async def call(self, request, timeout_s=None):
-        from rlix.protocol import PROTOCOL_VERSION
-
-        reply = self.actor.handle(request, PROTOCOL_VERSION)
-        return await (reply if timeout_s is None else asyncio.wait_for(reply, timeout_s))
 
 
 class _Trainer:
@@ -173,7 +140,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
     now = lambda: time.time() - t0  # noqa: E731
     job = spec("p", (0,), (0, 1), slots=2)
     rec, pool, queue = Recorder("p"), WorkerPool(2), RolloutQueue(max_tries=2)
-    link = SchedulerLink(pipeline_id="p", sched=_Transport(actor), recorder=rec, limits=LimitsConfig(), now=now)
+    link = SchedulerLink(pipeline_id="p", sched=InProcessTransport(actor), recorder=rec, limits=LimitsConfig(), now=now)
     released, release = [], link.release
 
     async def noting_release(stage, report=None):  # what each release carried to the scheduler
@@ -193,7 +160,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
 
     hooks = Hooks(
         now=now,
-        spawn=lambda gpus, first, background: _Handle(_Worker()),
+        spawn=lambda gpus, first, background: Handle(_Worker()),
         weights=lambda: holder["runner"].trainer.weights() if holder["runner"].trainer else (None, 0, ()),
         finished=lambda q, r: holder["runner"].trajectory_done(q, r),
         fatal=failures.append,
@@ -203,7 +170,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
     procs = Processes(kill=lambda handle: None, died=(ConnectionError,), refused=(ValueError,))
     deadlines = Deadlines(wake_s=5.0, call_s=5.0, rollout_s=5.0)
     rollout = RolloutControl(pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs)
-    coordinator = type("Coordinator", (), {"expand": _Remote(rollout.expand), "shrink": _Remote(rollout.shrink)})()
+    coordinator = type("Coordinator", (), {"expand": Remote(rollout.expand), "shrink": Remote(rollout.shrink)})()
     await actor.register(job, coordinator)
     recipe = _Recipe(rewards or [0.5] * steps)
     plan = JobPlan(
@@ -218,7 +185,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
         rollout=rollout,
         queue=queue,
         recorder=rec,
-        start_trainer=lambda: TrainerLink(_Handle(trainer), limits=LimitsConfig()),
+        start_trainer=lambda: TrainerLink(Handle(trainer), limits=LimitsConfig()),
         loaded=start_reports,
     )
     runner = holder["runner"] = StepRunner(StepMachine(job, plan), [recipe], parts, now=now, fatal=failures.append)

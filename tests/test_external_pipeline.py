@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from service_cluster import ServiceCluster, free_port, job, write_config
+from service_cluster import free_port, job, scheduler_running, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "external_pipeline.py"
@@ -99,12 +99,7 @@ def holding(snapshot: dict) -> dict[str, list[int]]:
 @pytest.mark.heavy
 @pytest.mark.exec
 def test_external_pipeline_beside_rlix_run(tmp_path):
-    cluster = ServiceCluster(tmp_path)
-    cluster.start()
-    procs: list[subprocess.Popen] = []
-    try:
-        res = cluster.rlix("scheduler", "start")
-        assert res.returncode == 0, res.stderr[-2000:]
+    with scheduler_running(tmp_path) as (cluster, procs):
         solo = write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=4)])  # its rollout may use all 4 GPUs
         run = cluster.submit(solo)
         procs.append(run)
@@ -141,11 +136,6 @@ def test_external_pipeline_beside_rlix_run(tmp_path):
         r = example().train_in_process(2, 32, seed=0)
         assert alone.returncode == 0, alone.stderr[-3000:]
         assert f"bandit2: finished steps=2/2, reward {r[0]:.3f} -> {r[-1]:.3f}" in alone.stdout, alone.stdout
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        cluster.stop()
 
 
 def test_the_example_is_short_and_speaks_through_the_client_library_only():

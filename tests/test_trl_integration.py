@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from service_cluster import ServiceCluster, job, jobs_by_name, write_config
+from service_cluster import job, jobs_by_name, scheduler_running, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trl_grpo.py"
@@ -109,12 +109,7 @@ def test_trl_job_runs_privately(private_rewards):
 @pytest.mark.heavy
 @pytest.mark.exec
 def test_trl_job_beside_rlix_run_learns_the_same_borrows_gpus_and_stops_on_cancel(tmp_path, private_rewards):
-    cluster = ServiceCluster(tmp_path)
-    cluster.start()
-    procs: list[subprocess.Popen] = []
-    try:
-        res = cluster.rlix("scheduler", "start")
-        assert res.returncode == 0, res.stderr[-2000:]
+    with scheduler_running(tmp_path) as (cluster, procs):
         run = cluster.submit(write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=6)]))
         procs.append(run)
         trl, snapshots = None, []
@@ -149,8 +144,3 @@ def test_trl_job_beside_rlix_run_learns_the_same_borrows_gpus_and_stops_on_cance
         step, checkpoint = int(found.group(1)), Path(found.group(2))
         assert 1 <= step < 40 and checkpoint == cancel_dir / "trl" / f"checkpoint-{step}", err[-3000:]
         assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        cluster.stop()

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/trl_grpo")
+    p.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --output-dir")
     args = p.parse_args(argv)
 
     rng = random.Random(args.seed)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         train_dataset=dataset,
         **rlix_grpo(args.name, address=args.address, train_gpus=[args.gpu], seed=args.seed),  # rlix
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.resume or None)
     rewards = [round(row["reward"], 4) for row in trainer.state.log_history if "reward" in row]
     print(f"{args.name}: rewards {rewards}")
 

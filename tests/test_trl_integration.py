@@ -144,3 +144,19 @@ def test_trl_job_beside_rlix_run_learns_the_same_borrows_gpus_and_stops_on_cance
         step, checkpoint = int(found.group(1)), Path(found.group(2))
         assert 1 <= step < 40 and checkpoint == cancel_dir / "trl" / f"checkpoint-{step}", err[-3000:]
         assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
+
+        # TRL resumes from it: one more step, after the steps the checkpoint's history holds.
+        again = run_example(
+            cancel_dir,
+            "--address",
+            cluster.address,
+            "--name",
+            "trl-cancel",
+            "--steps",
+            str(step + 1),
+            "--resume",
+            env=cluster.env,
+        )
+        procs.append(again)
+        assert again.wait(timeout=300) == 0, (cancel_dir / "trl.err").read_text()[-3000:]
+        assert len(rewards_of((cancel_dir / "trl.out").read_text())) == step + 1

@@ -50,6 +50,7 @@ from collections import Counter
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from transformers import TrainerCallback
 
@@ -107,6 +108,7 @@ class RlixGRPO:
         self.model_path = ""
         self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
         self.saved_at = -1  # the global step of the last checkpoint TRL saved
+        self.error = ""  # why the scheduler dropped the job
 
     # ------------------------------------------------------------ joining and leaving
 
@@ -124,18 +126,30 @@ class RlixGRPO:
         self.client.request(Stage.INIT)
         self.client.request(Stage.ACTOR_TRAIN, after=Stage.INIT)
         self.status = "running"
-        atexit.register(self.end, "the training script ended without finishing its training")
+        atexit.register(self._leave_at_exit)
 
     def end(self, error: str = "", *, step: int = 0, output_dir: str = "") -> None:
         """Give everything back and leave (finished, cancelled or failed). Cancelled, the process exits with
-        rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom."""
+        rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom; dropped by the
+        scheduler, it exits with 1, saying why."""
         if self.client is None:
             return
-        atexit.unregister(self.end)
+        self._leave(error)
+        if self.status == "cancelled":
+            why = self.cancelled_by.line() if self.cancelled_by is not None else "cancelled"
+            saved = f"; its checkpoint is {output_dir}/checkpoint-{step}" if self.saved_at == step else "; no checkpoint"
+            print(f"{self.s.name}: {why} at step {step}{saved}", file=sys.stderr)
+            raise SystemExit(4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
+        if self.status == "failed":
+            print(f"{self.s.name}: failed at step {step}: {self.error or error}", file=sys.stderr)
+            raise SystemExit(1)
+
+    def _leave(self, error: str) -> None:
+        atexit.unregister(self._leave_at_exit)
         if self.status == "running":
             self.status = "failed" if error else "finished"
         try:
-            self.client.unregister(self.status, error)
+            self.client.unregister(self.status, self.error or error)
         except Exception:  # noqa: BLE001 -- already forgotten (killed), or the scheduler is gone
             pass
         finally:
@@ -146,11 +160,11 @@ class RlixGRPO:
                 import ray
 
                 ray.shutdown()
-        if self.status == "cancelled":
-            why = self.cancelled_by.line() if self.cancelled_by is not None else "cancelled"
-            saved = f"; its checkpoint is {output_dir}/checkpoint-{step}" if self.saved_at == step else "; no checkpoint"
-            print(f"{self.s.name}: {why} at step {step}{saved}", file=sys.stderr)
-            raise SystemExit(4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
+
+    def _leave_at_exit(self) -> None:
+        """The script ended (an error, Ctrl-C) without training's end: the scheduler is told, the GPUs go back."""
+        if self.client is not None:
+            self._leave("the training script ended before its training did")
 
     def _scheduler(self):
         if self.s.address is not None:
@@ -172,7 +186,8 @@ class RlixGRPO:
         self.client.interrupt()  # a rollout waiting on workers the scheduler takes back stops waiting
 
     def _gone(self, exc: BaseException) -> None:
-        self.status = "failed"
+        if self.status == "running":
+            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
         self.client.interrupt()
 
     # ------------------------------------------------------------ a generation batch
@@ -218,14 +233,14 @@ class RlixGRPO:
             for i, p in enumerate(prompt_ids)
         ]
 
-    def _stop_now(self, trainer) -> None:
-        """A checkpoint of the step the rollout began at (TRL's own), then leave."""
+    def _stop_now(self, trainer) -> NoReturn:
+        """A checkpoint of the step the rollout began at (TRL's own), then leave (the process exits)."""
         step = trainer.state.global_step
         if self.status == "cancelled" and step > 0:
             trainer._save_checkpoint(trainer.model, trial=None)
             self.saved_at = step
         self.end("the rlix scheduler dropped the job mid-rollout", step=step, output_dir=trainer.args.output_dir)
-        raise SystemExit(1)  # dropped, not cancelled (a cancel exits in end)
+        raise SystemExit(1)  # not reached: end() exits for a cancelled or dropped job
 
     def _publish(self, trainer) -> None:
         """The trainer's weights, once per global step (the step's number is their version)."""

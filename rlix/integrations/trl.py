@@ -269,13 +269,13 @@ class RlixGRPO:
     # ------------------------------------------------------------ rollout workers
 
     def _start(self, gpus) -> _Worker:
+        from rlix.exec.job.coordinator import worker_options
         from rlix.exec.messages import Emulation
-        from rlix.exec.placement import actor_options
-        from rlix.exec.rollout.actor import RolloutWorkerActor, worker_concurrency
+        from rlix.exec.rollout.actor import RolloutWorkerActor
 
-        opts = actor_options(self.cluster, gpus, self.client.client.info.gpus, f"{self.s.name}-rollout-{gpus[0]}")
-        actor = RolloutWorkerActor.options(**opts, max_concurrency=worker_concurrency(self.s.slots_per_worker))
-        return _Worker(actor.remote(Emulation()), gpus)
+        name = f"{self.s.name}-rollout-{gpus[0]}"
+        opts = worker_options(self.cluster, gpus, self.client.client.info.gpus, name, self.s.slots_per_worker)
+        return _Worker(RolloutWorkerActor.options(**opts).remote(Emulation()), gpus)
 
     async def _play(self, worker: _Worker, request):
         if not worker.prepared:

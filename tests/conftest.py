@@ -1,6 +1,7 @@
 import compileall
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,10 +16,24 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# The suite runs on pytest-xdist's workers (``-n`` in pyproject.toml). Each worker's Ray clusters
+# keep their sockets, logs and ``ray_current_cluster`` (what ``--address auto`` reads) under a
+# folder of the worker's own, so the clusters of two tests running at once never meet.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["RAY_TMPDIR"] = f"/tmp/rlix-tests-{os.getpid()}"
+
+
+def pytest_sessionfinish(session):
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+
 
 def pytest_sessionstart(session):
     """Byte-compile rlix once for the session: every Ray worker process imports it, and where
-    PYTHONDONTWRITEBYTECODE is set (the CI machine) each would compile it from source again."""
+    PYTHONDONTWRITEBYTECODE is set (the CI machine) each would compile it from source again.
+    Under pytest-xdist the controller compiles it, before its workers start."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
     compileall.compile_dir(Path(__file__).resolve().parent.parent / "rlix", quiet=1)
 
 
@@ -27,7 +42,12 @@ MISSING = [name for name in EXEC_EXTRA if importlib.util.find_spec(name) is None
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without the exec extra, the tests that run the executor are skipped, not failed."""
+    """The modules that start processes (heavy) first, so the workers' last modules are short ones
+    (each worker takes whole modules, in this order); the order within a module is kept.
+    Without the exec extra, the tests that run the executor are skipped, not failed."""
+    heavy = {item.path for item in items if "heavy" in item.keywords}
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (item.path not in heavy, position[id(item)]))
     if not MISSING:
         return
     skip = pytest.mark.skip(reason=f"needs the exec extra ({', '.join(MISSING)} not installed): pip install -e '.[exec]'")

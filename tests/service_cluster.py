@@ -6,6 +6,7 @@ are ``rlix-run --address`` processes, and the tools are ``rlix ... --address``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -21,6 +22,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# The environment variable that marks a ServiceCluster's processes.
+MARKER = "RLIX_TEST_CLUSTER"
 MODEL = {"size": {"arch": "qwen2", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}}
 
 
@@ -61,7 +64,12 @@ def write_config(path: Path, jobs: list[dict], *, cluster: dict | None = None) -
 
 
 class ServiceCluster:
-    """``ray start --head`` with 4 GPUs and a token of its own; commands run against it."""
+    """``ray start --head`` with 4 GPUs and a token of its own; commands run against it.
+
+    Every process of the cluster (and every command run against it) carries a marker in its
+    environment, and :meth:`stop` kills those alone: ``ray stop`` would stop every Ray cluster
+    on the machine, those of tests running beside this one too.
+    """
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -69,7 +77,8 @@ class ServiceCluster:
         self.address = f"127.0.0.1:{self.port}"
         token = tmp / "ray_auth_token"
         token.write_text(secrets.token_hex(32))
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        self.marker = secrets.token_hex(8)
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), MARKER: self.marker}
         self.env.pop("RAY_AUTH_TOKEN", None)
         self.env.pop("RAY_ADDRESS", None)
         self.ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
@@ -80,7 +89,20 @@ class ServiceCluster:
         subprocess.run(cmd, check=True, capture_output=True, env=self.env, timeout=120, cwd=ROOT)
 
     def stop(self) -> None:
-        subprocess.run([self.ray, "stop", "--force"], capture_output=True, env=self.env, timeout=120)
+        """Kill the cluster's processes (its head, raylet, workers and the commands run against it)."""
+        import psutil
+
+        mine = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get(MARKER) == self.marker:
+                    mine.append(proc)
+            except psutil.Error:  # gone, or not ours to read
+                continue
+        for proc in mine:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(mine, timeout=30)
 
     def rlix(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "rlix.exec.service.cli", *args, "--address", self.address]

@@ -41,13 +41,16 @@ EXEC_EXTRA = ("ray", "torch", "transformers", "peft", "datasets")
 MISSING = [name for name in EXEC_EXTRA if importlib.util.find_spec(name) is None]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The modules that start processes (heavy) first, so the workers' last modules are short ones
-    (each worker takes whole modules, in this order); the order within a module is kept.
+    """Under pytest-xdist (``--dist loadgroup``) the heavy tests (they start processes) are one group,
+    run one after another on one worker, first: on 2 cores two of them at once starve each other's
+    timing. The other tests, a group per module, run on the other worker meanwhile.
     Without the exec extra, the tests that run the executor are skipped, not failed."""
-    heavy = {item.path for item in items if "heavy" in item.keywords}
     position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (item.path not in heavy, position[id(item)]))
+    items.sort(key=lambda item: ("heavy" not in item.keywords, position[id(item)]))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("heavy" if "heavy" in item.keywords else item.path.name))
     if not MISSING:
         return
     skip = pytest.mark.skip(reason=f"needs the exec extra ({', '.join(MISSING)} not installed): pip install -e '.[exec]'")

@@ -66,8 +66,8 @@ def write_config(path: Path, jobs: list[dict], *, cluster: dict | None = None) -
 class ServiceCluster:
     """``ray start --head`` with 4 GPUs and a token of its own; commands run against it.
 
-    Every process of the cluster (and every command run against it) carries a marker in its
-    environment, and :meth:`stop` kills those alone: ``ray stop`` would stop every Ray cluster
+    The cluster's head processes (and every command run against it) carry a marker in their
+    environment, and :meth:`stop` kills those and their children alone: ``ray stop`` would stop every Ray cluster
     on the machine, those of tests running beside this one too.
     """
 
@@ -89,20 +89,22 @@ class ServiceCluster:
         subprocess.run(cmd, check=True, capture_output=True, env=self.env, timeout=120, cwd=ROOT)
 
     def stop(self) -> None:
-        """Kill the cluster's processes (its head, raylet, workers and the commands run against it)."""
+        """Kill the cluster's processes: those that carry its marker (its head, raylet and the commands
+        run against it) and their children (Ray's workers and agents, which the raylet starts with
+        an environment of their own)."""
         import psutil
 
-        mine = []
+        mine: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter():
             try:
                 if proc.environ().get(MARKER) == self.marker:
-                    mine.append(proc)
+                    mine.update({p.pid: p for p in (proc, *proc.children(recursive=True))})
             except psutil.Error:  # gone, or not ours to read
                 continue
-        for proc in mine:
+        for proc in mine.values():
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        psutil.wait_procs(mine, timeout=30)
+        psutil.wait_procs(list(mine.values()), timeout=30)
 
     def rlix(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "rlix.exec.service.cli", *args, "--address", self.address]

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from service_cluster import ServiceCluster, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,12 +39,6 @@ def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = Non
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rlix_run(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rlix.exec.front.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=400, env=env
@@ -72,24 +64,11 @@ def test_unreachable_address_is_one_line_exit_2(tmp_path, where):
 
 @pytest.mark.heavy
 def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
-    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-    port = free_port()
-    # Token authentication with a token of its own (a temp file): nothing is read from ~/.ray.
-    token = tmp_path / "ray_auth_token"
-    token.write_text(secrets.token_hex(32))
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    env.pop("RAY_AUTH_TOKEN", None)
-    start = [
-        ray_cli,
-        "start",
-        "--head",
-        f"--port={port}",
-        "--num-gpus=4",
-        "--num-cpus=2",
-        "--include-dashboard=false",
-        "--disable-usage-stats",
-    ]
-    subprocess.run(start, check=True, capture_output=True, env=env, timeout=120, cwd=ROOT)
+    # `ray start --head` with 4 GPUs and token authentication with a token of its own (a temp file):
+    # nothing is read from ~/.ray.
+    cluster = ServiceCluster(tmp_path)
+    port, env = cluster.port, cluster.env
+    cluster.start()
     try:
         # The output directory (and the model built under it) relative to where rlix-run runs, not
         # where the cluster was started: every path is made absolute before any actor starts.
@@ -114,7 +93,7 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
         assert res.returncode == 0, res.stderr[-2000:]
         assert "solo: finished steps=2" in res.stdout
     finally:
-        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        cluster.stop()
 
 
 @pytest.mark.heavy

@@ -16,17 +16,21 @@ starts before the shrinks that free its GPUs. Every call to a coordinator has
 a deadline; a coordinator that cannot be reached in time is treated as gone:
 its pipeline is unregistered and the others carry on.
 
-Carrying plans out is :class:`~rlix.exec.service.plan_execution.PlanExecution`.
 The same actor, named and detached, is the cluster's shared scheduler
-service; its service calls (claims, status, cancel, rejoining after a
-restart) are :class:`rlix.exec.service.calls.ServiceCalls`.
+service: job names claimed per submitter under a lease, ``rlix cancel``, and
+what keeps a shared cluster whole when a party disappears (submitters whose
+lease runs out and pipelines whose endpoint no longer answers are
+unregistered; a restarted scheduler waits for its pipelines to rejoin with
+what they hold before it plans again, :class:`rlix.exec.service.roster.Roster`).
+What the service records of its jobs (their records, usage, metrics,
+history) is its books, :class:`rlix.exec.service.books.Books`, which the
+actor writes to and ``rlix status`` reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,8 +41,11 @@ import ray
 from rlix import protocol
 from rlix.core import (
     ClusterSpec,
+    Expand,
+    Grant,
     PipelineSpec,
     Register,
+    Rejoin,
     ReleaseStage,
     ReportDemand,
     RequestStage,
@@ -46,21 +53,36 @@ from rlix.core import (
     Scheduler,
     SchedulerConfig,
     SchedulingError,
+    Shrink,
     Stage,
     Unregister,
     WorkerLost,
 )
 from rlix.exec.control.gpu_order import GpuOrder
-from rlix.exec.service.calls import TOTALS_KEY, ServiceCalls, kill_actor
-from rlix.exec.service.history import History
-from rlix.exec.service.jobs import JobLedger, job_number
-from rlix.exec.service.plan_execution import PlanExecution
-from rlix.exec.service.prom import Metrics
-from rlix.exec.service.roster import Roster, kept
-from rlix.exec.service.status import cluster_status
-from rlix.exec.service.usage import ClusterUsage
+from rlix.exec.service.books import Books
+from rlix.exec.service.jobs import Phase
+from rlix.exec.service.roster import Roster
 from rlix.exec.service.web import Web
-from rlix.protocol import GpuMap, GrantReply, SchedulerStats
+from rlix.protocol import (
+    CancelReply,
+    ClusterStatus,
+    GpuMap,
+    GrantReply,
+    HistoryRow,
+    JobClaim,
+    JobNote,
+    LogChunk,
+    PipelineGone,
+    PipelineUnknown,
+    SchedulerStats,
+    ServiceInfo,
+    Stopped,
+    TimelineReply,
+)
+
+LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
+LIVENESS_DEADLINE_S = 10.0  # an endpoint that does not answer within this is gone (s)
+CANCEL_GRACE_S = 30.0  # a cancelled job still registered this long after its cancel is killed (s)
 
 
 def in_actor() -> bool:
@@ -126,8 +148,24 @@ def fail_waiting(waiting: dict, pipeline_id: str) -> None:
             fut.set_exception(SchedulingError(f"pipeline '{pipeline_id}' was unregistered while waiting"))
 
 
+def same_actor(a, b) -> bool:
+    """Whether two Ray actor handles name one actor."""
+    return a is not None and b is not None and a._actor_id == b._actor_id
+
+
+def kill_actor(handle) -> None:
+    """Kill an actor (and what it owns), once and for all; quiet if it is gone already."""
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # noqa: BLE001 -- already dead
+        pass
+
+
 @ray.remote(num_cpus=0, max_concurrency=1000)
-class SchedulerActor(ServiceCalls, PlanExecution):
+class SchedulerActor:
+    """The scheduler service: its calls, the plans made and carried out, and the pipelines' membership
+    (endpoints, waiting requests, who left); what it records of its jobs is in ``self.books``."""
+
     def __init__(
         self,
         cluster: ClusterSpec,
@@ -155,29 +193,22 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self.plan_s = 0.0
         self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
         self.errors: list[str] = []
-        self.specs: dict[str, PipelineSpec] = {}  # each pipeline's latest registered topology, by name
         self.waiting_work = WaitingWork()  # when some pipeline had trajectories queued (stranded_fraction)
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
         self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
-        self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
-        self.restarts = restarts_so_far()
-        restarted, self.persist = self.restarts > 0, in_actor()
-        self.history = History(history) if history else None  # the jobs that ended, in SQLite (None: not kept)
-        self.in_history = self.history.written() if self.history is not None else set()  # ids written there
-        counted = max((job_number(i) for i in self.in_history), default=0)  # ids go on above the history's
-        self.jobs = JobLedger(lease_s, persist=self.persist, restarted=restarted, counted=counted, now=self.now())
-        self.roster = Roster(restarted=restarted, persist=self.persist, now=self.now(), max_wait_s=rejoin_s)
-        totals = (kept(TOTALS_KEY) if restarted and self.persist else None) or {}  # what the previous life counted
-        # GPU-seconds per job id and the timeline; a restarted service's go on from its previous life's
-        self.usage = ClusterUsage(cluster.num_gpus, start=0.0 if restarted else self.now(), totals=totals.get("usage"))
-        self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
+        restarts, persist = restarts_so_far(), in_actor()
+        # What it records of its jobs: job records, usage, metrics, history (a restarted service's go on).
+        self.books = Books(
+            cluster.num_gpus, t0=t0, now=self.now(), restarts=restarts, persist=persist, lease_s=lease_s, history=history
+        )
+        restarted = restarts > 0
+        self.roster = Roster(restarted=restarted, persist=persist, now=self.now(), max_wait_s=rejoin_s)
         self.metrics_port = metrics_port  # where the service serves /metrics and /status (None: a free port)
         self.web = Web(metrics_port or 0) if pages else None  # its HTTP pages (the shared service's)
         self.life = uuid.uuid4().hex  # clients compare it to tell a restart from a lost call
-        self.began = self.now()  # when this life began (its timeline starts there)
         self._routes = self._route_table()  # each request type of the protocol, and the call that answers it
 
     def now(self) -> float:
@@ -228,7 +259,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             p.ReadLog: lambda r: self.read_log(r.job, r.offset),
         }
 
-    # ------------------------------------------------------------ the calls
+    # ------------------------------------------------------------ starting and stopping
 
     async def start(self) -> None:
         """Start planning, and serving metrics (:class:`SchedulingError` if the service could not reserve its
@@ -249,40 +280,70 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         """Serve ``/metrics`` and ``/status`` (once; nothing for a private run's scheduler)."""
         if self.web is None:
             return
-        pages = {"/metrics": self._metrics_page, "/status": self._status_page}
+        pages = {
+            "/metrics": lambda: self.books.metrics_page(self.core, self.now()),
+            "/status": lambda: self.books.status_page(self.core, self.now()),
+        }
         try:
             await self.web.start(pages)
         except (OSError, OverflowError) as exc:
             why = getattr(exc, "strerror", None) or exc
             raise SchedulingError(f"--metrics-port {self.metrics_port}: {why}; pick a free port") from None
 
-    def _metrics_page(self) -> tuple[str, str]:
-        now = self.now()
-        self._account()
-        page = self.metrics.text(cluster_status(self, now))
-        self._keep_totals(now)  # what this scrape read is where a restarted service goes on from
-        return "text/plain; version=0.0.4", page
+    async def stop(self) -> None:
+        self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
+        if self.web is not None:
+            self.web.close()
 
-    def _status_page(self) -> tuple[str, str]:
-        self._account()
-        return "application/json", json.dumps(dataclasses.asdict(cluster_status(self, self.now())))
+    async def info(self) -> ServiceInfo:
+        if self.gpus_error:  # a (restarted) service without its GPUs: nothing may be placed through it
+            raise SchedulingError(f"the rlix scheduler has no GPU reservation: {self.gpus_error}")
+        self._start_loops()
+        c = self.core.cluster
+        return ServiceInfo(
+            nodes=c.nodes,
+            gpus_per_node=c.gpus_per_node,
+            policy=self.core.policy.name,
+            started_at=self.t0,
+            restarts=self.books.restarts,
+            life=self.life,
+            gpus=self.gpus,
+        )
+
+    # ------------------------------------------------------------ a pipeline's calls
 
     async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "") -> None:
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
         job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
         await self._rejoin_window()
-        record = self.jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
+        jobs = self.books.jobs
+        record = jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
         try:
             await self._event(Register(spec=spec))
         except SchedulingError as exc:  # refused by the core: the job this call queued ends, saying why
-            if spec.pipeline_id not in self.core.pipelines() and self.jobs.active(spec.pipeline_id) is record:
-                self.jobs.end(spec.pipeline_id, "failed", str(exc), self.now())
+            if spec.pipeline_id not in self.core.pipelines() and jobs.active(spec.pipeline_id) is record:
+                jobs.end(spec.pipeline_id, "failed", str(exc), self.now())
             raise
         self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         self._joined(spec, coordinator)
 
+    async def rejoin(self, event: Rejoin, endpoint, user: str = "") -> None:
+        """A pipeline registered with this scheduler before its restart registers again with its holdings."""
+        pid = event.spec.pipeline_id
+        if pid in self.core.pipelines():
+            if same_actor(self.coordinators.get(pid), endpoint):
+                return  # another of its calls rejoined first
+            raise PipelineGone(f"pipeline '{pid}' is registered by another process now; stop this one")
+        if event.admitted_at is None:  # when the previous life admitted it, as it kept it
+            event = dataclasses.replace(event, admitted_at=self.roster.admitted_before(pid))
+        await self._event(event)
+        self.books.jobs.rejoined(pid, user, event.admitted, self.now())
+        self._joined(event.spec, endpoint)
+        if event.demand is not None:
+            self.books.reported(event.demand)
+
     async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
-        self.jobs.end(pipeline_id, status, error, self.now())
+        self.books.jobs.end(pipeline_id, status, error, self.now())
         endpoint = self.coordinators.get(pipeline_id)
         try:
             done = await self._event(Unregister(pipeline_id=pipeline_id))
@@ -330,7 +391,7 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         self._demand(report)
 
     def _demand(self, report: ReportDemand) -> None:
-        self.demands[report.pipeline_id] = report
+        self.books.reported(report)
         self.waiting_work.note(report.pipeline_id, report.pending, self.now())
 
     async def lost(self, event: WorkerLost) -> None:
@@ -341,10 +402,29 @@ class SchedulerActor(ServiceCalls, PlanExecution):
         except SchedulingError:
             pass  # a plan already shrank it (or the pipeline left): nothing to give back
 
+    async def note(self, note: JobNote) -> None:
+        self._known(note.pipeline_id)
+        self.books.jobs.noted(note, self.now())
+
+    async def alive(self, pipeline_id: str) -> None:
+        """A pipeline's keep-alive: raises if this scheduler does not know it (it restarted, or dropped it)."""
+        self._known(pipeline_id)
+
+    async def knows(self, pipeline_id: str) -> bool:
+        return pipeline_id in self.core.pipelines()
+
     async def rollout_bundles(self, pipeline_id: str) -> tuple[tuple[int, ...], ...]:
         """Bundles the policy may ever give this pipeline's rollout workers (to pre-start them)."""
         self._known(pipeline_id)
         return self.core.rollout_bundles(pipeline_id)
+
+    async def admission_refusal(self, pipeline_id: str) -> str | None:
+        """Why the pipeline's model load waits for its queues (one line), or None: see the core's own."""
+        return self.core.admission_refusal(pipeline_id)
+
+    async def holdings(self) -> dict[str, tuple[int, ...]]:
+        """GPUs each pipeline holds now (rollout workers and gang stages), for tests and the console."""
+        return held_gpus(self.core.ledger.owner)
 
     async def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -355,20 +435,81 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             **self.counts,
         )
 
-    async def admission_refusal(self, pipeline_id: str) -> str | None:
-        """Why the pipeline's model load waits for its queues (one line), or None: see the core's own."""
-        return self.core.admission_refusal(pipeline_id)
+    # ------------------------------------------------------------ submitters' and operators' calls
 
-    async def holdings(self) -> dict[str, tuple[int, ...]]:
-        """GPUs each pipeline holds now (rollout workers and gang stages), for tests and the console."""
-        return held_gpus(self.core.ledger.owner)
+    async def claim(self, submitter: str, jobs: tuple[JobClaim, ...], user: str = "") -> tuple[str, ...]:
+        """Claim job names for ``submitter`` (:class:`rlix.protocol.NameTaken` if one is in use); returns their ids.
 
-    async def stop(self) -> None:
-        self.order.cancel()  # the ticker, queued and running plan actions, pending unregisters
-        if self.web is not None:
-            self.web.close()
+        Waits while a restarted scheduler's pipelines rejoin: until they have, a name that is running may not look so."""
+        await self._rejoin_window()
+        return self.books.jobs.claim(submitter, user, jobs, set(self.core.pipelines()), self.now())
 
-    # ------------------------------------------------------------ planning
+    async def renew(self, submitter: str, jobs: tuple[JobClaim, ...], user: str = "") -> tuple[tuple[str, Stopped], ...]:
+        """``submitter``'s lease, with the jobs it has not seen end; returns those cancelled before they started, and why."""
+        self.books.jobs.renew_claims(submitter, user, jobs, self.now())
+        return self.books.jobs.renew(submitter, self.now())
+
+    async def leave(self, submitter: str) -> None:
+        """A submitter is done: its lease ends (its jobs stay listed as they ended)."""
+        self.books.jobs.leave(submitter, self.now())
+
+    async def cancel(self, job: str, why: Stopped = Stopped(), *, force: bool = False) -> CancelReply:
+        """Cancel a job, by id or name: a running one is asked to stop (it ends cancelled; killed if it
+        has not left within ``CANCEL_GRACE_S``); one not started never starts. ``why``: who asked, told to
+        the job (its submitter prints it); another user's job only with ``force``."""
+        record = self.books.jobs.find(job)
+        if record is None:
+            return CancelReply(found=False, message=f"no job '{job}' on this cluster; see rlix status")
+        if record.ended:
+            return CancelReply(found=True, message=f"job {record.id} already {record.phase.value}")
+        owner, asker = record.user.partition("@")[0], why.by.partition("@")[0]
+        if owner and asker and owner != asker and not force:
+            message = f"job {record.id} is {owner}'s (submitted from {record.user}); cancel it with --force"
+            return CancelReply(found=True, refused=True, message=message)
+        if record.phase is Phase.SUBMITTED:
+            self.books.jobs.cancelled(record.name, why, self.now())
+            return CancelReply(found=True, message=f"job {record.id} cancelled before it started")
+        self.order.spawn(self._stop(record.name, why))
+        return CancelReply(found=True, message=f"job {record.id} asked to stop")
+
+    async def cancel_all(self, by: str = "") -> int:
+        """Cancel every job not ended, the scheduler being stopped by ``by`` (``rlix scheduler stop --force``);
+        returns how many."""
+        names = await self.busy()
+        for name in names:
+            await self.cancel(name, Stopped(by=by, scheduler_stopped=True), force=True)
+        return len(names)
+
+    async def kill_all(self) -> list[str]:
+        """Kill every pipeline still registered and give its GPUs back (a forced stop whose cancels
+        were not obeyed in time); returns their names."""
+        names = sorted(self.core.pipelines())
+        for name in names:
+            await self._drop(name, "cancelled", "killed: the scheduler was stopped")
+        for name in self.books.jobs.open_jobs():
+            self.books.jobs.end(name, "cancelled", "the scheduler was stopped", self.now())
+        return names
+
+    async def busy(self) -> list[str]:
+        """Jobs not ended: registered pipelines and claimed jobs (``rlix scheduler stop`` refuses while any)."""
+        return sorted(set(self.books.jobs.open_jobs()) | set(self.core.pipelines()))
+
+    async def status(self) -> ClusterStatus:
+        return self.books.status(self.core, self.now())
+
+    async def timeline(self) -> TimelineReply:
+        """The cluster's activity since the service started."""
+        return self.books.timeline(self.core, self.now())
+
+    async def job_history(self, user: str = "", since: float = 0.0) -> tuple[HistoryRow, ...]:
+        """The jobs that ended (``rlix history``), oldest first: those written to the database, and any not written yet."""
+        return self.books.job_history(self.core, self.now(), user=user, since=since)
+
+    async def read_log(self, job: str, offset: int = 0) -> LogChunk:
+        """A job's run log from ``offset``, where it lies on this node (``rlix logs`` from another host)."""
+        return self.books.read_log(job, offset)
+
+    # ------------------------------------------------------------ planning and carrying plans out
 
     async def _event(self, *events) -> asyncio.Future | None:
         """Submit the events and plan once; returns a future done once that plan is carried out (None: nothing to do)."""
@@ -393,6 +534,113 @@ class SchedulerActor(ServiceCalls, PlanExecution):
                 except Exception as exc:  # noqa: BLE001 -- recorded; the next tick plans again
                     self._bug(exc)
 
+    def _plan(self) -> asyncio.Future | None:
+        """Plan once and queue the plan's actions per GPU; returns a future done once all of them handed their GPUs on.
+
+        Not while a restarted scheduler waits for its pipelines to rejoin (their GPUs are not known yet).
+        """
+        if self.roster.waiting(self.now()):
+            return None
+        t0 = time.perf_counter()
+        plan = self.core.plan(self.now())
+        took = time.perf_counter() - t0
+        self.plan_s += took
+        self.books.planned(took, plan.shrinks)
+        if plan.empty:
+            return None
+        for pid in {g.pipeline_id for g in plan.grants} | {e.worker.pipeline_id for e in plan.expands}:
+            self.roster.admitted(pid, plan.now)  # kept across a restart: who of a shared home came first
+        after = self.order.after
+        steps = [after(s.worker.gpus, lambda s=s: self._shrink(s)) for s in plan.shrinks]
+        steps += [after(g.gpus, lambda g=g: self._grant(g)) for g in plan.grants]
+        steps += [after(e.worker.gpus, lambda e=e: self._expand(e)) for e in plan.expands]
+        return asyncio.gather(*steps)
+
+    async def _shrink(self, shrink: Shrink) -> None:
+        pid = shrink.worker.pipeline_id
+        self.counts["shrinks"] += 1
+        coord = self.coordinators.get(pid)
+        if coord is None:
+            return  # pipeline already gone: nothing runs there
+        try:
+            await asyncio.wait_for(coord.shrink.remote(shrink.worker.gpus, shrink.reason.value), self.call_timeout_s)
+        except Exception:  # noqa: BLE001 -- the pipeline died; its GPUs are freed by unregistering it
+            self.order.spawn(self._unreachable(pid))
+
+    async def _grant(self, grant: Grant) -> None:
+        self.books.jobs.granted(grant.pipeline_id, self.now())
+        entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
+        self.counts["grants"] += 1
+
+    async def _expand(self, expand: Expand):
+        """Send the expand (the GPUs are handed on once it is sent); its answer is awaited after."""
+        pid = expand.worker.pipeline_id
+        self.counts["expands"] += 1
+        coord = self.coordinators.get(pid)
+        if coord is None:
+            return None
+        ref = coord.expand.remote(expand.worker.gpus)
+        return self._expanded(pid, ref)
+
+    async def _expanded(self, pipeline_id: str, ref) -> None:
+        try:
+            await asyncio.wait_for(ref, self.call_timeout_s)
+        except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
+            self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
+            await self._drop(pipeline_id, "failed", f"an expand failed: {type(exc).__name__}")
+
+    def _account(self) -> None:
+        """Book what the ledger holds now (after every plan, so the usage changes when the GPUs do)."""
+        self.books.account(self.core, self.now())
+
+    def _bug(self, exc: BaseException) -> None:
+        self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------ keeping the cluster whole
+
+    async def _rejoin_window(self) -> None:
+        """Wait until a restarted scheduler's pipelines have rejoined (no wait otherwise)."""
+        while self.roster.waiting(self.now()):
+            await asyncio.sleep(0.2)
+
+    async def _watch(self) -> None:
+        """Every ``LIVENESS_S``: drop submitters whose lease ran out, and pipelines whose endpoint is gone."""
+        jobs = self.books.jobs
+        while True:
+            await asyncio.sleep(LIVENESS_S)
+            try:
+                for submitter in jobs.expired(self.now()):
+                    for name in jobs.jobs_of(submitter):
+                        if name in self.core.pipelines():
+                            self.order.spawn(self._drop(name, "failed", f"its submitter {submitter} is gone"))
+                        jobs.end(name, "failed", f"its submitter {submitter} is gone", self.now())
+                endpoints = list(self.coordinators.items())
+                answers = await asyncio.gather(*(self._answers(e) for _, e in endpoints))
+                for (pid, _), alive in zip(endpoints, answers):
+                    if not alive:
+                        jobs.end(pid, "failed", "its process is gone", self.now())
+                        self.order.spawn(self._unreachable(pid))
+                if self.roster.restarted_and_done(self.now()):  # once: the jobs that did not come back ended
+                    jobs.unjoined(set(self.core.pipelines()), self.now())
+                now = self.now()
+                self.books.account(self.core, now)
+                self.books.keep_totals(now)
+                self.books.write_history(self.core, now)
+            except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
+                self._bug(exc)
+
+    async def _answers(self, endpoint) -> bool:
+        """Whether a pipeline's endpoint actor is alive (a dead one fails at once; a hung one within the deadline)."""
+        from ray.exceptions import RayActorError
+
+        try:
+            await asyncio.wait_for(endpoint.__ray_ready__.remote(), LIVENESS_DEADLINE_S)
+        except (RayActorError, asyncio.TimeoutError):
+            return False
+        return True
+
     async def _unreachable(self, pipeline_id: str) -> None:
         """A coordinator missed a shrink: it is killed (with the processes it owns) and its pipeline
         unregistered, and the others are planned again."""
@@ -403,20 +651,53 @@ class SchedulerActor(ServiceCalls, PlanExecution):
             self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():
                 self.gone.add(pipeline_id)
-                self.jobs.end(pipeline_id, "failed", "unreachable", self.now())
+                self.books.jobs.end(pipeline_id, "failed", "unreachable", self.now())
                 self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
             self._account()
+
+    async def _drop(self, pipeline_id: str, status: str, error: str) -> None:
+        """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is
+        killed first, so no GPU is given to another job while its processes still run there."""
+        endpoint = self.coordinators.get(pipeline_id)
+        if endpoint is not None:
+            kill_actor(endpoint)
+        await self.unregister(pipeline_id, status, error)
+
+    async def _stop(self, name: str, why: Stopped) -> None:
+        """Ask a registered job's endpoint to stop (once it has one: a job registering has it in a moment)."""
+        for _ in range(100):
+            endpoint = self.coordinators.get(name)
+            if endpoint is not None or name not in self.core.pipelines() and self.books.jobs.active(name) is None:
+                break
+            await asyncio.sleep(0.1)
+        if endpoint is not None:
+            endpoint.stop.remote(why)
+            await self._stopped_or_killed(name, endpoint)
+
+    async def _stopped_or_killed(self, name: str, endpoint) -> None:
+        """A cancelled job that has not left within ``CANCEL_GRACE_S`` is killed."""
+        await asyncio.sleep(CANCEL_GRACE_S)
+        if self.coordinators.get(name) is endpoint and name in self.core.pipelines():
+            await self._drop(name, "cancelled", f"did not stop within {CANCEL_GRACE_S:g} s of its cancel; killed")
+
+    def _known(self, pipeline_id: str) -> None:
+        if pipeline_id in self.gone:
+            raise PipelineGone(f"pipeline '{pipeline_id}' was unregistered by the scheduler")
+        if pipeline_id not in self.core.pipelines():
+            raise PipelineUnknown(f"pipeline '{pipeline_id}' is not registered with this scheduler")
+
+    def _joined(self, spec: PipelineSpec, endpoint) -> None:
+        self.coordinators[spec.pipeline_id] = endpoint
+        self.roster.joined(spec.pipeline_id, self.core.admitted_at(spec.pipeline_id))
+        self.books.joined(spec, self.now())
+        self._account()
 
     def _forget(self, pipeline_id: str) -> None:
         """What this shell keeps of a pipeline that left: its endpoint, waiting requests, demand and home."""
         self.coordinators.pop(pipeline_id, None)
         fail_waiting(self.waiting, pipeline_id)
         self.waiting_work.note(pipeline_id, 0, self.now())
-        self.demands.pop(pipeline_id, None)
-        self.usage.set_home(self.now(), self.jobs.id_of(pipeline_id), ())
+        self.books.left(pipeline_id, self.now())
         self.roster.left(pipeline_id)
-
-    def _bug(self, exc: BaseException) -> None:
-        self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")

@@ -1,4 +1,4 @@
-"""Executor layer: the answer to ``rlix status``, a projection of the service's job records.
+"""Executor layer: the answer to ``rlix status``, a projection of the service's books and the core's ledger.
 
 Each job's state is its record's phase (:mod:`rlix.exec.service.jobs`); its
 place in the queue is its model load's place among the pending requests,
@@ -26,11 +26,11 @@ def held_gpus(ledger) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-def queue_order(service, held: dict) -> list[str]:
+def queue_order(books, core, held: dict) -> list[str]:
     """Jobs waiting to be admitted, next first: registered ones waiting for their load's GPUs (in the
     core's order), then the others registered and holding nothing, then those submitted, not yet registered."""
-    jobs = service.jobs
-    queued = [pid for pid, stage in service.core.pending_requests() if stage is Stage.INIT and pid not in held]
+    jobs = books.jobs
+    queued = [pid for pid, stage in core.pending_requests() if stage is Stage.INIT and pid not in held]
     for record in sorted(jobs.records.values(), key=lambda r: r.seq):
         if record.phase is Phase.QUEUED and record.name not in held and record.name not in queued:
             queued.append(record.name)
@@ -38,28 +38,28 @@ def queue_order(service, held: dict) -> list[str]:
     return queued
 
 
-def waits_for(record: JobRecord, service, held: dict) -> str:
+def waits_for(record: JobRecord, books, core, held: dict) -> str:
     """Why a job not yet loading waits, in a line ("" for one past that)."""
     if record.phase is Phase.SUBMITTED:
         return "its submitter prepares it (models, data) before it registers"
     if record.phase is not Phase.QUEUED:
         return ""
-    refusal = service.core.admission_refusal(record.name)
+    refusal = core.admission_refusal(record.name)
     if refusal:
         return refusal
-    spec = service.specs.get(record.name)
+    spec = books.specs.get(record.name)
     if spec is None:
         return ""
     gpus = spec.init_gpus
-    holders = sorted({service.jobs.id_of(p) for p, on in held.items() for g, _ in on if g in gpus and p != record.name})
+    holders = sorted({books.jobs.id_of(p) for p, on in held.items() for g, _ in on if g in gpus and p != record.name})
     taken = f" (held by {', '.join(holders)})" if holders else ""
     return f"its model load waits for GPUs {','.join(map(str, gpus))}{taken}"
 
 
-def job_row(record: JobRecord, service, held: dict, queue: list[str]) -> JobRow:
+def job_row(record: JobRecord, books, core, held: dict, queue: list[str]) -> JobRow:
     """A job's row: its record, what it holds now, and its GPU-seconds (booked under its id)."""
-    usage, live = service.usage, not record.ended
-    spec = service.specs.get(record.name) if live else None
+    usage, live = books.usage, not record.ended
+    spec = books.specs.get(record.name) if live else None
     note = record.note
     return JobRow(
         id=record.id,
@@ -79,30 +79,31 @@ def job_row(record: JobRecord, service, held: dict, queue: list[str]) -> JobRow:
         fair_s=usage.fair.get(record.id, 0.0),
         queue_position=queue.index(record.name) + 1 if live and record.name in queue else None,
         error=record.error,
-        reason=waits_for(record, service, held),
+        reason=waits_for(record, books, core, held),
         log=record.log,
     )
 
 
-def cluster_status(service, now: float) -> ClusterStatus:
-    """The status snapshot of a scheduler actor (``service``) at ``now`` (its clock)."""
-    held = held_gpus(service.core.ledger)
-    queue = queue_order(service, held)
-    usage = service.usage
+def cluster_status(books, core, now: float) -> ClusterStatus:
+    """The status snapshot at ``now`` (the scheduler's clock) of the service's books
+    (:class:`rlix.exec.service.books.Books`) and what the core's ledger holds."""
+    held = held_gpus(core.ledger)
+    queue = queue_order(books, core, held)
+    usage = books.usage
     busy = usage.busy_gpu_s(now)  # integrated to now: the rows below read the same figures
-    rows = [job_row(r, service, held, queue) for r in sorted(service.jobs.records.values(), key=lambda r: r.seq)]
-    c = service.core.cluster
+    rows = [job_row(r, books, core, held, queue) for r in sorted(books.jobs.records.values(), key=lambda r: r.seq)]
+    c = core.cluster
     util = utilization(busy, c.num_gpus, now - usage.start)  # since the service started (its figures go on across restarts)
     return ClusterStatus(
         nodes=c.nodes,
         gpus_per_node=c.gpus_per_node,
-        policy=service.core.policy.name,
+        policy=core.policy.name,
         uptime_s=now,
         busy_gpu_s=busy,
         utilization=util,
         idle_fraction=1.0 - util,
         queue_length=len(queue),
         jobs=tuple(rows),
-        restarts=service.restarts,
-        started_at=service.t0,
+        restarts=books.restarts,
+        started_at=books.t0,
     )

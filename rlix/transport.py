@@ -71,6 +71,16 @@ def page_file(gcs_port: int) -> Path:
     return Path.home() / ".rlix" / f"scheduler-{gcs_port}.json"
 
 
+def ray_address_file() -> Path:
+    """Where ``ray start`` writes the address that ``auto`` means: under ``RAY_TMPDIR``, else ``TMPDIR``
+    (on Linux), else ``/tmp``, as Ray 2.x reads it."""
+    import os
+    import sys
+
+    base = os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None)
+    return Path(base or "/tmp") / "ray" / "ray_current_cluster"
+
+
 def status_over_http(address: str, timeout_s: float = 2.0) -> dict | None:
     """``rlix status --json`` as the scheduler serves it over HTTP, without Ray: found through the file its
     node holds (:func:`page_file`); None where it cannot be read so (another node, no service, an old one)."""
@@ -80,7 +90,7 @@ def status_over_http(address: str, timeout_s: float = 2.0) -> dict | None:
 
     if address == "auto":  # the cluster this host belongs to, as Ray's own 'auto' finds it
         try:
-            address = Path("/tmp/ray/ray_current_cluster").read_text().strip()
+            address = ray_address_file().read_text().strip()
         except OSError:
             return None
     try:

@@ -43,14 +43,19 @@ MISSING = [name for name in EXEC_EXTRA if importlib.util.find_spec(name) is None
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``) the heavy tests (they start processes) are one group,
-    run one after another on one worker, first: on 2 cores two of them at once starve each other's
-    timing. The other tests, a group per module, run on the other worker meanwhile.
+    """Under pytest-xdist (``--dist loadgroup``) the heavy tests (they start processes) and the GPU
+    tests are one group, run one after another on one worker, first (``--no-loadscope-reorder`` keeps
+    this order): on 2 cores two of them at once starve each other's timing, and two on one GPU share
+    its memory. The other tests, a group per module, run on the other worker meanwhile.
     Without the exec extra, the tests that run the executor are skipped, not failed."""
+
+    def lane(item) -> bool:  # processes, or a GPU's memory, that no other test may share
+        return "heavy" in item.keywords or "gpu" in item.keywords
+
     position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: ("heavy" not in item.keywords, position[id(item)]))
+    items.sort(key=lambda item: (not lane(item), position[id(item)]))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("heavy" if "heavy" in item.keywords else item.path.name))
+        item.add_marker(pytest.mark.xdist_group("heavy" if lane(item) else item.path.name))
     if not MISSING:
         return
     skip = pytest.mark.skip(reason=f"needs the exec extra ({', '.join(MISSING)} not installed): pip install -e '.[exec]'")

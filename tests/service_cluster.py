@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from rlix.transport import ray_address_file
+
 ROOT = Path(__file__).resolve().parent.parent
 # The environment variable that marks a ServiceCluster's processes.
 MARKER = "RLIX_TEST_CLUSTER"
@@ -105,6 +107,10 @@ class ServiceCluster:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         psutil.wait_procs(list(mine.values()), timeout=30)
+        # as `ray stop` does: 'auto' no longer means the cluster just stopped
+        with contextlib.suppress(OSError):
+            if ray_address_file().read_text().strip().endswith(f":{self.port}"):
+                ray_address_file().unlink()
 
     def rlix(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "rlix.exec.service.cli", *args, "--address", self.address]

@@ -11,7 +11,7 @@ exist only in the built site, never in ``docs/``, so they cannot go stale:
   each console script in ``pyproject.toml``).
 
 It imports those modules and builds the parsers; it starts nothing (no Ray, no torch).
-``tests/test_docs.py`` calls :func:`pages` directly too.
+``tests/test_docs.py`` builds the site and reads these pages in it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Jobs whose mappings overlap are co-tenants and run at once. A job waits for
 admission (its model load) only where a queue says so: the jobs touching a
 queue's GPUs may hold at most ``max_jobs`` admitted jobs, and at most
 ``max_resident_gb`` of resident model memory, at once (Kueue's quota).
-Within a queue admission is first come, first served: a job refused keeps
-every later job of that queue waiting too.
+Within a queue, among jobs of equal priority, admission is first come, first
+served: a job refused keeps every later job of that queue waiting too (a job
+of higher priority goes before them).
 """
 
 from __future__ import annotations

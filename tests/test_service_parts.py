@@ -279,7 +279,8 @@ def test_an_ended_job_is_forgotten_a_while_after_it_is_in_the_history_and_the_fi
     from rlix.exec.service.status import cluster_status
 
     core = Scheduler(ClusterSpec(nodes=1, gpus_per_node=2), policy="rlix")
-    books = Books(2, t0=1000.0, now=0.0, restarts=0, persist=False, lease_s=10, history=str(tmp_path / "h.sqlite"), keep_ended_s=60)
+    history = str(tmp_path / "h.sqlite")
+    books = Books(2, t0=1000.0, now=0.0, restarts=0, persist=False, lease_s=10, history=history, keep_ended_s=60)
     jobs, usage = books.jobs, books.usage
     jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
     for name in ("a", "b"):

@@ -40,7 +40,8 @@ class ClusterUsage:
     def totals(self, now: float) -> dict[str, dict[str, float]]:
         """Each kind's GPU-seconds per job, up to ``now`` (what a restarted service starts from)."""
         self.integrate(now)
-        return {kind: dict(getattr(self, kind)) for kind in KINDS} | {"forgotten": {"gpu_s": self.forgotten_s, "jobs": self.forgotten_jobs}}
+        forgotten = {"gpu_s": self.forgotten_s, "jobs": self.forgotten_jobs}
+        return {kind: dict(getattr(self, kind)) for kind in KINDS} | {"forgotten": forgotten}
 
     def forget(self, job: str) -> None:
         """Drop an ended job's figures (it holds nothing and has no home); its GPU-seconds stay in the busy total."""

@@ -213,6 +213,8 @@ class ClusterStatus:
     jobs: tuple[JobRow, ...]
     restarts: int = 0
     started_at: float = 0.0  # time.time() when the service first started (the zero of its clock)
+    forgotten_jobs: int = 0  # ended jobs no longer listed (in the history since --keep-ended); not in ``jobs``
+    forgotten_gpu_s: float = 0.0  # their GPU-seconds: the rows' gpu_s and this add up to busy_gpu_s
 
 
 def status_from_json(data: dict) -> ClusterStatus:

@@ -12,6 +12,7 @@ can show (memory released by sleep) is in tests/test_exec_gpu.py.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -185,6 +186,23 @@ def test_sleep_and_wake_sync_the_trainers_weights(model_dir, engines):
     assert logprob_gap(b, model, seeds=(1,)) <= LOGPROB_TOL  # the engine serves exactly the new weights
     b.update_weights(v0(model_dir))  # awake sync back to the old weights: old outputs, exactly
     assert b.generate(_req(temperature=1e-5)).token_ids == before.token_ids
+
+
+def test_a_wake_that_kept_its_weights_loads_none_and_says_so(model_dir, engines):
+    """Sleep level 1 keeps the weights: waking with the version it holds loads nothing (no weight load is
+    reported for it); a newer version is loaded, and counted."""
+    b = fresh(engines(), model_dir)
+    loads = b.full_loads
+    b.options = dataclasses.replace(OPTS, sleep_level=1)
+    try:
+        b.sleep()
+        b.wake(v0(model_dir))
+        assert (b.full_loads, b.weight_version) == (loads, 0)
+        b.sleep()
+        b.wake(dataclasses.replace(v0(model_dir), version=1))
+        assert (b.full_loads, b.weight_version) == (loads + 1, 1)
+    finally:
+        b.options = OPTS
 
 
 def _long_request(b) -> tuple[GenRequest, float]:

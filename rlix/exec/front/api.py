@@ -111,6 +111,9 @@ def start_local_ray(config: RunConfig, num_gpus: int) -> None:
         include_dashboard=False,
         log_to_driver=bool(os.environ.get("RLIX_WORKER_LOGS")),
         runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
+        # Every rlix worker is an actor with an environment of its own, so the idle workers Ray starts for
+        # tasks (one per CPU) would only cost a Python start each and their memory.
+        _system_config={"prestart_worker_first_driver": False},
     )
 
 

@@ -74,12 +74,12 @@ class RolloutWorkerActor:
         if self.fault.hang_wake:
             threading.Event().wait()  # injected: a wake that never returns (the caller's deadline kills us)
         t0 = time.perf_counter()
-        before = self.backend.weight_version if self.backend.awake else -1
+        loads = self.backend.full_loads
         had = self.backend.adapter_versions if self.backend.awake else {}
         cold = self.backend.builds_on_wake
         self.memory.wait_for("wake")  # what the first wake took must be free (NotEnoughMemoryError: reported lost)
         self.memory.measure("wake", lambda: self.backend.wake(snapshot, adapters))
-        full = snapshot is not None and snapshot.version != before
+        full = self.backend.full_loads > loads  # an engine that kept its weights asleep (vLLM level 1) loads none
         synced = snapshot.nbytes if full else 0
         synced += sum(a.nbytes for a in adapters if a.version > had.get(a.name, -1))
         return self._timing(t0, synced, cold, full)

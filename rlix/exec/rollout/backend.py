@@ -23,6 +23,7 @@ class RolloutBackend(abc.ABC):
     """One rollout worker's inference engine."""
 
     route: Route | None = None  # how the newest full weights came, and why that way (None: none loaded yet)
+    full_loads: int = 0  # full weights loaded from a trainer's snapshot so far (a wake that kept its weights loads none)
 
     @abc.abstractmethod
     def prepare(self, model_path: str, device: str) -> None:

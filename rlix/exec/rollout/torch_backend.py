@@ -136,6 +136,7 @@ class TorchRolloutBackend(RolloutBackend):
         self.route = load_into(self.model, weights, self.device, self._staging)
         self._tie()
         self._version = weights.version
+        self.full_loads += 1
 
     def _tie(self) -> None:
         if self.lora is None or "lm_head" not in self.lora.target_modules:

@@ -263,6 +263,7 @@ class VllmRolloutBackend(RolloutBackend):
         # Prefix caching is on by default: cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache(reset_running_requests=True)
         self._version = weights.version
+        self.full_loads += 1
 
     def _register(self, snapshot: AdapterSnapshot) -> None:
         if snapshot.version <= self._adapters.get(snapshot.name, (-1, None))[0]:

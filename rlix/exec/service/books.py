@@ -7,6 +7,13 @@ the ended jobs written to the history, and the totals kept for a restarted
 service. ``rlix status``, ``/metrics``, ``/status``, the timeline and
 ``rlix history`` are projections of them.
 
+An ended job stays in the status (and its series in ``/metrics``) for
+``keep_ended_s`` after it is in the history, then the books forget it, as
+``slurmctld`` forgets a job after ``MinJobAge``: a service that runs for months
+keeps its status short and its memory bounded. Its GPU-seconds stay in the
+cluster's busy total (``forgotten_gpu_s`` in the status), so the rows and the
+forgotten jobs still add up to it; ``rlix history`` has every job.
+
 The scheduler actor owns the books and writes to them as it plans and as
 jobs come and go; nothing here plans, and no plan depends on them. What the
 GPUs hold now is the core's ledger: the calls that read it take the core as
@@ -20,7 +27,7 @@ import json
 
 from rlix.core import PipelineSpec, ReportDemand, Scheduler, SchedulingError, ShrinkReason, Stage
 from rlix.core.types import GangHolder
-from rlix.exec.service.history import History, history_row
+from rlix.exec.service.history import KEEP_ENDED_S, History, history_row
 from rlix.exec.service.jobs import JobLedger, job_number
 from rlix.exec.service.logs import chunk_here
 from rlix.exec.service.prom import Metrics
@@ -40,17 +47,29 @@ class Books:
     """
 
     def __init__(
-        self, num_gpus: int, *, t0: float, now: float, restarts: int, persist: bool, lease_s: float, history: str | None
+        self,
+        num_gpus: int,
+        *,
+        t0: float,
+        now: float,
+        restarts: int,
+        persist: bool,
+        lease_s: float,
+        history: str | None,
+        keep_ended_s: float = KEEP_ENDED_S,
     ) -> None:
         """``restarts``: Ray's restarts of the actor so far (a restarted service reads what its earlier life
-        kept, when ``persist``: it runs in a Ray actor); ``history``: the SQLite file of ended jobs (None: kept nowhere)."""
+        kept, when ``persist``: it runs in a Ray actor); ``history``: the SQLite file of ended jobs (None: kept
+        nowhere, and no job is forgotten); ``keep_ended_s``: how long an ended job stays once it is in the history."""
         restarted = restarts > 0
+        self.keep_ended_s = keep_ended_s
         self.t0 = t0  # wall-clock epoch of the scheduler's clock (time.time() seconds)
         self.restarts = restarts
         self.began = now  # when this life began (its timeline starts there)
         self.persist = persist
         self.history = History(history) if history else None  # the jobs that ended, in SQLite (None: not kept)
         self.in_history = self.history.written() if self.history is not None else set()  # ids written there
+        self.written_at: dict[str, float] = {}  # when this life wrote an ended job there (it is forgotten later)
         counted = max((job_number(i) for i in self.in_history), default=0)  # ids go on above the history's
         self.jobs = JobLedger(lease_s, persist=persist, restarted=restarted, counted=counted, now=now)
         totals = (kept(TOTALS_KEY) if restarted and persist else None) or {}  # what the previous life counted
@@ -136,6 +155,18 @@ class Books:
             if record.ended and record.id not in self.in_history and self._settled(record, registered):
                 self.history.write(history_row(record, self.usage, self.t0))
                 self.in_history.add(record.id)
+                self.written_at[record.id] = now
+
+    def forget_ended(self, now: float) -> list[str]:
+        """Forget the jobs in the history for ``keep_ended_s`` by ``now`` (their records, figures and series);
+        returns their ids."""
+        old = sorted(i for i, t in self.written_at.items() if now - t >= self.keep_ended_s)
+        for job_id in old:
+            del self.written_at[job_id]
+            self.jobs.forget(job_id)
+            self.usage.forget(job_id)
+            self.metrics.preemptions.pop(job_id, None)
+        return old
 
     def keep_totals(self, now: float) -> None:
         """Each job's GPU-seconds and counts up to ``now``, where a restarted service finds them (so what a scrape

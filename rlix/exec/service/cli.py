@@ -1,7 +1,7 @@
 """Executor layer: ``rlix``, the tools of the cluster's shared scheduler service.
 
     rlix scheduler start [--address A] [--policy P] [--set KNOB=VALUE ...] [--nodes N --gpus G]
-                         [--metrics-port P] [--history PATH]
+                         [--metrics-port P] [--history PATH] [--keep-ended AGE]
     rlix scheduler stop [--address A] [--force]
     rlix status [JOB] [--address A] [--json] [--watch [S]]
     rlix history [--user U] [--since T] [--json] [--db PATH] [--address A]
@@ -47,6 +47,20 @@ def seconds(text: str) -> float:
     return value
 
 
+def duration(text: str) -> float:
+    """A number of seconds, or of minutes, hours or days with their unit (30m, 6h, 2d); 0 or more."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    scale = units.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in units else text
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not an age: write seconds (600), or 30m, 6h, 2d")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlix", description="The rlix scheduler shared by every job on a Ray cluster.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -59,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: read from Ray)")
     start.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics at :PORT/metrics")
     start.add_argument("--history", default=None, help="the SQLite file of ended jobs (default ~/.rlix/history.sqlite)")
+    start.add_argument(
+        "--keep-ended",
+        type=duration,
+        default=None,
+        metavar="AGE",
+        help="how long an ended job stays in rlix status once it is in the history: 600, 30m, 1h, 2d (default 1h)",
+    )
     stop = act.add_parser("stop", help="stop the service (refused while jobs run)")
     stop.add_argument("--force", action="store_true", help="cancel every job cleanly first")
     status = sub.add_parser("status", help="jobs, the GPUs they hold, and the cluster's use")
@@ -147,7 +168,8 @@ def _start(service, args) -> int:
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
     try:
-        connect.start(cluster, args.policy, knobs, args.metrics_port, args.history or connect.DEFAULT_HISTORY)
+        keep = connect.KEEP_ENDED_S if args.keep_ended is None else args.keep_ended
+        connect.start(cluster, args.policy, knobs, args.metrics_port, args.history or connect.DEFAULT_HISTORY, keep)
     except connect.ClusterError as exc:  # its GPUs could not be reserved in Ray
         raise UserError(str(exc)) from None
     served = f"; metrics at :{args.metrics_port}/metrics" if args.metrics_port else ""

@@ -18,6 +18,7 @@ from rlix import protocol
 from rlix.core import ClusterSpec, SchedulingError
 from rlix.exec.control.gpu_reservation import RESERVE_WAIT_S, release
 from rlix.exec.service.history import DEFAULT_PATH as DEFAULT_HISTORY
+from rlix.exec.service.history import KEEP_ENDED_S
 from rlix.protocol import GpuMap
 from rlix.transport import NAMESPACE, SCHEDULER_CALL_S, SERVICE_NAME, ClusterError, RayTransport
 
@@ -52,11 +53,17 @@ def ray_cluster() -> ClusterSpec:
 
 
 def start(
-    cluster: ClusterSpec, policy: str, knobs, metrics_port: int | None = None, history: str = DEFAULT_HISTORY
+    cluster: ClusterSpec,
+    policy: str,
+    knobs,
+    metrics_port: int | None = None,
+    history: str = DEFAULT_HISTORY,
+    keep_ended_s: float = KEEP_ENDED_S,
 ) -> RayTransport:
     """Start the service on the Ray head node (or get the one a concurrent starter made); returns the
     transport to it. ``metrics_port``: where it serves Prometheus metrics (None: nowhere); ``history``: the
-    SQLite file of its ended jobs, on the head node.
+    SQLite file of its ended jobs, on the head node; ``keep_ended_s``: how long an ended job stays in the
+    status once it is there.
 
     ``knobs``: a :class:`rlix.exec.config.SchedulerKnobs` (the config's scheduler block).
     """
@@ -84,6 +91,7 @@ def start(
         metrics_port=metrics_port,
         history=history,
         pages=True,
+        keep_ended_s=keep_ended_s,
     )
     service = RayTransport(handle)
     try:

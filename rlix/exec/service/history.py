@@ -20,6 +20,7 @@ from rlix.exec.service.usage import ClusterUsage
 from rlix.protocol import HistoryRow
 
 DEFAULT_PATH = "~/.rlix/history.sqlite"
+KEEP_ENDED_S = 3600.0  # how long an ended job stays in the status once it is here (rlix scheduler start --keep-ended)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

@@ -10,7 +10,8 @@ raises :class:`IllegalMove`. ``rlix status`` is a projection of the records.
 - *queued*: registered; no GPU granted yet (its model load waits);
 - *loading*: granted GPUs; its model loads;
 - *running*: its model is loaded (its progress note says so); it runs steps;
-- *finished*, *failed*, *cancelled*: ended (kept for ``rlix status``).
+- *finished*, *failed*, *cancelled*: ended (kept for ``rlix status`` until
+  the service forgets it, a while after it is in the history).
 
 The id counter and the records not ended are kept in Ray's internal
 key-value store (as :class:`~rlix.exec.service.roster.Roster` keeps its
@@ -82,6 +83,10 @@ class JobRecord:
     @property
     def ended(self) -> bool:
         return self.phase in ENDED
+
+    @property
+    def ended_at(self) -> float | None:
+        return self.phases[-1][1] if self.ended else None
 
     @property
     def registered(self) -> bool:
@@ -267,6 +272,17 @@ class JobLedger:
         )
         self._add(record)
         return record
+
+    def forget(self, job_id: str) -> None:
+        """Drop an ended job's record (the history keeps it); the id counter never goes back."""
+        record = self.records[job_id]
+        if not record.ended:
+            raise IllegalMove(f"job {job_id} is {record.phase.value}: only an ended job is forgotten")
+        del self.records[job_id]
+        named = self.by_name[record.name]
+        named.remove(record)
+        if not named:
+            del self.by_name[record.name]
 
     def _add(self, record: JobRecord) -> None:
         self.records[record.id] = record

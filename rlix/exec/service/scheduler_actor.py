@@ -60,6 +60,7 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.service.books import Books
+from rlix.exec.service.history import KEEP_ENDED_S
 from rlix.exec.service.jobs import Phase
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.web import Web
@@ -180,6 +181,7 @@ class SchedulerActor:
         metrics_port: int | None = None,
         history: str | None = None,
         pages: bool = False,
+        keep_ended_s: float = KEEP_ENDED_S,
     ) -> None:
         self.core = Scheduler(cluster, policy=policy, config=config)
         # The service reserves the cluster's GPUs in Ray under ``gpu_names`` (found again after a restart)
@@ -202,7 +204,14 @@ class SchedulerActor:
         restarts, persist = restarts_so_far(), in_actor()
         # What it records of its jobs: job records, usage, metrics, history (a restarted service's go on).
         self.books = Books(
-            cluster.num_gpus, t0=t0, now=self.now(), restarts=restarts, persist=persist, lease_s=lease_s, history=history
+            cluster.num_gpus,
+            t0=t0,
+            now=self.now(),
+            restarts=restarts,
+            persist=persist,
+            lease_s=lease_s,
+            history=history,
+            keep_ended_s=keep_ended_s,
         )
         restarted = restarts > 0
         self.roster = Roster(restarted=restarted, persist=persist, now=self.now(), max_wait_s=rejoin_s)
@@ -606,7 +615,8 @@ class SchedulerActor:
             await asyncio.sleep(0.2)
 
     async def _watch(self) -> None:
-        """Every ``LIVENESS_S``: drop submitters whose lease ran out, and pipelines whose endpoint is gone."""
+        """Every ``LIVENESS_S``: drop submitters whose lease ran out, and pipelines whose endpoint is gone; write
+        the jobs that ended to the history, and forget those there for ``keep_ended_s``."""
         jobs = self.books.jobs
         while True:
             await asyncio.sleep(LIVENESS_S)
@@ -628,6 +638,7 @@ class SchedulerActor:
                 self.books.account(self.core, now)
                 self.books.keep_totals(now)
                 self.books.write_history(self.core, now)
+                self.books.forget_ended(now)
             except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
                 self._bug(exc)
 

@@ -8,6 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from rlix.exec.service.connect import jobs
 from rlix.protocol import ClusterStatus, HistoryRow, JobRow
 
 NUMBERS = ("PRI", "GPU-S", "FAIR", "LENT", "BORROWED", "QUEUE", "STEPS", "ELAPSED")
@@ -44,6 +45,7 @@ def status_view(status: ClusterStatus) -> Group:
         f"rlix scheduler: {status.nodes} x {status.gpus_per_node} GPUs, policy {status.policy}, up {status.uptime_s:.0f} s"
         f"{f', restarted {status.restarts}x' if status.restarts else ''}; utilization {status.utilization:.3f}, "
         f"idle {status.idle_fraction:.3f}, queued {status.queue_length}"
+        + (f"; {jobs(status.forgotten_jobs)} ended earlier, in rlix history" if status.forgotten_jobs else "")
     )
     tenants = any(r.tenant for r in status.jobs)
     columns = ("ID", "NAME", "TENANT") if tenants else ("ID", "NAME")

@@ -106,4 +106,6 @@ def cluster_status(books, core, now: float) -> ClusterStatus:
         jobs=tuple(rows),
         restarts=books.restarts,
         started_at=books.t0,
+        forgotten_jobs=usage.forgotten_jobs,
+        forgotten_gpu_s=usage.forgotten_s,
     )

@@ -29,13 +29,26 @@ class ClusterUsage:
         self.held: list[Holder | None] = [None] * num_gpus
         book = self.recorder.homes
         self.used, self.lent, self.borrowed, self.fair = book.used, book.lent, book.borrowed, book.fair
+        self.forgotten_s = 0.0  # GPU-seconds of the ended jobs forgotten (their figures are in the history)
+        self.forgotten_jobs = 0
         for kind, per_job in (totals or {}).items():
-            getattr(self, kind).update(per_job)
+            if kind == "forgotten":
+                self.forgotten_s, self.forgotten_jobs = per_job["gpu_s"], int(per_job["jobs"])
+            else:
+                getattr(self, kind).update(per_job)
 
     def totals(self, now: float) -> dict[str, dict[str, float]]:
         """Each kind's GPU-seconds per job, up to ``now`` (what a restarted service starts from)."""
         self.integrate(now)
-        return {kind: dict(getattr(self, kind)) for kind in KINDS}
+        forgotten = {"gpu_s": self.forgotten_s, "jobs": self.forgotten_jobs}
+        return {kind: dict(getattr(self, kind)) for kind in KINDS} | {"forgotten": forgotten}
+
+    def forget(self, job: str) -> None:
+        """Drop an ended job's figures (it holds nothing and has no home); its GPU-seconds stay in the busy total."""
+        self.forgotten_s += self.used.pop(job, 0.0)
+        self.forgotten_jobs += 1
+        for kind in KINDS[1:]:
+            getattr(self, kind).pop(job, None)
 
     def set_home(self, now: float, job: str, gpus) -> None:
         """The job's home GPUs (its partition) from ``now`` on; ``()`` once it left."""
@@ -57,7 +70,7 @@ class ClusterUsage:
 
     def busy_gpu_s(self, now: float) -> float:
         self.integrate(now)
-        return sum(self.used.values())
+        return sum(self.used.values()) + self.forgotten_s
 
     def timeline(self, now: float) -> UsageRecorder:
         """A copy of the recorder closed at ``now`` (the live one keeps going)."""

@@ -389,7 +389,9 @@ def refused_registration() -> dict:
     buf = torch.empty(4 << 20, dtype=torch.uint8)
     if cudart.cudaHostRegister(buf.data_ptr(), buf.numel(), 0) != 0:
         return {"error": "could not register the test buffer"}
-    reg = HostPages(1 << 30, is_shared=lambda start, end: True)
+    lo, hi = buf.data_ptr() // 4096 * 4096, -(-(buf.data_ptr() + buf.numel()) // 4096) * 4096
+    as_shared = f"{lo:x}-{hi:x} rw-s 00000000 00:1a 1 /dev/shm/bench\n"  # the heap buffer, taken for the store's
+    reg = HostPages(1 << 30, read_maps=lambda: as_shared)
     out = {"clears_with": getattr(reg._clear, "__name__", str(reg._clear))}
     out["pinned"] = reg.pinned(buf.data_ptr() + 4096, 4096)
     try:

@@ -126,10 +126,22 @@ class Cuda:
         return 0 if self.held.pop(start, None) is not None else 713
 
 
-def pages(budget: int, cuda: Cuda, shared=lambda s, e: True):
+def maps(*mappings: tuple[int, int, str]) -> str:
+    """``/proc/self/maps`` text with these shared mappings of files: (first page, end page, file), in pages."""
+    from rlix.exec.train.host_pages import PAGE
+
+    return "".join(f"{lo * PAGE:x}-{hi * PAGE:x} rw-s 00000000 00:1a {i + 5} {f}\n" for i, (lo, hi, f) in enumerate(mappings))
+
+
+ONE_MAPPING = maps((0, 1 << 20, "/dev/shm/plasma"))
+
+
+def pages(budget: int, cuda: Cuda, text: str = ONE_MAPPING):
+    """A registry over ``cuda``, the process's mappings being ``text`` (a list: its last item, as it changes)."""
     from rlix.exec.train.host_pages import HostPages
 
-    return HostPages(budget, cuda.register, cuda.unregister, is_shared=shared)
+    read = (lambda: text[-1]) if isinstance(text, list) else (lambda: text)
+    return HostPages(budget, cuda.register, cuda.unregister, read_maps=read)
 
 
 def test_shared_memory_is_registered_once_by_whole_pages_and_reused():
@@ -155,7 +167,8 @@ def test_ranges_that_overlap_or_touch_merge_and_the_oldest_go_past_the_budget():
     calls = len(cuda.calls)
     assert reg.pinned(10 * PAGE, 3 * PAGE)  # 3 + 1 + 3 pages fit in 8
     assert len(cuda.calls) == calls + 1 and reg.held == 7 * PAGE
-    assert reg.pinned(20 * PAGE, 2 * PAGE)  # 9 > 8: the least recently used (at 0) goes
+    reg.sync_done()
+    assert reg.pinned(20 * PAGE, 2 * PAGE)  # the next sync: 9 > 8, the least recently used (at 0) goes
     assert reg.ranges() == [(5 * PAGE, 6 * PAGE), (10 * PAGE, 13 * PAGE), (20 * PAGE, 22 * PAGE)]
     assert not reg.pinned(30 * PAGE, 9 * PAGE)  # larger than the budget: staged, nothing dropped for it
     assert len(reg.ranges()) == 3
@@ -163,21 +176,59 @@ def test_ranges_that_overlap_or_touch_merge_and_the_oldest_go_past_the_budget():
     assert cuda.held == {} and reg.ranges() == []
 
 
-def test_ranges_in_different_mappings_are_not_merged():
+def test_ranges_in_different_mappings_are_not_merged_and_an_overlap_keeps_what_it_had():
     from rlix.exec.train.host_pages import PAGE
 
     cuda = Cuda()
-    one_mapping = lambda s, e: e <= 4 * PAGE or s >= 4 * PAGE  # mappings [0, 4) and [4, ...) pages
-    reg = pages(1 << 30, cuda, shared=one_mapping)
+    reg = pages(1 << 30, cuda, maps((0, 4, "/dev/shm/a"), (4, 64, "/dev/shm/b")))
     assert reg.pinned(2 * PAGE, 2 * PAGE) and reg.pinned(4 * PAGE, PAGE)  # they touch, across two mappings
     assert reg.ranges() == [(2 * PAGE, 4 * PAGE), (4 * PAGE, 5 * PAGE)]
+    assert reg.pinned(6 * PAGE, 4 * PAGE)  # b: [6, 10)
+    assert reg.pinned(4 * PAGE + 8, 3 * PAGE)  # [4, 8) touches a's range, overlaps b's two: merged with b's whole
+    assert reg.ranges() == [(2 * PAGE, 4 * PAGE), (4 * PAGE, 10 * PAGE)]
+    assert cuda.held == {2 * PAGE: 2 * PAGE, 4 * PAGE: 6 * PAGE}
+    assert not reg.pinned(3 * PAGE, 2 * PAGE)  # across the two mappings: no one mapping holds it, staged
+
+
+def test_a_range_whose_mapping_was_replaced_is_registered_again():
+    from rlix.exec.train.host_pages import PAGE
+
+    cuda = Cuda()
+    text = [maps((0, 16, "/dev/shm/a"))]
+    reg = pages(1 << 30, cuda, text)
+    assert reg.pinned(2 * PAGE, 2 * PAGE)
+    reg.sync_done()
+    assert reg.pinned(2 * PAGE, PAGE) and len(cuda.calls) == 1  # the same mapping: held, nothing asked
+    text.append(maps((0, 16, "/dev/shm/b")))  # the store unmapped a and mapped b at the same addresses
+    assert reg.pinned(2 * PAGE, PAGE) and len(cuda.calls) == 1  # within a sync the maps are read once
+    reg.sync_done()
+    assert reg.pinned(2 * PAGE, PAGE)
+    assert cuda.calls[1:] == [("unregister", 2 * PAGE), ("register", 2 * PAGE, PAGE, 1)]
+    assert reg.ranges() == [(2 * PAGE, 3 * PAGE)]
+    text.append("")  # gone: not shared memory any more
+    reg.sync_done()
+    assert not reg.pinned(2 * PAGE, PAGE)
+
+
+def test_a_version_over_the_budget_pins_what_fits_and_stages_the_rest_without_thrashing():
+    from rlix.exec.train.host_pages import PAGE
+
+    cuda = Cuda()
+    reg = pages(4 * PAGE, cuda)
+    version = [(0, 2), (10, 2), (20, 2)]  # three buckets of two pages, a budget of four
+    for _ in range(3):  # three syncs of the same version, at the same addresses
+        assert [reg.pinned(at * PAGE, n * PAGE) for at, n in version] == [True, True, False]
+        reg.sync_done()
+    assert [c[0] for c in cuda.calls] == ["register", "register"]  # registered once, never dropped
+    assert [reg.pinned(at * PAGE, 2 * PAGE) for at in (30, 40)] == [True, True]  # the next version's: the old go
+    assert reg.ranges() == [(30 * PAGE, 32 * PAGE), (40 * PAGE, 42 * PAGE)]
 
 
 def test_only_shared_memory_is_registered_and_a_refusal_tries_read_only_then_stages():
     from rlix.exec.train.host_pages import PAGE, REGISTER_PORTABLE, REGISTER_READ_ONLY
 
     cuda = Cuda()
-    assert not pages(1 << 30, cuda, shared=lambda s, e: False).pinned(0, PAGE) and cuda.calls == []
+    assert not pages(1 << 30, cuda, maps()).pinned(0, PAGE) and cuda.calls == []
     cuda = Cuda(refuse_flags=REGISTER_PORTABLE)
     assert pages(1 << 30, cuda).pinned(0, PAGE)  # a read-only mapping: registered read-only
     assert [c[3] for c in cuda.calls] == [REGISTER_PORTABLE, REGISTER_PORTABLE | REGISTER_READ_ONLY]

@@ -284,12 +284,15 @@ class PinnedStaging:
         return out
 
     def wait(self, device: str) -> None:
-        """Every copy straight from a caller's memory done (its buffers may be released after)."""
+        """Every copy straight from a caller's memory done (its buffers may be released after); the sync
+        is over (:meth:`HostPages.sync_done`)."""
         if self._direct:
             import torch
 
             torch.cuda.current_stream(device).synchronize()
             self._direct = False
+        if self.pages is not None:
+            self.pages.sync_done()
 
 
 def route_to(

@@ -77,8 +77,8 @@ class DeviceHandoff:
 
     ``host`` names the machine (host name and boot id) and ``device_uuid`` the GPU, so a worker
     maps the GPU to its own device index whatever devices its process sees. ``buckets`` holds one
-    CUDA IPC handle per bucket (the arguments torch rebuilds a shared CUDA tensor from), in the
-    order of :attr:`WeightBuckets.buckets`."""
+    CUDA IPC handle per bucket (the arguments torch rebuilds a shared CUDA tensor from, in plain
+    values: :func:`rlix.exec.train.handoff.plain_handle`), in the order of :attr:`WeightBuckets.buckets`."""
 
     host: str
     device_uuid: str

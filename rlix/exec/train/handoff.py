@@ -123,7 +123,7 @@ class DeviceBuckets:
             # reuse for good. Any number of workers read these (or none), uncounted (UNCOUNTED), and this
             # keeper decides when they go, so the share's own count is given back at once.
             torch.UntypedStorage._release_ipc_counter_cuda(args[counter], args[offset])
-            handles.append(tuple(args))
+            handles.append(plain_handle(args))
         index = torch.device(self.device).index or 0
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         return DeviceHandoff(host=host_id(), device_uuid=uuid, buckets=tuple(handles))
@@ -151,8 +151,40 @@ def open_buckets(handoff: DeviceHandoff, visible: Mapping[str, int]) -> list:
 
     at, counter, index = _arg("storage_device"), _arg("ref_counter_handle"), visible[handoff.device_uuid]
     opened = []
-    for args in handoff.buckets:
-        args = list(args)
+    for handle in handoff.buckets:
+        args = torch_handle(handle)
         args[at], args[counter] = index, UNCOUNTED
         opened.append(rebuild_cuda_tensor(*args))
     return opened
+
+
+_CLASSES = ("tensor_cls", "storage_cls")
+_SHAPES = ("tensor_size", "tensor_stride")
+
+
+def plain_handle(args) -> tuple:
+    """torch's rebuild arguments of a shared CUDA tensor with no torch object left in them (its classes
+    and dtype by name, its shape as tuples), so the processes that only pass a publish on (the job's
+    coordinator) unpickle it without importing torch."""
+    out = list(args)
+    for name in _CLASSES:
+        cls = out[_arg(name)]
+        out[_arg(name)] = f"{cls.__module__}:{cls.__qualname__}"
+    for name in _SHAPES:
+        out[_arg(name)] = tuple(out[_arg(name)])
+    out[_arg("dtype")] = str(out[_arg("dtype")]).removeprefix("torch.")
+    return tuple(out)
+
+
+def torch_handle(handle: tuple) -> list:
+    """:func:`plain_handle`'s arguments as torch's rebuild takes them (its shape as tuples, which it sets)."""
+    import importlib
+
+    import torch
+
+    args = list(handle)
+    for name in _CLASSES:
+        module, _, qualname = args[_arg(name)].partition(":")
+        args[_arg(name)] = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+    args[_arg("dtype")] = getattr(torch, args[_arg("dtype")])
+    return args

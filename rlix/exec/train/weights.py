@@ -313,12 +313,14 @@ def route_to(
 
 
 def device_tensors(
-    w: WeightBuckets, device: str, staging: PinnedStaging | None = None, opened: list | None = None
+    w: WeightBuckets, device: str, staging: PinnedStaging | None = None, opened: list | None = None, *, keep: bool = False
 ) -> Iterator[tuple[str, object]]:
     """(name, tensor on ``device``) for every slot of ``w``, bucket by bucket: views of the trainer's own
     GPU buckets when ``opened`` (:func:`route_to`; on their device, which may be another GPU of this
     machine); else on a CPU views of the host buckets themselves, and on CUDA views of each bucket's
-    device copy (a fresh tensor per bucket, so a consumer may keep them)."""
+    device copy (a fresh tensor per bucket, so a consumer may keep them). ``keep``: the consumer may keep
+    what it is given (vLLM's loader), so the trainer's buckets are copied first (device to device), never
+    lent: they are freed at its next stage."""
     dt = _torch_dtype(w.dtype)
     on_cuda = device.startswith("cuda")
     if opened is None and on_cuda:
@@ -329,7 +331,7 @@ def device_tensors(
     try:
         for b, slots in sorted(by_bucket.items()):
             if opened is not None:
-                flat = opened[b]
+                flat = opened[b].clone() if keep else opened[b]
             else:
                 flat = _flat(w.buckets[b], dt)
                 if on_cuda:

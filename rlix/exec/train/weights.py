@@ -131,8 +131,9 @@ def publish_of(
     return None so the object store holds one copy).
 
     When ``on_device`` holds this version (:func:`stage_on_device` wrote it while the trainer had its
-    GPU), the host buckets are copied from those, one whole bucket at a time, and the published
-    version carries their CUDA IPC handles for workers beside the trainer."""
+    GPU), the host buckets are copied from those, one whole bucket at a time. Their CUDA IPC handles
+    travel apart (:meth:`~rlix.exec.train.handoff.DeviceBuckets.handles`), withdrawn when the trainer
+    drops them."""
     import numpy as np
     import torch
 
@@ -141,10 +142,7 @@ def publish_of(
         buckets = tuple(np.empty(f.numel() * f.element_size(), dtype=np.uint8) for f in flats)
         for b, flat in zip(buckets, flats):
             torch.from_numpy(b).copy_(flat.view(torch.uint8))
-        handoff = on_device.share()
-        return WeightBuckets(
-            version=version, dtype=dtype, buckets=buckets, slots=slots, nbytes=sum(b.nbytes for b in buckets), handoff=handoff
-        )
+        return WeightBuckets(version=version, dtype=dtype, buckets=buckets, slots=slots, nbytes=sum(b.nbytes for b in buckets))
     slots, sizes = _layout_of(model, dtype, bucket_bytes)
     buckets = tuple(np.empty(n, dtype=np.uint8) for n in sizes) if keep else ()
     _write(model, slots, [torch.from_numpy(b).view(_torch_dtype(dtype)) for b in buckets] if keep else None)

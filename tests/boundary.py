@@ -12,8 +12,8 @@ class Remote:
     def __init__(self, fn) -> None:
         self.fn = fn
 
-    def remote(self, *args):
-        return asyncio.ensure_future(self.fn(*args))
+    def remote(self, *args, **kwargs):
+        return asyncio.ensure_future(self.fn(*args, **kwargs))
 
 
 class Handle:

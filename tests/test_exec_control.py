@@ -210,7 +210,7 @@ class _Worker:
             self.calls.append(("prepare",))
             await prepare_gate.event.wait()
 
-        async def wake(full, *adapters):
+        async def wake(full, *adapters, handoff=None):
             self.calls.append(("wake", full))
             await self.wake_gate.event.wait()
             refused, self.refuse_wake = self.refuse_wake, None
@@ -219,7 +219,7 @@ class _Worker:
             cold, self.cold = self.cold, False
             return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]), cold=cold)
 
-        async def update_weights(full):
+        async def update_weights(full, handoff=None):
             self.calls.append(("update_weights", full))
             return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]))
 

@@ -86,6 +86,24 @@ def test_handles_a_worker_cannot_open_send_it_through_the_host_bit_exact(tmp_pat
         assert torch.equal(t, want[name].to(t.dtype)), name
 
 
+def test_a_handle_carries_no_torch_object_so_a_process_that_passes_it_on_never_imports_torch():
+    torch = pytest.importorskip("torch")
+    import pickle
+    import subprocess
+    import sys
+
+    from rlix.exec.train.handoff import plain_handle, torch_handle
+
+    shape, storage = (torch.Tensor, torch.Size([4, 2]), (2, 1), 0), (torch.UntypedStorage, torch.bfloat16, 0, b"h", 16, 0)
+    args = (*shape, *storage, False, b"c", 8, b"e", True)  # torch's rebuild arguments of a shared CUDA tensor
+    handle = plain_handle(args)
+    assert torch_handle(handle) == list(args)
+    w = DeviceHandoff(host="node-a/boot-1", device_uuid=UUID, buckets=(handle,))
+    code = "import pickle, sys; w = pickle.loads(sys.stdin.buffer.read()); print(w.buckets[0][5], 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(w), capture_output=True, timeout=60)
+    assert out.stdout.decode().split() == ["bfloat16", "False"], out.stderr.decode()[-2000:]
+
+
 def test_the_run_metrics_name_the_path_of_every_weight_load():
     pytest.importorskip("ray")  # the executor's outputs module needs the exec extra
     from rlix.exec.front.outputs import _weight_loads

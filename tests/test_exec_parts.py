@@ -371,6 +371,32 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
     asyncio.run(main())
 
 
+def test_hand_off_handles_go_with_their_version_and_are_withdrawn_before_a_stage_drops_them():
+    """A worker woken between a stage's load (which frees the buckets on the trainer's GPU) and the next
+    publish gets no handles to that freed memory: they are withdrawn before the load is sent."""
+    from rlix.exec.config import LimitsConfig
+    from rlix.exec.messages import DeviceHandoff
+    from rlix.exec.train.trainer_link import TrainerLink
+
+    async def main():
+        handle = _Trainer(lambda samples, adapter: None)
+        handles = DeviceHandoff(host="h", device_uuid="GPU-1", buckets=())
+        handle.handoff = _Remote(lambda: asyncio.sleep(0, result=handles))
+        link = TrainerLink(handle, limits=LimitsConfig(), handoff=True)
+        assert link.handoff_of(0) is None  # nothing published yet
+        await link.publish("", 1, steps=4)
+        assert link.handoff_of(1) is handles and link.handoff_of(0) is None  # only for its own version
+        seen = []
+        handle.reload = _Remote(lambda parts: asyncio.sleep(0, result=seen.append(link.handoff_of(1))))
+        await link.load(Stage.ACTOR_TRAIN)
+        assert seen == [None] and link.handoff_of(1) is None  # gone before the trainer dropped them
+        off = TrainerLink(handle, limits=LimitsConfig())  # the hand-off off: no handles asked for
+        await off.publish("", 1, steps=4)
+        assert off.handoff_of(1) is None
+
+    asyncio.run(main())
+
+
 def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
     from rlix.exec.config import LimitsConfig
     from rlix.exec.train.trainer_link import TrainerLink

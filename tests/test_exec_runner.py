@@ -68,10 +68,10 @@ class _Worker:
     async def prepare(self, model_dir):
         return 0.0
 
-    async def wake(self, full, *adapters):
+    async def wake(self, full, *adapters, handoff=None):
         return await self.update_weights(full)
 
-    async def update_weights(self, full):
+    async def update_weights(self, full, handoff=None):
         self.version = int((await full)[1:])
         return SwitchTiming(seconds=0.0, synced_bytes=1, version=self.version)
 

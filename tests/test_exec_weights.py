@@ -94,6 +94,21 @@ def test_small_buckets_split_the_weights_and_read_back_the_same(model_dir):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_consumer_that_may_keep_the_tensors_gets_copies_of_the_trainers_buckets_never_views(model_dir):
+    """vLLM's loader may keep what it is given; the trainer's buckets read in place are freed at its next
+    stage, so such a consumer gets its own copy of each (here CPU tensors stand in for the opened GPU buckets)."""
+    w = publish_of(load_model(model_dir), 1, "float32")
+    opened = [torch.from_numpy(np.frombuffer(b, dtype=np.float32).copy()) for b in w.buckets]
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in opened]
+
+    def lent(t) -> bool:
+        return any(lo <= t.data_ptr() < hi for lo, hi in spans)
+
+    viewed, kept = dict(device_tensors(w, "cpu", opened=opened)), dict(device_tensors(w, "cpu", opened=opened, keep=True))
+    assert all(lent(t) for t in viewed.values()) and not any(lent(t) for t in kept.values())
+    assert all(torch.equal(viewed[name], t) for name, t in kept.items()) and kept.keys() == views(w).keys()
+
+
 def test_a_worker_reads_the_buckets_in_place_and_serves_the_trainers_bf16_rounded_weights(model_dir):
     model = trained(model_dir)
     w, buffers = read_back(publish_of(model, 7))

@@ -181,7 +181,8 @@ class TrainConfig(StrictModel):
     )
     gpu_handoff: bool = Field(
         default=False,
-        description="experimental, one trainer rank on a GPU: keep each trained version's weights on the trainer's GPU "
+        description="experimental (measured on one GPU, not under Ray on one), one trainer rank on a GPU: keep each "
+        "trained version's weights on the trainer's GPU "
         "until its next stage, so rollout workers that see that GPU load them over CUDA IPC (costs the published bytes "
         "of GPU memory between stages)",
     )

@@ -77,8 +77,8 @@ class DeviceHandoff:
 
     ``host`` names the machine (host name and boot id) and ``device_uuid`` the GPU, so a worker
     maps the GPU to its own device index whatever devices its process sees. ``buckets`` holds one
-    CUDA IPC handle per bucket (the arguments torch rebuilds a shared CUDA tensor from), in the
-    order of :attr:`WeightBuckets.buckets`."""
+    CUDA IPC handle per bucket (the arguments torch rebuilds a shared CUDA tensor from, in plain
+    values: :func:`rlix.exec.train.handoff.plain_handle`), in the order of :attr:`WeightBuckets.buckets`."""
 
     host: str
     device_uuid: str
@@ -306,8 +306,8 @@ class TrainOptions:
     logprob_chunk_tokens: int = 1024  # tokens whose full-vocabulary log-softmax is computed at once
     # On a GPU, one rank: keep each trained version's published buckets on the trainer's GPU until its next
     # stage, so rollout workers that see that GPU load them over CUDA IPC (rlix.exec.train.handoff); costs
-    # the published bytes of GPU memory between stages. Off by default: a published version's handles can
-    # outlive its buckets (handoff.py, "Lifetime"), measured by benchmarks/bench_gpu_torch.py only
+    # the published bytes of GPU memory between stages. Off by default: measured by benchmarks/bench_gpu_torch.py
+    # on one GPU, not yet under Ray on a GPU
     gpu_handoff: bool = False
 
 

@@ -257,6 +257,7 @@ class PipelineCoordinator:
             fatal=self._fatal,
             lost=self._lost,
             changed=self._changed,
+            handoff=self._handoff,
         )
         rollout = {"pool": self.pool, "queue": self.queue, "recorder": self.rec, "model_dir": self.model_dir, "procs": self.procs}
         self.rollout = RolloutControl(hooks=hooks, deadlines=deadlines_of(self.job.limits), **rollout)
@@ -341,6 +342,10 @@ class PipelineCoordinator:
     def _weights(self) -> tuple:
         trainer = self.runner.trainer if self.runner is not None else None
         return trainer.weights() if trainer is not None else (None, 0, ())
+
+    def _handoff(self, version: int):
+        trainer = self.runner.trainer if self.runner is not None else None
+        return trainer.handoff_of(version) if trainer is not None else None
 
     def _task_done(self, task: asyncio.Task) -> None:
         """A loop of the job that raised fails the job (a dead reporter would leave it hanging)."""

@@ -7,6 +7,7 @@ queue, versions and scheduling calls live in the job's coordinator.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ import ray
 from rlix.exec.device_memory import MemoryCheck
 from rlix.exec.messages import (
     AdapterSnapshot,
+    DeviceHandoff,
     Emulation,
     EngineRefused,
     EngineStopped,
@@ -68,12 +70,16 @@ class RolloutWorkerActor:
         self.backend.prepare(model_path, self.memory.device)
         return time.perf_counter() - t0
 
-    def wake(self, snapshot: WeightBuckets | None, *adapters: AdapterSnapshot) -> SwitchTiming:
+    def wake(
+        self, snapshot: WeightBuckets | None, *adapters: AdapterSnapshot, handoff: DeviceHandoff | None = None
+    ) -> SwitchTiming:
         """Resume with ``snapshot`` (the trainer's published full weights, or the base) and every current
-        adapter; the timing's ``synced_bytes`` are the bytes of the weights it loaded."""
+        adapter; the timing's ``synced_bytes`` are the bytes of the weights it loaded. ``handoff``: the
+        snapshot's buckets on the trainer's GPU, while the trainer keeps them (:mod:`rlix.exec.train.handoff`)."""
         if self.fault.hang_wake:
             threading.Event().wait()  # injected: a wake that never returns (the caller's deadline kills us)
         t0 = time.perf_counter()
+        snapshot = _handed_off(snapshot, handoff)
         loads = self.backend.full_loads
         had = self.backend.adapter_versions if self.backend.awake else {}
         cold = self.backend.builds_on_wake
@@ -112,8 +118,9 @@ class RolloutWorkerActor:
             self.backend.sleep()
         return SwitchTiming(seconds=time.perf_counter() - t0)
 
-    def update_weights(self, snapshot: WeightBuckets) -> SwitchTiming:
+    def update_weights(self, snapshot: WeightBuckets, handoff: DeviceHandoff | None = None) -> SwitchTiming:
         t0 = time.perf_counter()
+        snapshot = _handed_off(snapshot, handoff)
         if not self.backend.awake or snapshot.version <= self.backend.weight_version:
             return SwitchTiming(seconds=0.0, version=self.backend.weight_version)
         self.backend.update_weights(snapshot)
@@ -132,3 +139,8 @@ class RolloutWorkerActor:
 
     def visible_devices(self) -> str:
         return self.visible
+
+
+def _handed_off(snapshot: WeightBuckets | None, handoff: DeviceHandoff | None) -> WeightBuckets | None:
+    """The published buckets with the handles to their copy on the trainer's GPU, where it still keeps one."""
+    return snapshot if snapshot is None or handoff is None else dataclasses.replace(snapshot, handoff=handoff)

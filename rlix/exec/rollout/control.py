@@ -142,11 +142,13 @@ class RolloutControl:
     async def _wake(self, w: Worker) -> SwitchTiming:
         full, version, adapters = self.hooks.weights()
         refs = [ref for _, ref, _ in adapters]
-        timing = await call(w.handle.wake.remote(full, *refs), self.deadlines.wake_s, "wake")
+        handoff = self.hooks.handoff(version)
+        timing = await call(w.handle.wake.remote(full, *refs, handoff=handoff), self.deadlines.wake_s, "wake")
         path = timing.sync_path
         # Newer versions may have appeared while waking: the next batch never meets old weights.
         while (cur := self.hooks.weights())[1] > timing.version:
-            timing = await call(w.handle.update_weights.remote(cur[0]), self.deadlines.call_s, "weight sync")
+            sync = w.handle.update_weights.remote(cur[0], handoff=self.hooks.handoff(cur[1]))
+            timing = await call(sync, self.deadlines.call_s, "weight sync")
             path = timing.sync_path or path
         for name, ref, v in self.hooks.weights()[2]:
             if timing.adapter_version(name) < v:
@@ -215,7 +217,7 @@ class RolloutControl:
         async with self.locks.setdefault(w.first, asyncio.Lock()):
             if w.state is not WorkerState.AWAKE:
                 return
-            full, _, adapters = self.hooks.weights()
+            full, version, adapters = self.hooks.weights()
             t = self.hooks.now()
             ref = next((r for n, r, _ in adapters if n == adapter), None) if adapter else None
             # The sync's GPU-seconds are switching, as the simulator books a live sync (switch_overhead_fraction).
@@ -224,7 +226,8 @@ class RolloutControl:
                 if adapter:
                     timing = await call(w.handle.update_adapter.remote(ref), self.deadlines.call_s, "adapter sync")
                 else:
-                    timing = await call(w.handle.update_weights.remote(full), self.deadlines.call_s, "weight sync")
+                    sync = w.handle.update_weights.remote(full, handoff=self.hooks.handoff(version))
+                    timing = await call(sync, self.deadlines.call_s, "weight sync")
             except Exception as exc:  # noqa: BLE001
                 self.life.kill(w, f"weight sync failed: {exc}")
                 return

@@ -33,6 +33,8 @@ class Hooks:
     fatal: Callable[[BaseException], None]  # the job must fail
     lost: Callable[[Gpus, bool], None]  # tell the scheduler the worker is gone (failed: it died or did not wake)
     changed: Callable[[], None]  # demand changed
+    # -> the CUDA IPC handles of that full version's buckets on the trainer's GPU, while they last (else None)
+    handoff: Callable[[int], object] = lambda version: None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -254,7 +254,7 @@ class VllmRolloutBackend(RolloutBackend):
         try:
             if one_gpu:
                 self._staging = self._staging or PinnedStaging()
-                pairs = hf_base_pairs(device_tensors(weights, self._device, self._staging, opened))
+                pairs = hf_base_pairs(device_tensors(weights, self._device, self._staging, opened, keep=True))
             else:
                 pairs = list(hf_base_pairs(device_tensors(weights, "cpu")))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})

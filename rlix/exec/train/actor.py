@@ -13,6 +13,7 @@ import ray
 
 from rlix.exec.messages import (
     AdapterSnapshot,
+    DeviceHandoff,
     LearnerPart,
     Sample,
     TrainerJob,
@@ -120,6 +121,11 @@ class TrainerActor:
         """The newest weights as rollout workers load them: rank 0 returns the buckets, which Ray's
         object store then holds once for every worker; other ranks return None."""
         return self.learner.publish(self.sync_dtype)
+
+    def handoff(self) -> DeviceHandoff | None:
+        """The published version's buckets on this trainer's GPU, as CUDA IPC handles, until its next
+        stage drops them (None: not staged; adapters, or the hand-off off)."""
+        return None if isinstance(self.learner, LoraLearner) else self.learner.handoff_handles(self.sync_dtype)
 
     def visible_devices(self) -> str:
         return self.visible

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 from rlix.exec.messages import (
+    DeviceHandoff,
     Emulation,
     GrpoConfig,
     LearnerPart,
@@ -113,10 +114,14 @@ class GrpoLearner:
         if self._stages_handoff:
             stage_on_device(self.model, self.version, dtype, self.handoff, self.device)
 
+    def handoff_handles(self, dtype: str = "bfloat16") -> DeviceHandoff | None:
+        """The CUDA IPC handles of the published version's buckets staged on the GPU (None: none staged)."""
+        return self.handoff.handles(self.version, dtype) if self.handoff is not None else None
+
     def publish(self, dtype: str = "bfloat16") -> WeightBuckets | None:
         """The weights as rollout workers load them (``dtype`` buckets); rank 0 keeps them, the others
         return None (a collective under FSDP2). With this version staged on the GPU, copied from there
-        and handed over with CUDA IPC handles (:mod:`rlix.exec.train.handoff`)."""
+        (its CUDA IPC handles: :meth:`handoff_handles`)."""
         return publish_of(self.model, self.version, dtype, keep=self.ranks.rank == 0, on_device=self.handoff)
 
     # ------------------------------------------------------------ scoring

@@ -3,9 +3,11 @@
 On a GPU a trainer publishes each version twice: as host buckets, which Ray's
 object store carries to every worker (:mod:`rlix.exec.train.weights`), and as
 the same buckets on its own GPU, kept by a :class:`DeviceBuckets` until its
-next stage needs the memory. The published :class:`~rlix.exec.messages.WeightBuckets`
-carries a :class:`~rlix.exec.messages.DeviceHandoff`: one CUDA IPC handle per
-bucket, the machine and the GPU's UUID. A worker on the same machine whose
+next stage needs the memory. Their :class:`~rlix.exec.messages.DeviceHandoff`
+(one CUDA IPC handle per bucket, in plain values; the machine and the GPU's
+UUID) travels apart from the host buckets: the job's coordinator asks the
+trainer for it with each publish and gives it to a waking or syncing worker
+with that version's buckets (:class:`~rlix.exec.train.trainer_link.TrainerLink`). A worker on the same machine whose
 process sees that GPU opens the handles and copies device to device into its
 engine (:func:`open_buckets`); any other worker, and any worker whose open fails,
 reads the host buckets. :func:`choose` is that choice, a pure function, and its
@@ -13,13 +15,14 @@ reads the host buckets. :func:`choose` is that choice, a pure function, and its
 sync (:class:`~rlix.exec.records.SyncPath`).
 
 Lifetime: a worker copies what it opened before its wake or sync returns and
-then closes it. The trainer drops its GPU buckets when it reloads for a stage
-or stages the next version. Known gap, why it is off by default
-(``TrainOptions.gpu_handoff``): the job keeps publishing version v, handles
-included, until v + 1 is published, which is after the stage that dropped v's
-buckets has released its GPUs; a worker woken in between may open handles to
-freed (or reused) memory. The fix is to publish the handles apart from the
-host buckets and withdraw them at the trainer's reload.
+then closes it (a consumer that may keep tensors, vLLM's loader, gets copies).
+The trainer drops its GPU buckets when it reloads for a stage or stages the
+next version; the coordinator withdraws their handles before it sends that
+reload, so a worker woken from then until the next publish reads the host
+buckets. A worker that sees the trainer's GPU runs on it, and the stage starts
+only once the scheduler has shrunk that worker, whose shrink waits for its wake
+or sync to return: no worker is reading when the buckets go. Off by default
+(``TrainOptions.gpu_handoff``): measured on one GPU, not yet under Ray on one.
 
 Cost: the trainer holds one version's bytes (its weights in the rollout dtype)
 on its first GPU between stages, beside the rollout worker that may run there.
@@ -109,6 +112,10 @@ class DeviceBuckets:
     def holds(self, version: int, dtype: str) -> bool:
         return bool(self.flats) and (self.version, self.dtype) == (version, dtype)
 
+    def handles(self, version: int, dtype: str) -> DeviceHandoff | None:
+        """The CUDA IPC handles of ``version``'s ``dtype`` buckets, if these are held (None otherwise)."""
+        return self.share() if self.holds(version, dtype) else None
+
     def share(self) -> DeviceHandoff:
         """The held buckets' CUDA IPC handles, with this machine and the GPU's UUID."""
         import torch
@@ -123,7 +130,7 @@ class DeviceBuckets:
             # reuse for good. Any number of workers read these (or none), uncounted (UNCOUNTED), and this
             # keeper decides when they go, so the share's own count is given back at once.
             torch.UntypedStorage._release_ipc_counter_cuda(args[counter], args[offset])
-            handles.append(tuple(args))
+            handles.append(plain_handle(args))
         index = torch.device(self.device).index or 0
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         return DeviceHandoff(host=host_id(), device_uuid=uuid, buckets=tuple(handles))
@@ -151,8 +158,40 @@ def open_buckets(handoff: DeviceHandoff, visible: Mapping[str, int]) -> list:
 
     at, counter, index = _arg("storage_device"), _arg("ref_counter_handle"), visible[handoff.device_uuid]
     opened = []
-    for args in handoff.buckets:
-        args = list(args)
+    for handle in handoff.buckets:
+        args = torch_handle(handle)
         args[at], args[counter] = index, UNCOUNTED
         opened.append(rebuild_cuda_tensor(*args))
     return opened
+
+
+_CLASSES = ("tensor_cls", "storage_cls")
+_SHAPES = ("tensor_size", "tensor_stride")
+
+
+def plain_handle(args) -> tuple:
+    """torch's rebuild arguments of a shared CUDA tensor with no torch object left in them (its classes
+    and dtype by name, its shape as tuples), so the processes that only pass a publish on (the job's
+    coordinator) unpickle it without importing torch."""
+    out = list(args)
+    for name in _CLASSES:
+        cls = out[_arg(name)]
+        out[_arg(name)] = f"{cls.__module__}:{cls.__qualname__}"
+    for name in _SHAPES:
+        out[_arg(name)] = tuple(out[_arg(name)])
+    out[_arg("dtype")] = str(out[_arg("dtype")]).removeprefix("torch.")
+    return tuple(out)
+
+
+def torch_handle(handle: tuple) -> list:
+    """:func:`plain_handle`'s arguments as torch's rebuild takes them (its shape as tuples, which it sets)."""
+    import importlib
+
+    import torch
+
+    args = list(handle)
+    for name in _CLASSES:
+        module, _, qualname = args[_arg(name)].partition(":")
+        args[_arg(name)] = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
+    args[_arg("dtype")] = getattr(torch, args[_arg("dtype")])
+    return args

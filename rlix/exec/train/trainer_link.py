@@ -17,7 +17,7 @@ from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig, LimitsConfig
 from rlix.exec.deadline import call
-from rlix.exec.messages import Emulation, TrainerJob
+from rlix.exec.messages import DeviceHandoff, Emulation, TrainerJob
 from rlix.exec.train.residency import ALL_PARTS, STAGE_PARTS
 from rlix.protocol import GpuMap
 
@@ -26,8 +26,17 @@ class TrainerLink:
     """Calls to one trainer actor, and the cache of its weight versions."""
 
     def __init__(
-        self, handle, *, limits: LimitsConfig, checkpoint_dir: str | None = None, save_every: int = 1, started=None
+        self,
+        handle,
+        *,
+        limits: LimitsConfig,
+        checkpoint_dir: str | None = None,
+        save_every: int = 1,
+        started=None,
+        handoff: bool = False,
     ) -> None:
+        """``handoff``: the trainer stages each version on its GPU (``train.gpu_handoff``): their handles
+        are fetched with each publish and withdrawn at each stage's load."""
         self.handle = handle  # the trainer actor (or gang of ranks)
         self.started = started  # done once every rank built its learner (None: nothing to wait for)
         self.limits = limits
@@ -35,6 +44,9 @@ class TrainerLink:
         self.save_every = save_every  # checkpoint every this many steps (and after a stream's last)
         self.full: tuple[object, int] = (handle.weights.remote(), 0)  # newest full snapshot ref, its version
         self.adapters: dict[str, tuple[object, int]] = {}  # adapter -> newest snapshot ref, its version
+        self.handoff = handoff
+        # the CUDA IPC handles of a full version's buckets on the trainer's GPU, and that version, while they last
+        self.handles: tuple[DeviceHandoff, int] | None = None
 
     @classmethod
     def start_gang(
@@ -63,7 +75,14 @@ class TrainerLink:
             sync_dtype=job.sync_dtype(),
         )
         gang = TrainerGang.start(cluster, gpus, gpu_map, name, trainer_job)
-        return cls(gang, limits=job.limits, checkpoint_dir=job.checkpoint_dir, save_every=job.save_every, started=gang.started)
+        return cls(
+            gang,
+            limits=job.limits,
+            checkpoint_dir=job.checkpoint_dir,
+            save_every=job.save_every,
+            started=gang.started,
+            handoff=job.train.gpu_handoff,
+        )
 
     async def call(self, ref, what: str):
         return await call(ref, self.limits.call_timeout_s, what)
@@ -88,6 +107,7 @@ class TrainerLink:
     async def load(self, stage: Stage | None = None) -> None:
         """What ``stage`` uses (policy, reference, optimizer state) onto its GPUs; everything for ``None``."""
         parts = STAGE_PARTS.get(stage, ALL_PARTS) if stage is not None else ALL_PARTS
+        self.handles = None  # the load drops the buckets on the GPU: no worker is sent to them from here on
         await self.call(self.handle.reload.remote(parts), "stage load")
 
     async def work(self, stage: Stage, samples, adapter: str):
@@ -118,9 +138,16 @@ class TrainerLink:
             ref = self.handle.weights.remote()
             await self.call(ref, "weight snapshot")
             self.full = (ref, version)
+            if self.handoff:
+                handles = await self.call(self.handle.handoff.remote(), "hand-off handles")
+                self.handles = (handles, version) if handles is not None else None
             if due:
                 await self.call(self.handle.save_full.remote(), "checkpoint")
 
     def weights(self) -> tuple:
         """(full snapshot ref, its version, ((adapter, ref, version), ...)) -- what a waking worker syncs."""
         return self.full[0], self.full[1], tuple((n, ref, v) for n, (ref, v) in sorted(self.adapters.items()))
+
+    def handoff_of(self, version: int) -> DeviceHandoff | None:
+        """The handles of ``version``'s buckets on the trainer's GPU, if the trainer still keeps them."""
+        return self.handles[0] if self.handles is not None and self.handles[1] == version else None

@@ -131,8 +131,9 @@ def publish_of(
     return None so the object store holds one copy).
 
     When ``on_device`` holds this version (:func:`stage_on_device` wrote it while the trainer had its
-    GPU), the host buckets are copied from those, one whole bucket at a time, and the published
-    version carries their CUDA IPC handles for workers beside the trainer."""
+    GPU), the host buckets are copied from those, one whole bucket at a time. Their CUDA IPC handles
+    travel apart (:meth:`~rlix.exec.train.handoff.DeviceBuckets.handles`), withdrawn when the trainer
+    drops them."""
     import numpy as np
     import torch
 
@@ -141,10 +142,7 @@ def publish_of(
         buckets = tuple(np.empty(f.numel() * f.element_size(), dtype=np.uint8) for f in flats)
         for b, flat in zip(buckets, flats):
             torch.from_numpy(b).copy_(flat.view(torch.uint8))
-        handoff = on_device.share()
-        return WeightBuckets(
-            version=version, dtype=dtype, buckets=buckets, slots=slots, nbytes=sum(b.nbytes for b in buckets), handoff=handoff
-        )
+        return WeightBuckets(version=version, dtype=dtype, buckets=buckets, slots=slots, nbytes=sum(b.nbytes for b in buckets))
     slots, sizes = _layout_of(model, dtype, bucket_bytes)
     buckets = tuple(np.empty(n, dtype=np.uint8) for n in sizes) if keep else ()
     _write(model, slots, [torch.from_numpy(b).view(_torch_dtype(dtype)) for b in buckets] if keep else None)
@@ -313,12 +311,14 @@ def route_to(
 
 
 def device_tensors(
-    w: WeightBuckets, device: str, staging: PinnedStaging | None = None, opened: list | None = None
+    w: WeightBuckets, device: str, staging: PinnedStaging | None = None, opened: list | None = None, *, keep: bool = False
 ) -> Iterator[tuple[str, object]]:
     """(name, tensor on ``device``) for every slot of ``w``, bucket by bucket: views of the trainer's own
     GPU buckets when ``opened`` (:func:`route_to`; on their device, which may be another GPU of this
     machine); else on a CPU views of the host buckets themselves, and on CUDA views of each bucket's
-    device copy (a fresh tensor per bucket, so a consumer may keep them)."""
+    device copy (a fresh tensor per bucket, so a consumer may keep them). ``keep``: the consumer may keep
+    what it is given (vLLM's loader), so the trainer's buckets are copied first (device to device), never
+    lent: they are freed at its next stage."""
     dt = _torch_dtype(w.dtype)
     on_cuda = device.startswith("cuda")
     if opened is None and on_cuda:
@@ -329,7 +329,7 @@ def device_tensors(
     try:
         for b, slots in sorted(by_bucket.items()):
             if opened is not None:
-                flat = opened[b]
+                flat = opened[b].clone() if keep else opened[b]
             else:
                 flat = _flat(w.buckets[b], dt)
                 if on_cuda:

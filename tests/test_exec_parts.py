@@ -375,8 +375,8 @@ def test_hand_off_handles_go_with_their_version_and_are_withdrawn_before_a_stage
     """A worker woken between a stage's load (which frees the buckets on the trainer's GPU) and the next
     publish gets no handles to that freed memory: they are withdrawn before the load is sent."""
     from rlix.exec.config import LimitsConfig
-    from rlix.exec.messages import DeviceHandoff
     from rlix.exec.train.trainer_link import TrainerLink
+    from rlix.weightsync.types import DeviceHandoff
 
     async def main():
         handle = _Trainer(lambda samples, adapter: None)

@@ -53,8 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions, WeightBuckets
+from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions
 from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
+from rlix.weightsync.types import WeightBuckets
 
 
 @dataclass(kw_only=True)
@@ -247,7 +248,7 @@ class VllmRolloutBackend(RolloutBackend):
         generator of device tensors, each bucket carried over through the pinned staging buffer as the
         model's loader asks for it. A CPU host, or a tensor-parallel engine (whose ranks are other
         processes, so the list is sent to each): zero-copy views of the object store's buffers."""
-        from rlix.exec.train.weights import PinnedStaging, close, device_tensors, route_to
+        from rlix.weightsync.buckets import PinnedStaging, close, device_tensors, route_to
 
         one_gpu = self._device.startswith("cuda") and len(self.devices) == 1
         self.route, opened = route_to(weights, self._device if one_gpu else "cpu")

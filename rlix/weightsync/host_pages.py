@@ -1,4 +1,4 @@
-"""Executor layer: shared host memory page-locked where it lies, so weights copy to a GPU at pinned speed.
+"""Weight sync: shared host memory page-locked where it lies, so weights copy to a GPU at pinned speed.
 
 A rollout worker on the trainer's machine reads the published buckets in
 Ray's object store: shared memory (a file under ``/dev/shm`` mapped into every

@@ -294,6 +294,8 @@ def bench_handoff(res: dict, args, ctx: dict) -> None:
     """The trained learner stages its new version on the GPU (as at the end of a training stage), offloads,
     and publishes; a second process on the same GPU loads it into a torch rollout engine ``--reps`` + 1
     times over CUDA IPC and as many through the host buckets (pinned staging), bit-exact against each other."""
+    from dataclasses import replace
+
     import torch
 
     if not cuda(ctx):  # the two processes and both loads still run, each through the host
@@ -305,6 +307,7 @@ def bench_handoff(res: dict, args, ctx: dict) -> None:
     learner.offload()
     res["after_offload"] = memory(ctx)  # the held buckets stay: the hand-off's GPU memory between stages
     res["publish_s"], _, w = timed(ctx, lambda: learner.publish("bfloat16"))
+    w = replace(w, handoff=learner.handoff_handles("bfloat16"))  # the handles travel apart, as TrainerLink fetches them
     if w.handoff is None and cuda(ctx):
         raise RuntimeError("the learner published no hand-off (TrainOptions.gpu_handoff off, or no staged version)")
     res["bytes"] = w.nbytes

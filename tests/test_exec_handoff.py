@@ -69,7 +69,9 @@ def test_handles_a_worker_cannot_open_send_it_through_the_host_bit_exact(tmp_pat
     model = load_model(build_model(size, tmp_path / "m"))
     w = publish_of(model, 1)
     assert w.handoff is None  # nothing staged on a GPU: host buckets only
-    bogus = DeviceHandoff(host="this/boot", device_uuid=UUID, buckets=tuple((None,) * 15 for _ in w.buckets))
+    handle = ("torch:Tensor", (8,), (1,), 0, "torch.storage:UntypedStorage", "bfloat16", 0, b"no such block", 16, 0)
+    handle += (False, b"c", 0, b"e", False)  # a plain handle of a block no process shared
+    bogus = DeviceHandoff(host="this/boot", device_uuid=UUID, buckets=tuple(handle for _ in w.buckets))
     w = replace(w, handoff=bogus)
     route, opened = route_to(w, "cuda:0", host="this/boot", visible={UUID: 0})
     assert route.path is SyncPath.HOST and "CUDA IPC open failed" in route.reason and opened is None
@@ -217,6 +219,9 @@ def test_a_range_whose_mapping_was_replaced_is_registered_again():
     assert reg.pinned(2 * PAGE, 2 * PAGE)
     reg.sync_done()
     assert reg.pinned(2 * PAGE, PAGE) and len(cuda.calls) == 1  # the same mapping: held, nothing asked
+    text.append("".join(maps((0, 3, "/dev/shm/a")).splitlines(True)) + "3000-10000 rw-s 00003000 00:1a 5 /dev/shm/a\n")
+    reg.sync_done()  # the kernel split a's mapping in two (a's file, the same place): still the same pages
+    assert reg.pinned(2 * PAGE, PAGE) and reg.pinned(2 * PAGE + 8, PAGE) and len(cuda.calls) == 1  # across the split too
     text.append(maps((0, 16, "/dev/shm/b")))  # the store unmapped a and mapped b at the same addresses
     assert reg.pinned(2 * PAGE, PAGE) and len(cuda.calls) == 1  # within a sync the maps are read once
     reg.sync_done()

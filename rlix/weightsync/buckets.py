@@ -290,13 +290,15 @@ class PinnedStaging:
     def wait(self, device: str) -> None:
         """Every copy straight from a caller's memory done (its buffers may be released after); the sync
         is over (:meth:`HostPages.sync_done`)."""
-        if self._direct:
-            import torch
+        try:
+            if self._direct:
+                import torch
 
-            torch.cuda.current_stream(device).synchronize()
-            self._direct = False
-        if self.pages is not None:
-            self.pages.sync_done()
+                torch.cuda.current_stream(device).synchronize()
+                self._direct = False
+        finally:  # a failed sync ends too: the next one reads the mappings afresh
+            if self.pages is not None:
+                self.pages.sync_done()
 
 
 def route_to(

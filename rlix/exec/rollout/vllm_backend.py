@@ -252,6 +252,7 @@ class VllmRolloutBackend(RolloutBackend):
 
         one_gpu = self._device.startswith("cuda") and len(self.devices) == 1
         self.route, opened = route_to(weights, self._device if one_gpu else "cpu")
+        pairs = ()
         try:
             if one_gpu:
                 self._staging = self._staging or PinnedStaging()
@@ -260,6 +261,8 @@ class VllmRolloutBackend(RolloutBackend):
                 pairs = list(hf_base_pairs(device_tensors(weights, "cpu")))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
         finally:
+            if hasattr(pairs, "close"):  # a load that failed half-way: its copies end before what they read is closed
+                pairs.close()
             close(opened, self._device)
         # Prefix caching is on by default: cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache(reset_running_requests=True)

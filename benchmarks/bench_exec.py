@@ -95,7 +95,7 @@ def bench_worker(
     from rlix.exec.data.model import ModelSize, build_model, load_model, param_count
     from rlix.exec.rollout.actor import RolloutWorkerActor
     from rlix.exec.rollout.torch_backend import Emulation, VllmOptions
-    from rlix.exec.train.weights import publish_of
+    from rlix.weightsync.buckets import publish_of
 
     size = ModelSize(
         arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=intermediate or 4 * hidden

@@ -12,13 +12,13 @@ The project's own classes, driven as its actors drive them, each section on its 
   (each stage: reload its parts, work, offload); the seconds of each, and the device
   memory the process still holds after an offload (issue target: at most 1 GiB), then a
   reload of every part, timed;
-- weight sync: the trained weights published (:func:`~rlix.exec.train.weights.publish_of`,
+- weight sync: the trained weights published (:func:`~rlix.weightsync.buckets.publish_of`,
   bfloat16 buckets, a fresh version every time) into a
   :class:`~rlix.exec.rollout.torch_backend.TorchRolloutBackend` on the device: its first
   wake, then ``--reps`` times ``sleep`` (shrink, target <= 2 s), ``wake`` (expand, target
   <= 5 s) and ``update_weights`` while awake (a sync, GB/s of bucket bytes), and
-  :func:`~rlix.exec.train.weights.load_into` through a
-  :class:`~rlix.exec.train.weights.PinnedStaging` alone; on CUDA the plain host-to-device
+  :func:`~rlix.weightsync.buckets.load_into` through a
+  :class:`~rlix.weightsync.buckets.PinnedStaging` alone; on CUDA the plain host-to-device
   copy speed of the same bytes, pinned and pageable (target: a sync >= 50% of pageable);
 - switches (``--switches``: setup, this and the sync alone): a trained learner's offload and
   reload (policy and Adam state), through pageable memory (``.to()``) and through the
@@ -27,7 +27,7 @@ The project's own classes, driven as its actors drive them, each section on its 
   bytes in the same run (targets: offload + reload <= 0.6 s for 0.5B; a sync through the
   host >= 0.8x pinned);
 - hand-off (``--switches``): the learner stages a new version on its GPU and publishes it
-  (:mod:`rlix.exec.train.handoff`); a second process on the same GPU (a torch rollout engine)
+  (:mod:`rlix.weightsync.handoff`); a second process on the same GPU (a torch rollout engine)
   loads it over CUDA IPC and through the host buckets, bit-exact against each other (target:
   CUDA IPC <= 0.1 s for 0.5B); also each host bucket page-locked in place and copied once, a
   variant measured for the host path's next step;
@@ -294,6 +294,8 @@ def bench_handoff(res: dict, args, ctx: dict) -> None:
     """The trained learner stages its new version on the GPU (as at the end of a training stage), offloads,
     and publishes; a second process on the same GPU loads it into a torch rollout engine ``--reps`` + 1
     times over CUDA IPC and as many through the host buckets (pinned staging), bit-exact against each other."""
+    from dataclasses import replace
+
     import torch
 
     if not cuda(ctx):  # the two processes and both loads still run, each through the host
@@ -305,6 +307,7 @@ def bench_handoff(res: dict, args, ctx: dict) -> None:
     learner.offload()
     res["after_offload"] = memory(ctx)  # the held buckets stay: the hand-off's GPU memory between stages
     res["publish_s"], _, w = timed(ctx, lambda: learner.publish("bfloat16"))
+    w = replace(w, handoff=learner.handoff_handles("bfloat16"))  # the handles travel apart, as TrainerLink fetches them
     if w.handoff is None and cuda(ctx):
         raise RuntimeError("the learner published no hand-off (TrainOptions.gpu_handoff off, or no staged version)")
     res["bytes"] = w.nbytes
@@ -352,7 +355,7 @@ def _handoff_loads(w, path: str, device: str, reps: int) -> dict:
 
     from rlix.exec.messages import Emulation
     from rlix.exec.rollout.torch_backend import make_backend
-    from rlix.exec.train.weights import PinnedStaging, load_into
+    from rlix.weightsync.buckets import PinnedStaging, load_into
 
     torch.set_num_threads(1)  # as a worker actor runs
     sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
@@ -383,7 +386,7 @@ def refused_registration() -> dict:
     CUDA error behind for the next kernel to report."""
     import torch
 
-    from rlix.exec.train.host_pages import HostPages
+    from rlix.weightsync.host_pages import HostPages
 
     cudart = torch.cuda.cudart()
     buf = torch.empty(4 << 20, dtype=torch.uint8)
@@ -473,7 +476,7 @@ def source_model(ctx: dict):
 def publisher(ctx: dict) -> tuple[Callable[[], object], list[float]]:
     """A function publishing a fresh version of the weights each call (bfloat16 buckets, as a trainer
     does after each step), and the seconds each publish took."""
-    from rlix.exec.train.weights import publish_of
+    from rlix.weightsync.buckets import publish_of
 
     model, seconds = source_model(ctx), []
 
@@ -586,7 +589,7 @@ def bench_sync(res: dict, args, ctx: dict) -> None:
 def bench_load_into(res: dict, args, ctx: dict, publish) -> None:
     """``load_into`` (what the backend's wake and sync call) alone, into the awake engine, through a
     fresh ``PinnedStaging`` of N copy threads; its first load (buffers pinned then) apart."""
-    from rlix.exec.train.weights import COPY_THREADS, PinnedStaging, load_into
+    from rlix.weightsync.buckets import COPY_THREADS, PinnedStaging, load_into
 
     backend, device = ctx["backend"], ctx["device"]
     res["copy_threads_default"] = COPY_THREADS

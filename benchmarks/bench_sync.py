@@ -3,13 +3,13 @@
     python benchmarks/bench_sync.py [--preset 0.5b] [--reps 3] [--json out.json]
 
 A publisher actor (the trainer's stand-in: its own process) publishes a new version of the
-model's weights every repetition, as :func:`rlix.exec.train.weights.publish_of` does, so Ray
+model's weights every repetition, as :func:`rlix.weightsync.buckets.publish_of` does, so Ray
 stores the buckets in its object store; a probe actor (a rollout worker's stand-in: one torch
 thread, as workers run) holds the same model in bfloat16 on the GPU and loads each version into
 it. Each way is timed on fresh versions (pages the probe has not touched yet, as in a real sync):
 
-- ``staged-N``: :func:`~rlix.exec.train.weights.load_into` through a
-  :class:`~rlix.exec.train.weights.PinnedStaging` whose host copy runs on N threads (what a worker
+- ``staged-N``: :func:`~rlix.weightsync.buckets.load_into` through a
+  :class:`~rlix.weightsync.buckets.PinnedStaging` whose host copy runs on N threads (what a worker
   does; N=1 is the single-threaded copy before);
 - ``pageable``: each bucket's view handed to ``.to(device)`` (the driver stages it), then the
   parameter copies;
@@ -41,7 +41,7 @@ class Publisher:
         self.model = load_model(path)
 
     def publish(self, version: int):
-        from rlix.exec.train.weights import publish_of
+        from rlix.weightsync.buckets import publish_of
 
         return publish_of(self.model, version, "bfloat16")
 
@@ -60,7 +60,7 @@ class Probe:
     def load(self, way: str, w) -> float:
         import torch
 
-        from rlix.exec.train.weights import PinnedStaging, _flat, _torch_dtype, load_into
+        from rlix.weightsync.buckets import PinnedStaging, _flat, _torch_dtype, load_into
 
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -84,7 +84,7 @@ class Probe:
         """The staged copy's halves alone, on fresh pages: object store -> pinned, pinned -> device."""
         import torch
 
-        from rlix.exec.train.weights import PinnedStaging, _flat
+        from rlix.weightsync.buckets import PinnedStaging, _flat
 
         staging = PinnedStaging(copy_threads=threads)
         flats = [_flat(b, torch.uint8) for b in w.buckets if b.nbytes]

@@ -46,6 +46,9 @@ class HomeBook:
             self._flush(g, now)
             self._owners[g] = tuple(sorted(p for p, home in self._homes.items() if g in home))
 
+    def has_home(self, pipeline_id: str) -> bool:
+        return pipeline_id in self._homes
+
     def hold(self, gpu: int, now: float, pipeline_id: str) -> None:
         """From ``now`` on, ``pipeline_id`` holds ``gpu`` ("" : nobody)."""
         if pipeline_id != self._holder[gpu]:

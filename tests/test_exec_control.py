@@ -201,6 +201,7 @@ class _Worker:
     def __init__(self, gpus, prepare_gate: _Gate) -> None:
         self.gpus = tuple(gpus)
         self.calls: list[tuple] = []
+        self.handoffs: list[tuple] = []  # (weights, the hand-off's handles sent with them)
         self.wake_gate, self.sleep_gate, self.gen_gate = _Gate(), _Gate(), _Gate()
         self.dies_in_rollout = False
         self.cold = False  # its next wake builds the engine (as a vLLM worker's first wake on a GPU)
@@ -212,6 +213,7 @@ class _Worker:
 
         async def wake(full, *adapters, handoff=None):
             self.calls.append(("wake", full))
+            self.handoffs.append((full, handoff))
             await self.wake_gate.event.wait()
             refused, self.refuse_wake = self.refuse_wake, None
             if refused is not None:
@@ -221,6 +223,7 @@ class _Worker:
 
         async def update_weights(full, handoff=None):
             self.calls.append(("update_weights", full))
+            self.handoffs.append((full, handoff))
             return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]))
 
         async def sleep():
@@ -277,7 +280,9 @@ class _Job:
             fatal=self.fatal.append,
             lost=lambda gpus, failed: self.lost.append(tuple(gpus) if failed else ("drained", *gpus)),
             changed=self._changed,
+            handoff=lambda version: f"h{version}" if version in self.handles else None,
         )
+        self.handles: set[int] = {0, 1}  # versions whose buckets the trainer still keeps on its GPU
         procs = Processes(kill=self.killed.append, died=(_Died,), refused=(_Refused,))
         self.pool, self.queue = WorkerPool(slots), RolloutQueue(max_tries=2)
         self.ctl = RolloutControl(
@@ -564,6 +569,19 @@ def test_a_newer_weight_version_published_during_a_wake_is_synced_before_work():
 
     w = asyncio.run(scenario())
     assert w.calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("generate", 0)]
+    assert w.handoffs == [("w0", "h0"), ("w1", "h1")]  # each version with its own handles
+
+
+def test_a_worker_woken_once_the_handles_were_withdrawn_is_sent_none():
+    async def scenario():
+        job = _Job()
+        job.add(1)
+        job.handles = set()  # a stage's load withdrew them
+        await _warm(job, (0,))
+        await asyncio.wait_for(job.ctl.expand((0,)), 1.0)
+        return job.worker((0,))
+
+    assert asyncio.run(scenario()).handoffs == [("w0", None)]
 
 
 def test_a_wake_that_builds_the_engine_is_booked_as_a_cold_start():

@@ -97,7 +97,7 @@ def _full_step(learner, seed: int):
 
 def _whole_state(learner) -> dict:
     """Weights and optimizer state, gathered whole (a collective), on the CPU."""
-    from rlix.exec.train.fsdp import full
+    from rlix.weightsync.buckets import full
 
     opt = learner.opt.state_dict()["state"]
     return {

@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 
 from rlix.exec.data.model import ModelSize, build_model, load_model
 from rlix.exec.rollout.torch_backend import GenRequest, VllmOptions
-from rlix.exec.train.weights import publish_of
+from rlix.weightsync.buckets import publish_of
 
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
 

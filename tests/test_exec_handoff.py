@@ -1,4 +1,4 @@
-"""The weight hand-off's choice of path, its fallback and its record (rlix.exec.train.handoff).
+"""The weight hand-off's choice of path, its fallback and its record (rlix.weightsync.handoff).
 
 What a CPU can check: which path a worker takes for each placement, that a
 handle it cannot open sends it through the host buckets with the reason, that
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlix.exec.messages import DeviceHandoff
-from rlix.exec.records import SwitchKind, SwitchRecord, SyncPath
-from rlix.exec.train.handoff import DeviceBuckets, choose, host_id
+from rlix.exec.records import SwitchKind, SwitchRecord
+from rlix.weightsync.handoff import DeviceBuckets, choose, host_id
+from rlix.weightsync.types import DeviceHandoff, SyncPath
 
 UUID = "GPU-0b3c5d7e"
 HANDOFF = DeviceHandoff(host="node-a/boot-1", device_uuid=UUID, buckets=())
@@ -63,13 +63,15 @@ def test_handles_a_worker_cannot_open_send_it_through_the_host_bit_exact(tmp_pat
     from dataclasses import replace
 
     from rlix.exec.data.model import ModelSize, build_model, load_model
-    from rlix.exec.train.weights import publish_of, route_to, views
+    from rlix.weightsync.buckets import publish_of, route_to, views
 
     size = ModelSize(arch="qwen2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     model = load_model(build_model(size, tmp_path / "m"))
     w = publish_of(model, 1)
     assert w.handoff is None  # nothing staged on a GPU: host buckets only
-    bogus = DeviceHandoff(host="this/boot", device_uuid=UUID, buckets=tuple((None,) * 15 for _ in w.buckets))
+    handle = ("torch:Tensor", (8,), (1,), 0, "torch.storage:UntypedStorage", "bfloat16", 0, b"no such block", 16, 0)
+    handle += (False, b"c", 0, b"e", False)  # a plain handle of a block no process shared
+    bogus = DeviceHandoff(host="this/boot", device_uuid=UUID, buckets=tuple(handle for _ in w.buckets))
     w = replace(w, handoff=bogus)
     route, opened = route_to(w, "cuda:0", host="this/boot", visible={UUID: 0})
     assert route.path is SyncPath.HOST and "CUDA IPC open failed" in route.reason and opened is None
@@ -92,7 +94,7 @@ def test_a_handle_carries_no_torch_object_so_a_process_that_passes_it_on_never_i
     import subprocess
     import sys
 
-    from rlix.exec.train.handoff import plain_handle, torch_handle
+    from rlix.weightsync.handoff import plain_handle, torch_handle
 
     shape, storage = (torch.Tensor, torch.Size([4, 2]), (2, 1), 0), (torch.UntypedStorage, torch.bfloat16, 0, b"h", 16, 0)
     args = (*shape, *storage, False, b"c", 8, b"e", True)  # torch's rebuild arguments of a shared CUDA tensor
@@ -146,7 +148,7 @@ class Cuda:
 
 def maps(*mappings: tuple[int, int, str]) -> str:
     """``/proc/self/maps`` text with these shared mappings of files: (first page, end page, file), in pages."""
-    from rlix.exec.train.host_pages import PAGE
+    from rlix.weightsync.host_pages import PAGE
 
     return "".join(f"{lo * PAGE:x}-{hi * PAGE:x} rw-s 00000000 00:1a {i + 5} {f}\n" for i, (lo, hi, f) in enumerate(mappings))
 
@@ -156,14 +158,14 @@ ONE_MAPPING = maps((0, 1 << 20, "/dev/shm/plasma"))
 
 def pages(budget: int, cuda: Cuda, text: str = ONE_MAPPING):
     """A registry over ``cuda``, the process's mappings being ``text`` (a list: its last item, as it changes)."""
-    from rlix.exec.train.host_pages import HostPages
+    from rlix.weightsync.host_pages import HostPages
 
     read = (lambda: text[-1]) if isinstance(text, list) else (lambda: text)
     return HostPages(budget, cuda.register, cuda.unregister, read_maps=read)
 
 
 def test_shared_memory_is_registered_once_by_whole_pages_and_reused():
-    from rlix.exec.train.host_pages import PAGE
+    from rlix.weightsync.host_pages import PAGE
 
     cuda = Cuda()
     reg = pages(1 << 30, cuda)
@@ -174,7 +176,7 @@ def test_shared_memory_is_registered_once_by_whole_pages_and_reused():
 
 
 def test_ranges_that_overlap_or_touch_merge_and_the_oldest_go_past_the_budget():
-    from rlix.exec.train.host_pages import PAGE
+    from rlix.weightsync.host_pages import PAGE
 
     cuda = Cuda()
     reg = pages(8 * PAGE, cuda)
@@ -195,7 +197,7 @@ def test_ranges_that_overlap_or_touch_merge_and_the_oldest_go_past_the_budget():
 
 
 def test_ranges_in_different_mappings_are_not_merged_and_an_overlap_keeps_what_it_had():
-    from rlix.exec.train.host_pages import PAGE
+    from rlix.weightsync.host_pages import PAGE
 
     cuda = Cuda()
     reg = pages(1 << 30, cuda, maps((0, 4, "/dev/shm/a"), (4, 64, "/dev/shm/b")))
@@ -209,7 +211,7 @@ def test_ranges_in_different_mappings_are_not_merged_and_an_overlap_keeps_what_i
 
 
 def test_a_range_whose_mapping_was_replaced_is_registered_again():
-    from rlix.exec.train.host_pages import PAGE
+    from rlix.weightsync.host_pages import PAGE
 
     cuda = Cuda()
     text = [maps((0, 16, "/dev/shm/a"))]
@@ -217,6 +219,9 @@ def test_a_range_whose_mapping_was_replaced_is_registered_again():
     assert reg.pinned(2 * PAGE, 2 * PAGE)
     reg.sync_done()
     assert reg.pinned(2 * PAGE, PAGE) and len(cuda.calls) == 1  # the same mapping: held, nothing asked
+    text.append("".join(maps((0, 3, "/dev/shm/a")).splitlines(True)) + "3000-10000 rw-s 00003000 00:1a 5 /dev/shm/a\n")
+    reg.sync_done()  # the kernel split a's mapping in two (a's file, the same place): still the same pages
+    assert reg.pinned(2 * PAGE, PAGE) and reg.pinned(2 * PAGE + 8, PAGE) and len(cuda.calls) == 1  # across the split too
     text.append(maps((0, 16, "/dev/shm/b")))  # the store unmapped a and mapped b at the same addresses
     assert reg.pinned(2 * PAGE, PAGE) and len(cuda.calls) == 1  # within a sync the maps are read once
     reg.sync_done()
@@ -229,7 +234,7 @@ def test_a_range_whose_mapping_was_replaced_is_registered_again():
 
 
 def test_a_version_over_the_budget_pins_what_fits_and_stages_the_rest_without_thrashing():
-    from rlix.exec.train.host_pages import PAGE
+    from rlix.weightsync.host_pages import PAGE
 
     cuda = Cuda()
     reg = pages(4 * PAGE, cuda)
@@ -243,7 +248,7 @@ def test_a_version_over_the_budget_pins_what_fits_and_stages_the_rest_without_th
 
 
 def test_only_shared_memory_is_registered_and_a_refusal_tries_read_only_then_stages():
-    from rlix.exec.train.host_pages import PAGE, REGISTER_PORTABLE, REGISTER_READ_ONLY
+    from rlix.weightsync.host_pages import PAGE, REGISTER_PORTABLE, REGISTER_READ_ONLY
 
     cuda = Cuda()
     assert not pages(1 << 30, cuda, maps()).pinned(0, PAGE) and cuda.calls == []
@@ -259,7 +264,7 @@ def test_a_shared_mapping_under_dev_shm_is_found_in_the_process_maps(tmp_path):
     import mmap
     from pathlib import Path
 
-    from rlix.exec.train.host_pages import shared_mapping
+    from rlix.weightsync.host_pages import shared_mapping
 
     if not Path("/dev/shm").is_dir() or not Path("/proc/self/maps").exists():
         pytest.skip("needs /dev/shm and /proc")

@@ -375,8 +375,8 @@ def test_hand_off_handles_go_with_their_version_and_are_withdrawn_before_a_stage
     """A worker woken between a stage's load (which frees the buckets on the trainer's GPU) and the next
     publish gets no handles to that freed memory: they are withdrawn before the load is sent."""
     from rlix.exec.config import LimitsConfig
-    from rlix.exec.messages import DeviceHandoff
     from rlix.exec.train.trainer_link import TrainerLink
+    from rlix.weightsync.types import DeviceHandoff
 
     async def main():
         handle = _Trainer(lambda samples, adapter: None)
@@ -395,6 +395,21 @@ def test_hand_off_handles_go_with_their_version_and_are_withdrawn_before_a_stage
         assert off.handoff_of(1) is None
 
     asyncio.run(main())
+
+
+def test_every_call_the_trainer_link_makes_is_one_a_gang_sends_to_its_ranks():
+    """The link's handle is a TrainerGang even for one rank: a trainer method missing from its calls fails
+    the job the first time it is used (the fakes above accept any name)."""
+    import re
+    from pathlib import Path
+
+    from rlix.exec.train import trainer_link
+    from rlix.exec.train.actor import TrainerActor
+    from rlix.exec.train.trainer_gang import GANG_CALLS
+
+    called = set(re.findall(r"self\.handle\.(\w+)\.remote", Path(trainer_link.__file__).read_text()))
+    assert "handoff" in called and called <= set(GANG_CALLS), called - set(GANG_CALLS)
+    assert all(callable(getattr(TrainerActor.__ray_metadata__.modified_class, name, None)) for name in GANG_CALLS)
 
 
 def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():

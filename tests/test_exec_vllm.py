@@ -29,7 +29,7 @@ from rlix.exec.data.recipe import continuation
 from rlix.exec.rollout.torch_backend import GenRequest, TorchRolloutBackend, VllmOptions
 from rlix.exec.train.grpo import GrpoConfig
 from rlix.exec.train.lora import LoraLearner, LoraSpec
-from rlix.exec.train.weights import publish_of
+from rlix.weightsync.buckets import publish_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
@@ -247,7 +247,7 @@ from rlix.exec.messages import EngineStopped, GenRequest, VllmOptions
 from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
 
 from rlix.exec.data.model import load_model
-from rlix.exec.train.weights import publish_of
+from rlix.weightsync.buckets import publish_of
 
 b = VllmRolloutBackend(options=VllmOptions(**eval(sys.argv[2])))
 b.prepare(sys.argv[1], "cpu")

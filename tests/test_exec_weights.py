@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from rlix.exec.data.model import ModelSize, build_model, load_model  # noqa: E402
 from rlix.exec.messages import GenRequest  # noqa: E402
 from rlix.exec.rollout.torch_backend import TorchRolloutBackend  # noqa: E402
-from rlix.exec.train.weights import device_tensors, publish_of, snapshot_of, views  # noqa: E402
+from rlix.weightsync.buckets import device_tensors, publish_of, snapshot_of, views  # noqa: E402
 
 SIZE = ModelSize(arch="qwen2", hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
 
@@ -192,10 +192,10 @@ def test_the_staging_host_copy_split_over_threads_copies_every_byte(threads, num
     """The object store -> pinned half of a CUDA sync, on plain CPU tensors, split whatever the size: every
     part lands where it belongs (sizes that do not divide by the thread count, fewer elements than threads),
     from a strided source too, and under inference mode (the parts run in the caller's mode)."""
-    from rlix.exec.train import weights
-    from rlix.exec.train.weights import PinnedStaging
+    from rlix.weightsync import buckets
+    from rlix.weightsync.buckets import PinnedStaging
 
-    monkeypatch.setattr(weights, "COPY_SPLIT_BYTES", 0)
+    monkeypatch.setattr(buckets, "COPY_SPLIT_BYTES", 0)
     bits = torch.randint(-(2**15), 2**15, (2 * numel if layout == "strided" else numel,), dtype=torch.int16)
     src = bits.view(torch.bfloat16)[::2] if layout == "strided" else bits.view(torch.bfloat16)
     staging = PinnedStaging(copy_threads=threads)

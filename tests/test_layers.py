@@ -95,3 +95,11 @@ def test_the_import_contracts_hold(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert f"Contracts: {len(contracts())} kept, 0 broken." in res.stdout
+
+
+def test_weight_sync_imports_without_the_executor_ray_or_torch():
+    """An outside pipeline's process that only passes a publish on (or imports the library) pays for neither."""
+    heavy = "m in ('torch', 'ray') or m.startswith('rlix.exec')"
+    code = f"import sys, rlix.weightsync; print(sorted(m for m in sys.modules if {heavy}))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=RLIX.parent)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr[-2000:]

@@ -287,27 +287,59 @@ def test_an_ended_job_is_forgotten_a_while_after_it_is_in_the_history_and_the_fi
         jobs.registering(name, "s1", "ann@h", 0, 1.0)
         jobs.granted(name, 1.0)
     usage.update(1.0, [("a#1", "rollout", W), ("b#2", "rollout", W)])
+    usage.set_home(1.0, "a#1", (0,))
     jobs.end("a", "finished", "", 11.0)
     usage.update(11.0, [None, ("b#2", "rollout", W)])
     books.metrics.preemptions["a#1"] += 2
     books.write_history(core, 12.0)  # a is in the history from 12 s (the core's ledger holds nothing: b is booked by hand)
     usage.update(12.0, [None, ("b#2", "rollout", W)])
     assert books.forget_ended(71.9) == [] and {r.id for r in cluster_status(books, core, 71.9).jobs} == {"a#1", "b#2"}
+    assert books.forget_ended(72.0) == []  # its pipeline has not left (its home is still booked): not yet
+    usage.set_home(72.0, "a#1", ())
     assert books.forget_ended(72.0) == ["a#1"]
     status = cluster_status(books, core, 80.0)
     assert [r.id for r in status.jobs] == ["b#2"] and (status.forgotten_jobs, status.forgotten_gpu_s) == (1, pytest.approx(10.0))
     assert status.busy_gpu_s == pytest.approx(sum(r.gpu_s for r in status.jobs) + status.forgotten_gpu_s)
     assert status.busy_gpu_s == pytest.approx(10.0 + 79.0)  # a's 10 s kept; b held GPU 1 from 1 s
     assert "a#1" not in books.metrics.preemptions and "a#1" not in usage.fair and "a" not in jobs.by_name
+    jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, job_id="a#1"),), 80.0)  # a late renewal naming it: not brought back
+    assert "a#1" not in jobs.records
     assert [r.id for r in History(tmp_path / "h.sqlite").query()] == ["a#1"]  # the history has it
     assert jobs.find("a") is None and jobs.claim("s1", "ann@h", (c("a", 0, 1),), set(), 81.0) == ("a#3",)  # ids go on
     with pytest.raises(IllegalMove, match="b#2 is loading: only an ended job is forgotten"):
         jobs.forget("b#2")
     again = ClusterUsage(2, start=0.0, totals=usage.totals(82.0))  # a restarted service goes on from the totals
     assert (again.forgotten_jobs, again.busy_gpu_s(0.0)) == (1, pytest.approx(usage.busy_gpu_s(82.0)))
+
     console = Console(width=200, record=True)
     console.print(status_view(status))
     assert "1 job ended earlier, in rlix history" in console.export_text()
+
+
+def test_a_restarted_service_forgets_the_figures_of_jobs_its_earlier_life_saw_end_and_still_adds_up(tmp_path, monkeypatch):
+    from rlix.core import ClusterSpec, Scheduler
+    from rlix.exec.service.books import Books
+    from rlix.exec.service.status import cluster_status
+
+    store: dict = {}  # Ray's internal key-value store (the process boundary)
+    for module in ("jobs", "books"):
+        monkeypatch.setattr(f"rlix.exec.service.{module}.keep", lambda k, v: store.__setitem__(k, json.loads(json.dumps(v))))
+        monkeypatch.setattr(f"rlix.exec.service.{module}.kept", lambda k: store.get(k))
+    core, history = Scheduler(ClusterSpec(nodes=1, gpus_per_node=2), policy="rlix"), str(tmp_path / "h.sqlite")
+    books = Books(2, t0=1000.0, now=0.0, restarts=0, persist=True, lease_s=10, history=history)
+    books.jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
+    for name in ("a", "b"):
+        books.jobs.registering(name, "s1", "ann@h", 0, 1.0)
+    books.usage.update(1.0, [("a#1", "rollout", W), ("b#2", "rollout", W)])
+    books.metrics.preemptions["a#1"] += 1
+    books.jobs.end("a", "finished", "", 11.0)  # a ended; the service dies before a is in the history
+    books.usage.update(11.0, [None, ("b#2", "rollout", W)])
+    books.keep_totals(20.0)
+    again = Books(2, t0=1000.0, now=30.0, restarts=1, persist=True, lease_s=10, history=history)
+    status = cluster_status(again, core, 30.0)
+    assert [r.id for r in status.jobs] == ["b#2"] and (status.forgotten_jobs, status.forgotten_gpu_s) == (1, pytest.approx(10.0))
+    assert status.busy_gpu_s == pytest.approx(sum(r.gpu_s for r in status.jobs) + status.forgotten_gpu_s)
+    assert dict(again.metrics.preemptions) == {}
 
 
 def test_keep_ended_takes_an_age():
@@ -319,6 +351,9 @@ def test_keep_ended_takes_an_age():
     with pytest.raises(argparse.ArgumentTypeError, match="-5 is not an age"):
         duration("-5")
     assert build_parser().parse_args(["scheduler", "start", "--keep-ended", "10m"]).keep_ended == 600.0
+    assert build_parser().parse_args(["scheduler", "start"]).keep_ended == 3600.0
+    with pytest.raises(SystemExit):  # argparse's one line and exit 2: shorter than a submitter's renewals
+        build_parser().parse_args(["scheduler", "start", "--keep-ended", "30"])
 
 
 def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):

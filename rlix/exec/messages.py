@@ -22,67 +22,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from rlix.exec.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, SyncPath, TrajRecord
+from rlix.exec.records import ActivityChange, JobStatus, RewardSpan, StepRecord, SwitchRecord, TrajRecord
 from rlix.protocol import Stopped
+from rlix.weightsync.types import SyncPath
 
 # ------------------------------------------------------------------ weights
-
-
-@dataclass(frozen=True, kw_only=True)
-class WeightSnapshot:
-    """Policy weights at ``version`` (0 = initial), tensors on the CPU, in the trainer's own dtype.
-
-    In-process only (checkpoints, tests): what crosses to rollout workers is
-    :class:`WeightBuckets`."""
-
-    version: int
-    tensors: Any  # mapping parameter name -> CPU torch.Tensor (a state dict)
-    nbytes: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class TensorSlot:
-    """Where one parameter lies in a :class:`WeightBuckets`: bucket, offset and length in elements."""
-
-    name: str
-    shape: tuple[int, ...]
-    bucket: int
-    offset: int  # elements from the bucket's start (64-byte aligned)
-    numel: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class WeightBuckets:
-    """Policy weights at ``version`` as a few flat buffers and an index: what a trainer publishes once
-    per version and every rollout worker loads.
-
-    ``buckets`` are numpy ``uint8`` arrays holding ``dtype`` elements (numpy has no
-    bfloat16): Ray stores them out of band, so a worker on the same node reads them
-    as read-only views of the object store's shared memory, without unpickling
-    per-parameter tensors. Tied parameters share one slot's bytes. ``nbytes`` is
-    the bytes of the buckets (what one sync moves)."""
-
-    version: int
-    dtype: str  # "bfloat16" | "float16" | "float32": the elements' dtype (torch name)
-    buckets: tuple[Any, ...]  # numpy uint8 arrays
-    slots: tuple[TensorSlot, ...]
-    nbytes: int
-    handoff: DeviceHandoff | None = None  # the same buckets on the trainer's GPU (CUDA only), for workers beside it
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceHandoff:
-    """Where a trainer also keeps a published version's buckets on its GPU, for a rollout worker that
-    sees the same GPU to read them in place over CUDA IPC (:mod:`rlix.exec.train.handoff`).
-
-    ``host`` names the machine (host name and boot id) and ``device_uuid`` the GPU, so a worker
-    maps the GPU to its own device index whatever devices its process sees. ``buckets`` holds one
-    CUDA IPC handle per bucket (the arguments torch rebuilds a shared CUDA tensor from, in plain
-    values: :func:`rlix.exec.train.handoff.plain_handle`), in the order of :attr:`WeightBuckets.buckets`."""
-
-    host: str
-    device_uuid: str
-    buckets: tuple[tuple[Any, ...], ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,7 +249,7 @@ class TrainOptions:
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (less memory, ~1/3 more compute)
     logprob_chunk_tokens: int = 1024  # tokens whose full-vocabulary log-softmax is computed at once
     # On a GPU, one rank: keep each trained version's published buckets on the trainer's GPU until its next
-    # stage, so rollout workers that see that GPU load them over CUDA IPC (rlix.exec.train.handoff); costs
+    # stage, so rollout workers that see that GPU load them over CUDA IPC (rlix.weightsync.handoff); costs
     # the published bytes of GPU memory between stages. Off by default: measured by benchmarks/bench_gpu_torch.py
     # on one GPU, not yet under Ray on a GPU
     gpu_handoff: bool = False

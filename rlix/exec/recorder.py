@@ -14,17 +14,9 @@ from dataclasses import dataclass
 
 from rlix.core.types import Gpus
 from rlix.exec.messages import JobProgress, JobResult
-from rlix.exec.records import (
-    ActivityChange,
-    JobStatus,
-    StepRecord,
-    SwitchKind,
-    SwitchRecord,
-    SyncPath,
-    TrajRecord,
-    reward_spans,
-)
+from rlix.exec.records import ActivityChange, JobStatus, StepRecord, SwitchKind, SwitchRecord, TrajRecord, reward_spans
 from rlix.metrics import Activity
+from rlix.weightsync.types import SyncPath
 
 
 @dataclass(kw_only=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rlix.core.types import Gpus
 from rlix.metrics import Activity
+from rlix.weightsync.types import SyncPath
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,13 +61,6 @@ class SwitchKind(enum.Enum):
     SYNC = "sync"  # push new weights to a live worker
     STAGE_LOAD = "stage_load"  # trainer back onto its GPUs
     STAGE_OFFLOAD = "stage_offload"  # trainer off its GPUs
-
-
-class SyncPath(enum.Enum):
-    """How a rollout worker received the trainer's weights (:mod:`rlix.exec.train.handoff` chooses)."""
-
-    HOST = "host"  # the published host buckets (the object store), through pinned staging on a GPU
-    CUDA_IPC = "cuda_ipc"  # read in place from the trainer's own GPU buckets (same machine, same GPU visible)
 
 
 @dataclass(frozen=True, kw_only=True)

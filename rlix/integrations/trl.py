@@ -246,7 +246,7 @@ class RlixGRPO:
         """The trainer's weights, once per global step (the step's number is their version)."""
         import ray
 
-        from rlix.exec.train.weights import publish_of
+        from rlix.weightsync.buckets import publish_of
 
         step = trainer.state.global_step
         if step == self.version:

@@ -252,7 +252,7 @@ def _job_json(r: JobResult) -> dict:
 
 def _weight_loads(switches) -> list[dict]:
     """Every load of the full weights by a rollout worker (a wake's or a live sync's): when, how long,
-    the bytes, and the path they came by (``host`` or ``cuda_ipc``, :mod:`rlix.exec.train.handoff`)."""
+    the bytes, and the path they came by (``host`` or ``cuda_ipc``, :mod:`rlix.weightsync.handoff`)."""
     return [
         dict(t=round(s.t, 4), kind=s.kind.value, seconds=round(s.seconds, 4), bytes=s.synced_bytes, path=s.sync_path.value)
         for s in switches

@@ -17,7 +17,6 @@ import ray
 from rlix.exec.device_memory import MemoryCheck
 from rlix.exec.messages import (
     AdapterSnapshot,
-    DeviceHandoff,
     Emulation,
     EngineRefused,
     EngineStopped,
@@ -26,11 +25,11 @@ from rlix.exec.messages import (
     LoraSpec,
     SwitchTiming,
     VllmOptions,
-    WeightBuckets,
     WorkerFault,
 )
 from rlix.exec.placement import require_readable, setup_process
 from rlix.exec.rollout.torch_backend import make_backend
+from rlix.weightsync.types import DeviceHandoff, WeightBuckets
 
 CONTROL_THREADS = 8  # threads beyond the slots: wake, sleep, weight and adapter syncs never queue behind generation
 
@@ -75,7 +74,7 @@ class RolloutWorkerActor:
     ) -> SwitchTiming:
         """Resume with ``snapshot`` (the trainer's published full weights, or the base) and every current
         adapter; the timing's ``synced_bytes`` are the bytes of the weights it loaded. ``handoff``: the
-        snapshot's buckets on the trainer's GPU, while the trainer keeps them (:mod:`rlix.exec.train.handoff`)."""
+        snapshot's buckets on the trainer's GPU, while the trainer keeps them (:mod:`rlix.weightsync.handoff`)."""
         if self.fault.hang_wake:
             threading.Event().wait()  # injected: a wake that never returns (the caller's deadline kills us)
         t0 = time.perf_counter()

@@ -13,10 +13,11 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING
 
-from rlix.exec.messages import AdapterSnapshot, GenRequest, GenResult, WeightBuckets
+from rlix.exec.messages import AdapterSnapshot, GenRequest, GenResult
+from rlix.weightsync.types import WeightBuckets
 
 if TYPE_CHECKING:
-    from rlix.exec.train.handoff import Route
+    from rlix.weightsync.handoff import Route
 
 
 class RolloutBackend(abc.ABC):

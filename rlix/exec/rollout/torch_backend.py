@@ -13,8 +13,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions, WeightBuckets
+from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions
 from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
+from rlix.weightsync.types import WeightBuckets
 
 __all__ = ["Emulation", "GenRequest", "GenResult", "RolloutBackend", "TorchRolloutBackend", "VllmOptions", "make_backend"]
 
@@ -129,7 +130,7 @@ class TorchRolloutBackend(RolloutBackend):
     def _load(self, weights: WeightBuckets) -> None:
         """Copy the published buckets into the engine's parameters (cast to the engine's dtype): on a CPU
         straight from the object store's memory, on CUDA through the pinned staging buffer."""
-        from rlix.exec.train.weights import PinnedStaging, load_into
+        from rlix.weightsync.buckets import PinnedStaging, load_into
 
         if self._staging is None and self.device.startswith("cuda"):
             self._staging = PinnedStaging()

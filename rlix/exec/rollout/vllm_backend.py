@@ -53,8 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions, WeightBuckets
+from rlix.exec.messages import AdapterSnapshot, EngineStopped, GenRequest, GenResult, LoraSpec, VllmOptions
 from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
+from rlix.weightsync.types import WeightBuckets
 
 
 @dataclass(kw_only=True)
@@ -247,10 +248,11 @@ class VllmRolloutBackend(RolloutBackend):
         generator of device tensors, each bucket carried over through the pinned staging buffer as the
         model's loader asks for it. A CPU host, or a tensor-parallel engine (whose ranks are other
         processes, so the list is sent to each): zero-copy views of the object store's buffers."""
-        from rlix.exec.train.weights import PinnedStaging, close, device_tensors, route_to
+        from rlix.weightsync.buckets import PinnedStaging, close, device_tensors, route_to
 
         one_gpu = self._device.startswith("cuda") and len(self.devices) == 1
         self.route, opened = route_to(weights, self._device if one_gpu else "cpu")
+        pairs = ()
         try:
             if one_gpu:
                 self._staging = self._staging or PinnedStaging()
@@ -259,6 +261,8 @@ class VllmRolloutBackend(RolloutBackend):
                 pairs = list(hf_base_pairs(device_tensors(weights, "cpu")))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, "is_checkpoint_format": True})
         finally:
+            if hasattr(pairs, "close"):  # a load that failed half-way: its copies end before what they read is closed
+                pairs.close()
             close(opened, self._device)
         # Prefix caching is on by default: cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache(reset_running_requests=True)

@@ -10,9 +10,13 @@ service. ``rlix status``, ``/metrics``, ``/status``, the timeline and
 An ended job stays in the status (and its series in ``/metrics``) for
 ``keep_ended_s`` after it is in the history, then the books forget it, as
 ``slurmctld`` forgets a job after ``MinJobAge``: a service that runs for months
-keeps its status short and its memory bounded. Its GPU-seconds stay in the
+keeps its status short, and its records and per-job figures do not grow with
+every job it ever ran (its timeline still grows with every switch, and
+``rlix logs`` reads a job's log only while it is listed). Its GPU-seconds stay in the
 cluster's busy total (``forgotten_gpu_s`` in the status), so the rows and the
-forgotten jobs still add up to it; ``rlix history`` has every job.
+forgotten jobs still add up to it; ``rlix history`` has every job. A restarted
+service forgets at once the jobs its earlier life saw end (it keeps no record
+of them).
 
 The scheduler actor owns the books and writes to them as it plans and as
 jobs come and go; nothing here plans, and no plan depends on them. What the
@@ -33,7 +37,7 @@ from rlix.exec.service.logs import chunk_here
 from rlix.exec.service.prom import Metrics
 from rlix.exec.service.roster import keep, kept
 from rlix.exec.service.status import cluster_status
-from rlix.exec.service.usage import ClusterUsage
+from rlix.exec.service.usage import KINDS, ClusterUsage
 from rlix.metrics import Activity
 from rlix.protocol import ClusterStatus, HistoryRow, LogChunk, TimelineReply
 
@@ -76,6 +80,10 @@ class Books:
         # GPU-seconds per job id and the timeline; a restarted service's go on from its previous life's
         self.usage = ClusterUsage(num_gpus, start=0.0 if restarted else now, totals=totals.get("usage"))
         self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
+        if restarted:  # the jobs an earlier life saw end have no record now: their figures are forgotten at once
+            counted = set(self.metrics.preemptions).union(*(getattr(self.usage, kind) for kind in KINDS))
+            for job_id in sorted(counted - set(self.jobs.records)):
+                self._forget_figures(job_id)
         self.specs: dict[str, PipelineSpec] = {}  # each pipeline's latest registered topology, by name
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report (its workers' loads)
 
@@ -160,13 +168,17 @@ class Books:
     def forget_ended(self, now: float) -> list[str]:
         """Forget the jobs in the history for ``keep_ended_s`` by ``now`` (their records, figures and series);
         returns their ids."""
-        old = sorted(i for i, t in self.written_at.items() if now - t >= self.keep_ended_s)
+        # a job whose pipeline has not left yet (its workers' shrink still under way) keeps its home: not yet
+        old = sorted(i for i, t in self.written_at.items() if now - t >= self.keep_ended_s and not self.usage.has_home(i))
         for job_id in old:
             del self.written_at[job_id]
             self.jobs.forget(job_id)
-            self.usage.forget(job_id)
-            self.metrics.preemptions.pop(job_id, None)
+            self._forget_figures(job_id)
         return old
+
+    def _forget_figures(self, job_id: str) -> None:
+        self.usage.forget(job_id)
+        self.metrics.preemptions.pop(job_id, None)
 
     def keep_totals(self, now: float) -> None:
         """Each job's GPU-seconds and counts up to ``now``, where a restarted service finds them (so what a scrape

@@ -22,6 +22,7 @@ import os
 import sys
 from dataclasses import asdict
 
+from rlix.exec.service.history import KEEP_ENDED_MIN_S, KEEP_ENDED_S
 from rlix.protocol import VersionMismatch
 
 
@@ -61,6 +62,14 @@ def duration(text: str) -> float:
     return value
 
 
+def keep_age(text: str) -> float:
+    """``--keep-ended``: an age of at least a minute (a job's submitter learns how it ended before it is forgotten)."""
+    value = duration(text)
+    if value < KEEP_ENDED_MIN_S:
+        raise argparse.ArgumentTypeError(f"{text}: keep an ended job at least {KEEP_ENDED_MIN_S:.0f} s (60, 10m, 1h)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlix", description="The rlix scheduler shared by every job on a Ray cluster.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -75,10 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--history", default=None, help="the SQLite file of ended jobs (default ~/.rlix/history.sqlite)")
     start.add_argument(
         "--keep-ended",
-        type=duration,
-        default=None,
+        type=keep_age,
+        default=KEEP_ENDED_S,
         metavar="AGE",
-        help="how long an ended job stays in rlix status once it is in the history: 600, 30m, 1h, 2d (default 1h)",
+        help="how long an ended job stays in rlix status once it is in the history: 600, 30m, 1h, 2d (default 1h; at least 60 s)",
     )
     stop = act.add_parser("stop", help="stop the service (refused while jobs run)")
     stop.add_argument("--force", action="store_true", help="cancel every job cleanly first")
@@ -168,8 +177,7 @@ def _start(service, args) -> int:
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
     try:
-        keep = connect.KEEP_ENDED_S if args.keep_ended is None else args.keep_ended
-        connect.start(cluster, args.policy, knobs, args.metrics_port, args.history or connect.DEFAULT_HISTORY, keep)
+        connect.start(cluster, args.policy, knobs, args.metrics_port, args.history or connect.DEFAULT_HISTORY, args.keep_ended)
     except connect.ClusterError as exc:  # its GPUs could not be reserved in Ray
         raise UserError(str(exc)) from None
     served = f"; metrics at :{args.metrics_port}/metrics" if args.metrics_port else ""

@@ -20,6 +20,7 @@ from rlix.exec.service.usage import ClusterUsage
 from rlix.protocol import HistoryRow
 
 DEFAULT_PATH = "~/.rlix/history.sqlite"
+KEEP_ENDED_MIN_S = 60.0  # at least: a submitter learns how its job ended (it renews every few seconds) before
 KEEP_ENDED_S = 3600.0  # how long an ended job stays in the status once it is here (rlix scheduler start --keep-ended)
 
 SCHEMA = """

@@ -106,6 +106,7 @@ class JobLedger:
         self.by_name: dict[str, list[JobRecord]] = {}  # each name's jobs, oldest first (lookups by name stay short)
         self.renewed: dict[str, float] = {}  # submitter -> when it last renewed
         self.count = counted  # jobs ever given an id
+        self.forgotten: set[str] = set()  # ids of ended jobs this life forgot (a late renewal never brings one back)
         if persist:  # ids go on counting from the service's earlier lives (its records only after a restart)
             self._load(records=restarted, now=now)
 
@@ -159,7 +160,7 @@ class JobLedger:
         Never refused: a job the ledger does not know (the service restarted and lost it;
         it may have rejoined already) is recorded again, under the id it was given."""
         for job in jobs:
-            if job.id and job.id not in self.records and self.active(job.name) is None:
+            if job.id and job.id not in self.records and job.id not in self.forgotten and self.active(job.name) is None:
                 self._new(job.name, submitter, user, job.priority, job.steps, now, job_id=job.id, config=job.config, log=job.log)
         self.renewed[submitter] = now
 
@@ -279,6 +280,7 @@ class JobLedger:
         if not record.ended:
             raise IllegalMove(f"job {job_id} is {record.phase.value}: only an ended job is forgotten")
         del self.records[job_id]
+        self.forgotten.add(job_id)
         named = self.by_name[record.name]
         named.remove(record)
         if not named:

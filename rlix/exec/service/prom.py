@@ -19,7 +19,7 @@ rlix_gpus_total              -            GPUs the service manages
 rlix_idle_gpus               -            GPUs no job holds now
 rlix_utilization             -            busy GPU-seconds over GPUs x seconds since the service started
 rlix_queue_length            -            jobs waiting to be admitted
-rlix_jobs                    state        jobs per state (submitted, queued, loading, running, ...)
+rlix_jobs                    state        jobs listed per state (submitted, queued, loading, running, ...)
 rlix_job_gpu_seconds         job, kind    a job's GPU-seconds: kind used, lent or borrowed
 rlix_preemptions_total       job          rollout workers shrunk while trajectories ran on them
 rlix_plan_latency_seconds    -            seconds the core took per plan (a histogram)
@@ -43,7 +43,7 @@ HELP = {
     "rlix_idle_gpus": ("gauge", "GPUs no job holds now"),
     "rlix_utilization": ("gauge", "busy GPU-seconds over GPUs x seconds since the scheduler started"),
     "rlix_queue_length": ("gauge", "jobs waiting to be admitted"),
-    "rlix_jobs": ("gauge", "jobs per state"),
+    "rlix_jobs": ("gauge", "jobs listed per state (ended ones until they are forgotten)"),
     "rlix_job_gpu_seconds": ("gauge", "a job's GPU-seconds used, lent, borrowed"),
     "rlix_preemptions_total": ("counter", "rollout shrinks that interrupted work, per job"),
     "rlix_plan_latency_seconds": ("histogram", "seconds per core plan"),

@@ -43,6 +43,9 @@ class ClusterUsage:
         forgotten = {"gpu_s": self.forgotten_s, "jobs": self.forgotten_jobs}
         return {kind: dict(getattr(self, kind)) for kind in KINDS} | {"forgotten": forgotten}
 
+    def has_home(self, job: str) -> bool:
+        return self.recorder.homes.has_home(job)
+
     def forget(self, job: str) -> None:
         """Drop an ended job's figures (it holds nothing and has no home); its GPU-seconds stay in the busy total."""
         self.forgotten_s += self.used.pop(job, 0.0)

@@ -11,20 +11,12 @@ import time
 
 import ray
 
-from rlix.exec.messages import (
-    AdapterSnapshot,
-    DeviceHandoff,
-    LearnerPart,
-    Sample,
-    TrainerJob,
-    TrainStats,
-    WeightBuckets,
-    WeightSnapshot,
-)
+from rlix.exec.messages import AdapterSnapshot, LearnerPart, Sample, TrainerJob, TrainStats
 from rlix.exec.placement import require_readable, setup_process
 from rlix.exec.train.fsdp import Rendezvous, free_rendezvous, join
 from rlix.exec.train.grpo import GrpoLearner
 from rlix.exec.train.lora import LoraLearner
+from rlix.weightsync.types import DeviceHandoff, WeightBuckets, WeightSnapshot
 
 
 @ray.remote(max_concurrency=1)  # one call at a time, in the order sent: ranks must meet in their collectives alike

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from rlix.exec.messages import Rendezvous
+from rlix.weightsync.buckets import full
 
 # Seconds a collective may wait for the other ranks before failing (a dead rank
 # must not hang the job forever; a stage on a big model can take minutes).
@@ -136,14 +137,6 @@ def leave() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def full(tensor):
-    """The whole tensor: a DTensor shard is all-gathered (a collective: every rank calls it
-    for the same tensors in the same order); a plain tensor is returned as it is."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def clip_grad_norm(params: list, max_norm: float) -> float:

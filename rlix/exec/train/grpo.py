@@ -11,22 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from rlix.exec.messages import (
-    DeviceHandoff,
-    Emulation,
-    GrpoConfig,
-    LearnerPart,
-    Sample,
-    TrainOptions,
-    TrainStats,
-    WeightBuckets,
-    WeightSnapshot,
-)
+from rlix.exec.messages import Emulation, GrpoConfig, LearnerPart, Sample, TrainOptions, TrainStats
 from rlix.exec.train.compute import autocast, mixed_precision_policy, token_logprobs, uses_bf16
 from rlix.exec.train.fsdp import SINGLE, Ranks, clip_grad_norm
-from rlix.exec.train.handoff import DeviceBuckets
 from rlix.exec.train.residency import ALL_PARTS, Residency
-from rlix.exec.train.weights import publish_of, snapshot_of, stage_on_device
+from rlix.weightsync.buckets import publish_of, snapshot_of, stage_on_device
+from rlix.weightsync.handoff import DeviceBuckets
+from rlix.weightsync.types import DeviceHandoff, WeightBuckets, WeightSnapshot
 
 __all__ = ["GrpoConfig", "GrpoLearner", "Sample", "TrainStats"]
 

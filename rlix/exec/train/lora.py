@@ -14,21 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlix.exec.messages import (
-    AdapterSnapshot,
-    Emulation,
-    GrpoConfig,
-    LearnerPart,
-    LoraSpec,
-    Sample,
-    TrainOptions,
-    TrainStats,
-    WeightBuckets,
-    WeightSnapshot,
-)
-from rlix.exec.train.fsdp import SINGLE, Ranks, full, shard_like
+from rlix.exec.messages import AdapterSnapshot, Emulation, GrpoConfig, LearnerPart, LoraSpec, Sample, TrainOptions, TrainStats
+from rlix.exec.train.fsdp import SINGLE, Ranks, shard_like
 from rlix.exec.train.grpo import GrpoLearner
-from rlix.exec.train.weights import publish_of, snapshot_of
+from rlix.weightsync.buckets import full, publish_of, snapshot_of
+from rlix.weightsync.types import WeightBuckets, WeightSnapshot
 
 __all__ = ["AdapterSnapshot", "LoraLearner", "LoraSpec", "wrap_with_adapters"]
 

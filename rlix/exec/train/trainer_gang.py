@@ -32,6 +32,7 @@ GANG_CALLS = (
     "save_adapter",
     "snapshot",
     "weights",
+    "handoff",
     "trained_steps",
     "save_full",
 )

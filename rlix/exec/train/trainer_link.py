@@ -3,7 +3,7 @@
 Stage calls (old and reference log-probs, training) and weight snapshots,
 each with a deadline, and the versioned CPU cache of the trainer's weights:
 the newest full weights (or base weights of a LoRA job), published once per
-version as bf16 buckets in Ray's object store (:mod:`rlix.exec.train.weights`),
+version as bf16 buckets in Ray's object store (:mod:`rlix.weightsync.buckets`),
 and the newest snapshot of each adapter, as object references rollout workers
 sync from.
 Version ``v`` is the weights after ``v`` trained steps.
@@ -17,9 +17,10 @@ from rlix.core import ClusterSpec, Stage
 from rlix.core.types import Gpus
 from rlix.exec.config import JobConfig, LimitsConfig
 from rlix.exec.deadline import call
-from rlix.exec.messages import DeviceHandoff, Emulation, TrainerJob
+from rlix.exec.messages import Emulation, TrainerJob
 from rlix.exec.train.residency import ALL_PARTS, STAGE_PARTS
 from rlix.protocol import GpuMap
+from rlix.weightsync.types import DeviceHandoff
 
 
 class TrainerLink:

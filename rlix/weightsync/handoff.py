@@ -1,9 +1,9 @@
-"""Executor layer: weights handed to a rollout worker in place on one machine (CUDA IPC), and the choice of path.
+"""Weight sync: weights handed to a rollout worker in place on one machine (CUDA IPC), and the choice of path.
 
 On a GPU a trainer publishes each version twice: as host buckets, which Ray's
-object store carries to every worker (:mod:`rlix.exec.train.weights`), and as
+object store carries to every worker (:mod:`rlix.weightsync.buckets`), and as
 the same buckets on its own GPU, kept by a :class:`DeviceBuckets` until its
-next stage needs the memory. Their :class:`~rlix.exec.messages.DeviceHandoff`
+next stage needs the memory. Their :class:`~rlix.weightsync.types.DeviceHandoff`
 (one CUDA IPC handle per bucket, in plain values; the machine and the GPU's
 UUID) travels apart from the host buckets: the job's coordinator asks the
 trainer for it with each publish and gives it to a waking or syncing worker
@@ -12,7 +12,7 @@ process sees that GPU opens the handles and copies device to device into its
 engine (:func:`open_buckets`); any other worker, and any worker whose open fails,
 reads the host buckets. :func:`choose` is that choice, a pure function, and its
 :class:`Route` names the path and why, which the run's switch records keep per
-sync (:class:`~rlix.exec.records.SyncPath`).
+sync (:class:`~rlix.weightsync.types.SyncPath`).
 
 Lifetime: a worker copies what it opened before its wake or sync returns and
 then closes it (a consumer that may keep tensors, vLLM's loader, gets copies).
@@ -37,8 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.exec.messages import DeviceHandoff
-from rlix.exec.records import SyncPath
+from rlix.weightsync.types import DeviceHandoff, SyncPath
 
 __all__ = ["DeviceBuckets", "Route", "choose", "host_id", "open_buckets", "visible_gpus"]
 

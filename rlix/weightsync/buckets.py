@@ -1,7 +1,7 @@
-"""Executor layer: the trainer's weights as rollout workers load them, and as checkpoints take them.
+"""Weight sync: the trainer's weights as rollout workers load them, and as checkpoints take them.
 
 Weight sync without pickles: after each step the trainer *publishes* its
-weights once, as :class:`~rlix.exec.messages.WeightBuckets` -- a few flat
+weights once, as :class:`~rlix.weightsync.types.WeightBuckets` -- a few flat
 buffers in the rollout engine's dtype (bfloat16 by default) and a small index
 of names, shapes and offsets (:func:`publish_of`). The trainer actor returns
 it, so Ray stores it in its object store once per version; the coordinator
@@ -23,10 +23,10 @@ CPU copy of an already-CPU state dict, pickled it (fp32), put it, and
 unpickled it in every worker before the engine's copy.
 
 On a GPU two shortcuts remove copies: a bucket in the object store's shared
-memory is page-locked where it lies (:mod:`rlix.exec.train.host_pages`) and
+memory is page-locked where it lies (:mod:`rlix.weightsync.host_pages`) and
 copied straight to the device, skipping (4); and a worker that sees the
 trainer's GPU reads the version in place over CUDA IPC
-(:mod:`rlix.exec.train.handoff`), skipping all four. :func:`route_to` chooses,
+(:mod:`rlix.weightsync.handoff`), skipping all four. :func:`route_to` chooses,
 and :func:`load_into` says which path it took.
 
 :func:`snapshot_of` is the whole state dict in the trainer's own dtype (the
@@ -41,11 +41,9 @@ import warnings
 from collections.abc import Iterator, Mapping
 from concurrent.futures import wait
 
-from rlix.exec.messages import TensorSlot, WeightBuckets, WeightSnapshot
-from rlix.exec.records import SyncPath
-from rlix.exec.train.fsdp import full
-from rlix.exec.train.handoff import DeviceBuckets, Route, choose, host_id, open_buckets, visible_gpus
-from rlix.exec.train.host_pages import HostPages, process_pages
+from rlix.weightsync.handoff import DeviceBuckets, Route, choose, host_id, open_buckets, visible_gpus
+from rlix.weightsync.host_pages import HostPages, process_pages
+from rlix.weightsync.types import SyncPath, TensorSlot, WeightBuckets, WeightSnapshot
 
 __all__ = [
     "BUCKET_BYTES",
@@ -67,6 +65,14 @@ COPY_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffi
 # threads sharing a bucket's copy into pinned memory (an H100 host: one thread's sync reached a quarter of
 # a pageable host-to-device copy, 8 threads' all of it; benchmarks/bench_sync.py)
 COPY_SPLIT_BYTES = 8 << 20  # a smaller bucket is copied by one thread
+
+
+def full(tensor):
+    """The whole tensor: a DTensor shard (FSDP2) is all-gathered, a collective every rank calls for the
+    same tensors in the same order; a plain tensor is returned as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def snapshot_of(model, version: int) -> WeightSnapshot:
@@ -132,7 +138,7 @@ def publish_of(
 
     When ``on_device`` holds this version (:func:`stage_on_device` wrote it while the trainer had its
     GPU), the host buckets are copied from those, one whole bucket at a time. Their CUDA IPC handles
-    travel apart (:meth:`~rlix.exec.train.handoff.DeviceBuckets.handles`), withdrawn when the trainer
+    travel apart (:meth:`~rlix.weightsync.handoff.DeviceBuckets.handles`), withdrawn when the trainer
     drops them."""
     import numpy as np
     import torch
@@ -215,7 +221,7 @@ def views(w: WeightBuckets) -> dict:
 
 class PinnedStaging:
     """Carries buckets to a CUDA device at pinned speed, reused across syncs. A bucket in shared memory (Ray's
-    object store) is page-locked where it lies (:class:`~rlix.exec.train.host_pages.HostPages`) and copied
+    object store) is page-locked where it lies (:class:`~rlix.weightsync.host_pages.HostPages`) and copied
     straight to the device; any other goes through two page-locked buffers: a bucket is copied into one
     while the other's host-to-device copy may still run. That host copy is the slow half, so
     ``copy_threads`` threads share it (a worker process runs one torch thread; a copy releases the GIL)."""
@@ -284,19 +290,21 @@ class PinnedStaging:
     def wait(self, device: str) -> None:
         """Every copy straight from a caller's memory done (its buffers may be released after); the sync
         is over (:meth:`HostPages.sync_done`)."""
-        if self._direct:
-            import torch
+        try:
+            if self._direct:
+                import torch
 
-            torch.cuda.current_stream(device).synchronize()
-            self._direct = False
-        if self.pages is not None:
-            self.pages.sync_done()
+                torch.cuda.current_stream(device).synchronize()
+                self._direct = False
+        finally:  # a failed sync ends too: the next one reads the mappings afresh
+            if self.pages is not None:
+                self.pages.sync_done()
 
 
 def route_to(
     w: WeightBuckets, device: str, *, host: str | None = None, visible: Mapping[str, int] | None = None
 ) -> tuple[Route, list | None]:
-    """How ``w`` reaches ``device`` (:func:`~rlix.exec.train.handoff.choose`, for this machine and the
+    """How ``w`` reaches ``device`` (:func:`~rlix.weightsync.handoff.choose`, for this machine and the
     GPUs this process sees unless ``host`` and ``visible`` say otherwise), and over CUDA IPC the
     trainer's buckets opened here; a failed open falls back to the host buckets, saying why."""
     if visible is None:

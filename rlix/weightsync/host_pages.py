@@ -1,4 +1,4 @@
-"""Executor layer: shared host memory page-locked where it lies, so weights copy to a GPU at pinned speed.
+"""Weight sync: shared host memory page-locked where it lies, so weights copy to a GPU at pinned speed.
 
 A rollout worker on the trainer's machine reads the published buckets in
 Ray's object store: shared memory (a file under ``/dev/shm`` mapped into every
@@ -15,8 +15,10 @@ ranges this process registered, at most ``budget`` bytes of them (the least
 recently used go first, never one the current sync uses), and registers only
 pages of a shared mapping under ``/dev/shm``; once per sync it reads the
 process's mappings again, and a range whose mapping is not the one it was
-registered in is unregistered, not trusted. Anything else (a bucket in the process's own heap, a refused registration)
-goes through the staging buffer as before.
+registered in is unregistered when a bucket there is next loaded, not trusted
+(one nothing loads again stays registered until the budget drops it). Anything
+else (a bucket in the process's own heap, a refused registration) goes through
+the staging buffer as before.
 """
 
 from __future__ import annotations
@@ -36,19 +38,25 @@ REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: a mapping the process may on
 BUDGET_BYTES = 8 << 30  # shared host memory a process keeps page-locked in place, at most
 
 
-Mapping = tuple[int, int, int, str]  # (first address, device, inode, file): which mapping of which file
+# Which file a mapping maps, and where: (device, inode, file, address of the file's byte 0). A mapping the
+# kernel splits (or that CUDA's registration marks) keeps it; the same file mapped again elsewhere does not.
+Mapping = tuple[int, int, str, int]
 
 
 def mapping_of(start: int, end: int, maps: str | None = None) -> Mapping | None:
     """The shared mapping of a file under ``/dev/shm`` that holds bytes [start, end) whole, or None
-    (``maps``: the text of ``/proc/self/maps``, read when not given)."""
+    (``maps``: the text of ``/proc/self/maps``, read when not given). Adjacent lines mapping one file
+    in one piece (a mapping the kernel split) count as one."""
+    run: tuple[int, int, Mapping] | None = None  # the current run of adjacent lines of one mapping
     for line in (_read_maps() if maps is None else maps).splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or fields[1][3:4] != "s" or not fields[5].startswith(SHARED_ROOT):
             continue
         lo, hi = (int(x, 16) for x in fields[0].split("-"))
-        if lo <= start and end <= hi:
-            return lo, int(fields[3].replace(":", ""), 16), int(fields[4]), fields[5]
+        which = (int(fields[3].replace(":", ""), 16), int(fields[4]), fields[5], lo - int(fields[2], 16))
+        run = (run[0], hi, which) if run is not None and run[1] == lo and run[2] == which else (lo, hi, which)
+        if run[0] <= start and end <= run[1]:
+            return which
     return None
 
 

@@ -81,8 +81,8 @@ class Books:
         self.usage = ClusterUsage(num_gpus, start=0.0 if restarted else now, totals=totals.get("usage"))
         self.metrics = Metrics(totals.get("preemptions"))  # counted for Prometheus beside the status
         if restarted:  # the jobs an earlier life saw end have no record now: their figures are forgotten at once
-            counted = set(self.metrics.preemptions).union(*(getattr(self.usage, kind) for kind in KINDS))
-            for job_id in sorted(counted - set(self.jobs.records)):
+            figured = set(self.metrics.preemptions).union(*(getattr(self.usage, kind) for kind in KINDS))
+            for job_id in sorted(figured - set(self.jobs.records)):
                 self._forget_figures(job_id)
         self.specs: dict[str, PipelineSpec] = {}  # each pipeline's latest registered topology, by name
         self.demands: dict[str, ReportDemand] = {}  # each pipeline's latest demand report (its workers' loads)

@@ -48,11 +48,13 @@ def seconds(text: str) -> float:
     return value
 
 
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
 def duration(text: str) -> float:
     """A number of seconds, or of minutes, hours or days with their unit (30m, 6h, 2d); 0 or more."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    scale = units.get(text[-1:], 1)
-    number = text[:-1] if text[-1:] in units else text
+    scale = AGE_UNITS.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in AGE_UNITS else text
     try:
         value = float(number) * scale
     except ValueError:
@@ -372,9 +374,8 @@ def _since(text: str) -> float:
 
     if not text:
         return 0.0
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
-        return time.time() - float(text[:-1]) * units[text[-1]]
+    if text[-1:] in AGE_UNITS and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - duration(text)
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:

@@ -85,10 +85,6 @@ class JobRecord:
         return self.phase in ENDED
 
     @property
-    def ended_at(self) -> float | None:
-        return self.phases[-1][1] if self.ended else None
-
-    @property
     def registered(self) -> bool:
         return self.phase is not Phase.SUBMITTED and not self.ended
 

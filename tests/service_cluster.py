@@ -53,10 +53,11 @@ def job(name: str, home: str, steps: int, *, arrival_s: float = 0.0, priority: i
     }
 
 
-def write_config(path: Path, jobs: list[dict], *, cluster: dict | None = None) -> Path:
+def write_config(path: Path, jobs: list[dict], *, cluster: dict | None = None, out: Path | None = None) -> Path:
+    """``out``: the output directory (``out_<stem>`` beside the config by default)."""
     cfg = {
         "scheduler": {"min_residency_s": 2.0, "report_ttl_s": 10.0},
-        "output": {"dir": str(path.parent / f"out_{path.stem}"), "console": False},
+        "output": {"dir": str(out or path.parent / f"out_{path.stem}"), "console": False},
         "jobs": jobs,
     }
     if cluster is not None:
@@ -180,12 +181,18 @@ def wait_for(predicate, cluster: ServiceCluster, timeout_s: float, every_s: floa
         time.sleep(every_s)
 
 
+def run_dir(config: Path) -> Path:
+    """The one run of ``config`` through the scheduler: its directory, named by its first job's id."""
+    [run] = (config.parent / f"out_{config.stem}").glob("*#*")
+    return run
+
+
 def gpu_intervals(*configs: Path) -> dict[int, list[tuple[float, float, str]]]:
     """What the submitters' own processes did on each GPU, on one clock: from each run's
     timeline.json (times from its start) and metrics.json (its start, Unix seconds)."""
     out: dict[int, list[tuple[float, float, str]]] = {}
     for config in configs:
-        run = config.parent / f"out_{config.stem}"
+        run = run_dir(config)
         start = json.loads((run / "metrics.json").read_text())["executor"]["started_at_unix_s"]
         for e in json.loads((run / "timeline.json").read_text())["traceEvents"]:
             if e.get("ph") == "X" and e.get("pid") == 0:

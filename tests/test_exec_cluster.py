@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,8 +77,10 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
         res = rlix_run(config.name, "--address", f"127.0.0.1:{port}", "--no-console", env=env, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-2000:]
         assert "solo: finished steps=2" in res.stdout and "trajectories_lost=0" in res.stdout
+        [run] = (tmp_path / "out").iterdir()  # a run through the scheduler writes under its job id
+        assert re.fullmatch(r"solo#\d+", run.name) and f"outputs in {run}" in res.stderr
         for name in ("timeline.json", "trace.json", "metrics.json"):
-            assert (tmp_path / "out" / name).is_file()
+            assert (run / name).is_file()
 
         big = tmp_path / "big"
         big.mkdir()

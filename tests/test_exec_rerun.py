@@ -108,6 +108,28 @@ def test_a_resuming_job_keeps_only_the_lines_its_checkpoint_holds(tmp_path):
     assert _steps(job / "previous-1" / "metrics.jsonl") == [(x["adapter"], x["step"]) for x in old]
 
 
+def test_a_run_through_the_scheduler_writes_under_its_id_and_resumes_from_its_newest_earlier_run(tmp_path):
+    import os
+
+    cfg = _config(tmp_path)
+    runs = tmp_path / "out"
+    _write_lines(runs / "full", [{"step": 1}])  # a private run's, oldest
+    _write_lines(runs / "full#3" / "full", [{"step": s} for s in (1, 2, 3)])
+    _write_lines(runs / "full#5" / "full", [{"step": s} for s in (1, 2, 3, 4, 5)])  # the newest
+    os.utime(runs / "full" / "metrics.jsonl", ns=(1, 1))
+    os.utime(runs / "full#3" / "full" / "metrics.jsonl", ns=(2, 2))
+    _full_checkpoint(tmp_path / "ck" / "full", 4)
+    here = runs / "full#7"
+    assert prepare_rerun(cfg, here, runs)["full"] == {"": 4}
+    assert _steps(here / "full" / "metrics.jsonl") == [("", s) for s in (1, 2, 3, 4)]  # from full#5, up to 4
+    assert _steps(runs / "full#5" / "full" / "metrics.jsonl") == [("", s) for s in range(1, 6)]  # left as it was
+    assert not (here / "previous-1").exists() and not (here / "lora").exists()  # a fresh directory: nothing set aside
+    os.utime(runs / "full" / "metrics.jsonl")  # the private run is now the newest
+    again = runs / "full#9"
+    prepare_rerun(cfg, again, runs)
+    assert _steps(again / "full" / "metrics.jsonl") == [("", 1)]
+
+
 def test_resumed_step_log_continues_after_its_checkpoint_without_interleaving(tmp_path):
     from rlix.exec.data.recipe import ScoredStep
     from rlix.exec.train.grpo import TrainStats

@@ -25,6 +25,7 @@ from service_cluster import (
     job,
     jobs_by_name,
     overlaps,
+    run_dir,
     wait_for,
     write_config,
 )
@@ -68,7 +69,7 @@ def finished(proc, timeout_s: float = 300) -> int:
 
 
 def metrics(config) -> dict:
-    return json.loads((config.parent / f"out_{config.stem}" / "metrics.json").read_text())
+    return json.loads((run_dir(config) / "metrics.json").read_text())
 
 
 def wait_for_history(cluster, ids: set[str], timeout_s: float = 30) -> list[dict]:
@@ -229,7 +230,7 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     res = cluster.rlix("cancel", "nobody")
     assert res.returncode == 1 and "no job 'nobody' on this cluster" in res.stderr
     # the name runs again: a job of its own, with its own id and GPU-seconds (nothing of the first carries over)
-    again = write_config(tmp_path / "again.yaml", [job("eta", "2-3", steps=2)])
+    again = write_config(tmp_path / "again.yaml", [job("eta", "2-3", steps=2)], out=tmp_path / "out_long")
     assert finished(cluster.submit(again)) == 0, again.with_suffix(".err").read_text()[-2000:]
     status, _ = cluster.status()
     runs = [j for j in status["jobs"] if j["name"] == "eta"]
@@ -237,6 +238,10 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     assert f"eta as {runs[1]['id']}" in again.with_suffix(".err").read_text()
     assert runs[0]["gpu_s"] == pytest.approx(first["gpu_s"]) and 0 < runs[1]["gpu_s"]
     assert (runs[1]["steps_done"], runs[1]["steps_total"]) == (2, 2)
+    # one output directory for both: each run writes under its job id, and neither's files overwrite the other's
+    assert sorted(p.name for p in (tmp_path / "out_long").glob("eta#*")) == sorted(j["id"] for j in runs)
+    partial = [json.loads((tmp_path / "out_long" / j["id"] / "metrics.json").read_text())["executor"]["partial"] for j in runs]
+    assert partial == [True, False]
     res = cluster.rlix("cancel", runs[0]["id"])  # by id
     assert res.returncode == 0 and f"job {runs[0]['id']} already cancelled" in res.stdout
     # the history, as sacct: both runs, each with its own GPU-seconds and how it ended
@@ -249,6 +254,7 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     assert json.loads(cluster.rlix("history", "--json", "--user", "nobody").stdout) == []
     detail = cluster.rlix("status", runs[1]["id"])
     assert detail.returncode == 0 and "finished" in detail.stdout and "PHASE" in detail.stdout, detail.stderr
+    assert all(j["log"].endswith(f":{tmp_path / 'out_long' / j['id'] / 'rlix-run.log'}") for j in runs), runs
 
 
 def test_a_detached_run_goes_on_without_its_terminal_and_rlix_logs_follows_it(cluster, tmp_path):
@@ -259,14 +265,14 @@ def test_a_detached_run_goes_on_without_its_terminal_and_rlix_logs_follows_it(cl
     print(f"rlix-run --detach returned in {time.time() - t:.1f} s")
     assert res.returncode == 0, res.stderr[-2000:]
     job_id = re.search(r"lam as (lam#\d+)", res.stdout).group(1)
-    assert f"outputs in {tmp_path / 'out_away'}" in res.stdout
+    assert f"outputs in {tmp_path / 'out_away' / job_id} there" in res.stdout
     # its submitting process has exited; the run goes on, and rlix logs --follow prints its lines until it ends
     logs = cluster.rlix("logs", job_id, "--follow", timeout=300)
     assert logs.returncode == 0 and "lam: finished steps=3/3" in logs.stdout, logs.stdout[-2000:] + logs.stderr[-2000:]
     assert all(line.split(" ", 2)[1] == "lam:" for line in logs.stdout.splitlines())
     (row,) = wait_for_history(cluster, {job_id})
     assert row["state"] == "finished" and row["config"].endswith(f":{away}")
-    assert json.loads((tmp_path / "out_away" / "metrics.json").read_text())["executor"]["shared"]
+    assert json.loads((tmp_path / "out_away" / job_id / "metrics.json").read_text())["executor"]["shared"]
     missing = cluster.rlix("logs", "nobody")
     assert missing.returncode == 2 and "no job 'nobody'" in missing.stderr and "Traceback" not in missing.stderr
 

@@ -77,6 +77,19 @@ def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_jobs
     assert fresh.find("b").id == "b#7" and fresh.find("b").submitter == "s1"
 
 
+def test_a_run_says_where_its_log_is_once_it_has_its_ids_and_only_for_its_own_jobs():
+    import dataclasses
+
+    jobs = JobLedger(lease_s=10)
+    a, b = jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
+    assert jobs.find(a).log == jobs.find(b).log == ""
+    log = f"host:/runs/{a}/rlix-run.log"
+    jobs.renew_claims("s1", "ann@h", tuple(dataclasses.replace(c(n, 0, 5, i), log=log) for n, i in (("a", a), ("b", b))), 1.0)
+    assert jobs.find(a).log == jobs.find(b).log == log
+    jobs.renew_claims("s2", "bob@h", (dataclasses.replace(c("a", 0, 5, a), log="host:/elsewhere"),), 2.0)
+    assert jobs.find(a).log == log  # another submitter's renewal does not move it
+
+
 def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
     jobs = JobLedger(lease_s=10)
     a, b = jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)

@@ -146,15 +146,17 @@ class Session:
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
-        log = f"{socket.gethostname()}:{self.out_dir.resolve() / RUN_LOG}"  # where rlix logs finds the jobs' lines
-        self.submission = Submission.join(config, address, where, source, log) if address else None
+        self.submission = Submission.join(config, address, where, source) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
+            self.out_dir = self.out_dir / self.submission.run_name()  # a run through the scheduler writes under its id
             ids = ", ".join(f"{c.name} as {c.id}" for c in self.submission.jobs)
-            print(f"rlix-run: submitted to the rlix scheduler at {address}: {ids}", file=sys.stderr)
+            print(f"rlix-run: submitted to the rlix scheduler at {address}: {ids}; outputs in {self.out_dir}", file=sys.stderr)
         self.cluster = config.cluster.spec()
         self.gpu_map = GpuMap()  # the GPUs reserved in Ray (once started)
         try:
+            if self.submission is not None:  # where rlix logs finds the run's lines
+                self.submission.log_at(f"{socket.gethostname()}:{self.out_dir.resolve() / RUN_LOG}")
             self._start(config, address)
         except BaseException:
             if self.submission is not None:  # its claims go at once, not when their lease runs out
@@ -171,7 +173,8 @@ class Session:
         from rlix.exec.control.gpu_reservation import own_devices, reserve
         from rlix.exec.service.scheduler_actor import SchedulerActor
 
-        prepare_rerun(config, self.out_dir)  # says which jobs resume (stderr); gives every job fresh logs
+        runs = self.out_dir.parent if self.submission is not None else None  # where earlier runs through it wrote
+        prepare_rerun(config, self.out_dir, runs)  # says which jobs resume (stderr); gives every job fresh logs
         devices = None  # the GPUs' ids, when this run's own Ray has them all (else each bundle is asked)
         if self._own_ray and not address:
             start_local_ray(config, self.cluster.num_gpus)

@@ -6,9 +6,11 @@ submit``). The submitting process sends it the config (its paths made
 absolute first, so they must be readable on the head node), waits until the
 scheduler has given the run's jobs their ids, prints them and where the
 outputs go, and returns. The run goes on with the terminal closed; its
-outputs, its log (``rlix-run.log``: ``rlix logs JOB``) and its console output
-(``rlix-run.out``) are on the head node, under the output directory it
-prints. The actor ends once its run has.
+outputs and its log (``rlix-run.log``: ``rlix logs JOB``) are on the head
+node, in the directory it prints (``<output.dir>/<id>``, named by its first
+job's id), its config and console output beside it
+(``<output.dir>/detached-<tag>.yaml`` and ``.out``). The actor ends once its
+run has.
 """
 
 from __future__ import annotations
@@ -39,15 +41,16 @@ class DetachedRun:
         relative to it are found)."""
         import ray
 
-        self.out = Path(out_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
-        config = self.out / "config.yaml"
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        config = out / f"detached-{tag}.yaml"
         config.write_text(config_yaml)
+        self.console_path = config.with_suffix(".out")
         address = ray.get_runtime_context().gcs_address
         cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(config), "--address", address, "--no-console", *args]
-        self.console = open(self.out / "rlix-run.out", "w")
+        self.console = open(self.console_path, "w")
         env = {**driver_env(os.environ), TAG_ENV: tag}
-        here = cwd if Path(cwd).is_dir() else self.out
+        here = cwd if Path(cwd).is_dir() else out
         self.proc = subprocess.Popen(cmd, stdout=self.console, stderr=subprocess.STDOUT, env=env, cwd=here)
         threading.Thread(target=self._end_with_run, daemon=True).start()
 
@@ -57,7 +60,7 @@ class DetachedRun:
 
     def tail(self, lines: int = 20) -> str:
         """The end of the run's console output."""
-        return "\n".join((self.out / "rlix-run.out").read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(self.console_path.read_text(errors="replace").splitlines()[-lines:])
 
     def _end_with_run(self) -> None:
         self.proc.wait()
@@ -99,13 +102,14 @@ def submit(config: RunConfig, *, address: str, out: str | None, source: str, ext
             return code
         service = transport.find()
         jobs = [] if service is None else [r for r in service.call_sync(protocol.Status()).jobs if r.submitter.endswith(tag)]
-        if len(jobs) == len(config.jobs):
+        if len(jobs) == len(config.jobs) and all(j.log for j in jobs):  # claimed, and its directory named
             print(f"rlix-run: detached on the head node; jobs {', '.join(f'{j.name} as {j.id}' for j in jobs)}")
-            print(f"rlix-run: outputs in {out_dir} there; follow a job with: rlix logs JOB --follow")
+            run_dir = Path(jobs[0].log.partition(":")[2]).parent
+            print(f"rlix-run: outputs in {run_dir} there; follow a job with: rlix logs JOB --follow")
             return 0
         time.sleep(0.5)
     print(
-        f"rlix-run: the detached run did not submit its jobs within {CLAIM_WAIT_S:g} s; see {out_dir}/rlix-run.out",
+        f"rlix-run: the detached run did not submit its jobs within {CLAIM_WAIT_S:g} s; see {out_dir}/detached-{tag}.out",
         file=sys.stderr,
     )
     return 1

@@ -6,12 +6,14 @@ job after its own saved step (an adapter without one starts from the
 beginning). The driver says so on stderr, one line per resuming job.
 
 The output directory never mixes two runs, nor does a job's directory
-(``<output.dir>/<job>``: ``metrics.jsonl``, TensorBoard events, ``data.json``, ...). The files an earlier run
-left there move to ``previous-<n>/`` (n = 1, 2, ...; nothing is deleted), so
-every run writes fresh ones. A resuming job's fresh ``metrics.jsonl`` starts
+(``<output.dir>/<job>``: ``metrics.jsonl``, TensorBoard events, ``data.json``, ...). A run
+through a shared scheduler writes under its job id (``<output.dir>/<id>``, its first job's,
+``<output.dir>/<id>/<job>`` for each job), a directory of its own. A private run writes in
+``<output.dir>``: the files an earlier run left there move to ``previous-<n>/`` (n = 1, 2, ...;
+nothing is deleted), so every run writes fresh ones. A resuming job's fresh ``metrics.jsonl`` starts
 with the earlier lines of the steps its checkpoint holds (a line's step at
 most its stream's resume step); lines of steps it will train again stay only
-in ``previous-<n>/``. :class:`~rlix.exec.job.steplog.StepLog` writes the
+in ``previous-<n>/`` (through a scheduler: in the earlier run's directory). :class:`~rlix.exec.job.steplog.StepLog` writes the
 carried lines into its fresh TensorBoard events when it opens them.
 Directories in the job's directory (a checkpoint directory kept there, older
 ``previous-<n>``) stay where they are.
@@ -72,10 +74,25 @@ def set_aside(directory: Path, resumes: dict[str, int]) -> Path | None:
     aside.mkdir()
     for f in files:
         shutil.move(f, aside / f.name)
-    kept = [line for line in read_lines(aside / "metrics.jsonl") if _held(line, resumes)]
-    if kept:
-        (directory / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept), encoding="utf-8")
+    carry(aside / "metrics.jsonl", directory, resumes)
     return aside
+
+
+def carry(earlier: Path, directory: Path, resumes: dict[str, int]) -> None:
+    """Start ``directory``'s ``metrics.jsonl`` with the lines of ``earlier`` (an earlier run's) whose steps
+    ``resumes`` holds."""
+    kept = [line for line in read_lines(earlier) if _held(line, resumes)]
+    if kept:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept), encoding="utf-8")
+
+
+def newest_earlier(runs: Path, name: str, this_run: Path) -> Path | None:
+    """The ``metrics.jsonl`` job ``name`` wrote in the newest earlier run under ``runs``: a private run's
+    (``runs/<name>``) or one through the scheduler (``runs/<id>/<name>``); None if there is none."""
+    found = [p for p in (runs / name / "metrics.jsonl", *runs.glob(f"*#*/{name}/metrics.jsonl")) if p.is_file()]
+    found = [p for p in found if p.parent.parent != this_run]
+    return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p)), default=None)
 
 
 def _held(line: dict, resumes: dict[str, int]) -> bool:
@@ -83,15 +100,20 @@ def _held(line: dict, resumes: dict[str, int]) -> bool:
     return line["step"] <= resumes.get(line.get("adapter", ""), 0)
 
 
-def prepare_rerun(config: RunConfig, out_dir: str | Path) -> dict[str, dict[str, int]]:
+def prepare_rerun(config: RunConfig, out_dir: str | Path, runs: Path | None = None) -> dict[str, dict[str, int]]:
     """Before any actor starts: say which jobs resume from which step, and give the run (its
     ``metrics.json``, timeline, trace and log) and every job's directory under ``out_dir`` fresh
-    files, an earlier run's moved to ``previous-<n>/``. Returns each job's resume steps."""
-    set_aside(Path(out_dir), {})  # an earlier run's outputs are kept, never overwritten
+    files, an earlier run's moved to ``previous-<n>/``. ``runs``: the directory holding ``out_dir``
+    and earlier runs' (a run through the scheduler, whose directory is its own): a resuming job's
+    lines come from its newest run there. Returns each job's resume steps."""
+    out_dir = Path(out_dir)
+    set_aside(out_dir, {})  # an earlier run's outputs are kept, never overwritten
     out = {}
     for job in config.jobs:
         out[job.name] = resumes = resume_steps(job)
         if resumes:
             print(resume_line(job, resumes), file=sys.stderr)
-        set_aside(Path(out_dir) / job.name, resumes)
+        if set_aside(out_dir / job.name, resumes) is None and resumes and runs is not None:
+            if (earlier := newest_earlier(runs, job.name, out_dir)) is not None:
+                carry(earlier, out_dir / job.name, resumes)
     return out

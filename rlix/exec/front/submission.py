@@ -31,9 +31,9 @@ RENEW_S = 2.0  # seconds between lease renewals (the service's lease is several 
 class Submission:
     """One ``rlix-run``'s claim on the shared scheduler: its jobs' names, renewed while it runs."""
 
-    def __init__(self, config: RunConfig, source: str = "", log: str = "") -> None:
+    def __init__(self, config: RunConfig, source: str = "") -> None:
         """Find or start the service; :class:`ConfigError` if the config's cluster or a job name clashes with it.
-        ``source``: the config's file (for ``rlix history``); ``log``: the run's log, ``host:path`` (for ``rlix logs``)."""
+        ``source``: the config's file (for ``rlix history``)."""
         given = "cluster" in config.model_fields_set
         service = transport.find()
         if service is None:  # the first submission starts the service, once its jobs are known to fit
@@ -61,9 +61,7 @@ class Submission:
         tag = os.environ.get(TAG_ENV) or uuid.uuid4().hex[:6]  # a detached run's is its submitter's
         self.submitter = f"{socket.gethostname()}:{os.getpid()}:{tag}"
         self.user = protocol.asker()
-        claims = tuple(
-            JobClaim(name=j.name, priority=j.priority, steps=default_steps(j), config=source, log=log) for j in config.jobs
-        )
+        claims = tuple(JobClaim(name=j.name, priority=j.priority, steps=default_steps(j), config=source) for j in config.jobs)
         try:
             ids = service.call_sync(protocol.Claim(submitter=self.submitter, jobs=claims, user=self.user))
         except NameTaken as exc:
@@ -80,7 +78,7 @@ class Submission:
         self._renewer.start()
 
     @classmethod
-    def join(cls, config: RunConfig, address: str, where: str, source: str = "", log: str = "") -> Submission:
+    def join(cls, config: RunConfig, address: str, where: str, source: str = "") -> Submission:
         """Join the Ray cluster at ``address`` (named by ``where``) and submit there; Ray is left again on failure."""
         import ray
         from ray.exceptions import RayError
@@ -88,7 +86,7 @@ class Submission:
         given = "cluster" in config.model_fields_set
         transport.join(address, config.cluster.spec().num_gpus if given else 0, where)
         try:
-            return cls(config, source, log)
+            return cls(config, source)
         except VersionMismatch as exc:
             ray.shutdown()
             raise connect.ServiceError(f"{where} {address}: {exc}") from None
@@ -101,6 +99,17 @@ class Submission:
         except BaseException:
             ray.shutdown()
             raise
+
+    def run_name(self) -> str:
+        """The name of the run's output directory: its first job's id (the ids of one submission are consecutive),
+        so no two runs through the scheduler share one."""
+        return self.jobs[0].id
+
+    def log_at(self, log: str) -> None:
+        """Tell the scheduler where the run's log is (``host:path``, for ``rlix logs``); said at once."""
+        self.jobs = tuple(dataclasses.replace(c, log=log) for c in self.jobs)
+        self.open = tuple(dataclasses.replace(c, log=log) for c in self.open)
+        self.scheduler.call_sync(protocol.Renew(submitter=self.submitter, jobs=self.open, user=self.user))
 
     def take_cancelled(self) -> list[tuple[str, Stopped]]:
         """The jobs whose cancel was asked for since the last call, and why."""

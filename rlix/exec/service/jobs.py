@@ -154,9 +154,14 @@ class JobLedger:
         """The submitter is alive, and ``jobs`` (those it has not seen end) are still its own.
 
         Never refused: a job the ledger does not know (the service restarted and lost it;
-        it may have rejoined already) is recorded again, under the id it was given."""
+        it may have rejoined already) is recorded again, under the id it was given. A claim that
+        names its run's log sets it (a run knows where it writes once it has its ids)."""
         for job in jobs:
-            if job.id and job.id not in self.records and job.id not in self.forgotten and self.active(job.name) is None:
+            record = self.records.get(job.id)
+            if record is not None and record.submitter == submitter and job.log and record.log != job.log:
+                record.log = job.log  # its run's log is known once the run has its ids (its directory is named by them)
+                self._save()
+            elif job.id and record is None and job.id not in self.forgotten and self.active(job.name) is None:
                 self._new(job.name, submitter, user, job.priority, job.steps, now, job_id=job.id, config=job.config, log=job.log)
         self.renewed[submitter] = now
 

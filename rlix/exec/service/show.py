@@ -84,6 +84,7 @@ def job_detail(row: JobRow, started_at: float) -> Group:
         ("steps", f"{row.steps_done}/{row.steps_total}"),
         ("gpu-seconds", f"{row.gpu_s:.1f} used, {row.fair_s:.1f} fair, {row.lent_s:.1f} lent, {row.borrowed_s:.1f} borrowed"),
         ("queue", str(row.queue_position) if row.queue_position is not None else "-"),
+        ("log", row.log or "-"),  # host:path, in the directory its run writes its outputs
     ):
         fields.add_row(key, value)
     phases = _table(("PHASE", "SINCE", "FOR"))

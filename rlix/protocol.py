@@ -255,6 +255,7 @@ class HistoryRow:
     gpu_s: float
     lent_s: float
     borrowed_s: float
+    log: str = ""  # its run's log, host:path ("" for a pipeline that keeps none; rows written before rlix kept it)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -280,12 +280,30 @@ def test_the_history_keeps_each_ended_job_once_by_id_and_reads_back_as_sacct_wou
     assert rows[0].phases == (("submitted", 1000.0), ("queued", 1001.0), ("loading", 1002.0), ("failed", 1012.0))
     assert [r.id for r in again.query(user="bob")] == ["a#2"] and again.query(user="ann@h")[0].id == "a#1"
     assert [r.id for r in again.query(since=1015.0)] == ["a#2"]
+    assert again.find("a#1").id == "a#1" and again.find("a").id == "a#2" and again.find("zz") is None  # a name: its last
+
+
+def test_a_history_written_before_it_kept_logs_is_read_and_gains_the_column(tmp_path):
+    import sqlite3
+
+    from rlix.exec.service.history import SCHEMA, History
+
+    path = tmp_path / "old.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(SCHEMA.replace(",\n    log TEXT NOT NULL DEFAULT ''", ""))  # the table as an earlier rlix made it
+    old.execute("INSERT INTO jobs VALUES ('a#1','a','ann@h','s1','','finished','',1.0,2.0,'[]',1,1,0.5,0.0,0.0)")
+    old.commit()
+    assert [(r.id, r.log) for r in History(path, readonly=True).query()] == [("a#1", "")]  # read as it is
+    assert not any(name == "log" for _, name, *_ in old.execute("PRAGMA table_info(jobs)"))
+    db = History(path)  # the scheduler opens it: the column is added, the rows kept
+    assert any(name == "log" for _, name, *_ in old.execute("PRAGMA table_info(jobs)"))
+    assert db.find("a#1").gpu_s == 0.5 and db.find("a#1").log == ""
 
 
 def test_an_ended_job_is_forgotten_a_while_after_it_is_in_the_history_and_the_figures_still_add_up(tmp_path):
     from rich.console import Console
 
-    from rlix.core import ClusterSpec, Scheduler
+    from rlix.core import ClusterSpec, Scheduler, SchedulingError
     from rlix.exec.service.books import Books
     from rlix.exec.service.history import History
     from rlix.exec.service.show import status_view
@@ -304,6 +322,8 @@ def test_an_ended_job_is_forgotten_a_while_after_it_is_in_the_history_and_the_fi
     jobs.end("a", "finished", "", 11.0)
     usage.update(11.0, [None, ("b#2", "rollout", W)])
     books.metrics.preemptions["a#1"] += 2
+    (tmp_path / "rlix-run.log").write_text("12:00:00 a: finished steps=5/5\n")
+    jobs.find("a#1").log = f"{socket.gethostname()}:{tmp_path / 'rlix-run.log'}"
     books.write_history(core, 12.0)  # a is in the history from 12 s (the core's ledger holds nothing: b is booked by hand)
     usage.update(12.0, [None, ("b#2", "rollout", W)])
     assert books.forget_ended(71.9) == [] and {r.id for r in cluster_status(books, core, 71.9).jobs} == {"a#1", "b#2"}
@@ -318,6 +338,10 @@ def test_an_ended_job_is_forgotten_a_while_after_it_is_in_the_history_and_the_fi
     jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, job_id="a#1"),), 80.0)  # a late renewal naming it: not brought back
     assert "a#1" not in jobs.records
     assert [r.id for r in History(tmp_path / "h.sqlite").query()] == ["a#1"]  # the history has it
+    chunk = books.read_log("a#1")  # forgotten here: its history row says where its run's log is
+    assert chunk.found and chunk.ended and chunk.text == "12:00:00 a: finished steps=5/5\n"
+    with pytest.raises(SchedulingError, match="no job 'zz'"):
+        books.read_log("zz")
     assert jobs.find("a") is None and jobs.claim("s1", "ann@h", (c("a", 0, 1),), set(), 81.0) == ("a#3",)  # ids go on
     with pytest.raises(IllegalMove, match="b#2 is loading: only an ended job is forgotten"):
         jobs.forget("b#2")
@@ -459,6 +483,26 @@ class _SaysEnded:
 
     def call_sync(self, request):
         return SimpleNamespace(jobs=[self.row])
+
+
+def test_logs_of_a_job_the_status_has_forgotten_come_through_its_history_row(tmp_path, capsys):
+    from rlix import protocol
+    from rlix.exec.service import cli
+
+    path = tmp_path / "rlix-run.log"
+    path.write_text("12:00:00 lam: finished steps=3/3 reward 0.2 -> 0.3 jct_s=9.0\n12:00:01 mu: running steps=1/3\n")
+
+    class Forgot:
+        def call_sync(self, request):
+            if isinstance(request, protocol.Status):
+                return SimpleNamespace(jobs=[])
+            assert isinstance(request, protocol.JobHistory)
+            return [SimpleNamespace(id="lam#1", name="lam", log=f"{socket.gethostname()}:{path}", state="finished")]
+
+    assert cli._logs(Forgot(), SimpleNamespace(job="lam", follow=False)) == 0
+    assert capsys.readouterr().out.splitlines() == ["12:00:00 lam: finished steps=3/3 reward 0.2 -> 0.3 jct_s=9.0"]
+    with pytest.raises(cli.UserError, match="no job 'nobody' on this cluster; see rlix status and rlix history"):
+        cli._logs(Forgot(), SimpleNamespace(job="nobody", follow=False))
 
 
 def test_logs_follow_waits_for_the_last_line_of_a_job_already_ended(tmp_path, capsys, monkeypatch):

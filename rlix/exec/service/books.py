@@ -146,9 +146,12 @@ class Books:
     def read_log(self, job: str, offset: int = 0) -> LogChunk:
         """A job's run log from ``offset``, where it lies on this node."""
         record = self.jobs.find(job)
-        if record is None:
+        if record is not None:
+            return chunk_here(record.log, offset, record.ended)
+        ended = self.history.find(job) if self.history is not None else None  # forgotten here: its row says where
+        if ended is None:
             raise SchedulingError(f"no job '{job}' on this cluster; see rlix status")
-        return chunk_here(record.log, offset, record.ended)
+        return chunk_here(ended.log, offset, True)
 
     # ------------------------------------------------------------ what outlives the service
 

@@ -324,6 +324,20 @@ def _history(service, args) -> int:
 LAST_LINE_WAIT_S = 15.0  # after a job ended, how long rlix logs --follow waits for its last line
 
 
+def _job_or_ended(service, job: str):
+    """The status row of a job (an id, or the name of the latest), else its history row once the status has
+    forgotten it (its log stays where its run wrote it)."""
+    from rlix import protocol
+
+    def pick(rows):
+        return [r for r in rows if r.id == job] or [r for r in rows if r.name == job][-1:]
+
+    found = pick(service.call_sync(protocol.Status()).jobs) or pick(service.call_sync(protocol.JobHistory()))
+    if not found:
+        raise UserError(f"no job '{job}' on this cluster; see rlix status and rlix history")
+    return found[0]
+
+
 def _logs(service, args) -> int:
     """``rlix logs JOB``: the job's lines of its run's log, read here if it lies on this host, else by the
     scheduler on its node; ``--follow`` goes on until the job has ended."""
@@ -332,11 +346,7 @@ def _logs(service, args) -> int:
     from rlix import protocol
     from rlix.exec.service.logs import ENDED, LAST_STATES, lines_of, local_path, read_chunk, state_of
 
-    status = service.call_sync(protocol.Status())
-    rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
-    if not rows:
-        raise UserError(f"no job '{args.job}' on this cluster; see rlix status")
-    row, offset = rows[0], 0
+    row, offset = _job_or_ended(service, args.job), 0
     if not row.log:
         raise UserError(f"job {row.id} keeps no run log (a pipeline of its own); see rlix status {row.id}")
     here = local_path(row.log)

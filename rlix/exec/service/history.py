@@ -39,10 +39,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     steps_total INTEGER NOT NULL,
     gpu_s REAL NOT NULL,
     lent_s REAL NOT NULL,
-    borrowed_s REAL NOT NULL
+    borrowed_s REAL NOT NULL,
+    log TEXT NOT NULL DEFAULT ''
 )
 """
 COLUMNS = tuple(HistoryRow.__dataclass_fields__)
+ADDED = {"log": "TEXT NOT NULL DEFAULT ''"}  # columns a history written by an earlier rlix lacks (added on open)
 
 
 class History:
@@ -54,11 +56,17 @@ class History:
         if readonly:
             self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
             self.db.execute("SELECT id FROM jobs LIMIT 1")  # sqlite3.Error if it is not a history
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=10)
-        self.db.execute(SCHEMA)
-        self.db.commit()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=10)
+            self.db.execute(SCHEMA)
+            for name in ADDED.keys() - self._columns():
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {ADDED[name]}")
+            self.db.commit()
+        self.columns = tuple(c for c in COLUMNS if c in self._columns())  # what it holds (read-only: maybe fewer)
+
+    def _columns(self) -> set[str]:
+        return {name for _, name, *_ in self.db.execute("PRAGMA table_info(jobs)")}
 
     def write(self, row: HistoryRow) -> None:
         """Add the job's row (or replace it: a job written again has its final figures)."""
@@ -72,12 +80,23 @@ class History:
 
     def query(self, *, user: str = "", since: float = 0.0) -> list[HistoryRow]:
         """Ended jobs, oldest first; ``user``: only theirs (a name, or user@host); ``since``: ended at or after (Unix s)."""
-        sql, args = f"SELECT {','.join(COLUMNS)} FROM jobs WHERE ended_at >= ?", [since]
+        sql, args = f"SELECT {','.join(self.columns)} FROM jobs WHERE ended_at >= ?", [since]
         if user:
             sql += " AND (user = ? OR user LIKE ?)"
             args += [user, f"{user}@%"]
         rows = self.db.execute(sql + " ORDER BY ended_at, id", args).fetchall()
-        return [_row(r) for r in rows]
+        return [self._row(r) for r in rows]
+
+    def find(self, job: str) -> HistoryRow | None:
+        """The job of this id, or the last to end of this name (None: neither is here)."""
+        sql = f"SELECT {','.join(self.columns)} FROM jobs WHERE id = ? OR name = ? ORDER BY id = ? DESC, ended_at DESC, id DESC"
+        found = self.db.execute(sql + " LIMIT 1", (job, job, job)).fetchone()
+        return self._row(found) if found is not None else None
+
+    def _row(self, values: tuple) -> HistoryRow:
+        plain = dict(zip(self.columns, values))
+        plain["phases"] = tuple(tuple(p) for p in json.loads(plain["phases"]))
+        return HistoryRow(**plain)
 
     def close(self) -> None:
         self.db.close()
@@ -103,14 +122,9 @@ def history_row(record: JobRecord, usage: ClusterUsage, t0: float) -> HistoryRow
         gpu_s=usage.used.get(record.id, 0.0),
         lent_s=usage.lent.get(record.id, 0.0),
         borrowed_s=usage.borrowed.get(record.id, 0.0),
+        log=record.log,
     )
 
 
 def _values(row: HistoryRow) -> list:
     return [getattr(row, k) for k in COLUMNS]
-
-
-def _row(values: tuple) -> HistoryRow:
-    plain = dict(zip(COLUMNS, values))
-    plain["phases"] = tuple(tuple(p) for p in json.loads(plain["phases"]))
-    return HistoryRow(**plain)

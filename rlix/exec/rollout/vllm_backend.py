@@ -139,7 +139,7 @@ def engine_args(model_path: str, devices: tuple[int, ...], options: VllmOptions,
         enforce_eager=options.enforce_eager,
         dtype=options.dtype,
         skip_tokenizer_init=True,  # requests carry token ids; results stay token ids
-        logprobs_mode="processed_logprobs",  # after temperature, as the torch backend reports them
+        logprobs_mode="processed_logprobs",  # after every sampling setting, as the torch engine reports them
         seed=0,
     )
     if options.max_model_len is not None:
@@ -503,6 +503,10 @@ class EngineThread:
         try:  # vLLM validates here (temperature <= 2, prompt within max_model_len): fail this request, not the loop
             params = SamplingParams(
                 temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=max(req.top_k, 0),
+                min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty,
                 max_tokens=budget,
                 seed=req.seed * 1_000_003 + len(req.prefix_ids),
                 logprobs=0,  # the sampled token's log-prob only

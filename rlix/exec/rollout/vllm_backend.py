@@ -139,7 +139,7 @@ def engine_args(model_path: str, devices: tuple[int, ...], options: VllmOptions,
         enforce_eager=options.enforce_eager,
         dtype=options.dtype,
         skip_tokenizer_init=True,  # requests carry token ids; results stay token ids
-        logprobs_mode="processed_logprobs",  # after temperature, as the torch backend reports them
+        logprobs_mode="processed_logprobs",  # after every sampling setting, as the torch engine reports them
         seed=0,
     )
     if options.max_model_len is not None:
@@ -200,6 +200,7 @@ class VllmRolloutBackend(RolloutBackend):
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
+            refuse_cpu_head_size(cfg)
             with self._lock:
                 self._build()
                 self._awake = True
@@ -503,6 +504,10 @@ class EngineThread:
         try:  # vLLM validates here (temperature <= 2, prompt within max_model_len): fail this request, not the loop
             params = SamplingParams(
                 temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=max(req.top_k, 0),
+                min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty,
                 max_tokens=budget,
                 seed=req.seed * 1_000_003 + len(req.prefix_ids),
                 logprobs=0,  # the sampled token's log-prob only
@@ -527,6 +532,20 @@ class EngineThread:
             p.finished = True
             del self._running[rid]
             p.done.set()
+
+
+def refuse_cpu_head_size(cfg: dict) -> None:
+    """A clear error for a model whose attention head size vLLM's CPU attention lacks: its engine would
+    otherwise crash its process at the first request, with no message."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise ValueError(
+            f"the model's attention head size is {head} (hidden_size / num_attention_heads); vLLM's CPU engine supports "
+            f"{', '.join(map(str, sizes))}: use a model with one of those, or the torch engine"
+        )
 
 
 CPU_KV_CACHE_GIB = 0.5  # KV cache per engine on a CPU host unless kv_cache_gib says (GiB): several engines share host memory

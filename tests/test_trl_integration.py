@@ -9,6 +9,7 @@ with a checkpoint under ``rlix cancel``."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import subprocess
@@ -119,6 +120,28 @@ def test_a_workers_slots_prepare_it_once_and_wake_it_once_per_version():
 
     worker = asyncio.run(run())
     assert calls == [("prepare", "model"), ("wake", "w1"), ("wake", "w2")] and worker.version == 2
+
+
+def test_a_vllm_job_takes_trls_vllm_settings_and_cuts_its_gpus_into_tensor_parallel_workers():
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vllm installed (only looked up, not imported)")
+    from rlix.core import ClusterSpec, Role
+    from rlix.integrations.trl import JobSettings, RlixGRPO, vllm_options
+
+    args = SimpleNamespace(vllm_gpu_memory_utilization=0.5, vllm_max_model_length=512, vllm_tensor_parallel_size=2)
+    options, tp = vllm_options(torch.nn.Linear(2, 2).to(torch.bfloat16), args)
+    assert (options.gpu_memory_utilization, options.max_model_len, options.dtype, tp) == (0.5, 512, "bfloat16", 2)
+
+    job = RlixGRPO(JobSettings(name="j", engine="vllm", train_gpus=(0,)))
+    job.cluster, job.gpus_per_worker = ClusterSpec(nodes=1, gpus_per_node=4), tp
+    infer = next(r for r in job._spec().roles if r.role is Role.ACTOR_INFER)
+    assert infer.bundles == ((0, 1), (2, 3))
+    job.gpus_per_worker = 3
+    with pytest.raises(ValueError, match=re.escape("vllm_tensor_parallel_size=3 does not divide the cluster's 4 GPUs per node")):
+        job._spec()
 
 
 # ------------------------------------------------------------------ runs

@@ -286,7 +286,7 @@ gaps, base_gaps = [], []
 def gap(model, prompt, completion, logprobs):
     ids = list(prompt) + list(completion)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+        logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].float().cpu()
     req = GenRequest(traj_id=0, prompt_ids=tuple(prompt), max_new_tokens=10, **settings)
     start = len(prompt) - 1
     ours = [float(processed_logprobs(logits[start + i], req)[t]) for i, t in enumerate(completion)]

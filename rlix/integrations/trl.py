@@ -82,7 +82,7 @@ from rlix.core import ClusterSpec, PipelineSpec, Role, RoleSpec, Stage
 from rlix.elastic_pool import ElasticPool
 from rlix.integrations.ranks import Ranks
 from rlix.protocol import Info, JobNote
-from rlix.weightsync.lora_merged import MergedLora, refuse_unmergeable
+from rlix.weightsync.lora_merged import MergedLora, merged_state, refuse_unmergeable
 
 __all__ = ["RlixGRPO", "rlix_grpo"]
 
@@ -488,7 +488,10 @@ def _checkpoint_of(model) -> str:
     if (path / "config.json").is_file():
         return str(path.resolve())
     out = Path(tempfile.mkdtemp(prefix="rlix-trl-"))
-    model.save_pretrained(out)
+    if hasattr(model, "peft_config"):  # the base model, adapters merged (a PEFT save would hold the adapters only)
+        model.get_base_model().save_pretrained(out, state_dict=merged_state(model))
+    else:
+        model.save_pretrained(out)
     return str(out)
 
 

@@ -330,7 +330,6 @@ def test_a_lora_job_on_vllm_engines_serves_each_steps_merged_weights(tmp_path):
 
 # The example's job as a trainer of two processes (torchrun, DDP on gloo): half the batch per process.
 TWO_RANKS_SCRIPT = """
-import os
 import random
 import sys
 
@@ -338,7 +337,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 sys.path.insert(0, sys.argv[1])
-from trl_grpo import reward_len, tiny_model
+from trl_grpo import reward_len
 
 from rlix.integrations.trl import rlix_grpo
 
@@ -347,7 +346,7 @@ words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 6))) for _
 args = GRPOConfig(output_dir="trl", max_steps=int(sys.argv[2]), per_device_train_batch_size=4, num_generations=4,
                   max_completion_length=12, learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none",
                   bf16=False, seed=0, use_cpu=True)
-trainer = GRPOTrainer(model=tiny_model(f"trl/model-{os.environ['LOCAL_RANK']}"), reward_funcs=reward_len, args=args,
+trainer = GRPOTrainer(model=sys.argv[3], reward_funcs=reward_len, args=args,
                       train_dataset=Dataset.from_dict({"prompt": [f"{w}=" for w in words]}),
                       **rlix_grpo("trl-ddp", train_gpus=[0, 1], seed=0))
 trainer.train()
@@ -365,12 +364,18 @@ def test_a_trainer_of_two_processes_plays_every_ranks_prompts_on_rlixs_workers(t
     import socket
 
     (tmp_path / "script.py").write_text(TWO_RANKS_SCRIPT)
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        from trl_grpo import tiny_model
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    model = tiny_model(str(tmp_path / "model"))  # the example's model, built once for both processes
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     done = subprocess.run(
-        [*cmd, "script.py", str(EXAMPLE.parent), str(STEPS)], cwd=tmp_path, capture_output=True, text=True, timeout=900
+        [*cmd, "script.py", str(EXAMPLE.parent), str(STEPS), model], cwd=tmp_path, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rewards = rewards_of(done.stdout)

@@ -149,6 +149,8 @@ class ElasticPool:
                 raise
             except self.died:  # its process died: likewise, and the scheduler is told
                 self._again(batch, idx)
+                self._running.pop((gpus, slot))  # its load ends now, not once the scheduler has heard
+                self._changed.set()
                 return await self._gone(gpus)
             except Exception as exc:  # noqa: BLE001 -- not a dead worker: its batch fails
                 if batch == self._batch:
@@ -158,7 +160,7 @@ class ElasticPool:
                     self._results[idx] = result
                     self.finished += 1
             finally:
-                self._running.pop((gpus, slot))
+                self._running.pop((gpus, slot), None)
                 self._changed.set()
 
     def _again(self, batch: int, idx: int) -> None:

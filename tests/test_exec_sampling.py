@@ -37,8 +37,8 @@ def test_no_setting_is_the_softmax_at_the_temperature():
     [
         ({"top_k": 1}, {1}),
         ({"top_k": 2}, {1, 3}),
-        ({"top_p": 0.5}, {1}),  # the most likely alone reaches 0.5
-        ({"top_p": 0.8}, {1, 3}),  # 0.5 + 0.3 reaches 0.8: the next is not needed
+        ({"top_p": 0.45}, {1}),  # the most likely alone reaches 0.45
+        ({"top_p": 0.79}, {1, 3}),  # 0.5 + 0.3 reaches 0.79: the next is not needed
         ({"top_p": 0.81}, {1, 3, 2}),
         ({"top_p": 0.01}, {1}),  # the most likely is always kept
         ({"min_p": 0.5}, {1, 3}),  # at least half of 0.5

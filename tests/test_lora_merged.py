@@ -76,18 +76,44 @@ def test_a_module_peft_trains_whole_replaces_the_base_module(model_dir):
     assert torch.allclose(merged["model.layers.1.mlp.down_proj.weight"], want["model.layers.1.mlp.down_proj.weight"])
 
 
+def test_only_the_active_adapters_copy_of_a_module_is_published(model_dir):
+    model = trained_peft(model_dir, modules_to_save=["down_proj"])
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], lora_dropout=0.0, modules_to_save=["down_proj"])
+    model.add_adapter("other", cfg)
+    wrapper = model.get_base_model().model.layers[1].mlp.down_proj
+    with torch.no_grad():
+        wrapper.modules_to_save["other"].weight.fill_(2.0)
+    for active in ("default", "other"):
+        model.set_adapter(active)
+        want = wrapper.modules_to_save[active].weight
+        assert torch.equal(merged_state(model)["model.layers.1.mlp.down_proj.weight"], want), active
+
+
 @pytest.mark.parametrize(
     ("adapter", "message"),
     [
         ("dora", "adapter 'default' uses DoRA (use_dora=True), which the rollout engine's merge does not cover; set it False"),
         ("ia3", "adapter 'default' is IA3; only LoRA adapters are merged for the rollout engine"),
+        ("lora_bias", "adapter 'default' sets lora_bias, which the rollout engine's merge does not cover; leave it unset"),
+        ("tied_lm_head", "an adapter changes the input embedding or the output layer, which this model ties together"),
+        ("tied_embedding", "an adapter changes the input embedding or the output layer, which this model ties together"),
     ],
 )
 def test_adapters_the_merge_does_not_cover_are_refused_in_one_line(model_dir, adapter, message):
-    if adapter == "dora":
-        model = trained_peft(model_dir, use_dora=True)
-    else:
+    if adapter == "ia3":
         cfg = peft.IA3Config(target_modules=["q_proj", "down_proj"], feedforward_modules=["down_proj"])
         model = peft.get_peft_model(load_model(model_dir), cfg)
-    with pytest.raises(ValueError, match=re.escape(message)):
+    else:
+        options = {
+            "dora": {"use_dora": True},
+            "lora_bias": {"lora_bias": True},
+            "tied_lm_head": {"modules_to_save": ["lm_head"]},
+            "tied_embedding": {"target_modules": ["q_proj", "embed_tokens"]},
+        }[adapter]
+        base = load_model(model_dir)
+        assert base.config.tie_word_embeddings
+        cfg = peft.LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "lora_dropout": 0.0, **options})
+        model = peft.get_peft_model(base, cfg)
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
         merged_state(model)
+    assert "\n" not in str(err.value)

@@ -57,7 +57,7 @@ def test_each_completion_has_a_seed_of_its_own_that_the_engine_can_take():
     ("setting", "message"),
     [
         ({"generation_kwargs": {"top_p": 0.5}}, "generation_kwargs={'top_p': 0.5} is not supported by rlix's rollout engines"),
-        ({"world_size": 2}, "runs as 2 processes; one is supported for now"),
+        ({"world_size": 2, "fsdp": "full_shard"}, "FSDP and DeepSpeed sharding are not supported yet"),
         ({"use_vllm": True}, "use_vllm=True starts TRL's own vLLM beside rlix's rollout workers; leave it False"),
     ],
 )
@@ -66,8 +66,9 @@ def test_settings_rlix_cannot_honour_are_refused_in_one_line(setting, message):
 
     from rlix.integrations.trl import refuse_unsupported
 
-    plain = {"generation_kwargs": None, "world_size": 1, "use_vllm": False}
+    plain = {"generation_kwargs": None, "world_size": 1, "use_vllm": False, "fsdp": "", "deepspeed": None}
     refuse_unsupported(SimpleNamespace(**plain, top_p=0.9, top_k=20, min_p=0.1, repetition_penalty=1.2))  # honoured
+    refuse_unsupported(SimpleNamespace(**{**plain, "world_size": 2}))  # several processes under DDP
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         refuse_unsupported(SimpleNamespace(**{**plain, **setting}))
     assert "\n" not in str(err.value)
@@ -142,6 +143,28 @@ def test_a_vllm_job_takes_trls_vllm_settings_and_cuts_its_gpus_into_tensor_paral
     job.gpus_per_worker = 3
     with pytest.raises(ValueError, match=re.escape("vllm_tensor_parallel_size=3 does not divide the cluster's 4 GPUs per node")):
         job._spec()
+
+
+def test_each_rank_takes_its_own_slice_of_the_completions():
+    from rlix.integrations.ranks import Ranks
+
+    parts = [[10, 11, 12], [20], [30, 31]]  # every rank's prompts, in rank order
+    played = ["a", "b", "c", "d", "e", "f"]  # rank 0 played them in that order
+    assert [Ranks(3, r).mine(parts, played) for r in range(3)] == [["a", "b", "c"], ["d"], ["e", "f"]]
+    assert Ranks().gather("x") == ["x"] and Ranks().share("y") == "y"  # one process: nothing is sent
+
+
+def test_a_trainer_of_several_processes_needs_a_training_gpu_for_each():
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import JobSettings, RlixGRPO
+
+    job = RlixGRPO(JobSettings(name="j", train_gpus=(0,)))
+    message = "the trainer runs as 2 processes on train_gpus [0]; pass rlix_grpo one training GPU per process, in rank order"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        job.begin(object(), SimpleNamespace(world_size=2, process_index=1))
+    assert job.status == "pending"
 
 
 # ------------------------------------------------------------------ runs
@@ -263,7 +286,7 @@ gaps, base_gaps = [], []
 def gap(model, prompt, completion, logprobs):
     ids = list(prompt) + list(completion)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+        logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].float().cpu()
     req = GenRequest(traj_id=0, prompt_ids=tuple(prompt), max_new_tokens=10, **settings)
     start = len(prompt) - 1
     ours = [float(processed_logprobs(logits[start + i], req)[t]) for i, t in enumerate(completion)]
@@ -303,3 +326,59 @@ def test_a_lora_job_on_vllm_engines_serves_each_steps_merged_weights(tmp_path):
     assert len(rewards) == len(gaps) == steps, done.stdout[-3000:]
     assert max(gaps) <= 2e-3, gaps  # vLLM served the trainer's weights of that step, float32 as the trainer
     assert base_gaps[0] <= 2e-3 and base_gaps[-1] > 0.05, base_gaps  # the adapters start at zero, then move the model
+
+
+# The example's job as a trainer of two processes (torchrun, DDP on gloo): half the batch per process.
+TWO_RANKS_SCRIPT = """
+import random
+import sys
+
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+sys.path.insert(0, sys.argv[1])
+from trl_grpo import reward_len
+
+from rlix.integrations.trl import rlix_grpo
+
+rng = random.Random(0)
+words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 6))) for _ in range(64)]
+args = GRPOConfig(output_dir="trl", max_steps=int(sys.argv[2]), per_device_train_batch_size=4, num_generations=4,
+                  max_completion_length=12, learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none",
+                  bf16=False, seed=0, use_cpu=True)
+trainer = GRPOTrainer(model=sys.argv[3], reward_funcs=reward_len, args=args,
+                      train_dataset=Dataset.from_dict({"prompt": [f"{w}=" for w in words]}),
+                      **rlix_grpo("trl-ddp", train_gpus=[0, 1], seed=0))
+trainer.train()
+if trainer.accelerator.is_main_process:
+    print("rewards", [round(row["reward"], 4) for row in trainer.state.log_history if "reward" in row])
+    print("workers", [row["rlix/rollout_workers"] for row in trainer.state.log_history if "rlix/rollout_workers" in row])
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.exec
+def test_a_trainer_of_two_processes_plays_every_ranks_prompts_on_rlixs_workers(tmp_path, private_rewards):
+    """torchrun --nproc_per_node 2: rank 0 joins, plays both ranks' prompts, and shares the completions. The
+    batch is the example's, split in two, so its first step scores as the one-process run's does."""
+    import socket
+
+    (tmp_path / "script.py").write_text(TWO_RANKS_SCRIPT)
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        from trl_grpo import tiny_model
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    model = tiny_model(str(tmp_path / "model"))  # the example's model, built once for both processes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    done = subprocess.run(
+        [*cmd, "script.py", str(EXAMPLE.parent), str(STEPS), model], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rewards = rewards_of(done.stdout)
+    workers = ast.literal_eval(re.search(r"workers (\[.*\])", done.stdout).group(1))
+    assert len(rewards) == STEPS and all(n >= 1 for n in workers), done.stdout[-3000:]
+    assert rewards[0] == private_rewards[0], (rewards, private_rewards)

@@ -49,10 +49,17 @@ TRL marks ``rollout_func`` experimental). The job then runs as any rlix job:
   rollout workers load the base checkpoint and take each version's merged
   weights (:mod:`rlix.weightsync.lora_merged`).
 
-Not supported (refused in one line at the start of training): several
-training processes (``accelerate launch``), ``generation_kwargs``, TRL's
-own vLLM (``use_vllm``), and DoRA or non-LoRA adapters. Completions stop at
-the model's first EOS id. The model must load from a directory every node reads.
+- **Several training processes** (``accelerate launch``, ``torchrun``; DDP):
+  ``train_gpus`` lists one GPU per process, in rank order. Rank 0 speaks for
+  the job: it joins the scheduler, gathers every rank's prompts, plays them
+  on the rollout workers and shares the completions; each rank moves its own
+  model and optimizer state to the host while the stage is lent, and every
+  rank stops at the same step when the job is cancelled (:mod:`rlix.integrations.ranks`).
+
+Not supported (refused in one line at the start of training): FSDP or
+DeepSpeed sharding across processes, ``generation_kwargs``, TRL's own vLLM
+(``use_vllm``), and DoRA or non-LoRA adapters. Completions stop at the
+model's first EOS id. The model must load from a directory every node reads.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ import sys
 import tempfile
 from collections import Counter
 from concurrent.futures import CancelledError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NoReturn
 
@@ -73,8 +80,9 @@ from transformers import TrainerCallback
 from rlix.client import BlockingClient, connect
 from rlix.core import ClusterSpec, PipelineSpec, Role, RoleSpec, Stage
 from rlix.elastic_pool import ElasticPool
+from rlix.integrations.ranks import Ranks
 from rlix.protocol import Info, JobNote
-from rlix.weightsync.lora_merged import MergedLora, refuse_unmergeable
+from rlix.weightsync.lora_merged import MergedLora, merged_state, refuse_unmergeable
 
 __all__ = ["RlixGRPO", "rlix_grpo"]
 
@@ -91,6 +99,25 @@ class JobSettings:
     seed: int = 0  # the seed of its completions' sampling
     engine: Literal["torch", "vllm"] = "torch"  # the rollout workers' engine
     slots_per_worker: int = 1  # completions a worker plays at once
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where the job stands, as rank 0 knows it and shares it with the other ranks."""
+
+    status: str  # running, finished, cancelled or failed
+    why: str = ""  # who cancelled it (a line), or why it failed
+    code: int = 0  # the exit code it ends with
+
+
+@dataclass(frozen=True)
+class Played:
+    """A generation batch as rank 0 shares it: every rank's completions, or the standing that stopped it."""
+
+    completions: list = field(default_factory=list)  # (token ids, log-probs) per prompt, every rank's in rank order
+    metrics: dict = field(default_factory=dict)
+    stopped: Standing | None = None  # cancelled or dropped mid-rollout
+    error: str = ""  # rank 0 failed the batch
 
 
 ENGINE_SLOTS = {"torch": 1, "vllm": 8}  # slots per worker by default: vLLM batches the completions it plays at once
@@ -171,11 +198,19 @@ class RlixGRPO:
         self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
         self.saved_at = -1  # the global step of the last checkpoint TRL saved
         self.error = ""  # why the scheduler dropped the job
+        self.ranks = Ranks()  # the training processes; rank 0 speaks for the job
 
     # ------------------------------------------------------------ joining and leaving
 
     def begin(self, model, args) -> None:
-        """Join the scheduler, register, and hold the training stage (``model``, ``args``: the trainer's)."""
+        """Join the scheduler, register, and hold the training stage (``model``, ``args``: the trainer's); with
+        several training processes rank 0 does it, and the others fail with it if it fails."""
+        self.ranks = Ranks(world=args.world_size, rank=args.process_index)
+        if self.ranks.world != len(self.s.train_gpus):
+            raise ValueError(
+                f"rlix.integrations.trl: the trainer runs as {self.ranks.world} processes on train_gpus "
+                f"{list(self.s.train_gpus)}; pass rlix_grpo one training GPU per process, in rank order"
+            )
         if hasattr(model, "peft_config"):
             try:
                 refuse_unmergeable(model)
@@ -183,6 +218,20 @@ class RlixGRPO:
                 raise ValueError(f"rlix.integrations.trl: {e}") from None
         if self.s.engine == "vllm":
             self.vllm, self.gpus_per_worker = vllm_options(model, args)
+        failed = ""
+        try:
+            if self.ranks.main:
+                self._join(model)
+        except Exception as e:
+            failed = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            failed = self.ranks.share(failed)
+        if failed:  # another rank: rank 0 raised it
+            raise RuntimeError(f"rlix job '{self.s.name}': rank 0 could not join the scheduler: {failed}")
+        self.status = "running"
+
+    def _join(self, model) -> None:
         sched = self._scheduler()
         info = sched.call_sync(Info())
         self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
@@ -199,24 +248,44 @@ class RlixGRPO:
         self.client.register(self._spec(), self.pool.endpoint(stop=self._on_cancel))
         self.client.request(Stage.INIT)
         self.client.request(Stage.ACTOR_TRAIN, after=Stage.INIT)
-        self.status = "running"
         atexit.register(self._leave_at_exit)
 
     def end(self, error: str = "", *, step: int = 0, output_dir: str = "") -> None:
-        """Give everything back and leave (finished, cancelled or failed). Cancelled, the process exits with
-        rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom; dropped by the
-        scheduler, it exits with 1, saying why."""
-        if self.client is None:
+        """Give everything back and leave (finished, cancelled or failed), every rank. Cancelled, the process
+        exits with rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom;
+        dropped by the scheduler, it exits with 1, saying why."""
+        if self.status == "pending":
             return
-        self._leave(error)
+        if self.client is not None:
+            self._leave(error)
+        standing = self._shared(error)
+        if standing.status == "cancelled":
+            saved = f"; its checkpoint is {output_dir}/checkpoint-{step}" if self.saved_at == step else "; no checkpoint"
+            self._say(f"{self.s.name}: {standing.why} at step {step}{saved}")
+        elif standing.status == "failed":
+            self._say(f"{self.s.name}: failed at step {step}: {standing.why}")
+        if standing.code:
+            raise SystemExit(standing.code)
+
+    def _standing(self, error: str = "") -> Standing:
+        """Where the job stands (rank 0)."""
         if self.status == "cancelled":
             why = self.cancelled_by.line() if self.cancelled_by is not None else "cancelled"
-            saved = f"; its checkpoint is {output_dir}/checkpoint-{step}" if self.saved_at == step else "; no checkpoint"
-            print(f"{self.s.name}: {why} at step {step}{saved}", file=sys.stderr)
-            raise SystemExit(4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
+            return Standing("cancelled", why, 4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
         if self.status == "failed":
-            print(f"{self.s.name}: failed at step {step}: {self.error or error}", file=sys.stderr)
-            raise SystemExit(1)
+            return Standing("failed", self.error or error, 1)
+        return Standing(self.status)
+
+    def _shared(self, error: str = "") -> Standing:
+        """Rank 0's standing, on every rank (the others take its status)."""
+        standing = self.ranks.share(self._standing(error) if self.ranks.main else None)
+        if not self.ranks.main:
+            self.status = standing.status
+        return standing
+
+    def _say(self, line: str) -> None:
+        if self.ranks.main:
+            print(line, file=sys.stderr)
 
     def _leave(self, error: str) -> None:
         atexit.unregister(self._leave_at_exit)
@@ -274,28 +343,50 @@ class RlixGRPO:
     # ------------------------------------------------------------ a generation batch
 
     def rollout(self, prompts: list, trainer) -> dict:
-        """TRL's ``rollout_func``: one completion per prompt (TRL repeats each prompt ``num_generations`` times)."""
-        if self.client is None:
+        """TRL's ``rollout_func``: one completion per prompt (TRL repeats each prompt ``num_generations`` times).
+        Every rank's model and optimizer state go to the host; rank 0 plays every rank's prompts on the
+        job's rollout workers, then shares the completions, and each rank takes its own."""
+        if self.status == "pending":
             raise RuntimeError(f"rlix job '{self.s.name}': a rollout outside trainer.train() (rlix joins when training begins)")
-        prompt_ids = trainer._tokenize_prompts(prompts)[0]  # exactly as TRL tokenizes (chat templates, tools)
-        requests = self._requests(trainer, prompt_ids)
-        self._publish(trainer)
-        try:
-            self._lend(trainer, len(requests))
-            played = self.client.run(self.pool.play(requests, report=self.client.client.report))
-            waited = self._reclaim(trainer)
-        except CancelledError:  # cancelled (or dropped) mid-rollout: stop at the step it began at
+        prompt_ids = [list(p) for p in trainer._tokenize_prompts(prompts)[0]]  # exactly as TRL tokenizes
+        _move(trainer, "cpu")
+        parts = self.ranks.gather(prompt_ids)  # also: every rank's GPUs are free before the stage is given back
+        played = self.ranks.share(self._play_batch(trainer, [p for part in parts for p in part]) if self.ranks.main else None)
+        if played.error:
+            raise RuntimeError(played.error if self.ranks.main else f"rlix job '{self.s.name}', rank 0: {played.error}")
+        if played.stopped is not None:  # cancelled (or dropped) mid-rollout: stop at the step it began at
+            if not self.ranks.main:
+                self.status = played.stopped.status
             self._stop_now(trainer)
+        _move(trainer, trainer.accelerator.device)  # rank 0 holds the training stage again
+        _log(trainer, played.metrics)
+        completions = self.ranks.mine(parts, played.completions)
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": [ids for ids, _ in completions],
+            "logprobs": [lps for _, lps in completions],
+        }
+
+    def _play_batch(self, trainer, prompt_ids: list) -> Played:
+        """Rank 0: every rank's prompts played on the job's rollout workers, the training stage given back
+        meanwhile and held again after."""
+        requests = self._requests(trainer, prompt_ids)
+        try:
+            self._publish(trainer)
+            self.client.release(Stage.ACTOR_TRAIN, self.pool.demand(len(requests), announce=len(requests)))
+            played = self.client.run(self.pool.play(requests, report=self.client.client.report))
+            self.client.report(self.pool.demand(0))
+            waited = self.client.request(Stage.ACTOR_TRAIN).queued_s
+        except CancelledError:
+            return Played(stopped=self._standing("the rlix scheduler dropped the job mid-rollout"))
+        except Exception as e:  # noqa: BLE001 -- every rank fails with it
+            return Played(error=f"{type(e).__name__}: {e}")
         results = [r for r, _ in played]
         stale = [r.traj_id for r in results if r.weight_version != self.version]
         if stale:  # never expected: the pool wakes every worker on the published version before it plays
-            raise RuntimeError(f"rlix job '{self.s.name}': completions {stale[:5]} came from weights other than v{self.version}")
-        _log(trainer, {"rlix/rollout_workers": len({gpus for _, gpus in played}), "rlix/train_wait_s": waited})
-        return {
-            "prompt_ids": [list(p) for p in prompt_ids],
-            "completion_ids": [list(r.token_ids) for r in results],
-            "logprobs": [list(r.logprobs) for r in results],
-        }
+            return Played(error=f"rlix job '{self.s.name}': completions {stale[:5]} came from weights other than v{self.version}")
+        metrics = {"rlix/rollout_workers": len({gpus for _, gpus in played}), "rlix/train_wait_s": waited}
+        return Played(completions=[(list(r.token_ids), list(r.logprobs)) for r in results], metrics=metrics)
 
     def _requests(self, trainer, prompt_ids: list) -> list:
         """One request per prompt, each with a seed of its own (:func:`completion_seed`)."""
@@ -340,18 +431,6 @@ class RlixGRPO:
         source = MergedLora(model) if hasattr(model, "peft_config") else model
         self.version, self.weights = version, ray.put(publish_of(source, version, dtype_of(model)))
 
-    def _lend(self, trainer, pending: int) -> None:
-        """The training GPUs given back (the model and optimizer state on the host) while ``pending`` wait."""
-        _move(trainer, "cpu")
-        self.client.release(Stage.ACTOR_TRAIN, self.pool.demand(pending, announce=pending))
-
-    def _reclaim(self, trainer) -> float:
-        """The training GPUs back, the model and optimizer state on them; the seconds the stage waited."""
-        self.client.report(self.pool.demand(0))
-        grant = self.client.request(Stage.ACTOR_TRAIN)
-        _move(trainer, trainer.accelerator.device)
-        return grant.queued_s
-
     # ------------------------------------------------------------ rollout workers
 
     def _start(self, gpus) -> _Worker:
@@ -371,11 +450,13 @@ class RlixGRPO:
     # ------------------------------------------------------------ progress
 
     def step_done(self, state, control) -> None:
-        note = JobNote(pipeline_id=self.s.name, loaded=True, steps_done=state.global_step, steps_total=state.max_steps)
-        try:
-            self.client.note(note)
-        except CancelledError:  # the cancel came while no call waited: this call took it
-            pass
+        if self.ranks.main:
+            note = JobNote(pipeline_id=self.s.name, loaded=True, steps_done=state.global_step, steps_total=state.max_steps)
+            try:
+                self.client.note(note)
+            except CancelledError:  # the cancel came while no call waited: this call took it
+                pass
+        self._shared()  # every rank stops at the same step
         if self.status in ("cancelled", "failed"):  # at the step's end: a checkpoint TRL resumes from, then stop
             control.should_save = self.status == "cancelled"
             control.should_training_stop = True
@@ -407,7 +488,10 @@ def _checkpoint_of(model) -> str:
     if (path / "config.json").is_file():
         return str(path.resolve())
     out = Path(tempfile.mkdtemp(prefix="rlix-trl-"))
-    model.save_pretrained(out)
+    if hasattr(model, "peft_config"):  # the base model, adapters merged (a PEFT save would hold the adapters only)
+        model.get_base_model().save_pretrained(out, state_dict=merged_state(model))
+    else:
+        model.save_pretrained(out)
     return str(out)
 
 
@@ -480,10 +564,10 @@ def vllm_options(model, args):
 
 def refuse_unsupported(args) -> None:
     """One line naming what rlix's rollouts cannot do yet, if the trainer's arguments ask for it."""
-    if args.world_size > 1:
+    if args.world_size > 1 and (getattr(args, "fsdp", None) or getattr(args, "deepspeed", None)):
         raise ValueError(
-            f"rlix.integrations.trl: the trainer runs as {args.world_size} processes; one is supported for now "
-            "(run the script with python, not accelerate launch or torchrun)"
+            "rlix.integrations.trl: FSDP and DeepSpeed sharding are not supported yet (rank 0 publishes the "
+            "weights it holds whole); train the processes with DDP, accelerate launch's default"
         )
     if getattr(args, "use_vllm", False):
         raise ValueError(

@@ -49,7 +49,7 @@ def merged_state(peft_model) -> dict:
     state = {}
     with torch.no_grad():
         for key, value in base.state_dict().items():
-            name = _base_name(key)
+            name = _base_name(base, key)
             if name is None:
                 continue
             module = key.rpartition(".base_layer.")[0]
@@ -60,26 +60,49 @@ def merged_state(peft_model) -> dict:
     return state
 
 
-def _base_name(key: str) -> str | None:
-    """The base model's name of a PEFT state-dict key; None for an adapter's own tensor and for the
-    original of a module that ``modules_to_save`` replaces."""
+def _base_name(base, key: str) -> str | None:
+    """The base model's name of a PEFT state-dict key; None for an adapter's own tensor, for the original
+    of a module that ``modules_to_save`` replaces, and for the copies of adapters not active."""
     if ".lora_" in key or ".original_module." in key:
         return None
     if ".modules_to_save." in key:
         head, _, rest = key.partition(".modules_to_save.")
-        return f"{head}.{rest.partition('.')[2]}"
+        adapter, _, leaf = rest.partition(".")
+        return f"{head}.{leaf}" if adapter == base.get_submodule(head).active_adapter else None
     return key.replace(".base_layer.", ".")
 
 
+NOT_COVERED = "the rollout engine's merge does not cover"
+UNCOVERED = ("lora_bias", "trainable_token_indices", "target_parameters", "alora_invocation_tokens")
+
+
 def refuse_unmergeable(peft_model) -> None:
-    """One line if ``peft_model`` holds an adapter this merge does not cover (not LoRA, or DoRA)."""
+    """One line if ``peft_model`` holds an adapter this merge does not cover: not plain LoRA, DoRA, a LoRA
+    option of :data:`UNCOVERED`, or an adapted embedding tied to the output layer."""
+    from peft import PeftType
+
     for name, config in getattr(peft_model, "peft_config", {}).items():
-        kind = str(getattr(config, "peft_type", ""))
-        if not kind.endswith("LORA") or kind.endswith("ADALORA"):
-            raise ValueError(
-                f"adapter '{name}' is {kind.rpartition('.')[2]}; only LoRA adapters are merged for the rollout engine"
-            )
+        if config.peft_type != PeftType.LORA:
+            kind = getattr(config.peft_type, "value", config.peft_type)
+            raise ValueError(f"adapter '{name}' is {kind}; only LoRA adapters are merged for the rollout engine")
         if getattr(config, "use_dora", False):
+            raise ValueError(f"adapter '{name}' uses DoRA (use_dora=True), which {NOT_COVERED}; set it False")
+        for option in UNCOVERED:
+            if getattr(config, option, None):
+                raise ValueError(f"adapter '{name}' sets {option}, which {NOT_COVERED}; leave it unset")
+    _refuse_tied(peft_model.get_base_model())
+
+
+def _refuse_tied(base) -> None:
+    """An adapted input embedding or output layer, when the two are tied, cannot be published as one tensor."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    if not getattr(base.config, "tie_word_embeddings", False):
+        return
+    for module in (base.get_input_embeddings(), base.get_output_embeddings()):
+        if isinstance(module, (LoraLayer, ModulesToSaveWrapper)):
             raise ValueError(
-                f"adapter '{name}' uses DoRA (use_dora=True), which the rollout engine's merge does not cover; set it False"
+                "an adapter changes the input embedding or the output layer, which this model ties together; "
+                "leave both out of target_modules and modules_to_save"
             )

@@ -8,7 +8,7 @@ report the same log-probs ("processed" log-probs, vLLM's ``processed_logprobs``)
 2. temperature;
 3. ``min_p``: tokens below ``min_p`` times the most likely token's probability dropped;
 4. ``top_k``: all but the ``top_k`` most likely dropped (0 or -1: none);
-5. ``top_p``: the smallest set of most likely tokens whose probability reaches ``top_p`` kept.
+5. ``top_p``: the most likely tokens whose probability reaches ``top_p`` kept (vLLM's formula).
 
 A dropped token's log-prob is ``-inf``; the sampled token's log-prob is taken
 from what is left, renormalised.
@@ -43,11 +43,12 @@ def processed_logprobs(logits, req: GenRequest, seen=None):
 
 
 def _nucleus(logits, top_p: float):
-    """``logits`` with every token outside the ``top_p`` nucleus at ``-inf`` (the most likely always kept)."""
+    """``logits`` with every token outside the ``top_p`` nucleus at ``-inf``, as vLLM computes it: in
+    ascending order, a token is dropped while the mass up to and including it is at most ``1 - top_p``
+    (the most likely always kept)."""
     import torch
 
-    ordered, order = torch.sort(logits, descending=True)
-    before = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) - torch.softmax(ordered, dim=-1)
-    drop = before >= top_p  # the mass of the more likely tokens already reaches top_p
-    drop[0] = False
+    ordered, order = torch.sort(logits, descending=False)
+    drop = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) <= 1 - top_p
+    drop[-1] = False
     return logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))

@@ -35,6 +35,7 @@ from rlix.exec.train.trainer_link import TrainerLink
 from rlix.step import (
     Book,
     DemandChanged,
+    Driver,
     DropBatch,
     Effect,
     Finished,
@@ -47,7 +48,6 @@ from rlix.step import (
     Score,
     StepMachine,
     Work,
-    carry_out,
 )
 
 
@@ -107,6 +107,7 @@ class StepRunner:
 
     def __init__(self, machine: StepMachine, recipes: list[Recipe], parts: Parts, *, now: Callable[[], float], fatal) -> None:
         self.machine = machine
+        self.driver = Driver(self)
         self.recipes = recipes
         self.names = [s.name for s in machine.plan.streams]
         self.p = parts
@@ -127,10 +128,11 @@ class StepRunner:
         self.do(lambda: self.machine.start(self.now()))
 
     def do(self, event: Callable[[], list[Effect]]) -> None:
-        """Tell the machine ``event`` (a call of one of its event methods) and carry out its effects;
-        anything raised on the way (a protocol error, a bad batch or reward) fails this job alone."""
+        """Tell the machine ``event`` (a call of one of its event methods) and carry out its effects, after
+        those being carried out (:class:`rlix.step.Driver`); anything raised on the way (a protocol error,
+        a bad batch or reward) fails this job alone."""
         try:
-            carry_out(event(), self)
+            self.driver.feed(event)
         except Exception as exc:  # noqa: BLE001 -- a bad batch or reward fails this job alone
             self.fatal(exc)
 

@@ -263,7 +263,7 @@ class StepRunner:
                 await self.releasing  # the release (with the batch it opens) goes first
             name, step = self.names[e.stream], e.version - 1
             # Into the CPU cache, then to live workers, before the gate opens.
-            await self.trainer.publish(name, e.version, steps=self.machine.plan.streams[e.stream].steps, last=e.last)
+            await self.trainer.publish(name, e.version, last=e.last)
             await self.p.rollout.push(name)
             self._record(e.stream, step)
             self.do(lambda: self.machine.published(e.stream, self.now()))

@@ -819,14 +819,19 @@ def test_an_effect_answered_at_once_waits_for_the_rest_of_its_list():
     shell.tell(lambda: shell.m.start(0.0))
     assert shell.m.done and isinstance(shell.done[-1], Finished)
     assert shell.done == [e for effects in shell.told for e in effects]
-    # a publish opens the next batch and then tells demand changed; the batch's roll-out, answered at
-    # once, comes after that, not before it
-    published = [effects for effects in shell.told if effects and isinstance(effects[0], QueueBatch)]
-    assert published and all(isinstance(effects[-1], DemandChanged) for effects in published)
+    # a publish opens the next batch and then says demand changed: that is carried out before the
+    # batch's roll-out (answered at once) says demand changed again and asks for its score
+    assert after_each_queued_batch(shell.done) == [DemandChanged(urgent=False)] * 2
     # carried out in place instead, the same answers interleave the lists
     nested = _AtOnce(machine(steps=(3,), stages=(OLD, TRAIN)), nested=True)
     nested.tell(lambda: nested.m.start(0.0))
     assert nested.m.done and nested.done != [e for effects in nested.told for e in effects]
+    assert after_each_queued_batch(nested.done) == [DemandChanged(urgent=True)] * 2
+
+
+def after_each_queued_batch(done: list[Effect]) -> list[Effect]:
+    """The effect carried out right after each QueueBatch after the first (those a publish opened)."""
+    return [done[i + 1] for i, e in enumerate(done) if isinstance(e, QueueBatch)][1:]
 
 
 def test_what_a_handler_raises_reaches_the_caller_and_drops_the_events_waiting():

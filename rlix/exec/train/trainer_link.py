@@ -124,7 +124,7 @@ class TrainerLink:
     async def offload(self) -> None:
         await self.call(self.handle.offload.remote(), "stage offload")
 
-    async def publish(self, stream: str, version: int, *, last: bool = False) -> None:
+    async def publish(self, stream: str, version: int, *, last: bool) -> None:
         """Cache ``stream``'s trained weights (one adapter's, or the full model as ``""``) as ``version``;
         checkpoint every ``save_every`` trained steps and after the stream's last (``last``: the step
         machine's :class:`rlix.step.Publish` says the stream produces no further step)."""

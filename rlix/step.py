@@ -200,6 +200,38 @@ def carry_out(effects: Iterable[Effect], interpreter: Interpreter) -> None:
         getattr(interpreter, _HANDLERS[type(effect)])(effect)
 
 
+class Driver:
+    """Tells a machine its events and carries out the effects each returns, one list after another.
+
+    A shell answers some effects at once (a score computed in place, a publish, an offload that keeps
+    the model): its handler feeds the answer while the list holding that effect is still being carried
+    out. The answer waits here until that list is done, so the machine is never re-entered mid-list and
+    the effects of one list are all carried out, in the order the machine emitted them, before any of
+    the next. Both shells drive their machine through one of these."""
+
+    def __init__(self, interpreter: Interpreter) -> None:
+        self.interpreter = interpreter
+        self._waiting: deque[Callable[[], Iterable[Effect]]] = deque()
+        self._busy = False
+
+    def feed(self, event: Callable[[], Iterable[Effect]]) -> None:
+        """Tell the machine ``event`` (a call of one of its event methods) now, or, if a list of effects
+        is being carried out, once it and the events fed before are done. What a handler raises
+        reaches the caller that started the list, and the events still waiting are dropped."""
+        self._waiting.append(event)
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            while self._waiting:
+                carry_out(self._waiting.popleft()(), self.interpreter)
+        except BaseException:
+            self._waiting.clear()
+            raise
+        finally:
+            self._busy = False
+
+
 # ------------------------------------------------------------------ the job
 
 

@@ -357,13 +357,15 @@ def test_trainer_link_caches_each_weight_version_and_resumes_adapters():
         link = TrainerLink(handle, limits=LimitsConfig(), checkpoint_dir="/ckpt", save_every=2)
         handle.adapter_versions = _Remote(lambda: asyncio.sleep(0, result={"x": 3, "y": 0}))
         assert await link.start(["x", "y"]) == {"x": 3, "y": 0}
-        await link.publish("y", 1, steps=6)
+        await link.publish("y", 1, last=False)
         assert "save_adapter" not in handle.calls  # version 1 is not a multiple of save_every
-        await link.publish("y", 2, steps=6)
+        await link.publish("y", 2, last=False)
         assert handle.calls.count("save_adapter") == 1  # an adapter update is checkpointed when due
-        await link.publish("y", 3, steps=6, last=True)
+        await link.publish("y", 3, last=True)
         assert handle.calls.count("save_adapter") == 2  # a stream stopping early is checkpointed at its last step
-        await link.publish("", 4, steps=4)
+        await link.publish("", 3, last=False)
+        assert "save_full" not in handle.calls  # version 3 is not a multiple of save_every, nor the last
+        await link.publish("", 4, last=True)
         full, version, adapters = link.weights()
         assert version == 4 and [(n, v) for n, _, v in adapters] == [("x", 3), ("y", 3)]
         assert "save_full" in handle.calls  # the full model after its last step
@@ -384,14 +386,14 @@ def test_hand_off_handles_go_with_their_version_and_are_withdrawn_before_a_stage
         handle.handoff = _Remote(lambda: asyncio.sleep(0, result=handles))
         link = TrainerLink(handle, limits=LimitsConfig(), handoff=True)
         assert link.handoff_of(0) is None  # nothing published yet
-        await link.publish("", 1, steps=4)
+        await link.publish("", 1, last=False)
         assert link.handoff_of(1) is handles and link.handoff_of(0) is None  # only for its own version
         seen = []
         handle.reload = _Remote(lambda parts: asyncio.sleep(0, result=seen.append(link.handoff_of(1))))
         await link.load(Stage.ACTOR_TRAIN)
         assert seen == [None] and link.handoff_of(1) is None  # gone before the trainer dropped them
         off = TrainerLink(handle, limits=LimitsConfig())  # the hand-off off: no handles asked for
-        await off.publish("", 1, steps=4)
+        await off.publish("", 1, last=False)
         assert off.handoff_of(1) is None
 
     asyncio.run(main())

@@ -19,6 +19,7 @@ from rlix.metrics import Activity
 from rlix.step import (
     Book,
     DemandChanged,
+    Driver,
     DropBatch,
     Effect,
     Finished,
@@ -33,6 +34,7 @@ from rlix.step import (
     StepMachine,
     StreamSpec,
     Work,
+    carry_out,
 )
 
 INIT, OLD, REF, TRAIN = Stage.INIT, Stage.OLD_LOGPROBS, Stage.REF_LOGPROBS, Stage.ACTOR_TRAIN
@@ -754,3 +756,95 @@ def test_the_declared_open_limit_is_the_largest_batch_times_the_batches_open_tog
     assert make_plan(steps=(3, 2), staleness=1, streaming=True).batch_credit()
     assert make_plan(steps=(3,), stages=()).batch_credit()  # one stream in batch mode: a batch waits for the last
     assert not make_plan(steps=(3,), stages=(), streaming=True).batch_credit()  # no training to wait for
+
+
+# ------------------------------------------------------------------ effects carried out in the machine's order
+
+
+class _AtOnce:
+    """A shell that answers every effect at once, from inside its handler: a batch rolls out, a stage
+    loads, works and offloads, a score and a publish return, all before the handler does. Records each
+    list the machine returns, in the order the events were told, and each effect as it is carried out."""
+
+    def __init__(self, m: StepMachine, nested: bool) -> None:
+        self.m, self.nested, self.told, self.done = m, nested, [], []
+        self.driver = Driver(self)
+
+    def tell(self, event: Callable[[], list[Effect]]) -> None:
+        def told() -> list[Effect]:
+            effects = event()
+            self.told.append(list(effects))
+            return effects
+
+        if self.nested:  # what both shells did before the driver: carry out the answer's effects in place
+            carry_out(told(), self)
+        else:
+            self.driver.feed(told)
+
+    def _answer(self, e: Effect, event: Callable[[], list[Effect]]) -> None:
+        self.done.append(e)
+        self.tell(event)
+
+    def request_gang(self, e: RequestGang) -> None:
+        self._answer(e, lambda: self.m.granted(e.stage, stage_gpus(self.m.spec, e.stage), 0.0))
+
+    def load(self, e: Load) -> None:
+        self._answer(e, lambda: self.m.loaded(e.stage, 0.0))
+
+    def work(self, e: Work) -> None:
+        self._answer(e, lambda: self.m.worked(e.stage, 1.0, 0.0))
+
+    def offload(self, e: Offload) -> None:
+        self._answer(e, lambda: self.m.offloaded(e.stage, 0.0))
+
+    def score(self, e: Score) -> None:
+        self._answer(e, lambda: self.m.scored(e.stream, e.step, 0.0, 0.0))
+
+    def queue_batch(self, e: QueueBatch) -> None:
+        self._answer(e, lambda: self.m.rolled(e.stream, e.step, 0.0))
+
+    def publish(self, e: Publish) -> None:
+        self._answer(e, lambda: self.m.published(e.stream, 0.0))
+
+    def _carried_out(self, e: Effect) -> None:
+        self.done.append(e)
+
+    release_gang = book = drop_batch = demand_changed = finished = _carried_out
+
+
+def test_an_effect_answered_at_once_waits_for_the_rest_of_its_list():
+    """A handler's answer is told to the machine only once the list holding its effect is carried out:
+    the effects carried out are the machine's lists one after another, never one inside another."""
+    shell = _AtOnce(machine(steps=(3,), stages=(OLD, TRAIN)), nested=False)
+    shell.tell(lambda: shell.m.start(0.0))
+    assert shell.m.done and isinstance(shell.done[-1], Finished)
+    assert shell.done == [e for effects in shell.told for e in effects]
+    # a publish opens the next batch and then says demand changed: that is carried out before the
+    # batch's roll-out (answered at once) says demand changed again and asks for its score
+    assert after_each_queued_batch(shell.done) == [DemandChanged(urgent=False)] * 2
+    # carried out in place instead, the same answers interleave the lists
+    nested = _AtOnce(machine(steps=(3,), stages=(OLD, TRAIN)), nested=True)
+    nested.tell(lambda: nested.m.start(0.0))
+    assert nested.m.done and nested.done != [e for effects in nested.told for e in effects]
+    assert after_each_queued_batch(nested.done) == [DemandChanged(urgent=True)] * 2
+
+
+def after_each_queued_batch(done: list[Effect]) -> list[Effect]:
+    """The effect carried out right after each QueueBatch after the first (those a publish opened)."""
+    return [done[i + 1] for i, e in enumerate(done) if isinstance(e, QueueBatch)][1:]
+
+
+def test_what_a_handler_raises_reaches_the_caller_and_drops_the_events_waiting():
+    shell = _AtOnce(machine(steps=(2,), stages=(OLD, TRAIN)), nested=False)
+
+    def broken(e: Score) -> None:
+        shell.tell(lambda: pytest.fail("an event that waited behind a failed list was told"))
+        raise RuntimeError("the reward function raised")
+
+    shell.score = broken
+    shell.m.start(0.0)  # asks for the model load's GPUs, granted below
+    with pytest.raises(RuntimeError, match="reward function"):
+        shell.driver.feed(lambda: shell.m.granted(INIT, stage_gpus(shell.m.spec, INIT), 0.0))
+    shell.done.clear()
+    shell.driver.feed(lambda: [DemandChanged(urgent=False)])  # the driver is free again
+    assert shell.done == [DemandChanged(urgent=False)]

@@ -24,6 +24,7 @@ from rlix.sim.engine import Batch, EngineOptions, RolloutEngine
 from rlix.step import (
     Book,
     DemandChanged,
+    Driver,
     DropBatch,
     Effect,
     Finished,
@@ -39,7 +40,6 @@ from rlix.step import (
     StepTimes,
     StreamSpec,
     Work,
-    carry_out,
 )
 from rlix.trace import PipelineModel, Step, speed_curve
 
@@ -81,6 +81,7 @@ class SimPipeline:
         self.streams = streams
         self.lora = model.kind == "multi_lora"
         self.machine = StepMachine(spec, job_plan(model, streams))
+        self.driver = Driver(self)
         self.spec = self.machine.spec  # as registered: with its open_limit
         self.tally = PipelineTally(arrival_s=model.arrival_s, step_latencies=self.machine.latencies, tenant=spec.tenant)
         self.gpus_ready: dict[Stage, float] = {}  # granted stage -> when its GPUs' last offload ends (seconds)
@@ -125,14 +126,15 @@ class SimPipeline:
         yield self.env.timeout(self.model.arrival_s)
         self.host.usage.homes.set_home(self.env.now, self.pid, self.spec.home_gpus)
         self.host.submit(Register(spec=self.spec))
-        self._do(self.machine.start(self.env.now))
+        self._do(lambda: self.machine.start(self.env.now))
 
-    def _do(self, effects: list[Effect]) -> None:
-        carry_out(effects, self)
+    def _do(self, event: Callable[[], list[Effect]]) -> None:
+        """Tell the machine ``event`` now (or once the effects being carried out are done) and carry out its effects."""
+        self.driver.feed(event)
 
     def _after(self, seconds: float, then: Callable[[float], list[Effect]]) -> None:
         """Feed ``then(now)`` back to the machine ``seconds`` from now."""
-        self.env.timeout(seconds).callbacks.append(lambda _: self._do(then(self.env.now)))
+        self.env.timeout(seconds).callbacks.append(lambda _: self._do(lambda: then(self.env.now)))
 
     # ------------------------------------------------------------ from the simulation
 
@@ -140,7 +142,7 @@ class SimPipeline:
         """The plan granted ``stage``; the machine hears of it once the events before it at this instant are done."""
         self.gpus_ready[stage] = gpus_ready
         granted = self.env.event()
-        granted.callbacks.append(lambda _: self._do(self.machine.granted(stage, gpus, self.env.now, warm=warm)))
+        granted.callbacks.append(lambda _: self._do(lambda: self.machine.granted(stage, gpus, self.env.now, warm=warm)))
         granted.succeed()
 
     def new_worker_versions(self) -> tuple[dict[int, int], float]:
@@ -229,12 +231,12 @@ class SimPipeline:
         offload_s = self.model.switch.stage_offload()
         if e.keep:  # the next stage of this step runs here: the model stays, its offload is owed to a stranger
             self.host.park(self.pid, e.gpus, offload_s)
-            self._do(self.machine.offloaded(e.stage, self.env.now))
+            self._do(lambda: self.machine.offloaded(e.stage, self.env.now))
         else:
             self._after(offload_s, lambda now: self.machine.offloaded(e.stage, now))
 
     def score(self, e: Score) -> None:
-        self._do(self.machine.scored(e.stream, e.step, 0.0, self.env.now))
+        self._do(lambda: self.machine.scored(e.stream, e.step, 0.0, self.env.now))
 
     def drop_batch(self, e: DropBatch) -> None:
         raise RuntimeError(f"{self.pid}: a trace's streams have no stop reward, so no batch is ever dropped")
@@ -245,12 +247,12 @@ class SimPipeline:
         self.engine.add_batch(batch, step.rollout(), step.prompts)
         self.host.request_plan()  # demand went up: plan now, not at the next tick
         batch.done.callbacks.append(
-            lambda _: self._do(self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.oldest))
+            lambda _: self._do(lambda: self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.oldest))
         )
 
     def publish(self, e: Publish) -> None:
         self.engine.set_version(e.stream, e.version)  # workers sync on demand; the engine charges it
-        self._do(self.machine.published(e.stream, self.env.now))
+        self._do(lambda: self.machine.published(e.stream, self.env.now))
 
     def demand_changed(self, e: DemandChanged) -> None:
         # Finer changes are reported on the scheduler's tick; a rollout with nothing left running lends its GPUs now.

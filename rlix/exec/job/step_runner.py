@@ -35,6 +35,7 @@ from rlix.exec.train.trainer_link import TrainerLink
 from rlix.step import (
     Book,
     DemandChanged,
+    Driver,
     DropBatch,
     Effect,
     Finished,
@@ -47,7 +48,6 @@ from rlix.step import (
     Score,
     StepMachine,
     Work,
-    carry_out,
 )
 
 
@@ -107,6 +107,7 @@ class StepRunner:
 
     def __init__(self, machine: StepMachine, recipes: list[Recipe], parts: Parts, *, now: Callable[[], float], fatal) -> None:
         self.machine = machine
+        self.driver = Driver(self)
         self.recipes = recipes
         self.names = [s.name for s in machine.plan.streams]
         self.p = parts
@@ -127,10 +128,11 @@ class StepRunner:
         self.do(lambda: self.machine.start(self.now()))
 
     def do(self, event: Callable[[], list[Effect]]) -> None:
-        """Tell the machine ``event`` (a call of one of its event methods) and carry out its effects;
-        anything raised on the way (a protocol error, a bad batch or reward) fails this job alone."""
+        """Tell the machine ``event`` (a call of one of its event methods) and carry out its effects, after
+        those being carried out (:class:`rlix.step.Driver`); anything raised on the way (a protocol error,
+        a bad batch or reward) fails this job alone."""
         try:
-            carry_out(event(), self)
+            self.driver.feed(event)
         except Exception as exc:  # noqa: BLE001 -- a bad batch or reward fails this job alone
             self.fatal(exc)
 
@@ -261,7 +263,7 @@ class StepRunner:
                 await self.releasing  # the release (with the batch it opens) goes first
             name, step = self.names[e.stream], e.version - 1
             # Into the CPU cache, then to live workers, before the gate opens.
-            await self.trainer.publish(name, e.version, steps=self.machine.plan.streams[e.stream].steps, last=e.last)
+            await self.trainer.publish(name, e.version, last=e.last)
             await self.p.rollout.push(name)
             self._record(e.stream, step)
             self.do(lambda: self.machine.published(e.stream, self.now()))

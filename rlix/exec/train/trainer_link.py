@@ -124,11 +124,11 @@ class TrainerLink:
     async def offload(self) -> None:
         await self.call(self.handle.offload.remote(), "stage offload")
 
-    async def publish(self, stream: str, version: int, *, steps: int, last: bool = False) -> None:
+    async def publish(self, stream: str, version: int, *, last: bool) -> None:
         """Cache ``stream``'s trained weights (one adapter's, or the full model as ``""``) as ``version``;
-        checkpoint every ``save_every`` trained steps and after the stream's last (``steps``, or ``last``:
-        its stop condition holds)."""
-        due = bool(self.checkpoint_dir) and (last or version % self.save_every == 0 or version >= steps)
+        checkpoint every ``save_every`` trained steps and after the stream's last (``last``: the step
+        machine's :class:`rlix.step.Publish` says the stream produces no further step)."""
+        due = bool(self.checkpoint_dir) and (last or version % self.save_every == 0)
         if stream:
             ref = self.handle.adapter_snapshot.remote(stream)
             await self.call(ref, "adapter snapshot")

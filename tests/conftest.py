@@ -57,19 +57,25 @@ def pytest_xdist_node_collection_finished(node, ids):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``) the heavy tests (they start processes) and the GPU
-    tests are one group, run one after another on one worker, first (``--no-loadscope-reorder`` keeps
-    this order): on 2 cores two of them at once starve each other's timing, and two on one GPU share
-    its memory. The other tests, a group per module, run on the other worker meanwhile.
+    """Under pytest-xdist (``--dist loadgroup``) the tests that start Ray clusters or other services
+    (heavy ones not marked ``in_process``) and the GPU tests are one group, run one after another on one
+    worker, first (``--no-loadscope-reorder`` keeps this order): on 2 cores two of them at once starve
+    each other's timing, and two on one GPU share its memory. The other tests, a group per module, run on
+    the other worker meanwhile; the heavy ``in_process`` ones (no Ray, no deadline: models trained in the
+    test's own process or its spawned ranks, the notebook) come last there, as one group, so that worker
+    stays busy beside the long first group rather than idle.
     Without the exec extra, the tests that run the executor are skipped, not failed."""
 
-    def lane(item) -> bool:  # processes, or a GPU's memory, that no other test may share
-        return "heavy" in item.keywords or "gpu" in item.keywords
+    def lane(item) -> int:  # 0: processes or a GPU's memory no other test may share; 1: light; 2: heavy, in-process
+        if "gpu" in item.keywords or ("heavy" in item.keywords and "in_process" not in item.keywords):
+            return 0
+        return 2 if "heavy" in item.keywords else 1
 
+    groups = {0: lambda item: "heavy", 1: lambda item: item.path.name, 2: lambda item: "heavy-in-process"}
     position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (not lane(item), position[id(item)]))
+    items.sort(key=lambda item: (lane(item), position[id(item)]))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("heavy" if lane(item) else item.path.name))
+        item.add_marker(pytest.mark.xdist_group(groups[lane(item)](item)))
     if not MISSING:
         return
     skip = pytest.mark.skip(reason=f"needs the exec extra ({', '.join(MISSING)} not installed): pip install -e '.[exec]'")

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.in_process]
 
 WORLD = 2
 # The comparisons run in float64, where sums split over ranks round at ~1e-16:

@@ -56,6 +56,7 @@ def test_a_keeper_holds_one_version_in_one_dtype_and_drops_it():
 
 
 @pytest.mark.heavy
+@pytest.mark.in_process
 def test_handles_a_worker_cannot_open_send_it_through_the_host_bit_exact(tmp_path):
     """A worker that should read in place but whose open fails (here: handles naming a GPU allocation
     that is not there) loads the host buckets instead, the same bytes, and its route says why."""

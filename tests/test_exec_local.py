@@ -7,7 +7,7 @@ import pytest
 from rlix.exec.config import JobConfig
 from rlix.exec.data.rewards import group_advantages
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.in_process]
 
 
 def test_group_advantages_are_relative_to_the_group():

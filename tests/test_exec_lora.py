@@ -11,7 +11,7 @@ import pytest
 
 from rlix.exec.config import JobConfig
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.in_process]
 
 ADAPTERS = [
     {"name": "copy_a", "task": {"name": "copy", "max_len": 8}, "steps": 3, "seed": 3, "algo": {"lr": 5e-3}},

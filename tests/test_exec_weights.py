@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.in_process]
 
 torch = pytest.importorskip("torch")
 

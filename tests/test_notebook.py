@@ -23,7 +23,7 @@ pytest.importorskip("matplotlib")
 
 from rlix.core import POLICIES
 
-pytestmark = pytest.mark.heavy  # the whole notebook: dozens of replays
+pytestmark = [pytest.mark.heavy, pytest.mark.in_process]  # the whole notebook: dozens of replays
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "policy_research.ipynb"
 RUN_TIME = re.compile(r"(\d+ replays) in \d+\.\d s on \d+ CPU cores")  # the one printed figure a rerun changes

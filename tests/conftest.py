@@ -71,11 +71,13 @@ def pytest_collection_modifyitems(config, items):
             return 0
         return 2 if "heavy" in item.keywords else 1
 
-    groups = {0: lambda item: "heavy", 1: lambda item: item.path.name, 2: lambda item: "heavy-in-process"}
+    def group(item) -> str:
+        return ("heavy", item.path.name, "heavy-in-process")[lane(item)]
+
     position = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (lane(item), position[id(item)]))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[lane(item)](item)))
+        item.add_marker(pytest.mark.xdist_group(group(item)))
     if not MISSING:
         return
     skip = pytest.mark.skip(reason=f"needs the exec extra ({', '.join(MISSING)} not installed): pip install -e '.[exec]'")

@@ -316,6 +316,37 @@ class JobPlan:
         return sum(self.size(i, k) for i, s in enumerate(self.streams) for k in range(s.steps))
 
 
+class PlannedJob(Protocol):
+    """The job fields a plan reads: :class:`rlix.config.JobModel` has them, so a trace's pipeline and an
+    ``rlix-run`` job are planned alike."""
+
+    @property
+    def staleness(self) -> int: ...
+
+    @property
+    def rollout_mode(self) -> str: ...
+
+
+def job_plan(
+    job: PlannedJob,
+    streams: Sequence[StreamSpec],
+    stages: Callable[[int, int], Sequence[Stage]],
+    size: Callable[[int, int], int],
+    *,
+    share_load: bool = False,
+) -> JobPlan:
+    """The plan of ``job``, whichever shell runs it: its streams, each step's stages and batch size (the
+    shell's to say: a trace lists them, a recipe draws them), and the job's staleness and rollout mode."""
+    return JobPlan(
+        streams=tuple(streams),
+        stages=stages,
+        size=size,
+        staleness=job.staleness,
+        streaming=job.rollout_mode == "streaming",
+        share_load=share_load,
+    )
+
+
 class Rollouts:
     """Which batches of a job's streams exist, may start and are rolled out, and what is outstanding."""
 

@@ -222,7 +222,7 @@ class StepRunner:
     def queue_batch(self, e: QueueBatch) -> None:
         trajs = self.recipes[e.stream].trajectories(e.step)
         self.batches[(e.stream, e.step)] = OpenBatch(trajs=trajs, started_s=self.now())
-        self.p.queue.add(trajs)
+        self.p.queue.add(trajs, e.version)
         self.p.rollout.dispatch()
 
     def drop_batch(self, e: DropBatch) -> None:

@@ -34,11 +34,11 @@ from rlix.exec.messages import SwitchTiming
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import SwitchKind
 from rlix.exec.rollout.dispatch import Dispatch, book_worker
-from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
+from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule, ray_processes
 from rlix.exec.rollout.lifecycle import WorkerLifecycle
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
-from rlix.exec.rollout.queue import RolloutQueue
-from rlix.job import WorkerPhase
+from rlix.exec.rollout.queue import Queued, RolloutQueue
+from rlix.job import WeightGate, WorkerPhase, weight_gate
 
 
 class RolloutControl:
@@ -54,6 +54,7 @@ class RolloutControl:
         deadlines: Deadlines,
         model_dir: str,
         procs: Processes | None = None,
+        rule: WeightRule = WeightRule(),
     ) -> None:
         self.pool = pool
         self.rec = recorder
@@ -71,8 +72,11 @@ class RolloutControl:
             procs=procs,
             rollout_s=deadlines.rollout_s,
             kill=self.life.kill,
+            ready=self.ready,
         )
+        self.rule = rule
         self.locks: dict[int, asyncio.Lock] = {}
+        self.syncs: dict[int, asyncio.Task] = {}  # first GPU -> the weight sync its gate started
 
     def _mark(self, w: Worker, phase: WorkerPhase) -> None:
         book_worker(self.rec, self.hooks.now(), w, phase)
@@ -85,8 +89,9 @@ class RolloutControl:
         self.life.warm(bundles, spare=spare)
 
     def starts(self) -> list:
-        """The tasks starting worker processes (teardown cancels them: a spare waiting its turn never starts)."""
-        return list(self.life.starting.values())
+        """The tasks starting worker processes or syncing their weights (teardown cancels them: a spare
+        waiting its turn never starts)."""
+        return [*self.life.starting.values(), *self.syncs.values()]
 
     def end(self) -> list:
         """The job is over: the handles of every worker process it started, for teardown to kill
@@ -121,6 +126,7 @@ class RolloutControl:
                 self.life.kill(w, f"wake failed: {exc}")
                 return
             self.pool.move(w, WorkerState.AWAKE)
+            w.version = timing.version
             kind = SwitchKind.COLD_START if timing.cold else SwitchKind.WAKE  # an engine built on the GPUs is no wake
             self.rec.switch(kind, t, self.hooks.now() - t, timing.synced_bytes, timing.sync_path)
             if w.generation == gen:
@@ -206,11 +212,47 @@ class RolloutControl:
         """Start queued trajectories on free slots of awake workers."""
         self.runner.dispatch()
 
+    def ready(self, w: Worker, q: Queued) -> bool:
+        """May ``q`` start on ``w`` now? :func:`rlix.job.weight_gate` decides, as in the simulator; a worker
+        it sends to sync first starts its sync here. A sync brings the newest weights, the only version
+        the trainer's cache keeps. A LoRA job's base never changes: its adapters reach live workers
+        when they are published, and load beside running trajectories."""
+        if not self.rule.full:
+            return True
+        if w.first in self.syncs:
+            return False
+        newest = self.hooks.weights()[1]
+        gate, _ = weight_gate(
+            w.version, q.need, newest, idle=not w.inflight, streaming=self.rule.streaming, partial=self.rule.partial
+        )
+        if gate is WeightGate.SYNC and newest > w.version:
+            self.syncs[w.first] = asyncio.get_running_loop().create_task(self._sync(w))
+            return False
+        return gate is not WeightGate.WAIT
+
+    async def _sync(self, w: Worker) -> None:
+        try:
+            await self._push(w, "")
+        finally:
+            del self.syncs[w.first]
+            self.dispatch()
+
     # ------------------------------------------------------------ weight pushes
 
     async def push(self, adapter: str) -> None:
-        """Push a new version (the full weights, or one adapter) to awake workers only."""
+        """A new version is published: an adapter goes to every awake worker; new full weights only
+        where :func:`rlix.job.weight_gate` moves a worker with no trajectory waiting for them (an idle
+        one under streaming). The others sync when a trajectory that needs them is to start."""
         live = self.pool.in_state(WorkerState.AWAKE)
+        if not adapter and self.rule.full:
+            newest, rule = self.hooks.weights()[1], self.rule
+            live = [
+                w
+                for w in live
+                if w.first not in self.syncs
+                and weight_gate(w.version, -1, newest, idle=not w.inflight, streaming=rule.streaming, partial=rule.partial)[0]
+                is WeightGate.SYNC
+            ]
         await asyncio.gather(*(self._push(w, adapter) for w in live), return_exceptions=True)
 
     async def _push(self, w: Worker, adapter: str) -> None:
@@ -228,6 +270,7 @@ class RolloutControl:
                 else:
                     sync = w.handle.update_weights.remote(full, handoff=self.hooks.handoff(version))
                     timing = await call(sync, self.deadlines.call_s, "weight sync")
+                    w.version = max(w.version, timing.version, version)  # it holds the version it was sent
             except Exception as exc:  # noqa: BLE001
                 self.life.kill(w, f"weight sync failed: {exc}")
                 return

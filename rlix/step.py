@@ -135,8 +135,8 @@ class DropBatch:
 
 @dataclass(frozen=True, kw_only=True)
 class Publish:
-    """``stream``'s weights after training are ``version``: cache them, sync live workers; answer
-    :meth:`StepMachine.published`. ``last``: the stream produces no further step."""
+    """``stream``'s weights after training are ``version``: cache them (rollout workers take them by
+    :func:`rlix.job.weight_gate`); answer :meth:`StepMachine.published`. ``last``: the stream produces no further step."""
 
     stream: int
     version: int
@@ -583,7 +583,7 @@ class StepMachine:
         return out + self._next_tick()
 
     def published(self, stream: int, now: float) -> list[Effect]:
-        """The trained weights are cached and live workers have them: the step is trained."""
+        """The trained weights are cached (and with the workers the weight gate moves at once): the step is trained."""
         tick = self.tick
         if tick is None or tick.stream != stream or tick.index < len(tick.stages):
             raise RuntimeError(f"stream {stream} has no training waiting for its weights")

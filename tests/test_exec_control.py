@@ -196,13 +196,14 @@ class _Gate:
 
 
 class _Worker:
-    """A rollout worker process: notes its calls; ``wake_gate`` and ``gen_gate`` hold wake and generate."""
+    """A rollout worker process: notes its calls; ``wake_gate``, ``sync_gate`` and ``gen_gate`` hold wake,
+    weight sync and generate."""
 
     def __init__(self, gpus, prepare_gate: _Gate) -> None:
         self.gpus = tuple(gpus)
         self.calls: list[tuple] = []
         self.handoffs: list[tuple] = []  # (weights, the hand-off's handles sent with them)
-        self.wake_gate, self.sleep_gate, self.gen_gate = _Gate(), _Gate(), _Gate()
+        self.wake_gate, self.sleep_gate, self.gen_gate, self.sync_gate = _Gate(), _Gate(), _Gate(), _Gate()
         self.dies_in_rollout = False
         self.cold = False  # its next wake builds the engine (as a vLLM worker's first wake on a GPU)
         self.refuse_wake: Exception | None = None  # raised by its next wake (as a device short of memory does)
@@ -224,6 +225,7 @@ class _Worker:
         async def update_weights(full, handoff=None):
             self.calls.append(("update_weights", full))
             self.handoffs.append((full, handoff))
+            await self.sync_gate.event.wait()
             return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]))
 
         async def sleep():
@@ -649,6 +651,70 @@ def test_an_idle_worker_moves_to_new_weights_at_the_publish_only_under_streaming
     assert streaming[1][3:] == [("generate", 1)]
     assert batch[0] == [("prepare",), ("wake", "w0")]
     assert batch[1][2:] == [("update_weights", "w1"), ("generate", 1)]
+
+
+async def _syncing(rule):
+    """An idle awake worker on GPU 0 whose sync to version 1 (started by the publish) is held open, and a
+    trajectory of step 1 (needs version 1) queued: the job."""
+    job = _Job(rule=rule)
+    await _warm(job, (0,))
+    await job.ctl.expand((0,))
+    job.worker((0,)).sync_gate = _Gate(open_=False)
+    job.version = 1
+    job.add(1, step=1, version=1)
+    job.ctl.dispatch()  # the gate starts the worker's sync
+    await _settle()
+    return job
+
+
+def test_a_publish_beside_a_sync_already_under_way_sends_the_weights_once():
+    """Streaming: the trajectory that needs version 1 started the idle worker's sync; the publish's own
+    move of idle workers finds it syncing and sends nothing more; the trajectory starts once it is done."""
+    from rlix.exec.rollout.hooks import WeightRule
+
+    async def scenario():
+        job = await _syncing(WeightRule(streaming=True))
+        push = asyncio.ensure_future(job.ctl.push(""))
+        await _settle()
+        job.worker((0,)).sync_gate.event.set()
+        await asyncio.wait_for(push, 1.0)
+        await _settle()
+        return job.worker((0,)).calls
+
+    assert asyncio.run(scenario()) == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("generate", 1)]
+
+
+def test_a_shrink_behind_a_sync_runs_nothing_more_on_the_worker():
+    """The plan takes GPU 0 back while its worker syncs: the shrink waits for the sync, and the
+    trajectory the sync was for does not start on the leaving worker; it stays queued."""
+
+    async def scenario():
+        job = await _syncing(None)
+        shrink = asyncio.ensure_future(job.ctl.shrink((0,), "gang"))
+        await _settle()
+        job.worker((0,)).sync_gate.event.set()
+        await asyncio.wait_for(shrink, 1.0)
+        await _settle()
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.worker((0,)).calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("sleep",)]
+    assert len(job.queue) == 1 and job.finished == []
+
+
+def test_teardown_cancels_a_sync_and_nothing_starts_after_it():
+    async def scenario():
+        job = await _syncing(None)
+        starts = job.ctl.starts()
+        job.ctl.end()
+        for task in starts:
+            task.cancel()
+        await _settle()
+        return job, starts
+
+    job, starts = asyncio.run(scenario())
+    assert [t.cancelled() for t in starts] == [False, True] and job.ctl.syncs == {}  # the process start, the sync
+    assert job.worker((0,)).calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1")]
 
 
 def test_a_worker_woken_once_the_handles_were_withdrawn_is_sent_none():

@@ -1,7 +1,8 @@
 """Faults at the worker-process boundary (injected by the job's ``fault`` knobs inside the worker).
 
 One run holds three jobs: ``large``, whose worker on GPU 3 hangs in its first
-wake (and which rolls out streaming, with partial rollout); ``refuse``, whose engines refuse every request; and ``small``, with no
+wake (and which rolls out streaming, with partial rollout: a wake does the same
+in either mode); ``refuse``, whose engines refuse every request; and ``small``, with no
 fault. A fault the job survives loses no trajectory; a job that cannot go on
 ends with a one-line reason; the jobs beside either finish. (A worker dying
 mid-rollout is shown by ``tests/test_exec_ray.py``'s run of failing jobs.)

@@ -128,7 +128,7 @@ async def _run_job(
     from rlix.exec.recorder import Recorder
     from rlix.exec.records import JobStatus
     from rlix.exec.rollout.control import RolloutControl
-    from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
+    from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule
     from rlix.exec.rollout.pool import WorkerPool
     from rlix.exec.rollout.queue import RolloutQueue
     from rlix.exec.service.scheduler_actor import SchedulerActor
@@ -171,7 +171,10 @@ async def _run_job(
     )
     procs = Processes(kill=lambda handle: None, died=(ConnectionError,), refused=(ValueError,))
     deadlines = Deadlines(wake_s=5.0, call_s=5.0, rollout_s=5.0)
-    rollout = RolloutControl(pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs)
+    rule = WeightRule(streaming=streaming, partial=streaming)  # as the coordinator makes it from the job's fields
+    rollout = RolloutControl(
+        pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs, rule=rule
+    )
     coordinator = type("Coordinator", (), {"expand": Remote(rollout.expand), "shrink": Remote(rollout.shrink)})()
     await actor.register(job, coordinator)
     recipe = _Recipe(rewards or [0.5] * steps)

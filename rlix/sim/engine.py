@@ -280,12 +280,16 @@ class WeightLoader:
         book_worker(self.usage, w.worker.gpus, now, WorkerPhase.WEIGHT_SYNC, self.pipeline_id)
 
     def refresh_idle(self, w: SimWorker, now: float) -> bool:
-        """Streaming: an idle full-weight worker moves to the newest weights before it is needed."""
-        if self.opts.lora or w.active or w.ready_at > now:
+        """An idle full-weight worker moves to the newest weights before a trajectory needs them, where
+        :func:`rlix.job.weight_gate` says so (under streaming)."""
+        opts = self.opts
+        if opts.lora or w.active or w.ready_at > now:
             return False  # adapters load per trajectory instead
         for stream in sorted(self.newest):
-            if w.versions.get(stream, -1) < self.newest[stream]:
-                self.sync(w, stream, self.newest[stream], now)
+            have = w.versions.get(stream, -1)
+            gate, version = weight_gate(have, -1, self.newest[stream], idle=True, streaming=opts.streaming, partial=opts.partial)
+            if gate is WeightGate.SYNC:
+                self.sync(w, stream, version, now)
                 return True
         return False
 

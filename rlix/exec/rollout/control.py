@@ -215,26 +215,38 @@ class RolloutControl:
     def ready(self, w: Worker, q: Queued) -> bool:
         """May ``q`` start on ``w`` now? :func:`rlix.job.weight_gate` decides, as in the simulator; a worker
         it sends to sync first starts its sync here. A sync brings the newest weights, the only version
-        the trainer's cache keeps. A LoRA job's base never changes: its adapters reach live workers
-        when they are published, and load beside running trajectories."""
+        the trainer's cache keeps. A LoRA job's base never changes: its adapters reach live workers when
+        they are published, and load beside running trajectories. Nothing starts on a worker the plan
+        has taken back (a shrink waiting for its lock)."""
+        if not w.granted or w.leaving:
+            return False
         if not self.rule.full:
             return True
         if w.first in self.syncs:
             return False
         newest = self.hooks.weights()[1]
-        gate, _ = weight_gate(
-            w.version, q.need, newest, idle=not w.inflight, streaming=self.rule.streaming, partial=self.rule.partial
-        )
-        if gate is WeightGate.SYNC and newest > w.version:
-            self.syncs[w.first] = asyncio.get_running_loop().create_task(self._sync(w))
+        gate, version = self._gate(w, q.need, newest)
+        if gate is WeightGate.SYNC:
+            if version > newest:  # a batch is queued only once its weights are published
+                raise RuntimeError(f"trajectory {q.traj_id} needs weights {q.need}; the newest published are {newest}")
+            self._sync(w)
             return False
-        return gate is not WeightGate.WAIT
+        return gate is WeightGate.START
 
-    async def _sync(self, w: Worker) -> None:
-        try:
-            await self._push(w, "")
-        finally:
-            del self.syncs[w.first]
+    def _gate(self, w: Worker, need: int, newest: int) -> tuple[WeightGate, int]:
+        rule = self.rule
+        return weight_gate(w.version, need, newest, idle=not w.inflight, streaming=rule.streaming, partial=rule.partial)
+
+    def _sync(self, w: Worker) -> asyncio.Task:
+        """Sync ``w`` to the newest full weights; once it has them, queued trajectories may start on it."""
+        task = self.syncs[w.first] = asyncio.get_running_loop().create_task(self._push(w, ""))
+        task.add_done_callback(lambda t: self._synced(w.first, t))
+        return task
+
+    def _synced(self, first: int, task: asyncio.Task) -> None:
+        if self.syncs.get(first) is task:
+            del self.syncs[first]
+        if not task.cancelled() and not self.life.ended:  # teardown cancels syncs: nothing more starts then
             self.dispatch()
 
     # ------------------------------------------------------------ weight pushes
@@ -242,24 +254,22 @@ class RolloutControl:
     async def push(self, adapter: str) -> None:
         """A new version is published: an adapter goes to every awake worker; new full weights only
         where :func:`rlix.job.weight_gate` moves a worker with no trajectory waiting for them (an idle
-        one under streaming). The others sync when a trajectory that needs them is to start."""
+        one under streaming). The others sync when a trajectory that needs them is to start on them."""
         live = self.pool.in_state(WorkerState.AWAKE)
-        if not adapter and self.rule.full:
-            newest, rule = self.hooks.weights()[1], self.rule
-            live = [
-                w
-                for w in live
-                if w.first not in self.syncs
-                and weight_gate(w.version, -1, newest, idle=not w.inflight, streaming=rule.streaming, partial=rule.partial)[0]
-                is WeightGate.SYNC
-            ]
-        await asyncio.gather(*(self._push(w, adapter) for w in live), return_exceptions=True)
+        if adapter or not self.rule.full:
+            await asyncio.gather(*(self._push(w, adapter) for w in live), return_exceptions=True)
+            return
+        newest = self.hooks.weights()[1]
+        moved = [w for w in live if w.first not in self.syncs and self._gate(w, -1, newest)[0] is WeightGate.SYNC]
+        await asyncio.gather(*(self._sync(w) for w in moved), return_exceptions=True)
 
     async def _push(self, w: Worker, adapter: str) -> None:
         async with self.locks.setdefault(w.first, asyncio.Lock()):
             if w.state is not WorkerState.AWAKE:
                 return
             full, version, adapters = self.hooks.weights()
+            if not adapter and w.version >= version:
+                return  # it has them already
             t = self.hooks.now()
             ref = next((r for n, r, _ in adapters if n == adapter), None) if adapter else None
             # The sync's GPU-seconds are switching, as the simulator books a live sync (switch_overhead_fraction).
@@ -270,7 +280,9 @@ class RolloutControl:
                 else:
                     sync = w.handle.update_weights.remote(full, handoff=self.hooks.handoff(version))
                     timing = await call(sync, self.deadlines.call_s, "weight sync")
-                    w.version = max(w.version, timing.version, version)  # it holds the version it was sent
+                    if timing.version < version:
+                        raise RuntimeError(f"it holds version {timing.version} after a sync to {version}")
+                    w.version = timing.version
             except Exception as exc:  # noqa: BLE001
                 self.life.kill(w, f"weight sync failed: {exc}")
                 return

@@ -110,6 +110,9 @@ class WeightGate(enum.Enum):
     WAIT = "wait"  # it must drain first: nothing more starts on it until its running trajectories end
 
 
+_START, _SYNC, _WAIT = WeightGate.START, WeightGate.SYNC, WeightGate.WAIT  # read once: the replay calls the gate per trajectory
+
+
 def weight_gate(have: int, need: int, newest: int, *, idle: bool, streaming: bool, partial: bool) -> tuple[WeightGate, int]:
     """The one rule, in both shells, for the full weights under a trajectory: may one that needs weights
     ``need`` (its batch's version: none older may produce its tokens) start on a worker holding
@@ -124,10 +127,10 @@ def weight_gate(have: int, need: int, newest: int, *, idle: bool, streaming: boo
     """
     want = max(newest, need) if streaming else need
     if have >= need and not (streaming and idle and have < want):
-        return WeightGate.START, have
+        return _START, have
     if idle or partial:
-        return WeightGate.SYNC, want
-    return WeightGate.WAIT, want
+        return _SYNC, want
+    return _WAIT, want
 
 
 # ------------------------------------------------------------------ demand

@@ -37,6 +37,9 @@ from rlix.metrics import UsageRecorder
 Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
 
 
+_START, _SYNC = WeightGate.START, WeightGate.SYNC  # read once: ready_for runs per trajectory start
+
+
 def book_worker(usage: UsageRecorder, gpus, now: float, phase: WorkerPhase, pipeline_id: str = "", fill: float = 1.0) -> None:
     """Book a rollout worker's GPUs for ``phase``, as the job model says (:func:`rlix.job.worker_booking`)."""
     activity, label = worker_booking(phase)
@@ -258,10 +261,10 @@ class WeightLoader:
             streaming=opts.streaming,
             partial=opts.partial,
         )
-        if gate is WeightGate.START:
+        if gate is _START:
             return 0.0
         if not batch.lora:
-            if gate is WeightGate.SYNC:
+            if gate is _SYNC:
                 self.sync(w, stream, version, now)  # the newest weights before decoding (on demand, from the CPU copy)
             return None
         w.versions[stream] = version  # an adapter loads beside the others, busy or not: only this trajectory waits

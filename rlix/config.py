@@ -286,6 +286,16 @@ class JobModel(StrictModel):
         "priority_weight ** priority",
     )
     tenant: str = Field(default="", description="the tenant the job belongs to (declared in scheduler.tenants)")
+    rollout_mode: Literal["batch", "streaming"] = Field(
+        default="batch",
+        description="batch: one rollout batch at a time; streaming: a free slot starts the next batch's trajectories "
+        "as soon as the staleness bound allows, and training takes each batch once it is complete",
+    )
+    partial_rollout: bool = Field(
+        default=False,
+        description="streaming: a weight update reaches workers with trajectories in flight (they go on under the new "
+        "weights; staleness counts their oldest segment) instead of waiting for the worker to drain",
+    )
 
     _split_home = field_validator("home", mode="before")(parse_gpus)
 
@@ -294,6 +304,8 @@ class JobModel(StrictModel):
         for role in REQUIRED_ROLES:
             if role not in self.roles:
                 raise ValueError(f"roles.{role} is missing; every job maps actor_train and actor_infer")
+        if self.partial_rollout and self.rollout_mode != "streaming":
+            raise ValueError("partial_rollout needs rollout_mode 'streaming'")
         return self
 
     def spec(self, pipeline_id: str, *, resumable: bool) -> PipelineSpec:

@@ -102,6 +102,37 @@ def rollout_may_start(step: int, trained: int, staleness: int) -> bool:
     return gate is None or trained > gate
 
 
+class WeightGate(enum.Enum):
+    """What a rollout worker does before a trajectory starts on it (:func:`weight_gate`)."""
+
+    START = "start"  # it holds weights the trajectory may use: start it
+    SYNC = "sync"  # load newer full weights first, then start it
+    WAIT = "wait"  # it must drain first: nothing more starts on it until its running trajectories end
+
+
+_START, _SYNC, _WAIT = WeightGate.START, WeightGate.SYNC, WeightGate.WAIT  # read once: the replay calls the gate per trajectory
+
+
+def weight_gate(have: int, need: int, newest: int, *, idle: bool, streaming: bool, partial: bool) -> tuple[WeightGate, int]:
+    """The one rule, in both shells, for the full weights under a trajectory: may one that needs weights
+    ``need`` (its batch's version: none older may produce its tokens) start on a worker holding
+    ``have`` (-1: none), when ``newest`` is the newest trained version? Returns the decision and the
+    version the trajectory is to meet (``have`` where it starts at once).
+
+    - It starts where the worker's weights are new enough, except that under streaming an ``idle``
+      worker first moves to the newest weights (nothing of its own runs on the old ones).
+    - Otherwise the worker syncs, to ``need`` (batch mode) or the newest (streaming), if it is idle, or
+      under ``partial`` rollout (its running trajectories go on under the new weights).
+    - Otherwise it waits: full weights change only on an idle worker.
+    """
+    want = max(newest, need) if streaming else need
+    if have >= need and not (streaming and idle and have < want):
+        return _START, have
+    if idle or partial:
+        return _SYNC, want
+    return _WAIT, want
+
+
 # ------------------------------------------------------------------ demand
 
 

@@ -135,8 +135,8 @@ class DropBatch:
 
 @dataclass(frozen=True, kw_only=True)
 class Publish:
-    """``stream``'s weights after training are ``version``: cache them, sync live workers; answer
-    :meth:`StepMachine.published`. ``last``: the stream produces no further step."""
+    """``stream``'s weights after training are ``version``: cache them (rollout workers take them by
+    :func:`rlix.job.weight_gate`); answer :meth:`StepMachine.published`. ``last``: the stream produces no further step."""
 
     stream: int
     version: int
@@ -314,6 +314,37 @@ class JobPlan:
         (:attr:`PipelineSpec.total_trajectories`): its backlog never exceeds what of them it has
         neither finished nor open."""
         return sum(self.size(i, k) for i, s in enumerate(self.streams) for k in range(s.steps))
+
+
+class PlannedJob(Protocol):
+    """The job fields a plan reads: :class:`rlix.config.JobModel` has them, so a trace's pipeline and an
+    ``rlix-run`` job are planned alike."""
+
+    @property
+    def staleness(self) -> int: ...
+
+    @property
+    def rollout_mode(self) -> str: ...
+
+
+def job_plan(
+    job: PlannedJob,
+    streams: Sequence[StreamSpec],
+    stages: Callable[[int, int], Sequence[Stage]],
+    size: Callable[[int, int], int],
+    *,
+    share_load: bool = False,
+) -> JobPlan:
+    """The plan of ``job``, whichever shell runs it: its streams, each step's stages and batch size (the
+    shell's to say: a trace lists them, a recipe draws them), and the job's staleness and rollout mode."""
+    return JobPlan(
+        streams=tuple(streams),
+        stages=stages,
+        size=size,
+        staleness=job.staleness,
+        streaming=job.rollout_mode == "streaming",
+        share_load=share_load,
+    )
 
 
 class Rollouts:
@@ -552,7 +583,7 @@ class StepMachine:
         return out + self._next_tick()
 
     def published(self, stream: int, now: float) -> list[Effect]:
-        """The trained weights are cached and live workers have them: the step is trained."""
+        """The trained weights are cached (and with the workers the weight gate moves at once): the step is trained."""
         tick = self.tick
         if tick is None or tick.stream != stream or tick.index < len(tick.stages):
             raise RuntimeError(f"stream {stream} has no training waiting for its weights")

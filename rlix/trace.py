@@ -274,16 +274,6 @@ class PipelineModel(JobModel):
     preempt: Literal["continue", "requeue"] = Field(default="continue", description="fate of a trajectory on a shrunk worker")
     init_s: Seconds = Field(default=30.0, description="model load before the first step")
     switch: SwitchModel = Field(default_factory=SwitchModel)
-    rollout_mode: Literal["batch", "streaming"] = Field(
-        default="batch",
-        description="batch: one rollout batch at a time; streaming: a free slot starts the next batch's trajectories "
-        "as soon as the staleness bound allows, and training takes each batch once it is complete",
-    )
-    partial_rollout: bool = Field(
-        default=False,
-        description="streaming: a weight update reaches workers with trajectories in flight (they go on under the new "
-        "weights; staleness counts their oldest segment) instead of waiting for the worker to drain",
-    )
     decode_speed: DecodeSpeedModel | None = Field(default=None, description="default: every trajectory decodes at full speed")
     dispatch: Literal["predicted", "drawn"] = Field(
         default="predicted",
@@ -310,8 +300,6 @@ class PipelineModel(JobModel):
                 raise ValueError("'adapters' is only for kind multi_lora")
             if (self.steps is None) == (self.generate is None):
                 raise ValueError("give exactly one of 'steps' (explicit) or 'generate' (compact)")
-        if self.partial_rollout and self.rollout_mode != "streaming":
-            raise ValueError("partial_rollout needs rollout_mode 'streaming'")
         return self
 
     def job_ids(self) -> list[str]:

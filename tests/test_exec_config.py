@@ -125,3 +125,25 @@ def test_tenants_in_a_run_config():
     assert_config_error_names(raw, "jobs[1].tenant: 'ops' is not declared in scheduler.tenants")
     raw["scheduler"].pop("tenants")  # naming the shared scheduler's tenants: checked when the job registers
     assert parse_config(raw).jobs[1].tenant == "ops"
+
+
+def test_a_jobs_rollout_mode_reaches_its_step_machine_as_a_traces_does():
+    """The plan is built by one function in both shells (rlix.step.job_plan): streaming and
+    staleness mean the same whether an rlix-run job or a trace's pipeline asks for them."""
+    from rlix.step import StreamSpec, job_plan
+    from rlix.trace import PipelineModel
+
+    raw = _base()
+    raw["jobs"][1].update(rollout_mode="streaming", partial_rollout=True)
+    cfg = parse_config(raw)
+    pipeline = PipelineModel.model_validate(
+        {"id": "large", "roles": raw["jobs"][1]["roles"], "staleness": 1, "rollout_mode": "streaming", "steps": []}
+    )
+    plans = [
+        job_plan(job, [StreamSpec(name="", steps=2)], stages=lambda i, k: (), size=lambda i, k: 8)
+        for job in (*cfg.jobs, pipeline)
+    ]
+    assert [(p.streaming, p.staleness) for p in plans] == [(False, 0), (True, 1), (True, 1)]
+    assert [p.open_limit() for p in plans] == [8, 16, 16]  # streaming at staleness 1: two batches open at once
+    raw["jobs"][1]["rollout_mode"] = "batch"
+    assert_config_error_names(raw, "jobs[1]: partial_rollout needs rollout_mode 'streaming'")

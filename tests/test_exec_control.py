@@ -196,13 +196,14 @@ class _Gate:
 
 
 class _Worker:
-    """A rollout worker process: notes its calls; ``wake_gate`` and ``gen_gate`` hold wake and generate."""
+    """A rollout worker process: notes its calls; ``wake_gate``, ``sync_gate`` and ``gen_gate`` hold wake,
+    weight sync and generate."""
 
     def __init__(self, gpus, prepare_gate: _Gate) -> None:
         self.gpus = tuple(gpus)
         self.calls: list[tuple] = []
         self.handoffs: list[tuple] = []  # (weights, the hand-off's handles sent with them)
-        self.wake_gate, self.sleep_gate, self.gen_gate = _Gate(), _Gate(), _Gate()
+        self.wake_gate, self.sleep_gate, self.gen_gate, self.sync_gate = _Gate(), _Gate(), _Gate(), _Gate()
         self.dies_in_rollout = False
         self.cold = False  # its next wake builds the engine (as a vLLM worker's first wake on a GPU)
         self.refuse_wake: Exception | None = None  # raised by its next wake (as a device short of memory does)
@@ -224,6 +225,7 @@ class _Worker:
         async def update_weights(full, handoff=None):
             self.calls.append(("update_weights", full))
             self.handoffs.append((full, handoff))
+            await self.sync_gate.event.wait()
             return SwitchTiming(seconds=0.0, synced_bytes=10, version=int(full[1:]))
 
         async def sleep():
@@ -254,10 +256,10 @@ class _Worker:
 class _Job:
     """The coordinator's side of one pipeline's rollout control: its hooks, and what they were told."""
 
-    def __init__(self, *, slots: int = 1, wake_s: float = 5.0) -> None:
+    def __init__(self, *, slots: int = 1, wake_s: float = 5.0, rule=None) -> None:
         from rlix.exec.recorder import Recorder
         from rlix.exec.rollout.control import RolloutControl
-        from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
+        from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule
         from rlix.exec.rollout.pool import WorkerPool
         from rlix.exec.rollout.queue import RolloutQueue
 
@@ -293,6 +295,7 @@ class _Job:
             deadlines=Deadlines(wake_s=wake_s, call_s=5.0, rollout_s=5.0),
             model_dir="/model",
             procs=procs,
+            rule=rule or WeightRule(),
         )
 
     def _changed(self) -> None:
@@ -312,18 +315,20 @@ class _Job:
     def marks(self, gpu: int) -> list[Activity]:
         return [e.activity for e in self.ctl.rec.events if gpu in e.gpus]
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, *, step: int = 0, version: int = 0) -> None:
+        """Queue ``n`` trajectories of ``step`` (ids on from ``n * step``), a batch that needs weights ``version``."""
         from rlix.exec.data.recipe import Trajectory
         from rlix.exec.data.sources import PromptItem
 
-        reqs = [GenRequest(traj_id=i, prompt_ids=(1, 2), max_new_tokens=4) for i in range(n)]
+        reqs = [GenRequest(traj_id=n * step + i, prompt_ids=(1, 2), max_new_tokens=4) for i in range(n)]
         self.queue.add(
             [
                 Trajectory(
-                    step=0, prompt=PromptItem(row=r.traj_id, prompt="x", prompt_ids=(), columns=(("answer", "x"),)), request=r
+                    step=step, prompt=PromptItem(row=r.traj_id, prompt="x", prompt_ids=(), columns=(("answer", "x"),)), request=r
                 )
                 for r in reqs
-            ]
+            ],
+            version,
         )
 
 
@@ -570,6 +575,146 @@ def test_a_newer_weight_version_published_during_a_wake_is_synced_before_work():
     w = asyncio.run(scenario())
     assert w.calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("generate", 0)]
     assert w.handoffs == [("w0", "h0"), ("w1", "h1")]  # each version with its own handles
+
+
+async def _published_while_busy(rule):
+    """A worker with two slots runs trajectory 0 of step 0 on weights 0 (held open); version 1 is published
+    and step 1's trajectory 1 (needs version 1) queued behind it. Returns (worker, its calls then, the job)."""
+    job = _Job(slots=2, rule=rule)
+    job.add(1)
+    await _warm(job, (0,))
+    w = job.worker((0,))
+    w.gen_gate = _Gate(open_=False)
+    await job.ctl.expand((0,))
+    await _settle()
+    job.version = 1
+    await job.ctl.push("")
+    job.add(1, step=1, version=1)
+    job.ctl.dispatch()
+    await _settle()
+    return w, list(w.calls), job
+
+
+def test_new_full_weights_wait_for_a_busy_worker_to_drain_and_nothing_starts_on_old_ones():
+    """Batch mode (and streaming without partial rollout): full weights change only on an idle worker
+    (rlix.job.weight_gate, as in the simulator). The busy worker gets no sync at the publish, and
+    step 1's trajectory does not start on its old weights: once trajectory 0 ends it syncs, then runs it."""
+    from rlix.exec.rollout.hooks import WeightRule
+
+    async def scenario(rule):
+        w, before, job = await _published_while_busy(rule)
+        w.gen_gate.event.set()
+        await _settle()
+        return w, before, job
+
+    for rule in (WeightRule(), WeightRule(streaming=True)):
+        w, before, job = asyncio.run(scenario(rule))
+        assert before == [("prepare",), ("wake", "w0"), ("generate", 0)], rule
+        assert w.calls[3:] == [("update_weights", "w1"), ("generate", 1)], rule
+        assert sorted(job.finished) == [0, 1] and job.pool.workers[0].version == 1
+
+
+def test_partial_rollout_syncs_under_running_trajectories_when_newer_weights_are_needed():
+    """Streaming with partial rollout: the trajectory that needs version 1 has the busy worker sync under
+    the one still running (it goes on under the new weights), and starts beside it."""
+    from rlix.exec.rollout.hooks import WeightRule
+
+    async def scenario():
+        w, before, _ = await _published_while_busy(WeightRule(streaming=True, partial=True))
+        w.gen_gate.event.set()
+        await _settle()
+        return before
+
+    assert asyncio.run(scenario()) == [("prepare",), ("wake", "w0"), ("generate", 0), ("update_weights", "w1"), ("generate", 1)]
+
+
+def test_an_idle_worker_moves_to_new_weights_at_the_publish_only_under_streaming():
+    """Streaming: an idle worker takes the newest weights as they are published, before a trajectory
+    needs them. Batch mode: it syncs when the next batch's first trajectory is to start on it."""
+    from rlix.exec.rollout.hooks import WeightRule
+
+    async def scenario(rule):
+        job = _Job(rule=rule)
+        await _warm(job, (0,))
+        await job.ctl.expand((0,))
+        job.version = 1
+        await job.ctl.push("")
+        await _settle()
+        at_publish = list(job.worker((0,)).calls)
+        job.add(1, step=1, version=1)
+        job.ctl.dispatch()
+        await _settle()
+        return at_publish, job.worker((0,)).calls
+
+    streaming, batch = asyncio.run(scenario(WeightRule(streaming=True))), asyncio.run(scenario(WeightRule()))
+    assert streaming[0] == [("prepare",), ("wake", "w0"), ("update_weights", "w1")]
+    assert streaming[1][3:] == [("generate", 1)]
+    assert batch[0] == [("prepare",), ("wake", "w0")]
+    assert batch[1][2:] == [("update_weights", "w1"), ("generate", 1)]
+
+
+async def _syncing(rule):
+    """An idle awake worker on GPU 0 whose sync to version 1 (started by the publish) is held open, and a
+    trajectory of step 1 (needs version 1) queued: the job."""
+    job = _Job(rule=rule)
+    await _warm(job, (0,))
+    await job.ctl.expand((0,))
+    job.worker((0,)).sync_gate = _Gate(open_=False)
+    job.version = 1
+    job.add(1, step=1, version=1)
+    job.ctl.dispatch()  # the gate starts the worker's sync
+    await _settle()
+    return job
+
+
+def test_a_publish_beside_a_sync_already_under_way_sends_the_weights_once():
+    """Streaming: the trajectory that needs version 1 started the idle worker's sync; the publish's own
+    move of idle workers finds it syncing and sends nothing more; the trajectory starts once it is done."""
+    from rlix.exec.rollout.hooks import WeightRule
+
+    async def scenario():
+        job = await _syncing(WeightRule(streaming=True))
+        push = asyncio.ensure_future(job.ctl.push(""))
+        await _settle()
+        job.worker((0,)).sync_gate.event.set()
+        await asyncio.wait_for(push, 1.0)
+        await _settle()
+        return job.worker((0,)).calls
+
+    assert asyncio.run(scenario()) == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("generate", 1)]
+
+
+def test_a_shrink_behind_a_sync_runs_nothing_more_on_the_worker():
+    """The plan takes GPU 0 back while its worker syncs: the shrink waits for the sync, and the
+    trajectory the sync was for does not start on the leaving worker; it stays queued."""
+
+    async def scenario():
+        job = await _syncing(None)
+        shrink = asyncio.ensure_future(job.ctl.shrink((0,), "gang"))
+        await _settle()
+        job.worker((0,)).sync_gate.event.set()
+        await asyncio.wait_for(shrink, 1.0)
+        await _settle()
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.worker((0,)).calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1"), ("sleep",)]
+    assert len(job.queue) == 1 and job.finished == []
+
+
+def test_teardown_cancels_a_sync_and_nothing_starts_after_it():
+    async def scenario():
+        job = await _syncing(None)
+        starts = job.ctl.starts()
+        job.ctl.end()
+        for task in starts:
+            task.cancel()
+        await _settle()
+        return job, starts
+
+    job, starts = asyncio.run(scenario())
+    assert [t.cancelled() for t in starts] == [False, True] and job.ctl.syncs == {}  # the process start, the sync
+    assert job.worker((0,)).calls == [("prepare",), ("wake", "w0"), ("update_weights", "w1")]
 
 
 def test_a_worker_woken_once_the_handles_were_withdrawn_is_sent_none():

@@ -118,7 +118,9 @@ class _Recipe:
         return ScoredStep(samples=(), rewards=(self.rewards[trajs[0].step],) * len(trajs))
 
 
-async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=None, timeout_s: float = 20.0):
+async def _run_job(
+    *, steps: int, staleness: int = 0, streaming: bool = False, rewards=None, stop_reward=None, timeout_s: float = 20.0
+):
     """One job on 2 GPUs (trains on GPU 0, rolls out on 0-1) driven to its end, or to its failure."""
     from rlix.exec.config import LimitsConfig
     from rlix.exec.control.scheduler_link import SchedulerLink
@@ -126,7 +128,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
     from rlix.exec.recorder import Recorder
     from rlix.exec.records import JobStatus
     from rlix.exec.rollout.control import RolloutControl
-    from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes
+    from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule
     from rlix.exec.rollout.pool import WorkerPool
     from rlix.exec.rollout.queue import RolloutQueue
     from rlix.exec.service.scheduler_actor import SchedulerActor
@@ -169,7 +171,10 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
     )
     procs = Processes(kill=lambda handle: None, died=(ConnectionError,), refused=(ValueError,))
     deadlines = Deadlines(wake_s=5.0, call_s=5.0, rollout_s=5.0)
-    rollout = RolloutControl(pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs)
+    rule = WeightRule(streaming=streaming, partial=streaming)  # as the coordinator makes it from the job's fields
+    rollout = RolloutControl(
+        pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs, rule=rule
+    )
     coordinator = type("Coordinator", (), {"expand": Remote(rollout.expand), "shrink": Remote(rollout.shrink)})()
     await actor.register(job, coordinator)
     recipe = _Recipe(rewards or [0.5] * steps)
@@ -178,6 +183,7 @@ async def _run_job(*, steps: int, staleness: int = 0, rewards=None, stop_reward=
         stages=lambda i, k: STAGES,
         size=lambda i, k: recipe.step_size(k),
         staleness=staleness,
+        streaming=streaming,
     )
     reports = []
     parts = Parts(
@@ -239,6 +245,26 @@ def test_a_stream_that_stops_drops_its_queued_batch_and_loses_nothing():
     assert [s.step for s in result.steps] == [0]
     assert result.lost == 0 and {t.step for t in result.trajectories} == {0}
     assert trainer.calls.count("train") == 1
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_streaming_rolls_out_the_next_batch_beside_the_one_before_within_the_staleness_bound(streaming):
+    """Staleness 1. In batch mode a step's rollout starts once the one before it has rolled out; with
+    streaming, steps 0 and 1 roll out together from the model load on (each later one as soon as the
+    gate lets it: the step two before it is trained). Either way no trajectory ran on weights older
+    than its step allows, and every step trained."""
+    runner, _, result, failures, _ = asyncio.run(_run_job(steps=4, staleness=1, streaming=streaming))
+    assert failures == [] and runner.ended.done()
+    assert [s.step for s in result.steps] == [0, 1, 2, 3] and result.lost == 0
+    assert all(t.weight_version >= t.step - 1 for t in result.trajectories)
+    history = {t.step: t for t in runner.machine.history}
+    overlapped = [history[k + 1].rollout_start < history[k].rollout_end for k in range(3)]
+    if streaming:
+        assert history[1].rollout_start == history[0].rollout_start and overlapped[0]
+        assert runner.machine.plan.open_limit() == 4  # two batches of two may be open at once
+    else:
+        assert not any(overlapped)
+        assert runner.machine.plan.open_limit() == 2
 
 
 def test_a_reward_function_that_raises_fails_the_job_instead_of_hanging_it(tmp_path):

@@ -11,6 +11,7 @@ from rlix.job import (
     JobModelError,
     JobShape,
     StepShape,
+    WeightGate,
     check_stage_roles,
     demand_report,
     executor_stages,
@@ -23,6 +24,7 @@ from rlix.job import (
     stage_gpus,
     stage_role,
     step_sequence,
+    weight_gate,
 )
 from rlix.metrics import Activity
 
@@ -129,3 +131,22 @@ def test_lower_bounds_count_tp_width_and_staleness_overlap():
     assert path == pytest.approx(5 + 10 + 5 + 10 + 5)  # on-policy: step 1's rollout waits for step 0's training
     _, overlapped = lower_bounds([_job(1)], num_gpus=4)
     assert overlapped == pytest.approx(5 + 10 + 10 + 5)  # staleness 1: step 1 rolls out while step 0 trains
+
+
+@pytest.mark.parametrize(
+    ("have", "need", "newest", "idle", "streaming", "partial", "expected"),
+    [
+        (1, 1, 1, False, False, False, (WeightGate.START, 1)),  # new enough: starts, busy or not
+        (1, 1, 2, True, False, False, (WeightGate.START, 1)),  # batch mode: an idle worker stays on what suffices
+        (1, 1, 2, True, True, False, (WeightGate.SYNC, 2)),  # streaming: an idle worker moves to the newest first
+        (1, 1, 2, False, True, False, (WeightGate.START, 1)),  # ... a busy one keeps going
+        (0, 2, 2, True, False, False, (WeightGate.SYNC, 2)),  # too old, idle: sync to what the batch needs
+        (0, 1, 2, True, False, False, (WeightGate.SYNC, 1)),  # batch mode syncs to the batch's version
+        (0, 1, 2, False, False, False, (WeightGate.WAIT, 1)),  # too old and busy: drain first
+        (0, 1, 2, False, True, False, (WeightGate.WAIT, 2)),
+        (0, 1, 2, False, True, True, (WeightGate.SYNC, 2)),  # partial rollout: sync under running trajectories
+        (-1, 0, 0, True, False, False, (WeightGate.SYNC, 0)),  # no weights at all
+    ],
+)
+def test_the_weight_gate(have, need, newest, idle, streaming, partial, expected):
+    assert weight_gate(have, need, newest, idle=idle, streaming=streaming, partial=partial) == expected

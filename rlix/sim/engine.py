@@ -30,11 +30,14 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
-from rlix.job import WorkerPhase, worker_booking
+from rlix.job import WeightGate, WorkerPhase, weight_gate, worker_booking
 from rlix.lengths import Group, LengthPredictor, PredictedQueue
 from rlix.metrics import UsageRecorder
 
 Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
+
+
+_START, _SYNC = WeightGate.START, WeightGate.SYNC  # read once: ready_for runs per trajectory start
 
 
 def book_worker(usage: UsageRecorder, gpus, now: float, phase: WorkerPhase, pipeline_id: str = "", fill: float = 1.0) -> None:
@@ -247,21 +250,26 @@ class WeightLoader:
 
     def ready_for(self, w: SimWorker, batch: Batch, now: float) -> float | None:
         """Seconds of adapter load before a trajectory of ``batch`` starts on ``w``, or None if
-        none may start now (a weight sync was just started, or the worker must drain first)."""
-        have = w.versions.get(batch.stream, -1)
-        if have >= batch.version and not (self.opts.streaming and not w.active):
-            return 0.0  # the usual case, checked first: it holds weights recent enough
-        want = self.newest.get(batch.stream, batch.version) if self.opts.streaming else batch.version
-        if not (have < batch.version or (self.opts.streaming and not w.active and have < want)):
+        none may start now (a weight sync was just started, or the worker must drain first):
+        :func:`rlix.job.weight_gate` decides."""
+        stream, opts = batch.stream, self.opts
+        gate, version = weight_gate(
+            w.versions.get(stream, -1),
+            batch.version,
+            self.newest.get(stream, batch.version),
+            idle=not w.active,
+            streaming=opts.streaming,
+            partial=opts.partial,
+        )
+        if gate is _START:
             return 0.0
         if not batch.lora:
-            if not w.active or self.opts.partial:  # full weights change only on an idle worker
-                # Sync the newest weights before decoding (on demand, from the CPU copy).
-                self.sync(w, batch.stream, max(want, batch.version), now)
+            if gate is _SYNC:
+                self.sync(w, stream, version, now)  # the newest weights before decoding (on demand, from the CPU copy)
             return None
-        w.versions[batch.stream] = max(want, batch.version)
-        self.switch_extra += self.opts.adapter_sync_s * len(w.worker.gpus)
-        return self.opts.adapter_sync_s
+        w.versions[stream] = version  # an adapter loads beside the others, busy or not: only this trajectory waits
+        self.switch_extra += opts.adapter_sync_s * len(w.worker.gpus)
+        return opts.adapter_sync_s
 
     def sync(self, w: SimWorker, stream: int, version: int, now: float) -> None:
         """Load full weights ``version`` on ``w``; running trajectories (partial rollout) pause meanwhile."""
@@ -275,12 +283,16 @@ class WeightLoader:
         book_worker(self.usage, w.worker.gpus, now, WorkerPhase.WEIGHT_SYNC, self.pipeline_id)
 
     def refresh_idle(self, w: SimWorker, now: float) -> bool:
-        """Streaming: an idle full-weight worker moves to the newest weights before it is needed."""
-        if self.opts.lora or w.active or w.ready_at > now:
+        """An idle full-weight worker moves to the newest weights before a trajectory needs them, where
+        :func:`rlix.job.weight_gate` says so (under streaming)."""
+        opts = self.opts
+        if opts.lora or w.active or w.ready_at > now:
             return False  # adapters load per trajectory instead
         for stream in sorted(self.newest):
-            if w.versions.get(stream, -1) < self.newest[stream]:
-                self.sync(w, stream, self.newest[stream], now)
+            have = w.versions.get(stream, -1)
+            gate, version = weight_gate(have, -1, self.newest[stream], idle=True, streaming=opts.streaming, partial=opts.partial)
+            if gate is WeightGate.SYNC:
+                self.sync(w, stream, version, now)
                 return True
         return False
 

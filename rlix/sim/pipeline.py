@@ -40,6 +40,7 @@ from rlix.step import (
     StepTimes,
     StreamSpec,
     Work,
+    job_plan,
 )
 from rlix.trace import PipelineModel, Step, speed_curve
 
@@ -58,14 +59,13 @@ class Host:
     park: Callable[[str, tuple[int, ...], float], None]  # a released gang's model stays on these GPUs (offload seconds owed)
 
 
-def job_plan(model: PipelineModel, streams: list[tuple[str, list[Step]]]) -> JobPlan:
+def plan_of(model: PipelineModel, streams: list[tuple[str, list[Step]]]) -> JobPlan:
     """The trace's streams as the step machine sees them."""
-    return JobPlan(
-        streams=tuple(StreamSpec(name=name, steps=len(steps)) for name, steps in streams),
+    return job_plan(
+        model,
+        [StreamSpec(name=name, steps=len(steps)) for name, steps in streams],
         stages=lambda i, k: step_sequence(streams[i][1][k].stages),
         size=lambda i, k: len(streams[i][1][k].trajectories),
-        staleness=model.staleness,
-        streaming=model.rollout_mode == "streaming",
         share_load=model.stage_cost.share_load,
     )
 
@@ -80,7 +80,7 @@ class SimPipeline:
         self.pid = model.id
         self.streams = streams
         self.lora = model.kind == "multi_lora"
-        self.machine = StepMachine(spec, job_plan(model, streams))
+        self.machine = StepMachine(spec, plan_of(model, streams))
         self.driver = Driver(self)
         self.spec = self.machine.spec  # as registered: with its open_limit
         self.tally = PipelineTally(arrival_s=model.arrival_s, step_latencies=self.machine.latencies, tenant=spec.tenant)

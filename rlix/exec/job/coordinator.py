@@ -38,14 +38,14 @@ from rlix.exec.placement import actor_options
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import JobStatus
 from rlix.exec.rollout.control import RolloutControl
-from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
+from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule, ray_processes
 from rlix.exec.rollout.pool import WorkerPool
 from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.job import executor_stages, stage_role, warm_order
 from rlix.metrics import Activity
 from rlix.protocol import GpuMap, JobNote, Stopped
-from rlix.step import JobPlan, StepMachine, StreamSpec, declared_spec
+from rlix.step import JobPlan, StepMachine, StreamSpec, declared_spec, job_plan
 
 
 def job_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) -> tuple[list[StreamSpec], list[Recipe]]:
@@ -56,12 +56,10 @@ def job_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) ->
     return [StreamSpec(name="", steps=job.steps)], [recipe or Recipe.for_job(job, model_dir)]
 
 
-def job_plan(job: JobConfig, streams: list[StreamSpec], recipes: list[Recipe]) -> JobPlan:
-    """The job as the step machine sees it: every step runs the GRPO stages."""
+def plan_of(job: JobConfig, streams: list[StreamSpec], recipes: list[Recipe]) -> JobPlan:
+    """The job as the step machine sees it: every step runs the GRPO stages, on the batches its recipes draw."""
     stages = executor_stages(kl=job.algo.kl_coef > 0)
-    return JobPlan(
-        streams=tuple(streams), stages=lambda i, k: stages, size=lambda i, k: recipes[i].step_size(k), staleness=job.staleness
-    )
+    return job_plan(job, streams, stages=lambda i, k: stages, size=lambda i, k: recipes[i].step_size(k))
 
 
 def job_phase(runner: StepRunner | None, link: SchedulerLink, arrival_s: float) -> tuple[str, float]:
@@ -190,7 +188,7 @@ class PipelineCoordinator:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.gpu_map, self.emulation, self.t0 = cluster, gpu_map, emulation, t0
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
-        self.spec = declared_spec(job.pipeline_spec(pipeline_id), job_plan(job, self.streams, self.recipes))
+        self.spec = declared_spec(job.pipeline_spec(pipeline_id), plan_of(job, self.streams, self.recipes))
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)
         self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
         self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
@@ -260,7 +258,10 @@ class PipelineCoordinator:
             handoff=self._handoff,
         )
         rollout = {"pool": self.pool, "queue": self.queue, "recorder": self.rec, "model_dir": self.model_dir, "procs": self.procs}
-        self.rollout = RolloutControl(hooks=hooks, deadlines=deadlines_of(self.job.limits), **rollout)
+        rule = WeightRule(
+            full=self.job.lora_spec() is None, streaming=self.job.rollout_mode == "streaming", partial=self.job.partial_rollout
+        )
+        self.rollout = RolloutControl(hooks=hooks, deadlines=deadlines_of(self.job.limits), rule=rule, **rollout)
         parts = Parts(
             link=self.link,
             rollout=self.rollout,
@@ -271,7 +272,7 @@ class PipelineCoordinator:
             steplog=self.steplog,
             crash_at_step=self.job.fault.crash_at_step,
         )
-        machine = StepMachine(self.spec, job_plan(self.job, self.streams, self.recipes))
+        machine = StepMachine(self.spec, plan_of(self.job, self.streams, self.recipes))
         return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
 
     def _on_loaded(self) -> None:

@@ -10,7 +10,9 @@ out on the cluster and feeds each outcome back:
   to awake workers; a batch whose trajectories all finished is ``rolled``;
 - a score: the recipe scores the batch (the user's reward functions);
 - a publish: the trained weights into the trainer's CPU cache, then to the
-  live rollout workers, then ``published``.
+  rollout workers the weight gate moves at once (:func:`rlix.job.weight_gate`:
+  idle ones under streaming; the others when a trajectory needs them), then
+  ``published``.
 
 Effects that take time run as tasks; the machine is touched only from this
 event loop. A task that raises fails the job (through ``fatal``).
@@ -222,7 +224,7 @@ class StepRunner:
     def queue_batch(self, e: QueueBatch) -> None:
         trajs = self.recipes[e.stream].trajectories(e.step)
         self.batches[(e.stream, e.step)] = OpenBatch(trajs=trajs, started_s=self.now())
-        self.p.queue.add(trajs)
+        self.p.queue.add(trajs, e.version)
         self.p.rollout.dispatch()
 
     def drop_batch(self, e: DropBatch) -> None:
@@ -262,7 +264,7 @@ class StepRunner:
             if self.releasing is not None:
                 await self.releasing  # the release (with the batch it opens) goes first
             name, step = self.names[e.stream], e.version - 1
-            # Into the CPU cache, then to live workers, before the gate opens.
+            # Into the CPU cache, then to the workers the weight gate moves now, before the machine hears of it.
             await self.trainer.publish(name, e.version, last=e.last)
             await self.p.rollout.push(name)
             self._record(e.stream, step)

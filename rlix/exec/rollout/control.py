@@ -34,11 +34,11 @@ from rlix.exec.messages import SwitchTiming
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import SwitchKind
 from rlix.exec.rollout.dispatch import Dispatch, book_worker
-from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, ray_processes
+from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule, ray_processes
 from rlix.exec.rollout.lifecycle import WorkerLifecycle
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
-from rlix.exec.rollout.queue import RolloutQueue
-from rlix.job import WorkerPhase
+from rlix.exec.rollout.queue import Queued, RolloutQueue
+from rlix.job import WeightGate, WorkerPhase, weight_gate
 
 
 class RolloutControl:
@@ -54,6 +54,7 @@ class RolloutControl:
         deadlines: Deadlines,
         model_dir: str,
         procs: Processes | None = None,
+        rule: WeightRule = WeightRule(),
     ) -> None:
         self.pool = pool
         self.rec = recorder
@@ -71,8 +72,11 @@ class RolloutControl:
             procs=procs,
             rollout_s=deadlines.rollout_s,
             kill=self.life.kill,
+            ready=self.ready,
         )
+        self.rule = rule
         self.locks: dict[int, asyncio.Lock] = {}
+        self.syncs: dict[int, asyncio.Task] = {}  # first GPU -> the weight sync its gate started
 
     def _mark(self, w: Worker, phase: WorkerPhase) -> None:
         book_worker(self.rec, self.hooks.now(), w, phase)
@@ -85,8 +89,9 @@ class RolloutControl:
         self.life.warm(bundles, spare=spare)
 
     def starts(self) -> list:
-        """The tasks starting worker processes (teardown cancels them: a spare waiting its turn never starts)."""
-        return list(self.life.starting.values())
+        """The tasks starting worker processes or syncing their weights (teardown cancels them: a spare
+        waiting its turn never starts)."""
+        return [*self.life.starting.values(), *self.syncs.values()]
 
     def end(self) -> list:
         """The job is over: the handles of every worker process it started, for teardown to kill
@@ -121,6 +126,7 @@ class RolloutControl:
                 self.life.kill(w, f"wake failed: {exc}")
                 return
             self.pool.move(w, WorkerState.AWAKE)
+            w.version = timing.version
             kind = SwitchKind.COLD_START if timing.cold else SwitchKind.WAKE  # an engine built on the GPUs is no wake
             self.rec.switch(kind, t, self.hooks.now() - t, timing.synced_bytes, timing.sync_path)
             if w.generation == gen:
@@ -206,18 +212,64 @@ class RolloutControl:
         """Start queued trajectories on free slots of awake workers."""
         self.runner.dispatch()
 
+    def ready(self, w: Worker, q: Queued) -> bool:
+        """May ``q`` start on ``w`` now? :func:`rlix.job.weight_gate` decides, as in the simulator; a worker
+        it sends to sync first starts its sync here. A sync brings the newest weights, the only version
+        the trainer's cache keeps. A LoRA job's base never changes: its adapters reach live workers when
+        they are published, and load beside running trajectories. Nothing starts on a worker the plan
+        has taken back (a shrink waiting for its lock)."""
+        if not w.granted or w.leaving:
+            return False
+        if not self.rule.full:
+            return True
+        if w.first in self.syncs:
+            return False
+        newest = self.hooks.weights()[1]
+        gate, version = self._gate(w, q.need, newest)
+        if gate is WeightGate.SYNC:
+            if version > newest:  # a batch is queued only once its weights are published
+                raise RuntimeError(f"trajectory {q.traj_id} needs weights {q.need}; the newest published are {newest}")
+            self._sync(w)
+            return False
+        return gate is WeightGate.START
+
+    def _gate(self, w: Worker, need: int, newest: int) -> tuple[WeightGate, int]:
+        rule = self.rule
+        return weight_gate(w.version, need, newest, idle=not w.inflight, streaming=rule.streaming, partial=rule.partial)
+
+    def _sync(self, w: Worker) -> asyncio.Task:
+        """Sync ``w`` to the newest full weights; once it has them, queued trajectories may start on it."""
+        task = self.syncs[w.first] = asyncio.get_running_loop().create_task(self._push(w, ""))
+        task.add_done_callback(lambda t: self._synced(w.first, t))
+        return task
+
+    def _synced(self, first: int, task: asyncio.Task) -> None:
+        if self.syncs.get(first) is task:
+            del self.syncs[first]
+        if not task.cancelled() and not self.life.ended:  # teardown cancels syncs: nothing more starts then
+            self.dispatch()
+
     # ------------------------------------------------------------ weight pushes
 
     async def push(self, adapter: str) -> None:
-        """Push a new version (the full weights, or one adapter) to awake workers only."""
+        """A new version is published: an adapter goes to every awake worker; new full weights only
+        where :func:`rlix.job.weight_gate` moves a worker with no trajectory waiting for them (an idle
+        one under streaming). The others sync when a trajectory that needs them is to start on them."""
         live = self.pool.in_state(WorkerState.AWAKE)
-        await asyncio.gather(*(self._push(w, adapter) for w in live), return_exceptions=True)
+        if adapter or not self.rule.full:
+            await asyncio.gather(*(self._push(w, adapter) for w in live), return_exceptions=True)
+            return
+        newest = self.hooks.weights()[1]
+        moved = [w for w in live if w.first not in self.syncs and self._gate(w, -1, newest)[0] is WeightGate.SYNC]
+        await asyncio.gather(*(self._sync(w) for w in moved), return_exceptions=True)
 
     async def _push(self, w: Worker, adapter: str) -> None:
         async with self.locks.setdefault(w.first, asyncio.Lock()):
             if w.state is not WorkerState.AWAKE:
                 return
             full, version, adapters = self.hooks.weights()
+            if not adapter and w.version >= version:
+                return  # it has them already
             t = self.hooks.now()
             ref = next((r for n, r, _ in adapters if n == adapter), None) if adapter else None
             # The sync's GPU-seconds are switching, as the simulator books a live sync (switch_overhead_fraction).
@@ -228,6 +280,9 @@ class RolloutControl:
                 else:
                     sync = w.handle.update_weights.remote(full, handoff=self.hooks.handoff(version))
                     timing = await call(sync, self.deadlines.call_s, "weight sync")
+                    if timing.version < version:
+                        raise RuntimeError(f"it holds version {timing.version} after a sync to {version}")
+                    w.version = timing.version
             except Exception as exc:  # noqa: BLE001
                 self.life.kill(w, f"weight sync failed: {exc}")
                 return

@@ -45,6 +45,7 @@ class Dispatch:
         procs: Processes,
         rollout_s: float,
         kill: Callable[[Worker, str], None],
+        ready: Callable[[Worker, Queued], bool],
     ) -> None:
         self.pool = pool
         self.queue = queue
@@ -53,10 +54,11 @@ class Dispatch:
         self.procs = procs
         self.rollout_s = rollout_s  # deadline of one trajectory segment (seconds)
         self.kill = kill  # the control's: kill the worker, give its GPUs back
+        self.ready = ready  # the control's: may this trajectory start on this worker now (its weights)?
 
     def dispatch(self) -> None:
         idle = {w.first for w in self.pool.free_slots() if not w.inflight}
-        for w, q in self.queue.assign(self.pool):
+        for w, q in self.queue.assign(self.pool, self.ready):
             if w.first in idle:
                 idle.discard(w.first)
                 book_worker(self.rec, self.hooks.now(), w, WorkerPhase.BUSY)

@@ -38,6 +38,15 @@ class Hooks:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WeightRule:
+    """How new full weights reach a pipeline's workers, by the job's rollout mode (:func:`rlix.job.weight_gate`)."""
+
+    full: bool = True  # False: a LoRA job, whose base never changes (adapters load beside running trajectories)
+    streaming: bool = False
+    partial: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Processes:
     """What the control needs of the process runtime beside the handles' calls."""
 

@@ -67,6 +67,7 @@ class Worker:
     leaving: int = 0  # shrinks under way: the plan took the GPUs back, the worker is still on them
     handle: object | None = None
     inflight: dict[int, object] = field(default_factory=dict)  # trajectory id -> the shell's task
+    version: int = -1  # the full weights it holds, as its last wake or sync said (-1: none)
 
     @property
     def first(self) -> int:

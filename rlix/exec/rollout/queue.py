@@ -21,6 +21,7 @@ outcome:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlix.exec.data.recipe import Trajectory, continuation
@@ -44,6 +45,7 @@ class Queued:
     segments: int = 0
     min_version: int = 1 << 30  # oldest weight version that produced a token so far
     errors: int = 0  # application errors so far
+    need: int = 0  # its batch's weight version: no older full weights may produce its tokens
     group: Group | None = None  # its prompt's group in its step (the PredictedQueue's, with the three below)
     idx: int = 0  # drawn order, unique in the queue
     predicted: float = math.nan
@@ -76,8 +78,9 @@ class RolloutQueue:
         """Ids of the trajectories waiting for a slot, ascending."""
         return sorted(self._waiting)
 
-    def add(self, trajs: list[Trajectory]) -> None:
-        """Queue a batch: a prompt's samples in a step are its group (eval prompts apart from the trained ones).
+    def add(self, trajs: list[Trajectory], version: int = 0) -> None:
+        """Queue a batch that needs weights ``version`` or newer: a prompt's samples in a step are its
+        group (eval prompts apart from the trained ones).
 
         Trained samples name their group; eval ones have none (-1) and are grouped by their row.
         """
@@ -85,7 +88,7 @@ class RolloutQueue:
         made = []
         for t in trajs:
             key = (t.request.adapter, t.eval, t.step, t.prompt.row if t.eval else t.group)
-            q = Queued(traj=t, request=t.request, idx=self._made)
+            q = Queued(traj=t, request=t.request, idx=self._made, need=version)
             q.group = groups.get(key) or groups.setdefault(key, Group(key[:2], t.step, t.prompt.row, q.idx))
             self._made += 1
             self._waiting[q.traj_id] = q
@@ -97,15 +100,18 @@ class RolloutQueue:
         self.dropped |= traj_ids
         self.queue.discard([self._waiting.pop(i) for i in sorted(traj_ids) if i in self._waiting])
 
-    def assign(self, pool: WorkerPool) -> list[tuple[Worker, Queued]]:
-        """Fill free slots of awake workers, lowest GPU first.
+    def assign(
+        self, pool: WorkerPool, ready: Callable[[Worker, Queued], bool] = lambda w, q: True
+    ) -> list[tuple[Worker, Queued]]:
+        """Fill free slots of awake workers, lowest GPU first, while ``ready`` says the trajectory at
+        the front may start on the worker (its weights: :func:`rlix.job.weight_gate`).
 
         Each assigned trajectory takes its slot at once (``worker.inflight``
         gets its id, with no task yet); the caller starts each pair's task.
         """
         out = []
         for worker in pool.free_slots():
-            while self.queue and len(worker.inflight) < pool.slots_per_worker:
+            while self.queue and len(worker.inflight) < pool.slots_per_worker and ready(worker, self.queue[0]):
                 q = self.queue.popleft()
                 del self._waiting[q.traj_id]
                 worker.inflight[q.traj_id] = None

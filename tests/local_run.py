@@ -1,8 +1,8 @@
-"""Tests' reference loop: one job end to end in this process, without Ray or the scheduler.
+"""Tests' reference run: one job end to end in this process, without Ray or the scheduler.
 
-The same recipe, backend and learner the Ray executor uses, called in a
-plain loop, so the tests check the RL path (learning, LoRA adapters,
-checkpoints) apart from scheduling.
+The same step machine, recipe, backend and learner the Ray executor uses, the
+machine's effects answered at once in this process, so the tests check the RL
+path (learning, LoRA adapters, checkpoints) apart from scheduling.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rlix.core import Stage
 from rlix.exec.config import JobConfig
-from rlix.exec.data.recipe import Recipe
 from rlix.exec.rollout.torch_backend import Emulation, TorchRolloutBackend
 from rlix.exec.train.grpo import GrpoLearner
+from rlix.job import stage_gpus
+from rlix.step import Driver, DropBatch, Load, Offload, Publish, QueueBatch, RequestGang, Score, StepMachine, Work, declared_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,66 +52,117 @@ def _one_torch_thread() -> Iterator[None]:
 def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> list[LocalStep]:
     """A full-finetune job in this process: rollout, scoring, log-probs and training, step by step."""
     with _one_torch_thread():
-        return _run_full(job, workdir, emulation)
+        return _LocalShell(job, workdir, emulation).run()[""]
 
 
 def run_local_lora(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> dict[str, list[LocalStep]]:
-    """A multi_lora job in this process: adapters take ticks in turn (round robin)."""
+    """A multi_lora job in this process: each adapter's steps, as its step machine orders them."""
     with _one_torch_thread():
-        return _run_lora(job, workdir, emulation)
+        return _LocalShell(job, workdir, emulation).run()
 
 
-def _run_full(job: JobConfig, workdir: str | Path, emulation: Emulation) -> list[LocalStep]:
-    model_dir = job.model.directory(workdir)
-    recipe = Recipe.for_job(job, model_dir)
-    backend = TorchRolloutBackend(emulation)
-    backend.load(str(model_dir), "cpu", None)
-    learner = GrpoLearner(str(model_dir), "cpu", job.algo.value(job.seed), emulation)
-    out = []
-    for step in range(job.steps):
-        trajs = recipe.trajectories(step)
-        results = {t.request.traj_id: backend.generate(t.request) for t in trajs}
-        scored = recipe.score(trajs, results)
-        old = learner.logprobs(list(scored.samples))
-        samples = [replace(s, old_logprobs=o) for s, o in zip(scored.samples, old)]
-        if learner.ref is not None:
-            ref = learner.logprobs(samples, reference=True)
-            samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref)]
-        stats = learner.train(samples)
-        backend.update_weights(learner.publish())
-        tokens = sum(len(s.completion_ids) for s in samples) / len(samples)
-        out.append(LocalStep(step=step, mean_reward=scored.mean_reward, mean_tokens=tokens, loss=stats.loss))
-    return out
+class _LocalShell:
+    """The job's step machine (:mod:`rlix.step`, the one both shells drive), its effects carried out here
+    and answered at once: every gang is granted, a batch rolls out whole on one rollout engine, and the
+    stages run on the learner. Only the scheduler and the processes are left out."""
 
+    def __init__(self, job: JobConfig, workdir: str | Path, emulation: Emulation) -> None:
+        from rlix.exec.job.coordinator import job_streams, plan_of
 
-def _run_lora(job: JobConfig, workdir: str | Path, emulation: Emulation) -> dict[str, list[LocalStep]]:
-    from rlix.exec.train.lora import LoraLearner
+        model_dir = job.model.directory(workdir)
+        streams, self.recipes = job_streams(job, str(model_dir))
+        self.job, self.names = job, [s.name for s in streams]
+        plan = plan_of(job, streams, self.recipes)
+        self.machine = StepMachine(declared_spec(job.pipeline_spec(job.name), plan), plan)
+        self.driver = Driver(self)
+        spec = job.lora_spec()
+        self.backend = TorchRolloutBackend(emulation, lora=spec)
+        self.backend.load(str(model_dir), "cpu", None)
+        if spec is None:
+            self.learner = GrpoLearner(str(model_dir), "cpu", job.algo.value(job.seed), emulation)
+        else:
+            from rlix.exec.train.lora import LoraLearner
 
-    model_dir = job.model.directory(workdir)
-    spec = job.lora_spec()
-    recipes = {a.name: Recipe.for_adapter(job, i, model_dir) for i, a in enumerate(job.adapters)}
-    backend = TorchRolloutBackend(emulation, lora=spec)
-    backend.load(str(model_dir), "cpu", None)
-    learner = LoraLearner(str(model_dir), "cpu", spec, {a.name: a.algo.value(a.seed) for a in job.adapters}, emulation)
-    if job.checkpoint_dir:
-        learner.restore(job.checkpoint_dir)
-    backend.wake(learner.publish(), tuple(learner.adapter_snapshot(n) for n in spec.names))
-    out: dict[str, list[LocalStep]] = {a.name: [] for a in job.adapters}
-    live = {a.name: a for a in job.adapters}
-    while live:
-        for name, a in list(live.items()):
-            step = learner.adapters[name].version
-            trajs = recipes[name].trajectories(step)
-            results = {t.request.traj_id: backend.generate(t.request) for t in trajs}
-            scored = recipes[name].score(trajs, results)
-            old = learner.adapter_logprobs(name, list(scored.samples))
-            samples = [replace(s, old_logprobs=o) for s, o in zip(scored.samples, old)]
-            stats = learner.train_adapter(name, samples)
-            backend.update_adapter(delivered(learner.adapter_snapshot(name)))
-            if job.checkpoint_dir:
-                learner.save(name, job.checkpoint_dir)
-            tokens = sum(len(s.completion_ids) for s in samples) / len(samples)
-            out[name].append(LocalStep(step=step, mean_reward=scored.mean_reward, mean_tokens=tokens, loss=stats.loss))
-            if learner.adapters[name].version >= a.steps or (a.stop_reward is not None and scored.mean_reward >= a.stop_reward):
-                del live[name]
-    return out
+            algos = {a.name: a.algo.value(a.seed) for a in job.adapters}
+            self.learner = LoraLearner(str(model_dir), "cpu", spec, algos, emulation)
+        self.batches: dict[tuple[int, int], tuple[list, dict]] = {}  # (stream, step) -> its trajectories, results
+        self.scored = None  # the step in training: its scored batch
+        self.samples: list = []
+        self.stats = None
+        self.out: dict[str, list[LocalStep]] = {name: [] for name in self.names}
+
+    def run(self) -> dict[str, list[LocalStep]]:
+        self.driver.feed(lambda: self.machine.start(0.0))
+        assert self.machine.done, "the step machine stopped before the job's end"
+        return self.out
+
+    def _tell(self, event) -> None:
+        self.driver.feed(event)
+
+    # ------------------------------------------------------------ effects answered at once
+
+    def request_gang(self, e: RequestGang) -> None:
+        self._tell(lambda: self.machine.granted(e.stage, stage_gpus(self.machine.spec, e.stage), 0.0))
+
+    def load(self, e: Load) -> None:
+        if e.stage is Stage.INIT:
+            self._load_model()
+        self._tell(lambda: self.machine.loaded(e.stage, 0.0))
+
+    def _load_model(self) -> None:
+        if self.job.lora_spec() is None:
+            return  # the engine serves the checkpoint it loaded: version 0
+        if self.job.checkpoint_dir:
+            self.learner.restore(self.job.checkpoint_dir)
+            for i, name in enumerate(self.names):
+                self.machine.resume(i, self.learner.adapters[name].version)
+        self.backend.wake(self.learner.publish(), tuple(self.learner.adapter_snapshot(n) for n in self.names))
+
+    def queue_batch(self, e: QueueBatch) -> None:
+        trajs = self.recipes[e.stream].trajectories(e.step)
+        results = {t.request.traj_id: self.backend.generate(t.request) for t in trajs}
+        self.batches[(e.stream, e.step)] = trajs, results
+        oldest = min(r.weight_version for r in results.values())
+        self._tell(lambda: self.machine.rolled(e.stream, e.step, 0.0, oldest_version=oldest))
+
+    def score(self, e: Score) -> None:
+        self.scored = self.recipes[e.stream].score(*self.batches[(e.stream, e.step)])
+        self.samples = list(self.scored.samples)
+        self._tell(lambda: self.machine.scored(e.stream, e.step, self.scored.mean_reward, 0.0))
+
+    def work(self, e: Work) -> None:
+        name, learner = self.names[e.stream], self.learner
+        if e.stage is Stage.OLD_LOGPROBS:
+            old = learner.adapter_logprobs(name, self.samples) if name else learner.logprobs(self.samples)
+            self.samples = [replace(s, old_logprobs=o) for s, o in zip(self.samples, old)]
+        elif e.stage is Stage.REF_LOGPROBS:
+            ref = learner.logprobs(self.samples, reference=True)
+            self.samples = [replace(s, ref_logprobs=r) for s, r in zip(self.samples, ref)]
+        elif e.stage is Stage.ACTOR_TRAIN:
+            self.stats = learner.train_adapter(name, self.samples) if name else learner.train(self.samples)
+        self._tell(lambda: self.machine.worked(e.stage, 0.0, 0.0))
+
+    def offload(self, e: Offload) -> None:
+        self._tell(lambda: self.machine.offloaded(e.stage, 0.0))
+
+    def publish(self, e: Publish) -> None:
+        name = self.names[e.stream]
+        if name:
+            self.backend.update_adapter(delivered(self.learner.adapter_snapshot(name)))
+            if self.job.checkpoint_dir:
+                self.learner.save(name, self.job.checkpoint_dir)
+        else:
+            self.backend.update_weights(self.learner.publish())
+        tokens = sum(len(s.completion_ids) for s in self.samples) / len(self.samples)
+        step = LocalStep(step=e.version - 1, mean_reward=self.scored.mean_reward, mean_tokens=tokens, loss=self.stats.loss)
+        self.out[name].append(step)
+        del self.batches[(e.stream, e.version - 1)]
+        self._tell(lambda: self.machine.published(e.stream, 0.0))
+
+    def drop_batch(self, e: DropBatch) -> None:
+        del self.batches[(e.stream, e.step)]
+
+    def _nothing(self, e) -> None:
+        pass
+
+    release_gang = book = demand_changed = finished = _nothing

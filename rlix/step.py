@@ -8,7 +8,8 @@ a stage loaded, worked or offloaded, weights published), takes the time as a
 number, and returns the effects the job wants carried out, in order:
 
     machine = StepMachine(...)
-    effects = machine.start(now)           # [RequestGang(INIT)]
+    effects = machine.start(now)           # [RegisterJob()]
+    effects = machine.registered(now)      # [RequestGang(INIT)]
     effects = machine.granted(INIT, gpus, now)   # [Book(...), Load(INIT)]
     ...
 
@@ -151,12 +152,30 @@ class DemandChanged:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RegisterJob:
+    """Register the job with the scheduler as the machine's ``spec`` declares it; answer
+    :meth:`StepMachine.registered`."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finished:
-    """Every stream is trained to its end: unregister."""
+    """Every stream is trained to its end: unregister (once the job's processes are gone)."""
 
 
 Effect = (
-    RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | DropBatch | Publish | DemandChanged | Finished
+    RegisterJob
+    | RequestGang
+    | ReleaseGang
+    | Book
+    | Load
+    | Work
+    | Offload
+    | Score
+    | QueueBatch
+    | DropBatch
+    | Publish
+    | DemandChanged
+    | Finished
 )
 
 
@@ -164,6 +183,7 @@ class Interpreter(Protocol):
     """What a shell implements to drive the machine: one method per effect, each carrying it out (or
     starting it) and feeding the outcome back to the machine when it is done."""
 
+    def register_job(self, e: RegisterJob) -> None: ...
     def request_gang(self, e: RequestGang) -> None: ...
     def release_gang(self, e: ReleaseGang) -> None: ...
     def book(self, e: Book) -> None: ...
@@ -179,6 +199,7 @@ class Interpreter(Protocol):
 
 
 _HANDLERS: dict[type, str] = {
+    RegisterJob: "register_job",
     RequestGang: "request_gang",
     ReleaseGang: "release_gang",
     Book: "book",
@@ -512,7 +533,11 @@ class StepMachine:
     # ------------------------------------------------------------ events
 
     def start(self, now: float) -> list[Effect]:
-        """The job is registered: ask for its model load."""
+        """The job arrives: register it."""
+        return [RegisterJob()]
+
+    def registered(self, now: float) -> list[Effect]:
+        """The scheduler knows the job: ask for its model load."""
         return [RequestGang(stage=Stage.INIT, role=None)]
 
     def resume(self, stream: int, step: int) -> None:

@@ -221,14 +221,7 @@ class PipelineCoordinator:
         error, bad_input, stopped = "", False, None
         try:
             self.runner = self._runner()
-            await self.link.control(self.link.client.register(self.spec, ray.get_runtime_context().current_actor))
-            # Warm workers: a sleeping process (no GPU memory) on every bundle the job may use, so an expand is
-            # a wake plus a weight sync. Those in the home start now, while the trainer loads; the rest once it has.
-            bundles = await self.link.control(self.link.client.rollout_bundles())
-            first, self.warm_later = warm_order(bundles, self.spec.home_gpus)
-            self.rollout.warm(first)
-            self.runner.start()
-            self._keep(self.link.note_loop(lambda: job_note(self.pid, self.runner, self.rec), self.heartbeat_s))
+            self.runner.start()  # registers the job (_register), then asks for its model load
             await asyncio.wait([self.runner.ended, self.failure], return_when=asyncio.FIRST_COMPLETED)
             if self.failure.done():
                 raise self.failure.result()
@@ -264,6 +257,7 @@ class PipelineCoordinator:
         self.rollout = RolloutControl(hooks=hooks, deadlines=deadlines_of(self.job.limits), rule=rule, **rollout)
         parts = Parts(
             link=self.link,
+            register=self._register,
             rollout=self.rollout,
             queue=self.queue,
             recorder=self.rec,
@@ -274,6 +268,16 @@ class PipelineCoordinator:
         )
         machine = StepMachine(self.spec, plan_of(self.job, self.streams, self.recipes))
         return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
+
+    async def _register(self) -> None:
+        """Register with the scheduler; then warm workers: a sleeping process (no GPU memory) on every bundle the
+        job may use, so an expand is a wake plus a weight sync. Those in the home start now, while the trainer
+        loads; the rest once it has."""
+        await self.link.control(self.link.client.register(self.spec, ray.get_runtime_context().current_actor))
+        bundles = await self.link.control(self.link.client.rollout_bundles())
+        first, self.warm_later = warm_order(bundles, self.spec.home_gpus)
+        self.rollout.warm(first)
+        self._keep(self.link.note_loop(lambda: job_note(self.pid, self.runner, self.rec), self.heartbeat_s))
 
     def _on_loaded(self) -> None:
         """The model is loaded: report demand from now on (on change, and a heartbeat); warm the bundles outside the home."""

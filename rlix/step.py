@@ -13,7 +13,7 @@ number, and returns the effects the job wants carried out, in order:
     effects = machine.granted(INIT, gpus, now)   # [Book(...), Load(INIT)]
     ...
 
-Two interpreters drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
+Two shells drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
 timeouts stand in for the work) and the executor (:mod:`rlix.exec.job.step_runner`,
 asyncio over Ray actors do the work). A test can drive it by hand, event by
 event. Trajectories within a batch are the rollout engine's business (which
@@ -159,7 +159,7 @@ class RegisterJob:
 
 @dataclass(frozen=True, kw_only=True)
 class Finished:
-    """Every stream is trained to its end: unregister (once the job's processes are gone)."""
+    """Every stream is trained to its end: unregister."""
 
 
 Effect = (
@@ -527,6 +527,7 @@ class StepMachine:
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
         self.latencies: list[float] = []  # seconds from rollout start to trained, in training order
         self.train_s = 0.0  # the longest step's stage compute seconds so far
+        self.registration = "none"  # none -> asked (RegisterJob) -> done (registered)
         self.admitted_s: float | None = None
         self.finished_s: float | None = None
 
@@ -534,10 +535,17 @@ class StepMachine:
 
     def start(self, now: float) -> list[Effect]:
         """The job arrives: register it."""
+        if self.registration != "none":
+            raise RuntimeError(f"{self.spec.pipeline_id}: started twice")
+        self.registration = "asked"
         return [RegisterJob()]
 
     def registered(self, now: float) -> list[Effect]:
         """The scheduler knows the job: ask for its model load."""
+        if self.registration != "asked":
+            when = "twice" if self.registration == "done" else "before start"
+            raise RuntimeError(f"{self.spec.pipeline_id}: registered {when}")
+        self.registration = "done"
         return [RequestGang(stage=Stage.INIT, role=None)]
 
     def resume(self, stream: int, step: int) -> None:

@@ -63,7 +63,8 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> list[LocalStep]:
-    """A full-finetune job in this process: rollout, scoring, log-probs and training, step by step."""
+    """A full-finetune job in this process: rollout, scoring, log-probs and training, in the order its step machine
+    gives (with staleness ``s``, step ``k`` rolls out as soon as step ``k - 1 - s`` is trained, as the executor may)."""
     with _one_torch_thread():
         return _LocalShell(job, workdir, emulation).run()[""]
 

@@ -860,3 +860,15 @@ def test_what_a_handler_raises_reaches_the_caller_and_drops_the_events_waiting()
     shell.done.clear()
     shell.driver.feed(lambda: [DemandChanged(urgent=False)])  # the driver is free again
     assert shell.done == [DemandChanged(urgent=False)]
+
+
+def test_the_job_registers_once_before_anything_else():
+    m = machine()
+    with pytest.raises(RuntimeError, match="registered before start"):
+        m.registered(0.0)
+    assert m.start(0.0) == [RegisterJob()]
+    with pytest.raises(RuntimeError, match="started twice"):
+        m.start(0.0)
+    m.registered(0.0)
+    with pytest.raises(RuntimeError, match="registered twice"):
+        m.registered(0.0)

@@ -98,7 +98,7 @@ class Parts:
     """The coordinator's parts the runner drives."""
 
     link: SchedulerLink
-    register: Callable[[], Awaitable[None]]  # register the job with the scheduler, warm its home's workers
+    register: Callable[[], Awaitable[None]]  # register the job with the scheduler, warm its home's workers, start notes
     rollout: RolloutControl
     queue: RolloutQueue
     recorder: Recorder

@@ -8,11 +8,12 @@ a stage loaded, worked or offloaded, weights published), takes the time as a
 number, and returns the effects the job wants carried out, in order:
 
     machine = StepMachine(...)
-    effects = machine.start(now)           # [RequestGang(INIT)]
+    effects = machine.start(now)           # [RegisterJob()]
+    effects = machine.registered(now)      # [RequestGang(INIT)]
     effects = machine.granted(INIT, gpus, now)   # [Book(...), Load(INIT)]
     ...
 
-Two interpreters drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
+Two shells drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
 timeouts stand in for the work) and the executor (:mod:`rlix.exec.job.step_runner`,
 asyncio over Ray actors do the work). A test can drive it by hand, event by
 event. Trajectories within a batch are the rollout engine's business (which
@@ -151,12 +152,30 @@ class DemandChanged:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RegisterJob:
+    """Register the job with the scheduler as the machine's ``spec`` declares it; answer
+    :meth:`StepMachine.registered`."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finished:
     """Every stream is trained to its end: unregister."""
 
 
 Effect = (
-    RequestGang | ReleaseGang | Book | Load | Work | Offload | Score | QueueBatch | DropBatch | Publish | DemandChanged | Finished
+    RegisterJob
+    | RequestGang
+    | ReleaseGang
+    | Book
+    | Load
+    | Work
+    | Offload
+    | Score
+    | QueueBatch
+    | DropBatch
+    | Publish
+    | DemandChanged
+    | Finished
 )
 
 
@@ -164,6 +183,7 @@ class Interpreter(Protocol):
     """What a shell implements to drive the machine: one method per effect, each carrying it out (or
     starting it) and feeding the outcome back to the machine when it is done."""
 
+    def register_job(self, e: RegisterJob) -> None: ...
     def request_gang(self, e: RequestGang) -> None: ...
     def release_gang(self, e: ReleaseGang) -> None: ...
     def book(self, e: Book) -> None: ...
@@ -179,6 +199,7 @@ class Interpreter(Protocol):
 
 
 _HANDLERS: dict[type, str] = {
+    RegisterJob: "register_job",
     RequestGang: "request_gang",
     ReleaseGang: "release_gang",
     Book: "book",
@@ -506,13 +527,25 @@ class StepMachine:
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
         self.latencies: list[float] = []  # seconds from rollout start to trained, in training order
         self.train_s = 0.0  # the longest step's stage compute seconds so far
+        self.registration = "none"  # none -> asked (RegisterJob) -> done (registered)
         self.admitted_s: float | None = None
         self.finished_s: float | None = None
 
     # ------------------------------------------------------------ events
 
     def start(self, now: float) -> list[Effect]:
-        """The job is registered: ask for its model load."""
+        """The job arrives: register it."""
+        if self.registration != "none":
+            raise RuntimeError(f"{self.spec.pipeline_id}: started twice")
+        self.registration = "asked"
+        return [RegisterJob()]
+
+    def registered(self, now: float) -> list[Effect]:
+        """The scheduler knows the job: ask for its model load."""
+        if self.registration != "asked":
+            when = "twice" if self.registration == "done" else "before start"
+            raise RuntimeError(f"{self.spec.pipeline_id}: registered {when}")
+        self.registration = "done"
         return [RequestGang(stage=Stage.INIT, role=None)]
 
     def resume(self, stream: int, step: int) -> None:

@@ -18,7 +18,20 @@ from rlix.exec.config import JobConfig
 from rlix.exec.rollout.torch_backend import Emulation, TorchRolloutBackend
 from rlix.exec.train.grpo import GrpoLearner
 from rlix.job import stage_gpus
-from rlix.step import Driver, DropBatch, Load, Offload, Publish, QueueBatch, RequestGang, Score, StepMachine, Work, declared_spec
+from rlix.step import (
+    Driver,
+    DropBatch,
+    Load,
+    Offload,
+    Publish,
+    QueueBatch,
+    RegisterJob,
+    RequestGang,
+    Score,
+    StepMachine,
+    Work,
+    declared_spec,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +63,8 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def run_local(job: JobConfig, workdir: str | Path, emulation: Emulation = Emulation()) -> list[LocalStep]:
-    """A full-finetune job in this process: rollout, scoring, log-probs and training, step by step."""
+    """A full-finetune job in this process: rollout, scoring, log-probs and training, in the order its step machine
+    gives (with staleness ``s``, step ``k`` rolls out as soon as step ``k - 1 - s`` is trained, as the executor may)."""
     with _one_torch_thread():
         return _LocalShell(job, workdir, emulation).run()[""]
 
@@ -100,6 +114,9 @@ class _LocalShell:
         self.driver.feed(event)
 
     # ------------------------------------------------------------ effects answered at once
+
+    def register_job(self, e: RegisterJob) -> None:
+        self._tell(lambda: self.machine.registered(0.0))
 
     def request_gang(self, e: RequestGang) -> None:
         self._tell(lambda: self.machine.granted(e.stage, stage_gpus(self.machine.spec, e.stage), 0.0))

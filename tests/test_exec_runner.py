@@ -176,7 +176,6 @@ async def _run_job(
         pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs, rule=rule
     )
     coordinator = type("Coordinator", (), {"expand": Remote(rollout.expand), "shrink": Remote(rollout.shrink)})()
-    await actor.register(job, coordinator)
     recipe = _Recipe(rewards or [0.5] * steps)
     plan = JobPlan(
         streams=(StreamSpec(name="", steps=steps, stop_reward=stop_reward),),
@@ -188,6 +187,7 @@ async def _run_job(
     reports = []
     parts = Parts(
         link=link,
+        register=lambda: actor.register(job, coordinator),  # as the coordinator registers itself
         rollout=rollout,
         queue=queue,
         recorder=rec,

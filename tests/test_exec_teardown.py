@@ -68,11 +68,9 @@ def test_end_processes_gives_up_on_a_process_that_never_dies():
     assert asyncio.run(end_processes([_Proc("w0", log), stuck], 0.3, _procs(log))) == 1
 
 
-def test_a_finished_jobs_processes_are_gone_before_it_unregisters():
-    log: list = []
+def _coordinator(log: list, workers: list, ranks: list, status: JobStatus):
+    """A coordinator at its teardown, its parts noting what they are told in ``log``."""
     c = object.__new__(PipelineCoordinator.__ray_metadata__.modified_class)
-    workers = [_Proc("rollout0", log), _Proc("rollout1", log)]
-    ranks = [_Proc("trainer0", log), _Proc("trainer1", log)]
 
     class _Client:
         async def unregister(self, state, error):
@@ -94,20 +92,49 @@ def test_a_finished_jobs_processes_are_gone_before_it_unregisters():
         tasks: list = []
         trainer = _Trainer()
 
-    c.tasks, c.runner, c.link, c.status = [], _Runner(), _Link(), JobStatus.FINISHED
+    c.tasks, c.runner, c.link, c.status, c.registering = [], _Runner(), _Link(), status, None
     c.rollout = type("Rollout", (), {"end": lambda self: workers, "starts": lambda self: []})()
     c.pool = type("Pool", (), {"held_gpus": lambda self: ()})()
     c.procs, c.pid = _procs(log), "job"
     c.rec = type("Rec", (), {"counters": None})()
+    c.job = type("Job", (), {"limits": type("Limits", (), {"call_timeout_s": 5.0})()})()
+    return c
+
+
+def _teardown(c, scenario=None) -> None:
     import rlix.exec.job.coordinator as coordinator
 
     note, coordinator.job_note = coordinator.job_note, lambda *a: None
     try:
-        asyncio.run(c._teardown(""))
+        asyncio.run(scenario() if scenario else c._teardown(""))
     finally:
         coordinator.job_note = note
+
+
+def test_a_finished_jobs_processes_are_gone_before_it_unregisters():
+    log: list = []
+    workers = [_Proc("rollout0", log), _Proc("rollout1", log)]
+    ranks = [_Proc("trainer0", log), _Proc("trainer1", log)]
+    c = _coordinator(log, workers, ranks, JobStatus.FINISHED)
+    _teardown(c)
     assert log[-1] == "unregister finished"
     assert {e for e in log[:-1] if e.startswith("gone")} == {f"gone {p.name}" for p in workers + ranks}
+
+
+def test_a_job_stopped_while_it_registers_leaves_once_the_scheduler_has_answered():
+    """A stop while the registration call is out: teardown waits for the scheduler's answer before its
+    last note and its unregister, so the scheduler never sees the job leave before it has arrived."""
+    log: list = []
+    c = _coordinator(log, [], [], JobStatus.CANCELLED)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        c.registering = loop.create_future()
+        loop.call_later(0.05, lambda: (log.append("registered"), c.registering.set_result(None)))
+        await c._teardown("")
+
+    _teardown(c, scenario)
+    assert log == ["registered", "note", "unregister cancelled"]
 
 
 @pytest.mark.parametrize("slots", [1, 64, 128, 512])

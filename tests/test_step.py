@@ -28,6 +28,7 @@ from rlix.step import (
     Offload,
     Publish,
     QueueBatch,
+    RegisterJob,
     ReleaseGang,
     RequestGang,
     Score,
@@ -89,8 +90,9 @@ def machine(spec=None, **plan) -> StepMachine:
 
 
 def load(m: StepMachine, now: float = 0.0) -> list[Effect]:
-    """The model load, answered at once; the effects of its end."""
+    """Registration and the model load, answered at once; the effects of its end."""
     m.start(now)
+    m.registered(now)
     m.granted(INIT, stage_gpus(m.spec, INIT), now)
     return m.loaded(INIT, now)
 
@@ -139,7 +141,8 @@ def path_s(m: StepMachine, longest_s: float) -> float:
 
 def test_model_load_requests_init_gang_books_switch_then_queues_step_0_and_frees_announcing_it():
     m = machine(steps=(3,))
-    assert m.start(0.0) == [RequestGang(stage=INIT, role=None)]
+    assert m.start(0.0) == [RegisterJob()]  # the job registers first
+    assert m.registered(0.5) == [RequestGang(stage=INIT, role=None)]
     assert m.admitted_s is None
     assert m.granted(INIT, INIT_GPUS, 1.5) == [
         Book(gpus=INIT_GPUS, activity=SWITCH, stage="init"),
@@ -164,6 +167,7 @@ def test_model_load_queues_every_stream_whose_gate_is_open():
 def test_nothing_is_queued_before_the_model_load_ends():
     m = machine()
     m.start(0.0)
+    m.registered(0.0)
     assert of(m.granted(INIT, INIT_GPUS, 0.0), QueueBatch) == []
     assert m.history == [] and m.rollouts.open_trajectories() == 0
 
@@ -458,6 +462,7 @@ def test_warm_grant_works_at_once_without_a_load():
 def test_resume_before_the_load_continues_from_the_checkpoint():
     m = machine(steps=(6,))
     m.start(0.0)
+    m.registered(0.0)
     m.resume(0, 3)
     assert m.rollouts.backlog() == 7 + 8 + 9 and m.rollouts.planned_steps() == 3 and m.rollouts.resumed_steps() == 3
     assert demand(m, longest_s=10.0).path_s == remaining_path_s(3, 0, longest_s=10.0, train_s=0.0)
@@ -626,7 +631,10 @@ class RandomJob:
         self.effects += effects
         m, spec = self.m, self.spec
         for e in effects:
-            if isinstance(e, Book):
+            if isinstance(e, RegisterJob):
+                assert self.effects == [e], "the job registers first, and once"
+                self.later(lambda: self.handle(m.registered(self.now)))
+            elif isinstance(e, Book):
                 stage = Stage(e.stage) if e.stage else about
                 assert e.gpus == stage_gpus(spec, stage), e
                 assert (e.activity is FREE) == (e.stage == ""), e
@@ -785,6 +793,9 @@ class _AtOnce:
         self.done.append(e)
         self.tell(event)
 
+    def register_job(self, e: RegisterJob) -> None:
+        self._answer(e, lambda: self.m.registered(0.0))
+
     def request_gang(self, e: RequestGang) -> None:
         self._answer(e, lambda: self.m.granted(e.stage, stage_gpus(self.m.spec, e.stage), 0.0))
 
@@ -842,9 +853,22 @@ def test_what_a_handler_raises_reaches_the_caller_and_drops_the_events_waiting()
         raise RuntimeError("the reward function raised")
 
     shell.score = broken
-    shell.m.start(0.0)  # asks for the model load's GPUs, granted below
+    shell.m.start(0.0)
+    shell.m.registered(0.0)  # asks for the model load's GPUs, granted below
     with pytest.raises(RuntimeError, match="reward function"):
         shell.driver.feed(lambda: shell.m.granted(INIT, stage_gpus(shell.m.spec, INIT), 0.0))
     shell.done.clear()
     shell.driver.feed(lambda: [DemandChanged(urgent=False)])  # the driver is free again
     assert shell.done == [DemandChanged(urgent=False)]
+
+
+def test_the_job_registers_once_before_anything_else():
+    m = machine()
+    with pytest.raises(RuntimeError, match="registered before start"):
+        m.registered(0.0)
+    assert m.start(0.0) == [RegisterJob()]
+    with pytest.raises(RuntimeError, match="started twice"):
+        m.start(0.0)
+    m.registered(0.0)
+    with pytest.raises(RuntimeError, match="registered twice"):
+        m.registered(0.0)

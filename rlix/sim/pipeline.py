@@ -33,6 +33,7 @@ from rlix.step import (
     Offload,
     Publish,
     QueueBatch,
+    RegisterJob,
     ReleaseGang,
     RequestGang,
     Score,
@@ -124,8 +125,6 @@ class SimPipeline:
 
     def _arrive(self):
         yield self.env.timeout(self.model.arrival_s)
-        self.host.usage.homes.set_home(self.env.now, self.pid, self.spec.home_gpus)
-        self.host.submit(Register(spec=self.spec))
         self._do(lambda: self.machine.start(self.env.now))
 
     def _do(self, event: Callable[[], list[Effect]]) -> None:
@@ -258,6 +257,11 @@ class SimPipeline:
         # Finer changes are reported on the scheduler's tick; a rollout with nothing left running lends its GPUs now.
         if e.urgent and not self.engine.pending and not self.engine.running:
             self.host.request_plan()
+
+    def register_job(self, e: RegisterJob) -> None:
+        self.host.usage.homes.set_home(self.env.now, self.pid, self.spec.home_gpus)
+        self.host.submit(Register(spec=self.spec))
+        self._do(lambda: self.machine.registered(self.env.now))
 
     def finished(self, e: Finished) -> None:
         self.tally.admitted_s = self.machine.admitted_s  # the model load's grant: queued until then

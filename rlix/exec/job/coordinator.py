@@ -9,7 +9,8 @@
 - :class:`~rlix.exec.control.scheduler_link.SchedulerLink`: calls to the scheduler actor;
 - :class:`~rlix.exec.recorder.Recorder`: what happened, for the trace and metrics.
 
-The coordinator registers the job, starts the runner and the demand reports,
+The coordinator starts the runner (whose machine asks it to register the job,
+warm its home's workers and start its notes), starts the demand reports,
 answers the scheduler's expand and shrink calls, and tears everything down
 when the job ends or fails. No torch here. Every remote call has a deadline
 except a gang request, which waits for GPUs as long as the plan needs.
@@ -206,6 +207,7 @@ class PipelineCoordinator:
         self.failure: asyncio.Future | None = None
         self.wake_up: asyncio.Event | None = None  # the demand reporter re-checks
         self.tasks: list[asyncio.Task] = []
+        self.registering: asyncio.Future | None = None  # the registration call, once made
         self.procs = ray_processes()  # how worker and trainer processes are killed, and told dead
 
     def now(self) -> float:
@@ -221,14 +223,7 @@ class PipelineCoordinator:
         error, bad_input, stopped = "", False, None
         try:
             self.runner = self._runner()
-            await self.link.control(self.link.client.register(self.spec, ray.get_runtime_context().current_actor))
-            # Warm workers: a sleeping process (no GPU memory) on every bundle the job may use, so an expand is
-            # a wake plus a weight sync. Those in the home start now, while the trainer loads; the rest once it has.
-            bundles = await self.link.control(self.link.client.rollout_bundles())
-            first, self.warm_later = warm_order(bundles, self.spec.home_gpus)
-            self.rollout.warm(first)
-            self.runner.start()
-            self._keep(self.link.note_loop(lambda: job_note(self.pid, self.runner, self.rec), self.heartbeat_s))
+            self.runner.start()  # registers the job (_register), then asks for its model load
             await asyncio.wait([self.runner.ended, self.failure], return_when=asyncio.FIRST_COMPLETED)
             if self.failure.done():
                 raise self.failure.result()
@@ -264,6 +259,7 @@ class PipelineCoordinator:
         self.rollout = RolloutControl(hooks=hooks, deadlines=deadlines_of(self.job.limits), rule=rule, **rollout)
         parts = Parts(
             link=self.link,
+            register=self._register,
             rollout=self.rollout,
             queue=self.queue,
             recorder=self.rec,
@@ -274,6 +270,18 @@ class PipelineCoordinator:
         )
         machine = StepMachine(self.spec, plan_of(self.job, self.streams, self.recipes))
         return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
+
+    async def _register(self) -> None:
+        """Register with the scheduler (the machine's RegisterJob); then warm workers: a sleeping process (no GPU
+        memory) on every bundle the job may use, so an expand is a wake plus a weight sync. Those in the home start
+        now, while the trainer loads; the rest once it has. Then the job's notes start."""
+        register = self.link.control(self.link.client.register(self.spec, ray.get_runtime_context().current_actor))
+        self.registering = asyncio.ensure_future(register)
+        await asyncio.shield(self.registering)  # teardown cancels this task, never the call: it waits for the answer
+        bundles = await self.link.control(self.link.client.rollout_bundles())
+        first, self.warm_later = warm_order(bundles, self.spec.home_gpus)
+        self.rollout.warm(first)
+        self._keep(self.link.note_loop(lambda: job_note(self.pid, self.runner, self.rec), self.heartbeat_s))
 
     def _on_loaded(self) -> None:
         """The model is loaded: report demand from now on (on change, and a heartbeat); warm the bundles outside the home."""
@@ -312,6 +320,8 @@ class PipelineCoordinator:
         for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ()), *starts]:
             t.cancel()
         state = self.status.value if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else "failed"
+        if self.registering is not None:  # stopped while registering: the scheduler answers before we leave
+            await asyncio.wait([self.registering], timeout=self.job.limits.call_timeout_s)
         await self.link.last_note(job_note(self.pid, self.runner, self.rec))
         # Our processes go first, and are gone, before unregister lets the scheduler give our GPUs
         # to anyone else: a new holder never races a dying engine or trainer for device memory.

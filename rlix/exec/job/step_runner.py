@@ -3,6 +3,8 @@
 The machine decides what the job does next; the runner carries its effects
 out on the cluster and feeds each outcome back:
 
+- registering: the coordinator registers the job (and warms its home's
+  workers), then ``registered``;
 - gang stages through the scheduler link (a hand-over releases the previous
   stage in the same call), the stage's load, work and offload on the
   trainer gang, each with its deadline;
@@ -45,6 +47,7 @@ from rlix.step import (
     Offload,
     Publish,
     QueueBatch,
+    RegisterJob,
     ReleaseGang,
     RequestGang,
     Score,
@@ -95,6 +98,7 @@ class Parts:
     """The coordinator's parts the runner drives."""
 
     link: SchedulerLink
+    register: Callable[[], Awaitable[None]]  # register the job with the scheduler, warm its home's workers, start notes
     rollout: RolloutControl
     queue: RolloutQueue
     recorder: Recorder
@@ -159,6 +163,9 @@ class StepRunner:
         self._spawn(run())
 
     # ------------------------------------------------------------ gang stages
+
+    def register_job(self, e: RegisterJob) -> None:
+        self._then(self.p.register(), self.machine.registered)
 
     def request_gang(self, e: RequestGang) -> None:
         async def acquire() -> None:

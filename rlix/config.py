@@ -297,6 +297,13 @@ class JobModel(StrictModel):
         "weights; staleness counts their oldest segment) instead of waiting for the worker to drain",
     )
 
+    dispatch: Literal["predicted", "drawn"] = Field(
+        default="predicted",
+        description="order of a rollout's waiting trajectories: predicted-longest first (rlix.lengths: from their "
+        "prompts' earlier lengths and their group siblings', once those are seen to track lengths; as drawn until "
+        "then, and where a trace's step has no prompt ids), or as drawn",
+    )
+
     _split_home = field_validator("home", mode="before")(parse_gpus)
 
     @model_validator(mode="after")

@@ -189,8 +189,9 @@ class PredictedQueue:
     ``extend`` (a new batch, drawn order) and ``extendleft`` (aborted ones).
     """
 
-    def __init__(self, predictor: LengthPredictor) -> None:
+    def __init__(self, predictor: LengthPredictor, *, ordered: bool = True) -> None:
         self.predictor = predictor
+        self.ordered = ordered  # False: as drawn even once trusted (the predictor still learns and is scored)
         self._front: deque = deque()  # aborted trajectories, first to go
         self._drawn: deque = deque()  # every waiting one in drawn order (served ones skipped lazily)
         self._probe: deque[Group] = deque()  # groups with no evidence and none running
@@ -294,7 +295,7 @@ class PredictedQueue:
     def _next(self):
         if self._front:
             return self._front[0]
-        if not self.predictor.trusted:
+        if not (self.ordered and self.predictor.trusted):
             drawn = self._drawn
             while not drawn[0].queued:
                 drawn.popleft()

@@ -275,11 +275,6 @@ class PipelineModel(JobModel):
     init_s: Seconds = Field(default=30.0, description="model load before the first step")
     switch: SwitchModel = Field(default_factory=SwitchModel)
     decode_speed: DecodeSpeedModel | None = Field(default=None, description="default: every trajectory decodes at full speed")
-    dispatch: Literal["predicted", "drawn"] = Field(
-        default="predicted",
-        description="order of a rollout's waiting trajectories: predicted-longest first from their prompt ids (rlix.lengths; "
-        "as drawn where a step has none), or as drawn; rlix-run records the order it used",
-    )
     stage_cost: StageCostModel = Field(default_factory=StageCostModel)
     arrivals: ArrivalsModel | None = Field(default=None, description="this pipeline is a template: copies of it arrive over time")
     # full finetune: the job's own steps; multi-LoRA: one stream per adapter

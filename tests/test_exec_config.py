@@ -60,6 +60,7 @@ def test_examples_validate(name):
         (lambda c: c["scheduler"].update(heartbeat_s=10.0), "scheduler: heartbeat_s: 10.0 s is not below report_ttl_s"),
         (lambda c: c["jobs"][0].update(train={"precision": "fp8"}), "jobs[0].train.precision"),
         (lambda c: c["jobs"][0].update(train={"logprob_chunk_tokens": 0}), "jobs[0].train.logprob_chunk_tokens"),
+        (lambda c: c["jobs"][0].update(dispatch="longest"), "jobs[0].dispatch"),
     ],
 )
 def test_bad_config_names_the_field(edit, field):

@@ -35,6 +35,7 @@ jobs:
     model: {size: {}}
     adapters: [{name: copy}, {name: rev, task: {name: reverse}}]
     priority: 1
+    dispatch: drawn      # its rollout starts trajectories as drawn
     roles: {actor_train: {gpus: [3]}, actor_infer: {gpus: "0-3"}}
     home: [3]
 """
@@ -117,7 +118,7 @@ def test_recorded_trace_carries_each_trajectorys_prompt_and_the_order_the_run_us
     full, lora = model.pipelines
     assert [s.prompts for s in full.steps] == [[0, 0, 1], [0, 0, 1]]  # a group of two and one alone, each step
     assert all(s.prompts == [0, 0, 1] for a in lora.adapters for s in a.steps)
-    assert full.dispatch == lora.dispatch == "predicted"  # a replay orders them as the run did
+    assert (full.dispatch, lora.dispatch) == ("predicted", "drawn")  # a replay orders them as the run did
 
 
 def test_recorded_trace_carries_what_the_run_registered_and_measured():

@@ -143,7 +143,6 @@ def _pipeline(job: JobConfig, pid: str, res: JobResult) -> PipelineModel:
         arrival_s=round(res.arrival_s, 4),  # measured: when it really arrived
         home=list(spec.home),  # the home it named ([]: none, so a replay derives it as the run did)
         preempt="continue",  # the executor continues an aborted trajectory elsewhere
-        dispatch="predicted",  # the executor's queue orders as rlix.lengths does (lengths in tokens there)
         init_s=round(res.init_s, 4),
         switch=_switch(res, lora),
         **_streams(res, [a.name for a in job.adapters] if lora else None),

@@ -4,7 +4,7 @@ Pure (no Ray, no asyncio), in the manner of an engine scheduler: :meth:`assign`
 hands queued trajectories to free worker slots, in the order of
 :class:`rlix.lengths.PredictedQueue` (continuations first, then as drawn until
 lengths are seen to repeat with their prompts, then predicted-longest first,
-lengths in tokens), and returns the assignments;
+lengths in tokens; a job's ``dispatch: drawn`` keeps the drawn order), and returns the assignments;
 the shell runs them and reports each outcome back through one method per
 outcome:
 
@@ -59,12 +59,14 @@ class Queued:
 class RolloutQueue:
     """Waiting trajectories by predicted length; continuations go to the front (they hold a batch back)."""
 
-    def __init__(self, *, max_tries: int) -> None:
+    def __init__(self, *, max_tries: int, ordered: bool = True) -> None:
+        """``ordered``: predicted-longest first once the predictor is trusted (the job's ``dispatch: predicted``);
+        False serves the drawn order throughout, the predictor still learning and scored (``dispatch: drawn``)."""
         if max_tries < 1:
             raise ValueError("max_tries must be >= 1")
         self.max_tries = max_tries
         self.predictor = LengthPredictor()
-        self.queue = PredictedQueue(self.predictor)
+        self.queue = PredictedQueue(self.predictor, ordered=ordered)
         self._waiting: dict[int, Queued] = {}  # traj id -> its entry, while queued
         self._made = 0
         self.requeued = 0  # trajectories put back after an abort or a dead worker

@@ -146,29 +146,11 @@ def test_trusted_it_probes_each_group_then_starts_the_predicted_longest_first():
     assert _serve(q, 4) == [7, 8, 1, 2] and not q
 
 
-def test_a_queue_told_drawn_keeps_the_drawn_order_though_trusted_and_still_scores_its_predictions():
+def _second_epoch(*, ordered: bool) -> tuple[PredictedQueue, list[_Traj]]:
+    """A trusted queue that ran prompts 0 (100 s) and 1 (3 s) once, with their second epoch queued."""
     predictor = LengthPredictor()
     _trusted(predictor)
-    q = PredictedQueue(predictor, ordered=False)
-    first = _batch([0, 1])
-    q.extend(first)
-    for t, seconds in zip(_serve(q, 2), (100.0, 3.0)):
-        q.finished(first[t], seconds)
-    second = _batch([1, 1, 0, 0], start=2)
-    q.extend(second)
-    assert _serve(q, 2) == [2, 3]  # ordered, prompt 0 (long last epoch) would go first: test below
-    q.extendleft([second[0]])  # taken off its worker: still first to go
-    assert _serve(q, 3) == [2, 4, 5] and not q
-    assert second[2].predicted == pytest.approx(math.log(100.0))  # what it would have been given
-    for t, seconds in ((second[1], 3.5), (second[2], 90.0), (second[3], 110.0), (second[0], 2.5)):
-        q.finished(t, seconds)
-    assert predictor.rank_correlation() > 0.8  # scored as if it had ordered them (ties within a group keep it below 1)
-
-
-def test_a_prompts_earlier_lengths_order_its_next_step_from_the_start():
-    predictor = LengthPredictor()
-    _trusted(predictor)
-    q = PredictedQueue(predictor)
+    q = PredictedQueue(predictor, ordered=ordered)
     first = _batch([0, 1])
     q.extend(first)
     for t, seconds in zip(_serve(q, 2), (100.0, 3.0)):
@@ -176,8 +158,24 @@ def test_a_prompts_earlier_lengths_order_its_next_step_from_the_start():
     # Each group of one is whole once it finished: its length is its prompt's history now.
     second = _batch([1, 1, 0, 0], start=2)
     q.extend(second)
+    return q, second
+
+
+def test_a_prompts_earlier_lengths_order_its_next_step_from_the_start():
+    q, second = _second_epoch(ordered=True)
     assert _serve(q, 4) == [4, 5, 2, 3]  # prompt 0 was long last epoch
     assert second[2].predicted == pytest.approx(math.log(100.0))
+
+
+def test_a_queue_told_drawn_keeps_the_drawn_order_though_trusted_and_still_scores_its_predictions():
+    q, second = _second_epoch(ordered=False)
+    assert _serve(q, 2) == [2, 3]  # ordered, prompt 0 would go first (the test above)
+    q.extendleft([second[0]])  # taken off its worker: still first to go
+    assert _serve(q, 3) == [2, 4, 5] and not q
+    assert second[2].predicted == pytest.approx(math.log(100.0))  # what it would have been given
+    for t, seconds in ((second[1], 3.5), (second[2], 90.0), (second[3], 110.0), (second[0], 2.5)):
+        q.finished(t, seconds)
+    assert q.predictor.rank_correlation() > 0.8  # scored as if it had ordered them (ties within a group keep it below 1)
 
 
 def test_evidence_that_does_not_track_lengths_is_never_trusted():

@@ -301,7 +301,7 @@ class JobModel(StrictModel):
         default="predicted",
         description="order of a rollout's waiting trajectories: predicted-longest first (rlix.lengths: from their "
         "prompts' earlier lengths and their group siblings', once those are seen to track lengths; as drawn until "
-        "then, and where a trace's step has no prompt ids), or as drawn",
+        "then, and for a trace's job whose steps lack prompt ids), or as drawn",
     )
 
     _split_home = field_validator("home", mode="before")(parse_gpus)

@@ -281,9 +281,12 @@ class PredictedQueue:
     # ------------------------------------------------------------ order
 
     def _place(self, g: Group) -> None:
-        """File ``g`` by its evidence: in the heap by prediction, else (once) in the probe line."""
+        """File ``g`` by its evidence: in the heap by prediction, else (once) in the probe line. A queue
+        serving the drawn order only keeps the prediction (each trajectory starts with it, to be scored)."""
         key = self.predictor.predict(g)
         g.key = key
+        if not self.ordered:
+            return
         if key == key:
             self._seq += 1
             g.token = self._seq

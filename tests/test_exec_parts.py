@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
 from rlix.core import Stage
+from rlix.exec.config import load_config
 from rlix.exec.data.recipe import Trajectory
 from rlix.exec.data.sources import PromptItem
 from rlix.exec.messages import GenRequest, GenResult
@@ -19,6 +21,9 @@ from rlix.job import warm_order
 from rlix.metrics import Activity
 
 # ------------------------------------------------------------------ worker pool
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_worker_lifecycle_follows_the_table_and_illegal_moves_raise():
@@ -156,8 +161,16 @@ def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_i
     assert (q.requeued, q.orphaned) == (2, 1)  # counted apart: continued because its worker died
 
 
-def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_longest_first():
-    q = RolloutQueue(max_tries=1)
+@pytest.mark.parametrize(
+    "dispatch, second_epoch",
+    [
+        ("predicted", [602, 603, 604, 605, 600, 601]),  # row 250 ran longest last epoch, then 40, then 7
+        ("drawn", [600, 601, 602, 603, 604, 605]),  # the job asked for the drawn order
+    ],
+)
+def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_longest_first(dispatch, second_epoch):
+    job = load_config(ROOT / "examples" / "cpu_two_jobs.yaml").jobs[0].model_copy(update={"dispatch": dispatch})
+    q = RolloutQueue.for_job(job)  # as the job's coordinator makes it
 
     def sampled(step: int, first: int, rows: list[int]) -> list[Trajectory]:  # GRPO: two samples of each row
         out = []
@@ -178,7 +191,7 @@ def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_l
     assert run(600, lengths) == list(range(600))  # as drawn until the lengths are seen to repeat
     assert q.predictor.trusted
     q.add(sampled(1, 600, [7, 250, 40]))
-    assert run(6, lengths) == [602, 603, 604, 605, 600, 601]  # row 250 ran longest last epoch, then 40, then 7
+    assert run(6, lengths) == second_epoch
 
 
 def test_eval_prompts_are_each_their_own_group_apart_from_the_trained_ones():
@@ -403,7 +416,6 @@ def test_every_call_the_trainer_link_makes_is_one_a_gang_sends_to_its_ranks():
     """The link's handle is a TrainerGang even for one rank: a trainer method missing from its calls fails
     the job the first time it is used (the fakes above accept any name)."""
     import re
-    from pathlib import Path
 
     from rlix.exec.train import trainer_link
     from rlix.exec.train.actor import TrainerActor

@@ -198,7 +198,7 @@ class PipelineCoordinator:
         self.link = SchedulerLink(
             pipeline_id=pipeline_id, sched=scheduler, workers=self.pool.rejoin_bundles, on_gone=self._fatal, **calls
         )
-        self.queue = RolloutQueue(max_tries=job.limits.rollout_tries, ordered=job.dispatch == "predicted")
+        self.queue = RolloutQueue.for_job(job)
         self.runner: StepRunner | None = None
         self.rollout: RolloutControl | None = None
         self.warm_later: tuple = ()  # bundles outside the home: warmed once the model is loaded

@@ -73,6 +73,11 @@ class RolloutQueue:
         self.orphaned = 0  # of those, put back because their worker died
         self.dropped: set[int] = set()  # trajectories of batches that will never be trained
 
+    @classmethod
+    def for_job(cls, job) -> RolloutQueue:
+        """The queue a job's rollout uses: its tries per trajectory, and its ``dispatch`` order."""
+        return cls(max_tries=job.limits.rollout_tries, ordered=job.dispatch == "predicted")
+
     def __len__(self) -> int:
         return len(self.queue)
 

@@ -23,12 +23,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlix.exec.data.recipe import Trajectory, continuation
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.records import TrajRecord
 from rlix.exec.rollout.pool import Worker, WorkerPool
 from rlix.lengths import Group, LengthPredictor, PredictedQueue
+
+if TYPE_CHECKING:
+    from rlix.exec.config import JobConfig
 
 
 class TrajectoryFailed(RuntimeError):
@@ -74,7 +78,7 @@ class RolloutQueue:
         self.dropped: set[int] = set()  # trajectories of batches that will never be trained
 
     @classmethod
-    def for_job(cls, job) -> RolloutQueue:
+    def for_job(cls, job: JobConfig) -> RolloutQueue:
         """The queue a job's rollout uses: its tries per trajectory, and its ``dispatch`` order."""
         return cls(max_tries=job.limits.rollout_tries, ordered=job.dispatch == "predicted")
 

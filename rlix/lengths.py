@@ -197,6 +197,7 @@ class PredictedQueue:
         self._probe: deque[Group] = deque()  # groups with no evidence and none running
         self._waiting: deque[Group] = deque()  # groups with no evidence and some running (a probe)
         self._heap: list[tuple[float, int, int, Group]] = []  # (-key, first, token, group)
+        self._filing = False  # groups go into the heap and lines: only while it orders (ordered and trusted)
         self._n = 0
         self._seq = 0
         self._head = None  # the trajectory q[0] showed: popleft serves it
@@ -281,24 +282,38 @@ class PredictedQueue:
     # ------------------------------------------------------------ order
 
     def _place(self, g: Group) -> None:
-        """File ``g`` by its evidence: in the heap by prediction, else (once) in the probe line. A queue
-        serving the drawn order only keeps the prediction (each trajectory starts with it, to be scored)."""
-        key = self.predictor.predict(g)
-        g.key = key
-        if not self.ordered:
-            return
-        if key == key:
+        """Predict ``g`` (each trajectory starts with its prediction, to be scored) and, while the queue
+        orders, file it by that evidence: in the heap by prediction, else (once) in the probe line. A
+        queue serving the drawn order files nothing, so its heap and lines do not grow with the job."""
+        g.key = self.predictor.predict(g)
+        if self._filing:
+            self._file(g)
+
+    def _file(self, g: Group) -> None:
+        if g.key == g.key:
             self._seq += 1
             g.token = self._seq
-            heapq.heappush(self._heap, (-key, g.first, self._seq, g))
+            heapq.heappush(self._heap, (-g.key, g.first, self._seq, g))
         elif g.line is None:
             g.line = self._probe
             self._probe.append(g)
 
+    def _refile(self) -> None:
+        """The predictor is trusted now: file every group with a trajectory waiting, by its last prediction,
+        in drawn order (as if each had been filed when it was last predicted)."""
+        self._filing = True
+        groups = {id(t.group): t.group for t in self._drawn if t.queued}
+        for g in sorted(groups.values(), key=lambda g: g.first):
+            self._file(g)
+
     def _next(self):
         if self._front:
             return self._front[0]
-        if not (self.ordered and self.predictor.trusted):
+        ordering = self.ordered and self.predictor.trusted
+        if ordering and not self._filing:
+            self._refile()
+        self._filing = ordering
+        if not ordering:
             drawn = self._drawn
             while not drawn[0].queued:
                 drawn.popleft()

@@ -178,6 +178,23 @@ def test_a_queue_told_drawn_keeps_the_drawn_order_though_trusted_and_still_score
     assert q.predictor.rank_correlation() > 0.8  # scored as if it had ordered them (ties within a group keep it below 1)
 
 
+def test_an_untrusted_queue_files_nothing_then_orders_what_waits_once_trusted():
+    """Until its predictor is trusted a queue keeps no heap entry or probe line (they would grow with
+    every finish of a job that is never trusted); the moment it is, the groups already waiting are ordered."""
+    q = PredictedQueue(LengthPredictor())
+    for step in range(50):
+        trajs = _batch([0, 0, 1, 1], start=4 * step)  # prompt 0 runs 100 s, prompt 1 runs 3 s, every epoch
+        q.extend(trajs)
+        assert _serve(q, 4) == [t.idx for t in trajs]  # as drawn
+        for t in trajs:
+            q.finished(t, 100.0 if t.group.prompt == 0 else 3.0)
+        assert not q.predictor.trusted and not q._heap and not q._probe and not q._waiting
+    waiting = _batch([1, 1, 0, 0], start=200)
+    q.extend(waiting)  # filed by nothing yet
+    _trusted(q.predictor)
+    assert _serve(q, 4) == [202, 203, 200, 201]  # prompt 0 ran long every epoch: it goes first
+
+
 def test_evidence_that_does_not_track_lengths_is_never_trusted():
     predictor, rng = LengthPredictor(), np.random.default_rng(0)
     for i in range(5 * MIN_PAIRS):

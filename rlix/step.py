@@ -278,6 +278,25 @@ class StepTimes:
     train_end: float = math.nan
 
 
+class BatchTally:
+    """One rollout batch's count: trajectories still to finish, and the oldest weights the finished ones
+    started on. The batch is rolled out when the last finishes; its step's staleness is judged by that
+    oldest version (:meth:`StepMachine.rolled`). Both shells count their batches with it."""
+
+    __slots__ = ("left", "oldest")
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.oldest = math.inf  # no trajectory finished yet
+
+    def finished(self, version: float) -> bool:
+        """A trajectory finished whose first segment ran on weights ``version``; True if it was the last."""
+        if version < self.oldest:
+            self.oldest = version
+        self.left -= 1
+        return self.left == 0
+
+
 @dataclass(kw_only=True)
 class _Stream:
     spec: StreamSpec

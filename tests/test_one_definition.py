@@ -26,6 +26,11 @@ RULES = {
         "Driver",
         ("rlix/sim/pipeline.py", "rlix/exec/job/step_runner.py"),
     ),
+    "when a batch is rolled out, and the oldest weights under it": (
+        "rlix/step.py",
+        "BatchTally",
+        ("rlix/sim/engine.py", "rlix/exec/job/step_runner.py"),
+    ),
     "the weights under a trajectory (sync on demand, drain, partial rollout)": (
         "rlix/job.py",
         "weight_gate",

@@ -17,6 +17,7 @@ from rlix.core import Role, Stage
 from rlix.job import STEP_STAGES, pipeline_spec, remaining_path_s, stage_gpus, stage_role, step_sequence
 from rlix.metrics import Activity
 from rlix.step import (
+    BatchTally,
     Book,
     DemandChanged,
     Driver,
@@ -280,6 +281,13 @@ def test_rolled_keeps_the_oldest_weight_version_its_trajectories_used():
     assert [r.version for r in m.history] == [0, 0, 0]
     m.rolled(0, 1, 3.0, oldest_version=5)  # never newer than the version it was queued on
     assert m.history[1].version == 0
+
+
+def test_a_tally_ends_its_batch_at_the_last_finish_with_the_oldest_version_any_used():
+    tally = BatchTally(3)
+    assert tally.finished(2) is False and tally.oldest == 2
+    assert tally.finished(1) is False  # finished second, on older weights (it started before a sync)
+    assert tally.finished(3) is True and tally.oldest == 1
 
 
 # ------------------------------------------------------------------ announce

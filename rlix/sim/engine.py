@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WeightGate, WorkerPhase, weight_gate, worker_booking
 from rlix.lengths import Group, LengthPredictor, PredictedQueue
 from rlix.metrics import UsageRecorder
+from rlix.step import BatchTally
 
 Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
 
@@ -49,17 +49,16 @@ def book_worker(usage: UsageRecorder, gpus, now: float, phase: WorkerPhase, pipe
 class Batch:
     """One step's rollout of one stream: ``n`` trajectories, none started on weights older than ``version``."""
 
-    __slots__ = ("done", "left", "lora", "n", "oldest", "step", "stream", "version")
+    __slots__ = ("done", "lora", "n", "step", "stream", "tally", "version")
 
     def __init__(self, env: simpy.Environment, stream: int, step: int, version: int, n: int, lora: bool) -> None:
         self.stream = stream
         self.step = step
         self.version = version  # the oldest weight version a trajectory of this batch may start on
         self.n = n
-        self.left = n
+        self.tally = BatchTally(n)  # left to finish, and the oldest weights the finished ones used
         self.done = env.event()
         self.lora = lora
-        self.oldest = math.inf  # oldest weight version a finished trajectory's first segment used
 
 
 class Traj:
@@ -569,12 +568,9 @@ class RolloutEngine:
             if t.duration > self.longest_s:
                 self.longest_s = t.duration
             batch = t.batch
-            if t.version < batch.oldest:
-                batch.oldest = t.version
             if t.group is not None:
                 self.pending.finished(t, t.duration)
-            batch.left -= 1
-            if batch.left == 0:
+            if batch.tally.finished(t.version):
                 self.open_n -= batch.n
                 batch.done.succeed()
         if finished:

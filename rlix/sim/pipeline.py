@@ -246,7 +246,7 @@ class SimPipeline:
         self.engine.add_batch(batch, step.rollout(), step.prompts)
         self.host.request_plan()  # demand went up: plan now, not at the next tick
         batch.done.callbacks.append(
-            lambda _: self._do(lambda: self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.oldest))
+            lambda _: self._do(lambda: self.machine.rolled(e.stream, e.step, self.env.now, oldest_version=batch.tally.oldest))
         )
 
     def publish(self, e: Publish) -> None:

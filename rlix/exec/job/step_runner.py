@@ -37,6 +37,7 @@ from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.queue import Queued, RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.step import (
+    BatchTally,
     Book,
     DemandChanged,
     Driver,
@@ -62,11 +63,15 @@ class FaultInjected(RuntimeError):
 
 @dataclass(kw_only=True)
 class OpenBatch:
-    """A produced step's trajectories and the results in so far."""
+    """A produced step's trajectories, the results in so far, and its tally (what is left, the oldest weights)."""
 
     trajs: list[Trajectory]
     started_s: float
     results: dict[int, GenResult] = field(default_factory=dict)
+    tally: BatchTally = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tally = BatchTally(len(self.trajs))
 
 
 @dataclass(kw_only=True)
@@ -89,7 +94,7 @@ def step_record(stream: str, step: int, batch: OpenBatch, tick: Tick, recs: list
         mean_reward=tick.scored.mean_reward,
         mean_tokens=sum(r.tokens for r in recs) / len(recs),
         stages=tuple(tick.stages),
-        min_weight_version=min(r.weight_version for r in recs),
+        min_weight_version=batch.tally.oldest,
     )
 
 
@@ -250,13 +255,13 @@ class StepRunner:
         batch = self.batches.get((stream, step))
         if batch is None or result.traj_id in batch.results:
             return []  # its batch was dropped (the stream stopped), or a repeat: nothing new
-        self.rec.trajectory(self.p.queue.finished(q, result))
+        record = self.p.queue.finished(q, result)
+        self.rec.trajectory(record)
         batch.results[result.traj_id] = result
         self.p.rollout.hooks.changed()
-        if len(batch.results) < len(batch.trajs):
+        if not batch.tally.finished(record.weight_version):  # its oldest over every segment
             return []
-        oldest = min(self.rec.trajs[t.request.traj_id].weight_version for t in batch.trajs)  # over every segment
-        return self.machine.rolled(stream, step, self.now(), oldest_version=oldest)
+        return self.machine.rolled(stream, step, self.now(), oldest_version=batch.tally.oldest)
 
     def score(self, e: Score) -> None:
         if self.p.crash_at_step == e.step:

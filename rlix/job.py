@@ -121,11 +121,11 @@ def weight_gate(have: int, need: int, newest: int, *, idle: bool, streaming: boo
 
     - It starts where the worker's weights are new enough, except that under streaming an ``idle``
       worker first moves to the newest weights (nothing of its own runs on the old ones).
-    - Otherwise the worker syncs, to ``need`` (batch mode) or the newest (streaming), if it is idle, or
+    - Otherwise the worker syncs, to the newest weights (a trainer keeps only those), if it is idle, or
       under ``partial`` rollout (its running trajectories go on under the new weights).
     - Otherwise it waits: full weights change only on an idle worker.
     """
-    want = max(newest, need) if streaming else need
+    want = max(newest, need)
     if have >= need and not (streaming and idle and have < want):
         return _START, have
     if idle or partial:

@@ -141,8 +141,8 @@ def test_lower_bounds_count_tp_width_and_staleness_overlap():
         (1, 1, 2, True, True, False, (WeightGate.SYNC, 2)),  # streaming: an idle worker moves to the newest first
         (1, 1, 2, False, True, False, (WeightGate.START, 1)),  # ... a busy one keeps going
         (0, 2, 2, True, False, False, (WeightGate.SYNC, 2)),  # too old, idle: sync to what the batch needs
-        (0, 1, 2, True, False, False, (WeightGate.SYNC, 1)),  # batch mode syncs to the batch's version
-        (0, 1, 2, False, False, False, (WeightGate.WAIT, 1)),  # too old and busy: drain first
+        (0, 1, 2, True, False, False, (WeightGate.SYNC, 2)),  # a sync brings the newest (all a trainer keeps)
+        (0, 1, 2, False, False, False, (WeightGate.WAIT, 2)),  # too old and busy: drain first
         (0, 1, 2, False, True, False, (WeightGate.WAIT, 2)),
         (0, 1, 2, False, True, True, (WeightGate.SYNC, 2)),  # partial rollout: sync under running trajectories
         (-1, 0, 0, True, False, False, (WeightGate.SYNC, 0)),  # no weights at all

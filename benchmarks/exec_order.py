@@ -7,7 +7,7 @@ of those prompts then runs twice with ``rlix-run``, once per ``dispatch``, all e
 prompts, the seed, the pacing (a decode step takes ``decode_step_s`` on each logical GPU).
 
 Per run, over the steps after the predictor is trusted (:data:`rlix.lengths.MIN_PAIRS` evidence
-pairs; the same steps in both runs):
+pairs, with one step's margin; the same steps in both runs):
 
 - the rollout span of each step: its first worker starting to its last trajectory ending
   (``timeline.json``);
@@ -43,8 +43,9 @@ from rlix.exec.data.model import ModelSize, build_model, load_model, load_tokeni
 from rlix.exec.data.tasks import make_task
 from rlix.exec.front import api
 from rlix.exec.job.steplog import read_lines
+from rlix.exec.records import JobStatus
 from rlix.lengths import MIN_PAIRS
-from rlix.sim.sweep import parse_seeds
+from rlix.sim.sweep import SweepError, parse_seeds
 
 MAX_LEN = 24  # the longest answer (digits); the task draws them long-tailed
 PROMPTS, PER_STEP, GROUP = 32, 8, 8  # the dataset's rows, prompts a step, samples a prompt
@@ -147,7 +148,8 @@ def read_steps(out: Path, slots: int) -> list[Step]:
     trace = json.loads((out / "trace.json").read_text())["pipelines"][0]["steps"]
     lines = read_lines(out / "copy" / "metrics.jsonl")
     steps = []
-    for e, traj, line in zip(sorted((e for e in events if e["name"].startswith("step ")), key=lambda e: e["ts"]), trace, lines):
+    marks = sorted((e for e in events if e["name"].startswith("step ")), key=lambda e: e["ts"])
+    for e, traj, line in zip(marks, trace, lines, strict=True):
         inside = [r for r in rollouts if e["ts"] <= r["ts"] < e["ts"] + e["dur"]]
         span = (max(r["ts"] + r["dur"] for r in inside) - min(r["ts"] for r in inside)) / 1e6
         gen = traj["trajectories"]
@@ -159,7 +161,7 @@ def read_steps(out: Path, slots: int) -> list[Step]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=32, help="steps a run (default 32: 8 epochs of the dataset)")
-    parser.add_argument("--seeds", default="0", help="dataset and job seeds, e.g. 0,1,2 or 0-3 (default 0)")
+    parser.add_argument("--seeds", default="0", help="dataset and job seeds, e.g. 0,1,2 (default 0)")
     parser.add_argument(
         "--slots",
         type=int,
@@ -169,18 +171,26 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "runs" / "exec_order"), help="the model, the runs' configs and outputs")
     args = parser.parse_args()
     out = Path(args.out)
-    trusted = math.ceil(MIN_PAIRS / (PER_STEP * GROUP))  # steps whose groups give the predictor its pairs
+    try:
+        seeds = parse_seeds(args.seeds)
+    except SweepError as exc:
+        _fail(str(exc))
+    trusted = math.ceil(MIN_PAIRS / (PER_STEP * GROUP))  # the step within which the predictor has its pairs
     if args.steps <= trusted + 1:
-        sys.exit(f"exec_order: --steps must exceed {trusted + 1}: the predictor is trusted after {trusted} steps")
+        _fail(f"--steps {args.steps}: give more than {trusted + 1}; the predictor is trusted within step {trusted}")
     model = copy_model(out / "model")
-    print(f"steps {trusted + 2}-{args.steps} measured (the predictor trusted after {MIN_PAIRS} pairs: {trusted} steps)")
+    print(f"steps {trusted + 2}-{args.steps} measured: the predictor is trusted within step {trusted} ({MIN_PAIRS} pairs)")
     print(f"{'seed':>4} {'dispatch':>9} {'span s':>7} {'bound s':>7} {'tail s':>6} {'span/bound':>10} {'rank r':>6}")
     tails: dict[str, list[float]] = {"drawn": [], "predicted": []}
-    for seed in parse_seeds(args.seeds):
+    for seed in seeds:
         rewards = {}
         for dispatch in ("drawn", "predicted"):
             run_dir = out / f"seed{seed}-{dispatch}"
-            api.run(write_run(run_dir, model, seed=seed, dispatch=dispatch, steps=args.steps, slots=args.slots))
+            res = api.run(write_run(run_dir, model, seed=seed, dispatch=dispatch, steps=args.steps, slots=args.slots))
+            job = res.results["copy"]
+            if job.status is not JobStatus.FINISHED or len(job.steps) != args.steps:
+                why = job.error or "no error"
+                _fail(f"seed {seed}, {dispatch}: the job ended {job.status.value} after {len(job.steps)} steps ({why})")
             steps = read_steps(run_dir / "out", args.slots)
             rewards[dispatch] = [s.reward for s in steps]
             late = steps[trusted + 1 :]
@@ -192,10 +202,17 @@ def main() -> None:
                 f"{statistics.fmean(ranks) if ranks else float('nan'):>6.2f}",
                 flush=True,
             )
+        if not ranks or statistics.fmean(ranks) < 0.5:  # the predicted run's (the last one)
+            print(f"{seed:>4} warning: rank correlation under 0.5; the copy model may not have learnt to stop")
         same = rewards["drawn"] == rewards["predicted"]
         print(f"{seed:>4} same rewards step for step: {'yes' if same else 'NO'}")
     drawn, predicted = statistics.fmean(tails["drawn"]), statistics.fmean(tails["predicted"])
     print(f"mean tail a step: drawn {drawn:.2f} s, predicted {predicted:.2f} s ({predicted / drawn:.2f}x)")
+
+
+def _fail(message: str) -> None:
+    print(f"exec_order: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

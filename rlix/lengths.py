@@ -79,28 +79,27 @@ class Pearson:
 
     def __init__(self) -> None:
         self.n = 0
-        self._sums: dict[tuple[int, int], list[float]] = {}  # cohort -> [n, sx, sy, sxx, syy, sxy]
+        self._means: dict[tuple[int, int], list[float]] = {}  # cohort -> [n, mean x, mean y]
+        self._vx = self._vy = self._cov = 0.0  # centred sums of squares and products, every cohort's together
 
     def add(self, cohort: tuple[int, int], x: float, y: float) -> None:
-        s = self._sums.setdefault(cohort, [0.0] * 6)
-        s[0] += 1
-        s[1] += x
-        s[2] += y
-        s[3] += x * x
-        s[4] += y * y
-        s[5] += x * y
+        """One pair; its cohort's means and the pooled sums move in O(1) (Welford's update), so checking
+        r costs the same at the thousandth step as at the first."""
+        m = self._means.setdefault(cohort, [0, 0.0, 0.0])
+        m[0] += 1
+        dx, dy = x - m[1], y - m[2]
+        m[1] += dx / m[0]
+        m[2] += dy / m[0]
+        self._vx += dx * (x - m[1])
+        self._vy += dy * (y - m[2])
+        self._cov += dx * (y - m[2])
         self.n += 1
 
     def r(self) -> float:
         """The pooled within-cohort correlation so far (nan: no spread yet)."""
-        vx = vy = cov = 0.0
-        for n, sx, sy, sxx, syy, sxy in self._sums.values():
-            vx += sxx - sx * sx / n
-            vy += syy - sy * sy / n
-            cov += sxy - sx * sy / n
-        if vx <= 0 or vy <= 0:
+        if self._vx <= 0 or self._vy <= 0:
             return math.nan
-        return cov / math.sqrt(vx * vy)
+        return self._cov / math.sqrt(self._vx * self._vy)
 
 
 class LengthPredictor:
@@ -312,6 +311,8 @@ class PredictedQueue:
         ordering = self.ordered and self.predictor.trusted
         if ordering and not self._filing:
             self._refile()
+        elif self._filing and not ordering:
+            self._heap.clear()  # trust lost: refiled if it comes back
         self._filing = ordering
         if not ordering:
             drawn = self._drawn

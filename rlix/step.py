@@ -290,7 +290,8 @@ class BatchTally:
         self.oldest = math.inf  # no trajectory finished yet
 
     def finished(self, version: float) -> bool:
-        """A trajectory finished whose first segment ran on weights ``version``; True if it was the last."""
+        """A trajectory finished whose oldest weights were ``version`` (its first segment's: weights only get
+        newer); True if it was the batch's last."""
         if version < self.oldest:
             self.oldest = version
         self.left -= 1

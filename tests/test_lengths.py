@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rlix.lengths import MIN_PAIRS, Group, LengthPredictor, PredictedQueue
+from rlix.lengths import MIN_PAIRS, Group, LengthPredictor, Pearson, PredictedQueue
 from rlix.sim.simulator import replay
 from rlix.trace import GenerateModel, StreamModel, TraceError, expand_stream, parse_trace
 
@@ -193,6 +193,19 @@ def test_an_untrusted_queue_files_nothing_then_orders_what_waits_once_trusted():
     q.extend(waiting)  # filed by nothing yet
     _trusted(q.predictor)
     assert _serve(q, 4) == [202, 203, 200, 201]  # prompt 0 ran long every epoch: it goes first
+
+
+def test_the_pooled_correlation_centres_each_cohort_on_its_own_means():
+    rng = np.random.default_rng(2)
+    pooled, xs, ys = Pearson(), [], []
+    for step in range(30):  # each step's lengths shifted by the step: a pooled, uncentred r would see that shift
+        x = rng.normal(step, 1.0, 16)
+        y = 0.5 * x + rng.normal(2 * step, 1.0, 16)
+        for a, b in zip(x, y):
+            pooled.add((0, step), float(a), float(b))
+        xs.append(x - x.mean())
+        ys.append(y - y.mean())
+    assert pooled.r() == pytest.approx(np.corrcoef(np.concatenate(xs), np.concatenate(ys))[0, 1], rel=1e-9)
 
 
 def test_evidence_that_does_not_track_lengths_is_never_trusted():

@@ -195,6 +195,14 @@ def test_an_untrusted_queue_files_nothing_then_orders_what_waits_once_trusted():
     assert _serve(q, 4) == [202, 203, 200, 201]  # prompt 0 ran long every epoch: it goes first
 
 
+def test_a_queue_whose_predictor_loses_trust_serves_as_drawn_and_orders_again_when_it_is_back():
+    q, second = _second_epoch(ordered=True)  # prompt 0 ran 100 s, prompt 1 3 s: ordered, 4 and 5 go first
+    q.predictor.trusted = False  # its evidence stopped tracking lengths
+    assert _serve(q, 1) == [2] and not q._heap  # as drawn, and the heap dropped
+    q.predictor.trusted = True
+    assert _serve(q, 3) == [4, 5, 3]  # the waiting groups filed again by their predictions: prompt 0 first
+
+
 def test_the_pooled_correlation_centres_each_cohort_on_its_own_means():
     rng = np.random.default_rng(2)
     pooled, xs, ys = Pearson(), [], []

@@ -142,8 +142,7 @@ class Step:
 
 def read_steps(out: Path, slots: int) -> list[Step]:
     """Each step of a finished run (``slots`` trajectories at once on each worker), from its timeline, trace and metrics."""
-    events = json.loads((out / "timeline.json").read_text())
-    events = events["traceEvents"] if isinstance(events, dict) else events
+    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
     rollouts = [e for e in events if e["name"] == "copy:rollout"]
     trace = json.loads((out / "trace.json").read_text())["pipelines"][0]["steps"]
     lines = read_lines(out / "copy" / "metrics.jsonl")

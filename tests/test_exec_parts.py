@@ -16,9 +16,10 @@ from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import JobStatus, SwitchKind
 from rlix.exec.rollout.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
-from rlix.exec.rollout.queue import RolloutQueue, TrajectoryFailed
+from rlix.exec.rollout.queue import RolloutQueue
 from rlix.job import warm_order
 from rlix.metrics import Activity
+from rlix.rollout_book import TrajectoryFailed
 
 # ------------------------------------------------------------------ worker pool
 
@@ -139,7 +140,7 @@ def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
             res = fake.run(item.request)
             w.inflight.pop(item.traj_id)
             if res.finished:
-                records[item.traj_id] = q.finished(item, res)
+                records[item.traj_id], _ = q.finished(item, res)
             else:
                 q.aborted(item, res)
     assert sorted(records) == [0, 1, 2]

@@ -13,10 +13,12 @@ holds are written here once:
   new work: they hold their batch back.
 - **Preemption.** A shrink that takes running trajectories off a worker is a
   preemption (:meth:`RolloutBook.preempted`). Those trajectories, and those of
-  a worker lost, are never lost: they go back to the front in the order the
-  shell gives (:meth:`RolloutBook.put_back`), to continue from their progress
-  (or restart, where the job says ``preempt: requeue``). Progress is the
-  shell's: seconds in the simulator, tokens in the executor.
+  a worker process lost (the executor's), are never lost: they go back to the
+  front (:meth:`RolloutBook.put_back`), to continue from their progress. The
+  order among them is the shell's: the simulator puts a worker's back at once,
+  oldest first; the executor puts each back as it comes back from its worker.
+  Progress is the shell's too: seconds in the simulator (which restarts them
+  instead where a trace says ``preempt: requeue``), tokens in the executor.
 - **Failure.** An application error is retried from where the trajectory was,
   up to ``max_tries`` tries in all; then :class:`TrajectoryFailed`.
 - **Dropped batches.** A batch that will never be trained leaves the queue,
@@ -24,7 +26,8 @@ holds are written here once:
 - **Completion.** A batch is rolled out when its last trajectory finishes; its
   :class:`~rlix.step.BatchTally` (made here) says so, with the oldest weights
   under it.
-- **Demand.** A report states the trajectories waiting: ``len(book)``.
+- **Demand.** A report states the trajectories waiting, ``len(book)`` (the
+  executor adds those still coming back from a draining worker).
 
 An entry is the shell's own object for a trajectory. It has ``idx`` (unique,
 in drawn order: the last tie-breaker), ``group`` (its prompt's
@@ -102,6 +105,8 @@ class RolloutBook:
         group learns. Returns whether its batch is rolled out now (``e.tally`` holds the oldest weights)."""
         if self._dropped and e.idx in self._dropped:
             return False
+        if self._errors:
+            self._errors.pop(e.idx, None)
         self.completed += 1
         if e.group is not None:
             self.queue.finished(e, length)

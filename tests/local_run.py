@@ -140,7 +140,7 @@ class _LocalShell:
 
     def queue_batch(self, e: QueueBatch) -> None:
         trajs = self.recipes[e.stream].trajectories(e.step)
-        tally, results = self.queue.add(trajs, e.version), {}
+        tally, results, rolled = self.queue.add(trajs, e.version), {}, False
         while self.queue.queue:  # one slot: each trajectory in the book's order, to its end
             q = self.queue.queue.popleft()
             results[q.traj_id] = self.backend.generate(q.request)

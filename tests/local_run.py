@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlix.core import Stage
 from rlix.exec.config import JobConfig
+from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.rollout.torch_backend import Emulation, TorchRolloutBackend
 from rlix.exec.train.grpo import GrpoLearner
 from rlix.job import stage_gpus
@@ -77,8 +78,9 @@ def run_local_lora(job: JobConfig, workdir: str | Path, emulation: Emulation = E
 
 class _LocalShell:
     """The job's step machine (:mod:`rlix.step`, the one both shells drive), its effects carried out here
-    and answered at once: every gang is granted, a batch rolls out whole on one rollout engine, and the
-    stages run on the learner. Only the scheduler and the processes are left out."""
+    and answered at once: every gang is granted, a batch rolls out whole on one rollout engine in its
+    rollout book's order (:mod:`rlix.rollout_book`, as both shells keep it), and the stages run on the
+    learner. Only the scheduler and the processes are left out."""
 
     def __init__(self, job: JobConfig, workdir: str | Path, emulation: Emulation) -> None:
         from rlix.exec.job.coordinator import job_streams, plan_of
@@ -99,6 +101,7 @@ class _LocalShell:
 
             algos = {a.name: a.algo.value(a.seed) for a in job.adapters}
             self.learner = LoraLearner(str(model_dir), "cpu", spec, algos, emulation)
+        self.queue = RolloutQueue.for_job(job)  # the executor's rollout book: its order, and each batch's tally
         self.batches: dict[tuple[int, int], tuple[list, dict]] = {}  # (stream, step) -> its trajectories, results
         self.scored = None  # the step in training: its scored batch
         self.samples: list = []
@@ -137,10 +140,14 @@ class _LocalShell:
 
     def queue_batch(self, e: QueueBatch) -> None:
         trajs = self.recipes[e.stream].trajectories(e.step)
-        results = {t.request.traj_id: self.backend.generate(t.request) for t in trajs}
+        tally, results, rolled = self.queue.add(trajs, e.version), {}, False
+        while self.queue.queue:  # one slot: each trajectory in the book's order, to its end
+            q = self.queue.queue.popleft()
+            results[q.traj_id] = self.backend.generate(q.request)
+            _, rolled = self.queue.finished(q, results[q.traj_id])
+        assert rolled, "the batch's last trajectory finished and its book did not roll it out"
         self.batches[(e.stream, e.step)] = trajs, results
-        oldest = min(r.weight_version for r in results.values())
-        self._tell(lambda: self.machine.rolled(e.stream, e.step, 0.0, oldest_version=oldest))
+        self._tell(lambda: self.machine.rolled(e.stream, e.step, 0.0, oldest_version=tally.oldest))
 
     def score(self, e: Score) -> None:
         self.scored = self.recipes[e.stream].score(*self.batches[(e.stream, e.step)])
@@ -177,7 +184,7 @@ class _LocalShell:
         self._tell(lambda: self.machine.published(e.stream, 0.0))
 
     def drop_batch(self, e: DropBatch) -> None:
-        del self.batches[(e.stream, e.step)]
+        del self.batches[(e.stream, e.step)]  # rolled out whole at its queueing: nothing left in the book
 
     def _nothing(self, e) -> None:
         pass

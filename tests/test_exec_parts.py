@@ -16,9 +16,10 @@ from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.recorder import Recorder
 from rlix.exec.records import JobStatus, SwitchKind
 from rlix.exec.rollout.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
-from rlix.exec.rollout.queue import RolloutQueue, TrajectoryFailed
+from rlix.exec.rollout.queue import RolloutQueue
 from rlix.job import warm_order
 from rlix.metrics import Activity
+from rlix.rollout_book import TrajectoryFailed
 
 # ------------------------------------------------------------------ worker pool
 
@@ -139,7 +140,7 @@ def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
             res = fake.run(item.request)
             w.inflight.pop(item.traj_id)
             if res.finished:
-                records[item.traj_id] = q.finished(item, res)
+                records[item.traj_id], _ = q.finished(item, res)
             else:
                 q.aborted(item, res)
     assert sorted(records) == [0, 1, 2]
@@ -212,6 +213,22 @@ def test_eval_prompts_are_each_their_own_group_apart_from_the_trained_ones():
     groups = [x.group for x in served]
     assert groups[0] is groups[1] and len({id(g) for g in groups}) == 4  # the trained pair, and three eval rows alone
     assert [(g.stream, g.prompt) for g in groups[2:]] == [(("", True), 0), (("", True), 1), (("", True), 2)]
+
+
+def test_a_row_drawn_twice_in_one_step_is_one_prompt_group_as_its_replay_groups_it():
+    """Groups are keyed by dataset row, the prompt id ``trace.json`` records: two GRPO groups of one row
+    (a step across an epoch's end) are one group, and the same row in the next step is another."""
+    q = RolloutQueue(max_tries=1)
+    item = PromptItem(row=5, prompt="x", prompt_ids=(), columns=())
+    trajs = [
+        Trajectory(step=s, prompt=item, request=GenRequest(traj_id=i, prompt_ids=(1,), max_new_tokens=4), group=g)
+        for i, (s, g) in enumerate([(0, 0), (0, 0), (0, 1), (0, 1), (1, 0)])
+    ]
+    q.add(trajs[:4])
+    q.add(trajs[4:])
+    groups = [q.queue.popleft().group for _ in range(5)]
+    assert all(g is groups[0] for g in groups[:4]) and groups[0].size == 4
+    assert groups[4] is not groups[0] and (groups[4].step, groups[4].prompt) == (1, 5)
 
 
 def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "rlix"
 
-# rule -> (its home module, the name it is defined by, the modules of the two shells that apply it)
+# rule -> (its home module, the name it is defined by, the modules that apply it: the two shells', or the
+# rollout book's, which both shells drive)
 RULES = {
     "the job plan (streams, batch sizes, staleness, rollout mode)": (
         "rlix/step.py",
@@ -26,10 +27,15 @@ RULES = {
         "Driver",
         ("rlix/sim/pipeline.py", "rlix/exec/job/step_runner.py"),
     ),
-    "when a batch is rolled out, and the oldest weights under it": (
+    "a job's trajectories: what starts next, what a preemption or a failure does, dropped batches, completion": (
+        "rlix/rollout_book.py",
+        "RolloutBook",
+        ("rlix/sim/engine.py", "rlix/exec/rollout/queue.py"),
+    ),
+    "when a batch is rolled out, and the oldest weights under it (kept by the rollout book)": (
         "rlix/step.py",
         "BatchTally",
-        ("rlix/sim/engine.py", "rlix/exec/job/step_runner.py"),
+        ("rlix/rollout_book.py",),
     ),
     "the weights under a trajectory (sync on demand, drain, partial rollout)": (
         "rlix/job.py",
@@ -39,7 +45,7 @@ RULES = {
     "the order in which waiting trajectories start": (
         "rlix/lengths.py",
         "PredictedQueue",
-        ("rlix/sim/engine.py", "rlix/exec/rollout/queue.py"),
+        ("rlix/rollout_book.py",),
     ),
     "where a worker's GPUs are booked in each phase": (
         "rlix/job.py",

@@ -81,7 +81,7 @@ def test_every_trajectory_completes_exactly_once_and_staleness_holds(trace, poli
     assert metrics.trajectories_lost == 0
     for p in trace.pipelines:
         sp = sim.pipelines[p.id]
-        assert sp.engine.running == 0 and not sp.engine.pending
+        assert sp.engine.running == 0 and not sp.engine.book
         by_stream: dict[int, list] = {}
         for rec in sp.history:
             by_stream.setdefault(rec.stream, []).append(rec)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import count, repeat
@@ -30,9 +29,9 @@ from simpy.events import NORMAL, URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WeightGate, WorkerPhase, weight_gate, worker_booking
-from rlix.lengths import Group, LengthPredictor, PredictedQueue
+from rlix.lengths import LengthPredictor
 from rlix.metrics import UsageRecorder
-from rlix.step import BatchTally
+from rlix.rollout_book import RolloutBook
 
 Speed = Callable[[int], float]  # generating trajectories on a worker -> fraction of full decode speed
 
@@ -56,7 +55,7 @@ class Batch:
         self.step = step
         self.version = version  # the oldest weight version a trajectory of this batch may start on
         self.n = n
-        self.tally = BatchTally(n)  # left to finish, and the oldest weights the finished ones used
+        self.tally = None  # left to finish, and the oldest weights the finished ones used: the rollout book's
         self.done = env.event()
         self.lora = lora
 
@@ -74,6 +73,7 @@ class Traj:
         "seg",
         "segments",
         "started",
+        "tally",
         "token",
         "version",
         "worker",
@@ -91,8 +91,9 @@ class Traj:
         self.token = 0  # sequence number of its live heap entry (0: none): older entries are stale
         self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
         self.version = -1  # weight version its first segment started on (-1: not started)
-        self.group: Group | None = None  # its prompt's group in its batch (None: no prompt ids)
-        # ``predicted`` and ``queued`` are the PredictedQueue's (rlix.lengths), set there when it holds the trajectory.
+        self.group = None  # its prompt's group in its batch (None: no prompt ids)
+        # ``tally`` and ``group`` are set by the rollout book (rlix.rollout_book), ``predicted`` and ``queued``
+        # by its PredictedQueue (rlix.lengths) while it holds the trajectory.
 
 
 class SimWorker:
@@ -296,17 +297,17 @@ class WeightLoader:
         return False
 
 
-def fill_slots(w: SimWorker, pending: deque[Traj], slots: int, weights: WeightLoader, timeline: Timeline, now: float) -> int:
-    """Start trajectories from the front of ``pending`` on ``w``'s free slots (of ``slots``), each once ``w``
-    holds the weights it needs; stops at one it must wait for (a sync started). Returns how many started."""
+def fill_slots(w: SimWorker, queue, slots: int, weights: WeightLoader, timeline: Timeline, now: float) -> int:
+    """Start trajectories from the front of ``queue`` (a rollout book's) on ``w``'s free slots (of ``slots``), each
+    once ``w`` holds the weights it needs; stops at one it must wait for (a sync started). Returns how many started."""
     started = 0
-    while pending and len(w.active) < slots:
-        t = pending[0]
+    while queue and len(w.active) < slots:
+        t = queue[0]
         batch = t.batch
         delay = weights.ready_for(w, batch, now)
         if delay is None:
             break  # the worker syncs its weights first, or drains before it may
-        pending.popleft()
+        queue.popleft()
         t.worker = w
         if t.version < 0:
             t.version = w.versions.get(batch.stream, -1)
@@ -402,16 +403,10 @@ class RolloutEngine:
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self._order: list[int] = []  # the workers' first GPUs, ascending: every demand report walks them
-        self.predictor = LengthPredictor() if options.predict else None
-        self.pending: deque[Traj] | PredictedQueue = deque() if self.predictor is None else PredictedQueue(self.predictor)
+        self.book = RolloutBook(LengthPredictor() if options.predict else None)  # its trajectories, waiting and running
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
-        self.running = 0
-        self.batch_left = 0  # trajectories of unfinished batches
-        self.completed = 0
         self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
         self.longest_s = 0.0  # the slowest finished trajectory's seconds
-        self.aborted = 0
-        self._made = 0  # trajectories created: their idx
         self._waker = Waker(env, self._advance, self.timeline.next_wake)
         self._kick = self._waker.kick
 
@@ -424,22 +419,14 @@ class RolloutEngine:
         prompts: np.ndarray | None = None,
     ) -> None:
         """Queue a batch: one duration per trajectory, or one segment list per trajectory; each one's prompt id, if known."""
-        made = map(Traj, repeat(batch), _segments(trajectories), count(self._made))  # idx made, made + 1, ...
-        if self.predictor is not None:
+        book = self.book
+        made = list(map(Traj, repeat(batch), _segments(trajectories), count(book.made)))  # idx made, made + 1, ...
+        keys = None
+        if book.predictor is not None:
             if prompts is None:
-                raise ValueError(
-                    f"{self.pipeline_id}: this engine orders by predicted length; give each trajectory its prompt id"
-                )
-            made = list(made)
-            groups: dict[int, Group] = {}
-            for t, prompt in zip(made, prompts.tolist()):
-                g = groups.get(prompt)
-                if g is None:
-                    g = groups[prompt] = Group(batch.stream, batch.step, prompt, t.idx)
-                t.group = g
-        self.pending.extend(made)
-        self._made += batch.n
-        self.batch_left += batch.n
+                raise ValueError(f"{self.pipeline_id}: this engine orders by predicted length; give each trajectory a prompt id")
+            keys = [(batch.stream, batch.step, p) for p in prompts.tolist()]
+        batch.tally = book.add(made, keys)
         self.open_n += batch.n
         self._scan_all = True
         self._note_pending()
@@ -466,9 +453,8 @@ class RolloutEngine:
         self._order.remove(worker.gpus[0])
         w.alive = False
         aborted = _stop_all(w, self.opts, self.env.now)
-        self.pending.extendleft(reversed(aborted))  # at the queue's front, oldest first
-        self.running -= len(aborted)
-        self.aborted += len(aborted)
+        self.book.preempted(len(aborted))
+        self.book.put_back(aborted)  # at the queue's front, oldest first
         if aborted:
             self._scan_all = True
             self.on_change()
@@ -488,12 +474,17 @@ class RolloutEngine:
                 if load is None or load.active != active:
                     load = self._loads[g] = WorkerLoad(first_gpu=g, active=active)
                 loads.append(load)
-        return len(self.pending), tuple(loads)
+        return len(self.book), tuple(loads)
+
+    @property
+    def running(self) -> int:
+        """Trajectories on its workers now."""
+        return sum(len(w.active) for w in self.workers.values())
 
     @property
     def mean_trajectory_s(self) -> float:
         """Mean seconds of the trajectories finished so far (0 before the first)."""
-        return self.completed_s / self.completed if self.completed else 0.0
+        return self.completed_s / self.book.completed if self.book.completed else 0.0
 
     # ------------------------------------------------------------ the process
 
@@ -501,7 +492,7 @@ class RolloutEngine:
         loading = self.timeline.loading
         touched = self.timeline.loaded(now) if loading and loading[0][0] <= now else {}  # usually none is due
         finished = self._segments_ending(now, touched)
-        if self.pending:
+        if self.book.queue:
             self._fill(now, touched)
         elif self.opts.streaming and self._scan_all:
             for g in sorted(self.workers):
@@ -519,17 +510,15 @@ class RolloutEngine:
         # Only workers whose state changed can have a usable free slot,
         # unless new work (or new weights) arrived since the last look.
         candidates = self._order if self._scan_all else sorted(touched)  # fill_slots adds or removes no worker
-        workers, slots, pending = self.workers, self.opts.slots, self.pending
+        workers, slots, waiting = self.workers, self.opts.slots, self.book.queue
         for g in candidates:
             w = workers.get(g)
             if w is not None and w.ready_at <= now and len(w.active) < slots:
-                started = fill_slots(w, pending, slots, self.weights, self.timeline, now)
-                if started:
-                    self.running += started
+                if fill_slots(w, waiting, slots, self.weights, self.timeline, now):
                     touched[g] = w
-            if not pending:
+            if not waiting:
                 break
-        if not pending:
+        if not waiting:
             self._note_pending()  # it had some: it may have none now
 
     def _book(self, now: float, touched: dict[int, SimWorker]) -> None:
@@ -548,6 +537,7 @@ class RolloutEngine:
     def _segments_ending(self, now: float, touched: dict[int, SimWorker]) -> int:
         """Pop every segment that ends by ``now``: finish trajectories, or move them to their next segment."""
         finished = 0
+        book = self.book
         ends = self.timeline.ends
         # The timeline's heap is read here, not through a method: this loop runs once per segment.
         # One entry at a time: a segment timed meanwhile (a next segment of zero seconds) may end by now too.
@@ -567,16 +557,10 @@ class RolloutEngine:
             self.completed_s += t.duration
             if t.duration > self.longest_s:
                 self.longest_s = t.duration
-            batch = t.batch
-            if t.group is not None:
-                self.pending.finished(t, t.duration)
-            if batch.tally.finished(t.version):
+            if book.finished(t, t.duration, t.version):
+                batch = t.batch
                 self.open_n -= batch.n
                 batch.done.succeed()
-        if finished:
-            self.running -= finished
-            self.completed += finished
-            self.batch_left -= finished
         return finished
 
     def _next_segment(self, t: Traj, w: SimWorker, now: float) -> None:
@@ -587,7 +571,7 @@ class RolloutEngine:
         self.timeline.schedule(t, w, now)
 
     def _note_pending(self) -> None:
-        has = bool(self.pending)
+        has = bool(self.book)
         if has != self._had_pending:
             self._had_pending = has
             self.on_pending(has)

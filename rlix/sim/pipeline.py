@@ -163,7 +163,7 @@ class SimPipeline:
             trajectory_s=self.engine.mean_trajectory_s,
             switch_s=self.model.switch.load_s + self.model.switch.weight_sync_s,  # wake + weight sync of one worker
             longest_s=self.engine.longest_s,
-            finished=self.engine.completed,
+            finished=self.engine.book.completed,
             starting=self.starting,
         )
 
@@ -255,7 +255,7 @@ class SimPipeline:
 
     def demand_changed(self, e: DemandChanged) -> None:
         # Finer changes are reported on the scheduler's tick; a rollout with nothing left running lends its GPUs now.
-        if e.urgent and not self.engine.pending and not self.engine.running:
+        if e.urgent and not self.engine.book and not self.engine.running:
             self.host.request_plan()
 
     def register_job(self, e: RegisterJob) -> None:
@@ -266,9 +266,9 @@ class SimPipeline:
     def finished(self, e: Finished) -> None:
         self.tally.admitted_s = self.machine.admitted_s  # the model load's grant: queued until then
         self.tally.finish_s = self.env.now
-        self.tally.trajectories = self.engine.completed
-        if self.engine.predictor is not None:
-            self.tally.length_rank_correlation = self.engine.predictor.rank_correlation()
+        self.tally.trajectories = self.engine.book.completed
+        if self.engine.book.predictor is not None:
+            self.tally.length_rank_correlation = self.engine.book.predictor.rank_correlation()
         self.host.usage.homes.set_home(self.env.now, self.pid, ())
         self.host.submit(Unregister(pipeline_id=self.pid))
         self.host.request_plan()

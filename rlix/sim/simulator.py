@@ -118,7 +118,7 @@ class Simulation:
             if self.demand_dirty:
                 self._plan()
             if self.progress is not None:
-                done = sum(p.engine.completed for p in self.pipelines.values())
+                done = sum(p.engine.book.completed for p in self.pipelines.values())
                 self.progress(env.now, done, self.total_trajectories)
 
     # ------------------------------------------------------------ plans
@@ -139,8 +139,8 @@ class Simulation:
         usage = self.usage
         for s in plan.shrinks:
             p = self.pipelines[s.worker.pipeline_id]
-            if p.engine.remove_worker(s.worker):
-                p.tally.preemptions += 1  # a shrink that interrupted running trajectories
+            p.engine.remove_worker(s.worker)
+            p.tally.preemptions = p.engine.book.preemptions  # shrinks that interrupted running trajectories
             offload = p.model.switch.offload_s
             ready = now + offload
             for g in s.worker.gpus:
@@ -197,7 +197,7 @@ class Simulation:
             tallies[pid] = p.tally
             # Adapter loads inside busy workers were timed as work; book them as switching.
             self.usage.rebook(pid, p.engine.weights.switch_extra, Activity.WORK, Activity.SWITCH)
-        completed = sum(p.engine.completed for p in self.pipelines.values())
+        completed = sum(p.engine.book.completed for p in self.pipelines.values())
         work_lb, path_lb = lower_bounds(self.trace.job_shapes(), self.trace.cluster.num_gpus)
         return summarize(
             policy=self.policy,
@@ -207,7 +207,7 @@ class Simulation:
             tallies=tallies,
             lower_bound_work_s=work_lb,
             lower_bound_critical_path_s=path_lb,
-            trajectories_requeued=sum(p.engine.aborted for p in self.pipelines.values()),
+            trajectories_requeued=sum(p.engine.book.requeued for p in self.pipelines.values()),
             trajectories_lost=self.total_trajectories - completed,
             plans=self.sched.plans_made,
         )

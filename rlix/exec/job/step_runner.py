@@ -67,11 +67,8 @@ class OpenBatch:
 
     trajs: list[Trajectory]
     started_s: float
+    tally: BatchTally  # the rollout book's
     results: dict[int, GenResult] = field(default_factory=dict)
-    tally: BatchTally = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.tally = BatchTally(len(self.trajs))
 
 
 @dataclass(kw_only=True)
@@ -235,8 +232,7 @@ class StepRunner:
 
     def queue_batch(self, e: QueueBatch) -> None:
         trajs = self.recipes[e.stream].trajectories(e.step)
-        self.batches[(e.stream, e.step)] = OpenBatch(trajs=trajs, started_s=self.now())
-        self.p.queue.add(trajs, e.version)
+        self.batches[(e.stream, e.step)] = OpenBatch(trajs=trajs, started_s=self.now(), tally=self.p.queue.add(trajs, e.version))
         self.p.rollout.dispatch()
 
     def drop_batch(self, e: DropBatch) -> None:
@@ -255,11 +251,11 @@ class StepRunner:
         batch = self.batches.get((stream, step))
         if batch is None or result.traj_id in batch.results:
             return []  # its batch was dropped (the stream stopped), or a repeat: nothing new
-        record = self.p.queue.finished(q, result)
+        record, rolled = self.p.queue.finished(q, result)
         self.rec.trajectory(record)
         batch.results[result.traj_id] = result
         self.p.rollout.hooks.changed()
-        if not batch.tally.finished(record.weight_version):  # its oldest over every segment
+        if not rolled:
             return []
         return self.machine.rolled(stream, step, self.now(), oldest_version=batch.tally.oldest)
 

@@ -170,8 +170,10 @@ class RolloutControl:
         # The plan has taken the GPUs back already: a death while draining is no WorkerLost
         # (the ledger may have placed a new worker there meanwhile).
         held, w.granted = w.granted, False
-        if w.state is WorkerState.AWAKE and any(task is not None for task in w.inflight.values()):
-            self.rec.counters.preemptions += 1  # as the simulator counts: a shrink that interrupted running trajectories
+        if w.state is WorkerState.AWAKE:  # the running trajectories come back to the book as they stop
+            book = self.runner.queue.book
+            book.preempted(sum(task is not None for task in w.inflight.values()))
+            self.rec.counters.preemptions = book.preemptions
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):
             self._release(w, gen, held)  # nothing on the GPUs yet (or any more)
             return

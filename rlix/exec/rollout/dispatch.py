@@ -22,8 +22,9 @@ from rlix.exec.deadline import WorkerTimeout, call
 from rlix.exec.recorder import Recorder
 from rlix.exec.rollout.hooks import Hooks, Processes
 from rlix.exec.rollout.pool import Worker, WorkerPool, WorkerState
-from rlix.exec.rollout.queue import Queued, RolloutQueue, TrajectoryFailed
+from rlix.exec.rollout.queue import Queued, RolloutQueue
 from rlix.job import WorkerPhase, worker_booking
+from rlix.rollout_book import TrajectoryFailed
 
 
 def book_worker(rec: Recorder, now: float, w: Worker, phase: WorkerPhase) -> None:

@@ -1,12 +1,13 @@
-"""Executor layer: one pipeline's rollout queue (what runs next, what continues after an abort).
+"""Executor layer: one pipeline's rollout queue, the executor's side of its rollout book.
 
-Pure (no Ray, no asyncio), in the manner of an engine scheduler: :meth:`assign`
-hands queued trajectories to free worker slots, in the order of
-:class:`rlix.lengths.PredictedQueue` (continuations first, then as drawn until
-lengths are seen to repeat with their prompts, then predicted-longest first,
-lengths in tokens; a job's ``dispatch: drawn`` keeps the drawn order), and returns the assignments;
-the shell runs them and reports each outcome back through one method per
-outcome:
+Pure (no Ray, no asyncio). What runs next and what follows each outcome is
+the job's :class:`rlix.rollout_book.RolloutBook`, as in the simulator: the
+order of :class:`rlix.lengths.PredictedQueue` (lengths in tokens; a job's
+``dispatch: drawn`` keeps the drawn order), continuations at the front,
+bounded retries, dropped batches, each batch's tally. This module keeps the
+executor's units: :meth:`RolloutQueue.assign` hands queued trajectories to
+free worker slots and returns the assignments; the shell runs them and
+reports each outcome back through one method per outcome:
 
 - finished: the trajectory is recorded (its generation seconds, segments and
   the oldest weight version that produced a token);
@@ -14,8 +15,9 @@ outcome:
   of the queue, continued from the tokens it has (never lost, never retried
   from scratch);
 - an application error (the engine refused the request, the backend raised):
-  retried up to ``max_tries`` times in all, then :class:`TrajectoryFailed`
-  fails the job with a one-line reason.
+  retried up to ``max_tries`` times in all, then
+  :class:`~rlix.rollout_book.TrajectoryFailed` fails the job with a one-line
+  reason.
 """
 
 from __future__ import annotations
@@ -29,14 +31,12 @@ from rlix.exec.data.recipe import Trajectory, continuation
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.records import TrajRecord
 from rlix.exec.rollout.pool import Worker, WorkerPool
-from rlix.lengths import Group, LengthPredictor, PredictedQueue
+from rlix.lengths import Group, LengthPredictor
+from rlix.rollout_book import RolloutBook
+from rlix.step import BatchTally
 
 if TYPE_CHECKING:
     from rlix.exec.config import JobConfig
-
-
-class TrajectoryFailed(RuntimeError):
-    """A trajectory failed on every try (an application error, not a lost worker)."""
 
 
 @dataclass(kw_only=True, eq=False)  # an entry is itself: queues find it by identity
@@ -48,10 +48,12 @@ class Queued:
     gen_s: float = 0.0  # generation seconds of the segments so far
     segments: int = 0
     min_version: int = 1 << 30  # oldest weight version that produced a token so far
-    errors: int = 0  # application errors so far
     need: int = 0  # its batch's weight version: no older full weights may produce its tokens
-    group: Group | None = None  # its prompt's group in its step (the PredictedQueue's, with the three below)
-    idx: int = 0  # drawn order, unique in the queue
+    idx: int = 0  # drawn order, unique in the book
+    # Set by the rollout book: its batch's tally and its prompt's group; by its queue: what it was predicted, and
+    # whether it waits.
+    tally: BatchTally | None = None
+    group: Group | None = None
     predicted: float = math.nan
     queued: bool = False
 
@@ -61,21 +63,15 @@ class Queued:
 
 
 class RolloutQueue:
-    """Waiting trajectories by predicted length; continuations go to the front (they hold a batch back)."""
+    """A job's trajectories in executor terms (requests, tokens, records) over its rollout book."""
 
     def __init__(self, *, max_tries: int, ordered: bool = True) -> None:
         """``ordered``: predicted-longest first once the predictor is trusted (the job's ``dispatch: predicted``);
         False serves the drawn order throughout, the predictor still learning and scored (``dispatch: drawn``)."""
-        if max_tries < 1:
-            raise ValueError("max_tries must be >= 1")
-        self.max_tries = max_tries
-        self.predictor = LengthPredictor()
-        self.queue = PredictedQueue(self.predictor, ordered=ordered)
-        self._waiting: dict[int, Queued] = {}  # traj id -> its entry, while queued
-        self._made = 0
-        self.requeued = 0  # trajectories put back after an abort or a dead worker
-        self.orphaned = 0  # of those, put back because their worker died
-        self.dropped: set[int] = set()  # trajectories of batches that will never be trained
+        self.book = RolloutBook(LengthPredictor(), ordered=ordered, max_tries=max_tries)
+        self.predictor = self.book.predictor
+        self.queue = self.book.queue
+        self._live: dict[int, Queued] = {}  # traj id -> its entry, until it finishes
 
     @classmethod
     def for_job(cls, job: JobConfig) -> RolloutQueue:
@@ -83,33 +79,33 @@ class RolloutQueue:
         return cls(max_tries=job.limits.rollout_tries, ordered=job.dispatch == "predicted")
 
     def __len__(self) -> int:
-        return len(self.queue)
+        return len(self.book)
+
+    @property
+    def requeued(self) -> int:
+        """Trajectories put back after an abort or a dead worker."""
+        return self.book.requeued
+
+    @property
+    def orphaned(self) -> int:
+        """Of those, put back because their worker died."""
+        return self.book.orphaned
 
     def waiting(self) -> list[int]:
         """Ids of the trajectories waiting for a slot, ascending."""
-        return sorted(self._waiting)
+        return sorted(q.traj_id for q in self._live.values() if q.queued)
 
-    def add(self, trajs: list[Trajectory], version: int = 0) -> None:
+    def add(self, trajs: list[Trajectory], version: int = 0) -> BatchTally:
         """Queue a batch that needs weights ``version`` or newer: a prompt's samples in a step are its
-        group (eval prompts apart from the trained ones).
-
-        Trained samples name their group; eval ones have none (-1) and are grouped by their row.
-        """
-        groups: dict[tuple, Group] = {}
-        made = []
-        for t in trajs:
-            key = (t.request.adapter, t.eval, t.step, t.prompt.row if t.eval else t.group)
-            q = Queued(traj=t, request=t.request, idx=self._made, need=version)
-            q.group = groups.get(key) or groups.setdefault(key, Group(key[:2], t.step, t.prompt.row, q.idx))
-            self._made += 1
-            self._waiting[q.traj_id] = q
-            made.append(q)
-        self.queue.extend(made)
+        group (eval prompts apart from the trained ones). Returns the batch's tally."""
+        made = [Queued(traj=t, request=t.request, idx=self.book.made + i, need=version) for i, t in enumerate(trajs)]
+        self._live.update((q.traj_id, q) for q in made)
+        prompts = [((t.request.adapter, t.eval), t.step, t.prompt.row) for t in trajs]
+        return self.book.add(made, prompts)
 
     def drop(self, traj_ids: set[int]) -> None:
         """These trajectories' batch will never be trained: out of the queue, and never put back."""
-        self.dropped |= traj_ids
-        self.queue.discard([self._waiting.pop(i) for i in sorted(traj_ids) if i in self._waiting])
+        self.book.drop([self._live.pop(i) for i in sorted(traj_ids) if i in self._live])
 
     def assign(
         self, pool: WorkerPool, ready: Callable[[Worker, Queued], bool] = lambda w, q: True
@@ -121,20 +117,20 @@ class RolloutQueue:
         gets its id, with no task yet); the caller starts each pair's task.
         """
         out = []
+        queue = self.queue
         for worker in pool.free_slots():
-            while self.queue and len(worker.inflight) < pool.slots_per_worker and ready(worker, self.queue[0]):
-                q = self.queue.popleft()
-                del self._waiting[q.traj_id]
+            while queue and len(worker.inflight) < pool.slots_per_worker and ready(worker, queue[0]):
+                q = queue.popleft()
                 worker.inflight[q.traj_id] = None
                 out.append((worker, q))
         return out
 
     # ------------------------------------------------------------ outcomes
 
-    def finished(self, q: Queued, result: GenResult) -> TrajRecord:
+    def finished(self, q: Queued, result: GenResult) -> tuple[TrajRecord, bool]:
+        """``q`` finished with ``result``: its record, and whether its batch is rolled out now (``q.tally``)."""
         produced = _produced(q, result)
-        self.queue.finished(q, max(len(result.token_ids), 1))  # its length, in tokens, teaches its group
-        return TrajRecord(
+        record = TrajRecord(
             traj_id=q.traj_id,
             stream=q.traj.request.adapter,
             step=q.traj.step,
@@ -145,6 +141,9 @@ class RolloutQueue:
             prompt=q.traj.prompt.row,
             predicted=None if math.isnan(q.predicted) else q.predicted,
         )
+        self._live.pop(q.traj_id, None)
+        # Its length, in tokens, teaches its group; its oldest weights over every segment go to its batch's tally.
+        return record, self.book.finished(q, max(len(result.token_ids), 1), record.weight_version)
 
     def aborted(self, q: Queued, result: GenResult | None) -> None:
         """Stopped by a shrink (``result`` holds its tokens) or lost with its worker (``None``)."""
@@ -155,24 +154,11 @@ class RolloutQueue:
             q.gen_s += result.gen_s
             q.segments += 1
             q.min_version = min(q.min_version, result.weight_version)
-        if q.traj_id in self.dropped:
-            return
-        self.requeued += 1
-        self.orphaned += result is None
-        self._put_back(q)
+        self.book.put_back([q], lost=result is None)
 
     def failed(self, q: Queued, reason: str) -> None:
         """An application error: retry from where it was, or raise once every try failed."""
-        if q.traj_id in self.dropped:
-            return
-        q.errors += 1
-        if q.errors >= self.max_tries:
-            raise TrajectoryFailed(f"trajectory {q.traj_id} (step {q.traj.step}) failed {q.errors} times: {reason}")
-        self._put_back(q)
-
-    def _put_back(self, q: Queued) -> None:
-        self._waiting[q.traj_id] = q
-        self.queue.extendleft([q])
+        self.book.failed(q, reason, f"trajectory {q.traj_id} (step {q.traj.step})")
 
 
 def _produced(q: Queued, result: GenResult) -> bool:

@@ -1,0 +1,102 @@
+"""The rollout book: the one owner of a job's trajectories, driven by both shells (rlix/rollout_book.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlix.lengths import LengthPredictor
+from rlix.rollout_book import RolloutBook, TrajectoryFailed
+
+
+class Entry:
+    """A shell's trajectory, as the book sees it."""
+
+    def __init__(self, idx: int) -> None:
+        self.idx = idx
+        self.group = None
+        self.tally = None
+        self.predicted = math.nan
+        self.queued = False
+
+    def __repr__(self) -> str:
+        return f"E{self.idx}"
+
+
+def _batch(book: RolloutBook, n: int, prompts=None) -> list[Entry]:
+    entries = [Entry(book.made + i) for i in range(n)]
+    book.add(entries, prompts)
+    return entries
+
+
+def _start(book: RolloutBook, n: int) -> list[Entry]:
+    return [book.queue.popleft() for _ in range(n)]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_taken_off_trajectories_wait_at_the_front_in_the_order_given_and_are_counted(grouped):
+    book = RolloutBook(LengthPredictor() if grouped else None)
+    prompts = [(0, 0, i // 2) for i in range(6)] if grouped else None
+    a = _batch(book, 6, prompts)
+    running = _start(book, 4)
+    assert running == a[:4] and len(book) == 2
+    book.preempted(3)
+    book.put_back([a[1], a[0], a[3]])  # oldest first, as the shell orders them
+    assert book.queue[0] is a[1] and (book.requeued, book.orphaned, book.preemptions) == (3, 0, 1)
+    book.put_back([a[2]], lost=True)  # its worker process died: ahead of those before it
+    assert _start(book, 6) == [a[2], a[1], a[0], a[3], a[4], a[5]]
+    assert (book.requeued, book.orphaned) == (4, 1)
+    book.preempted(0)  # a shrink of an idle worker is no preemption
+    assert book.preemptions == 1
+
+
+def test_a_batch_is_rolled_out_by_its_last_finish_with_the_oldest_weights_under_it():
+    book = RolloutBook()
+    first, second = _batch(book, 2), _batch(book, 1)
+    _start(book, 3)
+    assert first[0].tally is first[1].tally and first[0].tally is not second[0].tally
+    assert book.finished(first[1], 3.0, version=4) is False
+    assert book.finished(second[0], 1.0, version=5) is True  # a batch of one: rolled out at once
+    assert book.finished(first[0], 2.0, version=2) is True
+    assert first[0].tally.oldest == 2 and second[0].tally.oldest == 5
+    assert book.completed == 3
+
+
+def test_an_application_error_is_retried_from_the_front_then_fails_with_its_name():
+    book = RolloutBook(max_tries=2)
+    a = _batch(book, 2)
+    (e,) = _start(book, 1)
+    book.failed(e, "EngineRefused: no", "trajectory 0 (step 0)")
+    assert book.queue[0] is e and len(book) == 2
+    _start(book, 1)
+    with pytest.raises(TrajectoryFailed, match=r"^trajectory 0 \(step 0\) failed 2 times: EngineRefused: no$"):
+        book.failed(e, "EngineRefused: no", "trajectory 0 (step 0)")
+    assert list(book.queue) == [a[1]]
+    with pytest.raises(ValueError, match="max_tries"):
+        RolloutBook(max_tries=0)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_dropped_batch_leaves_the_queue_and_none_of_it_comes_back(grouped):
+    book = RolloutBook(LengthPredictor() if grouped else None)
+    prompts = (lambda step: [(0, step, i) for i in range(3)]) if grouped else (lambda step: None)
+    old, new = _batch(book, 3, prompts(0)), _batch(book, 3, prompts(1))
+    running = _start(book, 2)
+    book.drop(old)
+    assert len(book) == 3 and book.queue[0] is new[0]
+    book.put_back([running[0]])
+    book.failed(running[1], "EngineRefused: no", "trajectory 1 (step 0)")
+    assert len(book) == 3 and book.requeued == 0
+    assert _start(book, 3) == new
+    assert book.finished(new[0], 1.0, 0) is False and book.completed == 1
+
+
+def test_a_book_that_orders_by_predicted_length_needs_each_trajectory_s_prompt():
+    book = RolloutBook(LengthPredictor())
+    with pytest.raises(ValueError, match="prompt"):
+        _batch(book, 2)
+    a = _batch(book, 4, [("s", 3, 7), ("s", 3, 7), ("s", 3, 8), ("s", 3, 7)])
+    assert a[0].group is a[1].group is a[3].group and a[2].group is not a[0].group
+    assert (a[0].group.stream, a[0].group.step, a[0].group.prompt, a[0].group.first) == ("s", 3, 7, 0)
+    assert a[2].group.first == 2 and book.made == 4

@@ -93,7 +93,9 @@ class RolloutBook:
             groups: dict[tuple[Hashable, int, int], Group] = {}
             for e, key in zip(entries, prompts):
                 g = groups.get(key)
-                e.group = g if g is not None else groups.setdefault(key, Group(*key, e.idx))
+                if g is None:
+                    g = groups[key] = Group(*key, e.idx)  # its first trajectory's idx: the group's tie-breaker
+                e.group = g
         self.queue.extend(entries)
         self.made += len(entries)
         return tally

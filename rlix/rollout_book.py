@@ -1,7 +1,9 @@
-"""Shared layer: a job's rollout book, the one owner of its trajectories from their batch's arrival to their finish.
+"""Model layer: a job's rollout book, the one owner of its trajectories from their batch's arrival to their finish.
 
-Both shells drive it: the simulator's engine in seconds, the executor's queue
-in tokens. It is sans-IO: it holds no clock and calls nothing. The shell says
+The job's step machine holds it (``StepMachine.book``, made from the job's
+plan) and reads its waiting trajectories into each demand report. Both shells
+drive it: the simulator's engine in seconds, the executor's queue in tokens.
+It is sans-IO: it holds no clock and calls nothing. The shell says
 what happened to a trajectory (its batch arrived, it started, finished, was
 taken off its worker, failed) and the book says what follows. The rules it
 holds are written here once:
@@ -24,7 +26,7 @@ holds are written here once:
 - **Dropped batches.** A batch that will never be trained leaves the queue,
   and none of its trajectories comes back.
 - **Completion.** A batch is rolled out when its last trajectory finishes; its
-  :class:`~rlix.step.BatchTally` (made here) says so, with the oldest weights
+  :class:`BatchTally` (made here) says so, with the oldest weights
   under it.
 - **Demand.** A report states the trajectories waiting, ``len(book)`` (the
   executor adds those still coming back from a draining worker).
@@ -38,11 +40,31 @@ in drawn order: the last tie-breaker), ``group`` (its prompt's
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable, Sequence
 
 from rlix.lengths import Group, LengthPredictor, PredictedQueue
-from rlix.step import BatchTally
+
+
+class BatchTally:
+    """One rollout batch's count: trajectories still to finish, and the oldest weights the finished ones
+    started on. The batch is rolled out when the last finishes; its step's staleness is judged by that
+    oldest version (:meth:`rlix.step.StepMachine.rolled`). The rollout book makes one per batch."""
+
+    __slots__ = ("left", "oldest")
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.oldest = math.inf  # no trajectory finished yet
+
+    def finished(self, version: float) -> bool:
+        """A trajectory finished whose oldest weights were ``version`` (its first segment's: weights only get
+        newer); True if it was the batch's last."""
+        if version < self.oldest:
+            self.oldest = version
+        self.left -= 1
+        return self.left == 0
 
 
 class TrajectoryFailed(RuntimeError):

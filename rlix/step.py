@@ -41,7 +41,9 @@ from typing import Protocol
 from rlix.core import PipelineSpec, ReportDemand, Role, Stage, WorkerLoad
 from rlix.core.types import Gpus
 from rlix.job import GangPhase, demand_report, gang_activity, remaining_path_s, rollout_may_start, stage_gpus, stage_role
+from rlix.lengths import LengthPredictor
 from rlix.metrics import Activity
+from rlix.rollout_book import RolloutBook
 
 # ------------------------------------------------------------------ effects
 
@@ -278,26 +280,6 @@ class StepTimes:
     train_end: float = math.nan
 
 
-class BatchTally:
-    """One rollout batch's count: trajectories still to finish, and the oldest weights the finished ones
-    started on. The batch is rolled out when the last finishes; its step's staleness is judged by that
-    oldest version (:meth:`StepMachine.rolled`). Both shells count their batches with it."""
-
-    __slots__ = ("left", "oldest")
-
-    def __init__(self, n: int) -> None:
-        self.left = n
-        self.oldest = math.inf  # no trajectory finished yet
-
-    def finished(self, version: float) -> bool:
-        """A trajectory finished whose oldest weights were ``version`` (its first segment's: weights only get
-        newer); True if it was the batch's last."""
-        if version < self.oldest:
-            self.oldest = version
-        self.left -= 1
-        return self.left == 0
-
-
 @dataclass(kw_only=True)
 class _Stream:
     spec: StreamSpec
@@ -330,6 +312,9 @@ class JobPlan:
     staleness: int = 0
     streaming: bool = False  # rollout batches may overlap: only the staleness gate orders them
     share_load: bool = False  # consecutive stages on the same GPUs keep the model loaded
+    predict: bool = False  # trajectories carry prompt ids: their lengths are predicted (rlix.lengths)
+    ordered: bool = True  # and, once the prediction is trusted, they start predicted-longest first
+    tries: int = 1  # tries a trajectory gets before an application error fails the job
 
     def open_limit(self) -> int:
         """The most rollout trajectories the job can have open at once, which it declares when it
@@ -367,6 +352,9 @@ class PlannedJob(Protocol):
     @property
     def rollout_mode(self) -> str: ...
 
+    @property
+    def dispatch(self) -> str: ...
+
 
 def job_plan(
     job: PlannedJob,
@@ -375,9 +363,13 @@ def job_plan(
     size: Callable[[int, int], int],
     *,
     share_load: bool = False,
+    prompts: bool = False,
+    tries: int = 1,
 ) -> JobPlan:
     """The plan of ``job``, whichever shell runs it: its streams, each step's stages and batch size (the
-    shell's to say: a trace lists them, a recipe draws them), and the job's staleness and rollout mode."""
+    shell's to say: a trace lists them, a recipe draws them), and the job's staleness, rollout mode and
+    dispatch order. ``prompts``: its trajectories carry prompt ids, so their lengths can be predicted;
+    ``tries``: per trajectory, before an application error fails the job."""
     return JobPlan(
         streams=tuple(streams),
         stages=stages,
@@ -385,7 +377,15 @@ def job_plan(
         staleness=job.staleness,
         streaming=job.rollout_mode == "streaming",
         share_load=share_load,
+        predict=prompts,
+        ordered=job.dispatch == "predicted",
+        tries=tries,
     )
+
+
+def rollout_book(plan: JobPlan) -> RolloutBook:
+    """The rollout book a job's plan calls for: with a length predictor where its trajectories carry prompt ids."""
+    return RolloutBook(LengthPredictor() if plan.predict else None, ordered=plan.ordered, max_tries=plan.tries)
 
 
 class Rollouts:
@@ -542,6 +542,7 @@ class StepMachine:
         self.spec = declared_spec(spec, plan)
         self.plan = plan
         self.rollouts = Rollouts(plan)
+        self.book = rollout_book(plan)  # the job's trajectories: the shell adds each batch it queues, and drives it
         self.ready: deque[tuple[int, int]] = deque()  # rolled out, waiting for the training turn (first ready first)
         self.tick: _Tick | None = None
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not yet released
@@ -657,24 +658,25 @@ class StepMachine:
     def demand(
         self,
         *,
-        pending: int,
         loads: Sequence[WorkerLoad],
         trajectory_s: float,
         switch_s: float,
         longest_s: float,
         finished: int,
+        leaving: int = 0,
         starting: Iterable[int] = (),
     ) -> ReportDemand:
         """The demand report, from the rollout engine's figures and the machine's own.
 
-        An announced batch counts as queued (and no longer as backlog) until it is produced.
+        Queued: the book's waiting trajectories, ``leaving`` ones still coming back from a worker
+        taken away, and an announced batch (no longer counted as backlog) until it is produced.
         ``starting``: first GPUs of the bundles whose worker process is still starting.
         """
         r = self.rollouts
         ahead = sum(r.announced.values())
         return demand_report(
             pipeline_id=self.spec.pipeline_id,
-            pending=pending + ahead,
+            pending=len(self.book) + leaving + ahead,
             loads=loads,
             open_trajectories=r.open_trajectories() + ahead,
             backlog=r.backlog() - ahead,

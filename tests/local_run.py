@@ -101,7 +101,7 @@ class _LocalShell:
 
             algos = {a.name: a.algo.value(a.seed) for a in job.adapters}
             self.learner = LoraLearner(str(model_dir), "cpu", spec, algos, emulation)
-        self.queue = RolloutQueue.for_job(job)  # the executor's rollout book: its order, and each batch's tally
+        self.queue = RolloutQueue(self.machine.book)  # the machine's rollout book: its order, and each batch's tally
         self.batches: dict[tuple[int, int], tuple[list, dict]] = {}  # (stream, step) -> its trajectories, results
         self.scored = None  # the step in training: its scored batch
         self.samples: list = []

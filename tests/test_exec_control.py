@@ -262,6 +262,8 @@ class _Job:
         from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule
         from rlix.exec.rollout.pool import WorkerPool
         from rlix.exec.rollout.queue import RolloutQueue
+        from rlix.lengths import LengthPredictor
+        from rlix.rollout_book import RolloutBook
 
         self.version = 0  # newest trained weights, cached as "w<version>"
         self.prepare_gate = _Gate()  # process start-up (spawned processes wait on it)
@@ -286,7 +288,7 @@ class _Job:
         )
         self.handles: set[int] = {0, 1}  # versions whose buckets the trainer still keeps on its GPU
         procs = Processes(kill=self.killed.append, died=(_Died,), refused=(_Refused,))
-        self.pool, self.queue = WorkerPool(slots), RolloutQueue(max_tries=2)
+        self.pool, self.queue = WorkerPool(slots), RolloutQueue(RolloutBook(LengthPredictor(), max_tries=2))
         self.ctl = RolloutControl(
             pool=self.pool,
             queue=self.queue,

@@ -18,8 +18,10 @@ from rlix.exec.records import JobStatus, SwitchKind
 from rlix.exec.rollout.pool import WORKER_TRANSITIONS, LifecycleError, WorkerPool, WorkerState
 from rlix.exec.rollout.queue import RolloutQueue
 from rlix.job import warm_order
+from rlix.lengths import LengthPredictor
 from rlix.metrics import Activity
-from rlix.rollout_book import TrajectoryFailed
+from rlix.rollout_book import RolloutBook, TrajectoryFailed
+from rlix.step import StreamSpec, job_plan, rollout_book
 
 # ------------------------------------------------------------------ worker pool
 
@@ -120,8 +122,13 @@ def test_bundles_in_the_home_warm_first_and_the_rest_once_the_model_is_loaded():
     assert warm_order(bundles, ()) == (bundles, ())  # no home: every bundle at once
 
 
+def _queue(max_tries: int) -> RolloutQueue:
+    """A job's rollout queue over a book of its own (a job's is its step machine's)."""
+    return RolloutQueue(RolloutBook(LengthPredictor(), max_tries=max_tries))
+
+
 def test_queue_fills_slots_lowest_gpu_first():
-    q = RolloutQueue(max_tries=2)
+    q = _queue(2)
     q.add([_traj(i) for i in range(5)])
     pool = _awake_pool(2, slots=2)
     got = q.assign(pool)
@@ -130,7 +137,7 @@ def test_queue_fills_slots_lowest_gpu_first():
 
 
 def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
-    q = RolloutQueue(max_tries=2)
+    q = _queue(2)
     q.add([_traj(i) for i in range(3)])
     pool = _awake_pool(1, slots=4)
     workers = [FakeWorker(per_call=3, version=v) for v in (0, 1, 2)]  # each call is cut short after 3 tokens
@@ -150,7 +157,7 @@ def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
 
 
 def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_is():
-    q = RolloutQueue(max_tries=1)
+    q = _queue(1)
     q.add([_traj(0)])
     item = q.queue.popleft()  # as a worker took it
     q.aborted(item, _result(item.request, 0, finished=False, version=-1))  # a sleeping worker handed it back
@@ -171,7 +178,8 @@ def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_i
 )
 def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_longest_first(dispatch, second_epoch):
     job = load_config(ROOT / "examples" / "cpu_two_jobs.yaml").jobs[0].model_copy(update={"dispatch": dispatch})
-    q = RolloutQueue.for_job(job)  # as the job's coordinator makes it
+    plan = job_plan(job, [StreamSpec(name="", steps=2)], stages=lambda i, k: (), size=lambda i, k: 600, prompts=True)
+    q = RolloutQueue(rollout_book(plan))  # as the job's step machine makes it
 
     def sampled(step: int, first: int, rows: list[int]) -> list[Trajectory]:  # GRPO: two samples of each row
         out = []
@@ -196,7 +204,7 @@ def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_l
 
 
 def test_eval_prompts_are_each_their_own_group_apart_from_the_trained_ones():
-    q = RolloutQueue(max_tries=1)
+    q = _queue(1)
     item = lambda row: PromptItem(row=row, prompt="x", prompt_ids=(), columns=())  # noqa: E731
     trajs = [
         Trajectory(step=0, prompt=item(3), request=GenRequest(traj_id=0, prompt_ids=(1,), max_new_tokens=4), group=0),
@@ -218,7 +226,7 @@ def test_eval_prompts_are_each_their_own_group_apart_from_the_trained_ones():
 def test_a_row_drawn_twice_in_one_step_is_one_prompt_group_as_its_replay_groups_it():
     """Groups are keyed by dataset row, the prompt id ``trace.json`` records: two GRPO groups of one row
     (a step across an epoch's end) are one group, and the same row in the next step is another."""
-    q = RolloutQueue(max_tries=1)
+    q = _queue(1)
     item = PromptItem(row=5, prompt="x", prompt_ids=(), columns=())
     trajs = [
         Trajectory(step=s, prompt=item, request=GenRequest(traj_id=i, prompt_ids=(1,), max_new_tokens=4), group=g)
@@ -232,7 +240,7 @@ def test_a_row_drawn_twice_in_one_step_is_one_prompt_group_as_its_replay_groups_
 
 
 def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
-    q = RolloutQueue(max_tries=3)
+    q = _queue(3)
     q.add([_traj(i) for i in range(4)])
     pool = WorkerPool(slots_per_worker=1)
     w = pool.get((0,))
@@ -251,7 +259,7 @@ def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
 
 
 def test_application_errors_are_retried_a_bounded_number_of_times_then_fail_the_job():
-    q = RolloutQueue(max_tries=3)
+    q = _queue(3)
     q.add([_traj(7, step=2)])
     item = q.queue.popleft()
     q.failed(item, "EngineRefused: no")

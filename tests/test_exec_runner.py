@@ -141,7 +141,18 @@ async def _run_job(
     t0, failures, trainer = time.time(), [], _Trainer()
     now = lambda: time.time() - t0  # noqa: E731
     job = spec("p", (0,), (0, 1), slots=2)
-    rec, pool, queue = Recorder("p"), WorkerPool(2), RolloutQueue(max_tries=2)
+    recipe = _Recipe(rewards or [0.5] * steps)
+    plan = JobPlan(
+        streams=(StreamSpec(name="", steps=steps, stop_reward=stop_reward),),
+        stages=lambda i, k: STAGES,
+        size=lambda i, k: recipe.step_size(k),
+        staleness=staleness,
+        streaming=streaming,
+        predict=True,
+        tries=2,
+    )
+    machine = StepMachine(job, plan)
+    rec, pool, queue = Recorder("p"), WorkerPool(2), RolloutQueue(machine.book)
     link = SchedulerLink(pipeline_id="p", sched=InProcessTransport(actor), recorder=rec, limits=LimitsConfig(), now=now)
     released, release = [], link.release
 
@@ -176,14 +187,6 @@ async def _run_job(
         pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs, rule=rule
     )
     coordinator = type("Coordinator", (), {"expand": Remote(rollout.expand), "shrink": Remote(rollout.shrink)})()
-    recipe = _Recipe(rewards or [0.5] * steps)
-    plan = JobPlan(
-        streams=(StreamSpec(name="", steps=steps, stop_reward=stop_reward),),
-        stages=lambda i, k: STAGES,
-        size=lambda i, k: recipe.step_size(k),
-        staleness=staleness,
-        streaming=streaming,
-    )
     reports = []
     parts = Parts(
         link=link,
@@ -194,7 +197,7 @@ async def _run_job(
         start_trainer=lambda: TrainerLink(Handle(trainer), limits=LimitsConfig()),
         loaded=start_reports,
     )
-    runner = holder["runner"] = StepRunner(StepMachine(job, plan), [recipe], parts, now=now, fatal=failures.append)
+    runner = holder["runner"] = StepRunner(machine, [recipe], parts, now=now, fatal=failures.append)
     runner.start()
     deadline = time.time() + timeout_s
     while not runner.ended.done() and not failures and time.time() < deadline:

@@ -33,9 +33,9 @@ RULES = {
         ("rlix/sim/engine.py", "rlix/exec/rollout/queue.py"),
     ),
     "when a batch is rolled out, and the oldest weights under it (kept by the rollout book)": (
-        "rlix/step.py",
+        "rlix/rollout_book.py",
         "BatchTally",
-        ("rlix/rollout_book.py",),
+        ("rlix/exec/rollout/queue.py", "rlix/exec/job/step_runner.py"),  # the simulator's engine holds the book's as is
     ),
     "the weights under a trajectory (sync on demand, drain, partial rollout)": (
         "rlix/job.py",

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from helpers import spec
 
-from rlix.lengths import LengthPredictor
+from rlix.lengths import LengthPredictor, PredictedQueue
 from rlix.rollout_book import RolloutBook, TrajectoryFailed
+from rlix.sim.simulator import Simulation
+from rlix.step import StepMachine, StreamSpec, job_plan
+from rlix.trace import load_trace
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
 
 
 class Entry:
@@ -100,3 +108,21 @@ def test_a_book_that_orders_by_predicted_length_needs_each_trajectory_s_prompt()
     assert a[0].group is a[1].group is a[3].group and a[2].group is not a[0].group
     assert (a[0].group.stream, a[0].group.step, a[0].group.prompt, a[0].group.first) == ("s", 3, 7, 0)
     assert a[2].group.first == 2 and book.made == 4
+
+
+@pytest.mark.parametrize("prompts, dispatch, tries", [(False, "predicted", 1), (True, "predicted", 3), (True, "drawn", 2)])
+def test_the_step_machine_holds_the_book_its_plan_calls_for(prompts, dispatch, tries):
+    job = SimpleNamespace(staleness=0, rollout_mode="batch", dispatch=dispatch)
+    plan = job_plan(
+        job, [StreamSpec(name="", steps=2)], stages=lambda i, k: (), size=lambda i, k: 4, prompts=prompts, tries=tries
+    )
+    book = StepMachine(spec("p", (0,), (0, 1)), plan).book
+    assert (book.predictor is not None, book.max_tries) == (prompts, tries)
+    assert isinstance(book.queue, PredictedQueue) == prompts and (not prompts or book.queue.ordered == (dispatch == "predicted"))
+
+
+def test_the_simulator_s_engines_drive_their_machines_books():
+    sim = Simulation(load_trace(TRACES / "two_jobs.json"), "rlix")
+    sim.run()
+    for p in sim.pipelines.values():
+        assert p.engine.book is p.machine.book and p.machine.book.completed == p.tally.trajectories > 0

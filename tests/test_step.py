@@ -16,8 +16,8 @@ import pytest
 from rlix.core import Role, Stage
 from rlix.job import STEP_STAGES, pipeline_spec, remaining_path_s, stage_gpus, stage_role, step_sequence
 from rlix.metrics import Activity
+from rlix.rollout_book import BatchTally
 from rlix.step import (
-    BatchTally,
     Book,
     DemandChanged,
     Driver,
@@ -130,7 +130,10 @@ def release_of(effects: list[Effect]) -> ReleaseGang:
 
 
 def demand(m: StepMachine, pending: int = 0, longest_s: float = 10.0):
-    return m.demand(pending=pending, loads=(), trajectory_s=1.0, switch_s=1.0, longest_s=longest_s, finished=0)
+    """The machine's report with ``pending`` trajectories waiting in its book (what the shell queued of its batches)."""
+    m.book.queue.clear()
+    m.book.queue.extend(range(pending))
+    return m.demand(loads=(), trajectory_s=1.0, switch_s=1.0, longest_s=longest_s, finished=0)
 
 
 def path_s(m: StepMachine, longest_s: float) -> float:

@@ -29,7 +29,6 @@ from simpy.events import NORMAL, URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WeightGate, WorkerPhase, weight_gate, worker_booking
-from rlix.lengths import LengthPredictor
 from rlix.metrics import UsageRecorder
 from rlix.rollout_book import RolloutBook
 
@@ -228,7 +227,6 @@ class EngineOptions:
     streaming: bool = False  # workers move to the newest weights; batches overlap
     partial: bool = False  # streaming: sync weights under running trajectories (they go on)
     speed: Speed | None = None  # None: every trajectory decodes at full speed
-    predict: bool = False  # trajectories carry prompt ids: start them by predicted length (rlix.lengths)
 
 
 class WeightLoader:
@@ -385,6 +383,7 @@ class RolloutEngine:
         pipeline_id: str,
         options: EngineOptions,
         usage: UsageRecorder,
+        book: RolloutBook,
         on_change: Callable[[], None],
         on_pending: Callable[[bool], None],
     ) -> None:
@@ -403,7 +402,7 @@ class RolloutEngine:
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self._order: list[int] = []  # the workers' first GPUs, ascending: every demand report walks them
-        self.book = RolloutBook(LengthPredictor() if options.predict else None)  # its trajectories, waiting and running
+        self.book = book  # the job's trajectories (its step machine's): which waits, what a shrink does
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
         self.longest_s = 0.0  # the slowest finished trajectory's seconds
@@ -462,8 +461,8 @@ class RolloutEngine:
         self._kick()
         return len(aborted)
 
-    def demand(self) -> tuple[int, tuple[WorkerLoad, ...]]:
-        """(trajectories waiting for a slot, running trajectories per busy worker)."""
+    def loads(self) -> tuple[WorkerLoad, ...]:
+        """Running trajectories per busy worker (those waiting for a slot are the book's)."""
         loads = []
         workers = self.workers
         for g in self._order:
@@ -474,7 +473,7 @@ class RolloutEngine:
                 if load is None or load.active != active:
                     load = self._loads[g] = WorkerLoad(first_gpu=g, active=active)
                 loads.append(load)
-        return len(self.book), tuple(loads)
+        return tuple(loads)
 
     @property
     def running(self) -> int:

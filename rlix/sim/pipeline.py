@@ -61,13 +61,15 @@ class Host:
 
 
 def plan_of(model: PipelineModel, streams: list[tuple[str, list[Step]]]) -> JobPlan:
-    """The trace's streams as the step machine sees them."""
+    """The trace's streams as the step machine sees them; lengths are predicted where the job's order asks
+    for it and every step lists its prompt ids (a replay's order as drawn needs no predictor)."""
     return job_plan(
         model,
         [StreamSpec(name=name, steps=len(steps)) for name, steps in streams],
         stages=lambda i, k: step_sequence(streams[i][1][k].stages),
         size=lambda i, k: len(streams[i][1][k].trajectories),
         share_load=model.stage_cost.share_load,
+        prompts=model.dispatch == "predicted" and all(step.prompts is not None for _, steps in streams for step in steps),
     )
 
 
@@ -94,6 +96,7 @@ class SimPipeline:
             pipeline_id=self.pid,
             options=self._engine_options(),
             usage=host.usage,
+            book=self.machine.book,
             on_change=partial(host.demand_changed, self.pid),  # once per trajectory: no lambda frame
             on_pending=partial(host.waiting_changed, self.pid),
         )
@@ -111,8 +114,6 @@ class SimPipeline:
             streaming=model.rollout_mode == "streaming",
             partial=model.partial_rollout,
             speed=speed_curve(model.decode_speed),
-            predict=model.dispatch == "predicted"
-            and all(step.prompts is not None for _, steps in self.streams for step in steps),
         )
 
     @property
@@ -156,14 +157,12 @@ class SimPipeline:
         return versions, extra
 
     def demand_report(self) -> ReportDemand:
-        pending, loads = self.engine.demand()
         return self.machine.demand(
-            pending=pending,
-            loads=loads,
+            loads=self.engine.loads(),
             trajectory_s=self.engine.mean_trajectory_s,
             switch_s=self.model.switch.load_s + self.model.switch.weight_sync_s,  # wake + weight sync of one worker
             longest_s=self.engine.longest_s,
-            finished=self.engine.book.completed,
+            finished=self.machine.book.completed,
             starting=self.starting,
         )
 
@@ -255,7 +254,7 @@ class SimPipeline:
 
     def demand_changed(self, e: DemandChanged) -> None:
         # Finer changes are reported on the scheduler's tick; a rollout with nothing left running lends its GPUs now.
-        if e.urgent and not self.engine.book and not self.engine.running:
+        if e.urgent and not self.machine.book and not self.engine.running:
             self.host.request_plan()
 
     def register_job(self, e: RegisterJob) -> None:
@@ -266,9 +265,9 @@ class SimPipeline:
     def finished(self, e: Finished) -> None:
         self.tally.admitted_s = self.machine.admitted_s  # the model load's grant: queued until then
         self.tally.finish_s = self.env.now
-        self.tally.trajectories = self.engine.book.completed
-        if self.engine.book.predictor is not None:
-            self.tally.length_rank_correlation = self.engine.book.predictor.rank_correlation()
+        self.tally.trajectories = self.machine.book.completed
+        if self.machine.book.predictor is not None:
+            self.tally.length_rank_correlation = self.machine.book.predictor.rank_correlation()
         self.host.usage.homes.set_home(self.env.now, self.pid, ())
         self.host.submit(Unregister(pipeline_id=self.pid))
         self.host.request_plan()

@@ -46,7 +46,7 @@ from rlix.exec.train.trainer_link import TrainerLink
 from rlix.job import executor_stages, stage_role, warm_order
 from rlix.metrics import Activity
 from rlix.protocol import GpuMap, JobNote, Stopped
-from rlix.step import JobPlan, StepMachine, StreamSpec, declared_spec, job_plan
+from rlix.step import JobPlan, StepMachine, StreamSpec, job_plan
 
 
 def job_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) -> tuple[list[StreamSpec], list[Recipe]]:
@@ -58,9 +58,11 @@ def job_streams(job: JobConfig, model_dir: str, recipe: Recipe | None = None) ->
 
 
 def plan_of(job: JobConfig, streams: list[StreamSpec], recipes: list[Recipe]) -> JobPlan:
-    """The job as the step machine sees it: every step runs the GRPO stages, on the batches its recipes draw."""
+    """The job as the step machine sees it: every step runs the GRPO stages, on the batches its recipes draw
+    (each trajectory's prompt is a dataset row, so its length is predicted)."""
     stages = executor_stages(kl=job.algo.kl_coef > 0)
-    return job_plan(job, streams, stages=lambda i, k: stages, size=lambda i, k: recipes[i].step_size(k))
+    size = lambda i, k: recipes[i].step_size(k)  # noqa: E731
+    return job_plan(job, streams, stages=lambda i, k: stages, size=size, prompts=True, tries=job.limits.rollout_tries)
 
 
 def job_phase(runner: StepRunner | None, link: SchedulerLink, arrival_s: float) -> tuple[str, float]:
@@ -189,7 +191,8 @@ class PipelineCoordinator:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.gpu_map, self.emulation, self.t0 = cluster, gpu_map, emulation, t0
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
-        self.spec = declared_spec(job.pipeline_spec(pipeline_id), plan_of(job, self.streams, self.recipes))
+        self.machine = StepMachine(job.pipeline_spec(pipeline_id), plan_of(job, self.streams, self.recipes))
+        self.spec = self.machine.spec  # as registered: with its open_limit
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)
         self.heartbeat_s = heartbeat_s  # seconds between re-sent demand reports
         self.rec = Recorder(pipeline_id, observer=steplog.observe if steplog is not None else None)
@@ -198,7 +201,7 @@ class PipelineCoordinator:
         self.link = SchedulerLink(
             pipeline_id=pipeline_id, sched=scheduler, workers=self.pool.rejoin_bundles, on_gone=self._fatal, **calls
         )
-        self.queue = RolloutQueue.for_job(job)
+        self.queue = RolloutQueue(self.machine.book)  # the machine's book, in executor terms
         self.runner: StepRunner | None = None
         self.rollout: RolloutControl | None = None
         self.warm_later: tuple = ()  # bundles outside the home: warmed once the model is loaded
@@ -268,8 +271,7 @@ class PipelineCoordinator:
             steplog=self.steplog,
             crash_at_step=self.job.fault.crash_at_step,
         )
-        machine = StepMachine(self.spec, plan_of(self.job, self.streams, self.recipes))
-        return StepRunner(machine, self.recipes, parts, now=self.now, fatal=self._fatal)
+        return StepRunner(self.machine, self.recipes, parts, now=self.now, fatal=self._fatal)
 
     async def _register(self) -> None:
         """Register with the scheduler (the machine's RegisterJob); then warm workers: a sleeping process (no GPU

@@ -36,8 +36,8 @@ from rlix.exec.records import StepRecord, SwitchKind, TrajRecord
 from rlix.exec.rollout.control import RolloutControl
 from rlix.exec.rollout.queue import Queued, RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
+from rlix.rollout_book import BatchTally
 from rlix.step import (
-    BatchTally,
     Book,
     DemandChanged,
     Driver,
@@ -300,7 +300,7 @@ class StepRunner:
 
     def demand(self):
         return self.machine.demand(
-            pending=len(self.p.queue) + self.p.rollout.pool.leaving_trajectories(),
+            leaving=self.p.rollout.pool.leaving_trajectories(),
             loads=self.p.rollout.pool.loads(),
             trajectory_s=self.rec.mean_trajectory_s(),
             switch_s=self.rec.mean_switch_s(),

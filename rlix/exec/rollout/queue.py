@@ -25,18 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rlix.exec.data.recipe import Trajectory, continuation
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.records import TrajRecord
 from rlix.exec.rollout.pool import Worker, WorkerPool
-from rlix.lengths import Group, LengthPredictor
-from rlix.rollout_book import RolloutBook
-from rlix.step import BatchTally
-
-if TYPE_CHECKING:
-    from rlix.exec.config import JobConfig
+from rlix.lengths import Group
+from rlix.rollout_book import BatchTally, RolloutBook
 
 
 @dataclass(kw_only=True, eq=False)  # an entry is itself: queues find it by identity
@@ -65,18 +60,15 @@ class Queued:
 class RolloutQueue:
     """A job's trajectories in executor terms (requests, tokens, records) over its rollout book."""
 
-    def __init__(self, *, max_tries: int, ordered: bool = True) -> None:
-        """``ordered``: predicted-longest first once the predictor is trusted (the job's ``dispatch: predicted``);
-        False serves the drawn order throughout, the predictor still learning and scored (``dispatch: drawn``)."""
-        self.book = RolloutBook(LengthPredictor(), ordered=ordered, max_tries=max_tries)
-        self.predictor = self.book.predictor
-        self.queue = self.book.queue
+    def __init__(self, book: RolloutBook) -> None:
+        """``book``: the job's, its step machine's (:func:`rlix.step.rollout_book`): a prompt's trajectories in a
+        step are its group, so it keeps a length predictor."""
+        if book.predictor is None:
+            raise ValueError("the executor's trajectories carry prompts: their book predicts lengths")
+        self.book = book
+        self.predictor = book.predictor
+        self.queue = book.queue
         self._live: dict[int, Queued] = {}  # traj id -> its entry, until it finishes
-
-    @classmethod
-    def for_job(cls, job: JobConfig) -> RolloutQueue:
-        """The queue a job's rollout uses: its tries per trajectory, and its ``dispatch`` order."""
-        return cls(max_tries=job.limits.rollout_tries, ordered=job.dispatch == "predicted")
 
     def __len__(self) -> int:
         return len(self.book)

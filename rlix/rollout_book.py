@@ -1,4 +1,4 @@
-"""Model layer: a job's rollout book, the one owner of its trajectories from their batch's arrival to their finish.
+"""Shared layer: a job's rollout book, the one owner of its trajectories from their batch's arrival to their finish.
 
 The job's step machine holds it (``StepMachine.book``, made from the job's
 plan) and reads its waiting trajectories into each demand report. Both shells

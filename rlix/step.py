@@ -16,10 +16,12 @@ number, and returns the effects the job wants carried out, in order:
 Two shells drive it: the simulator (:mod:`rlix.sim.pipeline`, SimPy
 timeouts stand in for the work) and the executor (:mod:`rlix.exec.job.step_runner`,
 asyncio over Ray actors do the work). A test can drive it by hand, event by
-event. Trajectories within a batch are the rollout engine's business (which
-slot, which worker, continuation after a shrink); the machine deals in
-batches: it queues one when the staleness gate and the rollout mode allow,
-and trains it once it is complete.
+event. The machine deals in batches: it queues one when the staleness gate
+and the rollout mode allow, and trains it once it is complete. Trajectories
+within a batch are its rollout book's (``StepMachine.book``,
+:mod:`rlix.rollout_book`: which starts next, what a shrink does to them, when
+their batch is complete), which the shell drives and the machine reads its
+demand reports from; which slot and which worker is the shell's.
 
 A step of stream ``i``:
 
@@ -312,7 +314,7 @@ class JobPlan:
     staleness: int = 0
     streaming: bool = False  # rollout batches may overlap: only the staleness gate orders them
     share_load: bool = False  # consecutive stages on the same GPUs keep the model loaded
-    predict: bool = False  # trajectories carry prompt ids: their lengths are predicted (rlix.lengths)
+    predict: bool = False  # keep a length predictor (rlix.lengths): trajectories carry prompt ids to learn from
     ordered: bool = True  # and, once the prediction is trusted, they start predicted-longest first
     tries: int = 1  # tries a trajectory gets before an application error fails the job
 
@@ -368,7 +370,7 @@ def job_plan(
 ) -> JobPlan:
     """The plan of ``job``, whichever shell runs it: its streams, each step's stages and batch size (the
     shell's to say: a trace lists them, a recipe draws them), and the job's staleness, rollout mode and
-    dispatch order. ``prompts``: its trajectories carry prompt ids, so their lengths can be predicted;
+    dispatch order. ``prompts``: its trajectories carry prompt ids, so the book keeps a length predictor;
     ``tries``: per trajectory, before an application error fails the job."""
     return JobPlan(
         streams=tuple(streams),
@@ -533,7 +535,8 @@ def declared_spec(spec: PipelineSpec, plan: JobPlan) -> PipelineSpec:
 class StepMachine:
     """The step process of one job (every stream), from model load to its last trained step.
 
-    ``spec`` is the job's registered spec (:func:`declared_spec`), which the shell registers.
+    ``spec`` is the job's registered spec (:func:`declared_spec`), which the shell registers; ``book``
+    is the job's rollout book, made from its plan (:func:`rollout_book`), which the shell drives.
     """
 
     def __init__(self, spec: PipelineSpec, plan: JobPlan) -> None:

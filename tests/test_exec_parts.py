@@ -178,7 +178,8 @@ def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_i
 )
 def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_longest_first(dispatch, second_epoch):
     job = load_config(ROOT / "examples" / "cpu_two_jobs.yaml").jobs[0].model_copy(update={"dispatch": dispatch})
-    plan = job_plan(job, [StreamSpec(name="", steps=2)], stages=lambda i, k: (), size=lambda i, k: 600, prompts=True)
+    streams = [StreamSpec(name="", steps=2)]
+    plan = job_plan(job, streams, stages=lambda i, k: (), size=lambda i, k: 600, prompts=True, tries=job.limits.rollout_tries)
     q = RolloutQueue(rollout_book(plan))  # as the job's step machine makes it
 
     def sampled(step: int, first: int, rows: list[int]) -> list[Trajectory]:  # GRPO: two samples of each row

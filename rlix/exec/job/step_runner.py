@@ -114,6 +114,8 @@ class StepRunner:
     """Carries out one job's step-machine effects with asyncio."""
 
     def __init__(self, machine: StepMachine, recipes: list[Recipe], parts: Parts, *, now: Callable[[], float], fatal) -> None:
+        if parts.queue.book is not machine.book:
+            raise ValueError("the rollout queue must wrap the machine's book: its demand reports read that book")
         self.machine = machine
         self.driver = Driver(self)
         self.recipes = recipes

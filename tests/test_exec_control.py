@@ -503,7 +503,7 @@ def test_a_worker_dying_mid_rollout_has_its_trajectories_continue_elsewhere():
 
     job, dying, running = asyncio.run(scenario())
     assert running == [0, 1] and job.killed == [dying] and job.lost == [(0,)]
-    assert sorted(job.finished) == [0, 1, 2] and job.queue.requeued == 2  # nothing lost
+    assert sorted(job.finished) == [0, 1, 2] and job.queue.book.requeued == 2  # nothing lost
     assert [c[1] for c in job.workers[1].calls if c[0] == "generate"] == [2, 0, 1]
 
 

@@ -153,7 +153,7 @@ def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
     assert sorted(records) == [0, 1, 2]
     for r in records.values():
         assert r.tokens == 8 and r.segments == 3 and r.weight_version == 0 and r.gen_s == pytest.approx(1.5)
-    assert q.requeued == 6
+    assert q.book.requeued == 6
 
 
 def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_is():
@@ -162,11 +162,11 @@ def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_i
     item = q.queue.popleft()  # as a worker took it
     q.aborted(item, _result(item.request, 0, finished=False, version=-1))  # a sleeping worker handed it back
     assert item.segments == 0 and item.min_version == 1 << 30
-    assert (q.requeued, q.orphaned) == (1, 0)
+    assert (q.book.requeued, q.book.orphaned) == (1, 0)
     q.queue.popleft()
     q.aborted(item, None)  # its worker died
     assert q.queue[0] is item and item.request.prefix_ids == ()
-    assert (q.requeued, q.orphaned) == (2, 1)  # counted apart: continued because its worker died
+    assert (q.book.requeued, q.book.orphaned) == (2, 1)  # counted apart: continued because its worker died
 
 
 @pytest.mark.parametrize(
@@ -199,7 +199,7 @@ def test_once_lengths_repeat_with_their_prompts_the_queue_starts_the_predicted_l
     lengths = {row: 10 + 3 * row for row in range(300)}  # each prompt's answers run to one length
     q.add(sampled(0, 0, list(range(300))))
     assert run(600, lengths) == list(range(600))  # as drawn until the lengths are seen to repeat
-    assert q.predictor.trusted
+    assert q.book.predictor.trusted
     q.add(sampled(1, 600, [7, 250, 40]))
     assert run(6, lengths) == second_epoch
 
@@ -256,7 +256,7 @@ def test_dropped_trajectories_leave_the_queue_and_are_never_put_back():
     assert q.waiting() == [1, 3] and len(q) == 2
     q.aborted(running, None)  # a shrink hands it back: its batch is gone, so it stays out
     q.failed(running, "EngineRefused: no")
-    assert q.waiting() == [1, 3] and len(q) == 2 and q.requeued == 0
+    assert q.waiting() == [1, 3] and len(q) == 2 and q.book.requeued == 0
 
 
 def test_application_errors_are_retried_a_bounded_number_of_times_then_fail_the_job():

@@ -91,8 +91,8 @@ class Dispatch:
                 self.hooks.fatal(exc)
         elif result is None or result.aborted or not result.finished:
             self.queue.aborted(q, result)  # continued elsewhere from where it stopped
-            self.rec.counters.requeued = self.queue.requeued
-            self.rec.counters.orphaned = self.queue.orphaned
+            self.rec.counters.requeued = self.queue.book.requeued
+            self.rec.counters.orphaned = self.queue.book.orphaned
         else:
             self.hooks.finished(q, result)
 

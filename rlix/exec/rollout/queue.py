@@ -66,22 +66,11 @@ class RolloutQueue:
         if book.predictor is None:
             raise ValueError("the executor's trajectories carry prompts: their book predicts lengths")
         self.book = book
-        self.predictor = book.predictor
         self.queue = book.queue
         self._live: dict[int, Queued] = {}  # traj id -> its entry, until it finishes
 
     def __len__(self) -> int:
         return len(self.book)
-
-    @property
-    def requeued(self) -> int:
-        """Trajectories put back after an abort or a dead worker."""
-        return self.book.requeued
-
-    @property
-    def orphaned(self) -> int:
-        """Of those, put back because their worker died."""
-        return self.book.orphaned
 
     def waiting(self) -> list[int]:
         """Ids of the trajectories waiting for a slot, ascending."""

@@ -1,8 +1,10 @@
 import compileall
 import importlib.util
 import os
+import secrets
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["RAY_TMPDIR"] = f"/tmp/rlix-tests-{os.getpid()}"
 
+# Ray turns token authentication on, and a cluster started where there is no token writes one to
+# ~/.ray/auth_token, the user's. The suite's clusters carry a token of the suite's own instead, never one
+# from (or written to) the home directory (a test that needs another sets its own path).
+_TOKEN = Path(tempfile.mkdtemp(prefix="rlix-tests-token-"))
+(_TOKEN / "auth_token").write_text(secrets.token_hex(32))
+os.environ["RAY_AUTH_TOKEN_PATH"] = str(_TOKEN / "auth_token")
+os.environ.pop("RAY_AUTH_TOKEN", None)
+
 
 def pytest_sessionfinish(session):
+    shutil.rmtree(_TOKEN, ignore_errors=True)
     if "PYTEST_XDIST_WORKER" in os.environ:
         shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
 

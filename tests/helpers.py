@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlix.core import PipelineSpec, Register, ReportDemand, Role, RoleSpec, Scheduler, WorkerLoad
 
 
@@ -156,3 +158,27 @@ def drawn_job(rng, pid: str, *, arrival: float | None, train: tuple[int, int], g
         slots=rng.choice([4, 8, 16]),
         staleness=rng.choice([0, 1]),
     )
+
+
+def narrowed_raw(example: Path, gpus: int, jobs: dict[str, dict], *, pace: float = 1.0, **top: object) -> dict:
+    """``example``'s YAML on one node of ``gpus`` logical GPUs: ``jobs`` maps a job's name to the fields
+    it changes (its roles, its home, its steps), ``pace`` scales the decode pace, ``top`` replaces
+    top-level blocks. Each GPU a job rolls out on is a model process, seconds of imports on a CPU host:
+    the suite's runs use no more GPUs than their checks need, and pace them faster to keep the rollout
+    capacity of the example's."""
+    import yaml
+
+    raw = yaml.safe_load(example.read_text())
+    raw["cluster"] = {**raw["cluster"], "gpus_per_node": gpus}
+    raw["emulation"] = {**raw["emulation"], "decode_step_s": raw["emulation"]["decode_step_s"] * pace}
+    assert set(jobs) <= {j["name"] for j in raw["jobs"]}, set(jobs)
+    raw["jobs"] = [{**j, **jobs.get(j["name"], {})} for j in raw["jobs"]]
+    raw.update(top)
+    return raw
+
+
+def narrowed(example: Path, gpus: int, jobs: dict[str, dict], *, pace: float = 1.0, **top: object):
+    """:func:`narrowed_raw`, validated as ``rlix-run`` validates a config."""
+    from rlix.exec.config import parse_config
+
+    return parse_config(narrowed_raw(example, gpus, jobs, pace=pace, **top))

@@ -35,8 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def job(name: str, home: str, steps: int, *, arrival_s: float = 0.0, priority: int = 0) -> dict:
-    """A tiny copy-task job: trains on its 2-GPU home, may roll out on all 4 GPUs."""
+def job(name: str, home: str, steps: int, *, ranks: int = 1, arrival_s: float = 0.0, priority: int = 0) -> dict:
+    """A tiny copy-task job: trains on the first ``ranks`` GPUs of its 2-GPU home, may roll out on all 4
+    GPUs. One rank by default: each is a process, seconds of imports on a CPU host, and two ranks on gloo
+    make each step several times longer."""
+    first = int(home.split("-")[0])
     return {
         "name": name,
         "model": MODEL,
@@ -49,7 +52,7 @@ def job(name: str, home: str, steps: int, *, arrival_s: float = 0.0, priority: i
         "arrival_s": arrival_s,
         "priority": priority,
         "home": home,
-        "roles": {"actor_train": {"gpus": home}, "actor_infer": {"gpus": "0-3"}},
+        "roles": {"actor_train": {"gpus": list(range(first, first + ranks))}, "actor_infer": {"gpus": "0-3"}},
     }
 
 

@@ -15,8 +15,11 @@ from service_cluster import ServiceCluster, free_port
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = None, train: int = 0) -> Path:
-    """One tiny full-finetune job, two steps, trained on GPU ``train``, its rollout on every GPU of ``nodes`` x ``gpus``."""
+def tiny_config(
+    tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = None, train: int = 0, rollout_gpus: int | None = None
+) -> Path:
+    """One tiny full-finetune job, two steps, trained on GPU ``train``, its rollout on the first
+    ``rollout_gpus`` GPUs of ``nodes`` x ``gpus`` (all of them by default)."""
     cfg = {
         "cluster": {"nodes": nodes, "gpus_per_node": gpus},
         "scheduler": {"min_residency_s": 5.0, "report_ttl_s": 10.0},
@@ -31,7 +34,7 @@ def tiny_config(tmp_path: Path, gpus: int, nodes: int = 1, out: str | None = Non
                 "group_size": 4,
                 "max_new_tokens": 8,
                 "slots_per_worker": 4,
-                "roles": {"actor_train": {"gpus": [train]}, "actor_infer": {"gpus": f"0-{nodes * gpus - 1}"}},
+                "roles": {"actor_train": {"gpus": [train]}, "actor_infer": {"gpus": f"0-{(rollout_gpus or nodes * gpus) - 1}"}},
             }
         ],
     }
@@ -73,7 +76,7 @@ def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
     try:
         # The output directory (and the model built under it) relative to where rlix-run runs, not
         # where the cluster was started: every path is made absolute before any actor starts.
-        config = tiny_config(tmp_path, 4, out="out")
+        config = tiny_config(tmp_path, 4, out="out", rollout_gpus=2)  # 2 rollout processes are enough to show it
         res = rlix_run(config.name, "--address", f"127.0.0.1:{port}", "--no-console", env=env, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-2000:]
         assert "solo: finished steps=2" in res.stdout and "trajectories_lost=0" in res.stdout

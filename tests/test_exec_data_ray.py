@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import narrowed
 
-from rlix.exec.config import load_config
 from rlix.exec.records import JobStatus
 
 pytestmark = pytest.mark.heavy
@@ -20,8 +20,16 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu_data.yaml"
 
 
+# The example on 3 GPUs at twice its decode pace (each job's home one GPU, the third for ``broken``):
+# 12 model processes rather than 15, each seconds of imports on a CPU host.
+THREE_GPUS = {
+    "arith": {"home": [0], "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": "0-2"}}},
+    "copy": {"home": [1], "roles": {"actor_train": {"gpus": [1]}, "actor_infer": {"gpus": "0-2"}}},
+}
+
+
 def _config(out: Path, ck: Path, *, arith_steps: int, with_others: bool):
-    cfg = load_config(EXAMPLE)
+    cfg = narrowed(EXAMPLE, 3, THREE_GPUS, pace=0.5)
     arith = cfg.jobs[0].model_copy(update={"steps": arith_steps, "checkpoint_dir": str(ck)})
     jobs = [arith]
     if with_others:
@@ -34,7 +42,7 @@ def _config(out: Path, ck: Path, *, arith_steps: int, with_others: bool):
                 "checkpoint_dir": None,
                 "eval": None,
                 "steps": 2,
-                "roles": {"actor_train": {"gpus": [1]}, "actor_infer": {"gpus": "0-3"}},
+                "roles": {"actor_train": {"gpus": [2]}, "actor_infer": {"gpus": "0-2"}},
                 "home": [],
             }
         )

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+from helpers import narrowed_raw
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu_two_jobs.yaml"
@@ -30,9 +32,16 @@ def _wait_for_a_step(out: Path, proc: subprocess.Popen, timeout_s: float) -> Non
 @pytest.mark.heavy
 def test_ctrl_c_stops_every_job_and_writes_partial_outputs(tmp_path):
     out = tmp_path / "out"
+    # The example on 2 GPUs, a home of one each, at twice its decode pace: 6 model processes rather than 10.
+    config = tmp_path / "two_jobs.yaml"
+    homes = {
+        name: {"home": [g], "roles": {"actor_train": {"gpus": [g]}, "actor_infer": {"gpus": "0-1"}}}
+        for g, name in enumerate(("small", "large"))
+    }
+    config.write_text(yaml.safe_dump(narrowed_raw(EXAMPLE, 2, homes, pace=0.5)))
     # A terminal's Ctrl-C goes to the whole foreground process group: so does this one.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlix.exec.front.cli", str(EXAMPLE), "--out", str(out), "--no-console"],
+        [sys.executable, "-m", "rlix.exec.front.cli", str(config), "--out", str(out), "--no-console"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

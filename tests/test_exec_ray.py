@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import LastRows, assert_last_rows_are_the_summary, assert_trace_replays
+from helpers import LastRows, assert_last_rows_are_the_summary, assert_trace_replays, narrowed
 
 from rlix.exec.config import load_config
 from rlix.exec.records import JobStatus, SwitchKind
@@ -132,18 +132,21 @@ def test_the_measured_trace_replays(runs, policy):
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
-    """One run of three jobs: ``small`` (3 steps), whose rollout worker on GPU 1 dies 1 s into its
-    first rollout; ``large`` (40 steps), killed once its first step is done; and ``crash``, a copy of
-    ``small`` with no home, that raises when its step 1 starts (its only fault). The holdings seen right
-    after the kill are kept."""
+    """One run of three jobs on 3 GPUs: ``small`` (3 steps), whose rollout worker on GPU 1 dies 1 s into
+    its first rollout; ``large`` (40 steps of 4 prompts, its home GPU 2), killed once its first step is
+    done; and ``crash``, a copy of ``small`` with no home, training on the GPU the kill frees, that raises
+    when its step 1 starts (its only fault). The holdings seen right after the kill are kept."""
     from rlix.exec.front import api
 
-    cfg = load_config(EXAMPLE)
-    small = type(cfg.jobs[0]).model_validate({**cfg.jobs[0].model_dump(), "steps": 3, "fault": {"die_in_rollout_gpu": 1}})
-    large = cfg.jobs[1].model_copy(update={"steps": 40})
-    crash = type(small).model_validate(
-        {**small.model_dump(), "name": "crash", "steps": 5, "home": [], "fault": {"crash_at_step": 1}, "seed": 2}
-    )
+    def roles(train: int) -> dict:
+        return {"actor_train": {"gpus": [train]}, "actor_infer": {"gpus": "0-2"}}
+
+    small = {"steps": 3, "fault": {"die_in_rollout_gpu": 1}, "roles": roles(0)}
+    large = {"steps": 40, "prompts_per_step": 4, "home": [2], "roles": roles(2)}
+    cfg = narrowed(EXAMPLE, 3, {"small": small, "large": large})
+    small, large = cfg.jobs
+    crash = {"name": "crash", "steps": 5, "home": [], "fault": {"crash_at_step": 1}, "seed": 2, "roles": roles(2)}
+    crash = type(small).model_validate({**small.model_dump(), **crash})
     session = api.init(cfg.model_copy(update={"jobs": [small, large, crash]}), out_dir=str(tmp_path_factory.mktemp("faulty")))
     seen = {}
 

@@ -100,7 +100,8 @@ def holding(snapshot: dict) -> dict[str, list[int]]:
 @pytest.mark.exec
 def test_external_pipeline_beside_rlix_run(tmp_path):
     with scheduler_running(tmp_path) as (cluster, procs):
-        solo = write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=4)])  # its rollout may use all 4 GPUs
+        # its rollout may use all 4 GPUs; two ranks make its steps long enough for the example to join it
+        solo = write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=4, ranks=2)])
         run = cluster.submit(solo)
         procs.append(run)
         ext = None

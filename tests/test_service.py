@@ -93,8 +93,9 @@ def used_by_prometheus(prom, jobs: list[dict]) -> dict[str, float]:
 
 
 def test_two_submitters_started_apart_share_the_gpus(cluster, prom, tmp_path):
-    # alpha long enough to run on while beta loads, its processes outside its home started at the lowest priority
-    first = write_config(tmp_path / "first.yaml", [job("alpha", "0-1", steps=60)])
+    # alpha runs on while beta loads and runs (its processes outside its home started at the lowest
+    # priority), then is cancelled: its steps are only there to outlast beta
+    first = write_config(tmp_path / "first.yaml", [job("alpha", "0-1", steps=1000)])
     second = write_config(tmp_path / "second.yaml", [job("beta", "2-3", steps=4)])
     a = cluster.submit(first)
     # once alpha's rollout has spread over beta's home too (its processes there are up: no worker goes there before)
@@ -102,7 +103,8 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, prom, tmp_path):
     # while alpha runs; found through RAY_ADDRESS, as a Ray job's entrypoint is
     b = cluster.submit(second, via_env=True)
     both, seen, latencies = False, [], []
-    while a.poll() is None or b.poll() is None:
+    while b.poll() is None:
+        assert a.poll() is None, first.with_suffix(".err").read_text()[-2000:]
         status, took = cluster.status()
         latencies.append(took)
         seen.append(status)
@@ -110,13 +112,14 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, prom, tmp_path):
         held = {j["name"] for j in status["jobs"] if j["gpus"]}
         both |= {"alpha", "beta"} <= held
         time.sleep(0.5)
-    assert a.returncode == 0, first.with_suffix(".err").read_text()[-2000:]
     assert b.returncode == 0, second.with_suffix(".err").read_text()[-2000:]
     assert both, "the two jobs never held GPUs at the same time"
+    assert cluster.rlix("cancel", "alpha").returncode == 0
+    assert finished(a) == 3, first.with_suffix(".err").read_text()[-2000:]
     final, _ = cluster.status()
     jobs = jobs_by_name(final)
-    assert jobs["alpha"]["state"] == jobs["beta"]["state"] == "finished"
-    assert (jobs["alpha"]["steps_done"], jobs["beta"]["steps_done"]) == (60, 4)
+    assert (jobs["alpha"]["state"], jobs["beta"]["state"]) == ("cancelled", "finished")
+    assert jobs["alpha"]["steps_done"] >= 1 and jobs["beta"]["steps_done"] == 4
     # alpha's rollout used beta's home before beta came: borrowed by alpha is lent by beta
     assert jobs["alpha"]["borrowed_s"] > 0 and jobs["beta"]["lent_s"] > 0
     # every busy GPU-second is some job's
@@ -126,7 +129,7 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, prom, tmp_path):
     if prom is not None:
         assert used_by_prometheus(prom, ended) == pytest.approx({j["id"]: j["gpu_s"] for j in ended}, rel=1e-6)
     assert 0 < final["utilization"] <= 1 and final["idle_fraction"] == pytest.approx(1 - final["utilization"])
-    assert metrics(first)["trajectories_lost"] == metrics(second)["trajectories_lost"] == 0
+    assert metrics(second)["trajectories_lost"] == 0
     assert metrics(first)["executor"]["shared"] and metrics(first)["policy"] == "rlix"
     # what the two submitters' processes really did: both on beta's home, never two jobs on one GPU at once
     spans = gpu_intervals(first, second)
@@ -138,7 +141,7 @@ def test_two_submitters_started_apart_share_the_gpus(cluster, prom, tmp_path):
 
 def test_a_killed_submitter_loses_its_jobs_and_their_gpus_go_back(cluster, tmp_path):
     # gamma runs long enough for its processes outside its home to come up (no worker goes there before)
-    keep = write_config(tmp_path / "keep.yaml", [job("gamma", "0-1", steps=100)])
+    keep = write_config(tmp_path / "keep.yaml", [job("gamma", "0-1", steps=200)])
     lose = write_config(tmp_path / "lose.yaml", [job("delta", "2-3", steps=30)])
     g, d = cluster.submit(keep), cluster.submit(lose)
     wait_for(lambda s: bool(jobs_by_name(s).get("delta", {}).get("gpus")) and "gamma" in jobs_by_name(s), cluster, 150)
@@ -158,8 +161,8 @@ def test_a_killed_submitter_loses_its_jobs_and_their_gpus_go_back(cluster, tmp_p
 
 
 def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, prom, tmp_path):
-    one = write_config(tmp_path / "one.yaml", [job("epsilon", "0-1", steps=20)])
-    two = write_config(tmp_path / "two.yaml", [job("zeta", "2-3", steps=20)])
+    one = write_config(tmp_path / "one.yaml", [job("epsilon", "0-1", steps=40)])
+    two = write_config(tmp_path / "two.yaml", [job("zeta", "2-3", steps=40)])
     e, z = cluster.submit(one), cluster.submit(two)
     wait_for(lambda s: {jobs_by_name(s).get(n, {}).get("state") for n in ("epsilon", "zeta")} == {"running"}, cluster, 150)
     res = cluster.python("ray.kill(ray.get_actor('rlix-scheduler', namespace='rlix'), no_restart=False)\n")
@@ -191,7 +194,7 @@ def test_jobs_carry_on_when_the_scheduler_actor_is_killed(cluster, prom, tmp_pat
 
 
 def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
-    long = write_config(tmp_path / "long.yaml", [job("eta", "0-1", steps=40)])
+    long = write_config(tmp_path / "long.yaml", [job("eta", "0-1", steps=1000)])
     p = cluster.submit(long)
     wait_for(lambda s: "eta" in jobs_by_name(s), cluster, 60)
     # a second job of the same name: one line, exit 2, nothing started
@@ -305,7 +308,7 @@ def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):
 
 
 def test_a_forced_stop_cancels_the_running_jobs_first(cluster, tmp_path):
-    last = write_config(tmp_path / "last.yaml", [job("kappa", "0-1", steps=40)])
+    last = write_config(tmp_path / "last.yaml", [job("kappa", "0-1", steps=1000)])
     p = cluster.submit(last)
     wait_for(lambda s: jobs_by_name(s).get("kappa", {}).get("state") in ("loading", "running"), cluster, 120)
     res = cluster.rlix("scheduler", "stop", "--force")

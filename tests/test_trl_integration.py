@@ -204,7 +204,8 @@ def test_trl_job_runs_privately(private_rewards):
 @pytest.mark.exec
 def test_trl_job_beside_rlix_run_learns_the_same_borrows_gpus_and_stops_on_cancel(tmp_path, private_rewards):
     with scheduler_running(tmp_path) as (cluster, procs):
-        run = cluster.submit(write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=6)]))
+        # two ranks make its steps long enough for TRL to join it and borrow its home
+        run = cluster.submit(write_config(tmp_path / "solo.yaml", [job("solo", "0-1", steps=6, ranks=2)]))
         procs.append(run)
         trl, snapshots = None, []
         deadline = time.monotonic() + 600

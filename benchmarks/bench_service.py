@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from service_cluster import ServiceCluster, job, jobs_by_name, wait_for, write_config  # noqa: E402
 
+# Every job here trains on two ranks (its whole home), as when the published figures were measured.
+
 PROBE = """
 import time, json
 from rlix import protocol, transport
@@ -57,8 +59,8 @@ def shared_run(c: ServiceCluster, tmp: Path, delay: float, steps: int) -> tuple[
     """Two submitters ``delay`` s apart: (makespan, the second's arrival after the first's start). Nothing else runs
     meanwhile: on a 2-core machine a status command every second would itself slow the jobs."""
     assert c.rlix("scheduler", "start", "--set", "min_residency_s=2", "--set", "report_ttl_s=10").returncode == 0
-    first = write_config(tmp / "first.yaml", [job("a2", "0-1", steps)])
-    second = write_config(tmp / "second.yaml", [job("b2", "2-3", steps)])
+    first = write_config(tmp / "first.yaml", [job("a2", "0-1", steps, ranks=2)])
+    second = write_config(tmp / "second.yaml", [job("b2", "2-3", steps, ranks=2)])
     a = c.submit(first)
     time.sleep(delay)
     b = c.submit(second)
@@ -69,7 +71,8 @@ def shared_run(c: ServiceCluster, tmp: Path, delay: float, steps: int) -> tuple[
 
 def one_config(c: ServiceCluster, tmp: Path, arrival_s: float, steps: int) -> float:
     """The same two jobs from one config (a private scheduler), the second arriving ``arrival_s`` after the run starts."""
-    one = write_config(tmp / "one.yaml", [job("a1", "0-1", steps), job("b1", "2-3", steps, arrival_s=arrival_s)])
+    jobs = [job("a1", "0-1", steps, ranks=2), job("b1", "2-3", steps, ranks=2, arrival_s=arrival_s)]
+    one = write_config(tmp / "one.yaml", jobs)
     res = subprocess.run(
         [sys.executable, "-m", "rlix.exec.front.cli", str(one), "--no-console"], capture_output=True, env=c.env, cwd=tmp
     )
@@ -81,8 +84,8 @@ def one_config(c: ServiceCluster, tmp: Path, arrival_s: float, steps: int) -> fl
 def killed_submitter(c: ServiceCluster, tmp: Path) -> tuple[float, list[float], list[float]]:
     """``rlix status`` while two jobs run (the scheduler's answers, whole commands), then one submitter
     SIGKILLed: (seconds until its GPUs are back, answers, commands)."""
-    keep = write_config(tmp / "keep.yaml", [job("k3", "0-1", 30)])
-    lose = write_config(tmp / "lose.yaml", [job("l3", "2-3", 60)])
+    keep = write_config(tmp / "keep.yaml", [job("k3", "0-1", 30, ranks=2)])
+    lose = write_config(tmp / "lose.yaml", [job("l3", "2-3", 60, ranks=2)])
     k, lo = c.submit(keep), c.submit(lose)
     wait_for(lambda s: {jobs_by_name(s).get(n, {}).get("state") for n in ("k3", "l3")} == {"running"}, c, 180)
     probe = c.python(PROBE)
@@ -98,7 +101,7 @@ def killed_submitter(c: ServiceCluster, tmp: Path) -> tuple[float, list[float], 
 
 def detached(c: ServiceCluster, tmp: Path) -> float:
     """Seconds ``rlix-run --detach`` takes to return (its job submitted, ids printed); the run is then left to end."""
-    away = write_config(tmp / "away.yaml", [job("d3", "0-1", 3)])
+    away = write_config(tmp / "away.yaml", [job("d3", "0-1", 3, ranks=2)])
     cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(away), "--address", c.address, "--detach"]
     t = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, env=c.env, timeout=300, cwd=tmp)

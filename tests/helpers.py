@@ -177,6 +177,11 @@ def narrowed_raw(example: Path, gpus: int, jobs: dict[str, dict], *, pace: float
     return raw
 
 
+def roles(train: int, gpus: int) -> dict:
+    """A job's roles on a node of ``gpus`` GPUs: trained on GPU ``train``, rolled out on every GPU."""
+    return {"actor_train": {"gpus": [train]}, "actor_infer": {"gpus": f"0-{gpus - 1}"}}
+
+
 def narrowed(example: Path, gpus: int, jobs: dict[str, dict], *, pace: float = 1.0, **top: object):
     """:func:`narrowed_raw`, validated as ``rlix-run`` validates a config."""
     from rlix.exec.config import parse_config

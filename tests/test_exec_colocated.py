@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import narrowed
+from helpers import narrowed, roles
 
 from rlix.exec.records import JobStatus
 
@@ -24,7 +24,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_colocated.y
 def runs(tmp_path_factory):
     from rlix.exec.front import api
 
-    both = {"steps": 2, "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": "0-1"}}}
+    both = {"steps": 2, "roles": roles(0, 2)}
     cfg = narrowed(EXAMPLE, 2, {"first": both, "second": both}, pace=0.5)
     return {p: api.run(cfg.model_copy(update={"policy": p}), out_dir=str(tmp_path_factory.mktemp(p))) for p in ("rlix", "static")}
 

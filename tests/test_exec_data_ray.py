@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import narrowed
+from helpers import narrowed, roles
 
 from rlix.exec.records import JobStatus
 
@@ -23,8 +23,8 @@ EXAMPLE = ROOT / "examples" / "cpu_data.yaml"
 # The example on 3 GPUs at twice its decode pace (each job's home one GPU, the third for ``broken``):
 # 12 model processes rather than 15, each seconds of imports on a CPU host.
 THREE_GPUS = {
-    "arith": {"home": [0], "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": "0-2"}}},
-    "copy": {"home": [1], "roles": {"actor_train": {"gpus": [1]}, "actor_infer": {"gpus": "0-2"}}},
+    "arith": {"home": [0], "roles": roles(0, 3)},
+    "copy": {"home": [1], "roles": roles(1, 3)},
 }
 
 
@@ -42,7 +42,7 @@ def _config(out: Path, ck: Path, *, arith_steps: int, with_others: bool):
                 "checkpoint_dir": None,
                 "eval": None,
                 "steps": 2,
-                "roles": {"actor_train": {"gpus": [2]}, "actor_infer": {"gpus": "0-2"}},
+                "roles": roles(2, 3),
                 "home": [],
             }
         )

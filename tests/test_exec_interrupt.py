@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import narrowed_raw
+from helpers import narrowed_raw, roles
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu_two_jobs.yaml"
@@ -34,10 +34,7 @@ def test_ctrl_c_stops_every_job_and_writes_partial_outputs(tmp_path):
     out = tmp_path / "out"
     # The example on 2 GPUs, a home of one each, at twice its decode pace: 6 model processes rather than 10.
     config = tmp_path / "two_jobs.yaml"
-    homes = {
-        name: {"home": [g], "roles": {"actor_train": {"gpus": [g]}, "actor_infer": {"gpus": "0-1"}}}
-        for g, name in enumerate(("small", "large"))
-    }
+    homes = {name: {"home": [g], "roles": roles(g, 2)} for g, name in enumerate(("small", "large"))}
     config.write_text(yaml.safe_dump(narrowed_raw(EXAMPLE, 2, homes, pace=0.5)))
     # A terminal's Ctrl-C goes to the whole foreground process group: so does this one.
     proc = subprocess.Popen(

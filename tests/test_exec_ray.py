@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import LastRows, assert_last_rows_are_the_summary, assert_trace_replays, narrowed
+from helpers import LastRows, assert_last_rows_are_the_summary, assert_trace_replays, narrowed, roles
 
 from rlix.exec.config import load_config
 from rlix.exec.records import JobStatus, SwitchKind
@@ -138,15 +138,14 @@ def faulty(tmp_path_factory):
     when its step 1 starts (its only fault). The holdings seen right after the kill are kept."""
     from rlix.exec.front import api
 
-    def roles(train: int) -> dict:
-        return {"actor_train": {"gpus": [train]}, "actor_infer": {"gpus": "0-2"}}
-
-    small = {"steps": 3, "fault": {"die_in_rollout_gpu": 1}, "roles": roles(0)}
-    large = {"steps": 40, "prompts_per_step": 4, "home": [2], "roles": roles(2)}
-    cfg = narrowed(EXAMPLE, 3, {"small": small, "large": large})
+    edits = {
+        "small": {"steps": 3, "fault": {"die_in_rollout_gpu": 1}, "roles": roles(0, 3)},
+        "large": {"steps": 40, "prompts_per_step": 4, "home": [2], "roles": roles(2, 3)},
+    }
+    cfg = narrowed(EXAMPLE, 3, edits)
     small, large = cfg.jobs
-    crash = {"name": "crash", "steps": 5, "home": [], "fault": {"crash_at_step": 1}, "seed": 2, "roles": roles(2)}
-    crash = type(small).model_validate({**small.model_dump(), **crash})
+    crash_edits = {"name": "crash", "steps": 5, "home": [], "fault": {"crash_at_step": 1}, "seed": 2, "roles": roles(2, 3)}
+    crash = type(small).model_validate({**small.model_dump(), **crash_edits})
     session = api.init(cfg.model_copy(update={"jobs": [small, large, crash]}), out_dir=str(tmp_path_factory.mktemp("faulty")))
     seen = {}
 

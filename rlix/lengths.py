@@ -189,11 +189,23 @@ def to_front(front: deque, t) -> None:
     they last started (``served``, stamped by the queue that started them): a preemption takes them off
     their workers, not out of the order they were dispatched in, whatever order they come back in."""
     key, i = t.served, 0
+    if key == NOT_STARTED:
+        raise ValueError(f"trajectory {t.idx} never started: only a started one goes back to the front")
     for other in front:
         if other.served > key:  # a later start, or one that has not started (NOT_STARTED)
             break
         i += 1
     front.insert(i, t)
+
+
+def _latest_first(trajectories: Iterable) -> list:
+    """Trajectories put back together, the one started last first: each then goes in ahead of those put
+    back just before it, and :func:`to_front` stops at once (a worker hands them back as they started)."""
+    return sorted(trajectories, key=_served, reverse=True)
+
+
+def _served(t) -> int:
+    return t.served
 
 
 class DrawnQueue(deque):
@@ -210,7 +222,7 @@ class DrawnQueue(deque):
         return t
 
     def put_back(self, trajectories: Iterable) -> None:
-        for t in trajectories:
+        for t in _latest_first(trajectories):
             to_front(self, t)
 
 
@@ -227,7 +239,7 @@ class PredictedQueue:
     def __init__(self, predictor: LengthPredictor, *, ordered: bool = True) -> None:
         self.predictor = predictor
         self.ordered = ordered  # False: as drawn even once trusted (the predictor still learns and is scored)
-        self._front: deque = deque()  # aborted trajectories, first to go
+        self._front: deque = deque()  # started ones put back (preempted or retried), first to go, as they last started
         self._drawn: deque = deque()  # every waiting one in drawn order (served ones skipped lazily)
         self._probe: deque[Group] = deque()  # groups with no evidence and none running
         self._waiting: deque[Group] = deque()  # groups with no evidence and some running (a probe)
@@ -273,7 +285,7 @@ class PredictedQueue:
 
     def put_back(self, trajectories: Iterable) -> None:
         """Started trajectories wait again, ahead of every other, as they last started (:func:`to_front`)."""
-        for t in trajectories:
+        for t in _latest_first(trajectories):
             t.queued = True
             t.group.running -= 1
             to_front(self._front, t)

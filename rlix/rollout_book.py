@@ -149,7 +149,8 @@ class RolloutBook:
 
     def put_back(self, entries: Sequence, *, lost: bool = False) -> None:
         """Trajectories taken off a worker by a shrink (``lost``: their worker process was lost) go to
-        the front, ahead of everything waiting, oldest first (in any order given); a dropped batch's stay out."""
+        the front, ahead of everything waiting, in the order they last started (whatever order they are
+        given in); a dropped batch's stay out."""
         back = [e for e in entries if e.idx not in self._dropped] if self._dropped else entries
         self.requeued += len(back)
         if lost:

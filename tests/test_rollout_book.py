@@ -124,6 +124,22 @@ def test_the_step_machine_holds_the_book_its_plan_calls_for(prompts, dispatch, t
     assert isinstance(book.queue, PredictedQueue) == prompts and (not prompts or book.queue.ordered == (dispatch == "predicted"))
 
 
+def test_a_simulated_shrink_puts_its_trajectories_back_as_they_last_started():
+    sim = Simulation(load_trace(TRACES / "two_jobs.json"), "rlix")
+    sim.env.run(until=200.0)  # mid rollout: code-b's workers full
+    engine = max(sim.pipelines.values(), key=lambda p: p.engine.running).engine
+    g, w = max(engine.workers.items(), key=lambda gw: (len(gw[1].active), -gw[0]))
+    running = list(w.active.values())
+    assert len(running) > 2
+    ahead = len(engine.book)
+    assert engine.remove_worker(w.worker) == len(running) and len(engine.book) == ahead + len(running)
+    back = [engine.book.queue.popleft() for _ in running]
+    assert [t.idx for t in back] == [t.idx for t in sorted(running, key=lambda t: t.served)]
+    back[0].served = NOT_STARTED  # as if it had never been started: it has no place at the front
+    with pytest.raises(ValueError, match="never started"):
+        engine.book.put_back(back[:1])
+
+
 def test_the_simulator_s_engines_drive_their_machines_books():
     sim = Simulation(load_trace(TRACES / "two_jobs.json"), "rlix")
     sim.run()

@@ -15,8 +15,9 @@ completes: until the evidence each member had is seen to track the member's
 own length (Pearson's r of log-lengths, within each step, over enough pairs),
 nothing is ordered by it, so a job whose lengths do not repeat runs as drawn.
 
-:class:`PredictedQueue` is a rollout's waiting trajectories. Aborted ones
-(taken off a worker) go first, as before. Then, while the predictor is
+:class:`PredictedQueue` is a rollout's waiting trajectories. Those taken off a
+worker (or retried) go first, in the order they last started
+(:func:`to_front`). Then, while the predictor is
 trusted, one probe per group with no evidence (its first sibling, to learn the
 group), then the rest of the groups whose probe still runs or was taken off
 its worker (a probe still running is a long one), then the informed groups,
@@ -27,6 +28,7 @@ it is not trusted, everything goes in the drawn order.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Hashable, Iterable
@@ -179,19 +181,65 @@ def _ranks(values: tuple[float, ...]) -> list[float]:
     return ranks
 
 
+NOT_STARTED = 1 << 62  # ``served`` of a trajectory that has not started: after every one that has
+
+
+def to_front(front: deque, t) -> None:
+    """Put ``t`` back at the front of ``front``, among the trajectories put back before it, in the order
+    they last started (``served``, stamped by the queue that started them): a preemption takes them off
+    their workers, not out of the order they were dispatched in, whatever order they come back in."""
+    key, i = t.served, 0
+    if key == NOT_STARTED:
+        raise ValueError(f"trajectory {t.idx} never started: only a started one goes back to the front")
+    for other in front:
+        if other.served > key:  # a later start, or one that has not started (NOT_STARTED)
+            break
+        i += 1
+    front.insert(i, t)
+
+
+def _latest_first(trajectories: Iterable) -> list:
+    """Trajectories put back together, the one started last first: each then goes in ahead of those put
+    back just before it, and :func:`to_front` stops at once (a worker hands them back as they started)."""
+    return sorted(trajectories, key=_served, reverse=True)
+
+
+def _served(t) -> int:
+    return t.served
+
+
+class DrawnQueue(deque):
+    """Waiting trajectories in their drawn order, and those put back at the front (:func:`to_front`).
+    Each trajectory it starts is stamped with the order it last started in (``served``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._starts = itertools.count(1)
+
+    def popleft(self):
+        t = super().popleft()
+        t.served = next(self._starts)
+        return t
+
+    def put_back(self, trajectories: Iterable) -> None:
+        for t in _latest_first(trajectories):
+            to_front(self, t)
+
+
 class PredictedQueue:
     """A rollout's waiting trajectories, served predicted-longest first once the predictor is trusted.
 
     Each trajectory has ``group`` (its :class:`Group`), ``idx`` (unique, in
-    drawn order), ``predicted`` (set here when it is served) and ``queued``.
-    It reads as the deque it stands in for: ``q[0]``, ``popleft``,
-    ``extend`` (a new batch, drawn order) and ``extendleft`` (aborted ones).
+    drawn order), and ``predicted``, ``served`` (the order it last started
+    in, :data:`NOT_STARTED` before) and ``queued``, set here.
+    It reads as the deque it stands in for: ``q[0]``, ``popleft`` and
+    ``extend`` (a new batch, drawn order); ``put_back`` puts started ones back.
     """
 
     def __init__(self, predictor: LengthPredictor, *, ordered: bool = True) -> None:
         self.predictor = predictor
         self.ordered = ordered  # False: as drawn even once trusted (the predictor still learns and is scored)
-        self._front: deque = deque()  # aborted trajectories, first to go
+        self._front: deque = deque()  # started ones put back (preempted or retried), first to go, as they last started
         self._drawn: deque = deque()  # every waiting one in drawn order (served ones skipped lazily)
         self._probe: deque[Group] = deque()  # groups with no evidence and none running
         self._waiting: deque[Group] = deque()  # groups with no evidence and some running (a probe)
@@ -199,6 +247,7 @@ class PredictedQueue:
         self._filing = False  # groups go into the heap and lines: only while it orders (ordered and trusted)
         self._n = 0
         self._seq = 0
+        self._starts = itertools.count(1)  # each start's ``served``
         self._head = None  # the trajectory q[0] showed: popleft serves it
 
     def __len__(self) -> int:
@@ -234,11 +283,12 @@ class PredictedQueue:
                 self._front = deque(x for x in self._front if x is not t)
         self._head = None
 
-    def extendleft(self, trajectories: Iterable) -> None:
-        for t in trajectories:
+    def put_back(self, trajectories: Iterable) -> None:
+        """Started trajectories wait again, ahead of every other, as they last started (:func:`to_front`)."""
+        for t in _latest_first(trajectories):
             t.queued = True
             t.group.running -= 1
-            self._front.appendleft(t)
+            to_front(self._front, t)
             self._n += 1
         self._head = None
 
@@ -264,6 +314,7 @@ class PredictedQueue:
             g.queued.remove(t) if g.queued[0] is not t else g.queued.popleft()
         g.running += 1
         t.predicted = g.key
+        t.served = next(self._starts)
         return t
 
     def finished(self, t, seconds: float) -> None:

@@ -16,13 +16,17 @@ holds are written here once:
 - **Preemption.** A shrink that takes running trajectories off a worker is a
   preemption (:meth:`RolloutBook.preempted`). Those trajectories, and those of
   a worker process lost (the executor's), are never lost: they go back to the
-  front (:meth:`RolloutBook.put_back`), to continue from their progress. The
-  order among them is the shell's: the simulator puts a worker's back at once,
-  oldest first; the executor puts each back as it comes back from its worker.
+  front (:meth:`RolloutBook.put_back`), to continue from their progress. They
+  wait in the order they last started (:func:`~rlix.lengths.to_front`): a
+  shrink takes them off their workers, not out of the order they were
+  dispatched in, whatever order they come back in. The simulator puts a
+  worker's back at once; the executor puts each back as its worker hands it
+  back; those waiting at one time wait in one order in both shells.
   Progress is the shell's too: seconds in the simulator (which restarts them
   instead where a trace says ``preempt: requeue``), tokens in the executor.
 - **Failure.** An application error is retried from where the trajectory was,
-  up to ``max_tries`` tries in all; then :class:`TrajectoryFailed`.
+  at the front like a preempted one, up to ``max_tries`` tries in all; then
+  :class:`TrajectoryFailed`.
 - **Dropped batches.** A batch that will never be trained leaves the queue,
   and none of its trajectories comes back.
 - **Completion.** A batch is rolled out when its last trajectory finishes; its
@@ -34,17 +38,17 @@ holds are written here once:
 An entry is the shell's own object for a trajectory. It has ``idx`` (unique,
 in drawn order: the last tie-breaker), ``group`` (its prompt's
 :class:`~rlix.lengths.Group`, set here; None without prompt ids) and
-``tally`` (its batch's, set here), and the queue's ``predicted`` and
-``queued``.
+``tally`` (its batch's, set here), ``served`` (the order it last started in,
+:data:`~rlix.lengths.NOT_STARTED` until then; set by the queue), and the
+:class:`~rlix.lengths.PredictedQueue`'s ``predicted`` and ``queued``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Hashable, Sequence
 
-from rlix.lengths import Group, LengthPredictor, PredictedQueue
+from rlix.lengths import DrawnQueue, Group, LengthPredictor, PredictedQueue
 
 
 class BatchTally:
@@ -85,7 +89,9 @@ class RolloutBook:
             raise ValueError("max_tries must be >= 1")
         self.predictor = predictor
         self.max_tries = max_tries
-        self.queue: deque | PredictedQueue = deque() if predictor is None else PredictedQueue(predictor, ordered=ordered)
+        self.queue: DrawnQueue | PredictedQueue = (
+            DrawnQueue() if predictor is None else PredictedQueue(predictor, ordered=ordered)
+        )
         self.made = 0  # entries added: the next one's idx
         self.completed = 0
         self.requeued = 0  # put back after a shrink or a lost worker
@@ -143,12 +149,13 @@ class RolloutBook:
 
     def put_back(self, entries: Sequence, *, lost: bool = False) -> None:
         """Trajectories taken off a worker by a shrink (``lost``: their worker process was lost) go to
-        the front, in the order given, ahead of everything waiting; a dropped batch's stay out."""
+        the front, ahead of everything waiting, in the order they last started (whatever order they are
+        given in); a dropped batch's stay out."""
         back = [e for e in entries if e.idx not in self._dropped] if self._dropped else entries
         self.requeued += len(back)
         if lost:
             self.orphaned += len(back)
-        self.queue.extendleft(reversed(back))
+        self._to_front(back)
 
     def failed(self, e, reason: str, name: str) -> None:
         """An application error in ``e`` (``name`` says which trajectory): tried again from the front,
@@ -158,7 +165,11 @@ class RolloutBook:
         tries = self._errors[e.idx] = self._errors.get(e.idx, 0) + 1
         if tries >= self.max_tries:
             raise TrajectoryFailed(f"{name} failed {tries} times: {reason}")
-        self.queue.extendleft([e])
+        self._to_front([e])
+
+    def _to_front(self, entries: Sequence) -> None:
+        """Started entries wait again at the front, in the order they last started."""
+        self.queue.put_back(entries)
 
     def drop(self, entries: Sequence) -> None:
         """These entries' batch will never be trained: the waiting ones leave the queue, and none comes back."""

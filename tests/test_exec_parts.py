@@ -156,6 +156,20 @@ def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
     assert q.book.requeued == 6
 
 
+def test_a_shrinks_aborts_wait_in_the_order_they_started_whatever_order_they_come_back_in():
+    """The rollout book's put-back order (the simulator's too): a drained worker's trajectories come back one
+    by one, in any order, and wait at the front as they were dispatched, ahead of those never started."""
+    q = _queue(1)
+    q.add([_traj(i) for i in range(6)])
+    pool = _awake_pool(2, slots=2)
+    started = q.assign(pool)
+    assert [item.traj_id for _, item in started] == [0, 1, 2, 3]
+    for w, item in (started[i] for i in (1, 3, 0, 2)):  # both workers shrunk: their aborts come back as they may
+        w.inflight.pop(item.traj_id)
+        q.aborted(item, _result(item.request, 1, finished=False))
+    assert [q.queue.popleft().traj_id for _ in range(6)] == [0, 1, 2, 3, 4, 5]
+
+
 def test_an_untouched_handback_keeps_its_version_and_a_lost_worker_requeues_as_is():
     q = _queue(1)
     q.add([_traj(0)])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rlix.lengths import MIN_PAIRS, Group, LengthPredictor, Pearson, PredictedQueue
+from rlix.lengths import MIN_PAIRS, NOT_STARTED, Group, LengthPredictor, Pearson, PredictedQueue
 from rlix.sim.simulator import replay
 from rlix.trace import GenerateModel, StreamModel, TraceError, expand_stream, parse_trace
 
@@ -98,7 +98,7 @@ class _Traj:
     """A trajectory as the queue sees one."""
 
     def __init__(self, group: Group, idx: int) -> None:
-        self.group, self.idx, self.predicted, self.queued = group, idx, math.nan, False
+        self.group, self.idx, self.predicted, self.served, self.queued = group, idx, math.nan, NOT_STARTED, False
 
 
 def _batch(prompts: list[int], start: int = 0) -> list[_Traj]:
@@ -128,7 +128,7 @@ def test_untrusted_the_queue_serves_the_drawn_order_with_aborted_ones_first():
     trajs = _batch([0, 0, 1, 1, 2, 2])
     q.extend(trajs)
     assert _serve(q, 2) == [0, 1]
-    q.extendleft(reversed([trajs[0]]))  # taken off its worker
+    q.put_back([trajs[0]])  # taken off its worker
     assert _serve(q, 4) == [0, 2, 3, 4] and len(q) == 1
 
 
@@ -144,6 +144,15 @@ def test_trusted_it_probes_each_group_then_starts_the_predicted_longest_first():
     q.finished(trajs[6], 50.0)  # group 2 is long; group 1's probe still runs
     assert _serve(q, 2) == [4, 5]  # a group whose probe still runs is longer than any that finished
     assert _serve(q, 4) == [7, 8, 1, 2] and not q
+
+
+def test_taken_off_trajectories_go_first_in_the_order_they_last_started_not_as_drawn():
+    q, second = _second_epoch(ordered=True)
+    started = [q.popleft() for _ in range(3)]
+    assert [t.idx for t in started] == [4, 5, 2]  # predicted-longest first: prompt 0's group, then prompt 1's
+    q.put_back([started[2], started[0]])  # as they come back: the executor's, one by one in any order
+    q.put_back([started[1]])
+    assert _serve(q, 4) == [4, 5, 2, 3] and not q  # as they started, then the queue's own order
 
 
 def _second_epoch(*, ordered: bool) -> tuple[PredictedQueue, list[_Traj]]:
@@ -170,7 +179,7 @@ def test_a_prompts_earlier_lengths_order_its_next_step_from_the_start():
 def test_a_queue_told_drawn_keeps_the_drawn_order_though_trusted_and_still_scores_its_predictions():
     q, second = _second_epoch(ordered=False)
     assert _serve(q, 2) == [2, 3]  # ordered, prompt 0 would go first (the test above)
-    q.extendleft([second[0]])  # taken off its worker: still first to go
+    q.put_back([second[0]])  # taken off its worker: still first to go
     assert _serve(q, 3) == [2, 4, 5] and not q
     assert second[2].predicted == pytest.approx(math.log(100.0))  # what it would have been given
     for t, seconds in ((second[1], 3.5), (second[2], 90.0), (second[3], 110.0), (second[0], 2.5)):

@@ -47,6 +47,11 @@ RULES = {
         "PredictedQueue",
         ("rlix/rollout_book.py",),
     ),
+    "the order in which trajectories taken off a worker wait again (the order they last started)": (
+        "rlix/lengths.py",
+        "to_front",
+        (),  # both queues of the rollout book put back through it; the shells call the book's put_back
+    ),
     "where a worker's GPUs are booked in each phase": (
         "rlix/job.py",
         "worker_booking",

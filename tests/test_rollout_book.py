@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import spec
 
-from rlix.lengths import LengthPredictor, PredictedQueue
+from rlix.lengths import NOT_STARTED, LengthPredictor, PredictedQueue
 from rlix.rollout_book import RolloutBook, TrajectoryFailed
 from rlix.sim.simulator import Simulation
 from rlix.step import StepMachine, StreamSpec, job_plan
@@ -26,6 +26,7 @@ class Entry:
         self.group = None
         self.tally = None
         self.predicted = math.nan
+        self.served = NOT_STARTED
         self.queued = False
 
     def __repr__(self) -> str:
@@ -43,18 +44,20 @@ def _start(book: RolloutBook, n: int) -> list[Entry]:
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-def test_taken_off_trajectories_wait_at_the_front_in_the_order_given_and_are_counted(grouped):
+def test_taken_off_trajectories_wait_at_the_front_as_they_last_started_whatever_order_they_come_back_in(grouped):
     book = RolloutBook(LengthPredictor() if grouped else None)
     prompts = [(0, 0, i // 2) for i in range(6)] if grouped else None
     a = _batch(book, 6, prompts)
     running = _start(book, 4)
     assert running == a[:4] and len(book) == 2
     book.preempted(3)
-    book.put_back([a[1], a[0], a[3]])  # oldest first, as the shell orders them
-    assert book.queue[0] is a[1] and (book.requeued, book.orphaned, book.preemptions) == (3, 0, 1)
-    book.put_back([a[2]], lost=True)  # its worker process died: ahead of those before it
-    assert _start(book, 6) == [a[2], a[1], a[0], a[3], a[4], a[5]]
-    assert (book.requeued, book.orphaned) == (4, 1)
+    book.put_back([a[3], a[1]])  # as the executor's aborts come back: in any order
+    assert book.queue[0] is a[1] and (book.requeued, book.orphaned, book.preemptions) == (2, 0, 1)
+    book.put_back([a[2]], lost=True)  # its worker process died: between the two, where it started
+    assert _start(book, 1) == [a[1]]
+    book.put_back([a[1], a[0]])  # a[1] again: it started again after a[2] and a[3]
+    assert _start(book, 6) == [a[0], a[2], a[3], a[1], a[4], a[5]]
+    assert (book.requeued, book.orphaned) == (5, 1)
     book.preempted(0)  # a shrink of an idle worker is no preemption
     assert book.preemptions == 1
 
@@ -119,6 +122,22 @@ def test_the_step_machine_holds_the_book_its_plan_calls_for(prompts, dispatch, t
     book = StepMachine(spec("p", (0,), (0, 1)), plan).book
     assert (book.predictor is not None, book.max_tries) == (prompts, tries)
     assert isinstance(book.queue, PredictedQueue) == prompts and (not prompts or book.queue.ordered == (dispatch == "predicted"))
+
+
+def test_a_simulated_shrink_puts_its_trajectories_back_as_they_last_started():
+    sim = Simulation(load_trace(TRACES / "two_jobs.json"), "rlix")
+    sim.env.run(until=200.0)  # mid rollout: code-b's workers full
+    engine = max(sim.pipelines.values(), key=lambda p: p.engine.running).engine
+    g, w = max(engine.workers.items(), key=lambda gw: (len(gw[1].active), -gw[0]))
+    running = list(w.active.values())
+    assert len(running) > 2
+    ahead = len(engine.book)
+    assert engine.remove_worker(w.worker) == len(running) and len(engine.book) == ahead + len(running)
+    back = [engine.book.queue.popleft() for _ in running]
+    assert [t.idx for t in back] == [t.idx for t in sorted(running, key=lambda t: t.served)]
+    back[0].served = NOT_STARTED  # as if it had never been started: it has no place at the front
+    with pytest.raises(ValueError, match="never started"):
+        engine.book.put_back(back[:1])
 
 
 def test_the_simulator_s_engines_drive_their_machines_books():

@@ -29,6 +29,7 @@ from simpy.events import NORMAL, URGENT
 
 from rlix.core import RolloutWorker, WorkerLoad
 from rlix.job import WeightGate, WorkerPhase, weight_gate, worker_booking
+from rlix.lengths import NOT_STARTED
 from rlix.metrics import UsageRecorder
 from rlix.rollout_book import RolloutBook
 
@@ -71,6 +72,7 @@ class Traj:
         "remaining",
         "seg",
         "segments",
+        "served",
         "started",
         "tally",
         "token",
@@ -91,6 +93,7 @@ class Traj:
         self.idx = idx  # unique within the engine: the last tie-breaker of every ordering
         self.version = -1  # weight version its first segment started on (-1: not started)
         self.group = None  # its prompt's group in its batch (None: no prompt ids)
+        self.served = NOT_STARTED  # the order it last started in, stamped by its book's queue
         # ``tally`` and ``group`` are set by the rollout book (rlix.rollout_book), ``predicted`` and ``queued``
         # by its PredictedQueue (rlix.lengths) while it holds the trajectory.
 
@@ -364,9 +367,9 @@ class Waker:
 
 def _stop_all(w: SimWorker, opts: EngineOptions, now: float) -> list[Traj]:
     """Every trajectory of a worker torn down at ``now``, stopped (what the options keep of their progress
-    kept), oldest first; the worker is left with none."""
-    stopped = sorted(w.active.values(), key=lambda t: (t.batch.stream, t.batch.step, t.started, t.duration, t.idx))
-    for t in reversed(stopped):
+    kept); the worker is left with none."""
+    stopped = list(w.active.values())
+    for t in stopped:
         abort(t, w.rate, now, requeue=opts.requeue, resume_s=opts.resume_s)
     w.active.clear()
     w.generating = 0
@@ -453,7 +456,7 @@ class RolloutEngine:
         w.alive = False
         aborted = _stop_all(w, self.opts, self.env.now)
         self.book.preempted(len(aborted))
-        self.book.put_back(aborted)  # at the queue's front, oldest first
+        self.book.put_back(aborted)  # at the queue's front, in the order they last started
         if aborted:
             self._scan_all = True
             self.on_change()

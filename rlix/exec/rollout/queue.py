@@ -30,7 +30,7 @@ from rlix.exec.data.recipe import Trajectory, continuation
 from rlix.exec.messages import GenRequest, GenResult
 from rlix.exec.records import TrajRecord
 from rlix.exec.rollout.pool import Worker, WorkerPool
-from rlix.lengths import Group
+from rlix.lengths import NOT_STARTED, Group
 from rlix.rollout_book import BatchTally, RolloutBook
 
 
@@ -45,11 +45,12 @@ class Queued:
     min_version: int = 1 << 30  # oldest weight version that produced a token so far
     need: int = 0  # its batch's weight version: no older full weights may produce its tokens
     idx: int = 0  # drawn order, unique in the book
-    # Set by the rollout book: its batch's tally and its prompt's group; by its queue: what it was predicted, and
-    # whether it waits.
+    # Set by the rollout book: its batch's tally and its prompt's group; by its queue: what it was predicted, the
+    # order it last started in, and whether it waits.
     tally: BatchTally | None = None
     group: Group | None = None
     predicted: float = math.nan
+    served: int = NOT_STARTED
     queued: bool = False
 
     @property

@@ -155,7 +155,7 @@ class RolloutBook:
         self.requeued += len(back)
         if lost:
             self.orphaned += len(back)
-        self._to_front(back)
+        self.queue.put_back(back)
 
     def failed(self, e, reason: str, name: str) -> None:
         """An application error in ``e`` (``name`` says which trajectory): tried again from the front,
@@ -165,11 +165,7 @@ class RolloutBook:
         tries = self._errors[e.idx] = self._errors.get(e.idx, 0) + 1
         if tries >= self.max_tries:
             raise TrajectoryFailed(f"{name} failed {tries} times: {reason}")
-        self._to_front([e])
-
-    def _to_front(self, entries: Sequence) -> None:
-        """Started entries wait again at the front, in the order they last started."""
-        self.queue.put_back(entries)
+        self.queue.put_back([e])
 
     def drop(self, entries: Sequence) -> None:
         """These entries' batch will never be trained: the waiting ones leave the queue, and none comes back."""

@@ -181,6 +181,12 @@ class SchedulerModel(StrictModel):
         description="finish-time fairness among co-tenants (jobs with no home of their own): weight x (projected "
         "slowdown) ** slowdown_weight, and the most slowed co-tenant's gang stage first among stages alike (0: off)",
     )
+    stage_yield: float = Field(
+        default=0.0,
+        ge=0,
+        description="a co-tenant's gang stage waits while it would preempt the rollout of a co-tenant this many times "
+        "as slowed (finish-time fairness before the stage priorities; 0: off, else >= 1)",
+    )
     lost_cooldown_s: float = Field(
         default=30.0,
         ge=0,
@@ -212,6 +218,13 @@ class SchedulerModel(StrictModel):
     )
 
     _split_tenants = field_validator("tenants", mode="before")(parse_tenants)
+
+    @field_validator("stage_yield")
+    @classmethod
+    def _yield_off_or_at_least_one(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError(f"{value} is between 0 and 1; use 0 (off) or a ratio of at least 1")
+        return value
 
     @model_validator(mode="after")
     def _beat_in_time(self) -> SchedulerModel:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from helpers import demand, owners, register, spec
 
 from rlix.core import (
@@ -17,6 +18,7 @@ from rlix.core import (
     RequestStage,
     Scheduler,
     SchedulerConfig,
+    SchedulingError,
     ShrinkReason,
     Stage,
     Unregister,
@@ -212,6 +214,34 @@ def test_the_most_slowed_cotenants_stage_goes_first():
 
     assert first_granted(dataclasses.replace(EQUAL, slowdown_weight=0.0)) == "a"  # asked first
     assert first_granted(EQUAL) == "b"  # slowdown_weight 5, the default
+
+
+def test_stage_yield_lets_a_far_more_slowed_cotenants_rollout_go_on_until_the_waiting_job_is_slowed_too():
+    def asked(config: SchedulerConfig, *, home: bool = False):
+        sched = Scheduler(NODE8, "rlix", config)
+        a = spec("a", range(8), range(8), home=range(8) if home else ())
+        register(sched, a, spec("b", range(8), range(8)))
+        sched.step(0, [dataclasses.replace(demand(p, 0), path_s=1000.0) for p in ("a", "b")])
+        # alone, each had 1,000 s of steps ahead; by 1,000 s a has 200 s left (slowdown 1.19), b 900 s (1.85)
+        sched.step(1000, [dataclasses.replace(demand("a", 0), path_s=200.0), dataclasses.replace(demand("b", 40), path_s=900.0)])
+        assert len(owners(sched)["b"]) == 8
+        return sched, sched.step(1001, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+
+    _, plan = asked(EQUAL)  # off, the default: the seed's stage priority, every gang stage before rollout
+    assert grants(plan) == [("a", Stage.ACTOR_TRAIN)] and {s.worker.pipeline_id for s in plan.shrinks} == {"b"}
+    sched, plan = asked(dataclasses.replace(EQUAL, stage_yield=1.5))
+    assert grants(plan) == [] and not plan.shrinks and len(owners(sched)["b"]) == 8  # b is 1.55x as slowed: it rolls on
+    assert grants(sched.step(1100, [])) == []  # 1.28 against 1.94: still 1.51x
+    plan = sched.step(1300, [])  # a's slowdown grew as it waited: 1.47 against 2.13 (1.45x)
+    assert grants(plan) == [("a", Stage.ACTOR_TRAIN)] and len(plan.shrinks) == 8
+    _, plan = asked(dataclasses.replace(EQUAL, stage_yield=1.5), home=True)  # a's home is its guarantee: no yield
+    assert grants(plan) == [("a", Stage.ACTOR_TRAIN)]
+
+
+@pytest.mark.parametrize("ratio", [0.5, -1.0, float("inf")])
+def test_a_stage_yield_between_0_and_1_or_not_finite_is_refused(ratio):
+    with pytest.raises(SchedulingError, match="stage_yield"):
+        Scheduler(NODE8, "rlix", SchedulerConfig(stage_yield=ratio))
 
 
 def test_finish_time_fairness_leaves_jobs_with_homes_of_their_own_alone():

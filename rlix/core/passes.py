@@ -18,7 +18,7 @@ from rlix.core.placement import fill_idle, place_on_idle
 from rlix.core.queues import queues_of, refusal
 from rlix.core.rebalance import rebalance, reclaim_homes
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
-from rlix.core.state import GangRequest, View
+from rlix.core.state import GangRequest, View, homeless
 from rlix.core.types import GangHolder, RolloutWorker, ShrinkReason, Stage
 
 # May this job start now (its INIT request, its GPUs free)? None: admitted as soon as the gang fits.
@@ -70,6 +70,8 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
             (lines and (not lines.isdisjoint(closed) or refusal(view, draft, spec) is not None))
             # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
             or (owners_first and not guest_stage_fits(view, draft, req))
+            # a co-tenant's stage that would stop a far more slowed co-tenant's rollout waits (no reservation)
+            or (not init and view.config.stage_yield and yields_to_slowed(view, owner, req))
             or (queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)))
         )
         if not waits and any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
@@ -85,6 +87,17 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
         for worker in sorted(victims, key=_worker_key):
             draft.shrink(worker, ShrinkReason.GANG)
         draft.grant(req.pipeline_id, req.stage, gpus)
+
+
+def yields_to_slowed(view: View, owner: list, req: GangRequest) -> bool:
+    """Would ``req`` (a co-tenant's gang stage) preempt a rollout worker of a co-tenant whose projected
+    slowdown is at least ``stage_yield`` times its own (:meth:`~rlix.core.state.PipelineEntry.slowdown`)?"""
+    fair = homeless(view)
+    if req.pipeline_id not in fair:
+        return False
+    bar = view.config.stage_yield * view.pipelines[req.pipeline_id].slowdown(view.now)
+    others = {h.pipeline_id for g in req.gpus if isinstance(h := owner[g], RolloutWorker) and h.pipeline_id != req.pipeline_id}
+    return any(pid in fair and view.pipelines[pid].slowdown(view.now) >= bar for pid in sorted(others))
 
 
 def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:

@@ -477,6 +477,13 @@ class SchedulerConfig:
       multiplied by ``slowdown ** slowdown_weight``, and among co-tenants' gang stages of one
       stage priority that waited alike the most slowed job's goes first. Jobs with a home of
       their own have its guarantee instead. 0 turns it off.
+    - ``stage_yield``: off (0) by default, as the seed's rules put every gang stage before
+      rollout. At ``r`` (>= 1), a co-tenant's gang stage (not its model load) waits while it
+      would preempt a rollout worker of another co-tenant whose projected slowdown is at least
+      ``r`` times its own: the most slowed co-tenant's rollout goes on, and the stage starts
+      once the ratio falls below ``r`` (the waiting job's slowdown grows as it waits) or that
+      rollout ends. Fairer shares among many co-tenants, at some makespan
+      (``docs/scheduling-model.md``).
     - ``lost_cooldown_s``: a rollout worker reported lost (its process died,
       or it did not wake: a GPU short of memory, a failing device) is not
       placed again on that bundle for that job for this many seconds, so a
@@ -514,6 +521,7 @@ class SchedulerConfig:
     small_first: float = 3.0
     path_halving_s: float = 350.0
     slowdown_weight: float = 5.0
+    stage_yield: float = 0.0
     lost_cooldown_s: float = 30.0
     turn_limit_s: float = 900.0
     tenants: tuple[TenantSpec, ...] = ()

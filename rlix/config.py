@@ -184,8 +184,9 @@ class SchedulerModel(StrictModel):
     stage_yield: float = Field(
         default=0.0,
         ge=0,
-        description="a co-tenant's gang stage waits while it would preempt the rollout of a co-tenant this many times "
-        "as slowed (finish-time fairness before the stage priorities; 0: off, else >= 1)",
+        allow_inf_nan=False,
+        description="a co-tenant's gang stage waits (up to turn_limit_s) while it would preempt the busy rollout of a "
+        "co-tenant this many times as slowed (finish-time fairness before the stage priorities; 0: off, else > 1)",
     )
     lost_cooldown_s: float = Field(
         default=30.0,
@@ -222,8 +223,8 @@ class SchedulerModel(StrictModel):
     @field_validator("stage_yield")
     @classmethod
     def _yield_off_or_at_least_one(cls, value: float) -> float:
-        if 0 < value < 1:
-            raise ValueError(f"{value} is between 0 and 1; use 0 (off) or a ratio of at least 1")
+        if 0 < value <= 1:
+            raise ValueError("use 0 (off) or a ratio above 1")
         return value
 
     @model_validator(mode="after")

@@ -45,7 +45,7 @@ def random_knobs(rng: random.Random) -> SchedulerConfig:
         path_halving_s=rng.choice([0.0, 350.0, rng.uniform(0.01, 5000.0)]),
         home_guarantee=rng.random() < 0.3,
         guest_stage_fit=rng.choice([0.0, 0.75, 1.0, rng.random()]),
-        stage_yield=rng.choice([0.0, 0.0, 1.5, rng.uniform(1.0, 4.0)]),
+        stage_yield=rng.choice([0.0, 0.0, 1.5, rng.uniform(1.01, 4.0)]),
     )
 
 

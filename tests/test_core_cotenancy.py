@@ -217,29 +217,42 @@ def test_the_most_slowed_cotenants_stage_goes_first():
 
 
 def test_stage_yield_lets_a_far_more_slowed_cotenants_rollout_go_on_until_the_waiting_job_is_slowed_too():
-    def asked(config: SchedulerConfig, *, home: bool = False):
+    busy_b = dataclasses.replace(demand("b", 8, loads={g: 4 for g in range(8)}), path_s=900.0)
+
+    def asked(config: SchedulerConfig, *, home: bool = False, a_path: float = 1000.0, b_busy: bool = True):
         sched = Scheduler(NODE8, "rlix", config)
         a = spec("a", range(8), range(8), home=range(8) if home else ())
         register(sched, a, spec("b", range(8), range(8)))
-        sched.step(0, [dataclasses.replace(demand(p, 0), path_s=1000.0) for p in ("a", "b")])
+        sched.step(0, [dataclasses.replace(demand(p, 0), path_s=a_path if p == "a" else 1000.0) for p in ("a", "b")])
         # alone, each had 1,000 s of steps ahead; by 1,000 s a has 200 s left (slowdown 1.19), b 900 s (1.85)
-        sched.step(1000, [dataclasses.replace(demand("a", 0), path_s=200.0), dataclasses.replace(demand("b", 40), path_s=900.0)])
+        sched.step(
+            1000,
+            [dataclasses.replace(demand("a", 0), path_s=min(a_path, 200.0)), dataclasses.replace(demand("b", 40), path_s=900.0)],
+        )
         assert len(owners(sched)["b"]) == 8
-        return sched, sched.step(1001, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+        b_now = busy_b if b_busy else dataclasses.replace(demand("b", 0), path_s=900.0)
+        return sched, sched.step(1001, [b_now, RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
 
     _, plan = asked(EQUAL)  # off, the default: the seed's stage priority, every gang stage before rollout
     assert grants(plan) == [("a", Stage.ACTOR_TRAIN)] and {s.worker.pipeline_id for s in plan.shrinks} == {"b"}
-    sched, plan = asked(dataclasses.replace(EQUAL, stage_yield=1.5))
-    assert grants(plan) == [] and not plan.shrinks and len(owners(sched)["b"]) == 8  # b is 1.55x as slowed: it rolls on
-    assert grants(sched.step(1100, [])) == []  # 1.28 against 1.94: still 1.51x
-    plan = sched.step(1300, [])  # a's slowdown grew as it waited: 1.47 against 2.13 (1.45x)
+    on = dataclasses.replace(EQUAL, stage_yield=1.5)
+    sched, plan = asked(on)
+    assert grants(plan) == [] and not plan.shrinks and len(owners(sched)["b"]) == 8  # b is 1.56x as slowed: it rolls on
+    assert grants(sched.step(1100, [busy_b])) == []  # 1.28 against 1.94: still 1.51x
+    plan = sched.step(1300, [busy_b])  # a's slowdown grew as it waited: 1.47 against 2.13 (1.45x)
     assert grants(plan) == [("a", Stage.ACTOR_TRAIN)] and len(plan.shrinks) == 8
-    _, plan = asked(dataclasses.replace(EQUAL, stage_yield=1.5), home=True)  # a's home is its guarantee: no yield
-    assert grants(plan) == [("a", Stage.ACTOR_TRAIN)]
+    # No yield to a job with a home of its own, to idle workers, or for an unmeasured slowdown (a's 1.0: no chain reported)
+    assert grants(asked(on, home=True)[1]) == [("a", Stage.ACTOR_TRAIN)]
+    assert grants(asked(on, b_busy=False)[1]) == [("a", Stage.ACTOR_TRAIN)]
+    assert grants(asked(on, a_path=0.0)[1]) == [("a", Stage.ACTOR_TRAIN)]
+    # and for turn_limit_s at most: past it the stage starts, however slowed b is
+    sched, plan = asked(dataclasses.replace(on, turn_limit_s=100.0))
+    assert grants(plan) == [] and grants(sched.step(1050, [busy_b])) == []  # 1.53x
+    assert grants(sched.step(1102, [busy_b])) == [("a", Stage.ACTOR_TRAIN)]  # still 1.51x, but asked 101 s ago
 
 
-@pytest.mark.parametrize("ratio", [0.5, -1.0, float("inf")])
-def test_a_stage_yield_between_0_and_1_or_not_finite_is_refused(ratio):
+@pytest.mark.parametrize("ratio", [0.5, 1.0, -1.0, float("inf"), float("nan")])
+def test_a_stage_yield_of_1_or_below_or_not_finite_is_refused(ratio):
     with pytest.raises(SchedulingError, match="stage_yield"):
         Scheduler(NODE8, "rlix", SchedulerConfig(stage_yield=ratio))
 

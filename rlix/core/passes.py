@@ -70,12 +70,13 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
             (lines and (not lines.isdisjoint(closed) or refusal(view, draft, spec) is not None))
             # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
             or (owners_first and not guest_stage_fits(view, draft, req))
-            # a co-tenant's stage that would stop a far more slowed co-tenant's rollout waits (no reservation)
-            or (not init and view.config.stage_yield and yields_to_slowed(view, owner, req))
             or (queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)))
         )
         if not waits and any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
             reserved.update(gpus)
+            waits = True
+        # a stage that could start now but would stop a far more slowed co-tenant's rollout waits (no reservation)
+        if not waits and not init and view.config.stage_yield and yields_to_slowed(view, owner, req):
             waits = True
         if waits:  # not admitted yet: its home stays free of later jobs (not of running ones), its queues closed
             queued.update(queue_home)
@@ -90,14 +91,24 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
 
 
 def yields_to_slowed(view: View, owner: list, req: GangRequest) -> bool:
-    """Would ``req`` (a co-tenant's gang stage) preempt a rollout worker of a co-tenant whose projected
-    slowdown is at least ``stage_yield`` times its own (:meth:`~rlix.core.state.PipelineEntry.slowdown`)?"""
-    fair = homeless(view)
-    if req.pipeline_id not in fair:
+    """Does ``req``, a co-tenant's gang stage, yield (``stage_yield``)? It does while it would preempt a busy
+    rollout worker of a co-tenant of its job priority or above whose projected slowdown
+    (:meth:`~rlix.core.state.PipelineEntry.slowdown`) is at least ``stage_yield`` times its own, both
+    measured, and for ``turn_limit_s`` at most from its request."""
+    config, now, fair = view.config, view.now, homeless(view)
+    me = view.pipelines[req.pipeline_id]
+    if req.pipeline_id not in fair or not me.slowdown_measured or now - req.asked_at >= config.turn_limit_s:
         return False
-    bar = view.config.stage_yield * view.pipelines[req.pipeline_id].slowdown(view.now)
-    others = {h.pipeline_id for g in req.gpus if isinstance(h := owner[g], RolloutWorker) and h.pipeline_id != req.pipeline_id}
-    return any(pid in fair and view.pipelines[pid].slowdown(view.now) >= bar for pid in sorted(others))
+    bar = config.stage_yield * me.slowdown(now)
+    for first in sorted({h.gpus[0] for g in req.gpus if isinstance(h := owner[g], RolloutWorker)}):
+        pid = owner[first].pipeline_id
+        other = view.pipelines[pid]
+        if pid == req.pipeline_id or pid not in fair or other.spec.priority < req.job_priority:
+            continue
+        busy = any(load.first_gpu == first and load.active for load in other.demand.loads) if other.demand else False
+        if busy and other.slowdown_measured and other.slowdown(now) >= bar:
+            return True
+    return False
 
 
 def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:

@@ -62,8 +62,8 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         raise SchedulingError(f"guest_stage_fit={config.guest_stage_fit}: must lie in 0..1 (0: a guest waits for the owner)")
     if not (math.isfinite(config.turn_limit_s) and config.turn_limit_s > 0):
         raise SchedulingError(f"turn_limit_s={config.turn_limit_s}: must be a finite number > 0 (longer than a trajectory)")
-    if not (math.isfinite(config.stage_yield) and (config.stage_yield == 0 or config.stage_yield >= 1)):
-        raise SchedulingError(f"stage_yield={config.stage_yield}: must be 0 (off) or a finite number >= 1")
+    if not (math.isfinite(config.stage_yield) and (config.stage_yield == 0 or config.stage_yield > 1)):
+        raise SchedulingError(f"stage_yield={config.stage_yield}: must be 0 (off) or a finite number above 1")
     for name in ("small_first", "path_halving_s", "slowdown_weight", "lost_cooldown_s", "lend_ahead_s"):
         value = getattr(config, name)
         if not (math.isfinite(value) and value >= 0):
@@ -206,7 +206,12 @@ class Scheduler:
         entry.gang_times.requested(now)
         self._seq += 1
         self._requests[key] = GangRequest(
-            pipeline_id=event.pipeline_id, stage=event.stage, gpus=gpus, seq=self._seq, job_priority=entry.spec.priority
+            pipeline_id=event.pipeline_id,
+            stage=event.stage,
+            gpus=gpus,
+            seq=self._seq,
+            job_priority=entry.spec.priority,
+            asked_at=now,
         )
 
     def _release(self, event: ReleaseStage, now: float) -> None:

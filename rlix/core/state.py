@@ -203,13 +203,18 @@ class PipelineEntry:
         rollout = report.finished * report.trajectory_s / (self.home_workers * self.spec.slots_per_worker)
         return self.registered_at + times.stage_s.get(Stage.INIT, 0.0) + times.working(now) + rollout - now
 
+    @property
+    def slowdown_measured(self) -> bool:
+        """Has it reported a chain of steps since it registered (else :meth:`slowdown` is 1.0, unmeasured)?"""
+        return self.demand is not None and self.path_max > 0 and self.registered_at != float("-inf")
+
     def slowdown(self, now: float) -> float:
         """Its projected slowdown (finish-time fairness): the seconds since it registered plus its chain of
         steps still ahead (``path_s``, reported), over its model load plus the longest chain it has
         reported (its time alone, at the least), both plus ``SLOWDOWN_DAMP_S``. 1.0 until it reports a chain."""
-        report = self.demand
-        if report is None or self.path_max <= 0 or self.registered_at == float("-inf"):
+        if not self.slowdown_measured:
             return 1.0
+        report = self.demand
         init = self.gang_times.stage_s.get(Stage.INIT, 0.0)
         return (now - self.registered_at + report.path_s + SLOWDOWN_DAMP_S) / (init + self.path_max + SLOWDOWN_DAMP_S)
 
@@ -275,6 +280,7 @@ class GangRequest:
     job_priority: int = 0  # the pipeline's priority: higher goes first
     state: RequestState = RequestState.PENDING
     passed: int = 0  # plans that granted another job's stage on its GPUs while it waited (its age)
+    asked_at: float = 0.0  # when it was asked for (s)
 
     @property
     def sort_key(self) -> tuple[int, int, int, int]:

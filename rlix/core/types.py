@@ -478,12 +478,13 @@ class SchedulerConfig:
       stage priority that waited alike the most slowed job's goes first. Jobs with a home of
       their own have its guarantee instead. 0 turns it off.
     - ``stage_yield``: off (0) by default, as the seed's rules put every gang stage before
-      rollout. At ``r`` (>= 1), a co-tenant's gang stage (not its model load) waits while it
-      would preempt a rollout worker of another co-tenant whose projected slowdown is at least
-      ``r`` times its own: the most slowed co-tenant's rollout goes on, and the stage starts
-      once the ratio falls below ``r`` (the waiting job's slowdown grows as it waits) or that
-      rollout ends. Fairer shares among many co-tenants, at some makespan
-      (``docs/scheduling-model.md``).
+      rollout. At ``r`` (> 1), a co-tenant's gang stage (not its model load) that could start
+      waits while it would preempt a busy rollout worker of another co-tenant of its job
+      priority or above whose projected slowdown is at least ``r`` times its own (both
+      measured): it starts once the ratio falls below ``r`` (its own slowdown grows as it
+      waits), those workers go idle or leave, or ``turn_limit_s`` has passed since it was
+      asked for (:func:`rlix.core.passes.yields_to_slowed`). Fairer shares among many
+      co-tenants, at some makespan (``docs/scheduling-model.md``).
     - ``lost_cooldown_s``: a rollout worker reported lost (its process died,
       or it did not wake: a GPU short of memory, a failing device) is not
       placed again on that bundle for that job for this many seconds, so a

@@ -18,7 +18,7 @@ from rlix.core.placement import fill_idle, place_on_idle
 from rlix.core.queues import queues_of, refusal
 from rlix.core.rebalance import rebalance, reclaim_homes
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
-from rlix.core.state import GangRequest, View, homeless
+from rlix.core.state import GangRequest, View, homeless, worker_loads
 from rlix.core.types import GangHolder, RolloutWorker, ShrinkReason, Stage
 
 # May this job start now (its INIT request, its GPUs free)? None: admitted as soon as the gang fits.
@@ -105,9 +105,8 @@ def yields_to_slowed(view: View, owner: list, req: GangRequest) -> bool:
         other = view.pipelines[pid]
         if pid == req.pipeline_id or pid not in fair or other.spec.priority < req.job_priority:
             continue
-        busy = any(load.first_gpu == first and load.active for load in other.demand.loads) if other.demand else False
-        if busy and other.slowdown_measured and other.slowdown(now) >= bar:
-            return True
+        if other.slowdown_measured and worker_loads(other.spec, other.demand).get(first) and other.slowdown(now) >= bar:
+            return True  # a busy worker (its job's last report) of a co-tenant that much more slowed
     return False
 
 

@@ -318,6 +318,14 @@ class JobModel(StrictModel):
         "then, and for a trace's job whose steps lack prompt ids), or as drawn",
     )
 
+    placement: Literal["lowest_gpu", "longest_held"] = Field(
+        default="lowest_gpu",
+        description="which worker a waiting trajectory starts on: the lowest GPU with a free slot first; or, where "
+        "the waiting trajectories fill every free slot, the workers the job has held longest first, so the front "
+        "of the queue (predicted-longest) goes where the job has stayed longest (docs/lengths.md: it does not pay "
+        "on the traces measured)",
+    )
+
     _split_home = field_validator("home", mode="before")(parse_gpus)
 
     @model_validator(mode="after")

@@ -13,6 +13,10 @@ holds are written here once:
   (predicted-longest first once lengths are seen to repeat), as drawn
   otherwise. Trajectories taken off a worker wait at the front, ahead of any
   new work: they hold their batch back.
+- **Placement.** Free slots fill lowest GPU first. A job placed
+  ``longest_held`` fills the workers it has held longest first wherever the
+  waiting trajectories fill every free slot (:meth:`RolloutBook.fill_order`):
+  which trajectory goes where changes, never how many each worker gets.
 - **Preemption.** A shrink that takes running trajectories off a worker is a
   preemption (:meth:`RolloutBook.preempted`). Those trajectories, and those of
   a worker process lost (the executor's), are never lost: they go back to the
@@ -81,13 +85,17 @@ class RolloutBook:
     ``queue`` is the dispatch order: a shell reads the next trajectory to start as ``queue[0]`` and starts
     it with ``queue.popleft()``; what runs where is the shell's."""
 
-    def __init__(self, predictor: LengthPredictor | None = None, *, ordered: bool = True, max_tries: int = 1) -> None:
+    def __init__(
+        self, predictor: LengthPredictor | None = None, *, ordered: bool = True, longest_held: bool = False, max_tries: int = 1
+    ) -> None:
         """``predictor``: entries carry prompt groups and wait in a :class:`PredictedQueue` (``ordered``
         False keeps the drawn order while the predictor learns and is scored); None: the drawn order, no
-        groups. ``max_tries``: tries a trajectory gets before an application error fails it."""
+        groups. ``longest_held``: the placement of :meth:`fill_order`. ``max_tries``: tries a trajectory
+        gets before an application error fails it."""
         if max_tries < 1:
             raise ValueError("max_tries must be >= 1")
         self.predictor = predictor
+        self.longest_held = longest_held
         self.max_tries = max_tries
         self.queue: DrawnQueue | PredictedQueue = (
             DrawnQueue() if predictor is None else PredictedQueue(predictor, ordered=ordered)
@@ -105,6 +113,18 @@ class RolloutBook:
 
     def __bool__(self) -> bool:
         return bool(self.queue)
+
+    def fill_order(self, free: Sequence[tuple[int, int, int]]) -> list[int]:
+        """The order in which a shell fills free slots: ``free`` holds (first GPU, joined, free slots) of
+        each worker that may start a trajectory now, ``joined`` counting up as the job gets workers.
+
+        Lowest GPU first. With ``longest_held``, where the trajectories waiting fill every one of those
+        slots, the workers the job has held longest (lowest ``joined``) first: the front of the queue,
+        predicted-longest, goes where the job has stayed longest, and each worker still gets as many as
+        it would. Where they do not, lowest GPU first: the workers left empty are the same either way."""
+        if self.longest_held and sum(n for _, _, n in free) <= len(self.queue):
+            return [gpu for gpu, _, _ in sorted(free, key=lambda f: (f[1], f[0]))]
+        return sorted(gpu for gpu, _, _ in free)
 
     # ------------------------------------------------------------ arrivals
 

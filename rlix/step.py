@@ -316,6 +316,7 @@ class JobPlan:
     share_load: bool = False  # consecutive stages on the same GPUs keep the model loaded
     predict: bool = False  # keep a length predictor (rlix.lengths): trajectories carry prompt ids to learn from
     ordered: bool = True  # and, once the prediction is trusted, they start predicted-longest first
+    longest_held: bool = False  # where the queue fills every free slot, the workers held longest fill first
     tries: int = 1  # tries a trajectory gets before an application error fails the job
 
     def open_limit(self) -> int:
@@ -357,6 +358,9 @@ class PlannedJob(Protocol):
     @property
     def dispatch(self) -> str: ...
 
+    @property
+    def placement(self) -> str: ...
+
 
 def job_plan(
     job: PlannedJob,
@@ -370,7 +374,7 @@ def job_plan(
 ) -> JobPlan:
     """The plan of ``job``, whichever shell runs it: its streams, each step's stages and batch size (the
     shell's to say: a trace lists them, a recipe draws them), and the job's staleness, rollout mode and
-    dispatch order. ``prompts``: its trajectories carry prompt ids, so the book keeps a length predictor;
+    dispatch order and placement. ``prompts``: its trajectories carry prompt ids, so the book keeps a length predictor;
     ``tries``: per trajectory, before an application error fails the job."""
     return JobPlan(
         streams=tuple(streams),
@@ -381,13 +385,16 @@ def job_plan(
         share_load=share_load,
         predict=prompts,
         ordered=job.dispatch == "predicted",
+        longest_held=job.placement == "longest_held",
         tries=tries,
     )
 
 
 def rollout_book(plan: JobPlan) -> RolloutBook:
     """The rollout book a job's plan calls for: with a length predictor where its trajectories carry prompt ids."""
-    return RolloutBook(LengthPredictor() if plan.predict else None, ordered=plan.ordered, max_tries=plan.tries)
+    return RolloutBook(
+        LengthPredictor() if plan.predict else None, ordered=plan.ordered, longest_held=plan.longest_held, max_tries=plan.tries
+    )
 
 
 class Rollouts:

@@ -61,6 +61,7 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0].update(train={"precision": "fp8"}), "jobs[0].train.precision"),
         (lambda c: c["jobs"][0].update(train={"logprob_chunk_tokens": 0}), "jobs[0].train.logprob_chunk_tokens"),
         (lambda c: c["jobs"][0].update(dispatch="longest"), "jobs[0].dispatch"),
+        (lambda c: c["jobs"][0].update(placement="home_first"), "jobs[0].placement"),
     ],
 )
 def test_bad_config_names_the_field(edit, field):

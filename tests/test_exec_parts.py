@@ -136,6 +136,22 @@ def test_queue_fills_slots_lowest_gpu_first():
     assert len(q) == 1 and q.assign(pool) == []  # every slot taken
 
 
+def test_a_job_placed_longest_held_fills_the_workers_it_got_first_where_its_queue_fills_every_slot():
+    """The rollout book's placement (the simulator's too): the plan gave the job GPU 2, then 0, then 1."""
+    q = RolloutQueue(RolloutBook(LengthPredictor(), longest_held=True))
+    pool = _awake_pool(3, slots=2)
+    for g in (2, 0, 1):
+        pool.grant(pool.workers[g])
+    assert [pool.workers[g].joined for g in range(3)] == [2, 3, 1]
+    q.add([_traj(i) for i in range(7)])
+    got = q.assign(pool)  # 7 waiting for 6 slots: each worker gets 2 either way, the front goes to GPU 2
+    assert [(w.first, item.traj_id) for w, item in got] == [(2, 0), (2, 1), (0, 2), (0, 3), (1, 4), (1, 5)]
+    for w, item in got[:4]:
+        w.inflight.pop(item.traj_id)
+    got = q.assign(pool)  # 1 waiting for 4 free slots: lowest GPU first, as by default
+    assert [(w.first, item.traj_id) for w, item in got] == [(0, 6)]
+
+
 def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
     q = _queue(2)
     q.add([_traj(i) for i in range(3)])

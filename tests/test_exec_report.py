@@ -36,6 +36,7 @@ jobs:
     adapters: [{name: copy}, {name: rev, task: {name: reverse}}]
     priority: 1
     dispatch: drawn      # its rollout starts trajectories as drawn
+    placement: longest_held
     roles: {actor_train: {gpus: [3]}, actor_infer: {gpus: "0-3"}}
     home: [3]
 """
@@ -113,12 +114,13 @@ def test_recorded_trace_round_trips_through_the_trace_format(tmp_path):
     assert again.read_text() == first.read_text()
 
 
-def test_recorded_trace_carries_each_trajectorys_prompt_and_the_order_the_run_used():
+def test_recorded_trace_carries_each_trajectorys_prompt_and_the_order_and_placement_the_run_used():
     _, _, model = _recorded()
     full, lora = model.pipelines
     assert [s.prompts for s in full.steps] == [[0, 0, 1], [0, 0, 1]]  # a group of two and one alone, each step
     assert all(s.prompts == [0, 0, 1] for a in lora.adapters for s in a.steps)
     assert (full.dispatch, lora.dispatch) == ("predicted", "drawn")  # a replay orders them as the run did
+    assert (full.placement, lora.placement) == ("lowest_gpu", "longest_held")  # and places them as it did
 
 
 def test_recorded_trace_carries_what_the_run_registered_and_measured():

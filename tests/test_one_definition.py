@@ -27,7 +27,8 @@ RULES = {
         "Driver",
         ("rlix/sim/pipeline.py", "rlix/exec/job/step_runner.py"),
     ),
-    "a job's trajectories: what starts next, what a preemption or a failure does, dropped batches, completion": (
+    "a job's trajectories: what starts next and on which free worker, what a preemption or a failure does, dropped batches, "
+    "completion": (
         "rlix/rollout_book.py",
         "RolloutBook",
         ("rlix/sim/engine.py", "rlix/exec/rollout/queue.py"),

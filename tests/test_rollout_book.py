@@ -13,7 +13,7 @@ from rlix.lengths import NOT_STARTED, LengthPredictor, PredictedQueue
 from rlix.rollout_book import RolloutBook, TrajectoryFailed
 from rlix.sim.simulator import Simulation
 from rlix.step import StepMachine, StreamSpec, job_plan
-from rlix.trace import load_trace
+from rlix.trace import Trace, TraceModel, load_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 
@@ -113,14 +113,17 @@ def test_a_book_that_orders_by_predicted_length_needs_each_trajectory_s_prompt()
     assert a[2].group.first == 2 and book.made == 4
 
 
-@pytest.mark.parametrize("prompts, dispatch, tries", [(False, "predicted", 1), (True, "predicted", 3), (True, "drawn", 2)])
-def test_the_step_machine_holds_the_book_its_plan_calls_for(prompts, dispatch, tries):
-    job = SimpleNamespace(staleness=0, rollout_mode="batch", dispatch=dispatch)
+@pytest.mark.parametrize(
+    "prompts, dispatch, tries, placement",
+    [(False, "predicted", 1, "lowest_gpu"), (True, "predicted", 3, "longest_held"), (True, "drawn", 2, "lowest_gpu")],
+)
+def test_the_step_machine_holds_the_book_its_plan_calls_for(prompts, dispatch, tries, placement):
+    job = SimpleNamespace(staleness=0, rollout_mode="batch", dispatch=dispatch, placement=placement)
     plan = job_plan(
         job, [StreamSpec(name="", steps=2)], stages=lambda i, k: (), size=lambda i, k: 4, prompts=prompts, tries=tries
     )
     book = StepMachine(spec("p", (0,), (0, 1)), plan).book
-    assert (book.predictor is not None, book.max_tries) == (prompts, tries)
+    assert (book.predictor is not None, book.max_tries, book.longest_held) == (prompts, tries, placement == "longest_held")
     assert isinstance(book.queue, PredictedQueue) == prompts and (not prompts or book.queue.ordered == (dispatch == "predicted"))
 
 
@@ -145,3 +148,52 @@ def test_the_simulator_s_engines_drive_their_machines_books():
     sim.run()
     for p in sim.pipelines.values():
         assert p.engine.book is p.machine.book and p.machine.book.completed == p.tally.trajectories > 0
+
+
+def test_free_slots_fill_lowest_gpu_first_or_held_longest_first_where_the_queue_fills_them_all():
+    free = [(4, 1, 2), (0, 3, 1), (2, 2, 2)]  # (first GPU, joined, free slots): GPU 4 held longest, GPU 0 newest
+    drawn = RolloutBook()
+    _batch(drawn, 5)
+    assert drawn.fill_order(free) == [0, 2, 4]  # the default, whatever the tenure
+    held = RolloutBook(longest_held=True)
+    _batch(held, 4)
+    assert held.fill_order(free) == [0, 2, 4]  # 4 waiting for 5 slots: some worker stays emptier, so as by default
+    _batch(held, 1)
+    assert held.fill_order(free) == [4, 2, 0]  # 5 for 5: the same count on each, the front on the one held longest
+    assert held.fill_order([(6, 2, 1), (2, 2, 1)]) == [2, 6]  # a tie in tenure: lowest GPU first
+
+
+def test_a_simulated_job_placed_longest_held_starts_the_front_of_its_queue_on_the_worker_held_longest():
+    """two_jobs under rlix with both jobs placed longest_held: wherever a job's queue fills every free slot
+    (at each batch's start), the trajectory at its front starts on the free worker it has held longest."""
+    trace = load_trace(TRACES / "two_jobs.json")
+    raw = trace.model.model_dump(exclude_none=True)
+    for p in raw["pipelines"]:
+        p["placement"] = "longest_held"
+    sim = Simulation(Trace(TraceModel.model_validate(raw), trace.source), "rlix")
+    checked, moved = 0, 0
+    for engine in (p.engine for p in sim.pipelines.values()):
+        assert engine.book.longest_held
+        fill_order, fill = engine.book.fill_order, engine._fill
+        seen = []
+
+        def watched(free, fill_order=fill_order, seen=seen, engine=engine):
+            order = fill_order(free)
+            seen.append((order, sum(n for *_, n in free) <= len(engine.book)))
+            return order
+
+        def filled(now, touched, fill=fill, seen=seen, engine=engine):
+            nonlocal checked, moved
+            seen.clear()
+            front = engine.book.queue[0] if engine.book.queue else None
+            fill(now, touched)
+            if seen and seen[0][1] and len(seen[0][0]) > 1 and front is not None and front.worker is not None:
+                order = seen[0][0]
+                held = {g: engine.workers[g].joined for g in order}
+                assert front.worker.first_gpu == order[0] == min(order, key=lambda g: (held[g], g))
+                checked += 1
+                moved += order != sorted(order)
+
+        engine.book.fill_order, engine._fill = watched, filled
+    sim.run()
+    assert checked and moved, (checked, moved)  # placement chose, and chose other than lowest GPU first

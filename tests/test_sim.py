@@ -47,6 +47,7 @@ def small_traces(draw):
             "staleness": draw(st.integers(0, 2)),
             "slots_per_worker": draw(st.integers(1, 8)),
             "preempt": draw(st.sampled_from(["continue", "requeue"])),
+            "placement": draw(st.sampled_from(["lowest_gpu", "longest_held"])),
             "init_s": 5.0,
         }
         mode = draw(st.sampled_from(["batch", "streaming", "partial"]))

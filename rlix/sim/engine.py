@@ -99,9 +99,9 @@ class Traj:
 
 
 class SimWorker:
-    __slots__ = ("active", "alive", "first_gpu", "generating", "rate", "ready_at", "versions", "worker")
+    __slots__ = ("active", "alive", "first_gpu", "generating", "joined", "rate", "ready_at", "versions", "worker")
 
-    def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
+    def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int], joined: int = 0) -> None:
         self.worker = worker
         self.first_gpu = worker.gpus[0]  # its key everywhere: read once per trajectory
         self.ready_at = ready_at  # seconds: loading (and syncing) until then
@@ -110,6 +110,7 @@ class SimWorker:
         self.alive = True
         self.generating = 0  # active trajectories in a generation segment
         self.rate = 1.0  # decode speed of each generating trajectory (fraction of full speed)
+        self.joined = joined  # the job's workers so far when it got this one (RolloutBook.fill_order)
 
 
 def settle(t: Traj, rate: float, now: float) -> None:
@@ -405,6 +406,7 @@ class RolloutEngine:
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self._order: list[int] = []  # the workers' first GPUs, ascending: every demand report walks them
+        self._joined = 0  # workers the job has got so far
         self.book = book  # the job's trajectories (its step machine's): which waits, what a shrink does
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
@@ -443,7 +445,8 @@ class RolloutEngine:
             self._kick()
 
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
-        w = SimWorker(worker, ready_at, versions)
+        self._joined += 1
+        w = SimWorker(worker, ready_at, versions, self._joined)
         self.workers[worker.gpus[0]] = w
         bisect.insort(self._order, worker.gpus[0])
         self.timeline.loads_until(w, ready_at)
@@ -508,11 +511,15 @@ class RolloutEngine:
             self.on_change()
 
     def _fill(self, now: float, touched: dict[int, SimWorker]) -> None:
-        """Start pending trajectories on free slots, lowest first GPU first."""
+        """Start pending trajectories on free slots, in the book's order (lowest first GPU first by default)."""
         # Only workers whose state changed can have a usable free slot,
         # unless new work (or new weights) arrived since the last look.
         candidates = self._order if self._scan_all else sorted(touched)  # fill_slots adds or removes no worker
         workers, slots, waiting = self.workers, self.opts.slots, self.book.queue
+        if self.book.longest_held:
+            free = [workers[g] for g in candidates if g in workers]
+            free = [(w.first_gpu, w.joined, slots - len(w.active)) for w in free if w.ready_at <= now and len(w.active) < slots]
+            candidates = self.book.fill_order(free)
         for g in candidates:
             w = workers.get(g)
             if w is not None and w.ready_at <= now and len(w.active) < slots:

@@ -104,7 +104,7 @@ class RolloutControl:
         """The plan gave us a worker on ``gpus``: wait for its process, wake it with the newest weights."""
         w = self.pool.get(tuple(gpus))
         gen = self.pool.bump(w)
-        w.granted = True
+        self.pool.grant(w)
         t = self.hooks.now()
         if w.state in (None, WorkerState.STARTING, WorkerState.DEAD):  # not warm (yet): wait for its process
             self._mark(w, WorkerPhase.START)

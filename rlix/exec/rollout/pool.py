@@ -68,6 +68,7 @@ class Worker:
     handle: object | None = None
     inflight: dict[int, object] = field(default_factory=dict)  # trajectory id -> the shell's task
     version: int = -1  # the full weights it holds, as its last wake or sync said (-1: none)
+    joined: int = 0  # the pool's grants so far when the plan last gave it to the job (RolloutBook.fill_order)
 
     @property
     def first(self) -> int:
@@ -83,6 +84,7 @@ class WorkerPool:
         self.slots_per_worker = slots_per_worker
         self.workers: dict[int, Worker] = {}
         self.rejoined: dict[int, int] = {}  # first GPU -> generation of a leaving worker a rejoin reported
+        self.grants = 0  # times the plan gave the job a worker
 
     def get(self, gpus: Gpus) -> Worker:
         """The bundle's worker (created absent on first sight)."""
@@ -102,6 +104,12 @@ class WorkerPool:
         if target is WorkerState.DEAD:
             worker.handle = None
 
+    def grant(self, worker: Worker) -> None:
+        """The plan gives the job this worker's GPUs now."""
+        worker.granted = True
+        self.grants += 1
+        worker.joined = self.grants
+
     def bump(self, worker: Worker) -> int:
         worker.generation += 1
         return worker.generation
@@ -112,7 +120,7 @@ class WorkerPool:
         return [self.workers[f] for f in sorted(self.workers) if self.workers[f].state in states]
 
     def free_slots(self) -> list[Worker]:
-        """Awake workers with a free slot, lowest GPU first (dispatch order)."""
+        """Awake workers with a free slot, lowest GPU first."""
         return [w for w in self.in_state(WorkerState.AWAKE) if len(w.inflight) < self.slots_per_worker]
 
     def loads(self) -> tuple[WorkerLoad, ...]:

@@ -92,15 +92,21 @@ class RolloutQueue:
     def assign(
         self, pool: WorkerPool, ready: Callable[[Worker, Queued], bool] = lambda w, q: True
     ) -> list[tuple[Worker, Queued]]:
-        """Fill free slots of awake workers, lowest GPU first, while ``ready`` says the trajectory at
-        the front may start on the worker (its weights: :func:`rlix.job.weight_gate`).
+        """Fill free slots of awake workers, in the book's order (:meth:`RolloutBook.fill_order`: lowest GPU
+        first by default), while ``ready`` says the trajectory at the front may start on the worker (its
+        weights: :func:`rlix.job.weight_gate`).
 
         Each assigned trajectory takes its slot at once (``worker.inflight``
         gets its id, with no task yet); the caller starts each pair's task.
         """
         out = []
         queue = self.queue
-        for worker in pool.free_slots():
+        workers = pool.free_slots()
+        if self.book.longest_held:
+            by_gpu = {w.first: w for w in workers}
+            free = [(w.first, w.joined, pool.slots_per_worker - len(w.inflight)) for w in workers]
+            workers = [by_gpu[g] for g in self.book.fill_order(free)]
+        for worker in workers:
             while queue and len(worker.inflight) < pool.slots_per_worker and ready(worker, queue[0]):
                 q = queue.popleft()
                 worker.inflight[q.traj_id] = None

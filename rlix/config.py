@@ -322,8 +322,8 @@ class JobModel(StrictModel):
         default="lowest_gpu",
         description="which worker a waiting trajectory starts on: the lowest GPU with a free slot first; or, where "
         "the waiting trajectories fill every free slot, the workers the job has held longest first, so the front "
-        "of the queue (predicted-longest) goes where the job has stayed longest (docs/lengths.md: it does not pay "
-        "on the traces measured)",
+        "of the queue (put back trajectories, then the predicted-longest) goes where the job has stayed longest "
+        "(docs/lengths.md: it does not pay on the traces measured)",
     )
 
     _split_home = field_validator("home", mode="before")(parse_gpus)

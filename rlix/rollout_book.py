@@ -15,8 +15,7 @@ holds are written here once:
   new work: they hold their batch back.
 - **Placement.** Free slots fill lowest GPU first. A job placed
   ``longest_held`` fills the workers it has held longest first wherever the
-  waiting trajectories fill every free slot (:meth:`RolloutBook.fill_order`):
-  which trajectory goes where changes, never how many each worker gets.
+  waiting trajectories fill every free slot (:meth:`RolloutBook.fill_order`).
 - **Preemption.** A shrink that takes running trajectories off a worker is a
   preemption (:meth:`RolloutBook.preempted`). Those trajectories, and those of
   a worker process lost (the executor's), are never lost: they go back to the
@@ -115,13 +114,20 @@ class RolloutBook:
         return bool(self.queue)
 
     def fill_order(self, free: Sequence[tuple[int, int, int]]) -> list[int]:
-        """The order in which a shell fills free slots: ``free`` holds (first GPU, joined, free slots) of
-        each worker that may start a trajectory now, ``joined`` counting up as the job gets workers.
+        """The order in which a shell fills free slots: ``free`` holds (first GPU, grant, free slots) of each
+        worker with a free slot that the job holds now and that is neither loading nor syncing its weights,
+        ``grant`` counting the times the plan gave the job a worker, up to this one's latest.
 
         Lowest GPU first. With ``longest_held``, where the trajectories waiting fill every one of those
-        slots, the workers the job has held longest (lowest ``joined``) first: the front of the queue,
-        predicted-longest, goes where the job has stayed longest, and each worker still gets as many as
-        it would. Where they do not, lowest GPU first: the workers left empty are the same either way."""
+        slots, the workers the job has held longest (lowest ``grant``) first: the front of the queue (put
+        back trajectories, then, under ``dispatch: predicted`` once the prediction is trusted, the
+        predicted-longest) goes where the job has stayed longest. Where fewer wait, lowest GPU first, and
+        the same workers are left empty. Where the weight gate lets every trajectory start anywhere, each
+        worker gets as many either way; where it holds some back (a worker to sync first, a batch on
+        newer weights), the order can change that too.
+
+        Each shell walks its workers lowest GPU first itself and asks only a job placed ``longest_held``
+        (the simulator's fill is its hot loop)."""
         if self.longest_held and sum(n for _, _, n in free) <= len(self.queue):
             return [gpu for gpu, _, _ in sorted(free, key=lambda f: (f[1], f[0]))]
         return sorted(gpu for gpu, _, _ in free)

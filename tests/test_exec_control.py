@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from boundary import Remote
 from helpers import spec
 
@@ -256,7 +257,7 @@ class _Worker:
 class _Job:
     """The coordinator's side of one pipeline's rollout control: its hooks, and what they were told."""
 
-    def __init__(self, *, slots: int = 1, wake_s: float = 5.0, rule=None) -> None:
+    def __init__(self, *, slots: int = 1, wake_s: float = 5.0, rule=None, longest_held: bool = False) -> None:
         from rlix.exec.recorder import Recorder
         from rlix.exec.rollout.control import RolloutControl
         from rlix.exec.rollout.hooks import Deadlines, Hooks, Processes, WeightRule
@@ -288,7 +289,8 @@ class _Job:
         )
         self.handles: set[int] = {0, 1}  # versions whose buckets the trainer still keeps on its GPU
         procs = Processes(kill=self.killed.append, died=(_Died,), refused=(_Refused,))
-        self.pool, self.queue = WorkerPool(slots), RolloutQueue(RolloutBook(LengthPredictor(), max_tries=2))
+        book = RolloutBook(LengthPredictor(), longest_held=longest_held, max_tries=2)
+        self.pool, self.queue = WorkerPool(slots), RolloutQueue(book)
         self.ctl = RolloutControl(
             pool=self.pool,
             queue=self.queue,
@@ -409,6 +411,28 @@ def test_an_expand_right_after_a_shrink_keeps_the_gpus_and_wakes_again():
     assert [c[0] for c in w.calls] == ["prepare", "wake", "sleep", "wake", "generate"]
     assert job.pool.workers[0].state is WorkerState.AWAKE and job.pool.held_gpus() == (0,)
     assert Activity.FREE not in job.marks(0) and job.finished == [0]
+
+
+@pytest.mark.parametrize("longest_held", [False, True])
+def test_a_job_placed_longest_held_starts_its_front_on_the_worker_the_plan_gave_it_first(longest_held):
+    """The plan gives the job GPU 2, then 0, then 1 (each expand stamps the worker's grant); three
+    trajectories then fill the three slots, the first on GPU 2 under longest_held, on GPU 0 by default."""
+
+    async def scenario():
+        job = _Job(longest_held=longest_held)
+        await _warm(job, (0,), (1,), (2,))
+        for g in (2, 0, 1):
+            await job.ctl.expand((g,))
+        job.add(3)
+        job.ctl.dispatch()
+        await _settle()
+        return job
+
+    job = asyncio.run(scenario())
+    assert [job.pool.workers[g].grant_seq for g in range(3)] == [2, 3, 1]
+    started = {c[1]: g for g in range(3) for c in job.worker((g,)).calls if c[0] == "generate"}
+    assert started == ({0: 2, 1: 0, 2: 1} if longest_held else {0: 0, 1: 1, 2: 2})
+    assert sorted(job.finished) == [0, 1, 2]
 
 
 def test_a_rejoin_during_a_shrink_reports_the_worker_until_its_gpus_are_free():

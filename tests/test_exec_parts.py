@@ -142,7 +142,7 @@ def test_a_job_placed_longest_held_fills_the_workers_it_got_first_where_its_queu
     pool = _awake_pool(3, slots=2)
     for g in (2, 0, 1):
         pool.grant(pool.workers[g])
-    assert [pool.workers[g].joined for g in range(3)] == [2, 3, 1]
+    assert [pool.workers[g].grant_seq for g in range(3)] == [2, 3, 1]
     q.add([_traj(i) for i in range(7)])
     got = q.assign(pool)  # 7 waiting for 6 slots: each worker gets 2 either way, the front goes to GPU 2
     assert [(w.first, item.traj_id) for w, item in got] == [(2, 0), (2, 1), (0, 2), (0, 3), (1, 4), (1, 5)]

@@ -152,9 +152,9 @@ def test_the_simulator_s_engines_drive_their_machines_books():
 
 def test_free_slots_fill_lowest_gpu_first_or_held_longest_first_where_the_queue_fills_them_all():
     free = [(4, 1, 2), (0, 3, 1), (2, 2, 2)]  # (first GPU, joined, free slots): GPU 4 held longest, GPU 0 newest
-    drawn = RolloutBook()
-    _batch(drawn, 5)
-    assert drawn.fill_order(free) == [0, 2, 4]  # the default, whatever the tenure
+    default = RolloutBook()
+    _batch(default, 5)
+    assert default.fill_order(free) == [0, 2, 4]  # whatever the tenure
     held = RolloutBook(longest_held=True)
     _batch(held, 4)
     assert held.fill_order(free) == [0, 2, 4]  # 4 waiting for 5 slots: some worker stays emptier, so as by default
@@ -171,7 +171,7 @@ def test_a_simulated_job_placed_longest_held_starts_the_front_of_its_queue_on_th
     for p in raw["pipelines"]:
         p["placement"] = "longest_held"
     sim = Simulation(Trace(TraceModel.model_validate(raw), trace.source), "rlix")
-    checked, moved = 0, 0
+    checked, moved, seen_grants = 0, 0, []
     for engine in (p.engine for p in sim.pipelines.values()):
         assert engine.book.longest_held
         fill_order, fill = engine.book.fill_order, engine._fill
@@ -189,11 +189,21 @@ def test_a_simulated_job_placed_longest_held_starts_the_front_of_its_queue_on_th
             fill(now, touched)
             if seen and seen[0][1] and len(seen[0][0]) > 1 and front is not None and front.worker is not None:
                 order = seen[0][0]
-                held = {g: engine.workers[g].joined for g in order}
+                held = {g: engine.workers[g].grant_seq for g in order}
                 assert front.worker.first_gpu == order[0] == min(order, key=lambda g: (held[g], g))
                 checked += 1
                 moved += order != sorted(order)
 
-        engine.book.fill_order, engine._fill = watched, filled
+        grants = []
+        seen_grants.append((engine, grants))
+
+        def added(worker, *args, add=engine.add_worker, engine=engine, grants=grants):
+            add(worker, *args)
+            grants.append(worker.gpus[0])
+            assert engine.workers[worker.gpus[0]].grant_seq == len(grants)  # stamped in the order the plan gave them
+
+        engine.book.fill_order, engine._fill, engine.add_worker = watched, filled, added
     sim.run()
     assert checked and moved, (checked, moved)  # placement chose, and chose other than lowest GPU first
+    for engine, grants in seen_grants:  # every worker the plan gave was stamped, and workers came and went
+        assert engine._grants == len(grants) > len(engine.workers)

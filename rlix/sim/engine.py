@@ -99,9 +99,9 @@ class Traj:
 
 
 class SimWorker:
-    __slots__ = ("active", "alive", "first_gpu", "generating", "joined", "rate", "ready_at", "versions", "worker")
+    __slots__ = ("active", "alive", "first_gpu", "generating", "grant_seq", "rate", "ready_at", "versions", "worker")
 
-    def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int], joined: int = 0) -> None:
+    def __init__(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int], grant_seq: int = 0) -> None:
         self.worker = worker
         self.first_gpu = worker.gpus[0]  # its key everywhere: read once per trajectory
         self.ready_at = ready_at  # seconds: loading (and syncing) until then
@@ -110,7 +110,7 @@ class SimWorker:
         self.alive = True
         self.generating = 0  # active trajectories in a generation segment
         self.rate = 1.0  # decode speed of each generating trajectory (fraction of full speed)
-        self.joined = joined  # the job's workers so far when it got this one (RolloutBook.fill_order)
+        self.grant_seq = grant_seq  # the job's grants so far when it got this worker (RolloutBook.fill_order)
 
 
 def settle(t: Traj, rate: float, now: float) -> None:
@@ -406,7 +406,7 @@ class RolloutEngine:
         self.open_n = 0  # trajectories in all unfinished batches
         self.workers: dict[int, SimWorker] = {}  # first GPU -> worker
         self._order: list[int] = []  # the workers' first GPUs, ascending: every demand report walks them
-        self._joined = 0  # workers the job has got so far
+        self._grants = 0  # workers the job has got so far
         self.book = book  # the job's trajectories (its step machine's): which waits, what a shrink does
         self._loads: dict[int, WorkerLoad] = {}  # first GPU -> the last load reported for it
         self.completed_s = 0.0  # seconds (generation and tool) of the finished trajectories
@@ -445,8 +445,8 @@ class RolloutEngine:
             self._kick()
 
     def add_worker(self, worker: RolloutWorker, ready_at: float, versions: dict[int, int]) -> None:
-        self._joined += 1
-        w = SimWorker(worker, ready_at, versions, self._joined)
+        self._grants += 1
+        w = SimWorker(worker, ready_at, versions, self._grants)
         self.workers[worker.gpus[0]] = w
         bisect.insort(self._order, worker.gpus[0])
         self.timeline.loads_until(w, ready_at)
@@ -516,9 +516,9 @@ class RolloutEngine:
         # unless new work (or new weights) arrived since the last look.
         candidates = self._order if self._scan_all else sorted(touched)  # fill_slots adds or removes no worker
         workers, slots, waiting = self.workers, self.opts.slots, self.book.queue
-        if self.book.longest_held:
-            free = [workers[g] for g in candidates if g in workers]
-            free = [(w.first_gpu, w.joined, slots - len(w.active)) for w in free if w.ready_at <= now and len(w.active) < slots]
+        if self.book.longest_held:  # by default the walk is already lowest GPU first: this loop is the replay's hot path
+            startable = [workers[g] for g in candidates if g in workers and workers[g].ready_at <= now]
+            free = [(w.first_gpu, w.grant_seq, slots - len(w.active)) for w in startable if len(w.active) < slots]
             candidates = self.book.fill_order(free)
         for g in candidates:
             w = workers.get(g)

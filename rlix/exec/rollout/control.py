@@ -73,6 +73,7 @@ class RolloutControl:
             rollout_s=deadlines.rollout_s,
             kill=self.life.kill,
             ready=self.ready,
+            startable=self.startable,
         )
         self.rule = rule
         self.locks: dict[int, asyncio.Lock] = {}
@@ -214,18 +215,21 @@ class RolloutControl:
         """Start queued trajectories on free slots of awake workers."""
         self.runner.dispatch()
 
+    def startable(self, w: Worker) -> bool:
+        """Could a trajectory start on ``w`` now, whichever it is: the plan still gives it the job and no
+        weight sync is under way there (:meth:`ready` then asks the weight gate about the trajectory)."""
+        return w.granted and not w.leaving and not (self.rule.full and w.first in self.syncs)
+
     def ready(self, w: Worker, q: Queued) -> bool:
         """May ``q`` start on ``w`` now? :func:`rlix.job.weight_gate` decides, as in the simulator; a worker
         it sends to sync first starts its sync here. A sync brings the newest weights, the only version
         the trainer's cache keeps. A LoRA job's base never changes: its adapters reach live workers when
         they are published, and load beside running trajectories. Nothing starts on a worker the plan
         has taken back (a shrink waiting for its lock)."""
-        if not w.granted or w.leaving:
+        if not self.startable(w):
             return False
         if not self.rule.full:
             return True
-        if w.first in self.syncs:
-            return False
         newest = self.hooks.weights()[1]
         gate, version = self._gate(w, q.need, newest)
         if gate is WeightGate.SYNC:

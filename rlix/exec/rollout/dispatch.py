@@ -47,6 +47,7 @@ class Dispatch:
         rollout_s: float,
         kill: Callable[[Worker, str], None],
         ready: Callable[[Worker, Queued], bool],
+        startable: Callable[[Worker], bool] = lambda w: True,
     ) -> None:
         self.pool = pool
         self.queue = queue
@@ -56,10 +57,11 @@ class Dispatch:
         self.rollout_s = rollout_s  # deadline of one trajectory segment (seconds)
         self.kill = kill  # the control's: kill the worker, give its GPUs back
         self.ready = ready  # the control's: may this trajectory start on this worker now (its weights)?
+        self.startable = startable  # the control's: may any start there now (granted, no sync under way)?
 
     def dispatch(self) -> None:
         idle = {w.first for w in self.pool.free_slots() if not w.inflight}
-        for w, q in self.queue.assign(self.pool, self.ready):
+        for w, q in self.queue.assign(self.pool, self.ready, self.startable):
             if w.first in idle:
                 idle.discard(w.first)
                 book_worker(self.rec, self.hooks.now(), w, WorkerPhase.BUSY)

@@ -68,7 +68,7 @@ class Worker:
     handle: object | None = None
     inflight: dict[int, object] = field(default_factory=dict)  # trajectory id -> the shell's task
     version: int = -1  # the full weights it holds, as its last wake or sync said (-1: none)
-    joined: int = 0  # the pool's grants so far when the plan last gave it to the job (RolloutBook.fill_order)
+    grant_seq: int = 0  # the pool's grants so far when the plan last gave it to the job (RolloutBook.fill_order)
 
     @property
     def first(self) -> int:
@@ -108,7 +108,7 @@ class WorkerPool:
         """The plan gives the job this worker's GPUs now."""
         worker.granted = True
         self.grants += 1
-        worker.joined = self.grants
+        worker.grant_seq = self.grants
 
     def bump(self, worker: Worker) -> int:
         worker.generation += 1

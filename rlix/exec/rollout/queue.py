@@ -90,11 +90,15 @@ class RolloutQueue:
         self.book.drop([self._live.pop(i) for i in sorted(traj_ids) if i in self._live])
 
     def assign(
-        self, pool: WorkerPool, ready: Callable[[Worker, Queued], bool] = lambda w, q: True
+        self,
+        pool: WorkerPool,
+        ready: Callable[[Worker, Queued], bool] = lambda w, q: True,
+        startable: Callable[[Worker], bool] = lambda w: True,
     ) -> list[tuple[Worker, Queued]]:
         """Fill free slots of awake workers, in the book's order (:meth:`RolloutBook.fill_order`: lowest GPU
         first by default), while ``ready`` says the trajectory at the front may start on the worker (its
-        weights: :func:`rlix.job.weight_gate`).
+        weights: :func:`rlix.job.weight_gate`); the book's order is over the workers ``startable`` says
+        any trajectory could start on now.
 
         Each assigned trajectory takes its slot at once (``worker.inflight``
         gets its id, with no task yet); the caller starts each pair's task.
@@ -103,8 +107,8 @@ class RolloutQueue:
         queue = self.queue
         workers = pool.free_slots()
         if self.book.longest_held:
-            by_gpu = {w.first: w for w in workers}
-            free = [(w.first, w.joined, pool.slots_per_worker - len(w.inflight)) for w in workers]
+            by_gpu = {w.first: w for w in workers if startable(w)}
+            free = [(w.first, w.grant_seq, pool.slots_per_worker - len(w.inflight)) for w in by_gpu.values()]
             workers = [by_gpu[g] for g in self.book.fill_order(free)]
         for worker in workers:
             while queue and len(worker.inflight) < pool.slots_per_worker and ready(worker, queue[0]):

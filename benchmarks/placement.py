@@ -4,8 +4,9 @@ Replays a trace's redraws under ``rlix`` with every job placed ``lowest_gpu`` (t
 ``longest_held`` (:meth:`rlix.rollout_book.RolloutBook.fill_order`), under each preemption mode:
 ``continue`` (a shrunk worker's trajectories go on elsewhere from their progress) and ``requeue``
 (they start again). Per mode and placement: the makespan over the lower bound, mean and max over the
-seeds; the trajectories put back at the front of a queue (shrunk or lost workers'), summed; and how
-many seeds ``longest_held`` makes longer by over 1%. Not a test: figures.
+seeds; the trajectories put back at the front of a queue (shrunk or lost workers'), summed, and for
+``longest_held`` the change from ``lowest_gpu``; and how many seeds ``longest_held`` makes longer by
+over 1%. Not a test: figures.
 
     python benchmarks/placement.py [--trace traces/mixed_agentic.json] [--seeds 0,1,2,3,4,5]
 
@@ -57,7 +58,7 @@ def main() -> int:
         print(f"placement: {exc}", file=sys.stderr)
         return 2
     print(f"{Path(args.trace).stem}, seeds {args.seeds}: makespan over the lower bound under rlix")
-    print(f"{'preempt':<9} {'placement':<13} {'mean':>7} {'max':>7} {'put back':>9} {'worse >1%':>9}")
+    print(f"{'preempt':<9} {'placement':<13} {'mean':>7} {'max':>7} {'put back':>9} {'change':>7} {'worse >1%':>9}")
     for mode in MODES:
         runs = {p: [] for p in PLACEMENTS}
         for seed in seeds:
@@ -65,13 +66,15 @@ def main() -> int:
             for placement in PLACEMENTS:
                 runs[placement].append(measure(placed(redraw, mode, placement)))
         shipped = runs["lowest_gpu"]
+        shipped_back = sum(n for _, n in shipped)
         for placement in PLACEMENTS:
             ratios = [r for r, _ in runs[placement]]
             worse = sum(r > s * 1.01 for (r, _), (s, _) in zip(runs[placement], shipped))
             put_back = sum(n for _, n in runs[placement])
+            change, worse_txt = ("", "") if placement == "lowest_gpu" else (f"{put_back / shipped_back - 1:+.1%}", str(worse))
             print(
                 f"{mode:<9} {placement:<13} {statistics.fmean(ratios):>7.4f} {max(ratios):>7.4f} {put_back:>9,} "
-                f"{'' if placement == 'lowest_gpu' else worse:>9}",
+                f"{change:>7} {worse_txt:>9}",
                 flush=True,
             )
     return 0

@@ -322,7 +322,8 @@ class JobModel(StrictModel):
         default="lowest_gpu",
         description="which worker a waiting trajectory starts on: the lowest GPU with a free slot first; or, where "
         "the waiting trajectories fill every free slot, the workers the job has held longest first, so the front "
-        "of the queue (put back trajectories, then the predicted-longest) goes where the job has stayed longest "
+        "of the queue (put back trajectories, then, under dispatch predicted once lengths are seen to repeat, the "
+        "predicted-longest) goes where the job has stayed longest "
         "(docs/lengths.md: it does not pay on the traces measured)",
     )
 

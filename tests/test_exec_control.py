@@ -429,6 +429,7 @@ def test_a_job_placed_longest_held_starts_its_front_on_the_worker_the_plan_gave_
         return job
 
     job = asyncio.run(scenario())
+    assert job.ctl.runner.startable == job.ctl.startable  # the book's order is over the workers the control allows
     assert [job.pool.workers[g].grant_seq for g in range(3)] == [2, 3, 1]
     started = {c[1]: g for g in range(3) for c in job.worker((g,)).calls if c[0] == "generate"}
     assert started == ({0: 2, 1: 0, 2: 1} if longest_held else {0: 0, 1: 1, 2: 2})

@@ -152,6 +152,20 @@ def test_a_job_placed_longest_held_fills_the_workers_it_got_first_where_its_queu
     assert [(w.first, item.traj_id) for w, item in got] == [(0, 6)]
 
 
+def test_placement_counts_only_the_workers_a_trajectory_could_start_on():
+    """GPU 2, granted first, is leaving (a shrink waits for its lock): it is no free worker. The 4 waiting
+    fill GPUs 1 and 0 (granted in that order), so the front goes to GPU 1; counting GPU 2's slots too,
+    4 would not fill 6, and GPU 0 would take it."""
+    q = RolloutQueue(RolloutBook(LengthPredictor(), longest_held=True))
+    pool = _awake_pool(3, slots=2)
+    for g in (2, 1, 0):
+        pool.grant(pool.workers[g])
+    pool.workers[2].leaving = 1
+    q.add([_traj(i) for i in range(4)])
+    got = q.assign(pool, lambda w, item: not w.leaving, startable=lambda w: not w.leaving)
+    assert [(w.first, item.traj_id) for w, item in got] == [(1, 0), (1, 1), (0, 2), (0, 3)]
+
+
 def test_aborted_trajectories_continue_from_their_tokens_and_nothing_is_lost():
     q = _queue(2)
     q.add([_traj(i) for i in range(3)])

@@ -47,7 +47,7 @@ class Dispatch:
         rollout_s: float,
         kill: Callable[[Worker, str], None],
         ready: Callable[[Worker, Queued], bool],
-        startable: Callable[[Worker], bool] = lambda w: True,
+        startable: Callable[[Worker], bool],
     ) -> None:
         self.pool = pool
         self.queue = queue

@@ -317,24 +317,51 @@ def lower_bounds(jobs: Sequence[JobShape], num_gpus: int) -> tuple[float, float]
       least ``q`` seconds of its job's chain lies inside
       ``[tau, makespan - q]``, so ``makespan >= tau + q + (GPU-seconds of such
       pieces) / GPUs`` for every ``tau`` (a job's arrival) and ``q``;
-    - critical path: the slowest job alone on an infinite cluster, its steps
-      chained by their dependencies (longest trajectory of each rollout, stage
-      times, the staleness overlap), from its arrival.
+    - critical path: the slowest job's steps chained by their dependencies
+      (longest trajectory of each rollout, stage times, the staleness
+      overlap), from its arrival, on an infinite cluster but for its
+      co-tenants' gang stages that stop it (:func:`_blocked_s`).
 
     Switching other than the initial model load is left out, so both are true
     bounds whatever the policy.
     """
     pieces: list[Piece] = []
-    path = 0.0
-    for job in jobs:
+    owners: list[int] = []  # pieces[i] belongs to jobs[owners[i]]
+    chains: list[float] = []
+    for i, job in enumerate(jobs):
         finish = 0.0
         for steps in job.streams:
             finish = max(finish, stream_critical_path(steps, job.staleness, streaming=job.streaming))
             pieces += _stream_pieces(job, steps)
-        pieces.append(Piece(gpu_s=job.init_s * len(job.spec.init_gpus), start_s=job.arrival_s, tail_s=finish))
-        path = max(path, job.arrival_s + job.init_s + finish)
+        init = (job.spec.init_gpus, job.init_s)
+        pieces.append(Piece(gpu_s=job.init_s * len(init[0]), start_s=job.arrival_s, tail_s=finish, gang=init))
+        owners += [i] * (len(pieces) - len(owners))
+        chains.append(job.arrival_s + job.init_s + finish)
+    path = max((chain + _blocked_s(jobs, i, pieces, owners) for i, chain in enumerate(chains)), default=0.0)
     arrivals = sorted({0.0} | {job.arrival_s for job in jobs})
     return _window_bound(pieces, num_gpus, arrivals), path
+
+
+def _blocked_s(jobs: Sequence[JobShape], i: int, pieces: Sequence[Piece], owners: Sequence[int]) -> float:
+    """Seconds of other jobs' gang stages that must run after job ``i`` arrives and stop all of it.
+
+    A gang stage over every GPU of the job's rollout mapping and over some GPU of each of its own
+    gang stages leaves no GPU where any part of its chain could go on: none of its workers has a
+    GPU, and none of its gang stages can be granted. Such stages also exclude one another (they
+    share the rollout mapping's GPUs), so their seconds add to the chain. Only stages whose earliest
+    start is at or after the job's arrival count: they lie between its arrival and the makespan.
+    """
+    job = jobs[i]
+    rollout = frozenset(job.spec.role(Role.ACTOR_INFER).gpus)
+    own = {p.gang[0] for p, o in zip(pieces, owners) if o == i and p.gang is not None}
+    blocked = 0.0
+    for p, o in zip(pieces, owners):
+        if o == i or p.gang is None or p.start_s < job.arrival_s:
+            continue
+        gpus, seconds = p.gang
+        if rollout.issubset(gpus) and all(not frozenset(g).isdisjoint(gpus) for g in own):
+            blocked += seconds
+    return blocked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,6 +371,7 @@ class Piece:
     gpu_s: float
     start_s: float
     tail_s: float
+    gang: tuple[Gpus, float] | None = None  # a gang stage's GPUs and seconds (None: a rollout)
 
 
 def _window_bound(pieces: Sequence[Piece], num_gpus: int, taus: Sequence[float]) -> float:
@@ -381,7 +409,14 @@ def _stream_pieces(job: JobShape, steps: Sequence[StepShape]) -> list[Piece]:
             if seconds:
                 left -= seconds
                 gpu_s = seconds * len(stage_gpus(spec, stage))
-                pieces.append(Piece(gpu_s=gpu_s, start_s=offset + begin, tail_s=max(left, 0.0) + after_train[k]))
+                pieces.append(
+                    Piece(
+                        gpu_s=gpu_s,
+                        start_s=offset + begin,
+                        tail_s=max(left, 0.0) + after_train[k],
+                        gang=(stage_gpus(spec, stage), seconds),
+                    )
+                )
                 begin += seconds
     return pieces
 

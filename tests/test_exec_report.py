@@ -212,3 +212,31 @@ def test_metrics_say_what_each_job_used_lent_and_borrowed(tmp_path):
     jobs = json.loads((tmp_path / "metrics.json").read_text())["pipelines"]
     got = {pid: (p["gpu_seconds_used"], p["gpu_seconds_lent"], p["gpu_seconds_borrowed"]) for pid, p in jobs.items()}
     assert got == {"full": (9.0, 6.0, 0.0), "lora": (11.0, 0.0, 6.0)}  # whole seconds: exact
+
+
+def test_a_runs_bounds_are_those_of_its_recorded_trace_streaming_and_co_tenants_included(tmp_path):
+    """The executor bounds a run from its measured shapes; a replay of its trace bounds the same run from
+    the trace's. They agree, for a streaming job beside a co-tenant whose stages span its GPUs too."""
+    from rlix.exec.front.outputs import run_metrics
+    from rlix.job import lower_bounds
+
+    raw = yaml.safe_load(CONFIG)
+    raw["jobs"][0] |= {
+        "rollout_mode": "streaming",
+        "staleness": 1,
+        "roles": {"actor_train": {"gpus": "0-3"}, "actor_infer": {"gpus": "0-3"}},
+    }
+    raw["jobs"][1] |= {"roles": {"actor_train": {"gpus": "0-3"}, "actor_infer": {"gpus": "0-3"}}, "home": []}
+    cfg = parse_config(raw)
+    full = _result("full", ("",), 0.0625)  # rollouts far longer than its stages: streaming shortens its chain
+    full = JobResult(
+        **{**full.__dict__, "trajectories": tuple(TrajRecord(**{**t.__dict__, "gen_s": 20 * t.gen_s}) for t in full.trajectories)}
+    )
+    results = {"full": full, "lora": _result("lora", ("copy", "rev"), 0.0375)}
+    dump_trace(trace_model(cfg, results, NAMES), tmp_path / "trace.json")
+    trace = load_trace(tmp_path / "trace.json")
+    _, metrics = run_metrics(cfg, results, NAMES, EVENTS, STATS, 9.0)
+    work, path = lower_bounds(trace.job_shapes(), 4)
+    assert (metrics.lower_bound_work_s, metrics.lower_bound_critical_path_s) == pytest.approx((work, path))
+    alone = max(lower_bounds([shape], 4)[1] for shape in trace.job_shapes())
+    assert path > alone  # each job's stages stop the other's chain

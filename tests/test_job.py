@@ -133,6 +133,33 @@ def test_lower_bounds_count_tp_width_and_staleness_overlap():
     assert overlapped == pytest.approx(5 + 10 + 10 + 5)  # staleness 1: step 1 rolls out while step 0 trains
 
 
+def _cotenant(pid: str, train: list[int], infer: list[int], arrival_s: float) -> JobShape:
+    models = {"actor_train": RoleModel(gpus=train, gpus_per_worker=1), "actor_infer": RoleModel(gpus=infer, gpus_per_worker=1)}
+    s = pipeline_spec(pipeline_id=pid, roles=models, kind="full_finetune", slots_per_worker=2, resumable=True)
+    step = StepShape(trajectory_s=4.0, longest_s=10.0, stages=((Stage.OLD_LOGPROBS, 2.0), (Stage.ACTOR_TRAIN, 3.0)))
+    return JobShape(spec=s, arrival_s=arrival_s, init_s=5.0, staleness=0, streams=((step,),))
+
+
+def test_critical_path_adds_the_co_tenants_gang_stages_that_stop_the_job():
+    # alone: model load 5 s, then rollout 10 s, then 2 + 3 s of stages: 20 s
+    _, alone = lower_bounds([_cotenant("a", [0, 1, 2, 3], [0, 1, 2, 3], 0.0)], num_gpus=4)
+    assert alone == pytest.approx(20.0)
+    # a co-tenant whose gang stages span every GPU: while its load (5 s) and stages (2 + 3 s) hold
+    # the node, no part of the first job's chain can go on, so they add to it
+    both = [_cotenant("a", [0, 1, 2, 3], [0, 1, 2, 3], 0.0), _cotenant("b", [0, 1, 2, 3], [0, 1, 2, 3], 0.0)]
+    assert lower_bounds(both, num_gpus=4)[1] == pytest.approx(20.0 + 10.0)
+    # stages that could have run before the job arrived do not count: b's load starts at 0, a arrives at 4
+    late = [_cotenant("a", [0, 1, 2, 3], [0, 1, 2, 3], 4.0), _cotenant("b", [0, 1, 2, 3], [0, 1, 2, 3], 0.0)]
+    assert lower_bounds(late, num_gpus=4)[1] == pytest.approx(max(4.0 + 20.0 + 5.0, 0.0 + 20.0 + 5.0 + 5.0))
+    # a co-tenant training on GPUs 0-1 leaves GPUs 2-3 to the first job's rollout: no addition
+    # (its stages overlap the first job's gang stages, but the rollout goes on beside them)
+    narrow = [_cotenant("a", [0, 1, 2, 3], [0, 1, 2, 3], 0.0), _cotenant("b", [0, 1], [0, 1, 2, 3], 0.0)]
+    assert lower_bounds(narrow, num_gpus=4)[1] == pytest.approx(20.0 + 10.0)  # b is stopped by a's gangs, not a by b's
+    # disjoint gang stages never stop one another's rollout on its own GPUs
+    apart = [_cotenant("a", [0, 1], [0, 1], 0.0), _cotenant("b", [2, 3], [2, 3], 0.0)]
+    assert lower_bounds(apart, num_gpus=4)[1] == pytest.approx(20.0)
+
+
 @pytest.mark.parametrize(
     ("have", "need", "newest", "idle", "streaming", "partial", "expected"),
     [

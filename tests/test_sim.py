@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlix.core import POLICIES
+from rlix.job import lower_bounds
 from rlix.sim.report import results_json, write_json
 from rlix.sim.simulator import Simulation, replay
 from rlix.trace import Trace, TraceModel, load_trace
@@ -18,13 +19,14 @@ TRACES = Path(__file__).parent.parent / "traces"
 
 
 @st.composite
-def small_traces(draw):
-    nodes, gpn = draw(st.sampled_from([(1, 4), (1, 8), (2, 4)]))
+def small_traces(draw, cotenants: bool = False):
+    """Small random traces; ``cotenants``: one node, every job training and rolling out on all of it, no homes."""
+    nodes, gpn = draw(st.sampled_from([(1, 4), (1, 8)] if cotenants else [(1, 4), (1, 8), (2, 4)]))
     n = nodes * gpn
     pipelines = []
-    for i in range(draw(st.integers(1, 3))):
-        lo = draw(st.integers(0, n - 2))
-        train = f"{lo}-{min(n - 1, lo + draw(st.integers(0, 3)))}"
+    for i in range(draw(st.integers(2 if cotenants else 1, 3))):
+        lo = 0 if cotenants else draw(st.integers(0, n - 2))
+        train = f"0-{n - 1}" if cotenants else f"{lo}-{min(n - 1, lo + draw(st.integers(0, 3)))}"
         kind = draw(st.sampled_from(["full_finetune", "full_finetune", "multi_lora"]))
         gen = lambda seed: {
             "steps": draw(st.integers(1, 3)),
@@ -43,7 +45,7 @@ def small_traces(draw):
             "kind": kind,
             "arrival_s": draw(st.floats(0, 100)),
             "roles": {"actor_train": {"gpus": train}, "actor_infer": {"gpus": f"0-{n - 1}"}},
-            "home": train,
+            **({} if cotenants else {"home": train}),
             "staleness": draw(st.integers(0, 2)),
             "slots_per_worker": draw(st.integers(1, 8)),
             "preempt": draw(st.sampled_from(["continue", "requeue"])),
@@ -102,6 +104,22 @@ def test_every_trajectory_completes_exactly_once_and_staleness_holds(trace, poli
     fractions = metrics.gpu_utilization + metrics.idle_fraction + metrics.held_idle_fraction + metrics.switch_overhead_fraction
     assert fractions == pytest.approx(1.0, abs=1e-6)
     assert metrics.makespan_s >= metrics.makespan_lower_bound_s - 1e-6
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_traces(cotenants=True), st.sampled_from(list(POLICIES)))
+def test_no_policy_beats_the_bound_where_co_tenants_gang_stages_stop_each_other(trace, policy):
+    """Every job's gang stages span the node, so the critical path adds the other jobs' stages
+    (rlix.job.lower_bounds); no policy may finish sooner than that."""
+    metrics = replay(trace, policy)
+    assert metrics.makespan_s >= metrics.makespan_lower_bound_s - 1e-6
+    # at the least, each job's chain plus the model loads of the jobs arriving with it or after it
+    shapes = trace.job_shapes()
+    loads = [
+        lower_bounds([s], trace.cluster.num_gpus)[1] + sum(o.init_s for o in shapes if o is not s and o.arrival_s >= s.arrival_s)
+        for s in shapes
+    ]
+    assert metrics.lower_bound_critical_path_s >= max(loads) - 1e-9
 
 
 def test_same_trace_and_seed_give_byte_identical_json(tmp_path):

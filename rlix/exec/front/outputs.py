@@ -218,6 +218,7 @@ def _shape(cfg: RunConfig, pid: str, res: JobResult, names: dict[str, str]) -> J
         init_s=res.init_s,
         staleness=job.staleness,
         streams=tuple(tuple(v) for _, v in sorted(streams.items())),
+        streaming=job.rollout_mode == "streaming",
     )
 
 

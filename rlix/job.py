@@ -353,13 +353,13 @@ def _blocked_s(jobs: Sequence[JobShape], i: int, pieces: Sequence[Piece], owners
     """
     job = jobs[i]
     rollout = frozenset(job.spec.role(Role.ACTOR_INFER).gpus)
-    own = {p.gang[0] for p, o in zip(pieces, owners) if o == i and p.gang is not None}
+    own = {frozenset(p.gang[0]) for p, o in zip(pieces, owners) if o == i and p.gang is not None}
     blocked = 0.0
     for p, o in zip(pieces, owners):
         if o == i or p.gang is None or p.start_s < job.arrival_s:
             continue
         gpus, seconds = p.gang
-        if rollout.issubset(gpus) and all(not frozenset(g).isdisjoint(gpus) for g in own):
+        if rollout.issubset(gpus) and all(not g.isdisjoint(gpus) for g in own):
             blocked += seconds
     return blocked
 

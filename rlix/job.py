@@ -408,13 +408,13 @@ def _stream_pieces(job: JobShape, steps: Sequence[StepShape]) -> list[Piece]:
             seconds = dict(step.stages).get(stage, 0.0)
             if seconds:
                 left -= seconds
-                gpu_s = seconds * len(stage_gpus(spec, stage))
+                gpus = stage_gpus(spec, stage)
                 pieces.append(
                     Piece(
-                        gpu_s=gpu_s,
+                        gpu_s=seconds * len(gpus),
                         start_s=offset + begin,
                         tail_s=max(left, 0.0) + after_train[k],
-                        gang=(stage_gpus(spec, stage), seconds),
+                        gang=(gpus, seconds),
                     )
                 )
                 begin += seconds

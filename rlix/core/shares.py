@@ -167,16 +167,21 @@ def with_urgency(
     per_s = math.log(2.0) / halving if halving else 0.0
     measured = [r.trajectory_s for r in (n.report for n in wanting) if r is not None and r.trajectory_s > 0]
     fallback = math.fsum(measured) / len(measured) if measured else 1.0
-    logs = {}
+    logs, fairness = {}, {}
     for n in wanting:
         r = n.report
         assert r is not None  # only reported demand has weight
         log_u = per_s * r.path_s
-        if fair and n.pipeline_id in cotenants:
-            log_u += fair * math.log(n.entry.slowdown(now))
         if alpha:
             log_u -= alpha * math.log(max(n.work_trajectories * (r.trajectory_s or fallback), 1.0))
         logs[n.pipeline_id] = log_u
+        if fair and n.pipeline_id in cotenants:
+            fairness[n.pipeline_id] = fair * math.log(n.entry.slowdown(now))
+    if fairness and config.urgency_cap:  # the makespan and mean-JCT factors favour no co-tenant past the cap
+        cap = math.log(config.urgency_cap)
+        best = max(logs[pid] for pid in fairness)
+        logs.update({pid: max(logs[pid], best - cap) for pid in fairness})
+    logs = {pid: log_u + fairness.get(pid, 0.0) for pid, log_u in logs.items()}
     top = max(logs.values())
     return [
         _reweighed(n, n.weight * max(math.exp(logs[n.pipeline_id] - top), _MIN_FACTOR)) if n.pipeline_id in logs else n
@@ -215,7 +220,12 @@ def _share_weight(config: SchedulerConfig, remaining: int, backlog: int, report:
 
 
 def proportional_shares(
-    needs: list[RolloutNeed], capacity_gpus: int, guaranteed: dict[str, int] | None = None
+    needs: list[RolloutNeed],
+    capacity_gpus: int,
+    guaranteed: dict[str, int] | None = None,
+    *,
+    floor_share: float = 0.0,
+    cotenants: frozenset[str] = frozenset(),
 ) -> dict[str, float]:
     """Each pipeline's share of ``capacity_gpus``, in workers (fractional).
 
@@ -229,7 +239,11 @@ def proportional_shares(
     ``min_residency_s`` or more for a first worker, so a wide bundle that
     never fits the leftover capacity still gets its turn), longest waiting
     first, then by :func:`rank_key` (most weight first); the others get
-    nothing this round.
+    nothing this round. With ``floor_share``, one of ``cotenants`` (jobs with no home of
+    their own) that is not starving and whose share without floors would be under that many
+    workers gets no floor this round either (:func:`_floor_worthy`): its turn comes once it
+    starves, so co-tenants whose weights are small among many take turns at the capacity
+    instead of each holding one worker at once.
     """
     guaranteed = guaranteed or {}
     shares = {n.pipeline_id: 0.0 for n in needs}
@@ -244,6 +258,8 @@ def proportional_shares(
         elif n.tp <= left:
             floored.append(n)
             left -= n.tp
+    if floor_share and cotenants and len(floored) > 1:
+        floored = _floor_worthy(floored, capacity_gpus, floor_share, cotenants)
     owed = {n.pipeline_id: float(guaranteed.get(n.pipeline_id, 0) * n.tp) for n in floored}
     lows = {n.pipeline_id: max(owed[n.pipeline_id], float(n.floor * n.tp)) for n in floored}
     if sum(lows.values()) > capacity_gpus:  # home floors do not all fit: guarantees, else one worker each
@@ -252,6 +268,19 @@ def proportional_shares(
     for n in floored:
         shares[n.pipeline_id] = min(float(n.need * n.tp), max(lows[n.pipeline_id], level * n.weight)) / n.tp
     return shares
+
+
+def _floor_worthy(
+    floored: list[RolloutNeed], capacity_gpus: int, floor_share: float, cotenants: frozenset[str]
+) -> list[RolloutNeed]:
+    """Those of ``floored`` that keep their floor: not co-tenants, starving, or owed at least
+    ``floor_share`` workers by weight alone (the water level with no floors)."""
+    level = water_level([(n.weight, 0.0, float(n.need * n.tp)) for n in floored], float(capacity_gpus))
+    return [
+        n
+        for n in floored
+        if n.pipeline_id not in cotenants or n.starving or min(float(n.need), level * n.weight / n.tp) >= floor_share
+    ]
 
 
 def starving_key(n: RolloutNeed) -> tuple[bool, float]:

@@ -186,14 +186,15 @@ class SchedulerModel(StrictModel):
         ge=0,
         allow_inf_nan=False,
         description="with slowdown_weight: the most small_first and path_halving_s together may favour one co-tenant "
-        "over another, as a ratio of weights (0: no cap)",
+        "with demand over another, as a ratio of weights (0: no cap)",
     )
     floor_share: float = Field(
         default=0.5,
         ge=0,
         le=1,
-        description="a job not guaranteed and not starving gets its one-worker floor only where its share without "
-        "floors is at least this many workers; else it takes turns (0: every job a floor while capacity holds them)",
+        allow_inf_nan=False,
+        description="a co-tenant (no home of its own) not starving gets its one-worker floor only where its share "
+        "without floors is at least this many workers; else it takes turns (0: every job a floor while capacity holds them)",
     )
     stage_yield: float = Field(
         default=0.0,

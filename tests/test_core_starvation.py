@@ -43,17 +43,17 @@ def test_a_four_gpu_bundle_gets_its_worker_from_single_gpu_workers_that_hold_eve
 @pytest.mark.parametrize("home_guarantee", [False, True])
 @pytest.mark.parametrize("seed", range(60))
 def test_every_job_with_demand_gets_a_worker_in_bounded_time(seed: int, home_guarantee: bool, floor_share: float):
-    # Co-tenants (every rollout mapped onto the whole node). With home_guarantee on, the narrow jobs
-    # train on GPUs of their own, which the wide job's bundles overlap: their guarantees are cut to
-    # make room for its turn (before: it never got one). With a floor for every job (floor_share 0),
-    # the wide job waits twice the residency at most. With floor_share, narrow jobs owed under half
-    # a worker starve too and may take their turns first: it then also waits for those turns to
-    # end (no trajectory finishes here, so each lasts turn_limit_s).
+    # With home_guarantee on, the narrow jobs own the GPUs of their homes, which the wide job's
+    # bundles overlap: their guarantees are cut to make room for its turn (before: it never got one).
+    # With a floor for every job (floor_share 0), the wide job waits twice the residency at most.
+    # With floor_share, narrow co-tenants owed under half a worker starve too and may take their
+    # turns first: it then also waits for those turns to end (no trajectory finishes here, so each
+    # lasts turn_limit_s, shortened here to twice the residency).
     rng = random.Random(seed)
     gpn = rng.choice([4, 8])
     tp = rng.choice([2, 4] if gpn == 4 else [2, 4, 8])
     residency = rng.choice([5.0, 30.0])
-    turn = 2 * residency
+    turn = 2 * residency if floor_share else SchedulerConfig().turn_limit_s
     config = SchedulerConfig(min_residency_s=residency, home_guarantee=home_guarantee, turn_limit_s=turn, floor_share=floor_share)
     sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=gpn), "rlix", config)
     narrow = {f"a{i}": rng.choice([8, 40, 400]) for i in range(rng.choice([1, 2, 3]))}

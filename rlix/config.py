@@ -181,6 +181,21 @@ class SchedulerModel(StrictModel):
         description="finish-time fairness among co-tenants (jobs with no home of their own): weight x (projected "
         "slowdown) ** slowdown_weight, and the most slowed co-tenant's gang stage first among stages alike (0: off)",
     )
+    urgency_cap: float = Field(
+        default=8.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="with slowdown_weight: the most small_first and path_halving_s together may favour one co-tenant "
+        "with demand over another, as a ratio of weights (0: no cap)",
+    )
+    floor_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="a co-tenant (no home of its own) not starving gets its one-worker floor only where its share "
+        "without floors is at least this many workers; else it takes turns (0: every job a floor while capacity holds them)",
+    )
     stage_yield: float = Field(
         default=0.0,
         ge=0,

@@ -270,3 +270,53 @@ def test_finish_time_fairness_leaves_jobs_with_homes_of_their_own_alone():
     shared = spec("a", range(8), range(8)), spec("b", range(8), range(8))  # co-tenants
     a, b = split(*shared)
     assert b > a  # the more slowed co-tenant gets more of the rollout capacity
+
+
+def test_the_makespan_factor_favours_no_cotenant_past_the_urgency_cap():
+    # By 1,000 s, a has 3,100 s of its 4,000 s chain left (slowdown 1.03) and b all of its 1,000 s
+    # (1.94): b is slowed far more, 24x in weight at slowdown_weight 5. But a's chain is the longest,
+    # 2,100 s longer: path_halving_s alone weighs b 2^(-2100/350) = 1/64 against a, and the
+    # makespan factor outweighs b's slowdown. Capped at 8 (urgency_cap), it does not.
+    def split(urgency_cap: float) -> tuple[int, int]:
+        config = SchedulerConfig(small_first=0.0, path_halving_s=350.0, urgency_cap=urgency_cap, floor_share=0.0)
+        sched = Scheduler(NODE8, "rlix", config)
+        register(sched, *(spec(p, range(8), range(8)) for p in ("a", "b")))
+        sched.step(0, [dataclasses.replace(demand(p, 40), path_s=s) for p, s in (("a", 4000.0), ("b", 1000.0))])
+        sched.step(1000, [dataclasses.replace(demand(p, 40), path_s=s) for p, s in (("a", 3100.0), ("b", 1000.0))])
+        return len(owners(sched)["a"]), len(owners(sched)["b"])
+
+    uncapped, capped = split(0.0), split(8.0)
+    assert uncapped[0] > uncapped[1]  # the longest chain gets the most
+    assert capped[1] > capped[0]  # the most slowed co-tenant gets the most
+
+
+def test_a_cotenant_owed_under_floor_share_of_a_worker_takes_turns_instead_of_holding_a_floor():
+    # equal batches, but b has three more announced (backlog): with small_first 3 (uncapped) it is
+    # owed 0.1 worker. With floor_share off it holds a floor all along; with it (0.5, the default) a has the
+    # whole node until b has waited min_residency_s (30 s): b starves and gets its turn.
+    def held(floor_share: float) -> list[dict[str, int]]:
+        config = SchedulerConfig(
+            small_first=3.0, path_halving_s=0.0, urgency_cap=0.0, floor_share=floor_share, min_residency_s=30.0
+        )
+        sched = cotenants("a", "b", config=config, slots=1)
+        out = []
+        for now in (0, 20, 31):
+            sched.step(now, [demand("a", 8), demand("b", 8, backlog=24)])
+            out.append({pid: len(ws) for pid, ws in owners(sched).items()})
+        return out
+
+    assert held(0.0) == [{"a": 7, "b": 1}] * 3
+    assert held(0.5) == [{"a": 8, "b": 0}, {"a": 8, "b": 0}, {"a": 7, "b": 1}]
+    # jobs with homes of their own keep their floors: floor_share is a co-tenants' rule
+    sched = Scheduler(NODE8, "rlix", SchedulerConfig(small_first=3.0, path_halving_s=0.0, urgency_cap=0.0, home_guarantee=False))
+    register(sched, spec("a", range(4), range(8), slots=1), spec("b", range(4, 8), range(8), slots=1))
+    sched.step(0, [demand("a", 8), demand("b", 8, backlog=24)])
+    assert len(owners(sched)["b"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"), [("urgency_cap", 0.5), ("urgency_cap", float("inf")), ("floor_share", 1.5), ("floor_share", -0.1)]
+)
+def test_an_urgency_cap_below_1_or_a_floor_share_outside_0_1_is_refused(knob, value):
+    with pytest.raises(SchedulingError, match=knob):
+        Scheduler(NODE8, "rlix", SchedulerConfig(**{knob: value}))

@@ -553,7 +553,7 @@ def test_a_worker_goes_first_where_no_other_pipeline_could_go():
 
 
 def test_protection_never_keeps_a_pipeline_below_its_floor_but_keeps_the_donors_last_worker():
-    cfg = SchedulerConfig(min_residency_s=0.0, home_guarantee=False)
+    cfg = SchedulerConfig(min_residency_s=0.0, home_guarantee=False, floor_share=0.0)  # b is owed its floor
     node = ClusterSpec(nodes=1, gpus_per_node=2)
     sched = Scheduler(node, "rlix", cfg)
     register(sched, spec("a", range(2), range(2), slots=1), spec("b", range(2), range(2), slots=1))

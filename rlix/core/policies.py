@@ -13,7 +13,7 @@ from typing import ClassVar
 from rlix.core import passes, tenants
 from rlix.core.errors import SchedulingError
 from rlix.core.ledger import Draft
-from rlix.core.state import GangRequest, View
+from rlix.core.state import GangRequest, View, homeless
 from rlix.core.types import Gpus, PipelineSpec, Role
 
 
@@ -108,7 +108,9 @@ class RlixPolicy(Policy):
         capacity = passes.rollout_capacity(view, draft)
         parts = tenants.tenant_parts(view, draft, needs, capacity)
         guaranteed = tenants.fit_guarantees(needs, parts, passes.guarantees(view, draft, needs), capacity)
-        shares = tenants.tenant_shares(needs, capacity, parts, guaranteed)
+        floor_share = view.config.floor_share
+        cotenants = homeless(view) if floor_share else frozenset()
+        shares = tenants.tenant_shares(needs, capacity, parts, guaranteed, floor_share=floor_share, cotenants=cotenants)
         passes.place_on_idle(draft, needs, shares)
         passes.reclaim_homes(view, draft, needs, guaranteed)
         passes.rebalance(view, draft, needs, shares)

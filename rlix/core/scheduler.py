@@ -62,6 +62,10 @@ def check_settings(cluster: ClusterSpec, config: SchedulerConfig) -> None:
         raise SchedulingError(f"guest_stage_fit={config.guest_stage_fit}: must lie in 0..1 (0: a guest waits for the owner)")
     if not (math.isfinite(config.turn_limit_s) and config.turn_limit_s > 0):
         raise SchedulingError(f"turn_limit_s={config.turn_limit_s}: must be a finite number > 0 (longer than a trajectory)")
+    if not (math.isfinite(config.urgency_cap) and (config.urgency_cap == 0 or config.urgency_cap >= 1)):
+        raise SchedulingError(f"urgency_cap={config.urgency_cap}: must be 0 (off) or a finite ratio >= 1")
+    if not (math.isfinite(config.floor_share) and 0.0 <= config.floor_share <= 1.0):
+        raise SchedulingError(f"floor_share={config.floor_share}: must lie in 0..1 (0: every job a floor)")
     if not (math.isfinite(config.stage_yield) and (config.stage_yield == 0 or config.stage_yield > 1)):
         raise SchedulingError(f"stage_yield={config.stage_yield}: must be 0 (off) or a finite number above 1")
     for name in ("small_first", "path_halving_s", "slowdown_weight", "lost_cooldown_s", "lend_ahead_s"):

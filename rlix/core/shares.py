@@ -158,6 +158,8 @@ def with_urgency(
     chain of steps still ahead (its reported ``path_s``): the job that sets
     the makespan. Both depend on the whole set only through a mean and a
     maximum taken in pipeline-id order, so registration order cannot matter.
+    Among co-tenants, ``urgency_cap`` bounds how far those two together favour
+    one over another (:func:`_capped`), so that they cannot outweigh fairness.
     """
     wanting = [n for n in needs if n.weight > 0]
     alpha, halving = config.small_first, config.path_halving_s
@@ -167,21 +169,34 @@ def with_urgency(
     per_s = math.log(2.0) / halving if halving else 0.0
     measured = [r.trajectory_s for r in (n.report for n in wanting) if r is not None and r.trajectory_s > 0]
     fallback = math.fsum(measured) / len(measured) if measured else 1.0
-    logs = {}
+    factors, fairness = {}, {}
     for n in wanting:
         r = n.report
         assert r is not None  # only reported demand has weight
-        log_u = per_s * r.path_s
+        small = alpha * math.log(max(n.work_trajectories * (r.trajectory_s or fallback), 1.0)) if alpha else 0.0
+        factors[n.pipeline_id] = (per_s * r.path_s, small)
         if fair and n.pipeline_id in cotenants:
-            log_u += fair * math.log(n.entry.slowdown(now))
-        if alpha:
-            log_u -= alpha * math.log(max(n.work_trajectories * (r.trajectory_s or fallback), 1.0))
-        logs[n.pipeline_id] = log_u
+            fairness[n.pipeline_id] = fair * math.log(n.entry.slowdown(now))
+    capped = _capped(factors, fairness, config.urgency_cap)
+    logs = {
+        pid: capped[pid] + fairness[pid] if pid in capped else path + fairness.get(pid, 0.0) - small
+        for pid, (path, small) in factors.items()
+    }
     top = max(logs.values())
     return [
         _reweighed(n, n.weight * max(math.exp(logs[n.pipeline_id] - top), _MIN_FACTOR)) if n.pipeline_id in logs else n
         for n in needs
     ]
+
+
+def _capped(factors: dict[str, tuple[float, float]], fairness: dict[str, float], urgency_cap: float) -> dict[str, float]:
+    """Each co-tenant's (the keys of ``fairness``) log makespan factor less its log mean-JCT factor,
+    raised to within ``log(urgency_cap)`` of the highest co-tenant's; none where the cap is off."""
+    if not (fairness and urgency_cap):
+        return {}
+    urgency = {pid: factors[pid][0] - factors[pid][1] for pid in fairness}
+    floor = max(urgency.values()) - math.log(urgency_cap)
+    return {pid: max(u, floor) for pid, u in urgency.items()}
 
 
 def _reweighed(n: RolloutNeed, weight: float) -> RolloutNeed:
@@ -215,7 +230,12 @@ def _share_weight(config: SchedulerConfig, remaining: int, backlog: int, report:
 
 
 def proportional_shares(
-    needs: list[RolloutNeed], capacity_gpus: int, guaranteed: dict[str, int] | None = None
+    needs: list[RolloutNeed],
+    capacity_gpus: int,
+    guaranteed: dict[str, int] | None = None,
+    *,
+    floor_share: float = 0.0,
+    cotenants: frozenset[str] = frozenset(),
 ) -> dict[str, float]:
     """Each pipeline's share of ``capacity_gpus``, in workers (fractional).
 
@@ -229,7 +249,11 @@ def proportional_shares(
     ``min_residency_s`` or more for a first worker, so a wide bundle that
     never fits the leftover capacity still gets its turn), longest waiting
     first, then by :func:`rank_key` (most weight first); the others get
-    nothing this round.
+    nothing this round. With ``floor_share``, one of ``cotenants`` (jobs with no home of
+    their own) that is not starving and whose share without floors would be under that many
+    workers gets no share this round either (:func:`_taking_part`): its turn comes once it
+    starves, so co-tenants whose weights are small among many take turns at the capacity
+    instead of each holding one worker at once.
     """
     guaranteed = guaranteed or {}
     shares = {n.pipeline_id: 0.0 for n in needs}
@@ -245,6 +269,8 @@ def proportional_shares(
             floored.append(n)
             left -= n.tp
     owed = {n.pipeline_id: float(guaranteed.get(n.pipeline_id, 0) * n.tp) for n in floored}
+    if floor_share and cotenants and len(floored) > 1:
+        floored = _taking_part(floored, owed, capacity_gpus, floor_share, cotenants)
     lows = {n.pipeline_id: max(owed[n.pipeline_id], float(n.floor * n.tp)) for n in floored}
     if sum(lows.values()) > capacity_gpus:  # home floors do not all fit: guarantees, else one worker each
         lows = {n.pipeline_id: max(owed[n.pipeline_id], float(n.tp)) for n in floored}
@@ -252,6 +278,20 @@ def proportional_shares(
     for n in floored:
         shares[n.pipeline_id] = min(float(n.need * n.tp), max(lows[n.pipeline_id], level * n.weight)) / n.tp
     return shares
+
+
+def _taking_part(
+    floored: list[RolloutNeed], owed: dict[str, float], capacity_gpus: int, floor_share: float, cotenants: frozenset[str]
+) -> list[RolloutNeed]:
+    """Those of ``floored`` that take part in this round's split: all but the co-tenants neither
+    starving nor owed ``floor_share`` workers by weight (the water level with only the
+    guarantees, ``owed``, as floors). The others get no share this round: they take turns."""
+    level = water_level([(n.weight, owed[n.pipeline_id], float(n.need * n.tp)) for n in floored], float(capacity_gpus))
+    return [
+        n
+        for n in floored
+        if n.pipeline_id not in cotenants or n.starving or min(float(n.need), level * n.weight / n.tp) >= floor_share
+    ]
 
 
 def starving_key(n: RolloutNeed) -> tuple[bool, float]:

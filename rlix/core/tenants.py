@@ -101,16 +101,22 @@ def _cut(owed: list[RolloutNeed], guaranteed: dict[str, int], room: float) -> di
 
 
 def tenant_shares(
-    needs: list[RolloutNeed], capacity_gpus: int, parts: dict[str, float] | None, guaranteed: dict[str, int]
+    needs: list[RolloutNeed],
+    capacity_gpus: int,
+    parts: dict[str, float] | None,
+    guaranteed: dict[str, int],
+    *,
+    floor_share: float = 0.0,
+    cotenants: frozenset[str] = frozenset(),
 ) -> dict[str, float]:
     """Each pipeline's rollout share, in workers: tenants first (``parts``, see :func:`tenant_parts`),
     then the jobs of each tenant. ``guaranteed``: home workers owed to jobs, already within each
-    tenant's part (:func:`fit_guarantees`)."""
+    tenant's part (:func:`fit_guarantees`); ``floor_share`` and ``cotenants``: see :func:`proportional_shares`."""
     if parts is None:
-        return proportional_shares(needs, capacity_gpus, guaranteed)
+        return proportional_shares(needs, capacity_gpus, guaranteed, floor_share=floor_share, cotenants=cotenants)
     shares: dict[str, float] = {}
     for name, group in sorted(_by_tenant(needs).items()):
-        shares.update(proportional_shares(group, parts.get(name, 0.0), guaranteed))
+        shares.update(proportional_shares(group, parts.get(name, 0.0), guaranteed, floor_share=floor_share, cotenants=cotenants))
     return shares
 
 

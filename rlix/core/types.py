@@ -477,6 +477,19 @@ class SchedulerConfig:
       multiplied by ``slowdown ** slowdown_weight``, and among co-tenants' gang stages of one
       stage priority that waited alike the most slowed job's goes first. Jobs with a home of
       their own have its guarantee instead. 0 turns it off.
+    - ``urgency_cap``: with ``slowdown_weight``, the most that ``small_first`` and
+      ``path_halving_s`` together may favour one co-tenant with demand over another (a ratio
+      of weights), so that their factors, which grow without bound (a chain 10 halvings
+      shorter weighs 1/1024), cannot outweigh finish-time fairness among co-tenants: past the
+      cap, the most slowed co-tenant gains. The co-tenants it raises weigh more against jobs
+      with homes too, above those jobs' guarantees. 0 turns the cap off.
+    - ``floor_share``: a co-tenant (a job with no home of its own) that is not starving gets
+      its one-worker floor, and any share, only where its share without floors would be at
+      least this many workers. Below, it waits its turn (a starving job's floor comes first,
+      ``min_residency_s`` and ``turn_limit_s``): where more co-tenants want rollout than there
+      are workers' worth of GPUs between the gang stages, the capacity goes round by weight
+      instead of one worker each at once. Jobs with homes keep their floors. 0: every job a
+      floor while the capacity holds them.
     - ``stage_yield``: off (0) by default, as the seed's rules put every gang stage before
       rollout. At ``r`` (> 1), a co-tenant's gang stage (not its model load) that could start
       waits while it would preempt a busy rollout worker of another co-tenant of its job
@@ -522,6 +535,8 @@ class SchedulerConfig:
     small_first: float = 3.0
     path_halving_s: float = 350.0
     slowdown_weight: float = 5.0
+    urgency_cap: float = 8.0
+    floor_share: float = 0.5
     stage_yield: float = 0.0
     lost_cooldown_s: float = 30.0
     turn_limit_s: float = 900.0

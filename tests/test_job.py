@@ -161,7 +161,8 @@ def test_critical_path_adds_the_co_tenants_gang_stages_that_stop_the_job():
 
 
 def _adapters(train: list[int], count: int) -> JobShape:
-    models = {"actor_train": RoleModel(gpus=train, gpus_per_worker=1), "actor_infer": RoleModel(gpus=[0, 1, 2, 3], gpus_per_worker=1)}
+    infer = RoleModel(gpus=[0, 1, 2, 3], gpus_per_worker=1)
+    models = {"actor_train": RoleModel(gpus=train, gpus_per_worker=1), "actor_infer": infer}
     s = pipeline_spec(pipeline_id="m", roles=models, kind="multi_lora", slots_per_worker=2, resumable=True)
     step = StepShape(trajectory_s=4.0, longest_s=10.0, stages=((Stage.OLD_LOGPROBS, 2.0), (Stage.ACTOR_TRAIN, 3.0)))
     return JobShape(spec=s, arrival_s=0.0, init_s=5.0, staleness=0, streams=((step,),) * count)

@@ -319,8 +319,10 @@ def lower_bounds(jobs: Sequence[JobShape], num_gpus: int) -> tuple[float, float]
       pieces) / GPUs`` for every ``tau`` (a job's arrival) and ``q``;
     - critical path: the slowest job's steps chained by their dependencies
       (longest trajectory of each rollout, stage times, the staleness
-      overlap), from its arrival, on an infinite cluster but for its
-      co-tenants' gang stages that stop it (:func:`_blocked_s`).
+      overlap), from its arrival, on an infinite cluster but for the gang
+      stages that stop it: its co-tenants' (:func:`_blocked_s`) and, in a job
+      of several streams (a multi-LoRA job's adapters), its other streams'
+      (:func:`_siblings_s`).
 
     Switching other than the initial model load is left out, so both are true
     bounds whatever the policy.
@@ -329,10 +331,15 @@ def lower_bounds(jobs: Sequence[JobShape], num_gpus: int) -> tuple[float, float]
     owners: list[int] = []  # pieces[i] belongs to jobs[owners[i]]
     chains: list[float] = []
     for i, job in enumerate(jobs):
-        finish = 0.0
-        for steps in job.streams:
-            finish = max(finish, stream_critical_path(steps, job.staleness, streaming=job.streaming))
-            pieces += _stream_pieces(job, steps)
+        streams = [_stream_pieces(job, steps) for steps in job.streams]
+        finish = max(
+            (
+                stream_critical_path(steps, job.staleness, streaming=job.streaming) + _siblings_s(job, streams, k)
+                for k, steps in enumerate(job.streams)
+            ),
+            default=0.0,
+        )
+        pieces += [p for stream in streams for p in stream]
         init = (job.spec.init_gpus, job.init_s)
         pieces.append(Piece(gpu_s=job.init_s * len(init[0]), start_s=job.arrival_s, tail_s=finish, gang=init))
         owners += [i] * (len(pieces) - len(owners))
@@ -352,16 +359,33 @@ def _blocked_s(jobs: Sequence[JobShape], i: int, pieces: Sequence[Piece], owners
     start is at or after the job's arrival count: they lie between its arrival and the makespan.
     """
     job = jobs[i]
-    rollout = frozenset(job.spec.role(Role.ACTOR_INFER).gpus)
-    own = {frozenset(p.gang[0]) for p, o in zip(pieces, owners) if o == i and p.gang is not None}
-    blocked = 0.0
-    for p, o in zip(pieces, owners):
-        if o == i or p.gang is None or p.start_s < job.arrival_s:
-            continue
-        gpus, seconds = p.gang
-        if rollout.issubset(gpus) and all(not g.isdisjoint(gpus) for g in own):
-            blocked += seconds
-    return blocked
+    own = _gang_gpus(p for p, o in zip(pieces, owners) if o == i)
+    return sum(p.gang[1] for p, o in zip(pieces, owners) if o != i and p.start_s >= job.arrival_s and _stops(job, own, p))
+
+
+def _siblings_s(job: JobShape, streams: Sequence[Sequence[Piece]], k: int) -> float:
+    """Seconds of the job's other streams' gang stages that stop all of stream ``k``.
+
+    The argument of :func:`_blocked_s` within one job: an adapter's training or log-probs over the
+    whole rollout mapping, and over some GPU of each of stream ``k``'s gang stages, leaves stream
+    ``k`` nowhere to roll out or train, and such stages exclude one another. All start after the
+    job's model load.
+    """
+    own = _gang_gpus(streams[k])
+    return sum(p.gang[1] for j, other in enumerate(streams) if j != k for p in other if _stops(job, own, p))
+
+
+def _gang_gpus(pieces: Iterable[Piece]) -> set[frozenset[int]]:
+    return {frozenset(p.gang[0]) for p in pieces if p.gang is not None}
+
+
+def _stops(job: JobShape, own: set[frozenset[int]], stage: Piece) -> bool:
+    """Does gang piece ``stage`` stop all of a chain of ``job`` whose gang stages hold ``own``: is it
+    over every GPU of the job's rollout mapping and over some GPU of each of those stages?"""
+    if stage.gang is None:
+        return False
+    gpus = stage.gang[0]
+    return set(job.spec.role(Role.ACTOR_INFER).gpus).issubset(gpus) and all(not g.isdisjoint(gpus) for g in own)
 
 
 @dataclass(frozen=True, kw_only=True)

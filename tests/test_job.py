@@ -160,6 +160,28 @@ def test_critical_path_adds_the_co_tenants_gang_stages_that_stop_the_job():
     assert lower_bounds(apart, num_gpus=4)[1] == pytest.approx(20.0)
 
 
+def _adapters(train: list[int], count: int) -> JobShape:
+    infer = RoleModel(gpus=[0, 1, 2, 3], gpus_per_worker=1)
+    models = {"actor_train": RoleModel(gpus=train, gpus_per_worker=1), "actor_infer": infer}
+    s = pipeline_spec(pipeline_id="m", roles=models, kind="multi_lora", slots_per_worker=2, resumable=True)
+    step = StepShape(trajectory_s=4.0, longest_s=10.0, stages=((Stage.OLD_LOGPROBS, 2.0), (Stage.ACTOR_TRAIN, 3.0)))
+    return JobShape(spec=s, arrival_s=0.0, init_s=5.0, staleness=0, streams=((step,),) * count)
+
+
+def test_critical_path_adds_a_jobs_other_adapters_gang_stages_that_stop_it():
+    # one adapter: model load 5 s, rollout 10 s, stages 2 + 3 s
+    assert lower_bounds([_adapters([0, 1, 2, 3], 1)], num_gpus=4)[1] == pytest.approx(20.0)
+    # every other adapter's stages hold the whole rollout mapping: while they run, this adapter's
+    # chain cannot move, so they add (5 s each)
+    assert lower_bounds([_adapters([0, 1, 2, 3], 2)], num_gpus=4)[1] == pytest.approx(25.0)
+    assert lower_bounds([_adapters([0, 1, 2, 3], 3)], num_gpus=4)[1] == pytest.approx(30.0)
+    # training on GPUs 0-1 leaves GPUs 2-3 to the rollout: nothing adds
+    assert lower_bounds([_adapters([0, 1], 3)], num_gpus=4)[1] == pytest.approx(20.0)
+    # beside a co-tenant whose stages stop it, both add
+    both = [_adapters([0, 1, 2, 3], 2), _cotenant("b", [0, 1, 2, 3], [0, 1, 2, 3], 0.0)]
+    assert lower_bounds(both, num_gpus=4)[1] == pytest.approx(25.0 + 5.0 + 5.0)
+
+
 @pytest.mark.parametrize(
     ("have", "need", "newest", "idle", "streaming", "partial", "expected"),
     [

@@ -322,7 +322,7 @@ def lower_bounds(jobs: Sequence[JobShape], num_gpus: int) -> tuple[float, float]
       overlap), from its arrival, on an infinite cluster but for the gang
       stages that stop it: its co-tenants' (:func:`_blocked_s`) and, in a job
       of several streams (a multi-LoRA job's adapters), its other streams'
-      (:func:`_siblings_s`).
+      over its whole rollout mapping (:func:`_siblings_s`).
 
     Switching other than the initial model load is left out, so both are true
     bounds whatever the policy.
@@ -331,15 +331,15 @@ def lower_bounds(jobs: Sequence[JobShape], num_gpus: int) -> tuple[float, float]
     owners: list[int] = []  # pieces[i] belongs to jobs[owners[i]]
     chains: list[float] = []
     for i, job in enumerate(jobs):
-        streams = [_stream_pieces(job, steps) for steps in job.streams]
+        stream_pieces = [_stream_pieces(job, steps) for steps in job.streams]
         finish = max(
             (
-                stream_critical_path(steps, job.staleness, streaming=job.streaming) + _siblings_s(job, streams, k)
+                stream_critical_path(steps, job.staleness, streaming=job.streaming) + _siblings_s(job, stream_pieces, k)
                 for k, steps in enumerate(job.streams)
             ),
             default=0.0,
         )
-        pieces += [p for stream in streams for p in stream]
+        pieces += [p for stream in stream_pieces for p in stream]
         init = (job.spec.init_gpus, job.init_s)
         pieces.append(Piece(gpu_s=job.init_s * len(init[0]), start_s=job.arrival_s, tail_s=finish, gang=init))
         owners += [i] * (len(pieces) - len(owners))
@@ -359,33 +359,41 @@ def _blocked_s(jobs: Sequence[JobShape], i: int, pieces: Sequence[Piece], owners
     start is at or after the job's arrival count: they lie between its arrival and the makespan.
     """
     job = jobs[i]
-    own = _gang_gpus(p for p, o in zip(pieces, owners) if o == i)
-    return sum(p.gang[1] for p, o in zip(pieces, owners) if o != i and p.start_s >= job.arrival_s and _stops(job, own, p))
+    rollout = _rollout_gpus(job)
+    own = {frozenset(p.gang[0]) for p, o in zip(pieces, owners) if o == i and p.gang is not None}
+    return sum(
+        p.gang[1]
+        for p, o in zip(pieces, owners)
+        if o != i and p.gang is not None and p.start_s >= job.arrival_s and _covers(p, rollout) and _touches_all(p, own)
+    )
 
 
-def _siblings_s(job: JobShape, streams: Sequence[Sequence[Piece]], k: int) -> float:
-    """Seconds of the job's other streams' gang stages that stop all of stream ``k``.
+def _siblings_s(job: JobShape, stream_pieces: Sequence[Sequence[Piece]], k: int) -> float:
+    """Seconds of the job's other streams' gang stages over its whole rollout mapping: each stops
+    all of stream ``k``.
 
-    The argument of :func:`_blocked_s` within one job: an adapter's training or log-probs over the
-    whole rollout mapping, and over some GPU of each of stream ``k``'s gang stages, leaves stream
-    ``k`` nowhere to roll out or train, and such stages exclude one another. All start after the
+    Such a stage leaves stream ``k`` nowhere to roll out, and the job trains one stream at a time
+    (:class:`rlix.step.StepMachine` runs one training turn at a time), so none of stream ``k``'s
+    own stages runs beside it either; the stages exclude one another, and all start after the
     job's model load.
     """
-    own = _gang_gpus(streams[k])
-    return sum(p.gang[1] for j, other in enumerate(streams) if j != k for p in other if _stops(job, own, p))
+    rollout = _rollout_gpus(job)
+    others = (p for j, stream in enumerate(stream_pieces) if j != k for p in stream)
+    return sum(p.gang[1] for p in others if p.gang is not None and _covers(p, rollout))
 
 
-def _gang_gpus(pieces: Iterable[Piece]) -> set[frozenset[int]]:
-    return {frozenset(p.gang[0]) for p in pieces if p.gang is not None}
+def _rollout_gpus(job: JobShape) -> frozenset[int]:
+    return frozenset(job.spec.role(Role.ACTOR_INFER).gpus)
 
 
-def _stops(job: JobShape, own: set[frozenset[int]], stage: Piece) -> bool:
-    """Does gang piece ``stage`` stop all of a chain of ``job`` whose gang stages hold ``own``: is it
-    over every GPU of the job's rollout mapping and over some GPU of each of those stages?"""
-    if stage.gang is None:
-        return False
-    gpus = stage.gang[0]
-    return set(job.spec.role(Role.ACTOR_INFER).gpus).issubset(gpus) and all(not g.isdisjoint(gpus) for g in own)
+def _covers(stage: Piece, gpus: frozenset[int]) -> bool:
+    """Does gang piece ``stage`` hold every GPU of ``gpus``?"""
+    return gpus.issubset(stage.gang[0])
+
+
+def _touches_all(stage: Piece, gangs: set[frozenset[int]]) -> bool:
+    """Does gang piece ``stage`` hold some GPU of each of ``gangs``?"""
+    return all(not g.isdisjoint(stage.gang[0]) for g in gangs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rlix.config import RoleModel
@@ -177,9 +179,10 @@ def test_critical_path_adds_a_jobs_other_adapters_gang_stages_that_stop_it():
     assert lower_bounds([_adapters([0, 1, 2, 3], 3)], num_gpus=4)[1] == pytest.approx(30.0)
     # training on GPUs 0-1 leaves GPUs 2-3 to the rollout: nothing adds
     assert lower_bounds([_adapters([0, 1], 3)], num_gpus=4)[1] == pytest.approx(20.0)
-    # beside a co-tenant whose stages stop it, both add
-    both = [_adapters([0, 1, 2, 3], 2), _cotenant("b", [0, 1, 2, 3], [0, 1, 2, 3], 0.0)]
-    assert lower_bounds(both, num_gpus=4)[1] == pytest.approx(25.0 + 5.0 + 5.0)
+    # beside a short co-tenant over the same GPUs, both add: its model load (5 s) and training (1 s)
+    short = StepShape(trajectory_s=1.0, longest_s=1.0, stages=((Stage.ACTOR_TRAIN, 1.0),))
+    b = replace(_cotenant("b", [0, 1, 2, 3], [0, 1, 2, 3], 0.0), streams=((short,),))
+    assert lower_bounds([_adapters([0, 1, 2, 3], 2), b], num_gpus=4)[1] == pytest.approx(25.0 + 5.0 + 1.0)
 
 
 @pytest.mark.parametrize(

@@ -27,11 +27,9 @@ def alone_runs(trace: Trace, policy: str | Policy) -> dict[str, RunMetrics]:
     return {p.id: replay(alone(trace, p.id), policy) for p in trace.jobs}
 
 
-def alone_jcts(trace: Trace, policy: str | Policy, runs: dict[str, RunMetrics] | None = None) -> dict[str, float]:
-    """Each job's completion time (seconds from its arrival) replayed alone under ``policy``
-    (read from ``runs``, :func:`alone_runs`, where given)."""
-    runs = alone_runs(trace, policy) if runs is None else runs
-    return {pid: run.pipelines[pid].jct_s for pid, run in runs.items()}
+def alone_jcts(trace: Trace, policy: str | Policy) -> dict[str, float]:
+    """Each job's completion time (seconds from its arrival) replayed alone under ``policy``."""
+    return {pid: run.pipelines[pid].jct_s for pid, run in alone_runs(trace, policy).items()}
 
 
 def slowdowns(run: RunMetrics, alone_jct: dict[str, float]) -> dict[str, float]:

@@ -388,6 +388,12 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
         text = path.read_text()
     except FileNotFoundError:
         raise error(f"{path}: no such file; give the path of {what}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, not a file; give the path of {what}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not UTF-8 text; give the path of {what}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror}); give the path of {what}") from None
     if fmt == "json":
         try:
             return json.loads(text)
@@ -410,6 +416,7 @@ _HINTS = {
     "less_than_equal": "; use a smaller value",
     "int_parsing": "; write a whole number",
     "float_parsing": "; write a number",
+    "finite_number": "; write a finite number",
     "literal_error": "; use one of the listed values",
 }
 

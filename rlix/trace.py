@@ -34,8 +34,8 @@ SCHEMA_PATH = Path(__file__).parent / "schema" / "trace-v1.schema.json"
 
 StageName = Literal["old_logprobs", "ref_logprobs", "value_compute", "critic_train", "actor_train"]
 
-Seconds = Annotated[float, Field(ge=0)]
-PositiveSeconds = Annotated[float, Field(gt=0)]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class TraceError(ValueError):
@@ -129,7 +129,7 @@ class ToolModel(StrictModel):
     turns: int = Field(ge=1, description="generation turns per trajectory (tool calls = turns - 1)")
     turns_max: int | None = Field(default=None, ge=1, description="draw turns uniformly from turns..turns_max")
     tool: DurationDist = Field(description="seconds of one tool/environment call (holds the slot, uses no GPU)")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="seed of the draws (a whole number >= 0)")
 
     @model_validator(mode="after")
     def _range(self) -> ToolModel:
@@ -209,7 +209,7 @@ class GenerateModel(StrictModel):
     duration: DurationDist
     stages: dict[StageName, Seconds] = Field(default_factory=dict)
     stage_jitter: float = Field(default=0.0, ge=0, lt=1, description="relative +/- spread of stage seconds")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="seed of the draws (a whole number >= 0)")
     agentic: ToolModel | None = Field(default=None, description="split each trajectory into turns with tool calls between")
     prompts: PromptsModel | None = Field(default=None, description="give trajectories prompt ids with correlated lengths")
 
@@ -236,7 +236,7 @@ class ArrivalsModel(StrictModel):
         default=None, gt=0, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s"
     )
     count: int | None = Field(default=None, ge=1, description="Poisson arrivals: how many jobs")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="seed of the draws (a whole number >= 0)")
 
     @model_validator(mode="after")
     def _one_form(self) -> ArrivalsModel:

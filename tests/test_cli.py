@@ -107,6 +107,8 @@ BAD_TRACES = {
     "both step forms": (lambda r: r["pipelines"][0].update(steps=[{"trajectories": [1.0]}]), "exactly one of 'steps'"),
     "wrong version": (lambda r: r.update(version=9), "version: this rlix reads version 1"),
     "bad gpu range": (lambda r: r["pipelines"][0]["roles"]["actor_train"].update(gpus="zero-7"), "is not a GPU list"),
+    "infinite model load": (lambda r: r["pipelines"][0].update(init_s=float("inf")), "init_s: Input should be a finite number"),
+    "negative seed": (lambda r: r["pipelines"][0]["generate"].update(seed=-1), "generate.seed: Input should be greater"),
 }
 
 
@@ -125,6 +127,10 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
     ("args", "expected"),
     [
         (["replay", "no/such/trace.json"], "no such file"),
+        (["replay", "traces"], "is a folder, not a file"),
+        (["replay", "traces/single.json", "--seed", "-1"], "-1 is negative; give a seed >= 0"),
+        (["generate", "single", "--seed", "-3"], "-3 is negative"),
+        (["sweep", "traces/single.json", "--knob", "small_first=1", "--seeds", "0,-1", "--out", "x"], "whole numbers >= 0"),
         (["replay", "traces/single.json", "--policy", "fifo"], "unknown policy"),
         (["replay", "traces/single.json", "--policy", "rlix", "--policy", "rlix"], "named twice"),
         (["replay", "traces/single.json", "--json", "no/such/dir/x.json"], "folder does not exist"),
@@ -144,6 +150,14 @@ def test_bad_arguments_are_one_line_exit_2(args, expected, tmp_path):
     res = run_cli(*args)
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and expected in res.stderr, res.stderr
+
+
+def test_a_file_that_is_not_utf8_text_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "binary.json"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    res = run_cli("replay", str(bad))
+    want = f"rlix-sim: error: {bad}: not UTF-8 text; give the path of a trace JSON (see traces/)"
+    assert res.returncode == 2 and res.stderr.strip() == want
 
 
 def test_malformed_json_names_line_and_column(tmp_path):

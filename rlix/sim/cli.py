@@ -41,6 +41,17 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see '{self.prog} --help')")
 
 
+def _seed(text: str) -> int:
+    """A ``--seed`` value: a whole number >= 0 (numpy's generators take no negative seed)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a seed >= 0") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"{seed} is negative; give a seed >= 0")
+    return seed
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Replay RL training traces through rlix's scheduling policies.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -84,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp = sub.add_parser("generate", help="write a trace for a named scenario")
     gp.add_argument("scenario", help=f"one of: {', '.join(scenarios.SCENARIOS)}")
     gp.add_argument("-o", "--output", metavar="PATH", help="file to write (default: traces/<scenario>.json)")
-    gp.add_argument("--seed", type=int, default=0, help="seed of the scenario's distributions (default 0)")
+    gp.add_argument("--seed", type=_seed, default=0, help="seed of the scenario's distributions (default 0)")
 
     vp = sub.add_parser("validate", help="check a trace and print what it holds")
     vp.add_argument("trace")
@@ -97,7 +108,9 @@ def _add_replay_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
     )
-    parser.add_argument("--seed", type=int, help="redraw every generated stream with this seed (default: the trace's own seeds)")
+    parser.add_argument(
+        "--seed", type=_seed, help="redraw every generated stream with this seed (default: the trace's own seeds)"
+    )
     parser.add_argument(
         "--set",
         action="append",

@@ -160,6 +160,8 @@ def parse_seeds(text: str | None) -> tuple[int | None, ...]:
         seeds = tuple(int(s) for s in text.split(","))
     except ValueError:
         raise SweepError(f"--seeds {text}: write whole numbers separated by commas, e.g. --seeds 0,1,2") from None
+    if any(s < 0 for s in seeds):
+        raise SweepError(f"--seeds {text}: seeds are whole numbers >= 0; drop the minus sign")
     if len(set(seeds)) != len(seeds):
         raise SweepError(f"--seeds {text}: a seed is given twice; list each seed once")
     return seeds

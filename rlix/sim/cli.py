@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -150,9 +151,27 @@ def _checked_policies(args) -> list[str]:
     """The policies to replay (all by default); bad flags are refused before any work."""
     policies = _policies(args.policy)
     for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
+        if path:
+            check_output(flag, Path(path))
+    plot = getattr(args, "plot", None)
+    if plot and Path(plot).suffix:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        if Path(plot).suffix[1:].lower() not in kinds:
+            raise UserError(f"--plot {plot}: matplotlib cannot write '{Path(plot).suffix}'; end the name in .png, .svg or .pdf")
     return policies
+
+
+def check_output(flag: str, path: Path) -> None:
+    """Refuse, before any work, an output path that could not be written (its results would be lost)."""
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder; give a file name inside it")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{flag} {path}: its folder is not writable; pick another path")
 
 
 def _replay(args, console: Console, err: Console) -> int:
@@ -320,8 +339,7 @@ def _generate(args, console: Console, err: Console) -> int:
         raise UserError(f"scenario '{args.scenario}' is unknown; choose from {', '.join(scenarios.SCENARIOS)}")
     model = scenarios.build(args.scenario, args.seed)
     out = Path(args.output or f"traces/{args.scenario}.json")
-    if not out.resolve().parent.is_dir():
-        raise UserError(f"--output {out}: its folder does not exist; create it or pick another path")
+    check_output("--output", out)
     dump_trace(model, out)
     trace = Trace(model, str(out))
     console.print(

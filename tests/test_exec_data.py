@@ -249,6 +249,12 @@ BAD = [
         "jobs[0].rewards[0].function",
         "fails to import",
     ),
+    (
+        "file exits as it imports",
+        lambda d: {"rewards": [{"function": f"{ROOT}/tests/data/exits_at_import.py:fn"}]},
+        "jobs[0].rewards[0].function",
+        "fails to import (SystemExit: 1)",
+    ),
     ("no such file", lambda d: {"rewards": [{"function": "nope/r.py:fn"}]}, "jobs[0].rewards[0].function", "no file"),
     ("no such function", lambda d: {"rewards": _fn("nope")}, "jobs[0].rewards[0].function", "has no attribute 'nope'"),
     ("not callable", lambda d: {"rewards": _fn("NOT_CALLABLE")}, "jobs[0].rewards[0].function", "not callable"),

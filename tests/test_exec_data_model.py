@@ -134,7 +134,11 @@ def test_a_model_built_with_an_older_tokenizer_is_built_again(tmp_path):
 def _raise_line(name: str) -> int:
     """The line of tests/data/trl_rewards.py where ``name`` raises."""
     lines = (ROOT / "tests" / "data" / "trl_rewards.py").read_text().splitlines()
-    code = {"raises": 'raise ValueError("bad\\nthing")', "parses_json": "return [float(json.loads(c)) for c in completions]"}
+    code = {
+        "raises": 'raise ValueError("bad\\nthing")',
+        "exits": "sys.exit(3)",
+        "parses_json": "return [float(json.loads(c)) for c in completions]",
+    }
     return lines.index("    " + code[name]) + 1 if name in code else 0
 
 
@@ -142,6 +146,7 @@ def _raise_line(name: str) -> int:
     "name, words",
     [
         ("raises", "raised ValueError: bad thing at {file}:{line}"),
+        ("exits", "raised SystemExit: 3 at {file}:{line}"),
         ("parses_json", "raised JSONDecodeError: Expecting value: line 1 column 1 (char 0) at {file}:{line}"),
         ("too_few", "returned 1 values for 8 completions"),
         ("not_numbers", "returned 'high', not a number"),

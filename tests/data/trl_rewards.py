@@ -1,6 +1,7 @@
 """Reward functions in the forms TRL's GRPOTrainer documents (used by the tests as written)."""
 
 import re
+import sys
 
 
 def reward_len(completions, **kwargs):
@@ -36,6 +37,10 @@ def only_sub(completions, op, **kwargs):
 
 def raises(completions, **kwargs):
     raise ValueError("bad\nthing")
+
+
+def exits(completions, **kwargs):
+    sys.exit(3)
 
 
 def too_few(completions, **kwargs):

@@ -89,7 +89,7 @@ def resolve(ref: RewardRef) -> Callable:
             sys.path.append(ref.base_dir)  # modules beside the config's working dir import as with `python -m`
         try:
             module = importlib.import_module(where)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a module that calls sys.exit() is bad input too
             raise ValueError(
                 f"cannot import module '{where}' ({type(exc).__name__}: {_one_line(exc)}); check the name, or install the package"
             ) from None
@@ -114,7 +114,7 @@ def _import_file(path: Path):
         sys.path.append(str(path.parent))  # sibling helper modules import as they would for a script
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a file that calls sys.exit() is bad input too
         raise ValueError(f"{path} fails to import ({type(exc).__name__}: {_one_line(exc)}); fix the file") from None
     sys.modules[modname] = module
     return module
@@ -205,7 +205,7 @@ class RewardSet:
         for k, (ref, fn) in enumerate(zip(self.refs, self._functions())):
             try:
                 out = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # sys.exit() in a reward ends no run: it is the function's error
                 raise RewardError(
                     f"reward function {ref.function} raised {type(exc).__name__}: {_one_line(exc)} at {_raised_at(fn, exc)}",
                     index=k,

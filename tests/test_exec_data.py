@@ -308,6 +308,19 @@ def test_bad_input_is_one_line_naming_job_and_field(tmp_path, case, edit, field,
         assert "job 'arith'" in str(info.value)
 
 
+def test_a_checkpoint_whose_config_json_is_not_json_is_refused_before_any_actor(tmp_path):
+    from rlix.exec.config import ConfigError, parse_config
+
+    ckpt = _mkdir(tmp_path / "ckpt")
+    _touch(ckpt / "config.json", "{garbage")
+    raw = _data_cfg(tmp_path, model={"path": str(ckpt)})
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert str(info.value) == (
+        f"jobs[0].model: {ckpt / 'config.json'} is not a readable JSON file (JSONDecodeError); save the checkpoint again"
+    )
+
+
 def test_good_data_config_parses(tmp_path):
     from rlix.exec.config import parse_config
 

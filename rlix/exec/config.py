@@ -9,6 +9,7 @@ GPU topology against the cluster with the core's own validator.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -109,6 +110,16 @@ class SizeConfig(StrictModel):
         return ModelSize(**self.model_dump())
 
 
+def _check_model_config(path: Path) -> None:
+    """A checkpoint's config.json must be a JSON object (transformers reads nothing else)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable JSON file ({type(exc).__name__}); save the checkpoint again") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} is not a JSON object; save the checkpoint again")
+
+
 class ModelConfig(StrictModel):
     path: str | None = Field(default=None, description="local HF checkpoint directory (config.json + weights + tokenizer)")
     size: SizeConfig | None = Field(default=None, description="build a random-weight model of this size instead")
@@ -119,6 +130,8 @@ class ModelConfig(StrictModel):
             raise ValueError("give exactly one of 'path' (a local checkpoint) or 'size' (build random weights)")
         if self.path is not None and not (Path(self.path) / "config.json").is_file():
             raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
+        if self.path is not None:
+            _check_model_config(Path(self.path) / "config.json")
         return self
 
     def directory(self, workdir: str | Path) -> Path:

@@ -23,11 +23,13 @@ from rlix.core import ClusterSpec, PipelineSpec, QueueSpec, SchedulerConfig, Sch
 from rlix.core.topology import validate_pipeline
 from rlix.job import JobModelError, check_stage_roles, pipeline_spec
 
+MAX_SECONDS = 1e9  # about 32 years: beyond it a float clock no longer moves by a trajectory's seconds
+
 
 class StrictModel(BaseModel):
-    """Frozen, and unknown keys are errors (a typo never passes silently)."""
+    """Frozen, unknown keys are errors (a typo never passes silently), and numbers are finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def parse_gpus(value: object) -> object:
@@ -45,8 +47,8 @@ def parse_gpus(value: object) -> object:
 
 
 class ClusterModel(StrictModel):
-    nodes: int = Field(ge=1, description="machines")
-    gpus_per_node: int = Field(ge=1, description="GPUs per machine")
+    nodes: int = Field(ge=1, le=10_000, description="machines")
+    gpus_per_node: int = Field(ge=1, le=64, description="GPUs per machine")
 
     def spec(self) -> ClusterSpec:
         return ClusterSpec(nodes=self.nodes, gpus_per_node=self.gpus_per_node)
@@ -184,7 +186,6 @@ class SchedulerModel(StrictModel):
     urgency_cap: float = Field(
         default=8.0,
         ge=0,
-        allow_inf_nan=False,
         description="with slowdown_weight: the most small_first and path_halving_s together may favour one co-tenant "
         "with demand over another, as a ratio of weights (0: no cap)",
     )
@@ -192,14 +193,12 @@ class SchedulerModel(StrictModel):
         default=0.5,
         ge=0,
         le=1,
-        allow_inf_nan=False,
         description="a co-tenant (no home of its own) not starving gets its one-worker floor only where its share "
         "without floors is at least this many workers; else it takes turns (0: every job a floor while capacity holds them)",
     )
     stage_yield: float = Field(
         default=0.0,
         ge=0,
-        allow_inf_nan=False,
         description="a co-tenant's gang stage waits (up to turn_limit_s) while it would preempt the busy rollout of a "
         "co-tenant this many times as slowed (finish-time fairness before the stage priorities; 0: off, else > 1)",
     )
@@ -294,7 +293,7 @@ class JobModel(StrictModel):
     kind: Literal["full_finetune", "multi_lora"] = Field(
         default="full_finetune", description="full_finetune, or several LoRA adapters on one base"
     )
-    arrival_s: float = Field(default=0.0, ge=0, description="seconds after the start at which the job arrives")
+    arrival_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS, description="seconds after the start at which the job arrives")
     roles: dict[RoleName, RoleModel] = Field(description="GPU mapping of each role; actor_train and actor_infer are required")
     home: list[int] = Field(
         default_factory=list,
@@ -418,6 +417,7 @@ _HINTS = {
     "float_parsing": "; write a number",
     "finite_number": "; write a finite number",
     "literal_error": "; use one of the listed values",
+    "too_short": "; give at least that many",
 }
 
 

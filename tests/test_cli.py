@@ -109,6 +109,14 @@ BAD_TRACES = {
     "bad gpu range": (lambda r: r["pipelines"][0]["roles"]["actor_train"].update(gpus="zero-7"), "is not a GPU list"),
     "infinite model load": (lambda r: r["pipelines"][0].update(init_s=float("inf")), "init_s: Input should be a finite number"),
     "negative seed": (lambda r: r["pipelines"][0]["generate"].update(seed=-1), "generate.seed: Input should be greater"),
+    # each of these hung the replay, or filled the memory, before it was refused
+    "arrival beyond any clock": (lambda r: r["pipelines"][0].update(arrival_s=1e300), "arrival_s: Input should be less than"),
+    "too many trajectories": (
+        lambda r: r["pipelines"][0]["generate"].update(steps=100_000, trajectories_per_step=1_000),
+        "100000 steps x 1000 trajectories is more than the 10,000,000 one stream may draw",
+    ),
+    "no steps": (lambda r: r["pipelines"][0].pop("generate") and r["pipelines"][0].update(steps=[]), "pipelines[0].steps: List"),
+    "too many nodes": (lambda r: r["cluster"].update(nodes=10_000_000), "cluster.nodes: Input should be less than or equal"),
 }
 
 

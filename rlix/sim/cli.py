@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
 from rlix.sim import scenarios, sweep
 from rlix.sim.report import print_table, results_json, write_json
-from rlix.trace import Trace, TraceError, dump_trace, json_schema, load_trace
+from rlix.trace import MAX_SECONDS, Trace, TraceError, dump_trace, json_schema, load_trace
 
 PROG = "rlix-sim"
 
@@ -243,8 +242,9 @@ def _whatif(args, console: Console, err: Console) -> int:
     from rlix.sim.whatif import add_job, load_job, print_whatif, whatif, whatif_json
 
     policies = _checked_policies(args)
-    if args.at is not None and not 0 <= args.at < math.inf:
-        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a finite number >= 0")
+    if args.at is not None and not 0 <= args.at <= MAX_SECONDS:
+        limit = f"{MAX_SECONDS:g}"
+        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a number from 0 to {limit}")
     base = load_trace(args.trace)
     job = load_job(args.add, args.at)
     with_job = _as_asked(add_job(base, job, args.add), args)

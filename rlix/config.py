@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -404,6 +405,25 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise error(f"{path}:{where}: not valid YAML; fix the syntax") from None
+
+
+def unwritable(path: str | Path, *, folder: bool = False) -> str | None:
+    """Why ``path`` could not be written, a file (or with ``folder`` a folder, made if missing), or None:
+    asked before any work, so that no run's results are lost at its end."""
+    path = Path(path)
+    if folder:
+        if path.exists() and not path.is_dir():
+            return "is a file; give a folder"
+        existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
+        if not existing.is_dir():
+            return f"{existing} is a file; give a folder path under a folder"
+        return None if os.access(existing, os.W_OK) else f"{existing} is not writable; pick another folder"
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        return "its folder does not exist; create it or pick another path"
+    if path.is_dir():
+        return "is a folder; give a file name inside it"
+    return None if os.access(parent, os.W_OK) else "its folder is not writable; pick another path"
 
 
 _HINTS = {

@@ -139,7 +139,13 @@ def test_a_jobs_rollout_mode_reaches_its_step_machine_as_a_traces_does():
     raw["jobs"][1].update(rollout_mode="streaming", partial_rollout=True)
     cfg = parse_config(raw)
     pipeline = PipelineModel.model_validate(
-        {"id": "large", "roles": raw["jobs"][1]["roles"], "staleness": 1, "rollout_mode": "streaming", "steps": [{"trajectories": [1.0]}]}
+        {
+            "id": "large",
+            "roles": raw["jobs"][1]["roles"],
+            "staleness": 1,
+            "rollout_mode": "streaming",
+            "steps": [{"trajectories": [1.0]}],
+        }
     )
     plans = [
         job_plan(job, [StreamSpec(name="", steps=2)], stages=lambda i, k: (), size=lambda i, k: 8)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlix.config import unwritable
 from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
 from rlix.sim import scenarios, sweep
@@ -164,13 +164,9 @@ def _checked_policies(args) -> list[str]:
 
 def check_output(flag: str, path: Path) -> None:
     """Refuse, before any work, an output path that could not be written (its results would be lost)."""
-    folder = path.resolve().parent
-    if not folder.is_dir():
-        raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
-    if path.is_dir():
-        raise UserError(f"{flag} {path}: is a folder; give a file name inside it")
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{flag} {path}: its folder is not writable; pick another path")
+    problem = unwritable(path)
+    if problem is not None:
+        raise UserError(f"{flag} {path}: {problem}")
 
 
 def _replay(args, console: Console, err: Console) -> int:

@@ -11,6 +11,7 @@ both: a trace's pipeline and an ``rlix-run`` job both extend
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from collections.abc import Iterable
@@ -410,6 +411,8 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
 def unwritable(path: str | Path, *, folder: bool = False) -> str | None:
     """Why ``path`` could not be written, a file (or with ``folder`` a folder, made if missing), or None:
     asked before any work, so that no run's results are lost at its end."""
+    if not str(path).strip():
+        return "is empty; give a path"
     path = Path(path)
     if folder:
         if path.exists() and not path.is_dir():
@@ -438,17 +441,34 @@ _HINTS = {
     "finite_number": "; write a finite number",
     "literal_error": "; use one of the listed values",
     "too_short": "; give at least that many",
+    "list_type": "; write a list (YAML: one '- item' line each, or [a, b])",
 }
+_BLOCK = "Input should be a block of fields (YAML: 'key: value' lines under it)"  # for pydantic's "instance of ModelConfig"
 
 
 def one_line(exc: ValidationError) -> str:
     """The first validation error as ``field.path: problem (got X); fix`` on one line."""
-    err = exc.errors()[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-    msg = err["msg"].removeprefix("Value error, ")
+    errors = exc.errors()
+    err = errors[0]
+    loc = _path(err["loc"])
+    msg = _BLOCK if err["type"] in ("model_type", "dict_type") else err["msg"].removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
     if not loc:  # a cross-field check: its message names the field itself
         return msg + more
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None or err["type"] == "missing" else f" (got {got!r})"
-    return f"{loc}: {msg}{shown}{_HINTS.get(err['type'], '')}{more}"
+    return f"{loc}: {msg}{shown}{_HINTS.get(err['type'], '')}{_misspelt(err, errors)}{more}"
+
+
+def _path(loc: tuple) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _misspelt(err: dict, errors: list[dict]) -> str:
+    """For a missing field: the unknown field beside it that looks like its misspelling (``job`` for ``jobs``)."""
+    if err["type"] != "missing":
+        return ""
+    *parent, name = err["loc"]
+    given = [e["loc"][-1] for e in errors if e["type"] == "extra_forbidden" and list(e["loc"][:-1]) == parent]
+    close = difflib.get_close_matches(str(name), [str(g) for g in given], n=1, cutoff=0.6)
+    return f" ('{close[0]}' is given: a misspelling of '{name}'?)" if close else ""

@@ -145,6 +145,7 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["replay", "traces/single.json", "--json", "traces"], "--json traces: is a folder"),
         (["replay", "traces/single.json", "--plot", "x.xyz"], "matplotlib cannot write '.xyz'"),
         (["generate", "single", "-o", "traces"], "--output traces: is a folder"),
+        (["replay", "traces/single.json", "--json", ""], "--json : is empty; give a path"),  # it wrote nothing, silently
         (["generate", "nope"], "scenario 'nope' is unknown"),
         (["replay"], "required"),
         (["replay", "traces/single.json", "--set", "backlog_weight"], "write KNOB=VALUE"),

@@ -150,8 +150,8 @@ def _checked_policies(args) -> list[str]:
     """The policies to replay (all by default); bad flags are refused before any work."""
     policies = _policies(args.policy)
     for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
-        if path:
-            check_output(flag, Path(path))
+        if path is not None:
+            check_output(flag, path)
     plot = getattr(args, "plot", None)
     if plot and Path(plot).suffix:
         from matplotlib.backend_bases import FigureCanvasBase
@@ -162,9 +162,9 @@ def _checked_policies(args) -> list[str]:
     return policies
 
 
-def check_output(flag: str, path: Path) -> None:
+def check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:
     """Refuse, before any work, an output path that could not be written (its results would be lost)."""
-    problem = unwritable(path)
+    problem = unwritable(path, folder=folder)
     if problem is not None:
         raise UserError(f"{flag} {path}: {problem}")
 
@@ -281,9 +281,8 @@ def _sweep(args, console: Console, err: Console) -> int:
         raise UserError("--knob: a knob is named twice; give each knob once with all its values")
     seeds = sweep.parse_seeds(args.seeds)
     texts = sweep.load_texts(args.traces, knobs)
+    check_output("--out", args.out, folder=True)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is a file; give a folder")
     out.mkdir(parents=True, exist_ok=True)
     cells = sweep.grid(args.traces, knobs, seeds, policies)
     show = not args.quiet

@@ -90,7 +90,7 @@ def unwritable_outputs(args, cfg) -> str | None:
 
     where = ("--out", args.out) if args.out else ("output.dir", cfg.output.dir)
     for (flag, path), folder in ((where, True), (("--json", args.json), False)):
-        problem = unwritable(path, folder=folder) if path else None
+        problem = unwritable(path, folder=folder) if path is not None else None
         if problem is not None:
             return f"{flag} {path}: {problem}"
     return None

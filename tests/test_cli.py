@@ -139,6 +139,10 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["replay", "traces/single.json", "--seed", "-1"], "-1 is negative; give a seed >= 0"),
         (["generate", "single", "--seed", "-3"], "-3 is negative"),
         (["sweep", "traces/single.json", "--knob", "small_first=1", "--seeds", "0,-1", "--out", "x"], "whole numbers >= 0"),
+        (
+            ["sweep", "traces/single.json", "--knob", "small_first=1", "--address", "127.0.0.1:1", "--out", "x"],
+            "--address 127.0.0.1:1: no Ray cluster answers there",  # Ray's own retries and tracebacks, for minutes
+        ),
         (["replay", "traces/single.json", "--policy", "fifo"], "unknown policy"),
         (["replay", "traces/single.json", "--policy", "rlix", "--policy", "rlix"], "named twice"),
         (["replay", "traces/single.json", "--json", "no/such/dir/x.json"], "folder does not exist"),

@@ -275,6 +275,13 @@ def _sweep(args, console: Console, err: Console) -> int:
         import ray  # noqa: F401  (the exec extra)
     except ImportError:
         raise UserError("sweep runs its replays on Ray, which is not installed; pip install -e '.[exec]'") from None
+    if args.address:
+        from rlix.transport import ClusterError, answers
+
+        try:
+            answers(args.address, "--address")
+        except ClusterError as e:
+            raise UserError(str(e)) from None
     policies = _policies(args.policy)
     knobs = [sweep.parse_knob(k) for k in args.knob]
     if len({k.name for k in knobs}) != len(knobs):

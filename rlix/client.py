@@ -203,13 +203,15 @@ class Client:
         self._note = note
         await self._call(protocol.Note(note=note))
 
-    async def unregister(self, status: str = "finished", error: str = "") -> None:
-        """Leave: every GPU the pipeline holds goes back (its rollout workers are shrunk first)."""
+    async def unregister(self, status: protocol.Outcome | str = "finished", error: str = "") -> None:
+        """Leave, saying how the job ended (finished, failed or cancelled): every GPU the pipeline holds
+        goes back (its rollout workers are shrunk first)."""
+        outcome = protocol.Outcome.of(status)
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.held.clear()
         try:
-            await self.sched.call(protocol.Unregister(pipeline_id=self.pipeline_id, status=status, error=error), self.timeout_s)
+            await self.sched.call(protocol.Unregister(pipeline_id=self.pipeline_id, status=outcome, error=error), self.timeout_s)
         finally:
             if self._callbacks is not None:  # its workers are shrunk (or the scheduler is gone): nothing calls it any more
                 await self._callbacks.close()
@@ -371,8 +373,9 @@ class BlockingClient:
     def note(self, note: protocol.JobNote) -> None:
         self.run(self.client.note(note))
 
-    def unregister(self, status: str = "finished", error: str = "") -> None:
+    def unregister(self, status: protocol.Outcome | str = "finished", error: str = "") -> None:
         """Leave (:meth:`Client.unregister`); from here on :meth:`interrupt` cancels nothing."""
+        protocol.Outcome.of(status)  # a word that is no outcome is refused before anything is left
         with self._lock:
             self._leaving, self._interrupt_next = True, False
         self.run(self.client.unregister(status, error), interruptible=False)

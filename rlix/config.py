@@ -11,7 +11,9 @@ both: a trace's pipeline and an ``rlix-run`` job both extend
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -23,11 +25,13 @@ from rlix.core import ClusterSpec, PipelineSpec, QueueSpec, SchedulerConfig, Sch
 from rlix.core.topology import validate_pipeline
 from rlix.job import JobModelError, check_stage_roles, pipeline_spec
 
+MAX_SECONDS = 1e9  # about 32 years: beyond it a float clock no longer moves by a trajectory's seconds
+
 
 class StrictModel(BaseModel):
-    """Frozen, and unknown keys are errors (a typo never passes silently)."""
+    """Frozen, unknown keys are errors (a typo never passes silently), and numbers are finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def parse_gpus(value: object) -> object:
@@ -45,8 +49,8 @@ def parse_gpus(value: object) -> object:
 
 
 class ClusterModel(StrictModel):
-    nodes: int = Field(ge=1, description="machines")
-    gpus_per_node: int = Field(ge=1, description="GPUs per machine")
+    nodes: int = Field(ge=1, le=10_000, description="machines")
+    gpus_per_node: int = Field(ge=1, le=64, description="GPUs per machine")
 
     def spec(self) -> ClusterSpec:
         return ClusterSpec(nodes=self.nodes, gpus_per_node=self.gpus_per_node)
@@ -184,7 +188,6 @@ class SchedulerModel(StrictModel):
     urgency_cap: float = Field(
         default=8.0,
         ge=0,
-        allow_inf_nan=False,
         description="with slowdown_weight: the most small_first and path_halving_s together may favour one co-tenant "
         "with demand over another, as a ratio of weights (0: no cap)",
     )
@@ -192,14 +195,12 @@ class SchedulerModel(StrictModel):
         default=0.5,
         ge=0,
         le=1,
-        allow_inf_nan=False,
         description="a co-tenant (no home of its own) not starving gets its one-worker floor only where its share "
         "without floors is at least this many workers; else it takes turns (0: every job a floor while capacity holds them)",
     )
     stage_yield: float = Field(
         default=0.0,
         ge=0,
-        allow_inf_nan=False,
         description="a co-tenant's gang stage waits (up to turn_limit_s) while it would preempt the busy rollout of a "
         "co-tenant this many times as slowed (finish-time fairness before the stage priorities; 0: off, else > 1)",
     )
@@ -294,7 +295,7 @@ class JobModel(StrictModel):
     kind: Literal["full_finetune", "multi_lora"] = Field(
         default="full_finetune", description="full_finetune, or several LoRA adapters on one base"
     )
-    arrival_s: float = Field(default=0.0, ge=0, description="seconds after the start at which the job arrives")
+    arrival_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS, description="seconds after the start at which the job arrives")
     roles: dict[RoleName, RoleModel] = Field(description="GPU mapping of each role; actor_train and actor_infer are required")
     home: list[int] = Field(
         default_factory=list,
@@ -407,6 +408,27 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
         raise error(f"{path}:{where}: not valid YAML; fix the syntax") from None
 
 
+def unwritable(path: str | Path, *, folder: bool = False) -> str | None:
+    """Why ``path`` could not be written, a file (or with ``folder`` a folder, made if missing), or None:
+    asked before any work, so that no run's results are lost at its end."""
+    if not str(path).strip():
+        return "is empty; give a path"
+    path = Path(path)
+    if folder:
+        if path.exists() and not path.is_dir():
+            return "is a file; give a folder"
+        existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
+        if not existing.is_dir():
+            return f"{existing} is a file; give a folder path under a folder"
+        return None if os.access(existing, os.W_OK) else f"{existing} is not writable; pick another folder"
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        return "its folder does not exist; create it or pick another path"
+    if path.is_dir():
+        return "is a folder; give a file name inside it"
+    return None if os.access(parent, os.W_OK) else "its folder is not writable; pick another path"
+
+
 _HINTS = {
     "extra_forbidden": "; remove it or check its spelling",
     "missing": "; add it",
@@ -418,17 +440,35 @@ _HINTS = {
     "float_parsing": "; write a number",
     "finite_number": "; write a finite number",
     "literal_error": "; use one of the listed values",
+    "too_short": "; give at least that many",
+    "list_type": "; write a list (YAML: one '- item' line each, or [a, b])",
 }
+_BLOCK = "Input should be a block of fields (YAML: 'key: value' lines under it)"  # for pydantic's "instance of ModelConfig"
 
 
 def one_line(exc: ValidationError) -> str:
     """The first validation error as ``field.path: problem (got X); fix`` on one line."""
-    err = exc.errors()[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-    msg = err["msg"].removeprefix("Value error, ")
+    errors = exc.errors()
+    err = errors[0]
+    loc = _path(err["loc"])
+    msg = _BLOCK if err["type"] in ("model_type", "dict_type") else err["msg"].removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
     if not loc:  # a cross-field check: its message names the field itself
         return msg + more
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None or err["type"] == "missing" else f" (got {got!r})"
-    return f"{loc}: {msg}{shown}{_HINTS.get(err['type'], '')}{more}"
+    return f"{loc}: {msg}{shown}{_HINTS.get(err['type'], '')}{_misspelt(err, errors)}{more}"
+
+
+def _path(loc: tuple) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _misspelt(err: dict, errors: list[dict]) -> str:
+    """For a missing field: the unknown field beside it that looks like its misspelling (``job`` for ``jobs``)."""
+    if err["type"] != "missing":
+        return ""
+    *parent, name = err["loc"]
+    given = [e["loc"][-1] for e in errors if e["type"] == "extra_forbidden" and list(e["loc"][:-1]) == parent]
+    close = difflib.get_close_matches(str(name), [str(g) for g in given], n=1, cutoff=0.6)
+    return f" ('{close[0]}' is given: a misspelling of '{name}'?)" if close else ""

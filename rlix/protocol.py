@@ -28,6 +28,7 @@ requests as the core takes them. A request the core refuses raises
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -35,7 +36,23 @@ if TYPE_CHECKING:  # annotations only: the rlix tool reads a status without load
     from rlix.core import PipelineSpec, Rejoin, ReportDemand, Role, Stage, WorkerLost
     from rlix.core.types import Gpus
 
-PROTOCOL_VERSION = 1  # raised whenever a request or reply changes shape
+PROTOCOL_VERSION = 2  # raised whenever a request or reply changes shape
+
+
+class Outcome(enum.Enum):
+    """How a job ended, as it says when it leaves."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # stopped on request: what it had done is kept
+
+    @classmethod
+    def of(cls, value: Outcome | str) -> Outcome:
+        """``value`` as an outcome; a word that is none is refused in one line naming the three."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"a job ends finished, failed or cancelled, not {value!r}") from None
 
 
 # ------------------------------------------------------------------ errors
@@ -373,10 +390,10 @@ class Note(PipelineCall):
 
 @dataclass(frozen=True, kw_only=True)
 class Unregister(PipelineCall):
-    """The pipeline leaves (``status``: finished, failed or cancelled): every GPU it holds goes back."""
+    """The pipeline leaves, saying how it ended: every GPU it holds goes back."""
 
     pipeline_id: str
-    status: str = "failed"
+    status: Outcome = Outcome.FAILED
     error: str = ""
 
 

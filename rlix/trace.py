@@ -23,7 +23,16 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
-from rlix.config import ClusterModel, JobModel, SchedulerModel, StrictModel, job_topology_error, one_line, read_document
+from rlix.config import (
+    MAX_SECONDS,
+    ClusterModel,
+    JobModel,
+    SchedulerModel,
+    StrictModel,
+    job_topology_error,
+    one_line,
+    read_document,
+)
 from rlix.core import ClusterSpec, PipelineSpec, SchedulingError, Stage
 from rlix.core.queues import check_fits, check_queues
 from rlix.job import JobShape, StepShape, stage_gpus
@@ -34,8 +43,9 @@ SCHEMA_PATH = Path(__file__).parent / "schema" / "trace-v1.schema.json"
 
 StageName = Literal["old_logprobs", "ref_logprobs", "value_compute", "critic_train", "actor_train"]
 
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+MAX_DRAWN = 10_000_000  # trajectories one generated stream may draw (traces/large.json draws 1,048,576 in all)
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
 
 class TraceError(ValueError):
@@ -204,8 +214,8 @@ class PromptsModel(StrictModel):
 class GenerateModel(StrictModel):
     """Compact form: ``steps`` steps drawn from a distribution with ``seed``."""
 
-    steps: int = Field(ge=1)
-    trajectories_per_step: int = Field(ge=1)
+    steps: int = Field(ge=1, le=MAX_DRAWN)
+    trajectories_per_step: int = Field(ge=1, le=MAX_DRAWN)
     duration: DurationDist
     stages: dict[StageName, Seconds] = Field(default_factory=dict)
     stage_jitter: float = Field(default=0.0, ge=0, lt=1, description="relative +/- spread of stage seconds")
@@ -215,6 +225,11 @@ class GenerateModel(StrictModel):
 
     @model_validator(mode="after")
     def _groups(self) -> GenerateModel:
+        if self.steps * self.trajectories_per_step > MAX_DRAWN:
+            raise ValueError(
+                f"generate: {self.steps} steps x {self.trajectories_per_step} trajectories is more than the "
+                f"{MAX_DRAWN:,} one stream may draw; lower steps or trajectories_per_step"
+            )
         if self.prompts is not None:
             size, dataset = self.prompts.group_size, self.prompts.dataset
             if self.trajectories_per_step % size:
@@ -235,7 +250,7 @@ class ArrivalsModel(StrictModel):
     per_hour: float | None = Field(
         default=None, gt=0, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s"
     )
-    count: int | None = Field(default=None, ge=1, description="Poisson arrivals: how many jobs")
+    count: int | None = Field(default=None, ge=1, le=10_000, description="Poisson arrivals: how many jobs")
     seed: int = Field(default=0, ge=0, description="seed of the draws (a whole number >= 0)")
 
     @model_validator(mode="after")
@@ -257,7 +272,7 @@ class StreamModel(StrictModel):
     """One stream of steps: the whole job (full finetune) or one LoRA adapter."""
 
     id: str = Field(min_length=1)
-    steps: list[StepModel] | None = None
+    steps: list[StepModel] | None = Field(default=None, min_length=1)
     generate: GenerateModel | None = None
 
     @model_validator(mode="after")
@@ -278,7 +293,7 @@ class PipelineModel(JobModel):
     stage_cost: StageCostModel = Field(default_factory=StageCostModel)
     arrivals: ArrivalsModel | None = Field(default=None, description="this pipeline is a template: copies of it arrive over time")
     # full finetune: the job's own steps; multi-LoRA: one stream per adapter
-    steps: list[StepModel] | None = None
+    steps: list[StepModel] | None = Field(default=None, min_length=1)
     generate: GenerateModel | None = None
     adapters: list[StreamModel] | None = None
 
@@ -571,7 +586,16 @@ class Trace:
             scheduler = SchedulerModel.model_validate(raw)
         except ValidationError as e:
             raise TraceError(f"scheduler.{one_line(e)}") from None
-        return Trace(self.model.model_copy(update={"scheduler": scheduler}), self.source)
+        return self.replaced(scheduler=scheduler)
+
+    def replaced(self, **fields) -> Trace:
+        """The same trace with some of its top-level fields replaced, checked again as a whole (a job's
+        tenant against the tenants declared, ids unique)."""
+        raw = self.model.model_copy(update=fields).model_dump(exclude_none=True)
+        try:
+            return Trace(TraceModel.model_validate(raw), self.source)
+        except ValidationError as e:
+            raise TraceError(one_line(e)) from None
 
     def job_shapes(self) -> list[JobShape]:
         """The jobs as the job model's lower bounds see them (generation seconds only: tool time holds no GPU)."""

@@ -109,6 +109,14 @@ BAD_TRACES = {
     "bad gpu range": (lambda r: r["pipelines"][0]["roles"]["actor_train"].update(gpus="zero-7"), "is not a GPU list"),
     "infinite model load": (lambda r: r["pipelines"][0].update(init_s=float("inf")), "init_s: Input should be a finite number"),
     "negative seed": (lambda r: r["pipelines"][0]["generate"].update(seed=-1), "generate.seed: Input should be greater"),
+    # each of these hung the replay, or filled the memory, before it was refused
+    "arrival beyond any clock": (lambda r: r["pipelines"][0].update(arrival_s=1e300), "arrival_s: Input should be less than"),
+    "too many trajectories": (
+        lambda r: r["pipelines"][0]["generate"].update(steps=100_000, trajectories_per_step=1_000),
+        "100000 steps x 1000 trajectories is more than the 10,000,000 one stream may draw",
+    ),
+    "no steps": (lambda r: r["pipelines"][0].pop("generate") and r["pipelines"][0].update(steps=[]), "pipelines[0].steps: List"),
+    "too many nodes": (lambda r: r["cluster"].update(nodes=10_000_000), "cluster.nodes: Input should be less than or equal"),
 }
 
 
@@ -131,12 +139,17 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["replay", "traces/single.json", "--seed", "-1"], "-1 is negative; give a seed >= 0"),
         (["generate", "single", "--seed", "-3"], "-3 is negative"),
         (["sweep", "traces/single.json", "--knob", "small_first=1", "--seeds", "0,-1", "--out", "x"], "whole numbers >= 0"),
+        (
+            ["sweep", "traces/single.json", "--knob", "small_first=1", "--address", "127.0.0.1:1", "--out", "x"],
+            "--address 127.0.0.1:1: no Ray cluster answers there",  # Ray's own retries and tracebacks, for minutes
+        ),
         (["replay", "traces/single.json", "--policy", "fifo"], "unknown policy"),
         (["replay", "traces/single.json", "--policy", "rlix", "--policy", "rlix"], "named twice"),
         (["replay", "traces/single.json", "--json", "no/such/dir/x.json"], "folder does not exist"),
         (["replay", "traces/single.json", "--json", "traces"], "--json traces: is a folder"),
         (["replay", "traces/single.json", "--plot", "x.xyz"], "matplotlib cannot write '.xyz'"),
         (["generate", "single", "-o", "traces"], "--output traces: is a folder"),
+        (["replay", "traces/single.json", "--json", ""], "--json : is empty; give a path"),  # it wrote nothing, silently
         (["generate", "nope"], "scenario 'nope' is unknown"),
         (["replay"], "required"),
         (["replay", "traces/single.json", "--set", "backlog_weight"], "write KNOB=VALUE"),

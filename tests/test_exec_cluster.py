@@ -66,6 +66,29 @@ def test_unreachable_address_is_one_line_exit_2(tmp_path, where):
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 
 
+@pytest.mark.exec
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--out", "{tmp}/a_file"], "--out {tmp}/a_file: is a file; give a folder"),
+        (["--out", "{tmp}/a_file/runs"], "--out {tmp}/a_file/runs: {tmp}/a_file is a file; give a folder path under a folder"),
+        (
+            ["--out", "{tmp}/out", "--json", "{tmp}/no/such/m.json"],
+            "--json {tmp}/no/such/m.json: its folder does not exist; create it or pick another path",
+        ),
+        (["--out", "{tmp}/out", "--json", "{tmp}"], "--json {tmp}: is a folder; give a file name inside it"),
+        ([], "output.dir {tmp}/a_file: is a file; give a folder"),
+    ],
+)
+def test_outputs_that_could_not_be_written_are_refused_before_ray_starts(tmp_path, args, expected):
+    """Before, a traceback: at Ray's start for the folder, and for --json after the whole run."""
+    (tmp_path / "a_file").write_text("")
+    config = tiny_config(tmp_path, 2, out=str(tmp_path / "a_file"))
+    res = rlix_run(str(config), *(a.format(tmp=tmp_path) for a in args), env={**os.environ, "RAY_ADDRESS": ""})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == f"rlix-run: error: {expected.format(tmp=tmp_path)}"
+
+
 @pytest.mark.heavy
 def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
     # `ray start --head` with 4 GPUs and token authentication with a token of its own (a temp file):

@@ -70,6 +70,21 @@ def test_bad_config_names_the_field(edit, field):
     assert_config_error_names(raw, field)
 
 
+@pytest.mark.parametrize(
+    "edit, line",
+    [
+        (lambda c: c.update(job=c.pop("jobs")), "jobs: Field required; add it ('job' is given: a misspelling of 'jobs'?)"),
+        (lambda c: c["jobs"][0].update(model="tiny"), "jobs[0].model: Input should be a block of fields (YAML: 'key: value'"),
+        (lambda c: c.update(jobs={"name": "a"}), "jobs: Input should be a valid list; write a list (YAML: one '- item' line"),
+    ],
+)
+def test_a_config_error_says_what_to_write(edit, line):
+    """Before: "jobs: Field required" beside a misspelt 'job', and pydantic's "instance of ModelConfig"."""
+    raw = _base()
+    edit(raw)
+    assert_config_error_names(raw, line)
+
+
 def test_a_multi_gpu_full_finetune_may_checkpoint_and_says_how_it_trains():
     raw = _base()
     raw["jobs"][0].update(
@@ -139,7 +154,13 @@ def test_a_jobs_rollout_mode_reaches_its_step_machine_as_a_traces_does():
     raw["jobs"][1].update(rollout_mode="streaming", partial_rollout=True)
     cfg = parse_config(raw)
     pipeline = PipelineModel.model_validate(
-        {"id": "large", "roles": raw["jobs"][1]["roles"], "staleness": 1, "rollout_mode": "streaming", "steps": []}
+        {
+            "id": "large",
+            "roles": raw["jobs"][1]["roles"],
+            "staleness": 1,
+            "rollout_mode": "streaming",
+            "steps": [{"trajectories": [1.0]}],
+        }
     )
     plans = [
         job_plan(job, [StreamSpec(name="", steps=2)], stages=lambda i, k: (), size=lambda i, k: 8)

@@ -321,6 +321,19 @@ def test_a_checkpoint_whose_config_json_is_not_json_is_refused_before_any_actor(
     )
 
 
+def test_a_checkpoint_without_a_tokenizer_is_refused_before_any_actor(tmp_path):
+    """Before, a task job on such a checkpoint failed at run time, on its first tokenized prompt."""
+    from rlix.exec.config import ConfigError, parse_config
+
+    ckpt = _mkdir(tmp_path / "ckpt")
+    _touch(ckpt / "config.json", "{}")
+    raw = _data_cfg(tmp_path, model={"path": str(ckpt)})
+    with pytest.raises(ConfigError, match="has no tokenizer .*; save the model's tokenizer beside it"):
+        parse_config(raw)
+    _touch(ckpt / "tokenizer_config.json", "{}")
+    assert parse_config(raw).jobs[0].model.path == str(ckpt)
+
+
 def test_good_data_config_parses(tmp_path):
     from rlix.exec.config import parse_config
 

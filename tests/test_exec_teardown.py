@@ -16,7 +16,7 @@ from rlix.exec.job.coordinator import PipelineCoordinator, end_processes, worker
 from rlix.exec.records import JobStatus
 from rlix.exec.rollout.actor import CONTROL_THREADS, RolloutWorkerActor
 from rlix.exec.rollout.hooks import Processes
-from rlix.protocol import GpuMap
+from rlix.protocol import GpuMap, Outcome
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -74,7 +74,7 @@ def _coordinator(log: list, workers: list, ranks: list, status: JobStatus):
 
     class _Client:
         async def unregister(self, state, error):
-            log.append(f"unregister {state}")
+            log.append(f"unregister {Outcome.of(state).value}")
 
     class _Link:
         client = _Client()

@@ -89,7 +89,7 @@ def test_pipeline_calls_through_handle_plan_as_the_calls_they_name():
         held = await sched.handle(protocol.Holdings(), v)
         with pytest.raises(protocol.PipelineUnknown):
             await sched.handle(protocol.Report(demand=ReportDemand(pipeline_id="b", pending=1)), v)
-        await sched.handle(protocol.Unregister(pipeline_id="a", status="finished"), v)
+        await sched.handle(protocol.Unregister(pipeline_id="a", status=protocol.Outcome.FINISHED), v)
         status = await sched.handle(protocol.Status(), v)
         await sched.handle(protocol.Stop(), v)
         return grant, held, status

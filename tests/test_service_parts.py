@@ -15,7 +15,7 @@ from rlix.exec.service.prom import Metrics, samples
 from rlix.exec.service.roster import Roster
 from rlix.exec.service.usage import ClusterUsage
 from rlix.metrics import Activity
-from rlix.protocol import ClusterStatus, JobClaim, JobNote, JobRow, NameTaken, Stopped
+from rlix.protocol import ClusterStatus, JobClaim, JobNote, JobRow, NameTaken, Outcome, Stopped
 
 ROOT = Path(__file__).resolve().parent.parent
 W = Activity.WORK
@@ -38,7 +38,7 @@ def test_every_submission_gets_its_own_id_and_names_are_unique_until_their_job_e
     with pytest.raises(NameTaken, match="already running"):  # an external pipeline's name, never claimed
         jobs.claim("s2", "bob@h", (c("ext", 0, 1),), {"ext"}, 1.0)
     jobs.registering("a", "s1", "ann@h", 0, 1.0)
-    jobs.end("a", "finished", "", 2.0)
+    jobs.end("a", Outcome.FINISHED, "", 2.0)
     assert jobs.claim("s2", "bob@h", (c("a", 0, 7),), set(), 3.0) == ("a#3",)  # the name runs again, a new job
     assert phases(jobs) == {"a#1": "finished", "b#2": "submitted", "a#3": "submitted"}
     assert jobs.open_jobs() == ["b", "a"] and jobs.find("a").id == "a#3" and jobs.find("a#1").user == "ann@h"
@@ -56,7 +56,7 @@ def test_a_job_moves_only_as_its_phase_table_allows():
     assert record.phase is Phase.QUEUED
     jobs.granted("a", 2.0)
     jobs.noted(JobNote(pipeline_id="a", loaded=True, steps_done=1, steps_total=5), 3.0)
-    jobs.end("a", "finished", "", 4.0)
+    jobs.end("a", Outcome.FINISHED, "", 4.0)
     assert record.phases == [("submitted", 0.0), ("queued", 1.0), ("loading", 2.0), ("running", 3.0), ("finished", 4.0)]
     for later in (Phase.RUNNING, Phase.FAILED, Phase.QUEUED):
         with pytest.raises(IllegalMove):
@@ -67,7 +67,7 @@ def test_a_job_moves_only_as_its_phase_table_allows():
 def test_a_renewal_keeps_what_the_submitter_claimed_and_takes_back_rejoined_jobs_under_their_ids():
     jobs = JobLedger(lease_s=10)
     (a,) = jobs.claim("s1", "ann@h", (c("a", 0, 5),), set(), 0.0)
-    jobs.end("a", "finished", "", 0.5)
+    jobs.end("a", Outcome.FINISHED, "", 0.5)
     jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, a),), 1.0)
     assert phases(jobs) == {a: "finished"}  # a renewal does not make an ended job look new
     fresh = JobLedger(lease_s=10)  # the service restarted: its running job rejoined, unclaimed
@@ -93,7 +93,7 @@ def test_a_run_says_where_its_log_is_once_it_has_its_ids_and_only_for_its_own_jo
 def test_a_renewal_never_fails_on_a_name_another_submitter_took_after_its_job_ended():
     jobs = JobLedger(lease_s=10)
     a, b = jobs.claim("s1", "ann@h", (c("a", 0, 5), c("b", 0, 5)), set(), 0.0)
-    jobs.end("a", "finished", "", 0.5)
+    jobs.end("a", Outcome.FINISHED, "", 0.5)
     (a2,) = jobs.claim("s2", "bob@h", (c("a", 0, 3),), set(), 1.0)  # a new job of the ended name
     jobs.renew_claims("s1", "ann@h", (c("a", 0, 5, a), c("b", 0, 5, b)), 12.0)  # s1 still lists a: the renewal holds
     jobs.renew_claims("s2", "bob@h", (c("a", 0, 3, a2),), 12.0)
@@ -111,7 +111,7 @@ def test_a_registering_pipeline_cannot_take_a_name_another_submitter_claimed():
     jobs.cancelled("c", Stopped(by="ann@h"), 1.0)
     with pytest.raises(NameTaken, match="cancelled before it started"):
         jobs.registering("c", "s1", "ann@h", 0, 2.0)
-    jobs.end("a", "finished", "", 2.0)
+    jobs.end("a", Outcome.FINISHED, "", 2.0)
     record = jobs.registering("a", "", "bob@h", 0, 3.0)  # once its job ended, the name may run again: a new job
     assert record.id == "a#3" and record.phase is Phase.QUEUED and jobs.find("a#1").phase is Phase.FINISHED
 
@@ -264,10 +264,10 @@ def test_the_history_keeps_each_ended_job_once_by_id_and_reads_back_as_sacct_wou
     jobs.registering("a", "s1", "ann@h", 0, 1.0)
     jobs.granted("a", 2.0)
     usage.update(2.0, [("a#1", "init", W), None])
-    jobs.end("a", "failed", "ActorDiedError", 12.0)
+    jobs.end("a", Outcome.FAILED, "ActorDiedError", 12.0)
     usage.update(12.0, [None, None])
     jobs.claim("s2", "bob@h", (c("a", 0, 3),), set(), 13.0)
-    jobs.end("a", "cancelled", "cancelled by ann@h", 20.0)
+    jobs.end("a", Outcome.CANCELLED, "cancelled by ann@h", 20.0)
     db = History(tmp_path / "rlix" / "history.sqlite")
     for record in jobs.records.values():
         db.write(history_row(record, usage, t0=1000.0))
@@ -319,7 +319,7 @@ def test_an_ended_job_is_forgotten_a_while_after_it_is_in_the_history_and_the_fi
         jobs.granted(name, 1.0)
     usage.update(1.0, [("a#1", "rollout", W), ("b#2", "rollout", W)])
     usage.set_home(1.0, "a#1", (0,))
-    jobs.end("a", "finished", "", 11.0)
+    jobs.end("a", Outcome.FINISHED, "", 11.0)
     usage.update(11.0, [None, ("b#2", "rollout", W)])
     books.metrics.preemptions["a#1"] += 2
     (tmp_path / "rlix-run.log").write_text("12:00:00 a: finished steps=5/5\n")
@@ -369,7 +369,7 @@ def test_a_restarted_service_forgets_the_figures_of_jobs_its_earlier_life_saw_en
         books.jobs.registering(name, "s1", "ann@h", 0, 1.0)
     books.usage.update(1.0, [("a#1", "rollout", W), ("b#2", "rollout", W)])
     books.metrics.preemptions["a#1"] += 1
-    books.jobs.end("a", "finished", "", 11.0)  # a ended; the service dies before a is in the history
+    books.jobs.end("a", Outcome.FINISHED, "", 11.0)  # a ended; the service dies before a is in the history
     books.usage.update(11.0, [None, ("b#2", "rollout", W)])
     books.keep_totals(20.0)
     again = Books(2, t0=1000.0, now=30.0, restarts=1, persist=True, lease_s=10, history=history)
@@ -401,7 +401,7 @@ def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):
 
     jobs = JobLedger(lease_s=10)
     jobs.claim("s1", "ann@h", (c("b", 0, 5),), set(), 0.0)
-    jobs.end("b", "cancelled", "cancelled by ann@h", 3.0)
+    jobs.end("b", Outcome.CANCELLED, "cancelled by ann@h", 3.0)
     path = tmp_path / "h.sqlite"
     History(path).write(history_row(jobs.find("b"), ClusterUsage(1), t0=1e9))
     cmd = [sys.executable, "-m", "rlix.exec.service.cli", "history", "--db", str(path)]

@@ -132,6 +132,10 @@ BAD_JOBS = {
         "GPU ids must lie in 0..15, got 0..31 (the trace's cluster has 16 GPUs, 2x8); fit the job's roles to it",
     ),
     "no steps": (lambda j: j.pop("generate"), "give exactly one of 'steps' (explicit) or 'generate' (compact)"),
+    "undeclared tenant": (
+        lambda j: j.update(tenant="nobody"),
+        "pipelines[2].tenant: 'nobody' is not declared in scheduler.tenants (declared: none)",
+    ),
 }
 
 
@@ -148,8 +152,12 @@ def test_whatif_bad_job_is_one_line_exit_2(case, tmp_path):
         (["--add", "no/such/job.json"], "no/such/job.json: no such file; give the path of a JSON file holding one pipeline"),
         (["--add", "traces/single.json"], "this is a whole trace; give one pipeline entry"),
         (["--add", "README.md"], "README.md: not valid JSON (line 1"),
-        (["--add", str(JOB), "--at", "-5"], "--at -5: an arrival is seconds from the trace's start; give a finite number >= 0"),
-        (["--add", str(JOB), "--at", "inf"], "--at inf: an arrival is seconds from the trace's start; give a finite number"),
+        (
+            ["--add", str(JOB), "--at", "-5"],
+            "--at -5: an arrival is seconds from the trace's start; give a number from 0 to 1e+09",
+        ),
+        (["--add", str(JOB), "--at", "inf"], "--at inf: an arrival is seconds"),
+        (["--add", str(JOB), "--at", "1e300"], "--at 1e+300: an arrival is seconds"),  # it hung: the clock stood still
         (["--add", str(JOB), "--at", "soon"], "argument --at: invalid float value"),
         (["--add", str(JOB), "--policy", "fifo"], "--policy fifo: unknown policy"),
         (["--add", str(JOB), "--set", "small_first=99"], "scheduler.small_first: Input should be less than or equal to 10"),

@@ -164,7 +164,50 @@ def test_a_trainer_of_several_processes_needs_a_training_gpu_for_each():
     message = "the trainer runs as 2 processes on train_gpus [0]; pass rlix_grpo one training GPU per process, in rank order"
     with pytest.raises(ValueError, match=re.escape(message)):
         job.begin(object(), SimpleNamespace(world_size=2, process_index=1))
-    assert job.status == "pending"
+    assert job.status.value == "pending"
+
+
+def test_a_cancel_that_lands_as_the_job_joins_stands_and_stops_it_at_the_first_steps_end():
+    """The scheduler's cancel comes on the client's thread; before, joining's end wrote "running" over it
+    and the job ran on, to exit as failed with no checkpoint."""
+    import asyncio
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import JobSettings, JobState, RlixGRPO
+    from rlix.protocol import Stopped
+
+    interrupts = []
+
+    class CancelledAsItJoins(RlixGRPO):
+        def _join(self, model) -> None:  # the scheduler's side of joining: it registers, then the cancel comes
+            self.client = SimpleNamespace(interrupt=lambda: interrupts.append(1), note=lambda note: None)
+            asyncio.run(self._on_cancel(Stopped(by="ann@h")))
+
+    job = CancelledAsItJoins(JobSettings(name="j"))
+    job.begin(object(), SimpleNamespace(world_size=1, process_index=0))
+    assert job.status is JobState.CANCELLED and interrupts == [1]  # the next call to the scheduler stops
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+    job.step_done(SimpleNamespace(global_step=1, max_steps=3), control)
+    assert control.should_save and control.should_training_stop  # a checkpoint TRL resumes from, then stop
+    standing = job._standing()
+    assert (standing.status, standing.code) == (JobState.CANCELLED, 3) and "ann@h" in standing.why
+
+
+def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import JobSettings, JobState, RlixGRPO
+
+    job = RlixGRPO(JobSettings(name="j"))
+    job.client = SimpleNamespace(interrupt=lambda: None)
+    with pytest.raises(RuntimeError, match="pending -> finished is not a move a job makes"):
+        job._become(JobState.FINISHED)  # a job that never joined cannot have finished
+    assert job._become(JobState.RUNNING)
+    job._gone(ConnectionError("the scheduler is gone"))
+    assert job.status is JobState.FAILED and job.error == "ConnectionError: the scheduler is gone"
+    assert not job._become(JobState.CANCELLED) and job.status is JobState.FAILED  # a cancel after it failed
 
 
 # ------------------------------------------------------------------ runs

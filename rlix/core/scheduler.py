@@ -279,7 +279,11 @@ class Scheduler:
             plan = safe_plan(self._view, self.policy, now, violation, self.violations)
         self.ledger.apply(plan)
         for grant in plan.grants:
-            self._requests[(grant.pipeline_id, grant.stage)].state = RequestState.GRANTED
+            req = self._requests[(grant.pipeline_id, grant.stage)]
+            check_transition(
+                REQUEST_TRANSITIONS, req.state, RequestState.GRANTED, f"{grant.stage.value} of '{grant.pipeline_id}'"
+            )
+            req.state = RequestState.GRANTED
         if plan.grants:  # co-tenants' stages age (a job with a home of its own has its guarantee instead)
             for req in view.pending:
                 if req.state is RequestState.PENDING and not view.pipelines[req.pipeline_id].spec.home:

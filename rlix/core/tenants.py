@@ -79,7 +79,9 @@ def fit_guarantees(
     out: dict[str, int] = {}
     for name, group in sorted(groups.items()):
         room = float(capacity_gpus) if parts is None else parts.get(name, 0.0)
-        for n in sorted((n for n in group if n.starving and n.pipeline_id not in guaranteed), key=starving_key):
+        for n in sorted(
+            (n for n in group if n.starving and n.pipeline_id not in guaranteed), key=lambda n: (starving_key(n), n.pipeline_id)
+        ):
             if n.tp <= room:
                 room -= n.tp
         out.update(_cut([n for n in group if guaranteed.get(n.pipeline_id, 0) > 0], guaranteed, room))

@@ -110,6 +110,9 @@ class SizeConfig(StrictModel):
         return ModelSize(**self.model_dump())
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # any one: AutoTokenizer loads
+
+
 def _check_model_config(path: Path) -> None:
     """A checkpoint's config.json must be a JSON object (transformers reads nothing else)."""
     try:
@@ -132,6 +135,11 @@ class ModelConfig(StrictModel):
             raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
         if self.path is not None:
             _check_model_config(Path(self.path) / "config.json")
+            if not any((Path(self.path) / name).is_file() for name in TOKENIZER_FILES):
+                raise ValueError(
+                    f"'{self.path}' has no tokenizer ({', '.join(TOKENIZER_FILES)}); save the model's tokenizer beside "
+                    "it: tokenizer.save_pretrained(path)"
+                )
         return self
 
     def directory(self, workdir: str | Path) -> Path:

@@ -66,9 +66,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import enum
 import random
 import sys
 import tempfile
+import threading
 from collections import Counter
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
@@ -81,7 +83,7 @@ from rlix.client import BlockingClient, connect
 from rlix.core import ClusterSpec, PipelineSpec, Role, RoleSpec, Stage
 from rlix.elastic_pool import ElasticPool
 from rlix.integrations.ranks import Ranks
-from rlix.protocol import Info, JobNote
+from rlix.protocol import Info, JobNote, Outcome
 from rlix.weightsync.lora_merged import MergedLora, merged_state, refuse_unmergeable
 
 __all__ = ["RlixGRPO", "rlix_grpo"]
@@ -101,11 +103,27 @@ class JobSettings:
     slots_per_worker: int = 1  # completions a worker plays at once
 
 
+class JobState(enum.Enum):
+    PENDING = "pending"  # training has not begun: the job has not joined
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+ENDED = frozenset({JobState.FINISHED, JobState.CANCELLED, JobState.FAILED})
+MOVES: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),  # a cancel may land as it joins
+    JobState.RUNNING: ENDED,
+    **{end: frozenset() for end in ENDED},  # the first ending stands
+}
+
+
 @dataclass(frozen=True)
 class Standing:
     """Where the job stands, as rank 0 knows it and shares it with the other ranks."""
 
-    status: str  # running, finished, cancelled or failed
+    status: JobState
     why: str = ""  # who cancelled it (a line), or why it failed
     code: int = 0  # the exit code it ends with
 
@@ -187,7 +205,8 @@ class RlixGRPO:
 
     def __init__(self, settings: JobSettings) -> None:
         self.s = settings
-        self.status = "pending"  # then running, and finished, cancelled or failed
+        self.status = JobState.PENDING  # moved only by :meth:`_become`
+        self._moving = threading.Lock()
         self.cancelled_by = None
         self.client: BlockingClient | None = None
         self.pool: ElasticPool | None = None
@@ -229,7 +248,7 @@ class RlixGRPO:
             failed = self.ranks.share(failed)
         if failed:  # another rank: rank 0 raised it
             raise RuntimeError(f"rlix job '{self.s.name}': rank 0 could not join the scheduler: {failed}")
-        self.status = "running"
+        self._become(JobState.RUNNING)  # unless a cancel or a drop landed as it joined: the first rollout stops
 
     def _join(self, model) -> None:
         sched = self._scheduler()
@@ -254,34 +273,45 @@ class RlixGRPO:
         """Give everything back and leave (finished, cancelled or failed), every rank. Cancelled, the process
         exits with rlix's cancelled code (3; 4 when the scheduler itself was stopped), saying by whom;
         dropped by the scheduler, it exits with 1, saying why."""
-        if self.status == "pending":
+        if self.status is JobState.PENDING:
             return
         if self.client is not None:
             self._leave(error)
         standing = self._shared(error)
-        if standing.status == "cancelled":
+        if standing.status is JobState.CANCELLED:
             saved = f"; its checkpoint is {output_dir}/checkpoint-{step}" if self.saved_at == step else "; no checkpoint"
             self._say(f"{self.s.name}: {standing.why} at step {step}{saved}")
-        elif standing.status == "failed":
+        elif standing.status is JobState.FAILED:
             self._say(f"{self.s.name}: failed at step {step}: {standing.why}")
         if standing.code:
             raise SystemExit(standing.code)
 
     def _standing(self, error: str = "") -> Standing:
         """Where the job stands (rank 0)."""
-        if self.status == "cancelled":
+        if self.status is JobState.CANCELLED:
             why = self.cancelled_by.line() if self.cancelled_by is not None else "cancelled"
-            return Standing("cancelled", why, 4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
-        if self.status == "failed":
-            return Standing("failed", self.error or error, 1)
+            return Standing(self.status, why, 4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
+        if self.status is JobState.FAILED:
+            return Standing(self.status, self.error or error, 1)
         return Standing(self.status)
 
     def _shared(self, error: str = "") -> Standing:
         """Rank 0's standing, on every rank (the others take its status)."""
         standing = self.ranks.share(self._standing(error) if self.ranks.main else None)
         if not self.ranks.main:
-            self.status = standing.status
+            self._become(standing.status)
         return standing
+
+    def _become(self, state: JobState) -> bool:
+        """Move to ``state`` (:data:`MOVES`); False where the job already stands there or has ended (the
+        first ending stands: a cancel that lands as the job fails changes nothing)."""
+        with self._moving:  # a cancel or a drop arrives on the client's thread
+            if state is self.status or self.status in ENDED:
+                return False
+            if state not in MOVES[self.status]:
+                raise RuntimeError(f"rlix job '{self.s.name}': {self.status.value} -> {state.value} is not a move a job makes")
+            self.status = state
+            return True
 
     def _say(self, line: str) -> None:
         if self.ranks.main:
@@ -289,10 +319,9 @@ class RlixGRPO:
 
     def _leave(self, error: str) -> None:
         atexit.unregister(self._leave_at_exit)
-        if self.status == "running":
-            self.status = "failed" if error else "finished"
+        self._become(JobState.FAILED if error else JobState.FINISHED)
         try:
-            self.client.unregister(self.status, self.error or error)
+            self.client.unregister(Outcome(self.status.value), self.error or error)
         except Exception:  # noqa: BLE001 -- already forgotten (killed), or the scheduler is gone
             pass
         finally:
@@ -332,12 +361,13 @@ class RlixGRPO:
         return PipelineSpec(pipeline_id=self.s.name, roles=roles, home=self.s.train_gpus, priority=self.s.priority)
 
     async def _on_cancel(self, who) -> None:
-        self.status, self.cancelled_by = "cancelled", who
+        if self._become(JobState.CANCELLED):
+            self.cancelled_by = who
         self.client.interrupt()  # a rollout waiting on workers the scheduler takes back stops waiting
 
     def _gone(self, exc: BaseException) -> None:
-        if self.status == "running":
-            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
+        if self._become(JobState.FAILED):
+            self.error = f"{type(exc).__name__}: {exc}"
         self.client.interrupt()
 
     # ------------------------------------------------------------ a generation batch
@@ -346,7 +376,7 @@ class RlixGRPO:
         """TRL's ``rollout_func``: one completion per prompt (TRL repeats each prompt ``num_generations`` times).
         Every rank's model and optimizer state go to the host; rank 0 plays every rank's prompts on the
         job's rollout workers, then shares the completions, and each rank takes its own."""
-        if self.status == "pending":
+        if self.status is JobState.PENDING:
             raise RuntimeError(f"rlix job '{self.s.name}': a rollout outside trainer.train() (rlix joins when training begins)")
         prompt_ids = [list(p) for p in trainer._tokenize_prompts(prompts)[0]]  # exactly as TRL tokenizes
         _move(trainer, "cpu")
@@ -356,7 +386,7 @@ class RlixGRPO:
             raise RuntimeError(played.error if self.ranks.main else f"rlix job '{self.s.name}', rank 0: {played.error}")
         if played.stopped is not None:  # cancelled (or dropped) mid-rollout: stop at the step it began at
             if not self.ranks.main:
-                self.status = played.stopped.status
+                self._become(played.stopped.status)
             self._stop_now(trainer)
         _move(trainer, trainer.accelerator.device)  # rank 0 holds the training stage again
         _log(trainer, played.metrics)
@@ -411,7 +441,7 @@ class RlixGRPO:
     def _stop_now(self, trainer) -> NoReturn:
         """A checkpoint of the step the rollout began at (TRL's own), then leave (the process exits)."""
         step = trainer.state.global_step
-        if self.status == "cancelled" and step > 0:
+        if self.status is JobState.CANCELLED and step > 0:
             trainer._save_checkpoint(trainer.model, trial=None)
             self.saved_at = step
         self.end("the rlix scheduler dropped the job mid-rollout", step=step, output_dir=trainer.args.output_dir)
@@ -457,8 +487,8 @@ class RlixGRPO:
             except CancelledError:  # the cancel came while no call waited: this call took it
                 pass
         self._shared()  # every rank stops at the same step
-        if self.status in ("cancelled", "failed"):  # at the step's end: a checkpoint TRL resumes from, then stop
-            control.should_save = self.status == "cancelled"
+        if self.status in (JobState.CANCELLED, JobState.FAILED):  # at the step's end: a checkpoint TRL resumes from, then stop
+            control.should_save = self.status is JobState.CANCELLED
             control.should_training_stop = True
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,11 +22,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlix.config import unwritable
 from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
 from rlix.sim import scenarios, sweep
 from rlix.sim.report import print_table, results_json, write_json
-from rlix.trace import Trace, TraceError, dump_trace, json_schema, load_trace
+from rlix.trace import MAX_SECONDS, Trace, TraceError, dump_trace, json_schema, load_trace
 
 PROG = "rlix-sim"
 
@@ -151,8 +150,8 @@ def _checked_policies(args) -> list[str]:
     """The policies to replay (all by default); bad flags are refused before any work."""
     policies = _policies(args.policy)
     for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
-        if path:
-            check_output(flag, Path(path))
+        if path is not None:
+            check_output(flag, path)
     plot = getattr(args, "plot", None)
     if plot and Path(plot).suffix:
         from matplotlib.backend_bases import FigureCanvasBase
@@ -163,15 +162,11 @@ def _checked_policies(args) -> list[str]:
     return policies
 
 
-def check_output(flag: str, path: Path) -> None:
+def check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:
     """Refuse, before any work, an output path that could not be written (its results would be lost)."""
-    folder = path.resolve().parent
-    if not folder.is_dir():
-        raise UserError(f"{flag} {path}: its folder does not exist; create it or pick another path")
-    if path.is_dir():
-        raise UserError(f"{flag} {path}: is a folder; give a file name inside it")
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{flag} {path}: its folder is not writable; pick another path")
+    problem = unwritable(path, folder=folder)
+    if problem is not None:
+        raise UserError(f"{flag} {path}: {problem}")
 
 
 def _replay(args, console: Console, err: Console) -> int:
@@ -243,8 +238,9 @@ def _whatif(args, console: Console, err: Console) -> int:
     from rlix.sim.whatif import add_job, load_job, print_whatif, whatif, whatif_json
 
     policies = _checked_policies(args)
-    if args.at is not None and not 0 <= args.at < math.inf:
-        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a finite number >= 0")
+    if args.at is not None and not 0 <= args.at <= MAX_SECONDS:
+        limit = f"{MAX_SECONDS:g}"
+        raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a number from 0 to {limit}")
     base = load_trace(args.trace)
     job = load_job(args.add, args.at)
     with_job = _as_asked(add_job(base, job, args.add), args)
@@ -279,15 +275,21 @@ def _sweep(args, console: Console, err: Console) -> int:
         import ray  # noqa: F401  (the exec extra)
     except ImportError:
         raise UserError("sweep runs its replays on Ray, which is not installed; pip install -e '.[exec]'") from None
+    if args.address:
+        from rlix.transport import ClusterError, answers
+
+        try:
+            answers(args.address, "--address")
+        except ClusterError as e:
+            raise UserError(str(e)) from None
     policies = _policies(args.policy)
     knobs = [sweep.parse_knob(k) for k in args.knob]
     if len({k.name for k in knobs}) != len(knobs):
         raise UserError("--knob: a knob is named twice; give each knob once with all its values")
     seeds = sweep.parse_seeds(args.seeds)
     texts = sweep.load_texts(args.traces, knobs)
+    check_output("--out", args.out, folder=True)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is a file; give a folder")
     out.mkdir(parents=True, exist_ok=True)
     cells = sweep.grid(args.traces, knobs, seeds, policies)
     show = not args.quiet

@@ -106,7 +106,10 @@ def add_job(trace: Trace, job: PipelineModel, job_source: str) -> Trace:
             f"{job_source}: {problem} (the trace's cluster has {c.num_gpus} GPUs, {c.nodes}x{c.gpus_per_node}); "
             "fit the job's roles to it"
         )
-    return Trace(trace.model.model_copy(update={"pipelines": [*trace.model.pipelines, job]}), trace.source)
+    try:
+        return trace.replaced(pipelines=[*trace.model.pipelines, job])
+    except TraceError as e:
+        raise TraceError(f"{job_source}: {e}") from None
 
 
 def compare(before: RunMetrics, after: RunMetrics, new_ids: list[str]) -> PolicyWhatIf:

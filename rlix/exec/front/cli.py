@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     source = args.source or api.config_source(args.config)
     if args.detach:
         return detached(cfg, args, source)
+    problem = unwritable_outputs(args, cfg)
+    if problem is not None:
+        print(f"rlix-run: error: {problem}", file=sys.stderr)
+        return 2
     interrupts = Interrupts()
     try:
         with interrupts, ProgressView(enabled=cfg.output.console and not args.no_console) as view:
@@ -77,6 +81,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlix-run: stopped by Ctrl-C; the outputs above cover the {outputs.wall_s:.0f} s run (partial)", file=sys.stderr)
         return 130
     return exit_status(outputs.results)
+
+
+def unwritable_outputs(args, cfg) -> str | None:
+    """The run's output folder and ``--json`` file, checked before Ray starts: a line saying which could
+    not be written, or None."""
+    from rlix.config import unwritable
+
+    where = ("--out", args.out) if args.out else ("output.dir", cfg.output.dir)
+    for (flag, path), folder in ((where, True), (("--json", args.json), False)):
+        problem = unwritable(path, folder=folder) if path is not None else None
+        if problem is not None:
+            return f"{flag} {path}: {problem}"
+    return None
 
 
 def detached(cfg, args, source: str) -> int:

@@ -45,7 +45,7 @@ from rlix.exec.rollout.queue import RolloutQueue
 from rlix.exec.train.trainer_link import TrainerLink
 from rlix.job import executor_stages, stage_role, warm_order
 from rlix.metrics import Activity
-from rlix.protocol import GpuMap, JobNote, Stopped
+from rlix.protocol import GpuMap, JobNote, Outcome, Stopped
 from rlix.step import JobPlan, StepMachine, StreamSpec, job_plan
 
 
@@ -321,7 +321,7 @@ class PipelineCoordinator:
         starts = self.rollout.starts() if self.rollout is not None else []
         for t in [*self.tasks, *(self.runner.tasks if self.runner is not None else ()), *starts]:
             t.cancel()
-        state = self.status.value if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else "failed"
+        ended = Outcome(self.status.value) if self.status in (JobStatus.FINISHED, JobStatus.CANCELLED) else Outcome.FAILED
         if self.registering is not None:  # stopped while registering: the scheduler answers before we leave
             await asyncio.wait([self.registering], timeout=self.job.limits.call_timeout_s)
         await self.link.last_note(job_note(self.pid, self.runner, self.rec))
@@ -329,7 +329,7 @@ class PipelineCoordinator:
         # to anyone else: a new holder never races a dying engine or trainer for device memory.
         await end_processes(self._ended_processes(), PROCESS_EXIT_S, self.procs)
         try:
-            await self.link.client.unregister(state, error)
+            await self.link.client.unregister(ended, error)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us
             pass
         held = tuple(sorted(set(self.pool.held_gpus()) | set(self.link.gpus_held())))

@@ -25,7 +25,7 @@ import enum
 from dataclasses import dataclass, field
 
 from rlix.exec.service.roster import keep, kept
-from rlix.protocol import JobClaim, JobNote, NameTaken, Stopped
+from rlix.protocol import JobClaim, JobNote, NameTaken, Outcome, Stopped
 
 KV_KEY = "rlix-scheduler/jobs"
 
@@ -182,7 +182,7 @@ class JobLedger:
         """A submitter is done: its lease ends, and its jobs not ended end cancelled."""
         self.renewed.pop(submitter, None)
         for name in self.jobs_of(submitter):
-            self.end(name, "cancelled", "", now)
+            self.end(name, Outcome.CANCELLED, "", now)
 
     # ------------------------------------------------------------ pipelines
 
@@ -234,14 +234,14 @@ class JobLedger:
         record = self.active(name)
         if record is not None:
             record.stopped = why
-            self.end(name, "cancelled", why.line(), now)
+            self.end(name, Outcome.CANCELLED, why.line(), now)
 
-    def end(self, name: str, state: str, error: str, now: float) -> None:
-        """The job of this name ended (``state``: finished, failed or cancelled; anything else is failed)."""
+    def end(self, name: str, outcome: Outcome, error: str, now: float) -> None:
+        """The job of this name ended."""
         record = self.active(name)
         if record is None:
             return
-        record.move(Phase(state) if state in {p.value for p in ENDED} else Phase.FAILED, now)
+        record.move(Phase(outcome.value), now)
         record.error = error
         self._save()
 
@@ -311,7 +311,7 @@ class JobLedger:
         returns their names."""
         lost = [r.name for r in self.records.values() if r.registered and r.name not in registered]
         for name in lost:
-            self.end(name, "failed", "it did not rejoin the restarted scheduler", now)
+            self.end(name, Outcome.FAILED, "it did not rejoin the restarted scheduler", now)
         return lost
 
 

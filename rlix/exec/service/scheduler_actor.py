@@ -73,6 +73,7 @@ from rlix.protocol import (
     JobClaim,
     JobNote,
     LogChunk,
+    Outcome,
     PipelineGone,
     PipelineUnknown,
     SchedulerStats,
@@ -331,7 +332,7 @@ class SchedulerActor:
             await self._event(Register(spec=spec))
         except SchedulingError as exc:  # refused by the core: the job this call queued ends, saying why
             if spec.pipeline_id not in self.core.pipelines() and jobs.active(spec.pipeline_id) is record:
-                jobs.end(spec.pipeline_id, "failed", str(exc), self.now())
+                jobs.end(spec.pipeline_id, Outcome.FAILED, str(exc), self.now())
             raise
         self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
         self._joined(spec, coordinator)
@@ -351,7 +352,7 @@ class SchedulerActor:
         if event.demand is not None:
             self.books.reported(event.demand)
 
-    async def unregister(self, pipeline_id: str, status: str = "failed", error: str = "") -> None:
+    async def unregister(self, pipeline_id: str, status: Outcome = Outcome.FAILED, error: str = "") -> None:
         self.books.jobs.end(pipeline_id, status, error, self.now())
         endpoint = self.coordinators.get(pipeline_id)
         try:
@@ -494,9 +495,9 @@ class SchedulerActor:
         were not obeyed in time); returns their names."""
         names = sorted(self.core.pipelines())
         for name in names:
-            await self._drop(name, "cancelled", "killed: the scheduler was stopped")
+            await self._drop(name, Outcome.CANCELLED, "killed: the scheduler was stopped")
         for name in self.books.jobs.open_jobs():
-            self.books.jobs.end(name, "cancelled", "the scheduler was stopped", self.now())
+            self.books.jobs.end(name, Outcome.CANCELLED, "the scheduler was stopped", self.now())
         return names
 
     async def busy(self) -> list[str]:
@@ -598,7 +599,7 @@ class SchedulerActor:
             await asyncio.wait_for(ref, self.call_timeout_s)
         except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
             self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
-            await self._drop(pipeline_id, "failed", f"an expand failed: {type(exc).__name__}")
+            await self._drop(pipeline_id, Outcome.FAILED, f"an expand failed: {type(exc).__name__}")
 
     def _account(self) -> None:
         """Book what the ledger holds now (after every plan, so the usage changes when the GPUs do)."""
@@ -624,13 +625,13 @@ class SchedulerActor:
                 for submitter in jobs.expired(self.now()):
                     for name in jobs.jobs_of(submitter):
                         if name in self.core.pipelines():
-                            self.order.spawn(self._drop(name, "failed", f"its submitter {submitter} is gone"))
-                        jobs.end(name, "failed", f"its submitter {submitter} is gone", self.now())
+                            self.order.spawn(self._drop(name, Outcome.FAILED, f"its submitter {submitter} is gone"))
+                        jobs.end(name, Outcome.FAILED, f"its submitter {submitter} is gone", self.now())
                 endpoints = list(self.coordinators.items())
                 answers = await asyncio.gather(*(self._answers(e) for _, e in endpoints))
                 for (pid, _), alive in zip(endpoints, answers):
                     if not alive:
-                        jobs.end(pid, "failed", "its process is gone", self.now())
+                        jobs.end(pid, Outcome.FAILED, "its process is gone", self.now())
                         self.order.spawn(self._unreachable(pid))
                 if self.roster.restarted_and_done(self.now()):  # once: the jobs that did not come back ended
                     jobs.unjoined(set(self.core.pipelines()), self.now())
@@ -662,13 +663,13 @@ class SchedulerActor:
             self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():
                 self.gone.add(pipeline_id)
-                self.books.jobs.end(pipeline_id, "failed", "unreachable", self.now())
+                self.books.jobs.end(pipeline_id, Outcome.FAILED, "unreachable", self.now())
                 self.errors.append(f"pipeline '{pipeline_id}' unreachable; unregistered")
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
             self._account()
 
-    async def _drop(self, pipeline_id: str, status: str, error: str) -> None:
+    async def _drop(self, pipeline_id: str, status: Outcome, error: str) -> None:
         """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is
         killed first, so no GPU is given to another job while its processes still run there."""
         endpoint = self.coordinators.get(pipeline_id)
@@ -691,7 +692,7 @@ class SchedulerActor:
         """A cancelled job that has not left within ``CANCEL_GRACE_S`` is killed."""
         await asyncio.sleep(CANCEL_GRACE_S)
         if self.coordinators.get(name) is endpoint and name in self.core.pipelines():
-            await self._drop(name, "cancelled", f"did not stop within {CANCEL_GRACE_S:g} s of its cancel; killed")
+            await self._drop(name, Outcome.CANCELLED, f"did not stop within {CANCEL_GRACE_S:g} s of its cancel; killed")
 
     def _known(self, pipeline_id: str) -> None:
         if pipeline_id in self.gone:

@@ -48,9 +48,20 @@ def parse_gpus(value: object) -> object:
     return value
 
 
+MAX_GPUS = 100_000  # a cluster larger than any built; past it a replay's bookkeeping outgrows the memory
+
+
 class ClusterModel(StrictModel):
-    nodes: int = Field(ge=1, le=10_000, description="machines")
-    gpus_per_node: int = Field(ge=1, le=64, description="GPUs per machine")
+    nodes: int = Field(ge=1, description="machines")
+    gpus_per_node: int = Field(ge=1, description="GPUs per machine")
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ClusterModel:
+        if self.nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(
+                f"cluster: {self.nodes} nodes x {self.gpus_per_node} GPUs is more than {MAX_GPUS:,} GPUs; give fewer"
+            )
+        return self
 
     def spec(self) -> ClusterSpec:
         return ClusterSpec(nodes=self.nodes, gpus_per_node=self.gpus_per_node)

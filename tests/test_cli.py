@@ -124,7 +124,10 @@ BAD_TRACES = {
         lambda r: r["pipelines"][0].update(arrivals={"per_hour": 1, "count": 5000}),
         "the trace draws 10,242,048 trajectories in all, more than 10,000,000",
     ),
-    "too many nodes": (lambda r: r["cluster"].update(nodes=10_000_000), "cluster.nodes: Input should be less than or equal"),
+    "too many nodes": (
+        lambda r: r["cluster"].update(nodes=10_000_000),
+        "cluster: 10000000 nodes x 8 GPUs is more than 100,000 GPUs",
+    ),
 }
 
 

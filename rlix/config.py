@@ -48,9 +48,20 @@ def parse_gpus(value: object) -> object:
     return value
 
 
+MAX_GPUS = 100_000  # a cluster larger than any built; past it a replay's bookkeeping outgrows the memory
+
+
 class ClusterModel(StrictModel):
-    nodes: int = Field(ge=1, le=10_000, description="machines")
-    gpus_per_node: int = Field(ge=1, le=64, description="GPUs per machine")
+    nodes: int = Field(ge=1, description="machines")
+    gpus_per_node: int = Field(ge=1, description="GPUs per machine")
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ClusterModel:
+        if self.nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(
+                f"cluster: {self.nodes} nodes x {self.gpus_per_node} GPUs is more than {MAX_GPUS:,} GPUs; give fewer"
+            )
+        return self
 
     def spec(self) -> ClusterSpec:
         return ClusterSpec(nodes=self.nodes, gpus_per_node=self.gpus_per_node)
@@ -413,7 +424,15 @@ def unwritable(path: str | Path, *, folder: bool = False) -> str | None:
     asked before any work, so that no run's results are lost at its end."""
     if not str(path).strip():
         return "is empty; give a path"
-    path = Path(path)
+    if not folder and str(path).endswith(("/", os.sep)):
+        return "ends in a slash; give a file name"
+    try:
+        return _unwritable(Path(path), folder)
+    except OSError as exc:  # a folder on the way that may not be searched
+        return f"cannot be reached ({exc.strerror}); pick another path"
+
+
+def _unwritable(path: Path, folder: bool) -> str | None:
     if folder:
         if path.exists() and not path.is_dir():
             return "is a file; give a folder"
@@ -422,6 +441,8 @@ def unwritable(path: str | Path, *, folder: bool = False) -> str | None:
             return f"{existing} is a file; give a folder path under a folder"
         return None if os.access(existing, os.W_OK) else f"{existing} is not writable; pick another folder"
     parent = path.resolve().parent
+    if parent.is_file():
+        return f"{parent} is a file, not a folder; pick another path"
     if not parent.is_dir():
         return "its folder does not exist; create it or pick another path"
     if path.is_dir():
@@ -441,9 +462,9 @@ _HINTS = {
     "finite_number": "; write a finite number",
     "literal_error": "; use one of the listed values",
     "too_short": "; give at least that many",
-    "list_type": "; write a list (YAML: one '- item' line each, or [a, b])",
+    "list_type": "; write a list ([a, b], or in YAML one '- item' line each)",
 }
-_BLOCK = "Input should be a block of fields (YAML: 'key: value' lines under it)"  # for pydantic's "instance of ModelConfig"
+_BLOCK = "Input should be a block of fields ({\"key\": value}, or in YAML 'key: value' lines under it)"  # not "instance of X"
 
 
 def one_line(exc: ValidationError) -> str:

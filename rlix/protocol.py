@@ -396,6 +396,9 @@ class Unregister(PipelineCall):
     status: Outcome = Outcome.FAILED
     error: str = ""
 
+    def __post_init__(self) -> None:  # "finished" as well as Outcome.FINISHED; a word that is neither is refused here
+        object.__setattr__(self, "status", Outcome.of(self.status))
+
 
 @dataclass(frozen=True, kw_only=True)
 class Alive(PipelineCall):

@@ -43,7 +43,7 @@ SCHEMA_PATH = Path(__file__).parent / "schema" / "trace-v1.schema.json"
 
 StageName = Literal["old_logprobs", "ref_logprobs", "value_compute", "critic_train", "actor_train"]
 
-MAX_DRAWN = 10_000_000  # trajectories one generated stream may draw (traces/large.json draws 1,048,576 in all)
+MAX_DRAWN = 10_000_000  # trajectories a trace may draw (traces/large.json draws 1,048,576 in all)
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
@@ -246,9 +246,11 @@ class ArrivalsModel(StrictModel):
     time, its ``generate`` seeds shifted by ``k`` so the copies differ.
     """
 
-    times_s: list[Seconds] | None = Field(default=None, min_length=1, description="arrival of each copy (seconds)")
+    times_s: list[Seconds] | None = Field(
+        default=None, min_length=1, max_length=10_000, description="arrival of each copy (seconds)"
+    )
     per_hour: float | None = Field(
-        default=None, gt=0, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s"
+        default=None, ge=0.001, description="Poisson arrivals: mean jobs per hour, from the pipeline's arrival_s"
     )
     count: int | None = Field(default=None, ge=1, le=10_000, description="Poisson arrivals: how many jobs")
     seed: int = Field(default=0, ge=0, description="seed of the draws (a whole number >= 0)")
@@ -312,6 +314,25 @@ class PipelineModel(JobModel):
                 raise ValueError("give exactly one of 'steps' (explicit) or 'generate' (compact)")
         return self
 
+    @model_validator(mode="after")
+    def _arrive_in_time(self) -> PipelineModel:
+        last = max(self.arrivals.times(self.arrival_s)) if self.arrivals is not None else self.arrival_s
+        if not last <= MAX_SECONDS:  # a Poisson draw at a tiny per_hour: far off, or not a number
+            raise ValueError(
+                f"arrivals: a copy would arrive at {last:g} s, past {MAX_SECONDS:g} s; raise per_hour or lower count"
+            )
+        return self
+
+    def drawn(self) -> int:
+        """Trajectories this entry stands for, its copies' included."""
+        per_copy = 0
+        for stream in self.streams():
+            if stream.generate is not None:
+                per_copy += stream.generate.steps * stream.generate.trajectories_per_step
+            for step in stream.steps or ():
+                per_copy += len(step.trajectories or step.segments or ())
+        return per_copy * len(self.job_ids())
+
     def job_ids(self) -> list[str]:
         if self.arrivals is None:
             return [self.id]
@@ -353,6 +374,9 @@ class TraceModel(StrictModel):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"pipeline ids must be unique; '{dup[0]}' appears more than once")
+        drawn = sum(p.drawn() for p in self.pipelines)
+        if drawn > MAX_DRAWN:
+            raise ValueError(f"the trace draws {drawn:,} trajectories in all, more than {MAX_DRAWN:,}; give fewer jobs or steps")
         problem = self.scheduler.tenant_error([p.tenant for p in self.pipelines], "pipelines")
         if problem is not None:
             raise ValueError(problem)

@@ -116,7 +116,18 @@ BAD_TRACES = {
         "100000 steps x 1000 trajectories is more than the 10,000,000 one stream may draw",
     ),
     "no steps": (lambda r: r["pipelines"][0].pop("generate") and r["pipelines"][0].update(steps=[]), "pipelines[0].steps: List"),
-    "too many nodes": (lambda r: r["cluster"].update(nodes=10_000_000), "cluster.nodes: Input should be less than or equal"),
+    "copies arriving past any clock": (
+        lambda r: r["pipelines"][0].update(arrivals={"per_hour": 0.001, "count": 1000}),
+        "arrivals: a copy would arrive at",
+    ),
+    "too many trajectories in all": (
+        lambda r: r["pipelines"][0].update(arrivals={"per_hour": 1, "count": 5000}),
+        "the trace draws 10,242,048 trajectories in all, more than 10,000,000",
+    ),
+    "too many nodes": (
+        lambda r: r["cluster"].update(nodes=10_000_000),
+        "cluster: 10000000 nodes x 8 GPUs is more than 100,000 GPUs",
+    ),
 }
 
 
@@ -166,6 +177,30 @@ def test_bad_arguments_are_one_line_exit_2(args, expected, tmp_path):
     res = run_cli(*args)
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and expected in res.stderr, res.stderr
+
+
+def test_an_output_path_that_could_not_be_written_is_named_with_why(tmp_path, monkeypatch):
+    """``rlix.config.unwritable``, which both CLIs ask before any work."""
+    import os
+
+    from rlix.config import unwritable
+
+    (tmp_path / "a_file").write_text("")
+    assert unwritable(tmp_path / "new" / "deep", folder=True) is None  # made when the run starts
+    assert unwritable(tmp_path / "m.json") is None
+    assert unwritable("") == "is empty; give a path"
+    assert unwritable(f"{tmp_path}/new/") == "ends in a slash; give a file name"  # it passed, then open() failed
+    assert unwritable(tmp_path / "a_file" / "m.json") == f"{tmp_path / 'a_file'} is a file, not a folder; pick another path"
+    assert (
+        unwritable(tmp_path / "a_file" / "runs", folder=True)
+        == f"{tmp_path / 'a_file'} is a file; give a folder path under a folder"
+    )
+
+    def unsearchable(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "stat", unsearchable)  # a folder on the way this user may not search
+    assert unwritable(tmp_path / "m.json") == "cannot be reached (Permission denied); pick another path"
 
 
 def test_a_file_that_is_not_utf8_text_is_one_line_exit_2(tmp_path):

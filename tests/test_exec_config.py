@@ -74,8 +74,14 @@ def test_bad_config_names_the_field(edit, field):
     "edit, line",
     [
         (lambda c: c.update(job=c.pop("jobs")), "jobs: Field required; add it ('job' is given: a misspelling of 'jobs'?)"),
-        (lambda c: c["jobs"][0].update(model="tiny"), "jobs[0].model: Input should be a block of fields (YAML: 'key: value'"),
-        (lambda c: c.update(jobs={"name": "a"}), "jobs: Input should be a valid list; write a list (YAML: one '- item' line"),
+        (
+            lambda c: c["jobs"][0].update(model="tiny"),
+            "jobs[0].model: Input should be a block of fields ({\"key\": value}, or in YAML 'key: value'",
+        ),
+        (
+            lambda c: c.update(jobs={"name": "a"}),
+            "jobs: Input should be a valid list; write a list ([a, b], or in YAML one '- item' line each)",
+        ),
     ],
 )
 def test_a_config_error_says_what_to_write(edit, line):

@@ -154,6 +154,15 @@ def test_a_record_the_trace_format_refuses_fails_when_the_trace_is_built():
         trace_model(cfg, {**results, "full": bad}, {"full": "full", "lora": "lora"})
 
 
+def test_an_adapter_that_trained_no_step_is_left_out_of_the_recorded_trace():
+    """A multi-LoRA run stopped before one adapter's first step still writes its trace (it crashed at
+    the run's end, once a stream had to hold a step)."""
+    cfg, results, _ = _recorded()
+    only_copy = _result("lora", ("copy",), 0.0375)
+    model = trace_model(cfg, {**results, "lora": only_copy}, NAMES)
+    assert [a.id for a in model.pipelines[1].adapters] == ["copy"]
+
+
 def test_no_finished_step_means_no_trace():
     cfg, results, _ = _recorded()
     empty = {pid: JobResult(pipeline_id=pid, status=JobStatus.FAILED) for pid in results}

@@ -74,7 +74,8 @@ def _coordinator(log: list, workers: list, ranks: list, status: JobStatus):
 
     class _Client:
         async def unregister(self, state, error):
-            log.append(f"unregister {Outcome.of(state).value}")
+            assert isinstance(state, Outcome), state  # typed as the protocol has it, not a word
+            log.append(f"unregister {state.value}")
 
     class _Link:
         client = _Client()

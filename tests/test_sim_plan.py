@@ -134,7 +134,7 @@ BAD_JOBS = {
     "no steps": (lambda j: j.pop("generate"), "give exactly one of 'steps' (explicit) or 'generate' (compact)"),
     "undeclared tenant": (
         lambda j: j.update(tenant="nobody"),
-        "pipelines[2].tenant: 'nobody' is not declared in scheduler.tenants (declared: none)",
+        "job.json: tenant: 'nobody' is not declared in scheduler.tenants (declared: none)",
     ),
 }
 

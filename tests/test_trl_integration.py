@@ -167,31 +167,60 @@ def test_a_trainer_of_several_processes_needs_a_training_gpu_for_each():
     assert job.status.value == "pending"
 
 
-def test_a_cancel_that_lands_as_the_job_joins_stands_and_stops_it_at_the_first_steps_end():
-    """The scheduler's cancel comes on the client's thread; before, joining's end wrote "running" over it
-    and the job ran on, to exit as failed with no checkpoint."""
+@pytest.mark.parametrize("interrupted", [False, True], ids=["after-its-last-call", "during-a-call"])
+def test_a_cancel_that_lands_as_the_job_joins_ends_it_before_its_first_step(interrupted):
+    """The scheduler's cancel comes on the client's thread. Before, joining's end wrote "running" over it
+    (the job ran on, to exit as failed with no checkpoint), or the call it interrupted raised out of
+    train() and the job never left the scheduler."""
     import asyncio
+    from concurrent.futures import CancelledError
     from types import SimpleNamespace
 
     pytest.importorskip("transformers")
     from rlix.integrations.trl import JobSettings, JobState, RlixGRPO
-    from rlix.protocol import Stopped
+    from rlix.protocol import Outcome, Stopped
 
-    interrupts = []
+    told = []
 
     class CancelledAsItJoins(RlixGRPO):
         def _join(self, model) -> None:  # the scheduler's side of joining: it registers, then the cancel comes
-            self.client = SimpleNamespace(interrupt=lambda: interrupts.append(1), note=lambda note: None)
+            self.client = SimpleNamespace(
+                interrupt=lambda: told.append("interrupt"),
+                unregister=lambda outcome, error: told.append(outcome),
+                run=lambda coro, interruptible=True: None,
+                close=lambda: told.append("closed"),
+            )
+            self.pool = SimpleNamespace(close=lambda: None)
             asyncio.run(self._on_cancel(Stopped(by="ann@h")))
+            if interrupted:  # the call waiting on the scheduler (request(INIT), say) stops waiting
+                raise CancelledError()
 
-    job = CancelledAsItJoins(JobSettings(name="j"))
-    job.begin(object(), SimpleNamespace(world_size=1, process_index=0))
-    assert job.status is JobState.CANCELLED and interrupts == [1]  # the next call to the scheduler stops
-    control = SimpleNamespace(should_save=False, should_training_stop=False)
-    job.step_done(SimpleNamespace(global_step=1, max_steps=3), control)
-    assert control.should_save and control.should_training_stop  # a checkpoint TRL resumes from, then stop
+    job = CancelledAsItJoins(JobSettings(name="j", address="ray://elsewhere:10001"))
+    with pytest.raises(SystemExit) as exit_:
+        job.begin(object(), SimpleNamespace(world_size=1, process_index=0, output_dir="out"))
+    assert exit_.value.code == 3 and job.status is JobState.CANCELLED  # rlix's cancelled code: it did not fail
+    assert told == ["interrupt", Outcome.CANCELLED, "closed"]  # it left the scheduler, its GPUs went back
     standing = job._standing()
     assert (standing.status, standing.code) == (JobState.CANCELLED, 3) and "ann@h" in standing.why
+    with pytest.raises(RuntimeError, match="it cancelled already; give each trainer.train\\(\\) a new rlix_grpo job"):
+        job.begin(object(), SimpleNamespace(world_size=1, process_index=0, output_dir="out"))
+
+
+def test_a_cancel_between_steps_stops_every_rank_at_that_steps_end_with_a_checkpoint():
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import JobSettings, JobState, RlixGRPO
+
+    job = RlixGRPO(JobSettings(name="j"))
+    job.client = SimpleNamespace(interrupt=lambda: None, note=lambda note: None)
+    assert job._become(JobState.RUNNING)
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+    job.step_done(SimpleNamespace(global_step=1, max_steps=3), control)
+    assert not control.should_training_stop
+    job._become(JobState.CANCELLED)
+    job.step_done(SimpleNamespace(global_step=2, max_steps=3), control)
+    assert control.should_save and control.should_training_stop  # a checkpoint TRL resumes from, then stop
 
 
 def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():

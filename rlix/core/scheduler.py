@@ -277,12 +277,13 @@ class Scheduler:
             validate_plan(plan, self.ledger, view)
         except InvariantViolation as violation:
             plan = safe_plan(self._view, self.policy, now, violation, self.violations)
-        self.ledger.apply(plan)
-        for grant in plan.grants:
-            req = self._requests[(grant.pipeline_id, grant.stage)]
+        granted = [self._requests[(grant.pipeline_id, grant.stage)] for grant in plan.grants]
+        for req, grant in zip(granted, plan.grants):  # checked before the ledger changes
             check_transition(
                 REQUEST_TRANSITIONS, req.state, RequestState.GRANTED, f"{grant.stage.value} of '{grant.pipeline_id}'"
             )
+        self.ledger.apply(plan)
+        for req in granted:
             req.state = RequestState.GRANTED
         if plan.grants:  # co-tenants' stages age (a job with a home of its own has its guarantee instead)
             for req in view.pending:

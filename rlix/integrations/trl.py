@@ -223,7 +223,12 @@ class RlixGRPO:
 
     def begin(self, model, args) -> None:
         """Join the scheduler, register, and hold the training stage (``model``, ``args``: the trainer's); with
-        several training processes rank 0 does it, and the others fail with it if it fails."""
+        several training processes rank 0 does it, and the others fail with it if it fails. A cancel or a
+        drop that lands meanwhile ends the job here, every rank, before its first step."""
+        if self.status is not JobState.PENDING:
+            raise RuntimeError(
+                f"rlix job '{self.s.name}': it {self.status.value} already; give each trainer.train() a new rlix_grpo job"
+            )
         self.ranks = Ranks(world=args.world_size, rank=args.process_index)
         if self.ranks.world != len(self.s.train_gpus):
             raise ValueError(
@@ -241,6 +246,10 @@ class RlixGRPO:
         try:
             if self.ranks.main:
                 self._join(model)
+        except CancelledError:
+            if self.status not in ENDED:  # no cancel, no drop: a failure like any other
+                failed = "CancelledError"
+                raise
         except Exception as e:
             failed = f"{type(e).__name__}: {e}"
             raise
@@ -248,7 +257,9 @@ class RlixGRPO:
             failed = self.ranks.share(failed)
         if failed:  # another rank: rank 0 raised it
             raise RuntimeError(f"rlix job '{self.s.name}': rank 0 could not join the scheduler: {failed}")
-        self._become(JobState.RUNNING)  # unless a cancel or a drop landed as it joined: the first rollout stops
+        self._become(JobState.RUNNING)
+        if self._shared().status in ENDED:  # cancelled or dropped as it joined: it leaves, every rank (exits)
+            self.end("the rlix scheduler dropped the job as it joined", step=0, output_dir=args.output_dir)
 
     def _join(self, model) -> None:
         sched = self._scheduler()
@@ -256,6 +267,7 @@ class RlixGRPO:
         self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
         self.model_path = _checkpoint_of(model)
         self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers, on_gone=self._gone)
+        atexit.register(self._leave_at_exit)  # from here on, however the script ends, the GPUs go back
         self.pool = ElasticPool(
             self.s.name,
             start=self._start,
@@ -267,7 +279,6 @@ class RlixGRPO:
         self.client.register(self._spec(), self.pool.endpoint(stop=self._on_cancel))
         self.client.request(Stage.INIT)
         self.client.request(Stage.ACTOR_TRAIN, after=Stage.INIT)
-        atexit.register(self._leave_at_exit)
 
     def end(self, error: str = "", *, step: int = 0, output_dir: str = "") -> None:
         """Give everything back and leave (finished, cancelled or failed), every rank. Cancelled, the process
@@ -288,12 +299,14 @@ class RlixGRPO:
 
     def _standing(self, error: str = "") -> Standing:
         """Where the job stands (rank 0)."""
-        if self.status is JobState.CANCELLED:
-            why = self.cancelled_by.line() if self.cancelled_by is not None else "cancelled"
-            return Standing(self.status, why, 4 if getattr(self.cancelled_by, "scheduler_stopped", False) else 3)
-        if self.status is JobState.FAILED:
-            return Standing(self.status, self.error or error, 1)
-        return Standing(self.status)
+        with self._moving:  # the status and what goes with it, as one
+            status, by, failure = self.status, self.cancelled_by, self.error
+        if status is JobState.CANCELLED:
+            why = by.line() if by is not None else "cancelled"
+            return Standing(status, why, 4 if getattr(by, "scheduler_stopped", False) else 3)
+        if status is JobState.FAILED:
+            return Standing(status, failure or error, 1)
+        return Standing(status)
 
     def _shared(self, error: str = "") -> Standing:
         """Rank 0's standing, on every rank (the others take its status)."""
@@ -302,15 +315,18 @@ class RlixGRPO:
             self._become(standing.status)
         return standing
 
-    def _become(self, state: JobState) -> bool:
-        """Move to ``state`` (:data:`MOVES`); False where the job already stands there or has ended (the
-        first ending stands: a cancel that lands as the job fails changes nothing)."""
+    def _become(self, state: JobState, **why) -> bool:
+        """Move to ``state`` (:data:`MOVES`), setting ``why`` (``cancelled_by``, ``error``) with it; False where
+        the job already stands there or has ended (the first ending stands: a cancel that lands as the job
+        fails changes nothing)."""
         with self._moving:  # a cancel or a drop arrives on the client's thread
             if state is self.status or self.status in ENDED:
                 return False
             if state not in MOVES[self.status]:
                 raise RuntimeError(f"rlix job '{self.s.name}': {self.status.value} -> {state.value} is not a move a job makes")
             self.status = state
+            for name, value in why.items():
+                setattr(self, name, value)
             return True
 
     def _say(self, line: str) -> None:
@@ -361,13 +377,11 @@ class RlixGRPO:
         return PipelineSpec(pipeline_id=self.s.name, roles=roles, home=self.s.train_gpus, priority=self.s.priority)
 
     async def _on_cancel(self, who) -> None:
-        if self._become(JobState.CANCELLED):
-            self.cancelled_by = who
+        self._become(JobState.CANCELLED, cancelled_by=who)
         self.client.interrupt()  # a rollout waiting on workers the scheduler takes back stops waiting
 
     def _gone(self, exc: BaseException) -> None:
-        if self._become(JobState.FAILED):
-            self.error = f"{type(exc).__name__}: {exc}"
+        self._become(JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
         self.client.interrupt()
 
     # ------------------------------------------------------------ a generation batch
@@ -486,9 +500,9 @@ class RlixGRPO:
                 self.client.note(note)
             except CancelledError:  # the cancel came while no call waited: this call took it
                 pass
-        self._shared()  # every rank stops at the same step
-        if self.status in (JobState.CANCELLED, JobState.FAILED):  # at the step's end: a checkpoint TRL resumes from, then stop
-            control.should_save = self.status is JobState.CANCELLED
+        standing = self._shared()  # every rank stops at the same step: rank 0's word, not what came since
+        if standing.status in (JobState.CANCELLED, JobState.FAILED):  # at the step's end: a checkpoint TRL resumes from
+            control.should_save = standing.status is JobState.CANCELLED
             control.should_training_stop = True
 
 

@@ -108,8 +108,8 @@ def add_job(trace: Trace, job: PipelineModel, job_source: str) -> Trace:
         )
     try:
         return trace.replaced(pipelines=[*trace.model.pipelines, job])
-    except TraceError as e:
-        raise TraceError(f"{job_source}: {e}") from None
+    except TraceError as e:  # the job's own field, as its file has it (the job is the trace's last pipeline)
+        raise TraceError(f"{job_source}: {str(e).removeprefix(f'pipelines[{len(trace.model.pipelines)}].')}") from None
 
 
 def compare(before: RunMetrics, after: RunMetrics, new_ids: list[str]) -> PolicyWhatIf:

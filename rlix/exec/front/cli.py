@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,16 +85,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def unwritable_outputs(args, cfg) -> str | None:
-    """The run's output folder and ``--json`` file, checked before Ray starts: a line saying which could
-    not be written, or None."""
+    """The run's output folder, the models folder beside it, and ``--json``, checked before Ray starts: a
+    line saying which could not be written, or None."""
     from rlix.config import unwritable
 
-    where = ("--out", args.out) if args.out else ("output.dir", cfg.output.dir)
-    for (flag, path), folder in ((where, True), (("--json", args.json), False)):
-        problem = unwritable(path, folder=folder) if path is not None else None
-        if problem is not None:
-            return f"{flag} {path}: {problem}"
-    return None
+    flag, out = ("--out", args.out) if args.out else ("output.dir", cfg.output.dir)
+    problem = unwritable(out, folder=True)
+    if problem is None:  # models built from a size are kept beside the run's folder
+        models = Path(out).resolve().parent / "_models"
+        problem = None if unwritable(models, folder=True) is None else f"{models}, where models are built, could not be made"
+    if problem is None and args.json is not None:
+        flag, out, problem = "--json", args.json, unwritable(args.json)
+    return None if problem is None else f"{flag} {out}: {problem}"
 
 
 def detached(cfg, args, source: str) -> int:

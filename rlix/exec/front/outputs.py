@@ -196,8 +196,7 @@ def _streams(res: JobResult, adapters: list[str] | None) -> dict:
     """``steps`` for a full finetune; ``adapters`` (one stream per adapter that trained) for multi-LoRA."""
     if adapters is None:
         return {"steps": _steps(res, "")}
-    streams = [StreamModel(id=name, steps=_steps(res, name)) for name in adapters]
-    return {"adapters": [s for s in streams if s.steps]}
+    return {"adapters": [StreamModel(id=name, steps=steps) for name in adapters if (steps := _steps(res, name))]}
 
 
 def _shape(cfg: RunConfig, pid: str, res: JobResult, names: dict[str, str]) -> JobShape:

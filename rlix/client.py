@@ -205,8 +205,13 @@ class Client:
 
     async def unregister(self, status: protocol.Outcome | str = "finished", error: str = "") -> None:
         """Leave, saying how the job ended (finished, failed or cancelled): every GPU the pipeline holds
-        goes back (its rollout workers are shrunk first)."""
-        outcome = protocol.Outcome.of(status)
+        goes back (its rollout workers are shrunk first). A word that is none of the three is refused, once
+        the pipeline has left as failed: a typo never keeps GPUs held."""
+        try:
+            outcome = protocol.Outcome.of(status)
+        except ValueError as exc:
+            await self.unregister(protocol.Outcome.FAILED, f"{error} (it left saying '{status}')".lstrip())
+            raise exc from None
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.held.clear()
@@ -375,7 +380,6 @@ class BlockingClient:
 
     def unregister(self, status: protocol.Outcome | str = "finished", error: str = "") -> None:
         """Leave (:meth:`Client.unregister`); from here on :meth:`interrupt` cancels nothing."""
-        protocol.Outcome.of(status)  # a word that is no outcome is refused before anything is left
         with self._lock:
             self._leaving, self._interrupt_next = True, False
         self.run(self.client.unregister(status, error), interruptible=False)

@@ -10,13 +10,14 @@ both: a trace's pipeline and an ``rlix-run`` job both extend
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -26,6 +27,21 @@ from rlix.core.topology import validate_pipeline
 from rlix.job import JobModelError, check_stage_roles, pipeline_spec
 
 MAX_SECONDS = 1e9  # about 32 years: beyond it a float clock no longer moves by a trajectory's seconds
+MAX_GPUS = 100_000  # a cluster larger than any built; past it a replay's bookkeeping outgrows the memory
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusals are one line (``prog: error: ...; see --help``), exit 2, not usage and error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def ray_address(text: str) -> str:
+    """An ``--address``: 'auto' or host:port, never empty (which would quietly mean 'not given')."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give host:port or 'auto', or leave --address out")
+    return text
 
 
 class StrictModel(BaseModel):
@@ -41,14 +57,14 @@ def parse_gpus(value: object) -> object:
         for part in value.split(","):
             lo, _, hi = part.strip().partition("-")
             try:
-                out.extend(range(int(lo), int(hi or lo) + 1))
+                ids = range(int(lo), int(hi or lo) + 1)
             except ValueError:
                 raise ValueError(f"'{value}' is not a GPU list; write e.g. [0, 1] or \"0-7\"") from None
+            if len(ids) > MAX_GPUS:  # before the list is made: "0-100000000" would fill the memory
+                raise ValueError(f"'{value}' names more than {MAX_GPUS:,} GPUs; no cluster has them")
+            out.extend(ids)
         return out
     return value
-
-
-MAX_GPUS = 100_000  # a cluster larger than any built; past it a replay's bookkeeping outgrows the memory
 
 
 class ClusterModel(StrictModel):
@@ -411,8 +427,12 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        except RecursionError:
+            raise error(f"{path}: nested too deep to read; flatten it") from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise error(f"{path}: nested too deep to read; flatten it") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -128,10 +128,13 @@ def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[st
 
 def plot_runs(
     runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], path: str | Path, title: str, span: str = "makespan"
-) -> None:
-    """Write :func:`runs_figure` as a PNG at ``path``."""
+) -> Path:
+    """Write :func:`runs_figure` at ``path`` (a PNG where the name has no suffix); the path written."""
+    path = Path(path)
+    path = path if path.suffix else path.with_suffix(".png")
     fig = runs_figure(runs, pipelines, title, span)
     try:
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
+    return path

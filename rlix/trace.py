@@ -34,7 +34,8 @@ from rlix.config import (
     read_document,
 )
 from rlix.core import ClusterSpec, PipelineSpec, SchedulingError, Stage
-from rlix.core.queues import check_fits, check_queues
+from rlix.core.queues import check_fits
+from rlix.core.scheduler import check_settings
 from rlix.job import JobShape, StepShape, stage_gpus
 
 FORMAT = "rlix-trace"
@@ -654,7 +655,7 @@ class Trace:
     def _check_topology(self) -> None:
         config = self.model.scheduler.to_config()
         try:
-            check_queues(self.cluster, config)
+            check_settings(self.cluster, config)  # tenants' guarantees and queues within the cluster, as a replay's core checks
         except SchedulingError as exc:
             raise TraceError(f"{self.source}: scheduler.{exc}") from None
         for i, p in enumerate(self.model.pipelines):  # copies share their template's topology

@@ -119,7 +119,7 @@ def answers(address: str, where: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-    except (OSError, ValueError):
+    except (OSError, ValueError, OverflowError):  # OverflowError: a port past any C long
         raise ClusterError(f"{where} {address}: no Ray cluster answers there; {HINT}") from None
 
 

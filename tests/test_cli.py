@@ -124,6 +124,7 @@ BAD_TRACES = {
         lambda r: r["pipelines"][0].update(arrivals={"per_hour": 1, "count": 5000}),
         "the trace draws 10,242,048 trajectories in all, more than 10,000,000",
     ),
+    "a range of a hundred million GPUs": (lambda r: r["pipelines"][0].update(home="0-100000000"), "names more than 100,000"),
     "too many nodes": (
         lambda r: r["cluster"].update(nodes=10_000_000),
         "cluster: 10000000 nodes x 8 GPUs is more than 100,000 GPUs",
@@ -162,6 +163,12 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["generate", "single", "-o", "traces"], "--output traces: is a folder"),
         (["replay", "traces/single.json", "--json", ""], "--json : is empty; give a path"),  # it wrote nothing, silently
         (["generate", "nope"], "scenario 'nope' is unknown"),
+        (["replay", "traces/single.json", "--set", "tenants=a:1:99"], "scheduler.tenants: their guarantees add up to 99"),
+        (["sweep", "traces/single.json", "--knob", "small_first=1", "--address", ""], "--address: is empty"),
+        (
+            ["sweep", "traces/single.json", "--knob", "small_first=1", "--address", "localhost:99999999999999999999"],
+            "no Ray cluster answers there",  # an OverflowError from the socket, before
+        ),
         (["replay"], "required"),
         (["replay", "traces/single.json", "--set", "backlog_weight"], "write KNOB=VALUE"),
         (["replay", "traces/single.json", "--set", "backlog_wieght=1"], "scheduler.backlog_wieght: Extra inputs"),
@@ -201,6 +208,13 @@ def test_an_output_path_that_could_not_be_written_is_named_with_why(tmp_path, mo
 
     monkeypatch.setattr(os, "stat", unsearchable)  # a folder on the way this user may not search
     assert unwritable(tmp_path / "m.json") == "cannot be reached (Permission denied); pick another path"
+
+
+def test_a_file_nested_too_deep_to_read_is_one_line_exit_2(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError traceback, before
+    res = run_cli("validate", str(deep))
+    assert res.returncode == 2 and res.stderr.strip() == f"rlix-sim: error: {deep}: nested too deep to read; flatten it"
 
 
 def test_a_file_that_is_not_utf8_text_is_one_line_exit_2(tmp_path):

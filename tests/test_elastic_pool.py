@@ -273,6 +273,27 @@ def test_a_blocking_pipeline_borrows_the_idle_gpus_for_its_rollouts_and_gives_th
         client.close()
 
 
+def test_a_pipeline_that_leaves_saying_a_word_that_is_no_ending_leaves_as_failed_and_is_told():
+    from rlix.exec.service.scheduler_actor import SchedulerActor
+
+    actor = SchedulerActor.__ray_metadata__.modified_class(
+        ClusterSpec(nodes=1, gpus_per_node=2), "rlix", SchedulerConfig(), time.time(), 0.05
+    )
+    client = BlockingClient(InProcessTransport(actor), "p", keepalive_s=0.2)
+    client.run(actor.start())
+    try:
+        client.register(spec("p", (0,), (0, 1), slots=1), _Endpoint(ElasticPool("p", start=Engine, run=None)))
+        client.request(Stage.INIT)
+        with pytest.raises(ValueError, match="a job ends finished, failed or cancelled, not 'done'"):
+            client.unregister("done")
+        row = client.run(actor.status()).jobs[0]
+        assert (row.phases[-1][0], row.error) == ("failed", "(it left saying 'done')")  # its GPUs went back all the same
+        assert client.run(actor.holdings()) == {}
+    finally:
+        client.run(actor.stop())
+        client.close()
+
+
 # ------------------------------------------------------------------ placing a pipeline's own actors
 
 

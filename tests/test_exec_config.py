@@ -62,6 +62,16 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0].update(train={"logprob_chunk_tokens": 0}), "jobs[0].train.logprob_chunk_tokens"),
         (lambda c: c["jobs"][0].update(dispatch="longest"), "jobs[0].dispatch"),
         (lambda c: c["jobs"][0].update(placement="home_first"), "jobs[0].placement"),
+        # each passed, then failed once Ray was up (or as the model was built): the core's own checks, and numpy's seeds
+        (lambda c: c["scheduler"].update(tenants="a:1:99"), "scheduler.tenants: their guarantees add up to 99 GPUs"),
+        (
+            lambda c: c["scheduler"].update(queues=[{"name": "q", "gpus": "8-9", "max_jobs": 1}]),
+            "scheduler.queue 'q': gpus must be GPUs of the cluster",
+        ),
+        (lambda c: c["jobs"][0]["model"]["size"].update(seed=10**30), "jobs[0].model.size.seed"),
+        (lambda c: c["jobs"][0]["model"]["size"].update(hidden_size=2**40), "jobs[0].model.size.hidden_size"),
+        (lambda c: c["jobs"][0].update(seed=-1), "jobs[0].seed"),
+        (lambda c: c.update(ray={"address": ""}), "ray.address"),
     ],
 )
 def test_bad_config_names_the_field(edit, field):

@@ -256,6 +256,18 @@ BAD = [
         "fails to import (SystemExit: 1)",
     ),
     ("no such file", lambda d: {"rewards": [{"function": "nope/r.py:fn"}]}, "jobs[0].rewards[0].function", "no file"),
+    (
+        "not a python file",  # it crashed: Python's importer gives no loader for a .jsonl
+        lambda d: {"rewards": [{"function": f"{_touch(d / 'r.jsonl', '{}')}:fn"}]},
+        "jobs[0].rewards[0].function",
+        "is not a Python (.py) file",
+    ),
+    (
+        "rows nested too deep",
+        lambda d: {"data": {"path": str(_touch(d / "deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n")), "prompt_field": "q"}},
+        "jobs[0].data.path",
+        "nested too deep to read",
+    ),
     ("no such function", lambda d: {"rewards": _fn("nope")}, "jobs[0].rewards[0].function", "has no attribute 'nope'"),
     ("not callable", lambda d: {"rewards": _fn("NOT_CALLABLE")}, "jobs[0].rewards[0].function", "not callable"),
     ("not a reference", lambda d: {"rewards": [{"function": "justaname"}]}, "jobs[0].rewards[0].function", "not a reference"),

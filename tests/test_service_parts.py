@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -391,6 +392,28 @@ def test_keep_ended_takes_an_age():
     assert build_parser().parse_args(["scheduler", "start"]).keep_ended == 3600.0
     with pytest.raises(SystemExit):  # argparse's one line and exit 2: shorter than a submitter's renewals
         build_parser().parse_args(["scheduler", "start", "--keep-ended", "30"])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["status", "--watch", "-1"], "rlix status: error: argument --watch: -1 is not a positive number"),
+        (["logs"], "rlix logs: error: the following arguments are required: job (see 'rlix logs --help')"),
+        (["status", "--address", ""], "rlix status: error: argument --address: is empty"),
+        (["scheduler", "start", "--nodes", "0", "--gpus", "4"], "rlix scheduler start: error: argument --nodes: 0 is not"),
+        (["scheduler", "start", "--nodes", "1", "--gpus", "4", "--set", "tenants=a:1:99"], "rlix: --set tenants: their"),
+        (["scheduler", "start", "--nodes", "1000", "--gpus", "1000"], "rlix: --nodes x --gpus: cluster: 1000 nodes x 1000 GPUs"),
+    ],
+)
+def test_the_rlix_tool_refuses_bad_flags_in_one_line_before_joining_ray(args, expected, capsys):
+    """Before: argparse's usage line and its error; ``scheduler start`` joined Ray, then started a service
+    the core refused (or read the cluster from Ray for --nodes 0)."""
+    from rlix.exec.service.cli import main
+
+    with pytest.raises(SystemExit) if "error:" in expected else contextlib.nullcontext():
+        assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(expected), err
 
 
 def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):

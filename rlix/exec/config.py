@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -26,8 +26,9 @@ from rlix.config import (
     one_line,
     read_document,
 )
-from rlix.core import PipelineSpec, SchedulerConfig
+from rlix.core import PipelineSpec, SchedulerConfig, SchedulingError
 from rlix.core.policies import POLICIES
+from rlix.core.scheduler import check_settings
 from rlix.exec.data.model import ModelSize
 from rlix.exec.data.rewards import RewardRef, check_reward
 from rlix.exec.data.sources import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
@@ -71,7 +72,9 @@ class SchedulerKnobs(SchedulerModel):
 
 
 class RayConfig(StrictModel):
-    address: str | None = Field(default=None, description="join this Ray cluster ('auto' or host:port); none = start a local one")
+    address: str | None = Field(
+        default=None, min_length=1, description="join this Ray cluster ('auto' or host:port); none = start a local one"
+    )
     num_cpus: int | None = Field(default=None, ge=1, description="CPUs of the local Ray (default: all)")
 
 
@@ -90,13 +93,16 @@ class EmulationConfig(StrictModel):
         return Emulation(decode_step_s=self.decode_step_s, train_token_s=self.train_token_s)
 
 
+Seed = Annotated[int, Field(ge=0, lt=2**32, description="a whole number from 0 to 2**32 - 1 (numpy's and torch's range)")]
+
+
 class SizeConfig(StrictModel):
     arch: Literal["qwen2", "llama"] = Field(default="qwen2", description="HF architecture to build")
-    hidden_size: int = Field(default=64, ge=8)
-    num_layers: int = Field(default=2, ge=1)
-    num_heads: int = Field(default=4, ge=1)
-    intermediate_size: int = Field(default=128, ge=8)
-    seed: int = 0
+    hidden_size: int = Field(default=64, ge=8, le=32_768)  # the bounds hold every model published, 405B's included
+    num_layers: int = Field(default=2, ge=1, le=256)
+    num_heads: int = Field(default=4, ge=1, le=512)
+    intermediate_size: int = Field(default=128, ge=8, le=131_072)
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _heads(self) -> SizeConfig:
@@ -321,7 +327,7 @@ class AdapterConfig(StrictModel):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     steps: int = Field(default=10, ge=1, description="most training ticks of this adapter")
     stop_reward: float | None = Field(default=None, description="stop early once a step's mean reward reaches this")
-    seed: int = 0
+    seed: Seed = 0
 
     @field_validator("algo")
     @classmethod
@@ -372,7 +378,7 @@ class JobConfig(JobModel):
     roles: dict[Literal["actor_train", "actor_infer", "reference"], RoleConfig] = Field(
         description="GPU mapping of each role; actor_train and actor_infer are required"
     )
-    seed: int = 0
+    seed: Seed = 0
     fault: FaultConfig = Field(default_factory=FaultConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
@@ -564,6 +570,11 @@ def check_topology(cfg: RunConfig, *, loose: bool = False) -> None:
     if loose:
         top = max((g for job in cfg.jobs for spec in job.pipeline_spec(job.name).roles for g in spec.gpus), default=0)
         cluster = replace(cluster, nodes=1, gpus_per_node=max(cluster.num_gpus, top + 1))
+    if not loose:  # tenants' guarantees and queues within the cluster, as the scheduler checks them when it starts
+        try:
+            check_settings(cluster, cfg.scheduler.core())
+        except SchedulingError as exc:
+            raise ConfigError(f"scheduler.{exc}") from None
     for i, job in enumerate(cfg.jobs):
         problem = job_topology_error(cluster, job.pipeline_spec(job.name), executor_stages(kl=job.algo.kl_coef > 0))
         if problem is not None:

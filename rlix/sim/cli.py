@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlix.config import unwritable
+from rlix.config import ray_address, unwritable
 from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
 from rlix.sim import scenarios, sweep
@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"
     )
-    sw.add_argument("--address", metavar="ADDR", help="join this Ray cluster (default: start a local one for the sweep)")
+    sw.add_argument(
+        "--address", type=ray_address, metavar="ADDR", help="join this Ray cluster (default: start a local one for the sweep)"
+    )
     sw.add_argument("--out", default="sweep", metavar="DIR", help="folder for sweep.csv, sweep.json, sweep.png (default: sweep/)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
@@ -208,9 +210,9 @@ def _replay(args, console: Console, err: Console) -> int:
     if args.plot:
         from rlix.plot import plot_runs
 
-        plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
+        written = plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
         if show:
-            console.print(f"wrote {args.plot}")
+            console.print(f"wrote {written}")
     return 0
 
 
@@ -338,7 +340,7 @@ def _knobs(pairs: list[str]) -> dict[str, str]:
 
 def _generate(args, console: Console, err: Console) -> int:
     if args.scenario not in scenarios.SCENARIOS:
-        raise UserError(f"scenario '{args.scenario}' is unknown; choose from {', '.join(scenarios.SCENARIOS)}")
+        raise UserError(f"scenario {args.scenario!r} is unknown; choose from {', '.join(scenarios.SCENARIOS)}")
     model = scenarios.build(args.scenario, args.seed)
     out = Path(args.output or f"traces/{args.scenario}.json")
     check_output("--output", out)

@@ -109,6 +109,8 @@ def _import_file(path: Path):
     if modname in sys.modules:
         return sys.modules[modname]
     spec = importlib.util.spec_from_file_location(modname, path)
+    if spec is None or spec.loader is None:  # a file Python does not import (.jsonl, .txt)
+        raise ValueError(f"{path} is not a Python (.py) file; point the reward at a .py file's function")
     module = importlib.util.module_from_spec(spec)
     if str(path.parent) not in sys.path:
         sys.path.append(str(path.parent))  # sibling helper modules import as they would for a script

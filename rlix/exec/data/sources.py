@@ -114,6 +114,8 @@ def _jsonl(p: Path, field: str) -> list[dict]:
             rows = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(field, f"{p} line {exc.lineno} is not valid JSON ({exc.msg}); fix that line") from None
+        except RecursionError:
+            raise DataError(field, f"{p} is nested too deep to read; flatten its rows") from None
         numbered = list(enumerate(rows, 1))
     else:
         numbered = []
@@ -124,6 +126,8 @@ def _jsonl(p: Path, field: str) -> list[dict]:
                 numbered.append((n, json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise DataError(field, f"{p} line {n} is not valid JSON ({exc.msg}); fix that line") from None
+            except RecursionError:
+                raise DataError(field, f"{p} line {n} is nested too deep to read; flatten it") from None
     for n, row in numbered:
         if not isinstance(row, dict):
             raise DataError(field, f"{p} line {n} is a JSON {type(row).__name__}, not an object; write one object per line")

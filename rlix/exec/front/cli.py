@@ -23,11 +23,18 @@ import signal
 import sys
 from pathlib import Path
 
+from rlix.config import OneLineParser, ray_address
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlix-run", description="Run RL jobs that share GPUs through the rlix scheduler.")
+    p = OneLineParser(prog="rlix-run", description="Run RL jobs that share GPUs through the rlix scheduler.")
     p.add_argument("config", help="YAML run config (see examples/)")
-    p.add_argument("--address", default=None, help="join this Ray cluster ('auto' or host:port) instead of starting a local one")
+    p.add_argument(
+        "--address",
+        type=ray_address,
+        default=None,
+        help="join this Ray cluster ('auto' or host:port) instead of starting a local one",
+    )
     p.add_argument("--policy", default=None, help="override the config's policy (rlix, static, partial_overlap)")
     p.add_argument("--out", default=None, help="output directory (default: the config's output.dir)")
     p.add_argument("--no-console", action="store_true", help="no live progress table")

@@ -22,6 +22,7 @@ import os
 import sys
 from dataclasses import asdict
 
+from rlix.config import OneLineParser, ray_address
 from rlix.exec.service.history import KEEP_ENDED_MIN_S, KEEP_ENDED_S
 from rlix.protocol import VersionMismatch
 
@@ -34,6 +35,13 @@ def port(text: str) -> int:
     """A TCP port, 1 to 65535 (argparse says so in one line otherwise)."""
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise argparse.ArgumentTypeError(f"{text} is not a port (1 to 65535)")
+    return int(text)
+
+
+def count(text: str) -> int:
+    """A whole number >= 1 (nodes, GPUs per node)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 1")
     return int(text)
 
 
@@ -73,15 +81,15 @@ def keep_age(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlix", description="The rlix scheduler shared by every job on a Ray cluster.")
+    p = OneLineParser(prog="rlix", description="The rlix scheduler shared by every job on a Ray cluster.")
     sub = p.add_subparsers(dest="command", required=True)
     sched = sub.add_parser("scheduler", help="start or stop the cluster's scheduler service")
     act = sched.add_subparsers(dest="action", required=True)
     start = act.add_parser("start", help="start the service (the first rlix-run --address starts one too)")
     start.add_argument("--policy", default="rlix", help="scheduling policy (rlix, static, partial_overlap)")
     start.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="a scheduler knob (repeatable)")
-    start.add_argument("--nodes", type=int, default=None, help="nodes it manages (default: the Ray cluster's GPU nodes)")
-    start.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: read from Ray)")
+    start.add_argument("--nodes", type=count, default=None, help="nodes it manages (default: the Ray cluster's GPU nodes)")
+    start.add_argument("--gpus", type=count, default=None, help="GPUs per node (default: read from Ray)")
     start.add_argument("--metrics-port", type=port, default=None, help="serve Prometheus metrics at :PORT/metrics")
     start.add_argument("--history", default=None, help="the SQLite file of ended jobs (default ~/.rlix/history.sqlite)")
     start.add_argument(
@@ -111,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeline = sub.add_parser("timeline", help="the cluster's GPU-by-time chart since the service started")
     timeline.add_argument("--plot", default=None, help="write the chart here (PNG); default: print the segments as JSON")
     for q in (start, stop, status, cancel, timeline, history, logs):
-        q.add_argument("--address", default=None, help="the Ray cluster (default: RAY_ADDRESS, else auto)")
+        q.add_argument("--address", type=ray_address, default=None, help="the Ray cluster (default: RAY_ADDRESS, else auto)")
     return p
 
 
@@ -120,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status" and (read := _over_http(args)) is not None:  # no Ray to import: fast
             return _status(read, args)
+        if (args.command, getattr(args, "action", None)) == ("scheduler", "start"):
+            _start_flags(args)  # before Ray is joined: a bad flag is named at once
         service = None if getattr(args, "db", None) else _connect(args)
         code = COMMANDS[(args.command, getattr(args, "action", None))](service, args)
         if args.command in READ_ONLY and argv is None:  # a tool's reading: leave without Ray's slow teardown
@@ -167,17 +177,14 @@ def _start(service, args) -> int:
         info = service.call_sync(protocol.Info())
         print(f"rlix scheduler already runs: {info.nodes} x {info.gpus_per_node} GPUs, policy {info.policy}")
         return 0
-    from rlix.core import POLICIES
-
-    if args.policy not in POLICIES:
-        raise UserError(f"--policy {args.policy}: unknown; choose one of {', '.join(sorted(POLICIES))}")
-    knobs = _knobs(args.set)
-    if (args.nodes is None) != (args.gpus is None):
-        raise UserError("--nodes and --gpus go together; give both, or neither to read the cluster from Ray")
+    knobs = _start_flags(args)
     try:
-        cluster = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus) if args.nodes else connect.ray_cluster()
+        cluster = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus) if args.nodes is not None else connect.ray_cluster()
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
+    problem = settings_error(cluster, knobs)
+    if problem is not None:
+        raise UserError(problem)
     try:
         connect.start(cluster, args.policy, knobs, args.metrics_port, args.history or connect.DEFAULT_HISTORY, args.keep_ended)
     except connect.ClusterError as exc:  # its GPUs could not be reserved in Ray
@@ -185,6 +192,39 @@ def _start(service, args) -> int:
     served = f"; metrics at :{args.metrics_port}/metrics" if args.metrics_port else ""
     print(f"rlix scheduler started: {cluster.nodes} x {cluster.gpus_per_node} GPUs, policy {args.policy}{served}")
     return 0
+
+
+def _start_flags(args):
+    """``scheduler start``'s policy and knobs, and its cluster where --nodes and --gpus give it; the knobs."""
+    from rlix.core import POLICIES, ClusterSpec
+
+    if args.policy not in POLICIES:
+        raise UserError(f"--policy {args.policy}: unknown; choose one of {', '.join(sorted(POLICIES))}")
+    knobs = _knobs(args.set)
+    if (args.nodes is None) != (args.gpus is None):
+        raise UserError("--nodes and --gpus go together; give both, or neither to read the cluster from Ray")
+    if args.nodes is not None and (problem := settings_error(ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus), knobs)):
+        raise UserError(problem)
+    return knobs
+
+
+def settings_error(cluster, knobs) -> str | None:
+    """What the scheduler would refuse as it starts (a cluster too large, tenants' guarantees or queues
+    beyond it), as one line; None if nothing."""
+    from pydantic import ValidationError
+
+    from rlix.config import ClusterModel, one_line
+    from rlix.core import SchedulingError
+    from rlix.core.scheduler import check_settings
+
+    try:
+        ClusterModel(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
+        check_settings(cluster, knobs.core())
+    except ValidationError as exc:
+        return f"--nodes x --gpus: {one_line(exc)}"
+    except SchedulingError as exc:
+        return f"--set {exc}"
+    return None
 
 
 def _knobs(pairs: list[str]):
@@ -405,7 +445,10 @@ def _cancel(service, args) -> int:
 
 def _timeline(service, args) -> int:
     from rlix import protocol
+    from rlix.config import unwritable
 
+    if args.plot is not None and (problem := unwritable(args.plot)) is not None:
+        raise UserError(f"--plot {args.plot}: {problem}")
     reply = service.call_sync(protocol.Timeline())
     rec, now, jobs = reply.recorder, reply.now, list(reply.jobs)
     if args.plot:
@@ -413,8 +456,7 @@ def _timeline(service, args) -> int:
         from rlix.plot import plot_runs
 
         title = f"rlix scheduler: {connect.jobs(len(jobs))}, utilization {reply.utilization:.3f}"
-        plot_runs({"rlix scheduler": (rec, now)}, jobs, args.plot, title, span="up")
-        print(f"wrote {args.plot}")
+        print(f"wrote {plot_runs({'rlix scheduler': (rec, now)}, jobs, args.plot, title, span='up')}")
         return 0
     segments = [
         {"gpu": s.gpu, "start": s.start, "end": s.end, "activity": s.activity.value, "job": s.pipeline_id, "stage": s.stage}

@@ -210,7 +210,10 @@ class Client:
         try:
             outcome = protocol.Outcome.of(status)
         except ValueError as exc:
-            await self.unregister(protocol.Outcome.FAILED, f"{error} (it left saying '{status}')".lstrip())
+            try:
+                await self.unregister(protocol.Outcome.FAILED, f"{error} (it left saying '{status}')".lstrip())
+            except Exception as gone:  # noqa: BLE001 -- the typo is what the caller must hear; why leaving failed goes with it
+                raise ValueError(f"{exc} (and leaving as failed raised {type(gone).__name__}: {gone})") from None
             raise exc from None
         if self._keepalive is not None:
             self._keepalive.cancel()

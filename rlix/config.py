@@ -60,7 +60,7 @@ def parse_gpus(value: object) -> object:
                 ids = range(int(lo), int(hi or lo) + 1)
             except ValueError:
                 raise ValueError(f"'{value}' is not a GPU list; write e.g. [0, 1] or \"0-7\"") from None
-            if len(ids) > MAX_GPUS:  # before the list is made: "0-100000000" would fill the memory
+            if len(out) + len(ids) > MAX_GPUS:  # before the list is made: "0-100000000" would fill the memory
                 raise ValueError(f"'{value}' names more than {MAX_GPUS:,} GPUs; no cluster has them")
             out.extend(ids)
         return out

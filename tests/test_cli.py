@@ -125,6 +125,7 @@ BAD_TRACES = {
         "the trace draws 10,242,048 trajectories in all, more than 10,000,000",
     ),
     "a range of a hundred million GPUs": (lambda r: r["pipelines"][0].update(home="0-100000000"), "names more than 100,000"),
+    "ranges of too many GPUs in all": (lambda r: r["pipelines"][0].update(home="0-60000,0-60000"), "names more than 100,000"),
     "too many nodes": (
         lambda r: r["cluster"].update(nodes=10_000_000),
         "cluster: 10000000 nodes x 8 GPUs is more than 100,000 GPUs",

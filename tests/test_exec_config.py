@@ -71,6 +71,7 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0]["model"]["size"].update(seed=10**30), "jobs[0].model.size.seed"),
         (lambda c: c["jobs"][0]["model"]["size"].update(hidden_size=2**40), "jobs[0].model.size.hidden_size"),
         (lambda c: c["jobs"][0].update(seed=-1), "jobs[0].seed"),
+        (lambda c: c["jobs"][0].update(seed=2**32), "jobs[0].seed: Input should be less than 4294967296"),
         (lambda c: c.update(ray={"address": ""}), "ray.address"),
     ],
 )
@@ -78,6 +79,20 @@ def test_bad_config_names_the_field(edit, field):
     raw = _base()
     edit(raw)
     assert_config_error_names(raw, field)
+
+
+def test_a_config_joining_a_running_scheduler_is_not_held_to_the_settings_it_keeps():
+    """A running scheduler keeps its own tenants and queues: a joining config's are not checked against its cluster."""
+    from rlix.exec.config import ConfigError, check_topology
+
+    raw = _base()
+    raw["scheduler"]["queues"] = [{"name": "q", "gpus": "0-7", "max_jobs": 1}]
+    raw["cluster"] = {"nodes": 1, "gpus_per_node": 8}
+    cfg = parse_config(raw)
+    joined = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"gpus_per_node": 4})})
+    check_topology(joined, settings=False)  # as Submission checks a config it joins with
+    with pytest.raises(ConfigError, match="scheduler.queue 'q': gpus must be GPUs of the cluster"):
+        check_topology(joined)  # as a config whose settings start the scheduler
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,7 @@ class EmulationConfig(StrictModel):
         return Emulation(decode_step_s=self.decode_step_s, train_token_s=self.train_token_s)
 
 
-Seed = Annotated[int, Field(ge=0, lt=2**32, description="a whole number from 0 to 2**32 - 1 (numpy's and torch's range)")]
+Seed = Annotated[int, Field(ge=0, lt=2**32, description="a whole number from 0 to 2**32 - 1")]  # every generator's range
 
 
 class SizeConfig(StrictModel):
@@ -560,17 +560,19 @@ def check_backends(cfg: RunConfig) -> None:
             )
 
 
-def check_topology(cfg: RunConfig, *, loose: bool = False) -> None:
+def check_topology(cfg: RunConfig, *, loose: bool = False, settings: bool = True) -> None:
     """Each job's roles must fit the cluster and its step's stages (the rules a trace's pipelines follow).
 
     ``loose``: the config has no cluster block, so the cluster is not known yet (a shared scheduler's
     is); the roles are checked against one node as large as they need, and again once it is known.
+    ``settings``: the scheduler block's tenants and queues too (not where a running scheduler, which keeps
+    its own, is joined).
     """
     cluster = cfg.cluster.spec()
     if loose:
         top = max((g for job in cfg.jobs for spec in job.pipeline_spec(job.name).roles for g in spec.gpus), default=0)
         cluster = replace(cluster, nodes=1, gpus_per_node=max(cluster.num_gpus, top + 1))
-    if not loose:  # tenants' guarantees and queues within the cluster, as the scheduler checks them when it starts
+    if settings and not loose:  # tenants' guarantees and queues within the cluster, as the scheduler checks them as it starts
         try:
             check_settings(cluster, cfg.scheduler.core())
         except SchedulingError as exc:

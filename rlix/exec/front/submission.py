@@ -57,7 +57,7 @@ class Submission:
             )
         cluster = config.cluster.model_copy(update={"nodes": info.nodes, "gpus_per_node": info.gpus_per_node})
         self.config = config.model_copy(update={"cluster": cluster, "policy": info.policy})
-        check_topology(self.config)  # the jobs' GPU mappings fit the scheduler's cluster
+        check_topology(self.config, settings=False)  # the jobs' GPU mappings fit the scheduler's cluster (it keeps its settings)
         tag = os.environ.get(TAG_ENV) or uuid.uuid4().hex[:6]  # a detached run's is its submitter's
         self.submitter = f"{socket.gethostname()}:{os.getpid()}:{tag}"
         self.user = protocol.asker()

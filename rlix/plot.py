@@ -16,9 +16,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from rlix.config import unwritable
 from rlix.metrics import Activity, UsageRecorder
 
 BINS = 800  # time columns of the raster
@@ -126,12 +128,28 @@ def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[st
     return fig
 
 
+def figure_path(path: str | Path) -> Path:
+    """Where a figure asked for at ``path`` is written: a PNG where the name has no suffix."""
+    path = Path(path)
+    return path if path.suffix else path.with_suffix(".png")
+
+
+def figure_problem(path: str | Path) -> str | None:
+    """Why a figure could not be written at ``path`` (as :func:`figure_path` names it), or None:
+    asked before any work, so that a run's figure is not lost at its end."""
+    if not str(path).strip():
+        return "is empty; give a path"
+    written = figure_path(path)
+    if written.suffix[1:].lower() not in FigureCanvasBase.get_supported_filetypes():
+        return f"matplotlib cannot write '{written.suffix}'; end the name in .png, .svg or .pdf"
+    return unwritable(written)
+
+
 def plot_runs(
     runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[str], path: str | Path, title: str, span: str = "makespan"
 ) -> Path:
-    """Write :func:`runs_figure` at ``path`` (a PNG where the name has no suffix); the path written."""
-    path = Path(path)
-    path = path if path.suffix else path.with_suffix(".png")
+    """Write :func:`runs_figure` at ``path`` (:func:`figure_path`); the path written."""
+    path = figure_path(path)
     fig = runs_figure(runs, pipelines, title, span)
     try:
         fig.savefig(path, dpi=110)

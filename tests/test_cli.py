@@ -187,6 +187,19 @@ def test_bad_arguments_are_one_line_exit_2(args, expected, tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1 and expected in res.stderr, res.stderr
 
 
+def test_a_figure_is_checked_where_it_will_be_written(tmp_path):
+    """``--plot fig`` writes fig.png: that is the path checked before any work, not ``fig``."""
+    from rlix.plot import figure_path, figure_problem
+
+    (tmp_path / "fig.png").mkdir()
+    assert figure_path(tmp_path / "fig") == tmp_path / "fig.png"
+    assert figure_problem(tmp_path / "fig") == "is a folder; give a file name inside it"
+    assert figure_problem(tmp_path / "other") is None
+    assert figure_problem(tmp_path / "fig.xyz") == "matplotlib cannot write '.xyz'; end the name in .png, .svg or .pdf"
+    res = run_cli("replay", "traces/single.json", "--plot", str(tmp_path / "fig"))
+    assert res.returncode == 2 and f"--plot {tmp_path / 'fig'}: is a folder" in res.stderr, res.stderr
+
+
 def test_an_output_path_that_could_not_be_written_is_named_with_why(tmp_path, monkeypatch):
     """``rlix.config.unwritable``, which both CLIs ask before any work."""
     import os

@@ -151,17 +151,19 @@ def _policies(names: list[str] | None) -> list[str]:
 def _checked_policies(args) -> list[str]:
     """The policies to replay (all by default); bad flags are refused before any work."""
     policies = _policies(args.policy)
-    for flag, path in (("--json", args.json), ("--plot", getattr(args, "plot", None))):
-        if path is not None:
-            check_output(flag, path)
+    if args.json is not None:
+        check_output("--json", args.json)
     plot = getattr(args, "plot", None)
-    if plot and Path(plot).suffix:
-        from matplotlib.backend_bases import FigureCanvasBase
-
-        kinds = FigureCanvasBase.get_supported_filetypes()
-        if Path(plot).suffix[1:].lower() not in kinds:
-            raise UserError(f"--plot {plot}: matplotlib cannot write '{Path(plot).suffix}'; end the name in .png, .svg or .pdf")
+    if plot is not None:
+        _check_plot(plot)
     return policies
+
+
+def _check_plot(plot: str) -> None:
+    from rlix.plot import figure_problem
+
+    if (problem := figure_problem(plot)) is not None:
+        raise UserError(f"--plot {plot}: {problem}")
 
 
 def check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:

@@ -445,10 +445,12 @@ def _cancel(service, args) -> int:
 
 def _timeline(service, args) -> int:
     from rlix import protocol
-    from rlix.config import unwritable
 
-    if args.plot is not None and (problem := unwritable(args.plot)) is not None:
-        raise UserError(f"--plot {args.plot}: {problem}")
+    if args.plot is not None:
+        from rlix.plot import figure_problem
+
+        if (problem := figure_problem(args.plot)) is not None:
+            raise UserError(f"--plot {args.plot}: {problem}")
     reply = service.call_sync(protocol.Timeline())
     rec, now, jobs = reply.recorder, reply.now, list(reply.jobs)
     if args.plot:

@@ -416,6 +416,17 @@ def test_the_rlix_tool_refuses_bad_flags_in_one_line_before_joining_ray(args, ex
     assert "\n" not in err and err.startswith(expected), err
 
 
+def test_a_cluster_too_large_is_named_by_where_it_came_from():
+    """A cluster read from Ray is no flag the user gave: the refusal says so."""
+    from rlix.core import ClusterSpec
+    from rlix.exec.service.cli import _knobs, settings_error
+
+    huge, fits = ClusterSpec(nodes=1000, gpus_per_node=1000), ClusterSpec(nodes=1, gpus_per_node=4)
+    assert settings_error(huge, _knobs([])).startswith("--nodes x --gpus: cluster: 1000 nodes x 1000 GPUs")
+    assert settings_error(huge, _knobs([]), source="the Ray cluster's GPUs").startswith("the Ray cluster's GPUs: cluster:")
+    assert settings_error(fits, _knobs([])) is None
+
+
 def test_rlix_history_reads_the_file_itself_without_ray(tmp_path):
     import subprocess
     import sys

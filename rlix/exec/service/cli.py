@@ -182,7 +182,7 @@ def _start(service, args) -> int:
         cluster = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus) if args.nodes is not None else connect.ray_cluster()
     except connect.ServiceError as exc:
         raise UserError(str(exc)) from None
-    problem = settings_error(cluster, knobs)
+    problem = settings_error(cluster, knobs, source="--nodes x --gpus" if args.nodes is not None else "the Ray cluster's GPUs")
     if problem is not None:
         raise UserError(problem)
     try:
@@ -208,9 +208,9 @@ def _start_flags(args):
     return knobs
 
 
-def settings_error(cluster, knobs) -> str | None:
+def settings_error(cluster, knobs, *, source: str = "--nodes x --gpus") -> str | None:
     """What the scheduler would refuse as it starts (a cluster too large, tenants' guarantees or queues
-    beyond it), as one line; None if nothing."""
+    beyond it), as one line naming where the cluster came from (``source``); None if nothing."""
     from pydantic import ValidationError
 
     from rlix.config import ClusterModel, one_line
@@ -221,7 +221,7 @@ def settings_error(cluster, knobs) -> str | None:
         ClusterModel(nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node)
         check_settings(cluster, knobs.core())
     except ValidationError as exc:
-        return f"--nodes x --gpus: {one_line(exc)}"
+        return f"{source}: {one_line(exc)}"
     except SchedulingError as exc:
         return f"--set {exc}"
     return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import deque
+from collections import Counter, deque
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
@@ -371,8 +371,8 @@ class TraceModel(StrictModel):
 
     @model_validator(mode="after")
     def _unique(self) -> TraceModel:
-        ids = [i for p in self.pipelines for i in p.job_ids()]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
+        counts = Counter(i for p in self.pipelines for i in p.job_ids())
+        dup = sorted(i for i, n in counts.items() if n > 1)
         if dup:
             raise ValueError(f"pipeline ids must be unique; '{dup[0]}' appears more than once")
         drawn = sum(p.drawn() for p in self.pipelines)

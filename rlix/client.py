@@ -129,6 +129,7 @@ class Client:
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not released
         self.rejoins = 0  # times this pipeline rejoined a restarted scheduler
         self.admitted = False  # it was granted GPUs once (its home stays taken under a partitioning policy)
+        self.registered = False  # the scheduler took its registration (a refused one has nothing to leave)
         self.info: protocol.ServiceInfo | None = None  # what the scheduler manages, once registered
         self._spec: PipelineSpec | None = None
         self._endpoint = None
@@ -152,6 +153,7 @@ class Client:
         self._life = self.info.life
         hello = protocol.Register(spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker())
         await self._call(hello, again=None)
+        self.registered = True
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     def actor_options(self, gpus: Gpus, env: dict[str, str] | None = None) -> dict:
@@ -206,7 +208,8 @@ class Client:
     async def unregister(self, status: protocol.Outcome | str = "finished", error: str = "") -> None:
         """Leave, saying how the job ended (finished, failed or cancelled): every GPU the pipeline holds
         goes back (its rollout workers are shrunk first). A word that is none of the three is refused, once
-        the pipeline has left as failed: a typo never keeps GPUs held."""
+        the pipeline has left as failed: a typo never keeps GPUs held. A client whose registration was
+        refused sends nothing: the name may be another job's, and this one holds nothing."""
         try:
             outcome = protocol.Outcome.of(status)
         except ValueError as exc:
@@ -219,7 +222,9 @@ class Client:
             self._keepalive.cancel()
         self.held.clear()
         try:
-            await self.sched.call(protocol.Unregister(pipeline_id=self.pipeline_id, status=outcome, error=error), self.timeout_s)
+            if self.registered:  # a refused registration leaves nothing: the name may be another job's
+                gone = protocol.Unregister(pipeline_id=self.pipeline_id, status=outcome, error=error, endpoint=self._endpoint)
+                await self.sched.call(gone, self.timeout_s)
         finally:
             if self._callbacks is not None:  # its workers are shrunk (or the scheduler is gone): nothing calls it any more
                 await self._callbacks.close()

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # annotations only: the rlix tool reads a status without load
     from rlix.core import PipelineSpec, Rejoin, ReportDemand, Role, Stage, WorkerLost
     from rlix.core.types import Gpus
 
-PROTOCOL_VERSION = 2  # raised whenever a request or reply changes shape
+PROTOCOL_VERSION = 3  # raised whenever a request or reply changes shape
 
 
 class Outcome(enum.Enum):
@@ -395,6 +395,9 @@ class Unregister(PipelineCall):
     pipeline_id: str
     status: Outcome = Outcome.FAILED
     error: str = ""
+    # The endpoint it registered with: a leave from another (a run whose registration under the name was
+    # refused, or one dropped since the name ran again) ends nothing. None: by name (the rlix-run that claimed it).
+    endpoint: Any = None
 
     def __post_init__(self) -> None:  # "finished" as well as Outcome.FINISHED; a word that is neither is refused here
         object.__setattr__(self, "status", Outcome.of(self.status))

@@ -14,7 +14,7 @@ import pytest
 from helpers import spec
 
 from rlix import protocol
-from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig, Stage
+from rlix.core import ClusterSpec, ReportDemand, SchedulerConfig, SchedulingError, Stage
 
 
 def _actor(gpus: int):
@@ -221,3 +221,45 @@ def test_a_cancel_reaches_a_registered_jobs_endpoint_with_who_asked_and_another_
     assert refused.refused and "a#1 is ann's" in refused.message and "--force" in refused.message
     assert not mine.refused and mine.message == "job a#1 asked to stop"
     assert stops == [protocol.Stopped(by="ann@h2")]
+
+
+@pytest.mark.exec
+def test_a_leave_ends_only_the_registration_it_comes_from():
+    """A run whose registration under a taken name was refused leaves without ending the job that
+    holds the name; nor does a run dropped since, once the name runs again."""
+    from boundary import Handle, InProcessTransport
+
+    from rlix.client import Client
+
+    class Endpoint:
+        async def expand(self, gpus):
+            pass
+
+        async def shrink(self, gpus, reason):
+            pass
+
+        async def stop(self, why=None):
+            pass
+
+        async def __ray_ready__(self):
+            pass
+
+    async def scenario():
+        sched = _actor(2)
+        await sched.start()
+        alice, bob = Client(InProcessTransport(sched), "job", keepalive_s=3600), Client(InProcessTransport(sched), "job")
+        await alice.register(spec("job", (0,), (0, 1)), Handle(Endpoint()))
+        await alice.request(Stage.INIT)
+        with pytest.raises(SchedulingError, match="already registered"):
+            await bob.register(spec("job", (1,), (0, 1)), Handle(Endpoint()))
+        await bob.unregister("failed", "its register was refused")  # its exit handler: leave, whatever happened
+        assert (await sched.holdings()) == {"job": (0,)}
+        stale = protocol.Unregister(pipeline_id="job", status="failed", endpoint=Handle(Endpoint()))
+        await sched.handle(stale, protocol.PROTOCOL_VERSION)  # a run dropped since, leaving late
+        assert [(r.name, r.state) for r in (await sched.status()).jobs] == [("job", "loading")]
+        await alice.release(Stage.INIT)  # the job that holds the name goes on
+        await alice.unregister("finished")
+        assert [(r.name, r.state) for r in (await sched.status()).jobs] == [("job", "finished")]
+        await sched.stop()
+
+    asyncio.run(scenario())

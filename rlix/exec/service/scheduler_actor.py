@@ -151,8 +151,8 @@ def fail_waiting(waiting: dict, pipeline_id: str) -> None:
 
 
 def same_actor(a, b) -> bool:
-    """Whether two Ray actor handles name one actor."""
-    return a is not None and b is not None and a._actor_id == b._actor_id
+    """Whether two Ray actor handles name one actor (two objects that are not handles: whether they are one)."""
+    return a is not None and b is not None and getattr(a, "_actor_id", a) == getattr(b, "_actor_id", b)
 
 
 def kill_actor(handle) -> None:
@@ -246,7 +246,7 @@ class SchedulerActor:
             p.Report: lambda r: self.report(r.demand),
             p.Lost: lambda r: self.lost(r.event),
             p.Note: lambda r: self.note(r.note),
-            p.Unregister: lambda r: self.unregister(r.pipeline_id, r.status, r.error),
+            p.Unregister: lambda r: self.unregister(r.pipeline_id, r.status, r.error, r.endpoint),
             p.Alive: lambda r: self.alive(r.pipeline_id),
             p.Knows: lambda r: self.knows(r.pipeline_id),
             p.RolloutBundles: lambda r: self.rollout_bundles(r.pipeline_id),
@@ -352,9 +352,13 @@ class SchedulerActor:
         if event.demand is not None:
             self.books.reported(event.demand)
 
-    async def unregister(self, pipeline_id: str, status: Outcome = Outcome.FAILED, error: str = "") -> None:
-        self.books.jobs.end(pipeline_id, status, error, self.now())
+    async def unregister(self, pipeline_id: str, status: Outcome = Outcome.FAILED, error: str = "", caller=None) -> None:
+        """The pipeline leaves. ``caller``: the endpoint of the registration leaving; where another runs
+        under the name now, that one is not ended by it (None: by name)."""
         endpoint = self.coordinators.get(pipeline_id)
+        if caller is not None and endpoint is not None and not same_actor(endpoint, caller):
+            return
+        self.books.jobs.end(pipeline_id, status, error, self.now())
         try:
             done = await self._event(Unregister(pipeline_id=pipeline_id))
         except SchedulingError:

@@ -36,7 +36,10 @@ class _Coordinator:
         async def expand(gpus):
             calls.append((name, "expand", tuple(gpus)))
 
-        self.shrink, self.expand = Remote(shrink), Remote(expand)
+        async def stop(why=None):
+            calls.append((name, "stop"))
+
+        self.shrink, self.expand, self.stop = Remote(shrink), Remote(expand), Remote(stop)
 
 
 def _actor(gpus: int):
@@ -174,6 +177,47 @@ def test_stop_cancels_every_background_task():
         return tasks
 
     assert all(t.cancelled() or t.done() for t in asyncio.run(scenario()))
+
+
+def test_what_a_background_task_raises_is_reported_and_a_cancel_not_delivered_is_recorded(monkeypatch):
+    """Before: an exception in a spawned task (a cancel whose endpoint call raised) went only to the
+    event loop's log, as 'Task exception was never retrieved', and the cancel's kill never came."""
+    from rlix.exec.control.gpu_order import GpuOrder
+
+    async def boom():
+        raise KeyError("x")
+
+    async def spawned():
+        errors: list = []
+        order = GpuOrder(on_error=errors.append)
+        order.spawn(boom())
+        order.spawn(asyncio.sleep(0))
+        await asyncio.sleep(0.01)
+        return errors, order.tasks
+
+    errors, left = asyncio.run(spawned())
+    assert [type(e) for e in errors] == [KeyError] and not left
+
+    from rlix import protocol
+    from rlix.exec.service import scheduler_actor
+
+    async def cancelled():
+        calls: list = []
+        sched, coords = await _two_jobs_with_rollout(calls)
+
+        def refuse(why=None):
+            raise RuntimeError("no route to the endpoint")
+
+        coords["a"].stop = type("Call", (), {"remote": staticmethod(refuse)})()
+        await sched._stop("a", protocol.Stopped(by="ann@h"))
+        out = list(sched.errors), await sched.holdings()
+        await sched.stop()
+        return out
+
+    monkeypatch.setattr(scheduler_actor, "CANCEL_GRACE_S", 0.01)
+    errors, holdings = asyncio.run(cancelled())
+    assert "cancel of 'a' not delivered: RuntimeError: no route to the endpoint" in errors
+    assert "a" not in holdings  # killed at the grace's end all the same
 
 
 # ------------------------------------------------------------------ rollout control

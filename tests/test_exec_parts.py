@@ -511,13 +511,13 @@ def test_trainer_link_resumes_a_full_finetune_from_its_checkpoint():
 
 
 class _Coordinator:
-    """A pipeline coordinator at the process boundary: shrink and expand calls succeed at once."""
+    """A pipeline coordinator at the process boundary: shrink, expand and stop calls succeed at once."""
 
     def __init__(self) -> None:
         async def ok(*args):
             return None
 
-        self.shrink, self.expand = _Remote(ok), _Remote(ok)
+        self.shrink, self.expand, self.stop = _Remote(ok), _Remote(ok), _Remote(ok)
 
 
 async def _a_training_while_b_waits(stage: Stage, min_residency_s: float, home_guarantee: bool = False):

@@ -186,7 +186,8 @@ async def _run_job(
     rollout = RolloutControl(
         pool=pool, queue=queue, recorder=rec, hooks=hooks, deadlines=deadlines, model_dir="/m", procs=procs, rule=rule
     )
-    coordinator = type("Coordinator", (), {"expand": Remote(rollout.expand), "shrink": Remote(rollout.shrink)})()
+    stop = Remote(lambda why=None: asyncio.sleep(0))
+    coordinator = type("Coordinator", (), {"expand": Remote(rollout.expand), "shrink": Remote(rollout.shrink), "stop": stop})()
     reports = []
     parts = Parts(
         link=link,

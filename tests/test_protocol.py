@@ -74,7 +74,7 @@ def test_pipeline_calls_through_handle_plan_as_the_calls_they_name():
         calls.append(("shrink", tuple(gpus), reason))
 
     endpoint = type("Endpoint", (), {})()
-    endpoint.expand, endpoint.shrink = Remote(expand), Remote(shrink)
+    endpoint.expand, endpoint.shrink, endpoint.stop = Remote(expand), Remote(shrink), Remote(lambda why=None: asyncio.sleep(0))
 
     async def scenario():
         sched = _actor(2)
@@ -178,12 +178,20 @@ def test_a_register_the_core_refuses_ends_the_job_it_queued_saying_why():
     async def scenario():
         sched = _actor(2)
         v = protocol.PROTOCOL_VERSION
+        endpoint = type("Endpoint", (), {"expand": 1, "shrink": 1, "stop": 1})()  # never called: it is refused
         with pytest.raises(SchedulingError):  # GPU 5 is not on a 2-GPU cluster
-            await sched.handle(protocol.Register(spec=spec("z", (0,), (0, 5)), endpoint=None, user="ann@h"), v)
-        return await sched.handle(protocol.Status(), v)
+            await sched.handle(protocol.Register(spec=spec("z", (0,), (0, 5)), endpoint=endpoint, user="ann@h"), v)
+        with pytest.raises(SchedulingError, match="'y': its endpoint has no stop; register a Ray actor"):
+            await sched.handle(protocol.Register(spec=spec("y", (0,), (0, 1)), endpoint=Endpointless(), user="ann@h"), v)
+        return await sched.handle(protocol.Status(), v), await sched.handle(protocol.Holdings(), v)
 
-    (row,) = asyncio.run(scenario()).jobs
+    class Endpointless:  # a handle without the cancel every endpoint answers: refused before anything is kept of it
+        expand = shrink = 1
+
+    status, holdings = asyncio.run(scenario())
+    (row,) = status.jobs
     assert (row.name, row.state, row.user) == ("z", "failed", "ann@h") and "5" in row.error
+    assert holdings == {}
 
 
 @pytest.mark.exec
@@ -263,3 +271,52 @@ def test_a_leave_ends_only_the_registration_it_comes_from():
         await sched.stop()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.exec
+def test_one_endpoints_odd_liveness_answer_never_stops_the_checks_of_the_others(monkeypatch):
+    """Job a's endpoint fails its liveness check in a way no actor should: recorded, a kept; job b's
+    endpoint is dead: b is dropped and its GPUs go back, as if a were not there."""
+    from boundary import Remote
+    from ray.exceptions import RayActorError
+
+    from rlix.exec.service import scheduler_actor
+
+    monkeypatch.setattr(scheduler_actor, "LIVENESS_S", 0.02)
+
+    def endpoint(ready):
+        async def nothing(*args):
+            return None
+
+        handle = type("Endpoint", (), {})()
+        handle.expand, handle.shrink, handle.stop, handle.__ray_ready__ = (
+            Remote(nothing),
+            Remote(nothing),
+            Remote(nothing),
+            Remote(ready),
+        )
+        return handle
+
+    async def odd():
+        raise ValueError("not an actor's answer")
+
+    async def dead():
+        raise RayActorError()
+
+    async def scenario():
+        sched = _actor(2)
+        await sched.start()
+        await sched.register(spec("a", (0,), (0, 1)), endpoint(odd))
+        await sched.register(spec("b", (1,), (0, 1)), endpoint(dead))
+        await asyncio.gather(sched.request("a", Stage.INIT), sched.request("b", Stage.INIT))
+        for _ in range(200):
+            if "b" not in await sched.holdings():
+                break
+            await asyncio.sleep(0.02)
+        out = await sched.holdings(), [(r.name, r.state) for r in (await sched.status()).jobs], list(sched.errors)
+        await sched.stop()
+        return out
+
+    holdings, jobs, errors = asyncio.run(scenario())
+    assert holdings == {"a": (0,)} and jobs == [("a", "loading"), ("b", "failed")]
+    assert any(e == "liveness check failed: ValueError: not an actor's answer" for e in errors)

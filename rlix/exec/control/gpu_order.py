@@ -43,11 +43,18 @@ class GpuOrder:
         return handed
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:
-        """Run ``coro`` in the background, referenced until it ends (so it is neither lost nor left running at stop)."""
+        """Run ``coro`` in the background, referenced until it ends (so it is neither lost nor left running at
+        stop); what it raises goes to ``on_error``."""
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._ended)
         return task
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """A background task ended: forgotten, and what it raised reported (never lost to the event loop's log)."""
+        self.tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.on_error(exc)
 
     def cancel(self) -> None:
         for task in list(self.tasks):

@@ -30,6 +30,7 @@ actor writes to and ``rlix status`` reads.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
 import uuid
@@ -85,6 +86,19 @@ from rlix.protocol import (
 LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
 LIVENESS_DEADLINE_S = 10.0  # an endpoint that does not answer within this is gone (s)
 CANCEL_GRACE_S = 30.0  # a cancelled job still registered this long after its cancel is killed (s)
+ERRORS_KEPT = 1000  # the scheduler's most recent errors, kept for its stats
+ENDPOINT_CALLS = ("expand", "shrink", "stop")  # what the scheduler calls on a pipeline's endpoint (rlix.protocol.Endpoint)
+
+
+def check_endpoint(endpoint, pipeline_id: str) -> None:
+    """Refuse, as a pipeline registers, an endpoint the scheduler could not call back: every other job's
+    liveness checks and plans go through the same calls."""
+    missing = [name for name in ENDPOINT_CALLS if getattr(endpoint, name, None) is None]
+    if missing:
+        raise SchedulingError(
+            f"pipeline '{pipeline_id}': its endpoint has no {', '.join(missing)}; register a Ray actor with "
+            "async expand, shrink and stop (rlix.protocol.Endpoint), or a rlix.client.CallbackEndpoint"
+        )
 
 
 def in_actor() -> bool:
@@ -195,7 +209,7 @@ class SchedulerActor:
         self.lock = asyncio.Lock()
         self.plan_s = 0.0
         self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
-        self.errors: list[str] = []
+        self.errors: collections.deque[str] = collections.deque(maxlen=ERRORS_KEPT)
         self.waiting_work = WaitingWork()  # when some pipeline had trajectories queued (stranded_fraction)
         self.ticker: asyncio.Task | None = None
         self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
@@ -325,6 +339,7 @@ class SchedulerActor:
     async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "") -> None:
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
         job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
+        check_endpoint(coordinator, spec.pipeline_id)
         await self._rejoin_window()
         jobs = self.books.jobs
         record = jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
@@ -340,6 +355,7 @@ class SchedulerActor:
     async def rejoin(self, event: Rejoin, endpoint, user: str = "") -> None:
         """A pipeline registered with this scheduler before its restart registers again with its holdings."""
         pid = event.spec.pipeline_id
+        check_endpoint(endpoint, pid)
         if pid in self.core.pipelines():
             if same_actor(self.coordinators.get(pid), endpoint):
                 return  # another of its calls rejoined first
@@ -648,13 +664,17 @@ class SchedulerActor:
                 self._bug(exc)
 
     async def _answers(self, endpoint) -> bool:
-        """Whether a pipeline's endpoint actor is alive (a dead one fails at once; a hung one within the deadline)."""
+        """Whether a pipeline's endpoint actor is alive (a dead one fails at once; a hung one within the deadline).
+        Any other failure of the check is recorded and the endpoint taken as alive: one job's odd answer
+        never stops the checks of the others, nor drops a job on a guess."""
         from ray.exceptions import RayActorError
 
         try:
             await asyncio.wait_for(endpoint.__ray_ready__.remote(), LIVENESS_DEADLINE_S)
         except (RayActorError, asyncio.TimeoutError):
             return False
+        except Exception as exc:  # noqa: BLE001 -- recorded; the next round asks again
+            self.errors.append(f"liveness check failed: {type(exc).__name__}: {exc}")
         return True
 
     async def _unreachable(self, pipeline_id: str) -> None:
@@ -689,7 +709,10 @@ class SchedulerActor:
                 break
             await asyncio.sleep(0.1)
         if endpoint is not None:
-            endpoint.stop.remote(why)
+            try:
+                endpoint.stop.remote(why)
+            except Exception as exc:  # noqa: BLE001 -- recorded; a job that did not hear its cancel is killed at the grace's end
+                self.errors.append(f"cancel of '{name}' not delivered: {type(exc).__name__}: {exc}")
             await self._stopped_or_killed(name, endpoint)
 
     async def _stopped_or_killed(self, name: str, endpoint) -> None:

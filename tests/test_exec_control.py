@@ -220,6 +220,29 @@ def test_what_a_background_task_raises_is_reported_and_a_cancel_not_delivered_is
     assert "a" not in holdings  # killed at the grace's end all the same
 
 
+def test_a_stage_asked_for_again_is_granted_to_the_retry_when_the_first_caller_gave_up():
+    """Before: the second request replaced the first's future, the core refused it as a duplicate and
+    dropped the entry, and the grant came to nobody while the ledger held the GPUs."""
+
+    async def scenario():
+        calls: list = []
+        sched, coords = await _two_jobs_with_rollout(calls)
+        coords["a"].hold.clear()  # a's worker on 0-1 is slow to let go: a's training waits for it
+        first = asyncio.ensure_future(sched.request("a", Stage.ACTOR_TRAIN))
+        await _settle()
+        first.cancel()  # the caller gives up (an interrupted call) ...
+        retry = asyncio.ensure_future(sched.request("a", Stage.ACTOR_TRAIN))  # ... and asks again
+        await _settle()
+        coords["a"].hold.set()
+        granted = await asyncio.wait_for(retry, 5)
+        holdings = await sched.holdings()
+        await sched.stop()
+        return granted, holdings
+
+    granted, holdings = asyncio.run(scenario())
+    assert granted.gpus == (0, 1) and holdings["a"] == (0, 1)
+
+
 # ------------------------------------------------------------------ rollout control
 
 

@@ -394,8 +394,10 @@ class SchedulerActor:
         happen at one instant).
         """
         self._known(pipeline_id)
-        fut = asyncio.get_running_loop().create_future()
         key = (pipeline_id, stage)
+        if key in self.waiting:  # asked again (a retry, or a caller that gave up): the first request's grant answers it
+            return await asyncio.shield(self.waiting[key][0])
+        fut = asyncio.get_running_loop().create_future()
         self.waiting[key] = (fut, self.now())
         handed = (ReleaseStage(pipeline_id=pipeline_id, stage=after),) if after is not None else ()
         try:
@@ -403,7 +405,7 @@ class SchedulerActor:
         except SchedulingError:
             self.waiting.pop(key, None)
             raise
-        return await fut
+        return await asyncio.shield(fut)  # a caller that gives up leaves the grant to its retry
 
     async def release(self, pipeline_id: str, stage: Stage, report: ReportDemand | None = None) -> None:
         """Release a gang stage; ``report``: the pipeline's demand from now on, planned with the

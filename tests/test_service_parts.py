@@ -186,6 +186,24 @@ def status(*rows: JobRow) -> ClusterStatus:
     )
 
 
+def test_rlix_status_of_one_job_with_watch_refreshes_until_ctrl_c():
+    """Before: ``rlix status JOB --watch`` printed the job once and returned."""
+    import argparse
+
+    from rlix.exec.service.cli import _status
+
+    reads = []
+
+    def read():
+        reads.append(1)
+        if len(reads) == 3:
+            raise KeyboardInterrupt
+        return status(row("a", [(0, "rollout")]))
+
+    args = argparse.Namespace(job="a", watch=0.01, json=False)
+    assert _status(read, args) == 0 and len(reads) == 3  # the first view, one refresh, then Ctrl-C
+
+
 def test_the_metrics_page_is_prometheus_text_of_the_status_by_job_id():
     first = samples(status(row("a", [(0, "rollout"), (1, "rollout"), (2, "actor_train")]), row("b", [], "queued")))
     values = {(n, t): v for n, t, v in first}

@@ -270,9 +270,11 @@ def _status(read, args) -> int:
         read = lambda: service.call_sync(protocol.Status())  # noqa: E731
     status = read()
     if args.job is not None:
-        return _one_job(status, args)
+        return _one_job(read, status, args)
     if args.watch is not None:
-        return _watch(read, args.watch)
+        from rlix.exec.service.show import status_view
+
+        return _watch(read, args.watch, status_view)
     if args.json:
         print(json.dumps(asdict(status), indent=1))
     else:
@@ -305,33 +307,40 @@ def _over_http(args):
     return read
 
 
-def _one_job(status, args) -> int:
-    """``rlix status JOB``: the job by id, else the latest of that name."""
-    rows = [r for r in status.jobs if r.id == args.job] or [r for r in status.jobs if r.name == args.job][-1:]
-    if not rows:
-        raise UserError(f"no job '{args.job}' on this cluster; 'rlix status' lists them, 'rlix history' those that ended")
-    if args.json:
-        print(json.dumps(asdict(rows[0]), indent=1))
-    else:
-        from rlix.exec.service.show import console, job_detail
+def _one_job(read, status, args) -> int:
+    """``rlix status JOB``: the job by id, else the latest of that name (refreshed with ``--watch``)."""
+    from rlix.exec.service.show import console, job_detail
 
-        console().print(job_detail(rows[0], status.started_at))
+    row = _job_row(status, args.job)
+    if args.json:
+        print(json.dumps(asdict(row), indent=1))
+        return 0
+    if args.watch is not None:
+        return _watch(read, args.watch, lambda now: job_detail(_job_row(now, args.job), now.started_at))
+    console().print(job_detail(row, status.started_at))
     return 0
 
 
-def _watch(read, every_s: float) -> int:
-    """The status table, refreshed every ``every_s`` until Ctrl-C."""
+def _job_row(status, job: str):
+    rows = [r for r in status.jobs if r.id == job] or [r for r in status.jobs if r.name == job][-1:]
+    if not rows:
+        raise UserError(f"no job '{job}' on this cluster; 'rlix status' lists them, 'rlix history' those that ended")
+    return rows[0]
+
+
+def _watch(read, every_s: float, view) -> int:
+    """``view`` of the status, refreshed every ``every_s`` until Ctrl-C."""
     import time
 
     from rich.live import Live
 
-    from rlix.exec.service.show import console, status_view
+    from rlix.exec.service.show import console
 
-    with Live(status_view(read()), console=console(), auto_refresh=False) as live:
+    with Live(view(read()), console=console(), auto_refresh=False) as live:
         try:
             while True:
                 time.sleep(every_s)
-                live.update(status_view(read()), refresh=True)
+                live.update(view(read()), refresh=True)
         except KeyboardInterrupt:
             return 0
 

@@ -455,3 +455,31 @@ def test_a_trainer_of_two_processes_plays_every_ranks_prompts_on_rlixs_workers(t
     workers = ast.literal_eval(re.search(r"workers (\[.*\])", done.stdout).group(1))
     assert len(rewards) == STEPS and all(n >= 1 for n in workers), done.stdout[-3000:]
     assert rewards[0] == private_rewards[0], (rewards, private_rewards)
+
+
+def test_a_model_saved_for_the_rollout_workers_is_removed_as_the_job_leaves(tmp_path, monkeypatch):
+    """A model not loaded from a folder (a hub name, one built in code) is saved for the workers to
+    load; before, that copy stayed in the temp folder after every run."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.exec.data.model import ModelSize, build_model, load_model
+    from rlix.integrations.trl import JobSettings, JobState, RlixGRPO, _checkpoint_of
+
+    folder = build_model(ModelSize(arch="qwen2", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path)
+    model = load_model(folder)
+    assert _checkpoint_of(model) == (str(Path(folder).resolve()), False)  # where it was loaded from: kept
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    model.config._name_or_path = "org/model-on-the-hub"
+    path, copied = _checkpoint_of(model)
+    assert copied and Path(path, "config.json").is_file() and Path(path).parent == tmp_path
+
+    job = RlixGRPO(JobSettings(name="j", address="ray://elsewhere:10001"))
+    job.model_path, job.copied = path, copied
+    job.client = SimpleNamespace(
+        unregister=lambda outcome, error: None, run=lambda coro, interruptible=True: None, close=lambda: None
+    )
+    job.pool = SimpleNamespace(close=lambda: None)
+    job._become(JobState.RUNNING)
+    job._leave("")
+    assert not Path(path).exists()

@@ -68,6 +68,7 @@ import asyncio
 import atexit
 import enum
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -212,6 +213,7 @@ class RlixGRPO:
         self.pool: ElasticPool | None = None
         self.version, self.weights = -1, None  # the published weights (the global step they are of)
         self.model_path = ""
+        self.copied = False  # model_path is a copy saved for the rollout workers (removed as the job leaves)
         self.vllm = None  # a vLLM engine's settings (VllmOptions), from TRL's arguments
         self.gpus_per_worker = 1
         self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
@@ -265,7 +267,7 @@ class RlixGRPO:
         sched = self._scheduler()
         info = sched.call_sync(Info())
         self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
-        self.model_path = _checkpoint_of(model)
+        self.model_path, self.copied = _checkpoint_of(model)
         self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers, on_gone=self._gone)
         atexit.register(self._leave_at_exit)  # from here on, however the script ends, the GPUs go back
         self.pool = ElasticPool(
@@ -344,6 +346,8 @@ class RlixGRPO:
             self.client.run(self.pool.close(), interruptible=False)
             self.client.close()
             self.client = None
+            if self.copied:  # no worker loads from it any more
+                shutil.rmtree(self.model_path, ignore_errors=True)
             if self.s.address is None:  # the private cluster goes with the job
                 import ray
 
@@ -526,17 +530,18 @@ class RlixCallback(TrainerCallback):
         self.job.end(step=state.global_step, output_dir=args.output_dir)
 
 
-def _checkpoint_of(model) -> str:
-    """A directory the rollout workers load the model from: where it was loaded from, else a copy saved now."""
+def _checkpoint_of(model) -> tuple[str, bool]:
+    """A directory the rollout workers load the model from: where it was loaded from, else a copy saved
+    now; and whether it is such a copy."""
     path = Path(str(getattr(model.config, "_name_or_path", "") or ""))
     if (path / "config.json").is_file():
-        return str(path.resolve())
+        return str(path.resolve()), False
     out = Path(tempfile.mkdtemp(prefix="rlix-trl-"))
     if hasattr(model, "peft_config"):  # the base model, adapters merged (a PEFT save would hold the adapters only)
         model.get_base_model().save_pretrained(out, state_dict=merged_state(model))
     else:
         model.save_pretrained(out)
-    return str(out)
+    return str(out), True
 
 
 def _move(trainer, device) -> None:

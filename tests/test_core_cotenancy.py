@@ -156,6 +156,19 @@ def test_a_queue_admits_its_jobs_one_at_a_time_in_arrival_order():
     assert grants(plan) == [("a", Stage.INIT)]
 
 
+def test_a_job_its_queue_holds_back_rolls_nothing_out_and_takes_no_place_in_the_queue():
+    """Before: under rlix a job whose model load the queue refused got the node's idle GPUs for its
+    rollout as soon as it reported demand, and that expand counted as its admission."""
+    one = SchedulerConfig(queues=(QueueSpec(name="node", gpus=tuple(range(8)), max_jobs=1),))
+    sched = queued(one, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
+    sched.step(0, [RequestStage(pipeline_id=p, stage=Stage.INIT) for p in ("a", "b")])
+    plan = sched.step(1, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), demand("a", 0), demand("b", 100)])
+    assert [e.worker.pipeline_id for e in plan.expands] == []
+    assert sched.admitted_at("b") is None and sched.admission_refusal("b") == "queue 'node' holds 1 of its 1 jobs"
+    plan = sched.step(2, [demand("a", 8)])
+    assert {e.worker.pipeline_id for e in plan.expands} == {"a"}
+
+
 def test_a_queue_of_resident_memory_refuses_a_model_that_does_not_fit_and_says_so():
     host = SchedulerConfig(queues=(QueueSpec(name="host", gpus=tuple(range(8)), max_resident_gb=64.0),))
     big = [dataclasses.replace(spec(p, range(8), range(8)), resident_gb=40.0) for p in ("a", "b")]

@@ -119,7 +119,7 @@ def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
 
 
 def awaiting_admission(view: View, draft: Draft) -> set[str]:
-    """Jobs whose INIT is still pending after this draft's grants: they may not roll out in a partition yet."""
+    """Jobs whose INIT is still pending after this draft's grants: their model is not loaded, so they roll nothing out yet."""
     granted = _admitted_now(draft)
     return {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
 

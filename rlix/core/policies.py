@@ -104,7 +104,8 @@ class RlixPolicy(Policy):
         admits = self.admits if view.config.tenants else None
         passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=self.owners_first)
         draft.held_back = passes.held_for_owners(view)
-        needs = passes.rollout_needs(view, blocked=set())
+        # A job whose model load waits (for its GPUs, a queue or its tenant's limit) rolls nothing out yet.
+        needs = passes.rollout_needs(view, blocked=passes.awaiting_admission(view, draft))
         capacity = passes.rollout_capacity(view, draft)
         parts = tenants.tenant_parts(view, draft, needs, capacity)
         guaranteed = tenants.fit_guarantees(needs, parts, passes.guarantees(view, draft, needs), capacity)

@@ -189,6 +189,26 @@ def test_a_worker_counts_no_more_running_trajectories_than_its_slots():
     assert len(owners(sched)["a"]) == 1  # counted as 4: no second worker
 
 
+@pytest.mark.parametrize("config", [EQUAL, SchedulerConfig(), PROPORTIONAL])
+def test_running_trajectories_on_workers_the_job_does_not_hold_gain_it_nothing(config):
+    """Before: every listed load counted as running, on GPUs the job held no worker on (one outside the
+    cluster, even), past its declared open_limit; a load listed twice is refused."""
+
+    def workers_of_a(loads: dict[int, int]) -> int:
+        sched = Scheduler(NODE8, "rlix", config)
+        register(sched, spec("a", range(4), range(8), open_limit=8), spec("b", range(4, 8), range(8)))
+        sched.step(0, [demand("a", 8, loads, batch=8), demand("b", 24)])
+        return len(owners(sched)["a"])
+
+    assert workers_of_a({}) == 2
+    assert workers_of_a({2: 4, 3: 4, 4: 4, 5: 4, 99: 4}) == 2
+    sched = Scheduler(NODE8, "rlix", config)
+    register(sched, spec("a", range(4), range(8)))
+    twice = ReportDemand(pipeline_id="a", pending=0, loads=(WorkerLoad(first_gpu=0, active=1),) * 2, batch_size=2)
+    with pytest.raises(SchedulingError, match="a worker's load is reported twice"):
+        sched.step(0, [twice])
+
+
 def test_a_declared_total_caps_the_backlog_the_core_weighs():
     # a has 8 trajectories open and 8 of its 48 finished: at most 32 are backlog, whatever it says
     a = spec("a", range(4), range(8), open_limit=8, total_trajectories=48)

@@ -30,10 +30,13 @@ class Holdings:
 
 
 def check_demand(report: ReportDemand, spec: PipelineSpec) -> None:
-    """Refuse a demand report with negative counts, a figure that is not a finite number >= 0, or a
-    ``starting`` GPU that begins none of the job's rollout bundles."""
+    """Refuse a demand report with negative counts, a worker's load listed twice, a figure that is not a
+    finite number >= 0, or a ``starting`` GPU that begins none of the job's rollout bundles."""
     if report.pending < 0 or report.backlog < 0 or any(load.active < 0 for load in report.loads):
         raise SchedulingError(f"pipeline '{report.pipeline_id}': demand counts must be >= 0")
+    firsts = [load.first_gpu for load in report.loads]
+    if len(set(firsts)) != len(firsts):
+        raise SchedulingError(f"pipeline '{report.pipeline_id}': a worker's load is reported twice; report each worker once")
     if not isinstance(report.finished, int) or report.finished < 0:
         raise SchedulingError(f"pipeline '{report.pipeline_id}': finished must be a whole number >= 0 (0 if unknown)")
     for name in ("trajectory_s", "switch_s", "path_s"):

@@ -8,6 +8,7 @@ recorded in the ledger, so the shell's only job is to carry it out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Iterable
@@ -161,7 +162,7 @@ class Scheduler:
         if event.admitted or held.requests or held.workers:
             entry.admit(now if event.admitted_at is None else min(event.admitted_at, now))
         if event.demand is not None:
-            entry.record_demand(event.demand, now)
+            entry.record_demand(self._on_own_workers(event.demand), now)
             if event.demand.pending and not held.workers:  # it may have waited long before the restart
                 entry.wanting_since = -math.inf
 
@@ -236,7 +237,15 @@ class Scheduler:
     def _report(self, event: ReportDemand, now: float) -> None:
         entry = self._active(event.pipeline_id)
         check_demand(event, entry.spec)
-        entry.record_demand(event, now)
+        entry.record_demand(self._on_own_workers(event), now)
+
+    def _on_own_workers(self, report: ReportDemand) -> ReportDemand:
+        """``report`` with only the running trajectories on workers the plans gave the job: those it lists
+        elsewhere (a worker shrunk as it reported, a GPU it never had) gain it nothing."""
+        held = self.ledger.workers_of(report.pipeline_id)
+        if all(load.first_gpu in held for load in report.loads):
+            return report
+        return dataclasses.replace(report, loads=tuple(load for load in report.loads if load.first_gpu in held))
 
     def _worker_lost(self, event: WorkerLost, now: float) -> None:
         entry = self._active(event.pipeline_id)

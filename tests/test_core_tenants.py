@@ -69,6 +69,40 @@ def test_gang_stages_count_towards_their_tenant():
     assert held(sched, "a1") == 2 and held(sched, "b1") == 6  # a's 6: 4 training, 2 rollout
 
 
+def test_a_limit_holds_when_a_gang_stage_comes_beside_the_rollout_workers_a_tenant_already_holds():
+    """Before: x's three rollout workers stayed beside its new 2-GPU stage, 5 GPUs against a limit of 3,
+    and y's model load was admitted on top of them alike."""
+    config = tenants(TenantSpec(name="t", guarantee_gpus=2, borrow_limit_gpus=1))
+    sched = Scheduler(NODE12, "rlix", config)
+    register(sched, replace(spec("x", (0,), range(10), home=(0,), reference=(10, 11)), tenant="t"))
+    sched.step(0, [demand("x", 400)])
+    assert held(sched, "x") == 3
+    for t in (1, 2, 100):
+        plan = sched.step(t, [RequestStage(pipeline_id="x", stage=Stage.REF_LOGPROBS)] if t == 1 else [demand("x", 400)])
+        if t == 1:
+            assert [g.stage for g in plan.grants] == [Stage.REF_LOGPROBS] and len(plan.shrinks) == 2
+        assert held(sched, "x") + 2 == 3  # its stage's 2 GPUs and one rollout worker: its limit
+    sched = Scheduler(NODE12, "rlix", config)
+    register(sched, job("x", "t", infer=range(10)), job("y", "t", train=(10, 11), infer=(10, 11)))
+    sched.step(0, [demand("x", 400)])
+    plan = sched.step(1, [RequestStage(pipeline_id="y", stage=Stage.INIT), demand("x", 400)])
+    assert [g.pipeline_id for g in plan.grants] == ["y"] and held(sched, "x") == 1
+
+
+def test_a_job_its_tenants_limit_holds_back_keeps_no_gpus_from_another_tenants_job():
+    """Before: b, refused for t1's limit, kept its GPUs 4-7 from c of tenant t2, which waited on free GPUs."""
+    sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="t1", borrow_limit_gpus=4), TenantSpec(name="t2")))
+    register(sched, job("a", "t1", train=range(4)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    register(sched, job("b", "t1", train=range(4, 8)), job("c", "t2", train=range(4, 8)), now=2)
+    plan = sched.step(2, [RequestStage(pipeline_id=p, stage=Stage.INIT) for p in ("b", "c")])
+    assert [(g.pipeline_id, g.stage) for g in plan.grants] == [("c", Stage.INIT)]
+    register(sched, job("d", "t1", train=range(8, 12)), now=3)
+    plan = sched.step(3, [RequestStage(pipeline_id="d", stage=Stage.INIT)])
+    assert plan.grants == ()  # t1 is still at its limit: its own next job waits
+
+
 def test_a_tenant_at_its_limit_admits_its_next_job_once_a_model_load_fits():
     sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="t", guarantee_gpus=4, borrow_limit_gpus=0)))
     register(sched, job("first", "t", train=range(4)), job("second", "t", train=range(4, 8)))

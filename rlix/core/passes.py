@@ -44,7 +44,15 @@ __all__ = [
 # ------------------------------------------------------------- gang stages
 
 
-def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admission = None, owners_first: bool = False) -> None:
+def gang_pass(
+    view: View,
+    draft: Draft,
+    *,
+    stop_own_rollout: bool,
+    admits: Admission = None,
+    owners_first: bool = False,
+    queue_within_tenant: bool = False,
+) -> None:
     """Grant pending gang stages in priority order, preempting rollout only.
 
     A request starts only if none of its GPUs is held by another gang stage
@@ -54,23 +62,24 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
     ``stop_own_rollout``, every rollout worker of its own pipeline (stages
     taking turns on a dedicated partition). A job's INIT (its admission)
     also needs its queues (:mod:`rlix.core.queues`) and ``admits``; a job they refuse keeps its home from later jobs in
-    the queue (admission stays first come, first served) but not from the
-    stages of jobs already running. With ``owners_first`` a guest's requests
+    the queue (admission stays first come, first served; with ``queue_within_tenant``, later jobs of
+    its own tenant only) but not from the stages of jobs already running. With ``owners_first`` a guest's requests
     go after the owners' of the same job priority (:func:`rlix.core.homes.gang_order`).
     """
     reserved: set[int] = set()
-    queued: set[int] = set()  # homes of jobs refused admission this round
+    queued: dict[str, set[int]] = {}  # homes of jobs refused admission this round, by the tenant they hold them from
     closed: set[str] = set()  # queues a job of which was not admitted this round: later jobs wait behind it
     owner = draft.owner
     for req in gang_order(view) if owners_first else view.pending:
         gpus, init, spec = req.gpus, req.stage is Stage.INIT, view.pipelines[req.pipeline_id].spec
         queue_home = spec.home_gpus if init and admits is not None else ()
+        line = queued.setdefault(spec.tenant if queue_within_tenant else "", set())
         lines = {q.name for q in queues_of(view, spec)} if init and view.config.queues else set()
         waits = bool(
             (lines and (not lines.isdisjoint(closed) or refusal(view, draft, spec) is not None))
             # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
             or (owners_first and not guest_stage_fits(view, draft, req))
-            or (queue_home and (queued.intersection(queue_home) or not admits(view, draft, req)))
+            or (queue_home and (line.intersection(queue_home) or not admits(view, draft, req)))
         )
         if not waits and any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
             reserved.update(gpus)
@@ -79,7 +88,7 @@ def gang_pass(view: View, draft: Draft, *, stop_own_rollout: bool, admits: Admis
         if not waits and not init and view.config.stage_yield and yields_to_slowed(view, owner, req):
             waits = True
         if waits:  # not admitted yet: its home stays free of later jobs (not of running ones), its queues closed
-            queued.update(queue_home)
+            line.update(queue_home)
             closed.update(lines)
             continue
         victims = {owner[g] for g in gpus if owner[g] is not None}

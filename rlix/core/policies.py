@@ -25,6 +25,8 @@ class Policy(abc.ABC):
     # Its gang pass puts guests' stages after the owners' and only where they hold no owner up
     # (rlix.core.homes.gang_order, guest_stage_fits); the scheduler's safe plan orders them alike.
     owners_first: ClassVar[bool] = False
+    # A job refused admission keeps its home only from later jobs of its own tenant (not the cluster's).
+    queue_within_tenant: ClassVar[bool] = False
 
     @abc.abstractmethod
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
@@ -38,6 +40,10 @@ class Policy(abc.ABC):
         """May this job start (its INIT stage) once its GPUs are free? By default, yes: it is
         admitted as soon as its model-load gang fits."""
         return True
+
+    def admission(self, view: View) -> passes.Admission:
+        """What the gang pass asks before a job's model load (None: nothing, once its GPUs are free)."""
+        return self.admits
 
 
 class StaticPolicy(Policy):
@@ -87,6 +93,7 @@ class RlixPolicy(Policy):
     name = "rlix"
     summary = "rollout workers of all jobs share idle GPUs, each job's share capped by its demand"
     owners_first = True
+    queue_within_tenant = True  # a tenant's limit holds back its own later jobs, never another tenant's
 
     def rollout_bundles(self, spec: PipelineSpec) -> tuple[Gpus, ...]:
         # Home bundles first: a worker there is rarely in another job's way.
@@ -98,14 +105,24 @@ class RlixPolicy(Policy):
         """A job starts once its model-load gang fits, and, if its tenant has a borrowing limit, fits under it."""
         return tenants.admits_under_limit(view, draft, req)
 
+    def admission(self, view: View) -> passes.Admission:
+        # Asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
+        return self.admits if view.config.tenants else None
+
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
-        # Admission is asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
-        admits = self.admits if view.config.tenants else None
-        passes.gang_pass(view, draft, stop_own_rollout=False, admits=admits, owners_first=self.owners_first)
+        passes.gang_pass(
+            view,
+            draft,
+            stop_own_rollout=False,
+            admits=self.admission(view),
+            owners_first=self.owners_first,
+            queue_within_tenant=self.queue_within_tenant,
+        )
         draft.held_back = passes.held_for_owners(view)
         # A job whose model load waits (for its GPUs, a queue or its tenant's limit) rolls nothing out yet.
         needs = passes.rollout_needs(view, blocked=passes.awaiting_admission(view, draft))
+        tenants.trim_to_limits(view, draft, needs)
         capacity = passes.rollout_capacity(view, draft)
         parts = tenants.tenant_parts(view, draft, needs, capacity)
         guaranteed = tenants.fit_guarantees(needs, parts, passes.guarantees(view, draft, needs), capacity)

@@ -369,7 +369,14 @@ def safe_plan(view: View, policy: Policy, now: float, violation: InvariantViolat
     draft = Draft(view.ledger, now)
     passes.shrink_departed(view, draft)
     # guests' stages ordered as the policy orders them
-    passes.gang_pass(view, draft, stop_own_rollout=False, admits=policy.admits, owners_first=policy.owners_first)
+    passes.gang_pass(
+        view,
+        draft,
+        stop_own_rollout=False,
+        admits=policy.admission(view),
+        owners_first=policy.owners_first,
+        queue_within_tenant=policy.queue_within_tenant,
+    )
     plan = draft.to_plan()
     try:
         validate_plan(plan, view.ledger, view)

@@ -23,6 +23,7 @@ from rlix.core.ledger import Draft
 from rlix.core.placement import whole
 from rlix.core.shares import RolloutNeed, proportional_shares, starving_key, water_level
 from rlix.core.state import GangRequest, View
+from rlix.core.types import ShrinkReason
 
 
 def tenant_gang_gpus(view: View, draft: Draft) -> dict[str, int]:
@@ -134,6 +135,27 @@ def worker_caps(view: View, needs: list[RolloutNeed], shares: dict[str, float]) 
     (idle GPUs beyond it stay idle: the tenant's limit holds even on an idle cluster)."""
     limited = {t.name for t in view.config.tenants if t.borrow_limit_gpus is not None}
     return {n.pipeline_id: whole(shares.get(n.pipeline_id, 0.0)) for n in needs if n.entry.spec.tenant in limited}
+
+
+def trim_to_limits(view: View, draft: Draft, needs: list[RolloutNeed]) -> None:
+    """A tenant holding more GPUs than its limit (its gang stages grew beside rollout workers it already
+    held) gives rollout workers back until it fits: from its job holding the most, least busy worker first."""
+    gangs = tenant_gang_gpus(view, draft)
+    loads = {n.pipeline_id: n.loads for n in needs}
+    for tenant in sorted(view.config.tenants, key=lambda t: t.name):
+        if tenant.borrow_limit_gpus is None:
+            continue
+        jobs = sorted(pid for pid, entry in view.pipelines.items() if entry.spec.tenant == tenant.name)
+        workers = [w for pid in jobs for w in draft.live_workers(pid)]
+        excess = gangs.get(tenant.name, 0) + sum(len(w.gpus) for w in workers) - tenant.limit_gpus
+        while excess > 0 and workers:
+            victim = min(
+                workers,
+                key=lambda w: (-draft.worker_count(w.pipeline_id), loads.get(w.pipeline_id, {}).get(w.gpus[0], 0), w.sort_key),
+            )
+            draft.shrink(victim, ShrinkReason.REBALANCE)
+            workers.remove(victim)
+            excess -= len(victim.gpus)
 
 
 def _fit_floors(bounds: list[tuple[float, float, float]], total: float, held: list[int]) -> list[tuple[float, float, float]]:

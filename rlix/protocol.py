@@ -29,7 +29,8 @@ requests as the core takes them. A request the core refuses raises
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:  # annotations only: the rlix tool reads a status without loading the core
@@ -540,3 +541,78 @@ class Stop(AdminCall):
 
 
 Request = PipelineCall | SubmitterCall | AdminCall
+
+
+# ------------------------------------------------------------------ checking what a client sends
+
+# Requests whose values the scheduler keeps (its job ledger, the history, status): a value of another
+# type (a numpy number, a None) would break them for every job later, so it is refused as it comes.
+KEPT = ("Register", "Note", "Claim", "Renew")
+
+
+def check_request(request: Request) -> None:
+    """Refuse, with :class:`TypeError` in one line naming the field, a request the scheduler keeps
+    (:data:`KEPT`) whose values are not of their declared types."""
+    if type(request).__name__ in KEPT:
+        _check(request, type(request), type(request).__name__)
+
+
+def _check(value: Any, hint: Any, path: str) -> None:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return
+    if origin in (typing.Union, types.UnionType):
+        problems = []
+        for arm in args:
+            try:
+                return _check(value, arm, path)
+            except TypeError as exc:
+                problems.append(exc)
+        raise problems[0]
+    if origin is tuple:
+        _expect(value, tuple, path)
+        arms = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(arms) != len(value):
+            raise TypeError(f"{path}: expected {len(arms)} items, got {len(value)}")
+        for i, (item, arm) in enumerate(zip(value, arms)):
+            _check(item, arm, f"{path}[{i}]")
+        return
+    if origin is not None:  # another generic (dict[...], Literal[...]): its container type only
+        _expect(value, origin if isinstance(origin, type) else object, path)
+        return
+    if hint is type(None):
+        _expect(value, type(None), path)
+    elif hint is float:
+        _expect(value, (int, float), path)
+    elif hint is int:
+        _expect(value, int, path)
+    elif isinstance(hint, type):
+        _expect(value, hint, path)
+        if is_dataclass(hint):
+            for name, arm in _hints(hint).items():
+                _check(getattr(value, name), arm, f"{path}.{name}")
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], path: str) -> None:
+    if isinstance(value, bool) and kind in (int, (int, float)) or not isinstance(value, kind):
+        want = kind.__name__ if isinstance(kind, type) else "a number"
+        raise TypeError(
+            f"{path}: expected {want}, got {type(value).__module__}.{type(value).__qualname__} ({value!r:.40}); "
+            "send plain Python values"
+        )
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's fields and their types, the core's names resolved (they are annotations only here)."""
+    import typing
+
+    from rlix import core
+    from rlix.core import types as core_types
+
+    names = {**vars(core_types), **vars(core), **globals()}
+    hints = typing.get_type_hints(cls, globalns=names)
+    return {f.name: hints[f.name] for f in fields(cls) if f.init}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import re
 import subprocess
 import sys
 import time
@@ -320,3 +321,40 @@ def test_one_endpoints_odd_liveness_answer_never_stops_the_checks_of_the_others(
     holdings, jobs, errors = asyncio.run(scenario())
     assert holdings == {"a": (0,)} and jobs == [("a", "loading"), ("b", "failed")]
     assert any(e == "liveness check failed: ValueError: not an actor's answer" for e in errors)
+
+
+@pytest.mark.exec
+def test_a_request_whose_kept_values_are_of_another_type_is_refused_naming_the_field():
+    """Before: a numpy number in a job's priority or a None in its progress was kept, and the job
+    ledger's save, then every job's registration and rlix history, failed from then on."""
+    import numpy as np
+
+    good = spec("z", (0,), (0, 1))
+    refused = {
+        "Register.spec.priority: expected int, got numpy.int64": dataclasses.replace(good, priority=np.int64(1)),
+        "Register.spec.roles: expected tuple, got builtins.NoneType": dataclasses.replace(good, roles=None),
+        "Register.spec.home[0]: expected int, got numpy.int64": dataclasses.replace(good, home=(np.int64(0),)),
+    }
+    for message, bad in refused.items():
+        with pytest.raises(TypeError, match=re.escape(message) + ".*; send plain Python values$"):
+            protocol.check_request(protocol.Register(spec=bad, endpoint=None))
+    with pytest.raises(TypeError, match=re.escape("Note.note.steps_done: expected int, got builtins.NoneType")):
+        protocol.check_request(protocol.Note(note=protocol.JobNote(pipeline_id="z", loaded=True, steps_done=None, steps_total=3)))
+    with pytest.raises(TypeError, match=re.escape("Note.note.loaded: expected bool, got builtins.int")):
+        protocol.check_request(protocol.Note(note=protocol.JobNote(pipeline_id="z", loaded=1, steps_done=1, steps_total=3)))
+    with pytest.raises(TypeError, match=re.escape("Claim.jobs: expected tuple, got builtins.list")):
+        protocol.check_request(protocol.Claim(submitter="s", jobs=[protocol.JobClaim(name="x", priority=0, steps=3)]))
+    protocol.check_request(protocol.Register(spec=dataclasses.replace(good, resident_gb=2), endpoint=None))  # an int is a number
+
+    class Endpoint:
+        expand = shrink = stop = None
+
+    async def scenario():
+        sched = _actor(2)
+        bad = protocol.Register(spec=refused["Register.spec.priority: expected int, got numpy.int64"], endpoint=Endpoint())
+        with pytest.raises(TypeError):
+            await sched.handle(bad, protocol.PROTOCOL_VERSION)
+        return await sched.handle(protocol.Busy(), protocol.PROTOCOL_VERSION), sched.books.jobs.active("z")
+
+    busy, record = asyncio.run(scenario())
+    assert record is None and not busy  # refused before anything was kept: the name is free

@@ -247,6 +247,7 @@ class SchedulerActor:
             route = self._routes[type(request)]
         except KeyError:
             raise TypeError(f"not a request of rlix protocol {protocol.PROTOCOL_VERSION}: {type(request).__name__}") from None
+        protocol.check_request(request)  # what it keeps must not break for every job later
         return await route(request)
 
     def _route_table(self) -> dict[type, Callable[[Any], Awaitable]]:
@@ -345,7 +346,7 @@ class SchedulerActor:
         record = jobs.registering(spec.pipeline_id, submitter, user, spec.priority, self.now())
         try:
             await self._event(Register(spec=spec))
-        except SchedulingError as exc:  # refused by the core: the job this call queued ends, saying why
+        except Exception as exc:  # refused by the core (or a bug): the job this call queued ends, saying why
             if spec.pipeline_id not in self.core.pipelines() and jobs.active(spec.pipeline_id) is record:
                 jobs.end(spec.pipeline_id, Outcome.FAILED, str(exc), self.now())
             raise

@@ -151,7 +151,10 @@ class Client:
         self._rejoining = asyncio.Lock()
         self.info = await self.sched.call(protocol.Info(), self.timeout_s)
         self._life = self.info.life
-        hello = protocol.Register(spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker())
+        owns = self._callbacks is None  # a callback inbox owns none of the pipeline's processes
+        hello = protocol.Register(
+            spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker(), endpoint_owns=owns
+        )
         await self._call(hello, again=None)
         self.registered = True
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
@@ -285,7 +288,8 @@ class Client:
                 admitted=self.admitted,
             )
             try:
-                back = protocol.RejoinPipeline(event=event, endpoint=self._endpoint, user=protocol.asker())
+                owns = self._callbacks is None
+                back = protocol.RejoinPipeline(event=event, endpoint=self._endpoint, user=protocol.asker(), endpoint_owns=owns)
                 await self.sched.call(back, self.timeout_s)
             except (SchedulingError, PipelineGone) as exc:  # its holdings clash with the new ledger: it must stop
                 raise PipelineGone(f"the restarted rlix scheduler refused pipeline '{self.pipeline_id}': {exc}") from None

@@ -334,6 +334,9 @@ class Register(PipelineCall):
     endpoint: Any  # an Endpoint: the Ray actor handle the scheduler calls back
     submitter: str = ""
     user: str = ""  # who runs it: user@host
+    # Killing the endpoint kills the pipeline's processes (an rlix-run coordinator). False: a callback
+    # inbox its pipeline's process owns, which the scheduler cannot end: a cancel waits for it to leave.
+    endpoint_owns: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,6 +347,7 @@ class RejoinPipeline(PipelineCall):
     event: Rejoin
     endpoint: Any
     user: str = ""  # who runs it: user@host
+    endpoint_owns: bool = True  # as in Register
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -243,6 +243,34 @@ def test_a_stage_asked_for_again_is_granted_to_the_retry_when_the_first_caller_g
     assert granted.gpus == (0, 1) and holdings["a"] == (0, 1)
 
 
+def test_a_cancelled_job_whose_endpoint_owns_no_process_keeps_its_gpus_until_it_leaves(monkeypatch):
+    """A callback inbox (a TRL job's) cannot end its pipeline's process: killing it at the cancel's
+    grace handed on GPUs its trainer still worked on. It keeps them until it leaves, or its process dies."""
+    from rlix import protocol
+    from rlix.exec.service import scheduler_actor
+
+    monkeypatch.setattr(scheduler_actor, "CANCEL_GRACE_S", 0.01)
+
+    async def scenario():
+        calls: list = []
+        sched = _actor(4)
+        await sched.start()
+        inbox = _Coordinator("t", calls)
+        await sched.register(spec("t", (0, 1), (0, 1), tp=2), inbox, owns=False)
+        await sched.request("t", Stage.INIT)
+        await sched._stop("t", protocol.Stopped(by="ann@h"))
+        kept = await sched.holdings(), list(sched.errors)
+        await sched.unregister("t", protocol.Outcome.CANCELLED, caller=inbox)  # at its step's end
+        out = kept, await sched.holdings(), calls
+        await sched.stop()
+        return out
+
+    (kept, errors), after, calls = asyncio.run(scenario())
+    assert kept == {"t": (0, 1)} and ("t", "stop") in calls
+    assert errors == ["'t' did not stop within 0.01 s of its cancel; it keeps its GPUs until it leaves"]
+    assert after == {}
+
+
 # ------------------------------------------------------------------ rollout control
 
 

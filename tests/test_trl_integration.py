@@ -224,6 +224,7 @@ def test_a_cancel_between_steps_stops_every_rank_at_that_steps_end_with_a_checkp
 
 
 def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():
+    import asyncio
     from types import SimpleNamespace
 
     pytest.importorskip("transformers")
@@ -234,8 +235,19 @@ def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():
     with pytest.raises(RuntimeError, match="pending -> finished is not a move a job makes"):
         job._become(JobState.FINISHED)  # a job that never joined cannot have finished
     assert job._become(JobState.RUNNING)
-    job._gone(ConnectionError("the scheduler is gone"))
+    closed = []
+
+    async def close():
+        closed.append(True)
+
+    async def dropped():  # on the client's loop, as its keep-alive finds the job gone
+        job.pool = SimpleNamespace(close=close)
+        job._gone(ConnectionError("the scheduler is gone"))
+        await asyncio.sleep(0)
+
+    asyncio.run(dropped())
     assert job.status is JobState.FAILED and job.error == "ConnectionError: the scheduler is gone"
+    assert closed  # its rollout workers stop at once: their GPUs are no longer its own
     assert not job._become(JobState.CANCELLED) and job.status is JobState.FAILED  # a cancel after it failed
 
 

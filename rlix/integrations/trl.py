@@ -385,8 +385,11 @@ class RlixGRPO:
         self.client.interrupt()  # a rollout waiting on workers the scheduler takes back stops waiting
 
     def _gone(self, exc: BaseException) -> None:
+        """The scheduler dropped the job (or is gone), on the client's loop: it stops at its step's end,
+        and its rollout workers stop now, as their GPUs are no longer its own."""
         self._become(JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
         self.client.interrupt()
+        asyncio.get_running_loop().create_task(self.pool.close())
 
     # ------------------------------------------------------------ a generation batch
 

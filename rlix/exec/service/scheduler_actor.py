@@ -205,6 +205,7 @@ class SchedulerActor:
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
         self.plan_interval_s = plan_interval_s  # seconds between periodic plans (config scheduler.plan_interval_s)
         self.coordinators: dict[str, ray.actor.ActorHandle] = {}
+        self.unkillable: set[str] = set()  # pipelines whose endpoint owns none of their processes (callback inboxes)
         self.waiting: dict[tuple[str, Stage], tuple[asyncio.Future, float]] = {}
         self.lock = asyncio.Lock()
         self.plan_s = 0.0
@@ -254,8 +255,8 @@ class SchedulerActor:
         """Each request type, and the call that answers it."""
         p = protocol
         return {
-            p.Register: lambda r: self.register(r.spec, r.endpoint, r.submitter, r.user),
-            p.RejoinPipeline: lambda r: self.rejoin(r.event, r.endpoint, r.user),
+            p.Register: lambda r: self.register(r.spec, r.endpoint, r.submitter, r.user, r.endpoint_owns),
+            p.RejoinPipeline: lambda r: self.rejoin(r.event, r.endpoint, r.user, r.endpoint_owns),
             p.RequestGang: lambda r: self.request(r.pipeline_id, r.stage, r.role, r.after),
             p.ReleaseGang: lambda r: self.release(r.pipeline_id, r.stage, r.demand),
             p.Report: lambda r: self.report(r.demand),
@@ -337,9 +338,10 @@ class SchedulerActor:
 
     # ------------------------------------------------------------ a pipeline's calls
 
-    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "") -> None:
+    async def register(self, spec: PipelineSpec, coordinator, submitter: str = "", user: str = "", owns: bool = True) -> None:
         """Register a pipeline and its endpoint actor. ``submitter``: the ``rlix-run`` that claimed the
-        job's name ("" for a pipeline that claimed none; a name someone else claimed is refused)."""
+        job's name ("" for a pipeline that claimed none; a name someone else claimed is refused);
+        ``owns``: killing the endpoint ends the pipeline's processes (:class:`rlix.protocol.Register`)."""
         check_endpoint(coordinator, spec.pipeline_id)
         await self._rejoin_window()
         jobs = self.books.jobs
@@ -351,9 +353,9 @@ class SchedulerActor:
                 jobs.end(spec.pipeline_id, Outcome.FAILED, str(exc), self.now())
             raise
         self.gone.discard(spec.pipeline_id)  # a name may run again once its job ended
-        self._joined(spec, coordinator)
+        self._joined(spec, coordinator, owns)
 
-    async def rejoin(self, event: Rejoin, endpoint, user: str = "") -> None:
+    async def rejoin(self, event: Rejoin, endpoint, user: str = "", owns: bool = True) -> None:
         """A pipeline registered with this scheduler before its restart registers again with its holdings."""
         pid = event.spec.pipeline_id
         check_endpoint(endpoint, pid)
@@ -365,7 +367,7 @@ class SchedulerActor:
             event = dataclasses.replace(event, admitted_at=self.roster.admitted_before(pid))
         await self._event(event)
         self.books.jobs.rejoined(pid, user, event.admitted, self.now())
-        self._joined(event.spec, endpoint)
+        self._joined(event.spec, endpoint, owns)
         if event.demand is not None:
             self.books.reported(event.demand)
 
@@ -719,10 +721,18 @@ class SchedulerActor:
             await self._stopped_or_killed(name, endpoint)
 
     async def _stopped_or_killed(self, name: str, endpoint) -> None:
-        """A cancelled job that has not left within ``CANCEL_GRACE_S`` is killed."""
+        """A cancelled job that has not left within ``CANCEL_GRACE_S`` is killed, with its processes. One
+        whose endpoint owns none (a callback inbox) cannot be: it keeps its GPUs until its process leaves
+        or dies (its inbox dies with it), so none is given to another job while it still works there."""
         await asyncio.sleep(CANCEL_GRACE_S)
-        if self.coordinators.get(name) is endpoint and name in self.core.pipelines():
-            await self._drop(name, Outcome.CANCELLED, f"did not stop within {CANCEL_GRACE_S:g} s of its cancel; killed")
+        if self.coordinators.get(name) is not endpoint or name not in self.core.pipelines():
+            return
+        if name in self.unkillable:
+            self.errors.append(
+                f"'{name}' did not stop within {CANCEL_GRACE_S:g} s of its cancel; it keeps its GPUs until it leaves"
+            )
+            return
+        await self._drop(name, Outcome.CANCELLED, f"did not stop within {CANCEL_GRACE_S:g} s of its cancel; killed")
 
     def _known(self, pipeline_id: str) -> None:
         if pipeline_id in self.gone:
@@ -730,8 +740,10 @@ class SchedulerActor:
         if pipeline_id not in self.core.pipelines():
             raise PipelineUnknown(f"pipeline '{pipeline_id}' is not registered with this scheduler")
 
-    def _joined(self, spec: PipelineSpec, endpoint) -> None:
+    def _joined(self, spec: PipelineSpec, endpoint, owns: bool) -> None:
         self.coordinators[spec.pipeline_id] = endpoint
+        if not owns:
+            self.unkillable.add(spec.pipeline_id)
         self.roster.joined(spec.pipeline_id, self.core.admitted_at(spec.pipeline_id))
         self.books.joined(spec, self.now())
         self._account()
@@ -739,6 +751,7 @@ class SchedulerActor:
     def _forget(self, pipeline_id: str) -> None:
         """What this shell keeps of a pipeline that left: its endpoint, waiting requests, demand and home."""
         self.coordinators.pop(pipeline_id, None)
+        self.unkillable.discard(pipeline_id)
         fail_waiting(self.waiting, pipeline_id)
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.books.left(pipeline_id, self.now())

@@ -82,6 +82,29 @@ def test_a_run_into_an_earlier_runs_directory_keeps_the_earlier_outputs(tmp_path
     assert (out / "previous-2" / "metrics.json").read_text() == "{}" and (out / "previous-1" / "rlix-run.log").exists()
 
 
+def test_a_run_sets_aside_only_what_a_run_wrote_and_a_job_named_dots_is_refused(tmp_path):
+    """Before: every file in the output folder moved to previous-<n>/, the config and the reward file
+    the run was about to read among them; a job named '..' moved the files of the folder above."""
+    from helpers import assert_config_error_names
+
+    cfg, out = _config(tmp_path), tmp_path / "out"
+    out.mkdir()
+    mine = {"cfg.yaml": "jobs: []\n", "rewards.py": "def reward(x): return 1.0\n", "notes.txt": "mine"}
+    for name, text in {**mine, "metrics.json": "{}", "timeline.png": "png"}.items():
+        (out / name).write_text(text)
+    (out / "full").mkdir()
+    (out / "full" / "keep.jsonl").write_text("a user's file\n")
+    (out / "full" / "data.json").write_text("{}")
+    prepare_rerun(cfg, out)
+    assert sorted(p.name for p in (out / "previous-1").iterdir()) == ["metrics.json", "timeline.png"]
+    assert {n: (out / n).read_text() for n in mine} == mine
+    assert (out / "full" / "keep.jsonl").exists() and (out / "full" / "previous-1" / "data.json").exists()
+    raw = cfg.model_dump(mode="json", exclude_none=True)
+    for dots in (".", ".."):
+        raw["jobs"][0]["name"] = dots
+        assert_config_error_names(raw, f"jobs[0].name: '{dots}' names no folder of its own")
+
+
 def test_a_job_that_starts_afresh_moves_its_old_logs_aside_and_keeps_them(tmp_path):
     job = tmp_path / "out" / "small"
     _write_lines(job, [{"step": s, "reward_mean": 0.1} for s in (1, 2, 3)])

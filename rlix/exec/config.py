@@ -341,6 +341,14 @@ class JobConfig(JobModel):
     """One ``rlix-run`` job: the shared job fields (:class:`rlix.config.JobModel`), and what it trains on and how."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline id prefix")
+
+    @field_validator("name")
+    @classmethod
+    def _a_folder_of_its_own(cls, v: str) -> str:  # the job's outputs go to <output.dir>/<name>
+        if set(v) == {"."}:
+            raise ValueError(f"'{v}' names no folder of its own; give the job a name with a letter or digit")
+        return v
+
     kind: Literal["full_finetune", "multi_lora"] = Field(
         default="full_finetune", description="full_finetune, or several LoRA adapters on one base"
     )

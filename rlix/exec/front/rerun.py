@@ -9,9 +9,9 @@ The output directory never mixes two runs, nor does a job's directory
 (``<output.dir>/<job>``: ``metrics.jsonl``, TensorBoard events, ``data.json``, ...). A run
 through a shared scheduler writes under its job id (``<output.dir>/<id>``, its first job's,
 ``<output.dir>/<id>/<job>`` for each job), a directory of its own. A private run writes in
-``<output.dir>``: the files an earlier run left there move to ``previous-<n>/`` (n = 1, 2, ...;
-nothing is deleted), so every run writes fresh ones. A resuming job's fresh ``metrics.jsonl`` starts
-with the earlier lines of the steps its checkpoint holds (a line's step at
+``<output.dir>``: the files an earlier run wrote there move to ``previous-<n>/`` (n = 1, 2, ...;
+nothing is deleted, and files it did not write stay), so every run writes fresh ones. A resuming
+job's fresh ``metrics.jsonl`` starts with the earlier lines of the steps its checkpoint holds (a line's step at
 most its stream's resume step); lines of steps it will train again stay only
 in ``previous-<n>/`` (through a scheduler: in the earlier run's directory). :class:`~rlix.exec.job.steplog.StepLog` writes the
 carried lines into its fresh TensorBoard events when it opens them.
@@ -62,11 +62,18 @@ def resume_line(job: JobConfig, resumes: dict[str, int]) -> str:
     return f"rlix-run: job {job.name} resumes from its checkpoints: {each} ({job.checkpoint_dir})"
 
 
-def set_aside(directory: Path, resumes: dict[str, int]) -> Path | None:
-    """Move the files an earlier run left in ``directory`` to a new ``previous-<n>/`` and start a
-    ``metrics.jsonl`` with the lines of the steps ``resumes`` holds; returns where they went
-    (None: nothing was there)."""
-    files = sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
+# What a run writes in its output directory, and in each job's: only these are set aside (a user's own
+# files there, a config or a reward file, stay where they are).
+RUN_OUTPUTS = ("metrics.json", "timeline.json", "timeline.png", "trace.json", "rlix-run.log", "error.txt")
+JOB_OUTPUTS = ("metrics.jsonl", "data.json", "events.out.tfevents.*", "error.txt", "reward_error.txt")
+
+
+def set_aside(directory: Path, resumes: dict[str, int], outputs: tuple[str, ...] = JOB_OUTPUTS) -> Path | None:
+    """Move the files an earlier run left in ``directory`` (those named by ``outputs``) to a new
+    ``previous-<n>/`` and start a ``metrics.jsonl`` with the lines of the steps ``resumes`` holds;
+    returns where they went (None: nothing was there)."""
+    found = {p for pattern in outputs for p in directory.glob(pattern)} if directory.is_dir() else set()
+    files = sorted(p for p in found if p.is_file())
     if not files:
         return None
     taken = [p.name.removeprefix("previous-") for p in directory.glob("previous-*")]
@@ -107,7 +114,7 @@ def prepare_rerun(config: RunConfig, out_dir: str | Path, runs: Path | None = No
     and earlier runs' (a run through the scheduler, whose directory is its own): a resuming job's
     lines come from its newest run there. Returns each job's resume steps."""
     out_dir = Path(out_dir)
-    set_aside(out_dir, {})  # an earlier run's outputs are kept, never overwritten
+    set_aside(out_dir, {}, RUN_OUTPUTS)  # an earlier run's outputs are kept, never overwritten
     out = {}
     for job in config.jobs:
         out[job.name] = resumes = resume_steps(job)

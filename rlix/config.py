@@ -450,6 +450,21 @@ def unwritable(path: str | Path, *, folder: bool = False) -> str | None:
         return _unwritable(Path(path), folder)
     except OSError as exc:  # a folder on the way that may not be searched
         return f"cannot be reached ({exc.strerror}); pick another path"
+    except RuntimeError:  # pathlib's word for a symbolic link that leads back to itself
+        return "cannot be reached (a symbolic link loop); pick another path"
+
+
+def overwrites(path: str | Path, others: dict[str, str | Path | None]) -> str | None:
+    """Which of ``others`` (what each names -> its path; None: not given) writing ``path`` would
+    overwrite, as the end of a line; None if none (or where ``path`` cannot be reached: :func:`unwritable` says why)."""
+    try:
+        here = Path(path).resolve()
+        for what, other in others.items():
+            if other is not None and str(other).strip() and Path(other).resolve() == here:
+                return f"is also {what}; write it to another path"
+    except (OSError, RuntimeError):
+        return None
+    return None
 
 
 def _unwritable(path: Path, folder: bool) -> str | None:

@@ -200,6 +200,37 @@ def test_a_figure_is_checked_where_it_will_be_written(tmp_path):
     assert res.returncode == 2 and f"--plot {tmp_path / 'fig'}: is a folder" in res.stderr, res.stderr
 
 
+def test_an_output_that_would_overwrite_an_input_or_another_output_is_refused(tmp_path):
+    """Before: each of these exited 0 having overwritten the trace, the job file or the JSON."""
+    import shutil
+
+    trace = tmp_path / "tj.json"
+    shutil.copy("traces/two_jobs.json", trace)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(json.loads(trace.read_text())["pipelines"][0] | {"id": "new"}))
+    cases = [
+        (["replay", str(trace), "--json", str(trace)], f"--json {trace}: is also the trace; write it to another path"),
+        (["replay", str(trace), "--json", f"{tmp_path}/x.png", "--plot", f"{tmp_path}/x"], "--plot"),
+        (["whatif", str(trace), "--add", str(job), "--json", str(job)], f"--json {job}: is also --add"),
+    ]
+    before = trace.read_bytes(), job.read_bytes()
+    for args, expected in cases:
+        res = run_cli(*args, "--quiet")
+        assert res.returncode == 2 and expected in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert (trace.read_bytes(), job.read_bytes()) == before
+    assert "is also --json" in run_cli("replay", str(trace), "--json", f"{tmp_path}/x.png", "--plot", f"{tmp_path}/x").stderr
+
+
+def test_a_symbolic_link_loop_as_an_output_path_is_named_not_a_traceback(tmp_path):
+    from rlix.config import unwritable
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert unwritable(loop) == "cannot be reached (a symbolic link loop); pick another path"
+    res = run_cli("replay", "traces/single.json", "--json", str(loop))
+    assert res.returncode == 2 and "a symbolic link loop" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_an_output_path_that_could_not_be_written_is_named_with_why(tmp_path, monkeypatch):
     """``rlix.config.unwritable``, which both CLIs ask before any work."""
     import os

@@ -77,6 +77,10 @@ def test_unreachable_address_is_one_line_exit_2(tmp_path, where):
             "--json {tmp}/no/such/m.json: its folder does not exist; create it or pick another path",
         ),
         (["--out", "{tmp}/out", "--json", "{tmp}"], "--json {tmp}: is a folder; give a file name inside it"),
+        (
+            ["--out", "{tmp}/out", "--json", "{tmp}/tiny.yaml"],
+            "--json {tmp}/tiny.yaml: is also the config; write it to another path",
+        ),
         ([], "output.dir {tmp}/a_file: is a file; give a folder"),
     ],
 )

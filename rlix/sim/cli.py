@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlix.config import ray_address, unwritable
+from rlix.config import overwrites, ray_address, unwritable
 from rlix.core import POLICIES
 from rlix.metrics import RunMetrics
 from rlix.sim import scenarios, sweep
@@ -151,24 +151,26 @@ def _policies(names: list[str] | None) -> list[str]:
 def _checked_policies(args) -> list[str]:
     """The policies to replay (all by default); bad flags are refused before any work."""
     policies = _policies(args.policy)
+    inputs = {"the trace": args.trace, "--add": getattr(args, "add", None)}
     if args.json is not None:
-        check_output("--json", args.json)
+        check_output("--json", args.json, inputs=inputs)
     plot = getattr(args, "plot", None)
     if plot is not None:
-        _check_plot(plot)
+        _check_plot(plot, {**inputs, "--json": args.json})
     return policies
 
 
-def _check_plot(plot: str) -> None:
-    from rlix.plot import figure_problem
+def _check_plot(plot: str, others: dict[str, str | None]) -> None:
+    from rlix.plot import figure_path, figure_problem
 
-    if (problem := figure_problem(plot)) is not None:
+    if (problem := figure_problem(plot) or overwrites(figure_path(plot), others)) is not None:
         raise UserError(f"--plot {plot}: {problem}")
 
 
-def check_output(flag: str, path: str | Path, *, folder: bool = False) -> None:
-    """Refuse, before any work, an output path that could not be written (its results would be lost)."""
-    problem = unwritable(path, folder=folder)
+def check_output(flag: str, path: str | Path, *, folder: bool = False, inputs: dict[str, str | None] | None = None) -> None:
+    """Refuse, before any work, an output path that could not be written (its results would be lost), or
+    that is one of ``inputs`` (what each names -> its path: it would be overwritten)."""
+    problem = unwritable(path, folder=folder) or overwrites(path, inputs or {})
     if problem is not None:
         raise UserError(f"{flag} {path}: {problem}")
 

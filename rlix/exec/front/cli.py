@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 def unwritable_outputs(args, cfg) -> str | None:
     """The run's output folder, the models folder beside it, and ``--json``, checked before Ray starts: a
     line saying which could not be written, or None."""
-    from rlix.config import unwritable
+    from rlix.config import overwrites, unwritable
 
     flag, out = ("--out", args.out) if args.out else ("output.dir", cfg.output.dir)
     problem = unwritable(out, folder=True)
@@ -102,7 +102,8 @@ def unwritable_outputs(args, cfg) -> str | None:
         models = Path(out).resolve().parent / "_models"
         problem = None if unwritable(models, folder=True) is None else f"{models}, where models are built, could not be made"
     if problem is None and args.json is not None:
-        flag, out, problem = "--json", args.json, unwritable(args.json)
+        flag, out = "--json", args.json
+        problem = unwritable(args.json) or overwrites(args.json, {"the config": args.config})
     return None if problem is None else f"{flag} {out}: {problem}"
 
 

@@ -34,8 +34,7 @@ from rlix.config import (
     read_document,
 )
 from rlix.core import ClusterSpec, PipelineSpec, SchedulingError, Stage
-from rlix.core.queues import check_fits
-from rlix.core.scheduler import check_settings
+from rlix.core.scheduler import check_job, check_settings
 from rlix.job import JobShape, StepShape, stage_gpus
 
 FORMAT = "rlix-trace"
@@ -661,7 +660,7 @@ class Trace:
         for i, p in enumerate(self.model.pipelines):  # copies share their template's topology
             problem = pipeline_topology_error(self.cluster, p)
             try:
-                check_fits(config, p.spec(p.id, resumable=True))
+                check_job(config, p.spec(p.id, resumable=True))
             except SchedulingError as exc:
                 problem = problem or str(exc)
             if problem is not None:

@@ -130,6 +130,11 @@ BAD_TRACES = {
         lambda r: r["cluster"].update(nodes=10_000_000),
         "cluster: 10000000 nodes x 8 GPUs is more than 100,000 GPUs",
     ),
+    # validated, then a traceback as the replay's scheduler registered it
+    "a model load larger than its tenant may hold": (
+        lambda r: r["scheduler"].update(tenants=[{"name": "a", "borrow_limit_gpus": 3}]) or r["pipelines"][0].update(tenant="a"),
+        "its model load needs 8 GPUs, more than tenant 'a' may hold (3)",
+    ),
 }
 
 

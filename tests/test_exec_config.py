@@ -73,6 +73,10 @@ def test_examples_validate(name):
         (lambda c: c["jobs"][0].update(seed=-1), "jobs[0].seed"),
         (lambda c: c["jobs"][0].update(seed=2**32), "jobs[0].seed: Input should be less than 4294967296"),
         (lambda c: c.update(ray={"address": ""}), "ray.address"),
+        (
+            lambda c: c["scheduler"].update(tenants="a:1:0:0") or c["jobs"][0].update(tenant="a"),
+            "jobs[0]: pipeline 'small': its model load needs",
+        ),
     ],
 )
 def test_bad_config_names_the_field(edit, field):

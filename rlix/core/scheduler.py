@@ -112,6 +112,13 @@ def check_tenant(config: SchedulerConfig, spec: PipelineSpec) -> None:
         )
 
 
+def check_job(config: SchedulerConfig, spec: PipelineSpec) -> None:
+    """A job the scheduler's tenants and queues could ever admit (:func:`check_tenant`,
+    :func:`rlix.core.queues.check_fits`): asked at registration, and of traces and configs before any work."""
+    check_tenant(config, spec)
+    check_fits(config, spec)
+
+
 class Scheduler:
     """The policy core. Pure: no clock, no I/O; ``now`` is always passed in."""
 
@@ -170,8 +177,7 @@ class Scheduler:
         """The entry of a pipeline joining with ``spec``, once checked; not recorded yet."""
         pid = spec.pipeline_id
         validate_pipeline(self.cluster, spec)
-        check_tenant(self._view.config, spec)
-        check_fits(self._view.config, spec)
+        check_job(self._view.config, spec)
         old = self._view.pipelines.get(pid)  # an id may run again once a plan freed what its pipeline held
         if old is not None and (old.state is PipelineState.ACTIVE or pid in self._view.departed):
             raise SchedulingError(f"pipeline '{pid}' is already registered; pipeline ids must be unique")

@@ -28,7 +28,8 @@ from rlix.config import (
 )
 from rlix.core import PipelineSpec, SchedulerConfig, SchedulingError
 from rlix.core.policies import POLICIES
-from rlix.core.scheduler import check_settings
+from rlix.core.queues import check_fits
+from rlix.core.scheduler import check_job, check_settings
 from rlix.exec.data.model import ModelSize
 from rlix.exec.data.rewards import RewardRef, check_reward
 from rlix.exec.data.sources import DataConfig, DataError, EvalConfig, RewardConfig, check_rows, read_rows
@@ -589,3 +590,10 @@ def check_topology(cfg: RunConfig, *, loose: bool = False, settings: bool = True
         problem = job_topology_error(cluster, job.pipeline_spec(job.name), executor_stages(kl=job.algo.kl_coef > 0))
         if problem is not None:
             raise ConfigError(f"jobs[{i}].roles: {problem}")
+        if settings:  # its tenant and queues could ever admit it, as the scheduler asks at registration
+            core = cfg.scheduler.core()
+            check = check_job if core.tenants else check_fits  # none declared: the shared scheduler's, asked as it registers
+            try:
+                check(core, job.pipeline_spec(job.name))
+            except SchedulingError as exc:
+                raise ConfigError(f"jobs[{i}]: {exc}") from None

@@ -406,6 +406,9 @@ def job_topology_error(cluster: ClusterSpec, spec: PipelineSpec, stages: Iterabl
     return None
 
 
+TOO_MANY_DIGITS = "a number has more digits than Python reads (4,300); write a shorter one"
+
+
 def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[ValueError], what: str) -> object:
     """A JSON or YAML file's content; ``error`` with one line when it is missing or malformed.
 
@@ -429,10 +432,14 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
             raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
         except RecursionError:
             raise error(f"{path}: nested too deep to read; flatten it") from None
+        except ValueError:  # Python's own bound on the digits of a whole number
+            raise error(f"{path}: {TOO_MANY_DIGITS}") from None
     try:
         return yaml.safe_load(text)
     except RecursionError:
         raise error(f"{path}: nested too deep to read; flatten it") from None
+    except ValueError:
+        raise error(f"{path}: {TOO_MANY_DIGITS}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -10,6 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from rlix.config import TOO_MANY_DIGITS
 from rlix.sim.cli import main
 from rlix.trace import SCHEMA_PATH, json_schema
 
@@ -224,6 +225,16 @@ def test_an_output_that_would_overwrite_an_input_or_another_output_is_refused(tm
         assert res.returncode == 2 and expected in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert (trace.read_bytes(), job.read_bytes()) == before
     assert "is also --json" in run_cli("replay", str(trace), "--json", f"{tmp_path}/x.png", "--plot", f"{tmp_path}/x").stderr
+
+
+def test_a_number_of_more_digits_than_python_reads_is_one_line_not_a_traceback(tmp_path):
+    """Before: Python's ValueError for an integer of over 4,300 digits came out as a traceback."""
+    text = Path("traces/single.json").read_text().replace('"seed": 0', '"seed": ' + "1" * 5000, 1)
+    assert "1" * 5000 in text
+    (tmp_path / "big.json").write_text(text)
+    res = run_cli("validate", str(tmp_path / "big.json"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == f"rlix-sim: error: {tmp_path / 'big.json'}: {TOO_MANY_DIGITS}"
 
 
 def test_a_symbolic_link_loop_as_an_output_path_is_named_not_a_traceback(tmp_path):

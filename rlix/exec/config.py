@@ -124,7 +124,7 @@ def _check_model_config(path: Path) -> None:
     """A checkpoint's config.json must be a JSON object (transformers reads nothing else)."""
     try:
         raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: not JSON, or a number of too many digits
         raise ValueError(f"{path} is not a readable JSON file ({type(exc).__name__}); save the checkpoint again") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path} is not a JSON object; save the checkpoint again")

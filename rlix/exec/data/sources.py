@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from rlix.config import StrictModel
+from rlix.config import TOO_MANY_DIGITS, StrictModel
 from rlix.exec.data.rewards import TRL_ARGS
 
 
@@ -116,6 +116,8 @@ def _jsonl(p: Path, field: str) -> list[dict]:
             raise DataError(field, f"{p} line {exc.lineno} is not valid JSON ({exc.msg}); fix that line") from None
         except RecursionError:
             raise DataError(field, f"{p} is nested too deep to read; flatten its rows") from None
+        except ValueError:
+            raise DataError(field, f"{p}: {TOO_MANY_DIGITS}") from None
         numbered = list(enumerate(rows, 1))
     else:
         numbered = []
@@ -128,6 +130,8 @@ def _jsonl(p: Path, field: str) -> list[dict]:
                 raise DataError(field, f"{p} line {n} is not valid JSON ({exc.msg}); fix that line") from None
             except RecursionError:
                 raise DataError(field, f"{p} line {n} is nested too deep to read; flatten it") from None
+            except ValueError:
+                raise DataError(field, f"{p} line {n}: {TOO_MANY_DIGITS}") from None
     for n, row in numbered:
         if not isinstance(row, dict):
             raise DataError(field, f"{p} line {n} is a JSON {type(row).__name__}, not an object; write one object per line")

@@ -242,7 +242,7 @@ def _knobs(pairs: list[str]):
             raise UserError(f"--set {pair}: write KNOB=VALUE, e.g. --set min_residency_s=5")
         try:
             raw[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):  # ValueError: a number of more digits than Python reads
             raise UserError(f"--set {pair}: the value does not read as YAML; quote it or write a plain number") from None
     try:
         return SchedulerKnobs.model_validate(raw)

@@ -44,6 +44,7 @@ SCHEMA_PATH = Path(__file__).parent / "schema" / "trace-v1.schema.json"
 StageName = Literal["old_logprobs", "ref_logprobs", "value_compute", "critic_train", "actor_train"]
 
 MAX_DRAWN = 10_000_000  # trajectories a trace may draw (traces/large.json draws 1,048,576 in all)
+MAX_TURNS = 1_000  # generation turns of one agentic trajectory
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
@@ -136,8 +137,8 @@ class StepModel(StrictModel):
 class ToolModel(StrictModel):
     """Generated agentic trajectories: each one's generation split into turns, tool calls in between."""
 
-    turns: int = Field(ge=1, description="generation turns per trajectory (tool calls = turns - 1)")
-    turns_max: int | None = Field(default=None, ge=1, description="draw turns uniformly from turns..turns_max")
+    turns: int = Field(ge=1, le=MAX_TURNS, description="generation turns per trajectory (tool calls = turns - 1)")
+    turns_max: int | None = Field(default=None, ge=1, le=MAX_TURNS, description="draw turns uniformly from turns..turns_max")
     tool: DurationDist = Field(description="seconds of one tool/environment call (holds the slot, uses no GPU)")
     seed: int = Field(default=0, ge=0, description="seed of the draws (a whole number >= 0)")
 
@@ -198,7 +199,9 @@ class PromptsModel(StrictModel):
     """
 
     group_size: int = Field(ge=1, description="trajectories per prompt in a step (GRPO's group); divides trajectories_per_step")
-    dataset: int = Field(ge=1, description="prompts in the dataset: one epoch visits each once, in a shuffled order")
+    dataset: int = Field(
+        ge=1, le=MAX_DRAWN, description="prompts in the dataset: one epoch visits each once, in a shuffled order"
+    )
     group_correlation: float = Field(default=0.0, ge=0, le=1, description="correlation of log-length within a group")
     epoch_correlation: float = Field(
         default=0.0, ge=0, le=1, description="correlation of one prompt's log-lengths across epochs (<= group_correlation)"
@@ -230,6 +233,13 @@ class GenerateModel(StrictModel):
                 f"generate: {self.steps} steps x {self.trajectories_per_step} trajectories is more than the "
                 f"{MAX_DRAWN:,} one stream may draw; lower steps or trajectories_per_step"
             )
+        if self.agentic is not None:
+            turns = max(self.agentic.turns, self.agentic.turns_max or 0)
+            if self.steps * self.trajectories_per_step * turns > MAX_DRAWN:
+                raise ValueError(
+                    f"generate: up to {turns} turns of {self.steps * self.trajectories_per_step:,} trajectories is more "
+                    f"than the {MAX_DRAWN:,} turns one stream may draw; lower agentic.turns or the trajectories"
+                )
         if self.prompts is not None:
             size, dataset = self.prompts.group_size, self.prompts.dataset
             if self.trajectories_per_step % size:

@@ -131,6 +131,14 @@ BAD_TRACES = {
         lambda r: r["cluster"].update(nodes=10_000_000),
         "cluster: 10000000 nodes x 8 GPUs is more than 100,000 GPUs",
     ),
+    "turns without end": (
+        lambda r: r["pipelines"][0]["generate"].update(agentic={"turns": 10**9, "tool": {"median_s": 1, "p99_s": 2}}),
+        "agentic.turns: Input should be less than or equal to 1000",
+    ),
+    "turns past what a stream may draw": (
+        lambda r: r["pipelines"][0]["generate"].update(steps=1000, agentic={"turns": 1000, "tool": {"median_s": 1, "p99_s": 2}}),
+        "turns one stream may draw; lower agentic.turns",
+    ),
     # validated, then a traceback as the replay's scheduler registered it
     "a model load larger than its tenant may hold": (
         lambda r: r["scheduler"].update(tenants=[{"name": "a", "borrow_limit_gpus": 3}]) or r["pipelines"][0].update(tenant="a"),

@@ -253,7 +253,9 @@ class SchedulerModel(StrictModel):
     )
 
     plan_interval_s: float = Field(
-        default=5.0, gt=0, description="seconds between the control loop's periodic plans (demand, TTLs, residency)"
+        default=5.0,
+        ge=0.1,  # more often, a replay spends its time on plans that change nothing (1e-9 s never ended)
+        description="seconds between the control loop's periodic plans (demand, TTLs, residency)",
     )
     heartbeat_s: float | None = Field(
         default=None,

@@ -189,6 +189,7 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["replay", "traces/single.json", "--set", "backlog_wieght=1"], "scheduler.backlog_wieght: Extra inputs"),
         (["replay", "traces/single.json", "--set", "backlog_weight=-1"], "scheduler.backlog_weight: Input should be greater"),
         (["replay", "traces/single.json", "--set", "weight_by_duration=1", "--set", "weight_by_duration=0"], "given twice"),
+        (["replay", "traces/single.json", "--set", "plan_interval_s=1e-9"], "scheduler.plan_interval_s: Input should be greater"),
         (
             ["replay", "traces/single.json", "--set", "heartbeat_s=600"],
             "scheduler.heartbeat_s: 600.0 s is not below report_ttl_s",

@@ -590,7 +590,20 @@ class Trace:
         for p in self.jobs:
             spec = self.spec(p)
             out[p.id] = [(s.id, scale_stages(expand_stream(s), p.stage_cost, spec)) for s in p.streams()]
+            for stream_id, steps in out[p.id]:
+                self._drawn_in_time(p.id, stream_id, steps)
         return out
+
+    def _drawn_in_time(self, pid: str, stream_id: str, steps: list[Step]) -> None:
+        """Refuse a drawn trajectory or a scaled stage past ``MAX_SECONDS`` (a long tail's draw, a cost model's
+        scaling): a float clock stops moving there, and the replay would never end."""
+        for k, step in enumerate(steps):
+            longest = max(float(step.trajectories.max(initial=0.0)), *step.stages.values(), 0.0)
+            if not longest <= MAX_SECONDS:
+                raise TraceError(
+                    f"{self.source}: pipeline '{pid}' ({stream_id}) step {k} draws {longest:g} s, past {MAX_SECONDS:g} s; "
+                    "lower its duration's p99_s (or max_s) or its stage_cost"
+                )
 
     def reseeded(self, seed: int) -> Trace:
         """The same trace with every ``generate`` block drawn from ``seed`` instead."""

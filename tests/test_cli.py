@@ -139,6 +139,10 @@ BAD_TRACES = {
         lambda r: r["pipelines"][0]["generate"].update(steps=1000, agentic={"turns": 1000, "tool": {"median_s": 1, "p99_s": 2}}),
         "turns one stream may draw; lower agentic.turns",
     ),
+    "a draw past any clock": (  # the replay never ended
+        lambda r: r["pipelines"][0]["generate"].update(duration={"median_s": 1e-9, "p99_s": 1e9}),
+        "step 0 draws 5.28817e+14 s, past 1e+09 s",
+    ),
     # validated, then a traceback as the replay's scheduler registered it
     "a model load larger than its tenant may hold": (
         lambda r: r["scheduler"].update(tenants=[{"name": "a", "borrow_limit_gpus": 3}]) or r["pipelines"][0].update(tenant="a"),

@@ -359,6 +359,7 @@ def _generate(args, console: Console, err: Console) -> int:
 
 def _validate(args, console: Console, err: Console) -> int:
     trace = load_trace(args.trace)
+    trace.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here, not at the replay
     c = trace.cluster
     console.print(
         f"{args.trace}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories"

@@ -101,6 +101,17 @@ def test_whatif_equals_replaying_the_trace_with_the_job_written_in(tmp_path, ext
     assert data["policies"]["static"]["makespan"]["change_s"] > 0
 
 
+def test_at_moves_a_templates_listed_arrivals_with_it(tmp_path):
+    """Before: ``--at`` changed nothing for a template of listed arrival times (its copies arrived as listed)."""
+    from rlix.sim.whatif import load_job
+
+    job = json.loads(Path("traces/two_jobs.json").read_text())["pipelines"][0]
+    job.update(id="new", arrivals={"times_s": [100.0, 250.0]})
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert [c.arrival_s for c in load_job(tmp_path / "job.json", 5000.0).copies()] == [5000.0, 5150.0]
+    assert [c.arrival_s for c in load_job(tmp_path / "job.json").copies()] == [100.0, 250.0]
+
+
 def test_whatif_prints_a_table_per_policy_and_writes_the_same_bytes_twice(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     res = run_cli("whatif", "traces/two_jobs.json", "--add", str(JOB), "--policy", "rlix", "--json", str(a))

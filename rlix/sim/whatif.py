@@ -79,7 +79,8 @@ class PolicyWhatIf:
 
 
 def load_job(path: str | Path, at: float | None = None) -> PipelineModel:
-    """One pipeline entry, as a trace's ``pipelines`` list holds it, from a JSON file; ``at`` replaces its ``arrival_s``."""
+    """One pipeline entry, as a trace's ``pipelines`` list holds it, from a JSON file; ``at`` replaces its
+    ``arrival_s`` (a template's listed arrival times move with it: its first copy arrives at ``at``)."""
     raw = read_document(path, "json", TraceError, "a JSON file holding one pipeline as a trace lists it")
     if not isinstance(raw, dict):
         raise TraceError(f"{path}: expected one pipeline (a JSON object with id, kind, roles, steps), got {type(raw).__name__}")
@@ -87,6 +88,9 @@ def load_job(path: str | Path, at: float | None = None) -> PipelineModel:
         raise TraceError(f"{path}: this is a whole trace; give one pipeline entry (one element of a trace's 'pipelines')")
     if at is not None:
         raw = {**raw, "arrival_s": at}
+        times = raw.get("arrivals", {}).get("times_s") if isinstance(raw.get("arrivals"), dict) else None
+        if isinstance(times, list) and times and all(isinstance(t, (int, float)) for t in times):
+            raw["arrivals"] = {**raw["arrivals"], "times_s": [at + t - min(times) for t in times]}
     try:
         return PipelineModel.model_validate(raw)
     except ValidationError as e:

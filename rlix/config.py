@@ -411,6 +411,38 @@ def job_topology_error(cluster: ClusterSpec, spec: PipelineSpec, stages: Iterabl
 TOO_MANY_DIGITS = "a number has more digits than Python reads (4,300); write a shorter one"
 
 
+class _DuplicateKey(ValueError):
+    """A key given twice in one JSON object or YAML mapping (the parsers keep the last one, silently)."""
+
+    def __init__(self, key: object, line: int = 0) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge (<<) may be overridden; other keys the safe loader refuses itself
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[ValueError], what: str) -> object:
     """A JSON or YAML file's content; ``error`` with one line when it is missing or malformed.
 
@@ -429,7 +461,9 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
         raise error(f"{path}: cannot be read ({exc.strerror}); give the path of {what}") from None
     if fmt == "json":
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise error(f"{path}: '{exc.key}' is given twice in one object; keep one") from None
         except json.JSONDecodeError as exc:
             raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
         except RecursionError:
@@ -437,7 +471,9 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
         except ValueError:  # Python's own bound on the digits of a whole number
             raise error(f"{path}: {TOO_MANY_DIGITS}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader
+    except _DuplicateKey as exc:
+        raise error(f"{path}: line {exc.line}: '{exc.key}' is given twice in one mapping; keep one") from None
     except RecursionError:
         raise error(f"{path}: nested too deep to read; flatten it") from None
     except ValueError:

@@ -250,6 +250,25 @@ def test_a_number_of_more_digits_than_python_reads_is_one_line_not_a_traceback(t
     assert res.stderr.strip() == f"rlix-sim: error: {tmp_path / 'big.json'}: {TOO_MANY_DIGITS}"
 
 
+def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path):
+    """Before: JSON and YAML kept the last of two values, so a trace or config ran what it did not say."""
+    from rlix.exec.config import ConfigError, load_config
+
+    text = Path("traces/single.json").read_text()
+    twice = text.replace('"version": 1,', '"version": 1,\n "version": 1,', 1)
+    assert twice != text
+    (tmp_path / "twice.json").write_text(twice)
+    res = run_cli("validate", str(tmp_path / "twice.json"))
+    assert res.returncode == 2 and res.stderr.strip().endswith("'version' is given twice in one object; keep one")
+    (tmp_path / "c.yaml").write_text("policy: rlix\ncluster: {nodes: 1}\npolicy: static\n")
+    with pytest.raises(ConfigError, match="line 3: 'policy' is given twice in one mapping; keep one"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "merge.yaml").write_text("base: &b {a: 1, b: 2}\nx:\n  <<: *b\n  b: 3\n")
+    from rlix.config import read_document
+
+    assert read_document(tmp_path / "merge.yaml", "yaml", ValueError, "yaml")["x"] == {"a": 1, "b": 3}  # a merge, overridden
+
+
 def test_a_symbolic_link_loop_as_an_output_path_is_named_not_a_traceback(tmp_path):
     from rlix.config import unwritable
 

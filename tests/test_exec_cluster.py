@@ -93,6 +93,20 @@ def test_outputs_that_could_not_be_written_are_refused_before_ray_starts(tmp_pat
     assert res.stderr.strip() == f"rlix-run: error: {expected.format(tmp=tmp_path)}"
 
 
+@pytest.mark.exec
+def test_a_checkpoint_folder_that_could_not_be_written_is_refused_before_ray_starts(tmp_path):
+    """Before: found as the first checkpoint was saved, after a step's training."""
+    (tmp_path / "a_file").write_text("")
+    config = tiny_config(tmp_path, 2)
+    raw = yaml.safe_load(config.read_text())
+    raw["jobs"][0]["checkpoint_dir"] = f"{tmp_path}/a_file/ck"
+    config.write_text(yaml.safe_dump(raw))
+    res = rlix_run(str(config), env={**os.environ, "RAY_ADDRESS": ""})
+    assert res.returncode == 2, res.stderr
+    expected = f"jobs[0].checkpoint_dir {tmp_path}/a_file/ck: {tmp_path}/a_file is a file; give a folder path under a folder"
+    assert res.stderr.strip() == f"rlix-run: error: {expected}"
+
+
 @pytest.mark.heavy
 def test_joins_an_existing_cluster_and_refuses_one_too_small(tmp_path):
     # `ray start --head` with 4 GPUs and token authentication with a token of its own (a temp file):

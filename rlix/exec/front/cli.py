@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def unwritable_outputs(args, cfg) -> str | None:
-    """The run's output folder, the models folder beside it, and ``--json``, checked before Ray starts: a
-    line saying which could not be written, or None."""
+    """The run's output folder, the models folder beside it, ``--json`` and each job's checkpoint folder,
+    checked before Ray starts: a line saying which could not be written, or None."""
     from rlix.config import overwrites, unwritable
 
     flag, out = ("--out", args.out) if args.out else ("output.dir", cfg.output.dir)
@@ -104,6 +104,9 @@ def unwritable_outputs(args, cfg) -> str | None:
     if problem is None and args.json is not None:
         flag, out = "--json", args.json
         problem = unwritable(args.json) or overwrites(args.json, {"the config": args.config})
+    for i, job in enumerate(cfg.jobs):  # each checkpoint is written after a step's training: checked now
+        if problem is None and job.checkpoint_dir:
+            flag, out, problem = f"jobs[{i}].checkpoint_dir", job.checkpoint_dir, unwritable(job.checkpoint_dir, folder=True)
     return None if problem is None else f"{flag} {out}: {problem}"
 
 

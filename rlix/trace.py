@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
+import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from rlix.config import (
@@ -537,6 +538,16 @@ def expand_stream(stream: StreamModel) -> list[Step]:
     return out
 
 
+def _as_block(value: str) -> object:
+    """A knob's value as given: a list or a mapping where it reads as one in YAML, else the text itself
+    (the field's own type reads it: ``1e3`` is a number, ``true`` a yes)."""
+    try:
+        block = yaml.safe_load(value)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return value
+    return block if isinstance(block, (list, dict)) else value
+
+
 def scale_stages(steps: list[Step], cost: StageCostModel, spec: PipelineSpec) -> list[Step]:
     """Apply the stage cost model in place: GPU-count scaling per stage, token scaling per step."""
     if cost.reference_gpus is None and cost.token_fraction == 0:
@@ -626,9 +637,10 @@ class Trace:
         return Trace(TraceModel.model_validate(raw), self.source)
 
     def with_scheduler(self, settings: dict[str, str]) -> Trace:
-        """The same trace with some scheduler knobs replaced (``{"backlog_weight": "2"}``)."""
+        """The same trace with some scheduler knobs replaced (``{"backlog_weight": "2"}``; a list or a
+        mapping written as YAML, ``{"queues": "[{name: q, gpus: 0-7, max_jobs: 1}]"}``, is read as one)."""
         raw = self.model.scheduler.model_dump()
-        raw.update(settings)
+        raw.update({name: _as_block(value) for name, value in settings.items()})
         try:
             scheduler = SchedulerModel.model_validate(raw)
         except ValidationError as e:

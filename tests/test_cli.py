@@ -70,6 +70,10 @@ def test_set_overrides_a_scheduler_knob_of_the_trace(tmp_path):
     # the control loop's periods are knobs of the same block: restating the defaults changes nothing, a slower loop does
     assert rlix_metrics("--set", "plan_interval_s=5", "--set", "heartbeat_s=150") == default
     assert rlix_metrics("--set", "plan_interval_s=60") != default
+    # a list written as YAML is one (before: always the text, which no list field reads)
+    assert rlix_metrics("--set", "queues=[]") == default
+    queued = rlix_metrics("--set", "queues=[{name: q, gpus: 0-15, max_jobs: 1}]")
+    assert queued["makespan_s"] > default["makespan_s"]  # one job at a time
 
 
 def test_generate_writes_a_trace_that_validates(tmp_path):

@@ -71,6 +71,7 @@ def test_nan_is_no_opinion():
         ("infinite", ["infinite", "finite floats"]),
         ("raises", ["trl_rewards.py:raises", "raised ValueError", "bad thing"]),
         ("too_few", ["too_few", "returned 1 values for 3"]),
+        ("by_index", ["by_index", "returned a dict, not a list of 3 floats"]),
         ("not_numbers", ["not_numbers", "'high'"]),
     ],
 )

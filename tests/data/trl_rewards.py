@@ -47,6 +47,10 @@ def too_few(completions, **kwargs):
     return [1.0]
 
 
+def by_index(completions, **kwargs):  # iterating gives the keys 0, 1, 2: rewards in no completion's order
+    return {i: 0.5 for i in range(len(completions))}
+
+
 def not_numbers(completions, **kwargs):
     return ["high"] * len(completions)
 

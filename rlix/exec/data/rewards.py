@@ -26,7 +26,7 @@ import inspect
 import math
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,6 +236,8 @@ def _raised_at(fn: Callable, exc: BaseException) -> str:
 
 
 def _values(ref: RewardRef, out: object, n: int) -> tuple[float | None, ...]:
+    if isinstance(out, (str, bytes, Mapping, set, frozenset)):  # iterable, but not in the completions' order
+        raise RewardError(f"reward function {ref.function} returned a {type(out).__name__}, not a list of {n} floats")
     try:
         values = list(out)
     except TypeError:

@@ -46,13 +46,13 @@ def count(text: str) -> int:
 
 
 def seconds(text: str) -> float:
-    """A positive number of seconds."""
+    """A positive, finite number of seconds (at most a day: ``--watch inf`` would never refresh)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds from 0 to 86400")
     return value
 
 

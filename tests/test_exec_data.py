@@ -416,3 +416,14 @@ def test_exit_status_says_a_cancel_and_a_stopped_scheduler_apart_and_names_who_a
     assert exit_status({"copy": ok, "x": cancelled, "y": stopped}) == 4
     assert capsys.readouterr().err.splitlines()[-1] == "rlix-run: job y: the rlix scheduler was stopped by bob@head"
     assert exit_status({"x": cancelled, "y": stopped, "z": crashed}) == 1  # a failure says the most
+
+
+def test_a_pipe_as_the_data_path_is_refused_not_read_for_ever(tmp_path):
+    import os
+
+    from rlix.exec.data.sources import DataError, read_rows
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="rows.jsonl: not a regular file; give a .jsonl or .parquet file"):
+        read_rows(str(fifo), "train")

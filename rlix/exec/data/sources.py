@@ -93,6 +93,8 @@ def _read_cached(path: str, split: str, _mtime: int, field: str) -> Rows:
         raise DataError(field, f"{path}: no such file or directory; give a .jsonl or .parquet file or a datasets directory")
     if p.is_dir():
         ds = _load_dir(p, split, field)
+    elif not p.is_file():  # a pipe or a device: reading it could wait for ever
+        raise DataError(field, f"{path}: not a regular file; give a .jsonl or .parquet file or a datasets directory")
     elif p.suffix in (".jsonl", ".ndjson", ".json"):
         ds = _from_list(_jsonl(p, field), path, field)
     elif p.suffix == ".parquet":

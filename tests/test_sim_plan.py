@@ -240,6 +240,8 @@ def test_sweep_without_ray_says_so_in_one_line(monkeypatch, capsys, tmp_path):
         (["--knob", "small_first"], "--knob small_first: write NAME=V1,V2,..., e.g. --knob small_first=0,1,3"),
         (["--knob", "small_first=0,,3"], "--knob small_first=0,,3: write NAME=V1,V2"),
         (["--knob", "small_first=1,1"], "--knob small_first: a value is given twice"),
+        (["--knob", "small_first=0,0.0"], "--knob small_first: 0 and 0.0 are the same value; list each value once"),
+        (["--knob", "weight_by_demand=true,yes"], "--knob weight_by_demand: true and yes are the same value"),
         (["--knob", "small_fist=0,1"], "--knob small_fist=0: traces/single.json: scheduler.small_fist: Extra inputs"),
         (
             ["--knob", "small_first=0,99"],

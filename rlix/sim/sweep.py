@@ -201,6 +201,12 @@ def load_texts(sources: Sequence[str], knobs: Sequence[Knob]) -> dict[str, str]:
                 trace.with_scheduler(dict(combo))
             except TraceError as e:
                 raise SweepError(f"--knob {' '.join(f'{n}={v}' for n, v in combo)}: {source}: {e}") from None
+        for k in knobs:  # two spellings of one value (0 and 0.0, true and yes) would replay the same cell twice
+            read = {}
+            for v in k.values:
+                same = read.setdefault(repr(getattr(trace.with_scheduler({k.name: v}).model.scheduler, k.name)), v)
+                if same != v:
+                    raise SweepError(f"--knob {k.name}: {same} and {v} are the same value; list each value once")
         texts[source] = Path(source).read_text()
     return texts
 

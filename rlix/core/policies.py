@@ -45,6 +45,17 @@ class Policy(abc.ABC):
         """What the gang pass asks before a job's model load (None: nothing, once its GPUs are free)."""
         return self.admits
 
+    def gang_stages(self, view: View, draft: Draft, *, stop_own_rollout: bool = False) -> None:
+        """The gang pass as this policy orders and admits stages (its plan's, and the scheduler's safe plan's)."""
+        passes.gang_pass(
+            view,
+            draft,
+            stop_own_rollout=stop_own_rollout,
+            admits=self.admission(view),
+            owners_first=self.owners_first,
+            queue_within_tenant=self.queue_within_tenant,
+        )
+
 
 class StaticPolicy(Policy):
     """Dedicated partitions: a job's stages take turns on its own GPUs."""
@@ -111,14 +122,7 @@ class RlixPolicy(Policy):
 
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
-        passes.gang_pass(
-            view,
-            draft,
-            stop_own_rollout=False,
-            admits=self.admission(view),
-            owners_first=self.owners_first,
-            queue_within_tenant=self.queue_within_tenant,
-        )
+        self.gang_stages(view, draft)
         draft.held_back = passes.held_for_owners(view)
         # A job whose model load waits (for its GPUs, a queue or its tenant's limit) rolls nothing out yet.
         needs = passes.rollout_needs(view, blocked=passes.awaiting_admission(view, draft))

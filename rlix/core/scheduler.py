@@ -374,15 +374,7 @@ def safe_plan(view: View, policy: Policy, now: float, violation: InvariantViolat
     seen.append(violation)
     draft = Draft(view.ledger, now)
     passes.shrink_departed(view, draft)
-    # guests' stages ordered as the policy orders them
-    passes.gang_pass(
-        view,
-        draft,
-        stop_own_rollout=False,
-        admits=policy.admission(view),
-        owners_first=policy.owners_first,
-        queue_within_tenant=policy.queue_within_tenant,
-    )
+    policy.gang_stages(view, draft)  # guests' stages ordered, and jobs admitted, as the policy does
     plan = draft.to_plan()
     try:
         validate_plan(plan, view.ledger, view)

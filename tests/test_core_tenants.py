@@ -89,6 +89,20 @@ def test_a_limit_holds_when_a_gang_stage_comes_beside_the_rollout_workers_a_tena
     assert [g.pipeline_id for g in plan.grants] == ["y"] and held(sched, "x") == 1
 
 
+def test_a_tenant_over_its_limit_gives_back_workers_of_the_job_above_its_share_and_plans_stay_valid():
+    """A trim by workers held alone took a worker from a job the shares then gave it back to: the plan
+    shrank and expanded one worker, and every plan after fell back to the safe plan."""
+    sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="t", borrow_limit_gpus=4)))
+    register(sched, job("a", "t", train=(10,), infer=range(10)), job("b", "t", train=(11,), infer=range(10)))
+    sched.step(0, [demand("a", 400), demand("b", 400)])
+    assert held(sched, "a") == held(sched, "b") == 2
+    for t in range(1, 4):
+        asks = [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)] if t == 1 else []
+        sched.step(t, [*asks, demand("a", 400), demand("b", 0)])
+        assert sched.violations == [] and held(sched, "a") + held(sched, "b") + 1 <= 4
+    assert held(sched, "a") == 3 and held(sched, "b") == 0  # b trains on its GPU; a rolls out on the rest of the limit
+
+
 def test_a_job_its_tenants_limit_holds_back_keeps_no_gpus_from_another_tenants_job():
     """Before: b, refused for t1's limit, kept its GPUs 4-7 from c of tenant t2, which waited on free GPUs."""
     sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="t1", borrow_limit_gpus=4), TenantSpec(name="t2")))

@@ -126,17 +126,18 @@ class RlixPolicy(Policy):
         draft.held_back = passes.held_for_owners(view)
         # A job whose model load waits (for its GPUs, a queue or its tenant's limit) rolls nothing out yet.
         needs = passes.rollout_needs(view, blocked=passes.awaiting_admission(view, draft))
-        tenants.trim_to_limits(view, draft, needs)
         capacity = passes.rollout_capacity(view, draft)
         parts = tenants.tenant_parts(view, draft, needs, capacity)
         guaranteed = tenants.fit_guarantees(needs, parts, passes.guarantees(view, draft, needs), capacity)
         floor_share = view.config.floor_share
         cotenants = homeless(view) if floor_share else frozenset()
         shares = tenants.tenant_shares(needs, capacity, parts, guaranteed, floor_share=floor_share, cotenants=cotenants)
+        tenants.trim_to_limits(view, draft, needs, shares)
         passes.place_on_idle(draft, needs, shares)
         passes.reclaim_homes(view, draft, needs, guaranteed)
-        passes.rebalance(view, draft, needs, shares)
-        passes.fill_idle(draft, needs, shares, caps=tenants.worker_caps(view, needs, shares))
+        caps = tenants.worker_caps(view, needs, shares)
+        passes.rebalance(view, draft, needs, shares, caps)
+        passes.fill_idle(draft, needs, shares, caps=caps)
 
 
 def _inside_home(spec: PipelineSpec) -> tuple[Gpus, ...]:

@@ -49,8 +49,11 @@ class Phase(enum.Enum):
 class DonorRules:
     """Who may give which worker to whom, given the victims already chosen."""
 
-    def __init__(self, view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float]) -> None:
+    def __init__(
+        self, view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float], caps: dict[str, int] | None = None
+    ) -> None:
         self.cfg = view.config
+        self.caps = caps or {}  # the most workers a job of a tenant with a limit may hold (tenants.worker_caps)
         self.now = view.now
         self.draft = draft
         self.placed_at = draft.ledger.placed_at
@@ -61,6 +64,8 @@ class DonorRules:
 
     def owed(self, n: RolloutNeed, phase: Phase) -> bool:
         count = self.draft.worker_count(n.pipeline_id)
+        if count >= self.caps.get(n.pipeline_id, count + 1):
+            return False  # its tenant's limit: no more, whatever work it has
         if phase is Phase.SHARE:
             return count + 1 <= self.shares[n.pipeline_id] + _EPS
         return count < n.need
@@ -166,9 +171,12 @@ def pays_for_switch(n: RolloutNeed, count: int) -> bool:
     return n.work_s / (count + 1) > n.switch_s
 
 
-def rebalance(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float]) -> None:
-    """Move workers to pipelines owed them (shares), then to pipelines short of work."""
-    rules = DonorRules(view, draft, needs, shares)
+def rebalance(
+    view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float], caps: dict[str, int] | None = None
+) -> None:
+    """Move workers to pipelines owed them (shares), then to pipelines short of work; ``caps``: the most
+    workers a job may end with (a tenant's limit)."""
+    rules = DonorRules(view, draft, needs, shares, caps)
     for phase in (Phase.SHARE, Phase.WORK):
         _phase(draft, needs, rules, phase)
 

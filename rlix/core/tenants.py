@@ -23,7 +23,7 @@ from rlix.core.ledger import Draft
 from rlix.core.placement import whole
 from rlix.core.shares import RolloutNeed, proportional_shares, starving_key, water_level
 from rlix.core.state import GangRequest, View
-from rlix.core.types import ShrinkReason
+from rlix.core.types import Role, ShrinkReason
 
 
 def tenant_gang_gpus(view: View, draft: Draft) -> dict[str, int]:
@@ -137,9 +137,11 @@ def worker_caps(view: View, needs: list[RolloutNeed], shares: dict[str, float]) 
     return {n.pipeline_id: whole(shares.get(n.pipeline_id, 0.0)) for n in needs if n.entry.spec.tenant in limited}
 
 
-def trim_to_limits(view: View, draft: Draft, needs: list[RolloutNeed]) -> None:
-    """A tenant holding more GPUs than its limit (its gang stages grew beside rollout workers it already
-    held) gives rollout workers back until it fits: from its job holding the most, least busy worker first."""
+def trim_to_limits(view: View, draft: Draft, needs: list[RolloutNeed], shares: dict[str, float]) -> None:
+    """A tenant that would hold more GPUs than its limit once its jobs below their shares get them (its
+    gang stages grew beside rollout workers it already held) gives rollout workers back until it fits:
+    from its job furthest above its share (whole workers, as :func:`worker_caps`), least busy worker
+    first. A job is never cut below its share, so no later pass of the plan places the worker back."""
     gangs = tenant_gang_gpus(view, draft)
     loads = {n.pipeline_id: n.loads for n in needs}
     for tenant in sorted(view.config.tenants, key=lambda t: t.name):
@@ -147,11 +149,21 @@ def trim_to_limits(view: View, draft: Draft, needs: list[RolloutNeed]) -> None:
             continue
         jobs = sorted(pid for pid, entry in view.pipelines.items() if entry.spec.tenant == tenant.name)
         workers = [w for pid in jobs for w in draft.live_workers(pid)]
-        excess = gangs.get(tenant.name, 0) + sum(len(w.gpus) for w in workers) - tenant.limit_gpus
-        while excess > 0 and workers:
+        # what its jobs will hold once each is given its share (jobs below it are, later in the plan)
+        tp = {pid: view.pipelines[pid].spec.role(Role.ACTOR_INFER).gpus_per_worker for pid in jobs}
+        ahead = sum(max(draft.worker_count(pid), whole(shares.get(pid, 0.0))) * tp[pid] for pid in jobs)
+        excess = gangs.get(tenant.name, 0) + ahead - tenant.limit_gpus
+        while excess > 0:
+            above = [w for w in workers if draft.worker_count(w.pipeline_id) > whole(shares.get(w.pipeline_id, 0.0))]
+            if not above:
+                break
             victim = min(
-                workers,
-                key=lambda w: (-draft.worker_count(w.pipeline_id), loads.get(w.pipeline_id, {}).get(w.gpus[0], 0), w.sort_key),
+                above,
+                key=lambda w: (
+                    whole(shares.get(w.pipeline_id, 0.0)) - draft.worker_count(w.pipeline_id),
+                    loads.get(w.pipeline_id, {}).get(w.gpus[0], 0),
+                    w.sort_key,
+                ),
             )
             draft.shrink(victim, ShrinkReason.REBALANCE)
             workers.remove(victim)

@@ -411,6 +411,13 @@ def job_topology_error(cluster: ClusterSpec, spec: PipelineSpec, stages: Iterabl
 TOO_MANY_DIGITS = "a number has more digits than Python reads (4,300); write a shorter one"
 
 
+def _unreadable(exc: ValueError) -> str:
+    """What a parser's ValueError means to the user (the digit bound, or the value it could not read)."""
+    if "integer string conversion" in str(exc):
+        return TOO_MANY_DIGITS
+    return f"a value cannot be read ({exc}); fix it"
+
+
 class _DuplicateKey(ValueError):
     """A key given twice in one JSON object or YAML mapping (the parsers keep the last one, silently)."""
 
@@ -431,16 +438,21 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping."""
 
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # a merge (<<) may be overridden; other keys the safe loader refuses itself
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
+    def flatten_mapping(self, node):
+        """Check a mapping's own keys the first time it is seen, before merges (<<) put keys it may
+        override in front of them (a mapping merged into another is flattened before it is built)."""
+        checked = self.__dict__.setdefault("_checked", set())
+        if id(node) not in checked:
+            checked.add(id(node))
+            seen = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # other keys the safe loader refuses itself
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+        super().flatten_mapping(node)
 
 
 def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[ValueError], what: str) -> object:
@@ -468,16 +480,16 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
             raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
         except RecursionError:
             raise error(f"{path}: nested too deep to read; flatten it") from None
-        except ValueError:  # Python's own bound on the digits of a whole number
-            raise error(f"{path}: {TOO_MANY_DIGITS}") from None
+        except ValueError as exc:  # Python's own bound on the digits of a whole number
+            raise error(f"{path}: {_unreadable(exc)}") from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader
     except _DuplicateKey as exc:
         raise error(f"{path}: line {exc.line}: '{exc.key}' is given twice in one mapping; keep one") from None
     except RecursionError:
         raise error(f"{path}: nested too deep to read; flatten it") from None
-    except ValueError:
-        raise error(f"{path}: {TOO_MANY_DIGITS}") from None
+    except ValueError as exc:  # a number of too many digits, or a value YAML reads but Python cannot hold
+        raise error(f"{path}: {_unreadable(exc)}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -539,8 +539,11 @@ def expand_stream(stream: StreamModel) -> list[Step]:
 
 
 def _as_block(value: str) -> object:
-    """A knob's value as given: a list or a mapping where it reads as one in YAML, else the text itself
-    (the field's own type reads it: ``1e3`` is a number, ``true`` a yes)."""
+    """A knob's value as given: a list or a mapping where it is written as one in YAML (``[...]``,
+    ``{...}``), else the text itself (the field's own type reads it: ``1e3`` is a number, ``true`` a yes,
+    ``a: 2`` a tenant)."""
+    if not value.strip().startswith(("[", "{")):
+        return value
     try:
         block = yaml.safe_load(value)
     except (yaml.YAMLError, ValueError, RecursionError):

@@ -70,8 +70,9 @@ def test_set_overrides_a_scheduler_knob_of_the_trace(tmp_path):
     # the control loop's periods are knobs of the same block: restating the defaults changes nothing, a slower loop does
     assert rlix_metrics("--set", "plan_interval_s=5", "--set", "heartbeat_s=150") == default
     assert rlix_metrics("--set", "plan_interval_s=60") != default
-    # a list written as YAML is one (before: always the text, which no list field reads)
+    # a list written as YAML is one (before: always the text, which no list field reads); other text stays text
     assert rlix_metrics("--set", "queues=[]") == default
+    assert rlix_metrics("--set", "tenants=a: 1") == rlix_metrics("--set", "tenants=a:1")
     queued = rlix_metrics("--set", "queues=[{name: q, gpus: 0-15, max_jobs: 1}]")
     assert queued["makespan_s"] > default["makespan_s"]  # one job at a time
 
@@ -271,6 +272,12 @@ def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path):
     from rlix.config import read_document
 
     assert read_document(tmp_path / "merge.yaml", "yaml", ValueError, "yaml")["x"] == {"a": 1, "b": 3}  # a merge, overridden
+    # a mapping merged into another before it is built itself (its override came first as a second key)
+    (tmp_path / "nested.yaml").write_text("base: &b {x: 1}\ndefs: [&c {<<: *b, x: 5}]\nd: {<<: *c}\n")
+    assert read_document(tmp_path / "nested.yaml", "yaml", ValueError, "yaml")["d"] == {"x": 5}
+    (tmp_path / "date.yaml").write_text("a: 2023-02-30\n")
+    with pytest.raises(ValueError, match="a value cannot be read \\(day is out of range for month\\); fix it"):
+        read_document(tmp_path / "date.yaml", "yaml", ValueError, "yaml")
 
 
 def test_a_symbolic_link_loop_as_an_output_path_is_named_not_a_traceback(tmp_path):

@@ -209,6 +209,17 @@ def test_running_trajectories_on_workers_the_job_does_not_hold_gain_it_nothing(c
         sched.step(0, [twice])
 
 
+def test_a_batch_opened_as_a_worker_is_shrunk_is_credited_whole():
+    """The report that opens a batch may list running trajectories on a worker a plan has just shrunk:
+    they still count to the batch's credit (up to open_limit), though not to the split."""
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=4), "rlix", SchedulerConfig())
+    register(sched, spec("a", (3,), range(3), open_limit=8, batch_credit=True))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    sched.step(1, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    sched.step(2, [demand("a", 4, {2: 4}, batch=8)])  # GPU 2: a worker it holds no more
+    assert sched._view.pipelines["a"].credit_end == 8
+
+
 def test_a_declared_total_caps_the_backlog_the_core_weighs():
     # a has 8 trajectories open and 8 of its 48 finished: at most 32 are backlog, whatever it says
     a = spec("a", range(4), range(8), open_limit=8, total_trajectories=48)

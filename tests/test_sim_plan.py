@@ -260,6 +260,17 @@ def test_sweep_bad_arguments_are_one_line_exit_2_before_ray_starts(args, expecte
     assert expected in line, line
 
 
+def test_a_grid_of_knobs_that_depend_on_each_other_is_checked_as_its_cells_are():
+    """Each cell is valid (a heartbeat below each TTL): a check of one knob at a time against the trace's
+    other values refused the grid."""
+    from rlix.sim.sweep import Knob, load_texts
+
+    texts = load_texts(
+        ["traces/two_jobs.json"], [Knob(name="heartbeat_s", values=("700",)), Knob(name="report_ttl_s", values=("1000", "2000"))]
+    )
+    assert list(texts) == ["traces/two_jobs.json"]
+
+
 def test_sweep_missing_trace_is_one_line_exit_2(capsys):
     line = error_in_process(capsys, "sweep", "traces/single.json", "no/such.json", "--knob", "small_first=0")
     assert "no/such.json: no such file" in line

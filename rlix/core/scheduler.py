@@ -169,7 +169,7 @@ class Scheduler:
         if event.admitted or held.requests or held.workers:
             entry.admit(now if event.admitted_at is None else min(event.admitted_at, now))
         if event.demand is not None:
-            entry.record_demand(self._on_own_workers(event.demand), now)
+            entry.record_demand(event.demand, now, placed=self._on_own_workers(event.demand))
             if event.demand.pending and not held.workers:  # it may have waited long before the restart
                 entry.wanting_since = -math.inf
 
@@ -243,7 +243,7 @@ class Scheduler:
     def _report(self, event: ReportDemand, now: float) -> None:
         entry = self._active(event.pipeline_id)
         check_demand(event, entry.spec)
-        entry.record_demand(self._on_own_workers(event), now)
+        entry.record_demand(event, now, placed=self._on_own_workers(event))
 
     def _on_own_workers(self, report: ReportDemand) -> ReportDemand:
         """``report`` with only the running trajectories on workers the plans gave the job: those it lists

@@ -231,9 +231,11 @@ class PipelineEntry:
             self.admitted = True
             self.admitted_at = now
 
-    def record_demand(self, report: ReportDemand, now: float) -> None:
-        """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``."""
-        self.demand = report
+    def record_demand(self, report: ReportDemand, now: float, placed: ReportDemand | None = None) -> None:
+        """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``; ``placed``: the same
+        with only the loads on workers the job holds, which the split weighs (the batch credit counts every
+        running trajectory, a worker's shrunk as the report was sent included, up to ``open_limit``)."""
+        self.demand = placed or report
         self.reported_at = now
         self.path_max = max(self.path_max, report.path_s)
         if report.pending or any(load.active for load in report.loads):
@@ -242,7 +244,7 @@ class PipelineEntry:
             self.empty_since = now
         if report.starting or self.starting:
             self.set_starting(frozenset(b for b in self.rollout_bundles if b[0] in report.starting))
-        self.credit_batches(report, opening=self.released)
+        self.credit_batches(report, opening=self.released, placed=placed)
         self.released = False
 
     def note_release(self) -> None:
@@ -253,7 +255,7 @@ class PipelineEntry:
             self.credit_batches(self.demand, opening=True)
             self.need_cache = None  # the same report now weighs its new credit
 
-    def credit_batches(self, report: ReportDemand, *, opening: bool) -> None:
+    def credit_batches(self, report: ReportDemand, *, opening: bool, placed: ReportDemand | None = None) -> None:
         """Set the finished count at which the job's open batches end, as far as the scheduler can check.
 
         Within a batch, finished + queued + running stays the same for an honest job: each
@@ -262,13 +264,16 @@ class PipelineEntry:
         credited before have all finished, or after it released a gang stage (``opening``).
         Only then does the scheduler credit a new count (up to the declared ``open_limit``);
         in between, a report of more queued trajectories than the credited count leaves
-        gains nothing. Undeclared: no credit kept.
+        gains nothing. Undeclared: no credit kept. Every running trajectory the report lists counts
+        (a worker's shrunk as it was sent, too); past ``open_limit`` only those on workers the job
+        holds (``placed``) do.
         """
         if not (self.spec.open_limit and self.spec.batch_credit):
             return
         running = sum(worker_loads(self.spec, report).values())
+        held = sum(worker_loads(self.spec, placed or report).values())  # past open_limit, only what its workers run
         if opening or self.credit_end is None or self.credit_end <= report.finished:
-            self.credit_end = report.finished + min(report.pending + running, max(self.spec.open_limit, running))
+            self.credit_end = report.finished + min(report.pending + running, max(self.spec.open_limit, held))
 
 
 @dataclass(kw_only=True)

@@ -196,17 +196,16 @@ def load_texts(sources: Sequence[str], knobs: Sequence[Knob]) -> dict[str, str]:
     for source in sources:
         raw = read_document(source, "json", TraceError, "a trace JSON (see traces/)")
         trace = parse_trace(raw, source=source)
+        read: dict[tuple[str, str], str] = {}  # (knob, value as read) -> the first value given that reads so
         for combo in itertools.product(*([(k.name, v) for v in k.values] for k in knobs)):
             try:
-                trace.with_scheduler(dict(combo))
+                scheduler = trace.with_scheduler(dict(combo)).model.scheduler
             except TraceError as e:
                 raise SweepError(f"--knob {' '.join(f'{n}={v}' for n, v in combo)}: {source}: {e}") from None
-        for k in knobs:  # two spellings of one value (0 and 0.0, true and yes) would replay the same cell twice
-            read = {}
-            for v in k.values:
-                same = read.setdefault(repr(getattr(trace.with_scheduler({k.name: v}).model.scheduler, k.name)), v)
-                if same != v:
-                    raise SweepError(f"--knob {k.name}: {same} and {v} are the same value; list each value once")
+            for name, given in combo:  # two spellings of one value (0 and 0.0, true and yes) replay one cell twice
+                same = read.setdefault((name, repr(getattr(scheduler, name))), given)
+                if same != given:
+                    raise SweepError(f"--knob {name}: {same} and {given} are the same value; list each value once")
         texts[source] = Path(source).read_text()
     return texts
 

@@ -129,11 +129,11 @@ class Client:
         self.held: dict[Stage, Gpus] = {}  # gang stages granted and not released
         self.rejoins = 0  # times this pipeline rejoined a restarted scheduler
         self.admitted = False  # it was granted GPUs once (its home stays taken under a partitioning policy)
-        self.registered = False  # the scheduler took its registration (a refused one has nothing to leave)
         self.info: protocol.ServiceInfo | None = None  # what the scheduler manages, once registered
         self._spec: PipelineSpec | None = None
         self._endpoint = None
         self._callbacks: CallbackEndpoint | None = None  # a ready-made endpoint the client started
+        self._owns = True  # killing its endpoint ends the pipeline's processes (Register.endpoint_owns)
         self._demand: ReportDemand | None = None
         self._note = None  # the latest progress note (sent again after a rejoin)
         self._life = ""  # the id of the scheduler's life this pipeline last (re)joined
@@ -142,21 +142,21 @@ class Client:
 
     # ------------------------------------------------------------ the protocol
 
-    async def register(self, spec: PipelineSpec, endpoint) -> None:
+    async def register(self, spec: PipelineSpec, endpoint, *, owns: bool | None = None) -> None:
         """Register the pipeline's topology and its endpoint (an actor, or a :class:`CallbackEndpoint`,
-        started here and closed at :meth:`unregister`); starts the keep-alive."""
+        started here and closed at :meth:`unregister`); starts the keep-alive. ``owns``: killing the
+        endpoint ends the pipeline's processes (default: an actor does, a callback endpoint does not)."""
         if isinstance(endpoint, CallbackEndpoint):
             self._callbacks, endpoint = endpoint, await endpoint.start()
         self._spec, self._endpoint = spec, endpoint
         self._rejoining = asyncio.Lock()
         self.info = await self.sched.call(protocol.Info(), self.timeout_s)
         self._life = self.info.life
-        owns = self._callbacks is None  # a callback inbox owns none of the pipeline's processes
+        self._owns = self._callbacks is None if owns is None else owns  # a callback inbox owns none of its processes
         hello = protocol.Register(
-            spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker(), endpoint_owns=owns
+            spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker(), endpoint_owns=self._owns
         )
         await self._call(hello, again=None)
-        self.registered = True
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     def actor_options(self, gpus: Gpus, env: dict[str, str] | None = None) -> dict:
@@ -211,8 +211,8 @@ class Client:
     async def unregister(self, status: protocol.Outcome | str = "finished", error: str = "") -> None:
         """Leave, saying how the job ended (finished, failed or cancelled): every GPU the pipeline holds
         goes back (its rollout workers are shrunk first). A word that is none of the three is refused, once
-        the pipeline has left as failed: a typo never keeps GPUs held. A client whose registration was
-        refused sends nothing: the name may be another job's, and this one holds nothing."""
+        the pipeline has left as failed: a typo never keeps GPUs held. The leave carries the endpoint it
+        registered with: a registration refused (the name another job's) ends nothing."""
         try:
             outcome = protocol.Outcome.of(status)
         except ValueError as exc:
@@ -225,9 +225,10 @@ class Client:
             self._keepalive.cancel()
         self.held.clear()
         try:
-            if self.registered:  # a refused registration leaves nothing: the name may be another job's
-                gone = protocol.Unregister(pipeline_id=self.pipeline_id, status=outcome, error=error, endpoint=self._endpoint)
-                await self.sched.call(gone, self.timeout_s)
+            # Sent whatever became of the registration (its reply may have been lost): one refused, or
+            # another run's under the name, is not this endpoint's, and the scheduler ends nothing then.
+            gone = protocol.Unregister(pipeline_id=self.pipeline_id, status=outcome, error=error, endpoint=self._endpoint)
+            await self.sched.call(gone, self.timeout_s)
         finally:
             if self._callbacks is not None:  # its workers are shrunk (or the scheduler is gone): nothing calls it any more
                 await self._callbacks.close()
@@ -288,7 +289,7 @@ class Client:
                 admitted=self.admitted,
             )
             try:
-                owns = self._callbacks is None
+                owns = self._owns
                 back = protocol.RejoinPipeline(event=event, endpoint=self._endpoint, user=protocol.asker(), endpoint_owns=owns)
                 await self.sched.call(back, self.timeout_s)
             except (SchedulingError, PipelineGone) as exc:  # its holdings clash with the new ledger: it must stop
@@ -372,8 +373,8 @@ class BlockingClient:
             cancelled = [fut.cancel() for fut in self._waits]
             self._interrupt_next = not any(cancelled)
 
-    def register(self, spec: PipelineSpec, endpoint) -> None:
-        self.run(self.client.register(spec, endpoint))
+    def register(self, spec: PipelineSpec, endpoint, *, owns: bool | None = None) -> None:
+        self.run(self.client.register(spec, endpoint, owns=owns))
 
     def request(self, stage: Stage, role: Role | None = None, *, after: Stage | None = None):
         return self.run(self.client.request(stage, role, after=after))

@@ -406,6 +406,8 @@ class Unregister(PipelineCall):
 
     def __post_init__(self) -> None:  # "finished" as well as Outcome.FINISHED; a word that is neither is refused here
         object.__setattr__(self, "status", Outcome.of(self.status))
+        if not isinstance(self.error, str):  # an exception, say: its text (the history keeps text)
+            object.__setattr__(self, "error", str(self.error))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -551,7 +553,7 @@ Request = PipelineCall | SubmitterCall | AdminCall
 
 # Requests whose values the scheduler keeps (its job ledger, the history, status): a value of another
 # type (a numpy number, a None) would break them for every job later, so it is refused as it comes.
-KEPT = ("Register", "Note", "Claim", "Renew")
+KEPT = ("Register", "Note", "Claim", "Renew", "Unregister")
 
 
 def check_request(request: Request) -> None:

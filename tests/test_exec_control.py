@@ -243,6 +243,27 @@ def test_a_stage_asked_for_again_is_granted_to_the_retry_when_the_first_caller_g
     assert granted.gpus == (0, 1) and holdings["a"] == (0, 1)
 
 
+def test_a_stage_asked_again_after_its_grant_gets_it_and_a_refusal_reaches_every_asker():
+    async def scenario():
+        calls: list = []
+        sched, _ = await _two_jobs_with_rollout(calls)
+        first = await sched.request("b", Stage.ACTOR_TRAIN)
+        again = await sched.request("b", Stage.ACTOR_TRAIN)  # its caller gave up before the grant came
+        await sched.lock.acquire()  # a plan under way: both requests below wait for it
+        refused = asyncio.ensure_future(sched.request("a", Stage.ACTOR_TRAIN, after=Stage.INIT))  # INIT is not held
+        await asyncio.sleep(0.01)
+        meanwhile = asyncio.ensure_future(sched.request("a", Stage.ACTOR_TRAIN))
+        await asyncio.sleep(0.01)
+        sched.lock.release()
+        outcomes = await asyncio.gather(refused, meanwhile, return_exceptions=True)
+        await sched.stop()
+        return first, again, outcomes
+
+    first, again, outcomes = asyncio.run(scenario())
+    assert first.gpus == again.gpus == (2, 3)
+    assert [type(o).__name__ for o in outcomes] == ["SchedulingError", "SchedulingError"]  # before: the second waited for ever
+
+
 def test_a_cancelled_job_whose_endpoint_owns_no_process_keeps_its_gpus_until_it_leaves(monkeypatch):
     """A callback inbox (a TRL job's) cannot end its pipeline's process: killing it at the cancel's
     grace handed on GPUs its trainer still worked on. It keeps them until it leaves, or its process dies."""

@@ -345,6 +345,8 @@ def test_a_request_whose_kept_values_are_of_another_type_is_refused_naming_the_f
     with pytest.raises(TypeError, match=re.escape("Claim.jobs: expected tuple, got builtins.list")):
         protocol.check_request(protocol.Claim(submitter="s", jobs=[protocol.JobClaim(name="x", priority=0, steps=3)]))
     protocol.check_request(protocol.Register(spec=dataclasses.replace(good, resident_gb=2), endpoint=None))  # an int is a number
+    leave = protocol.Unregister(pipeline_id="z", status="failed", error=ValueError("bad"))
+    assert leave.error == "bad"  # its text: an exception object broke the history's every later write
 
     class Endpoint:
         expand = shrink = stop = None

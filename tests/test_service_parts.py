@@ -415,7 +415,10 @@ def test_keep_ended_takes_an_age():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["status", "--watch", "-1"], "rlix status: error: argument --watch: -1 is not a number of seconds from 0 to 86400"),
+        (
+            ["status", "--watch", "-1"],
+            "rlix status: error: argument --watch: -1 is not a number of seconds above 0",
+        ),
         (["status", "--watch", "inf"], "rlix status: error: argument --watch: inf is not a number of seconds"),
         (["logs"], "rlix logs: error: the following arguments are required: job (see 'rlix logs --help')"),
         (["status", "--address", ""], "rlix status: error: argument --address: is empty"),

@@ -187,10 +187,10 @@ def test_a_cancel_that_lands_as_the_job_joins_ends_it_before_its_first_step(inte
             self.client = SimpleNamespace(
                 interrupt=lambda: told.append("interrupt"),
                 unregister=lambda outcome, error: told.append(outcome),
-                run=lambda coro, interruptible=True: None,
+                run=lambda coro, interruptible=True: asyncio.run(coro),
                 close=lambda: told.append("closed"),
             )
-            self.pool = SimpleNamespace(close=lambda: None)
+            self.pool = SimpleNamespace(close=lambda: asyncio.sleep(0))
             asyncio.run(self._on_cancel(Stopped(by="ann@h")))
             if interrupted:  # the call waiting on the scheduler (request(INIT), say) stops waiting
                 raise CancelledError()
@@ -248,6 +248,21 @@ def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():
     asyncio.run(dropped())
     assert job.status is JobState.FAILED and job.error == "ConnectionError: the scheduler is gone"
     assert closed  # its rollout workers stop at once: their GPUs are no longer its own
+
+    order = []
+
+    async def slow_close():
+        order.append("dropped: closing")
+        await asyncio.sleep(0.05)
+        order.append("dropped: closed")
+
+    async def leaving():  # the leave's close starts only once the close begun as it was dropped has ended
+        job.closing = asyncio.get_running_loop().create_task(slow_close())
+        job.pool = SimpleNamespace(close=lambda: asyncio.sleep(0, result=order.append("leave: closed")))
+        await job._close_pool()
+
+    asyncio.run(leaving())
+    assert order == ["dropped: closing", "dropped: closed", "leave: closed"]
     assert not job._become(JobState.CANCELLED) and job.status is JobState.FAILED  # a cancel after it failed
 
 
@@ -472,6 +487,7 @@ def test_a_trainer_of_two_processes_plays_every_ranks_prompts_on_rlixs_workers(t
 def test_a_model_saved_for_the_rollout_workers_is_removed_as_the_job_leaves(tmp_path, monkeypatch):
     """A model not loaded from a folder (a hub name, one built in code) is saved for the workers to
     load; before, that copy stayed in the temp folder after every run."""
+    import asyncio
     from types import SimpleNamespace
 
     pytest.importorskip("transformers")
@@ -489,9 +505,9 @@ def test_a_model_saved_for_the_rollout_workers_is_removed_as_the_job_leaves(tmp_
     job = RlixGRPO(JobSettings(name="j", address="ray://elsewhere:10001"))
     job.model_path, job.copied = path, copied
     job.client = SimpleNamespace(
-        unregister=lambda outcome, error: None, run=lambda coro, interruptible=True: None, close=lambda: None
+        unregister=lambda outcome, error: None, run=lambda coro, interruptible=True: asyncio.run(coro), close=lambda: None
     )
-    job.pool = SimpleNamespace(close=lambda: None)
+    job.pool = SimpleNamespace(close=lambda: asyncio.sleep(0))
     job._become(JobState.RUNNING)
     job._leave("")
     assert not Path(path).exists()

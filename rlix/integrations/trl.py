@@ -214,6 +214,7 @@ class RlixGRPO:
         self.version, self.weights = -1, None  # the published weights (the global step they are of)
         self.model_path = ""
         self.copied = False  # model_path is a copy saved for the rollout workers (removed as the job leaves)
+        self.closing: asyncio.Task | None = None  # the pool's close begun as the scheduler dropped the job
         self.vllm = None  # a vLLM engine's settings (VllmOptions), from TRL's arguments
         self.gpus_per_worker = 1
         self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
@@ -343,7 +344,7 @@ class RlixGRPO:
         except Exception:  # noqa: BLE001 -- already forgotten (killed), or the scheduler is gone
             pass
         finally:
-            self.client.run(self.pool.close(), interruptible=False)
+            self.client.run(self._close_pool(), interruptible=False)
             self.client.close()
             self.client = None
             if self.copied:  # no worker loads from it any more
@@ -352,6 +353,13 @@ class RlixGRPO:
                 import ray
 
                 ray.shutdown()
+
+    async def _close_pool(self) -> None:
+        """Stop every rollout worker, after a close begun when the job was dropped (two at once could
+        each leave a worker to the other)."""
+        if self.closing is not None:
+            await asyncio.gather(self.closing, return_exceptions=True)
+        await self.pool.close()
 
     def _leave_at_exit(self) -> None:
         """The script ended (an error, Ctrl-C) without training's end: the scheduler is told, the GPUs go back."""
@@ -389,7 +397,7 @@ class RlixGRPO:
         and its rollout workers stop now, as their GPUs are no longer its own."""
         self._become(JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
         self.client.interrupt()
-        asyncio.get_running_loop().create_task(self.pool.close())
+        self.closing = asyncio.get_running_loop().create_task(self.pool.close())
 
     # ------------------------------------------------------------ a generation batch
 

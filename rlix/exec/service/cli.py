@@ -52,7 +52,7 @@ def seconds(text: str) -> float:
     except ValueError:
         value = 0.0
     if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds from 0 to 86400")
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0 and at most 86400")
     return value
 
 

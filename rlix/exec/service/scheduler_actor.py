@@ -372,10 +372,10 @@ class SchedulerActor:
             self.books.reported(event.demand)
 
     async def unregister(self, pipeline_id: str, status: Outcome = Outcome.FAILED, error: str = "", caller=None) -> None:
-        """The pipeline leaves. ``caller``: the endpoint of the registration leaving; where another runs
-        under the name now, that one is not ended by it (None: by name)."""
+        """The pipeline leaves. ``caller``: the endpoint of the registration leaving; a leave from any other
+        (a registration refused, lost or dropped; the name run again since) ends nothing (None: by name)."""
         endpoint = self.coordinators.get(pipeline_id)
-        if caller is not None and endpoint is not None and not same_actor(endpoint, caller):
+        if caller is not None and not same_actor(endpoint, caller):
             return
         self.books.jobs.end(pipeline_id, status, error, self.now())
         try:
@@ -398,15 +398,22 @@ class SchedulerActor:
         """
         self._known(pipeline_id)
         key = (pipeline_id, stage)
-        if key in self.waiting:  # asked again (a retry, or a caller that gave up): the first request's grant answers it
+        # Asked again (a retry, or a caller that gave up): the first request's grant answers it, waiting or given.
+        if key in self.waiting:
             return await asyncio.shield(self.waiting[key][0])
+        if (granted := self.core.ledger.gangs.get(key)) is not None and after is None:
+            return GrantReply(gpus=granted, queued_s=0.0)
         fut = asyncio.get_running_loop().create_future()
         self.waiting[key] = (fut, self.now())
         handed = (ReleaseStage(pipeline_id=pipeline_id, stage=after),) if after is not None else ()
         try:
             await self._event(*handed, RequestStage(pipeline_id=pipeline_id, stage=stage, role=role))
-        except SchedulingError:
-            self.waiting.pop(key, None)
+        except BaseException as exc:  # refused: whoever asked again meanwhile hears it too
+            if self.waiting.get(key, (None,))[0] is fut:
+                del self.waiting[key]
+            if not fut.done():
+                fut.set_exception(exc if isinstance(exc, Exception) else SchedulingError(f"request for {stage.value} stopped"))
+                fut.exception()  # retrieved here: a lone caller's own raise says it
             raise
         return await asyncio.shield(fut)  # a caller that gives up leaves the grant to its retry
 
@@ -631,7 +638,8 @@ class SchedulerActor:
         self.books.account(self.core, self.now())
 
     def _bug(self, exc: BaseException) -> None:
-        self.errors.append(f"plan execution failed: {type(exc).__name__}: {exc}")
+        """A failure in the scheduler's own background work (a plan's action, a liveness round, a cancel), kept for its stats."""
+        self.errors.append(f"scheduler task failed: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------ keeping the cluster whole
 

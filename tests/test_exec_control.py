@@ -1062,3 +1062,17 @@ def test_a_wake_failing_because_the_job_ended_loses_no_worker(caplog):
     assert handles == [w] and ("wake", "w0") in w.calls
     assert job.lost == [] and job.ctl.rec.counters.workers_lost == 0
     assert not [r for r in caplog.records if "lost" in r.getMessage()]
+
+
+def test_killing_what_is_not_an_actor_hands_nothing_to_ray(monkeypatch):
+    """ray.kill on anything else starts a local Ray instance first (in a test worker, it then stood in for
+    the cluster a later test named by address)."""
+    import ray
+
+    from rlix.exec.service.scheduler_actor import kill_actor
+
+    asked = []
+    monkeypatch.setattr(ray, "kill", lambda handle, **kw: asked.append(handle))
+    kill_actor(object())
+    kill_actor(None)
+    assert asked == []

@@ -170,7 +170,10 @@ def same_actor(a, b) -> bool:
 
 
 def kill_actor(handle) -> None:
-    """Kill an actor (and what it owns), once and for all; quiet if it is gone already."""
+    """Kill an actor (and what it owns), once and for all; quiet if it is gone already. Nothing else is
+    handed to Ray: ``ray.kill`` would start a local Ray instance in a process that has none."""
+    if not isinstance(handle, ray.actor.ActorHandle):
+        return
     try:
         ray.kill(handle, no_restart=True)
     except Exception:  # noqa: BLE001 -- already dead

@@ -589,12 +589,8 @@ def _check(value: Any, hint: Any, path: str) -> None:
     if origin is not None:  # another generic (dict[...], Literal[...]): its container type only
         _expect(value, origin if isinstance(origin, type) else object, path)
         return
-    if hint is type(None):
-        _expect(value, type(None), path)
-    elif hint is float:
+    if hint is float:  # a whole number is a number too
         _expect(value, (int, float), path)
-    elif hint is int:
-        _expect(value, int, path)
     elif isinstance(hint, type):
         _expect(value, hint, path)
         if is_dataclass(hint):

@@ -1069,7 +1069,7 @@ def test_killing_what_is_not_an_actor_hands_nothing_to_ray(monkeypatch):
     the cluster a later test named by address)."""
     import ray
 
-    from rlix.exec.service.scheduler_actor import kill_actor
+    from rlix.exec.service.endpoints import kill_actor
 
     asked = []
     monkeypatch.setattr(ray, "kill", lambda handle, **kw: asked.append(handle))

@@ -61,9 +61,11 @@ from rlix.core import (
 )
 from rlix.exec.control.gpu_order import GpuOrder
 from rlix.exec.service.books import Books
+from rlix.exec.service.endpoints import Endpoints, check_endpoint
 from rlix.exec.service.history import KEEP_ENDED_S
 from rlix.exec.service.jobs import Phase
 from rlix.exec.service.roster import Roster
+from rlix.exec.service.stage_requests import StageRequests
 from rlix.exec.service.web import Web
 from rlix.protocol import (
     CancelReply,
@@ -84,21 +86,8 @@ from rlix.protocol import (
 )
 
 LIVENESS_S = 2.0  # seconds between checks that every pipeline's endpoint answers
-LIVENESS_DEADLINE_S = 10.0  # an endpoint that does not answer within this is gone (s)
 CANCEL_GRACE_S = 30.0  # a cancelled job still registered this long after its cancel is killed (s)
 ERRORS_KEPT = 1000  # the scheduler's most recent errors, kept for its stats
-ENDPOINT_CALLS = ("expand", "shrink", "stop")  # what the scheduler calls on a pipeline's endpoint (rlix.protocol.Endpoint)
-
-
-def check_endpoint(endpoint, pipeline_id: str) -> None:
-    """Refuse, as a pipeline registers, an endpoint the scheduler could not call back: every other job's
-    liveness checks and plans go through the same calls."""
-    missing = [name for name in ENDPOINT_CALLS if getattr(endpoint, name, None) is None]
-    if missing:
-        raise SchedulingError(
-            f"pipeline '{pipeline_id}': its endpoint has no {', '.join(missing)}; register a Ray actor with "
-            "async expand, shrink and stop (rlix.protocol.Endpoint), or a rlix.client.CallbackEndpoint"
-        )
 
 
 def in_actor() -> bool:
@@ -156,30 +145,6 @@ def held_gpus(owner) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v) for k, v in sorted(out.items())}
 
 
-def fail_waiting(waiting: dict, pipeline_id: str) -> None:
-    """The stage requests ``pipeline_id`` still waits on fail: it was unregistered meanwhile."""
-    for key in [k for k in waiting if k[0] == pipeline_id]:
-        fut, _ = waiting.pop(key)
-        if not fut.done():
-            fut.set_exception(SchedulingError(f"pipeline '{pipeline_id}' was unregistered while waiting"))
-
-
-def same_actor(a, b) -> bool:
-    """Whether two Ray actor handles name one actor (two objects that are not handles: whether they are one)."""
-    return a is not None and b is not None and getattr(a, "_actor_id", a) == getattr(b, "_actor_id", b)
-
-
-def kill_actor(handle) -> None:
-    """Kill an actor (and what it owns), once and for all; quiet if it is gone already. Nothing else is
-    handed to Ray: ``ray.kill`` would start a local Ray instance in a process that has none."""
-    if not isinstance(handle, ray.actor.ActorHandle):
-        return
-    try:
-        ray.kill(handle, no_restart=True)
-    except Exception:  # noqa: BLE001 -- already dead
-        pass
-
-
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class SchedulerActor:
     """The scheduler service: its calls, the plans made and carried out, and the pipelines' membership
@@ -207,16 +172,14 @@ class SchedulerActor:
         self.gpus, self.gpus_error = reserve_gpus(cluster, gpu_names)
         self.t0 = t0  # wall-clock epoch of the run (time.time() seconds)
         self.plan_interval_s = plan_interval_s  # seconds between periodic plans (config scheduler.plan_interval_s)
-        self.coordinators: dict[str, ray.actor.ActorHandle] = {}
-        self.unkillable: set[str] = set()  # pipelines whose endpoint owns none of their processes (callback inboxes)
-        self.waiting: dict[tuple[str, Stage], tuple[asyncio.Future, float]] = {}
+        self.errors: collections.deque[str] = collections.deque(maxlen=ERRORS_KEPT)
+        self.endpoints = Endpoints(call_timeout_s, self.errors)  # each pipeline's endpoint, and the calls made on them
+        self.requests = StageRequests()  # gang-stage requests waiting for their grant
         self.lock = asyncio.Lock()
         self.plan_s = 0.0
         self.counts = {"shrinks": 0, "expands": 0, "grants": 0}
-        self.errors: collections.deque[str] = collections.deque(maxlen=ERRORS_KEPT)
         self.waiting_work = WaitingWork()  # when some pipeline had trajectories queued (stranded_fraction)
         self.ticker: asyncio.Task | None = None
-        self.call_timeout_s = call_timeout_s  # deadline of a shrink/expand call to a coordinator
         self.order = GpuOrder(on_error=self._bug)  # plans' actions in order per GPU; every background task
         self.gone: set[str] = set()  # pipelines this scheduler unregistered (they must not rejoin)
         # Restarted by Ray: its pipelines rejoin with what they hold; no plan until they have (rejoin_s at most).
@@ -363,7 +326,7 @@ class SchedulerActor:
         pid = event.spec.pipeline_id
         check_endpoint(endpoint, pid)
         if pid in self.core.pipelines():
-            if same_actor(self.coordinators.get(pid), endpoint):
+            if self.endpoints.registered_by(pid, endpoint):
                 return  # another of its calls rejoined first
             raise PipelineGone(f"pipeline '{pid}' is registered by another process now; stop this one")
         if event.admitted_at is None:  # when the previous life admitted it, as it kept it
@@ -377,8 +340,8 @@ class SchedulerActor:
     async def unregister(self, pipeline_id: str, status: Outcome = Outcome.FAILED, error: str = "", caller=None) -> None:
         """The pipeline leaves. ``caller``: the endpoint of the registration leaving; a leave from any other
         (a registration refused, lost or dropped; the name run again since) ends nothing (None: by name)."""
-        endpoint = self.coordinators.get(pipeline_id)
-        if caller is not None and not same_actor(endpoint, caller):
+        endpoint = self.endpoints.of.get(pipeline_id)
+        if caller is not None and not self.endpoints.registered_by(pipeline_id, caller):
             return
         self.books.jobs.end(pipeline_id, status, error, self.now())
         try:
@@ -387,8 +350,8 @@ class SchedulerActor:
             return  # already gone (idempotent: a killed job may be unregistered twice, concurrently too)
         self.gone.add(pipeline_id)
         if done is not None:  # its workers are shrunk (or found gone) before it is forgotten
-            await asyncio.wait([done], timeout=self.call_timeout_s)
-        if self.coordinators.get(pipeline_id) is endpoint:  # not a new run of the same name registered meanwhile
+            await asyncio.wait([done], timeout=self.endpoints.call_timeout_s)
+        if self.endpoints.of.get(pipeline_id) is endpoint:  # not a new run of the same name registered meanwhile
             self._forget(pipeline_id)
 
     async def request(self, pipeline_id: str, stage: Stage, role: Role | None = None, after: Stage | None = None) -> GrantReply:
@@ -402,21 +365,16 @@ class SchedulerActor:
         self._known(pipeline_id)
         key = (pipeline_id, stage)
         # Asked again (a retry, or a caller that gave up): the first request's grant answers it, waiting or given.
-        if key in self.waiting:
-            return await asyncio.shield(self.waiting[key][0])
+        if (asked := self.requests.asked(key)) is not None:
+            return await asyncio.shield(asked)
         if (granted := self.core.ledger.gangs.get(key)) is not None and after is None:
             return GrantReply(gpus=granted, queued_s=0.0)
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[key] = (fut, self.now())
+        fut = self.requests.open(key, self.now())
         handed = (ReleaseStage(pipeline_id=pipeline_id, stage=after),) if after is not None else ()
         try:
             await self._event(*handed, RequestStage(pipeline_id=pipeline_id, stage=stage, role=role))
         except BaseException as exc:  # refused: whoever asked again meanwhile hears it too
-            if self.waiting.get(key, (None,))[0] is fut:
-                del self.waiting[key]
-            if not fut.done():
-                fut.set_exception(exc if isinstance(exc, Exception) else SchedulingError(f"request for {stage.value} stopped"))
-                fut.exception()  # retrieved here: a lone caller's own raise says it
+            self.requests.refused(key, fut, exc)
             raise
         return await asyncio.shield(fut)  # a caller that gives up leaves the grant to its retry
 
@@ -604,34 +562,24 @@ class SchedulerActor:
     async def _shrink(self, shrink: Shrink) -> None:
         pid = shrink.worker.pipeline_id
         self.counts["shrinks"] += 1
-        coord = self.coordinators.get(pid)
-        if coord is None:
-            return  # pipeline already gone: nothing runs there
-        try:
-            await asyncio.wait_for(coord.shrink.remote(shrink.worker.gpus, shrink.reason.value), self.call_timeout_s)
-        except Exception:  # noqa: BLE001 -- the pipeline died; its GPUs are freed by unregistering it
-            self.order.spawn(self._unreachable(pid))
+        if not await self.endpoints.shrink(pid, shrink.worker.gpus, shrink.reason.value):
+            self.order.spawn(self._unreachable(pid))  # its GPUs are freed by unregistering it
 
     async def _grant(self, grant: Grant) -> None:
         self.books.jobs.granted(grant.pipeline_id, self.now())
-        entry = self.waiting.pop((grant.pipeline_id, grant.stage), None)
-        if entry is not None and not entry[0].done():
-            entry[0].set_result(GrantReply(gpus=grant.gpus, queued_s=self.now() - entry[1]))
+        self.requests.granted(grant, self.now())
         self.counts["grants"] += 1
 
     async def _expand(self, expand: Expand):
         """Send the expand (the GPUs are handed on once it is sent); its answer is awaited after."""
         pid = expand.worker.pipeline_id
         self.counts["expands"] += 1
-        coord = self.coordinators.get(pid)
-        if coord is None:
-            return None
-        ref = coord.expand.remote(expand.worker.gpus)
-        return self._expanded(pid, ref)
+        answer = self.endpoints.expand(pid, expand.worker.gpus)
+        return None if answer is None else self._expanded(pid, answer)
 
-    async def _expanded(self, pipeline_id: str, ref) -> None:
+    async def _expanded(self, pipeline_id: str, answer) -> None:
         try:
-            await asyncio.wait_for(ref, self.call_timeout_s)
+            await answer
         except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
             self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
             await self._drop(pipeline_id, Outcome.FAILED, f"an expand failed: {type(exc).__name__}")
@@ -663,12 +611,9 @@ class SchedulerActor:
                         if name in self.core.pipelines():
                             self.order.spawn(self._drop(name, Outcome.FAILED, f"its submitter {submitter} is gone"))
                         jobs.end(name, Outcome.FAILED, f"its submitter {submitter} is gone", self.now())
-                endpoints = list(self.coordinators.items())
-                answers = await asyncio.gather(*(self._answers(e) for _, e in endpoints))
-                for (pid, _), alive in zip(endpoints, answers):
-                    if not alive:
-                        jobs.end(pid, Outcome.FAILED, "its process is gone", self.now())
-                        self.order.spawn(self._unreachable(pid))
+                for pid in await self.endpoints.silent():
+                    jobs.end(pid, Outcome.FAILED, "its process is gone", self.now())
+                    self.order.spawn(self._unreachable(pid))
                 if self.roster.restarted_and_done(self.now()):  # once: the jobs that did not come back ended
                     jobs.unjoined(set(self.core.pipelines()), self.now())
                 now = self.now()
@@ -679,26 +624,10 @@ class SchedulerActor:
             except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
                 self._bug(exc)
 
-    async def _answers(self, endpoint) -> bool:
-        """Whether a pipeline's endpoint actor is alive (a dead one fails at once; a hung one within the deadline).
-        Any other failure of the check is recorded and the endpoint taken as alive: one job's odd answer
-        never stops the checks of the others, nor drops a job on a guess."""
-        from ray.exceptions import RayActorError
-
-        try:
-            await asyncio.wait_for(endpoint.__ray_ready__.remote(), LIVENESS_DEADLINE_S)
-        except (RayActorError, asyncio.TimeoutError):
-            return False
-        except Exception as exc:  # noqa: BLE001 -- recorded; the next round asks again
-            self.errors.append(f"liveness check failed: {type(exc).__name__}: {exc}")
-        return True
-
     async def _unreachable(self, pipeline_id: str) -> None:
         """A coordinator missed a shrink: it is killed (with the processes it owns) and its pipeline
         unregistered, and the others are planned again."""
-        endpoint = self.coordinators.get(pipeline_id)
-        if endpoint is not None:
-            kill_actor(endpoint)
+        self.endpoints.kill(pipeline_id)
         async with self.lock:
             self._forget(pipeline_id)
             if pipeline_id in self.core.pipelines():
@@ -712,23 +641,18 @@ class SchedulerActor:
     async def _drop(self, pipeline_id: str, status: Outcome, error: str) -> None:
         """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is
         killed first, so no GPU is given to another job while its processes still run there."""
-        endpoint = self.coordinators.get(pipeline_id)
-        if endpoint is not None:
-            kill_actor(endpoint)
+        self.endpoints.kill(pipeline_id)
         await self.unregister(pipeline_id, status, error)
 
     async def _stop(self, name: str, why: Stopped) -> None:
         """Ask a registered job's endpoint to stop (once it has one: a job registering has it in a moment)."""
         for _ in range(100):
-            endpoint = self.coordinators.get(name)
+            endpoint = self.endpoints.of.get(name)
             if endpoint is not None or name not in self.core.pipelines() and self.books.jobs.active(name) is None:
                 break
             await asyncio.sleep(0.1)
         if endpoint is not None:
-            try:
-                endpoint.stop.remote(why)
-            except Exception as exc:  # noqa: BLE001 -- recorded; a job that did not hear its cancel is killed at the grace's end
-                self.errors.append(f"cancel of '{name}' not delivered: {type(exc).__name__}: {exc}")
+            self.endpoints.stop(name, why)
             await self._stopped_or_killed(name, endpoint)
 
     async def _stopped_or_killed(self, name: str, endpoint) -> None:
@@ -736,9 +660,9 @@ class SchedulerActor:
         whose endpoint owns none (a callback inbox) cannot be: it keeps its GPUs until its process leaves
         or dies (its inbox dies with it), so none is given to another job while it still works there."""
         await asyncio.sleep(CANCEL_GRACE_S)
-        if self.coordinators.get(name) is not endpoint or name not in self.core.pipelines():
+        if self.endpoints.of.get(name) is not endpoint or name not in self.core.pipelines():
             return
-        if name in self.unkillable:
+        if name in self.endpoints.unkillable:
             self.errors.append(
                 f"'{name}' did not stop within {CANCEL_GRACE_S:g} s of its cancel; it keeps its GPUs until it leaves"
             )
@@ -752,18 +676,15 @@ class SchedulerActor:
             raise PipelineUnknown(f"pipeline '{pipeline_id}' is not registered with this scheduler")
 
     def _joined(self, spec: PipelineSpec, endpoint, owns: bool) -> None:
-        self.coordinators[spec.pipeline_id] = endpoint
-        if not owns:
-            self.unkillable.add(spec.pipeline_id)
+        self.endpoints.joined(spec.pipeline_id, endpoint, owns)
         self.roster.joined(spec.pipeline_id, self.core.admitted_at(spec.pipeline_id))
         self.books.joined(spec, self.now())
         self._account()
 
     def _forget(self, pipeline_id: str) -> None:
         """What this shell keeps of a pipeline that left: its endpoint, waiting requests, demand and home."""
-        self.coordinators.pop(pipeline_id, None)
-        self.unkillable.discard(pipeline_id)
-        fail_waiting(self.waiting, pipeline_id)
+        self.endpoints.left(pipeline_id)
+        self.requests.fail(pipeline_id)
         self.waiting_work.note(pipeline_id, 0, self.now())
         self.books.left(pipeline_id, self.now())
         self.roster.left(pipeline_id)

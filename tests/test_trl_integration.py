@@ -200,7 +200,7 @@ def test_a_cancel_that_lands_as_the_job_joins_ends_it_before_its_first_step(inte
         job.begin(object(), SimpleNamespace(world_size=1, process_index=0, output_dir="out"))
     assert exit_.value.code == 3 and job.status is JobState.CANCELLED  # rlix's cancelled code: it did not fail
     assert told == ["interrupt", Outcome.CANCELLED, "closed"]  # it left the scheduler, its GPUs went back
-    standing = job._standing()
+    standing = job.life.standing()
     assert (standing.status, standing.code) == (JobState.CANCELLED, 3) and "ann@h" in standing.why
     with pytest.raises(RuntimeError, match="it cancelled already; give each trainer.train\\(\\) a new rlix_grpo job"):
         job.begin(object(), SimpleNamespace(world_size=1, process_index=0, output_dir="out"))
@@ -214,11 +214,11 @@ def test_a_cancel_between_steps_stops_every_rank_at_that_steps_end_with_a_checkp
 
     job = RlixGRPO(JobSettings(name="j"))
     job.client = SimpleNamespace(interrupt=lambda: None, note=lambda note: None)
-    assert job._become(JobState.RUNNING)
+    assert job.life.become(JobState.RUNNING)
     control = SimpleNamespace(should_save=False, should_training_stop=False)
     job.step_done(SimpleNamespace(global_step=1, max_steps=3), control)
     assert not control.should_training_stop
-    job._become(JobState.CANCELLED)
+    job.life.become(JobState.CANCELLED)
     job.step_done(SimpleNamespace(global_step=2, max_steps=3), control)
     assert control.should_save and control.should_training_stop  # a checkpoint TRL resumes from, then stop
 
@@ -233,8 +233,8 @@ def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():
     job = RlixGRPO(JobSettings(name="j"))
     job.client = SimpleNamespace(interrupt=lambda: None)
     with pytest.raises(RuntimeError, match="pending -> finished is not a move a job makes"):
-        job._become(JobState.FINISHED)  # a job that never joined cannot have finished
-    assert job._become(JobState.RUNNING)
+        job.life.become(JobState.FINISHED)  # a job that never joined cannot have finished
+    assert job.life.become(JobState.RUNNING)
     closed = []
 
     async def close():
@@ -246,7 +246,7 @@ def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():
         await asyncio.sleep(0)
 
     asyncio.run(dropped())
-    assert job.status is JobState.FAILED and job.error == "ConnectionError: the scheduler is gone"
+    assert job.status is JobState.FAILED and job.life.error == "ConnectionError: the scheduler is gone"
     assert closed  # its rollout workers stop at once: their GPUs are no longer its own
 
     order = []
@@ -263,7 +263,7 @@ def test_a_trl_jobs_first_ending_stands_and_a_move_off_its_table_is_refused():
 
     asyncio.run(leaving())
     assert order == ["dropped: closing", "dropped: closed", "leave: closed"]
-    assert not job._become(JobState.CANCELLED) and job.status is JobState.FAILED  # a cancel after it failed
+    assert not job.life.become(JobState.CANCELLED) and job.status is JobState.FAILED  # a cancel after it failed
 
 
 # ------------------------------------------------------------------ runs
@@ -508,6 +508,6 @@ def test_a_model_saved_for_the_rollout_workers_is_removed_as_the_job_leaves(tmp_
         unregister=lambda outcome, error: None, run=lambda coro, interruptible=True: asyncio.run(coro), close=lambda: None
     )
     job.pool = SimpleNamespace(close=lambda: asyncio.sleep(0))
-    job._become(JobState.RUNNING)
+    job.life.become(JobState.RUNNING)
     job._leave("")
     assert not Path(path).exists()

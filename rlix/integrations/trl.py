@@ -129,6 +129,42 @@ class Standing:
     code: int = 0  # the exit code it ends with
 
 
+class Lifecycle:
+    """A job's state (moved only along :data:`MOVES`) and why it ended; moved from the training thread and
+    the client's (a cancel, a drop) alike."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.state = JobState.PENDING
+        self.cancelled_by = None  # who cancelled it (rlix.protocol.Stopped)
+        self.error = ""  # why it failed
+        self._moving = threading.Lock()
+
+    def become(self, state: JobState, **why) -> bool:
+        """Move to ``state``, setting ``why`` (``cancelled_by``, ``error``) with it; False where the job already
+        stands there or has ended (the first ending stands: a cancel that lands as the job fails changes nothing)."""
+        with self._moving:
+            if state is self.state or self.state in ENDED:
+                return False
+            if state not in MOVES[self.state]:
+                raise RuntimeError(f"rlix job '{self.name}': {self.state.value} -> {state.value} is not a move a job makes")
+            self.state = state
+            for name, value in why.items():
+                setattr(self, name, value)
+            return True
+
+    def standing(self, error: str = "") -> Standing:
+        """Where the job stands, and the exit code it ends with; ``error``: why it failed, if it did not say."""
+        with self._moving:  # the state and what goes with it, as one
+            state, by, failure = self.state, self.cancelled_by, self.error
+        if state is JobState.CANCELLED:
+            why = by.line() if by is not None else "cancelled"
+            return Standing(state, why, 4 if getattr(by, "scheduler_stopped", False) else 3)
+        if state is JobState.FAILED:
+            return Standing(state, failure or error, 1)
+        return Standing(state)
+
+
 @dataclass(frozen=True)
 class Played:
     """A generation batch as rank 0 shares it: every rank's completions, or the standing that stopped it."""
@@ -206,9 +242,7 @@ class RlixGRPO:
 
     def __init__(self, settings: JobSettings) -> None:
         self.s = settings
-        self.status = JobState.PENDING  # moved only by :meth:`_become`
-        self._moving = threading.Lock()
-        self.cancelled_by = None
+        self.life = Lifecycle(settings.name)
         self.client: BlockingClient | None = None
         self.pool: ElasticPool | None = None
         self.version, self.weights = -1, None  # the published weights (the global step they are of)
@@ -219,7 +253,6 @@ class RlixGRPO:
         self.gpus_per_worker = 1
         self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
         self.saved_at = -1  # the global step of the last checkpoint TRL saved
-        self.error = ""  # why the scheduler dropped the job
         self.ranks = Ranks()  # the training processes; rank 0 speaks for the job
 
     # ------------------------------------------------------------ joining and leaving
@@ -260,7 +293,7 @@ class RlixGRPO:
             failed = self.ranks.share(failed)
         if failed:  # another rank: rank 0 raised it
             raise RuntimeError(f"rlix job '{self.s.name}': rank 0 could not join the scheduler: {failed}")
-        self._become(JobState.RUNNING)
+        self.life.become(JobState.RUNNING)
         if self._shared().status in ENDED:  # cancelled or dropped as it joined: it leaves, every rank (exits)
             self.end("the rlix scheduler dropped the job as it joined", step=0, output_dir=args.output_dir)
 
@@ -300,37 +333,16 @@ class RlixGRPO:
         if standing.code:
             raise SystemExit(standing.code)
 
-    def _standing(self, error: str = "") -> Standing:
-        """Where the job stands (rank 0)."""
-        with self._moving:  # the status and what goes with it, as one
-            status, by, failure = self.status, self.cancelled_by, self.error
-        if status is JobState.CANCELLED:
-            why = by.line() if by is not None else "cancelled"
-            return Standing(status, why, 4 if getattr(by, "scheduler_stopped", False) else 3)
-        if status is JobState.FAILED:
-            return Standing(status, failure or error, 1)
-        return Standing(status)
-
     def _shared(self, error: str = "") -> Standing:
         """Rank 0's standing, on every rank (the others take its status)."""
-        standing = self.ranks.share(self._standing(error) if self.ranks.main else None)
+        standing = self.ranks.share(self.life.standing(error) if self.ranks.main else None)
         if not self.ranks.main:
-            self._become(standing.status)
+            self.life.become(standing.status)
         return standing
 
-    def _become(self, state: JobState, **why) -> bool:
-        """Move to ``state`` (:data:`MOVES`), setting ``why`` (``cancelled_by``, ``error``) with it; False where
-        the job already stands there or has ended (the first ending stands: a cancel that lands as the job
-        fails changes nothing)."""
-        with self._moving:  # a cancel or a drop arrives on the client's thread
-            if state is self.status or self.status in ENDED:
-                return False
-            if state not in MOVES[self.status]:
-                raise RuntimeError(f"rlix job '{self.s.name}': {self.status.value} -> {state.value} is not a move a job makes")
-            self.status = state
-            for name, value in why.items():
-                setattr(self, name, value)
-            return True
+    @property
+    def status(self) -> JobState:
+        return self.life.state
 
     def _say(self, line: str) -> None:
         if self.ranks.main:
@@ -338,9 +350,9 @@ class RlixGRPO:
 
     def _leave(self, error: str) -> None:
         atexit.unregister(self._leave_at_exit)
-        self._become(JobState.FAILED if error else JobState.FINISHED)
+        self.life.become(JobState.FAILED if error else JobState.FINISHED)
         try:
-            self.client.unregister(Outcome(self.status.value), self.error or error)
+            self.client.unregister(Outcome(self.status.value), self.life.error or error)
         except Exception:  # noqa: BLE001 -- already forgotten (killed), or the scheduler is gone
             pass
         finally:
@@ -389,13 +401,13 @@ class RlixGRPO:
         return PipelineSpec(pipeline_id=self.s.name, roles=roles, home=self.s.train_gpus, priority=self.s.priority)
 
     async def _on_cancel(self, who) -> None:
-        self._become(JobState.CANCELLED, cancelled_by=who)
+        self.life.become(JobState.CANCELLED, cancelled_by=who)
         self.client.interrupt()  # a rollout waiting on workers the scheduler takes back stops waiting
 
     def _gone(self, exc: BaseException) -> None:
         """The scheduler dropped the job (or is gone), on the client's loop: it stops at its step's end,
         and its rollout workers stop now, as their GPUs are no longer its own."""
-        self._become(JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
+        self.life.become(JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
         self.client.interrupt()
         self.closing = asyncio.get_running_loop().create_task(self.pool.close())
 
@@ -415,7 +427,7 @@ class RlixGRPO:
             raise RuntimeError(played.error if self.ranks.main else f"rlix job '{self.s.name}', rank 0: {played.error}")
         if played.stopped is not None:  # cancelled (or dropped) mid-rollout: stop at the step it began at
             if not self.ranks.main:
-                self._become(played.stopped.status)
+                self.life.become(played.stopped.status)
             self._stop_now(trainer)
         _move(trainer, trainer.accelerator.device)  # rank 0 holds the training stage again
         _log(trainer, played.metrics)
@@ -437,7 +449,7 @@ class RlixGRPO:
             self.client.report(self.pool.demand(0))
             waited = self.client.request(Stage.ACTOR_TRAIN).queued_s
         except CancelledError:
-            return Played(stopped=self._standing("the rlix scheduler dropped the job mid-rollout"))
+            return Played(stopped=self.life.standing("the rlix scheduler dropped the job mid-rollout"))
         except Exception as e:  # noqa: BLE001 -- every rank fails with it
             return Played(error=f"{type(e).__name__}: {e}")
         results = [r for r, _ in played]

@@ -65,7 +65,7 @@ from rlix.core import ClusterSpec, Rejoin, ReportDemand, Role, SchedulingError, 
 from rlix.core.types import Gpus, PipelineSpec
 from rlix.endpoint import CallbackEndpoint
 from rlix.protocol import PipelineGone, PipelineUnknown
-from rlix.transport import RayTransport, find, join
+from rlix.transport import RayTransport, find, join, joined_elsewhere
 
 __all__ = ["BlockingClient", "CallbackEndpoint", "Client", "SchedulerGone", "connect"]
 
@@ -79,7 +79,8 @@ class SchedulerGone(RuntimeError):
 
 def connect(address: str | None = None, *, where: str = "address") -> RayTransport:
     """The transport to the cluster's scheduler service; joins Ray at ``address`` (default:
-    ``RAY_ADDRESS``, else ``auto``) first if not joined. ``where``: what the errors call the address.
+    ``RAY_ADDRESS``, else ``auto``) first if not joined; joined already, ``address`` must be that cluster's.
+    ``where``: what the errors call the address.
 
     Raises :class:`rlix.transport.ClusterError` (one line) if no Ray cluster answers
     there, and :class:`SchedulerGone` if no scheduler service runs on it.
@@ -90,6 +91,8 @@ def connect(address: str | None = None, *, where: str = "address") -> RayTranspo
 
     if not ray.is_initialized():
         join(address or os.environ.get("RAY_ADDRESS") or "auto", 0, where, quiet=True)
+    elif address is not None:
+        joined_elsewhere(address, where)
     service = find()
     if service is None:
         raise SchedulerGone("no rlix scheduler runs on this Ray cluster; start one with 'rlix scheduler start'")

@@ -111,6 +111,37 @@ def find() -> RayTransport | None:
         return None
 
 
+def joined_elsewhere(address: str, where: str) -> None:
+    """Raise one line (:class:`ClusterError`) if this process joined Ray already, and not at ``address``: it
+    would otherwise talk to a cluster other than the one asked for. ``auto``, ``local`` and ``ray://`` client
+    addresses are taken as the one joined; a loopback host as any host of this machine."""
+    import ray
+
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    here = ray.get_runtime_context().gcs_address
+    if not _same_endpoint(address, here):
+        raise ClusterError(
+            f"{where} {address}: this process is connected to the Ray cluster at {here} already; "
+            f"use that address, or call ray.shutdown() before connecting to another"
+        )
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    """Whether two ``host:port`` addresses name one GCS: the same port, and hosts that resolve alike (or
+    either of them to this machine's loopback, which a node also answers on)."""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    if port_a != port_b:
+        return False
+    ips = []
+    for host in (host_a, host_b):
+        try:
+            ips.append(socket.gethostbyname(host or "127.0.0.1"))
+        except (OSError, UnicodeError):
+            ips.append(host)
+    return ips[0] == ips[1] or any(ip.startswith("127.") for ip in ips)
+
+
 def answers(address: str, where: str) -> None:
     """Raise one line (:class:`ClusterError`) unless something listens at ``address`` (``auto``: not checked
     here); ``where`` names the setting it came from. Cheap: a run checks it before anything else."""

@@ -585,3 +585,46 @@ def test_logs_follow_waits_for_the_last_line_of_a_job_already_ended(tmp_path, ca
     path.write_text("12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2\n")
     assert cli._logs(_SaysEnded(f"{socket.gethostname()}:{path}"), args) == 0
     assert capsys.readouterr().out.splitlines() == ["12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2"]
+
+
+# ------------------------------------------------------------------ the cluster a client joins
+
+
+def test_two_addresses_name_one_cluster_by_port_and_by_what_their_hosts_resolve_to():
+    from rlix.transport import _same_endpoint
+
+    assert _same_endpoint("localhost:6379", "127.0.0.1:6379")
+    assert _same_endpoint("127.0.0.1:6379", "192.0.2.2:6379")  # a node answers on its loopback too
+    assert not _same_endpoint("127.0.0.1:6380", "127.0.0.1:6379")
+    assert not _same_endpoint("192.0.2.7:6379", "192.0.2.2:6379")
+
+
+@pytest.mark.heavy
+def test_a_client_joined_to_one_ray_cluster_refuses_to_connect_to_another_address_in_one_line():
+    """A process joined to a Ray cluster already (``ray.init``) that asks for the scheduler at another
+    address is told so, rather than handed the service of the cluster it joined."""
+    import subprocess
+    import sys
+
+    script = """
+import ray
+from rlix.client import SchedulerGone, connect
+from rlix.transport import ClusterError
+ray.init(address="local", num_cpus=1, include_dashboard=False)
+here = ray.get_runtime_context().gcs_address
+port = int(here.rpartition(":")[2])
+try:
+    connect(f"127.0.0.1:{port + 1}", where="--address")
+except ClusterError as exc:
+    print("refused:", exc)
+try:
+    connect(f"127.0.0.1:{port}")  # this cluster, by its loopback: joined, and no service runs on it
+except SchedulerGone as exc:
+    print("same:", exc)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    refused, same = out.stdout.splitlines()[-2:]
+    assert refused.startswith("refused: --address 127.0.0.1:") and "is connected to the Ray cluster at" in refused
+    assert "ray.shutdown()" in refused
+    assert same.startswith("same: no rlix scheduler runs on this Ray cluster")

@@ -455,6 +455,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         super().flatten_mapping(node)
 
 
+def _json_duplicate_line(text: str) -> _DuplicateKey | None:
+    """A key given twice in a JSON text, with its line: read as YAML (of which JSON is all but a
+    subset), whose parser knows where each key stands; None where YAML cannot read it."""
+    try:
+        yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader
+    except _DuplicateKey as exc:
+        return exc
+    except (yaml.YAMLError, ValueError, RecursionError):
+        pass
+    return None
+
+
 def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[ValueError], what: str) -> object:
     """A JSON or YAML file's content; ``error`` with one line when it is missing or malformed.
 
@@ -475,7 +487,9 @@ def read_document(path: str | Path, fmt: Literal["json", "yaml"], error: type[Va
         try:
             return json.loads(text, object_pairs_hook=_unique_keys)
         except _DuplicateKey as exc:
-            raise error(f"{path}: '{exc.key}' is given twice in one object; keep one") from None
+            exc = _json_duplicate_line(text) or exc
+            where = f" line {exc.line}:" if exc.line else ""
+            raise error(f"{path}:{where} '{exc.key}' is given twice in one object; keep one") from None
         except json.JSONDecodeError as exc:
             raise error(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
         except RecursionError:

@@ -264,7 +264,11 @@ def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path):
     assert twice != text
     (tmp_path / "twice.json").write_text(twice)
     res = run_cli("validate", str(tmp_path / "twice.json"))
-    assert res.returncode == 2 and res.stderr.strip().endswith("'version' is given twice in one object; keep one")
+    line = 1 + twice[: twice.index('"version"', twice.index('"version"') + 1)].count("\n")  # the second one's
+    assert res.returncode == 2 and res.stderr.strip().endswith(f"line {line}: 'version' is given twice in one object; keep one")
+    (tmp_path / "tabs.json").write_text('{\t"a": 1,\t"b": {"c": 2, "c": 3}}')  # JSON that YAML cannot read: no line
+    res = run_cli("validate", str(tmp_path / "tabs.json"))
+    assert res.returncode == 2 and res.stderr.strip().endswith("tabs.json: 'c' is given twice in one object; keep one")
     (tmp_path / "c.yaml").write_text("policy: rlix\ncluster: {nodes: 1}\npolicy: static\n")
     with pytest.raises(ConfigError, match="line 3: 'policy' is given twice in one mapping; keep one"):
         load_config(tmp_path / "c.yaml")

@@ -4,6 +4,7 @@ eval scoring, the per-step metrics file and full-finetune checkpoints."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,27 @@ def test_reward_functions_are_tried_on_a_few_prompts_before_any_actor(tmp_path, 
         ", on a dry run over the first 4 prompts with dummy completions (empty, and the prompt's own text); fix the function"
     )
     assert "\n" not in msg
+
+
+def test_a_reward_function_that_does_not_return_on_the_dry_run_is_named_and_left_behind(tmp_path, model_dir, monkeypatch):
+    """Before: a function that never returned (a judge that does not answer) held rlix-run before any actor, silently."""
+    import rlix.exec.data.recipe as recipe_module
+    from rlix.exec.config import ConfigError, RunConfig
+    from rlix.exec.front.api import prepare_recipes
+
+    monkeypatch.setattr(recipe_module, "DRY_TIMEOUT_S", 0.5)
+    job = _job(tmp_path)
+    hangs = job.rewards[0].model_copy(update={"function": f"{ROOT}/tests/data/trl_rewards.py:hangs"})
+    both = job.model_copy(update={"rewards": [job.rewards[0], hangs]})
+    cfg = RunConfig.model_validate({"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [both.model_dump()]})
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        prepare_recipes(cfg, {"j": str(model_dir)})
+    assert time.monotonic() - t0 < 30
+    assert str(info.value).startswith(
+        f"jobs[0].rewards[1].function: job 'j': reward function {ROOT}/tests/data/trl_rewards.py:hangs did not return "
+        "within 0.5 s, on a dry run over the first 4 prompts"
+    )
 
 
 def test_the_dry_run_gives_each_function_empty_and_echoed_completions(tmp_path, model_dir):

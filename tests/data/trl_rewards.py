@@ -83,3 +83,10 @@ def parses_json(completions, **kwargs):
     import json
 
     return [float(json.loads(c)) for c in completions]
+
+
+def hangs(completions, **kwargs):
+    """Never returns (a judge that does not answer)."""
+    import threading
+
+    threading.Event().wait()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,7 @@ class TaskPrompts:
 
 DIGIT_REWARD = "rlix.exec.data.tasks:digit_match"
 DRY_ROWS = 4  # dataset rows a data job's reward functions are first tried on
+DRY_TIMEOUT_S = 60.0  # how long that first try may take, every function together (s)
 
 
 class Recipe:
@@ -280,15 +282,31 @@ class Recipe:
             ev = EvalScore(prompts=len(evals), mean_reward=sum(eb.totals) / len(eb.totals), functions=eb.functions)
         return ScoredStep(samples=samples, rewards=batch.totals, functions=batch.functions, eval=ev)
 
-    def dry_check(self, rows: int = DRY_ROWS) -> None:
+    def dry_check(self, rows: int = DRY_ROWS, timeout_s: float | None = None) -> None:
         """Call every reward function once on the first ``rows`` prompts, each with two dummy completions
-        (empty, and the prompt's own text): a function that raises or returns the wrong values raises
-        :class:`RewardError` now, before any actor starts, instead of after the models load."""
+        (empty, and the prompt's own text): a function that raises, returns the wrong values or does not
+        return within ``timeout_s`` (default ``DRY_TIMEOUT_S``) raises :class:`RewardError` now, before any
+        actor starts, instead of after the models load. One that hangs is left on a daemon thread."""
         items = [it for it in self.source.items[:rows] for _ in range(2)]
         texts = [("", _text(it.prompt))[k % 2] for k, it in enumerate(items)]
         skip = 1 if self.codec.bos_id is not None else 0
         ids = [list(self.codec.encode_prompt(t)[skip:]) if t else [] for t in texts]
-        self._call(items, texts, ids)
+        failed: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                self._call(items, texts, ids)
+                failed.append(None)
+            except BaseException as exc:  # noqa: BLE001 -- raised again on the caller's thread
+                failed.append(exc)
+
+        trial = threading.Thread(target=call, name="rlix-reward-dry-run", daemon=True)
+        trial.start()
+        trial.join(DRY_TIMEOUT_S if timeout_s is None else timeout_s)
+        if not failed:
+            raise self.rewards.unfinished(DRY_TIMEOUT_S if timeout_s is None else timeout_s)
+        if failed[0] is not None:
+            raise failed[0]
 
     def _rewards(self, trajs: list[Trajectory], results: dict[int, GenResult]) -> RewardBatch:
         ids = [list(results[t.request.traj_id].token_ids) for t in trajs]

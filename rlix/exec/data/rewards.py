@@ -183,14 +183,16 @@ class RewardSet:
             raise ValueError("a job needs at least one reward function")
         self.refs = refs
         self._fns: list[Callable] | None = None
+        self.calling = -1  # the function being imported or called now (its index; -1: none)
 
     def __getstate__(self) -> dict:
-        return {"refs": self.refs, "_fns": None}  # functions are imported again where the set is unpickled
+        return {"refs": self.refs, "_fns": None, "calling": -1}  # functions are imported again where the set is unpickled
 
     def _functions(self) -> list[Callable]:
         if self._fns is None:
             fns = []
             for k, ref in enumerate(self.refs):
+                self.calling = k
                 try:
                     fns.append(resolve(ref))
                 except ValueError as exc:
@@ -205,6 +207,7 @@ class RewardSet:
         n = len(completions)
         per_fn = []
         for k, (ref, fn) in enumerate(zip(self.refs, self._functions())):
+            self.calling = k
             try:
                 out = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
             except (Exception, SystemExit) as exc:  # sys.exit() in a reward ends no run: it is the function's error
@@ -218,8 +221,14 @@ class RewardSet:
             except RewardError as exc:
                 raise RewardError(str(exc), index=k) from None
             per_fn.append(FunctionScores(name=ref.function, weight=ref.weight, values=values))
+        self.calling = -1
         totals = tuple(sum(f.weight * (f.values[i] or 0.0) for f in per_fn) for i in range(n))
         return RewardBatch(totals=totals, functions=tuple(per_fn))
+
+    def unfinished(self, seconds: float) -> RewardError:
+        """The error for a call of :meth:`score` still running after ``seconds``: it names the function it is in."""
+        k = max(self.calling, 0)
+        return RewardError(f"reward function {self.refs[k].function} did not return within {seconds:g} s", index=k)
 
 
 def _raised_at(fn: Callable, exc: BaseException) -> str:

@@ -5,6 +5,7 @@ the process boundary: the rollout worker processes, the trainer gang, and the Ra
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -93,10 +94,13 @@ class _Worker:
 
 
 class _Recipe:
-    """Two trajectories a step; each step's mean reward is ``rewards[step]``."""
+    """Two trajectories a step; each step's mean reward is ``rewards[step]``: None, the user's function raises;
+    "waits", it returns only once the job's event loop has run meanwhile; "hangs", it never returns."""
 
     def __init__(self, rewards) -> None:
         self.rewards = rewards
+        self.loop = asyncio.get_running_loop()
+        self.functions = RewardSet((RewardRef(function="trl_rewards.py:hangs", base_dir=str(DATA)),))
 
     def step_size(self, step: int) -> int:
         return 2
@@ -111,15 +115,34 @@ class _Recipe:
         ]
 
     def score(self, trajs, results) -> ScoredStep:
-        if self.rewards[trajs[0].step] is None:  # the user's function raises, called as a recipe calls it
+        reward = self.rewards[trajs[0].step]
+        if reward is None:  # the user's function raises, called as a recipe calls it
             RewardSet((RewardRef(function="trl_rewards.py:raises", base_dir=str(DATA)),)).score(
                 completions=["x"] * len(trajs), prompts=["x"] * len(trajs), completion_ids=[[1]] * len(trajs), columns={}
             )
-        return ScoredStep(samples=(), rewards=(self.rewards[trajs[0].step],) * len(trajs))
+        if reward == "hangs":
+            self.functions.score(completions=["x"] * len(trajs), prompts=["x"] * len(trajs), completion_ids=[[1]] * 2, columns={})
+        if reward == "waits":  # a slow function: the loop, if free, answers meanwhile
+            ran = threading.Event()
+            self.loop.call_soon_threadsafe(ran.set)
+            if not ran.wait(10):
+                raise RuntimeError("the job's event loop was held while its rewards were scored")
+            reward = 0.5
+        return ScoredStep(samples=(), rewards=(reward,) * len(trajs))
+
+    def unfinished(self, seconds: float) -> RewardError:
+        return self.functions.unfinished(seconds)
 
 
 async def _run_job(
-    *, steps: int, staleness: int = 0, streaming: bool = False, rewards=None, stop_reward=None, timeout_s: float = 20.0
+    *,
+    steps: int,
+    staleness: int = 0,
+    streaming: bool = False,
+    rewards=None,
+    stop_reward=None,
+    timeout_s: float = 20.0,
+    reward_timeout_s: float = 3600.0,
 ):
     """One job on 2 GPUs (trains on GPU 0, rolls out on 0-1) driven to its end, or to its failure."""
     from rlix.exec.config import LimitsConfig
@@ -197,6 +220,7 @@ async def _run_job(
         recorder=rec,
         start_trainer=lambda: TrainerLink(Handle(trainer), limits=LimitsConfig()),
         loaded=start_reports,
+        reward_timeout_s=reward_timeout_s,
     )
     runner = holder["runner"] = StepRunner(machine, [recipe], parts, now=now, fatal=failures.append)
     runner.start()
@@ -286,6 +310,17 @@ def test_a_reward_function_that_raises_fails_the_job_instead_of_hanging_it(tmp_p
     kept = (tmp_path / "p" / "reward_error.txt").read_text()
     assert kept.startswith(line.partition("; traceback")[0] + "\n\nTraceback (most recent call last):")
     assert f'File "{DATA / "trl_rewards.py"}", line {lineno}, in raises' in kept
+
+
+def test_a_slow_reward_function_holds_none_of_the_jobs_calls_and_one_that_never_returns_fails_the_job_naming_it():
+    """Before: the rewards ran on the coordinator's event loop, so a slow one held its shrinks, keep-alives and
+    liveness answers (the scheduler took the job for gone), and one that never returned hung the job."""
+    runner, _, result, failures, _ = asyncio.run(_run_job(steps=2, rewards=[0.5, "waits"]))
+    assert failures == [] and runner.ended.done() and [s.step for s in result.steps] == [0, 1]
+    runner, _, result, failures, _ = asyncio.run(_run_job(steps=3, rewards=[0.5, "hangs", 0.5], reward_timeout_s=0.3))
+    assert [str(f) for f in failures] == ["reward function trl_rewards.py:hangs did not return within 0.3 s"]
+    assert [type(f) for f in failures] == [RewardError] and not runner.ended.done()
+    assert [s.step for s in result.steps] == [0]
 
 
 @pytest.mark.parametrize("step", [0, 1])

@@ -270,6 +270,12 @@ class LimitsConfig(StrictModel):
     stage_timeout_s: float = Field(
         default=3600.0, gt=0, description="seconds one gang stage's work (log-probs, training) may take"
     )
+    reward_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="seconds one batch's reward functions may take, all together; then the job fails, naming the function "
+        "still running (the dry run before any actor allows 60 s)",
+    )
     rollout_tries: int = Field(
         default=3, ge=1, description="tries of a trajectory whose rollout raises an application error, before the job fails"
     )

@@ -8,6 +8,9 @@ caller forever: each is awaited with a deadline, and missing it raises
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable
 
 
 class WorkerTimeout(RuntimeError):
@@ -23,3 +26,21 @@ async def call(ref, timeout_s: float, what: str):
         return await asyncio.wait_for(ref, timeout_s)
     except asyncio.TimeoutError:
         raise WorkerTimeout(f"{what} took longer than {timeout_s:g} s") from None
+
+
+def on_daemon_thread(fn: Callable[[], object], name: str) -> concurrent.futures.Future:
+    """Start ``fn()`` on a daemon thread of its own and return its future, to wait on with a deadline
+    (``.result(timeout)``, or ``asyncio.wrap_future``): a call of the user's code that never returns then
+    holds neither its caller past the deadline nor the process at exit, as a pool's thread would."""
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 -- raised again where the future is awaited
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut

@@ -12,14 +12,14 @@ built where transformers may be imported (the driver), then shipped.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import random
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlix.exec.data.rewards import FunctionScores, RewardBatch, RewardRef, RewardSet, group_advantages
+from rlix.exec.data.rewards import FunctionScores, RewardBatch, RewardError, RewardRef, RewardSet, group_advantages
 from rlix.exec.data.sources import (
     DataError,
     DatasetPrompts,
@@ -32,6 +32,7 @@ from rlix.exec.data.sources import (
     read_rows,
 )
 from rlix.exec.data.tasks import Task, make_task
+from rlix.exec.deadline import on_daemon_thread
 from rlix.exec.messages import GenRequest, GenResult, Sample
 
 
@@ -291,22 +292,16 @@ class Recipe:
         texts = [("", _text(it.prompt))[k % 2] for k, it in enumerate(items)]
         skip = 1 if self.codec.bos_id is not None else 0
         ids = [list(self.codec.encode_prompt(t)[skip:]) if t else [] for t in texts]
-        failed: list[BaseException | None] = []
+        seconds = DRY_TIMEOUT_S if timeout_s is None else timeout_s
+        trial = on_daemon_thread(lambda: self._call(items, texts, ids), "rlix-reward-dry-run")
+        try:
+            trial.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            raise self.unfinished(seconds) from None
 
-        def call() -> None:
-            try:
-                self._call(items, texts, ids)
-                failed.append(None)
-            except BaseException as exc:  # noqa: BLE001 -- raised again on the caller's thread
-                failed.append(exc)
-
-        trial = threading.Thread(target=call, name="rlix-reward-dry-run", daemon=True)
-        trial.start()
-        trial.join(DRY_TIMEOUT_S if timeout_s is None else timeout_s)
-        if not failed:
-            raise self.rewards.unfinished(DRY_TIMEOUT_S if timeout_s is None else timeout_s)
-        if failed[0] is not None:
-            raise failed[0]
+    def unfinished(self, seconds: float) -> RewardError:
+        """The error for a scoring still running after ``seconds``: it names the function it is in."""
+        return self.rewards.unfinished(seconds)
 
     def _rewards(self, trajs: list[Trajectory], results: dict[int, GenResult]) -> RewardBatch:
         ids = [list(results[t.request.traj_id].token_ids) for t in trajs]

@@ -270,6 +270,7 @@ class PipelineCoordinator:
             loaded=self._on_loaded,
             steplog=self.steplog,
             crash_at_step=self.job.fault.crash_at_step,
+            reward_timeout_s=self.job.limits.reward_timeout_s,
         )
         return StepRunner(self.machine, self.recipes, parts, now=self.now, fatal=self._fatal)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from rlix.core import Stage
 from rlix.exec.control.scheduler_link import SchedulerLink
 from rlix.exec.data.recipe import Recipe, ScoredStep, Trajectory
+from rlix.exec.deadline import on_daemon_thread
 from rlix.exec.job.steplog import StepLog
 from rlix.exec.messages import GenResult
 from rlix.exec.recorder import Recorder
@@ -108,6 +109,7 @@ class Parts:
     loaded: Callable[[], None]  # the model load ended: start reporting demand
     steplog: StepLog | None = None
     crash_at_step: int | None = None  # fault drill: the job fails before training this step
+    reward_timeout_s: float = 3600.0  # how long one batch's scoring may take (config limits.reward_timeout_s)
 
 
 class StepRunner:
@@ -264,10 +266,20 @@ class StepRunner:
     def score(self, e: Score) -> None:
         if self.p.crash_at_step == e.step:
             raise FaultInjected(f"fault.crash_at_step={e.step}")
-        batch = self.batches[(e.stream, e.step)]
-        scored = self.recipes[e.stream].score(batch.trajs, batch.results)
-        self.tick = Tick(scored=scored, samples=list(scored.samples))
-        self.do(lambda: self.machine.scored(e.stream, e.step, scored.mean_reward, self.now()))
+        batch, recipe = self.batches[(e.stream, e.step)], self.recipes[e.stream]
+
+        async def score() -> None:
+            # The user's reward functions run off the event loop: a slow one holds none of the job's calls
+            # (shrinks, keep-alives, liveness), and one past its deadline fails this job, naming it.
+            scoring = on_daemon_thread(lambda: recipe.score(batch.trajs, batch.results), f"rlix-score-{e.step}")
+            try:
+                scored = await asyncio.wait_for(asyncio.wrap_future(scoring), self.p.reward_timeout_s)
+            except asyncio.TimeoutError:
+                raise recipe.unfinished(self.p.reward_timeout_s) from None
+            self.tick = Tick(scored=scored, samples=list(scored.samples))
+            self.do(lambda: self.machine.scored(e.stream, e.step, scored.mean_reward, self.now()))
+
+        self._spawn(score())
 
     def publish(self, e: Publish) -> None:
         async def publish() -> None:

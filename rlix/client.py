@@ -231,7 +231,13 @@ class Client:
             # Sent whatever became of the registration (its reply may have been lost): one refused, or
             # another run's under the name, is not this endpoint's, and the scheduler ends nothing then.
             gone = protocol.Unregister(pipeline_id=self.pipeline_id, status=outcome, error=error, endpoint=self._endpoint)
-            await self.sched.call(gone, self.timeout_s)
+            try:
+                await self.sched.call(gone, self.timeout_s)
+            except PipelineUnknown:  # a restarted scheduler it has not rejoined yet: it rejoins, then leaves
+                if self._spec is None:
+                    raise
+                await self._rejoin()
+                await self.sched.call(gone, self.timeout_s)
         finally:
             if self._callbacks is not None:  # its workers are shrunk (or the scheduler is gone): nothing calls it any more
                 await self._callbacks.close()

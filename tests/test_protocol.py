@@ -275,6 +275,47 @@ def test_a_leave_ends_only_the_registration_it_comes_from():
 
 
 @pytest.mark.exec
+def test_a_pipeline_that_leaves_a_restarted_scheduler_before_rejoining_it_ends_as_it_says():
+    """Before: the restarted scheduler ended nothing for a leave from a pipeline it had not heard from yet,
+    and planned nothing for it until its rejoin window closed; then the job ended as failed, 'it did not
+    rejoin', though it had finished."""
+    from boundary import Handle, InProcessTransport
+
+    from rlix.client import Client
+    from rlix.exec.service.roster import Roster
+
+    class Endpoint:
+        async def expand(self, gpus):
+            pass
+
+        async def shrink(self, gpus, reason):
+            pass
+
+        async def stop(self, why=None):
+            pass
+
+    async def scenario():
+        first = _actor(2)
+        await first.start()
+        transport = InProcessTransport(first)
+        client = Client(transport, "job", keepalive_s=3600)
+        await client.register(spec("job", (0,), (0, 1)), Handle(Endpoint()))
+        await client.request(Stage.INIT)
+        await first.stop()
+        again = _actor(2)  # its restart: the previous life's pipelines are to rejoin within 30 s
+        again.roster = Roster(restarted=True, persist=False, now=again.now(), max_wait_s=30.0, before={"job": 0.0})
+        await again.start()
+        transport.actor = again
+        assert again.roster.waiting(again.now())
+        await client.unregister("finished")
+        assert [(r.name, r.state) for r in (await again.status()).jobs] == [("job", "finished")]
+        assert not again.roster.waiting(again.now()) and await again.holdings() == {}  # it plans again at once
+        await again.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.exec
 def test_one_endpoints_odd_liveness_answer_never_stops_the_checks_of_the_others(monkeypatch):
     """Job a's endpoint fails its liveness check in a way no actor should: recorded, a kept; job b's
     endpoint is dead: b is dropped and its GPUs go back, as if a were not there."""

@@ -23,10 +23,16 @@ KV_NAMESPACE = "rlix"
 class Roster:
     """The registered pipelines, kept where a restarted scheduler finds them."""
 
-    def __init__(self, *, restarted: bool, persist: bool, now: float, max_wait_s: float) -> None:
+    def __init__(
+        self, *, restarted: bool, persist: bool, now: float, max_wait_s: float, before: dict[str, float | None] | None = None
+    ) -> None:
+        """``before``: the previous life's pipelines and when each was admitted (None: read back where
+        restarted and persisted, else none)."""
         self.persist = persist
         self.pipelines: dict[str, float | None] = {}  # registered pipelines -> when admitted (None: not yet)
-        self.before: dict[str, float | None] = self._load() if restarted and persist else {}  # the previous life's
+        if before is None:
+            before = self._load() if restarted and persist else {}
+        self.before = before
         self.expected: set[str] = set(self.before)  # still to rejoin
         self.until = now + max_wait_s if restarted else float("-inf")
         self._swept = False  # the jobs that did not rejoin have been ended
@@ -42,6 +48,10 @@ class Roster:
             return False
         self._swept = True
         return True
+
+    def awaits(self, pipeline_id: str, now: float) -> bool:
+        """Whether the pipeline is of the previous life and has not rejoined yet, within the rejoin window."""
+        return pipeline_id in self.expected and self.waiting(now)
 
     def admitted_before(self, pipeline_id: str) -> float | None:
         """When the previous life admitted a rejoining pipeline (None: it had not, or it is new)."""

@@ -339,7 +339,11 @@ class SchedulerActor:
 
     async def unregister(self, pipeline_id: str, status: Outcome = Outcome.FAILED, error: str = "", caller=None) -> None:
         """The pipeline leaves. ``caller``: the endpoint of the registration leaving; a leave from any other
-        (a registration refused, lost or dropped; the name run again since) ends nothing (None: by name)."""
+        (a registration refused, lost or dropped; the name run again since) ends nothing (None: by name). A
+        pipeline of a restarted scheduler's previous life that has not rejoined yet is told so: it rejoins, then
+        leaves, and its job ends as it says rather than as one that never came back."""
+        if caller is not None and pipeline_id not in self.core.pipelines() and self.roster.awaits(pipeline_id, self.now()):
+            raise PipelineUnknown(f"pipeline '{pipeline_id}' has not rejoined the restarted scheduler; rejoin, then leave")
         endpoint = self.endpoints.of.get(pipeline_id)
         if caller is not None and not self.endpoints.registered_by(pipeline_id, caller):
             return

@@ -25,6 +25,22 @@ def _actor(gpus: int):
     return SchedulerActor.__ray_metadata__.modified_class(cluster, "rlix", SchedulerConfig(), time.time(), 60.0)
 
 
+class _Endpoint:
+    """A pipeline's endpoint that answers every call of the scheduler, doing nothing."""
+
+    async def expand(self, gpus):
+        pass
+
+    async def shrink(self, gpus, reason):
+        pass
+
+    async def stop(self, why=None):
+        pass
+
+    async def __ray_ready__(self):
+        pass
+
+
 def _request_types() -> list[type]:
     calls = (protocol.PipelineCall, protocol.SubmitterCall, protocol.AdminCall)
     return [c for _, c in inspect.getmembers(protocol, inspect.isclass) if issubclass(c, calls) and c not in calls]
@@ -240,30 +256,17 @@ def test_a_leave_ends_only_the_registration_it_comes_from():
 
     from rlix.client import Client
 
-    class Endpoint:
-        async def expand(self, gpus):
-            pass
-
-        async def shrink(self, gpus, reason):
-            pass
-
-        async def stop(self, why=None):
-            pass
-
-        async def __ray_ready__(self):
-            pass
-
     async def scenario():
         sched = _actor(2)
         await sched.start()
         alice, bob = Client(InProcessTransport(sched), "job", keepalive_s=3600), Client(InProcessTransport(sched), "job")
-        await alice.register(spec("job", (0,), (0, 1)), Handle(Endpoint()))
+        await alice.register(spec("job", (0,), (0, 1)), Handle(_Endpoint()))
         await alice.request(Stage.INIT)
         with pytest.raises(SchedulingError, match="already registered"):
-            await bob.register(spec("job", (1,), (0, 1)), Handle(Endpoint()))
+            await bob.register(spec("job", (1,), (0, 1)), Handle(_Endpoint()))
         await bob.unregister("failed", "its register was refused")  # its exit handler: leave, whatever happened
         assert (await sched.holdings()) == {"job": (0,)}
-        stale = protocol.Unregister(pipeline_id="job", status="failed", endpoint=Handle(Endpoint()))
+        stale = protocol.Unregister(pipeline_id="job", status="failed", endpoint=Handle(_Endpoint()))
         await sched.handle(stale, protocol.PROTOCOL_VERSION)  # a run dropped since, leaving late
         assert [(r.name, r.state) for r in (await sched.status()).jobs] == [("job", "loading")]
         await alice.release(Stage.INIT)  # the job that holds the name goes on
@@ -284,22 +287,12 @@ def test_a_pipeline_that_leaves_a_restarted_scheduler_before_rejoining_it_ends_a
     from rlix.client import Client
     from rlix.exec.service.roster import Roster
 
-    class Endpoint:
-        async def expand(self, gpus):
-            pass
-
-        async def shrink(self, gpus, reason):
-            pass
-
-        async def stop(self, why=None):
-            pass
-
     async def scenario():
         first = _actor(2)
         await first.start()
         transport = InProcessTransport(first)
         client = Client(transport, "job", keepalive_s=3600)
-        await client.register(spec("job", (0,), (0, 1)), Handle(Endpoint()))
+        await client.register(spec("job", (0,), (0, 1)), Handle(_Endpoint()))
         await client.request(Stage.INIT)
         await first.stop()
         again = _actor(2)  # its restart: the previous life's pipelines are to rejoin within 30 s

@@ -142,6 +142,7 @@ class Client:
         self._life = ""  # the id of the scheduler's life this pipeline last (re)joined
         self._keepalive: asyncio.Task | None = None
         self._rejoining: asyncio.Lock | None = None
+        self._joined = False  # the scheduler accepted its registration (a refused one has nothing to rejoin with)
 
     # ------------------------------------------------------------ the protocol
 
@@ -160,6 +161,7 @@ class Client:
             spec=spec, endpoint=endpoint, submitter=self.submitter, user=protocol.asker(), endpoint_owns=self._owns
         )
         await self._call(hello, again=None)
+        self._joined = True
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     def actor_options(self, gpus: Gpus, env: dict[str, str] | None = None) -> dict:
@@ -234,8 +236,8 @@ class Client:
             try:
                 await self.sched.call(gone, self.timeout_s)
             except PipelineUnknown:  # a restarted scheduler it has not rejoined yet: it rejoins, then leaves
-                if self._spec is None:
-                    raise
+                if not self._joined:  # refused (the name another job's) or never sent: it has nothing to end
+                    return
                 await self._rejoin()
                 await self.sched.call(gone, self.timeout_s)
         finally:

@@ -291,15 +291,18 @@ def test_a_pipeline_that_leaves_a_restarted_scheduler_before_rejoining_it_ends_a
         first = _actor(2)
         await first.start()
         transport = InProcessTransport(first)
-        client = Client(transport, "job", keepalive_s=3600)
+        client, refused = Client(transport, "job", keepalive_s=3600), Client(transport, "job")
         await client.register(spec("job", (0,), (0, 1)), Handle(_Endpoint()))
         await client.request(Stage.INIT)
+        with pytest.raises(SchedulingError, match="already registered"):
+            await refused.register(spec("job", (1,), (0, 1)), Handle(_Endpoint()))
         await first.stop()
         again = _actor(2)  # its restart: the previous life's pipelines are to rejoin within 30 s
         again.roster = Roster(restarted=True, persist=False, now=again.now(), max_wait_s=30.0, before={"job": 0.0})
         await again.start()
         transport.actor = again
-        assert again.roster.waiting(again.now())
+        await refused.unregister("failed", "its register was refused")  # it has nothing to rejoin with: nothing ends
+        assert again.roster.waiting(again.now()) and (await again.status()).jobs == ()
         await client.unregister("finished")
         assert [(r.name, r.state) for r in (await again.status()).jobs] == [("job", "finished")]
         assert not again.roster.waiting(again.now()) and await again.holdings() == {}  # it plans again at once

@@ -112,34 +112,62 @@ def find() -> RayTransport | None:
 
 
 def joined_elsewhere(address: str, where: str) -> None:
-    """Raise one line (:class:`ClusterError`) if this process joined Ray already, and not at ``address``: it
-    would otherwise talk to a cluster other than the one asked for. ``auto``, ``local`` and ``ray://`` client
-    addresses are taken as the one joined; a loopback host as any host of this machine."""
+    """For a process joined to Ray already: raise one line (:class:`ClusterError`) if ``address`` names a GCS
+    port other than the joined cluster's, which is surely another cluster; warn if only its host differs
+    (it may be another cluster, or the same one by another name: a service in front of the head, a public
+    address). ``auto``, ``local`` and ``ray://`` client addresses are taken as the one joined."""
+    import warnings
+
     import ray
 
     if address in ("auto", "local") or address.startswith("ray://"):
         return
     here = ray.get_runtime_context().gcs_address
-    if not _same_endpoint(address, here):
+    (host, _, port), (here_host, _, here_port) = address.rpartition(":"), here.rpartition(":")
+    if port != here_port:
         raise ClusterError(
             f"{where} {address}: this process is connected to the Ray cluster at {here} already; "
-            f"use that address, or call ray.shutdown() before connecting to another"
+            "use that address, or call ray.shutdown() before connecting to another"
+        )
+    if not _same_host(host, here_host):
+        warnings.warn(
+            f"{where} {address}: this process is connected to the Ray cluster at {here} already, and rlix uses it; "
+            "call ray.shutdown() first to connect to another",
+            stacklevel=3,
         )
 
 
-def _same_endpoint(a: str, b: str) -> bool:
-    """Whether two ``host:port`` addresses name one GCS: the same port, and hosts that resolve alike (or
-    either of them to this machine's loopback, which a node also answers on)."""
-    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
-    if port_a != port_b:
+def _same_host(a: str, b: str) -> bool:
+    """Whether two hosts are one machine: they share an address, or one is a loopback address and the other
+    an address of this machine."""
+    ips_a, ips_b = _addresses(a), _addresses(b)
+    if ips_a & ips_b:
+        return True
+    return (any(ip.is_loopback for ip in ips_a) and any(_is_local(ip) for ip in ips_b)) or (
+        any(ip.is_loopback for ip in ips_b) and any(_is_local(ip) for ip in ips_a)
+    )
+
+
+def _addresses(host: str) -> set:
+    """The IP addresses ``host`` (a name, or an IPv4 or bracketed IPv6 literal) resolves to (none if it does not)."""
+    import ipaddress
+
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or "127.0.0.1", None)
+    except (OSError, UnicodeError):
+        return set()
+    return {ipaddress.ip_address(info[4][0].partition("%")[0]) for info in infos}
+
+
+def _is_local(ip) -> bool:
+    """Whether ``ip`` is an address of this machine (a socket can be bound to it)."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(ip), 0))
+    except OSError:
         return False
-    ips = []
-    for host in (host_a, host_b):
-        try:
-            ips.append(socket.gethostbyname(host or "127.0.0.1"))
-        except (OSError, UnicodeError):
-            ips.append(host)
-    return ips[0] == ips[1] or any(ip.startswith("127.") for ip in ips)
+    return True
 
 
 def answers(address: str, where: str) -> None:

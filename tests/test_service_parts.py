@@ -590,13 +590,13 @@ def test_logs_follow_waits_for_the_last_line_of_a_job_already_ended(tmp_path, ca
 # ------------------------------------------------------------------ the cluster a client joins
 
 
-def test_two_addresses_name_one_cluster_by_port_and_by_what_their_hosts_resolve_to():
-    from rlix.transport import _same_endpoint
+def test_two_hosts_are_one_machine_by_what_they_resolve_to_or_a_loopback_beside_a_local_address():
+    from rlix.transport import _same_host
 
-    assert _same_endpoint("localhost:6379", "127.0.0.1:6379")
-    assert _same_endpoint("127.0.0.1:6379", "192.0.2.2:6379")  # a node answers on its loopback too
-    assert not _same_endpoint("127.0.0.1:6380", "127.0.0.1:6379")
-    assert not _same_endpoint("192.0.2.7:6379", "192.0.2.2:6379")
+    assert _same_host("localhost", "127.0.0.1") and _same_host("[FD00::5]", "[fd00::5]")
+    assert not _same_host("192.0.2.7", "192.0.2.2")  # two machines of a test network, neither this one
+    assert not _same_host("localhost", "192.0.2.7")  # this machine's loopback is not a remote head's
+    assert not _same_host("no-such-host.invalid", "192.0.2.2")
 
 
 @pytest.mark.heavy
@@ -621,10 +621,19 @@ try:
     connect(f"127.0.0.1:{port}")  # this cluster, by its loopback: joined, and no service runs on it
 except SchedulerGone as exc:
     print("same:", exc)
+import warnings
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    try:
+        connect(f"192.0.2.7:{port}")  # the same port on another host: maybe this cluster by another name
+    except SchedulerGone:
+        pass
+print("warned:", seen[0].message)
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    refused, same = out.stdout.splitlines()[-2:]
+    refused, same, warned = out.stdout.splitlines()[-3:]
     assert refused.startswith("refused: --address 127.0.0.1:") and "is connected to the Ray cluster at" in refused
     assert "ray.shutdown()" in refused
     assert same.startswith("same: no rlix scheduler runs on this Ray cluster")
+    assert warned.startswith("warned: address 192.0.2.7:") and "rlix uses it; call ray.shutdown() first" in warned

@@ -455,9 +455,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         super().flatten_mapping(node)
 
 
+DUPLICATE_LINE_BYTES = 2_000_000  # a JSON text this long or longer is not read again for a duplicate key's line
+
+
 def _json_duplicate_line(text: str) -> _DuplicateKey | None:
     """A key given twice in a JSON text, with its line: read as YAML (of which JSON is all but a
-    subset), whose parser knows where each key stands; None where YAML cannot read it."""
+    subset), whose parser knows where each key stands; None where YAML cannot read it, or where the
+    text is too long to read again in a few seconds (PyYAML's pure-Python parser)."""
+    if len(text) >= DUPLICATE_LINE_BYTES:
+        return None
     try:
         yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader
     except _DuplicateKey as exc:

@@ -182,16 +182,17 @@ def test_a_reward_function_that_does_not_return_on_the_dry_run_is_named_and_left
     monkeypatch.setattr(recipe_module, "DRY_TIMEOUT_S", 0.5)
     job = _job(tmp_path)
     hangs = job.rewards[0].model_copy(update={"function": f"{ROOT}/tests/data/trl_rewards.py:hangs"})
-    both = job.model_copy(update={"rewards": [job.rewards[0], hangs]})
-    cfg = RunConfig.model_validate({"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [both.model_dump()]})
-    t0 = time.monotonic()
-    with pytest.raises(ConfigError) as info:
-        prepare_recipes(cfg, {"j": str(model_dir)})
-    assert time.monotonic() - t0 < 30
-    assert str(info.value).startswith(
-        f"jobs[0].rewards[1].function: job 'j': reward function {ROOT}/tests/data/trl_rewards.py:hangs did not return "
-        "within 0.5 s, on a dry run over the first 4 prompts"
-    )
+    both = job.model_dump() | {"rewards": [job.rewards[0].model_dump(), hangs.model_dump()]}
+    for limits, seconds in (({}, "0.5"), ({"reward_timeout_s": 0.3}, "0.3")):  # the job's own deadline, where it gives one
+        cfg = RunConfig.model_validate({"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [both | {"limits": limits}]})
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError) as info:
+            prepare_recipes(cfg, {"j": str(model_dir)})
+        assert time.monotonic() - t0 < 30
+        assert str(info.value).startswith(
+            f"jobs[0].rewards[1].function: job 'j': reward function {ROOT}/tests/data/trl_rewards.py:hangs did not return "
+            f"within {seconds} s (limits.reward_timeout_s), on a dry run over the first 4 prompts"
+        )
 
 
 def test_the_dry_run_gives_each_function_empty_and_echoed_completions(tmp_path, model_dir):

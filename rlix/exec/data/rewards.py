@@ -226,9 +226,10 @@ class RewardSet:
         return RewardBatch(totals=totals, functions=tuple(per_fn))
 
     def unfinished(self, seconds: float) -> RewardError:
-        """The error for a call of :meth:`score` still running after ``seconds``: it names the function it is in."""
-        k = max(self.calling, 0)
-        return RewardError(f"reward function {self.refs[k].function} did not return within {seconds:g} s", index=k)
+        """The error for a scoring still running after ``seconds``: it names the function it is in, if any."""
+        k = self.calling
+        who = f"reward function {self.refs[k].function}" if k >= 0 else "the reward functions"
+        return RewardError(f"{who} did not return within {seconds:g} s (limits.reward_timeout_s)", index=k)
 
 
 def _raised_at(fn: Callable, exc: BaseException) -> str:

@@ -435,11 +435,14 @@ def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
             out[job.name] = recipe = Recipe.from_data(job, models[job.name])
         except DataError as exc:
             raise ConfigError(f"jobs[{i}].data.{exc.field}: job '{job.name}': {exc}") from None
+        # The dry run's deadline: DRY_TIMEOUT_S, or the job's own reward deadline where its config sets one.
+        given = job.limits.reward_timeout_s if "reward_timeout_s" in job.limits.model_fields_set else None
         try:
-            recipe.dry_check()
+            recipe.dry_check(timeout_s=given)
         except RewardError as exc:
+            field = f"rewards[{exc.index}].function" if exc.index >= 0 else "rewards"
             raise ConfigError(
-                f"jobs[{i}].rewards[{exc.index}].function: job '{job.name}': {exc}, on a dry run over the first {DRY_ROWS} "
+                f"jobs[{i}].{field}: job '{job.name}': {exc}, on a dry run over the first {DRY_ROWS} "
                 "prompts with dummy completions (empty, and the prompt's own text); fix the function"
             ) from None
         for prepared in recipe.report:

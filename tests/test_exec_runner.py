@@ -313,8 +313,9 @@ def test_a_reward_function_that_raises_fails_the_job_instead_of_hanging_it(tmp_p
 
 
 def test_a_slow_reward_function_holds_none_of_the_jobs_calls_and_one_that_never_returns_fails_the_job_naming_it():
-    """Before: the rewards ran on the coordinator's event loop, so a slow one held its shrinks, keep-alives and
-    liveness answers (the scheduler took the job for gone), and one that never returned hung the job."""
+    """Before: the rewards ran on the coordinator's event loop, so a slow one held its shrinks (one past the
+    shrink deadline got the job dropped as unreachable), demand reports and keep-alives, and one that never
+    returned hung the job."""
     runner, _, result, failures, _ = asyncio.run(_run_job(steps=2, rewards=[0.5, "waits"]))
     assert failures == [] and runner.ended.done() and [s.step for s in result.steps] == [0, 1]
     runner, _, result, failures, _ = asyncio.run(_run_job(steps=3, rewards=[0.5, "hangs", 0.5], reward_timeout_s=0.3))

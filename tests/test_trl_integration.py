@@ -137,10 +137,10 @@ def test_a_vllm_job_takes_trls_vllm_settings_and_cuts_its_gpus_into_tensor_paral
     assert (options.gpu_memory_utilization, options.max_model_len, options.dtype, tp) == (0.5, 512, "bfloat16", 2)
 
     job = RlixGRPO(JobSettings(name="j", engine="vllm", train_gpus=(0,)))
-    job.cluster, job.gpus_per_worker = ClusterSpec(nodes=1, gpus_per_node=4), tp
+    job.cluster, job.engines.gpus_per_worker = ClusterSpec(nodes=1, gpus_per_node=4), tp
     infer = next(r for r in job._spec().roles if r.role is Role.ACTOR_INFER)
     assert infer.bundles == ((0, 1), (2, 3))
-    job.gpus_per_worker = 3
+    job.engines.gpus_per_worker = 3
     with pytest.raises(ValueError, match=re.escape("vllm_tensor_parallel_size=3 does not divide the cluster's 4 GPUs per node")):
         job._spec()
 
@@ -503,7 +503,7 @@ def test_a_model_saved_for_the_rollout_workers_is_removed_as_the_job_leaves(tmp_
     assert copied and Path(path, "config.json").is_file() and Path(path).parent == tmp_path
 
     job = RlixGRPO(JobSettings(name="j", address="ray://elsewhere:10001"))
-    job.model_path, job.copied = path, copied
+    job.engines.model_path, job.engines.copied = path, copied
     job.client = SimpleNamespace(
         unregister=lambda outcome, error: None, run=lambda coro, interruptible=True: asyncio.run(coro), close=lambda: None
     )

@@ -237,21 +237,85 @@ class _Worker:
         ray.kill(self.actor)
 
 
+class Engines:
+    """What the job's rollout workers play (rank 0): the checkpoint they load, the weights published for
+    them (one version per global step), and each generation batch's requests with their seeds."""
+
+    def __init__(self, settings: JobSettings) -> None:
+        self.s = settings
+        self.model_path = ""
+        self.copied = False  # model_path is a copy saved for the rollout workers (removed as the job leaves)
+        self.vllm = None  # a vLLM engine's settings (VllmOptions), from TRL's arguments
+        self.gpus_per_worker = 1
+        self.version, self.weights = -1, None  # the published weights (the global step they are of)
+        self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
+
+    def requests(self, trainer, prompt_ids: list) -> list:
+        """One request per prompt, each with a seed of its own (:func:`completion_seed`)."""
+        from rlix.exec.messages import GenRequest
+
+        mode = "train" if trainer.model.training else "eval"
+        step = trainer.state.global_step
+        batch = self.batches[(mode, step)]
+        self.batches[(mode, step)] += 1
+        budget, sampling = trainer.max_completion_length, sampling_of(trainer.args)
+        return [
+            GenRequest(
+                traj_id=i,
+                prompt_ids=tuple(p),
+                max_new_tokens=budget,
+                seed=completion_seed(self.s.seed, mode, step, batch, i),
+                **sampling,
+            )
+            for i, p in enumerate(prompt_ids)
+        ]
+
+    def publish(self, trainer) -> None:
+        """The trainer's weights (a PEFT model's merged), once per global step: version ``step + 1``, so even
+        the first differs from the checkpoint's (version 0 to an engine), which a merge may not equal."""
+        import ray
+
+        from rlix.weightsync.buckets import publish_of
+
+        version = trainer.state.global_step + 1
+        if version == self.version:
+            return
+        model = trainer.model
+        source = MergedLora(model) if hasattr(model, "peft_config") else model
+        self.version, self.weights = version, ray.put(publish_of(source, version, dtype_of(model)))
+
+    def start(self, gpus, cluster: ClusterSpec, reserved) -> _Worker:
+        """A rollout worker on ``gpus`` (``reserved``: the service's GPU reservation in Ray)."""
+        from rlix.exec.job.coordinator import worker_options
+        from rlix.exec.messages import Emulation
+        from rlix.exec.rollout.actor import RolloutWorkerActor
+
+        name = f"{self.s.name}-rollout-{gpus[0]}"
+        opts = worker_options(cluster, gpus, reserved, name, self.s.slots_per_worker)
+        engine = {"backend": "vllm", "vllm": self.vllm} if self.s.engine == "vllm" else {}
+        return _Worker(RolloutWorkerActor.options(**opts).remote(Emulation(), **engine), gpus)
+
+    async def play(self, worker: _Worker, request):
+        await worker.ready(self.model_path, self.version, self.weights)  # on the latest weights
+        return await worker.actor.generate.remote(request), worker.gpus
+
+    def drop_copy(self) -> None:
+        """Remove the checkpoint saved for the workers, if it is a copy (no worker loads from it any more)."""
+        if self.copied:
+            shutil.rmtree(self.model_path, ignore_errors=True)
+
+
 class RlixGRPO:
-    """One TRL trainer as an rlix job: its registration, its rollout workers, its weights."""
+    """One TRL trainer as an rlix job: its registration and lifecycle, and its generation batches on
+    rlix's rollout workers (what those play: :class:`Engines`)."""
 
     def __init__(self, settings: JobSettings) -> None:
         self.s = settings
         self.life = Lifecycle(settings.name)
         self.client: BlockingClient | None = None
         self.pool: ElasticPool | None = None
-        self.version, self.weights = -1, None  # the published weights (the global step they are of)
-        self.model_path = ""
-        self.copied = False  # model_path is a copy saved for the rollout workers (removed as the job leaves)
+        self.engines = Engines(settings)
         self.closing: asyncio.Task | None = None  # the pool's close begun as the scheduler dropped the job
-        self.vllm = None  # a vLLM engine's settings (VllmOptions), from TRL's arguments
-        self.gpus_per_worker = 1
-        self.batches: Counter = Counter()  # generation batches so far, per (mode, global step)
         self.saved_at = -1  # the global step of the last checkpoint TRL saved
         self.ranks = Ranks()  # the training processes; rank 0 speaks for the job
 
@@ -277,7 +341,7 @@ class RlixGRPO:
             except ValueError as e:
                 raise ValueError(f"rlix.integrations.trl: {e}") from None
         if self.s.engine == "vllm":
-            self.vllm, self.gpus_per_worker = vllm_options(model, args)
+            self.engines.vllm, self.engines.gpus_per_worker = vllm_options(model, args)
         failed = ""
         try:
             if self.ranks.main:
@@ -301,13 +365,13 @@ class RlixGRPO:
         sched = self._scheduler()
         info = sched.call_sync(Info())
         self.cluster = ClusterSpec(nodes=info.nodes, gpus_per_node=info.gpus_per_node)
-        self.model_path, self.copied = _checkpoint_of(model)
+        self.engines.model_path, self.engines.copied = _checkpoint_of(model)
         self.client = BlockingClient(sched, self.s.name, workers=lambda: self.pool.workers, on_gone=self._gone)
         atexit.register(self._leave_at_exit)  # from here on, however the script ends, the GPUs go back
         self.pool = ElasticPool(
             self.s.name,
-            start=self._start,
-            run=self._play,
+            start=lambda gpus: self.engines.start(gpus, self.cluster, self.client.client.info.gpus),
+            run=self.engines.play,
             stop=_Worker.stop,
             lost=self.client.client.lost,
             slots=self.s.slots_per_worker,
@@ -359,8 +423,7 @@ class RlixGRPO:
             self.client.run(self._close_pool(), interruptible=False)
             self.client.close()
             self.client = None
-            if self.copied:  # no worker loads from it any more
-                shutil.rmtree(self.model_path, ignore_errors=True)
+            self.engines.drop_copy()
             if self.s.address is None:  # the private cluster goes with the job
                 import ray
 
@@ -389,7 +452,7 @@ class RlixGRPO:
         return start(ClusterSpec(nodes=1, gpus_per_node=self.s.gpus), "rlix", SchedulerKnobs())
 
     def _spec(self) -> PipelineSpec:
-        tp = self.gpus_per_worker
+        tp = self.engines.gpus_per_worker
         if self.cluster.gpus_per_node % tp:
             raise ValueError(
                 f"rlix.integrations.trl: vllm_tensor_parallel_size={tp} does not divide the cluster's "
@@ -441,9 +504,9 @@ class RlixGRPO:
     def _play_batch(self, trainer, prompt_ids: list) -> Played:
         """Rank 0: every rank's prompts played on the job's rollout workers, the training stage given back
         meanwhile and held again after."""
-        requests = self._requests(trainer, prompt_ids)
+        requests = self.engines.requests(trainer, prompt_ids)
         try:
-            self._publish(trainer)
+            self.engines.publish(trainer)
             self.client.release(Stage.ACTOR_TRAIN, self.pool.demand(len(requests), announce=len(requests)))
             played = self.client.run(self.pool.play(requests, report=self.client.client.report))
             self.client.report(self.pool.demand(0))
@@ -453,31 +516,12 @@ class RlixGRPO:
         except Exception as e:  # noqa: BLE001 -- every rank fails with it
             return Played(error=f"{type(e).__name__}: {e}")
         results = [r for r, _ in played]
-        stale = [r.traj_id for r in results if r.weight_version != self.version]
+        version = self.engines.version
+        stale = [r.traj_id for r in results if r.weight_version != version]
         if stale:  # never expected: the pool wakes every worker on the published version before it plays
-            return Played(error=f"rlix job '{self.s.name}': completions {stale[:5]} came from weights other than v{self.version}")
+            return Played(error=f"rlix job '{self.s.name}': completions {stale[:5]} came from weights other than v{version}")
         metrics = {"rlix/rollout_workers": len({gpus for _, gpus in played}), "rlix/train_wait_s": waited}
         return Played(completions=[(list(r.token_ids), list(r.logprobs)) for r in results], metrics=metrics)
-
-    def _requests(self, trainer, prompt_ids: list) -> list:
-        """One request per prompt, each with a seed of its own (:func:`completion_seed`)."""
-        from rlix.exec.messages import GenRequest
-
-        mode = "train" if trainer.model.training else "eval"
-        step = trainer.state.global_step
-        batch = self.batches[(mode, step)]
-        self.batches[(mode, step)] += 1
-        budget, sampling = trainer.max_completion_length, sampling_of(trainer.args)
-        return [
-            GenRequest(
-                traj_id=i,
-                prompt_ids=tuple(p),
-                max_new_tokens=budget,
-                seed=completion_seed(self.s.seed, mode, step, batch, i),
-                **sampling,
-            )
-            for i, p in enumerate(prompt_ids)
-        ]
 
     def _stop_now(self, trainer) -> NoReturn:
         """A checkpoint of the step the rollout began at (TRL's own), then leave (the process exits)."""
@@ -487,36 +531,6 @@ class RlixGRPO:
             self.saved_at = step
         self.end("the rlix scheduler dropped the job mid-rollout", step=step, output_dir=trainer.args.output_dir)
         raise SystemExit(1)  # not reached: end() exits for a cancelled or dropped job
-
-    def _publish(self, trainer) -> None:
-        """The trainer's weights (a PEFT model's merged), once per global step: version ``step + 1``, so even
-        the first differs from the checkpoint's (version 0 to an engine), which a merge may not equal."""
-        import ray
-
-        from rlix.weightsync.buckets import publish_of
-
-        version = trainer.state.global_step + 1
-        if version == self.version:
-            return
-        model = trainer.model
-        source = MergedLora(model) if hasattr(model, "peft_config") else model
-        self.version, self.weights = version, ray.put(publish_of(source, version, dtype_of(model)))
-
-    # ------------------------------------------------------------ rollout workers
-
-    def _start(self, gpus) -> _Worker:
-        from rlix.exec.job.coordinator import worker_options
-        from rlix.exec.messages import Emulation
-        from rlix.exec.rollout.actor import RolloutWorkerActor
-
-        name = f"{self.s.name}-rollout-{gpus[0]}"
-        opts = worker_options(self.cluster, gpus, self.client.client.info.gpus, name, self.s.slots_per_worker)
-        engine = {"backend": "vllm", "vllm": self.vllm} if self.s.engine == "vllm" else {}
-        return _Worker(RolloutWorkerActor.options(**opts).remote(Emulation(), **engine), gpus)
-
-    async def _play(self, worker: _Worker, request):
-        await worker.ready(self.model_path, self.version, self.weights)  # on the latest weights
-        return await worker.actor.generate.remote(request), worker.gpus
 
     # ------------------------------------------------------------ progress
 

@@ -245,6 +245,28 @@ def test_eval_trajectories_are_scored_apart_and_columns_reach_rewards(tmp_path, 
     assert scored.functions[1].nones == ops.count("add")
 
 
+def test_a_step_line_that_cannot_be_written_fails_no_training_and_the_next_one_tries_again(tmp_path):
+    """Before: the job's folder gone mid-run made its TensorBoard write raise, and the job failed."""
+    from rlix.exec.data.recipe import ScoredStep
+    from rlix.exec.job.steplog import StepLog
+    from rlix.exec.train.grpo import TrainStats
+
+    log = StepLog(tmp_path / "job")
+    stats = TrainStats(loss=0.5, kl=0.01, clip_fraction=0.0, tokens=9, seconds=1.0)
+    step = {"stream": "", "scored": ScoredStep(samples=(), rewards=(1.0,)), "train": stats, "tokens": [2], "staleness": 0}
+    log.write(t=1.0, step=1, step_s=1.0, **step)
+    (tmp_path / "job").rename(tmp_path / "moved")
+    (tmp_path / "job").write_text("")  # a file where the folder was
+    log.close()  # its open file would still write into the moved folder: the next line opens the path anew
+    assert log.write(t=2.0, step=2, step_s=1.0, **step)["step"] == 2
+    assert log.problem == (f"its step 2 metrics could not be written to {tmp_path / 'job'} (FileExistsError: File exists)")
+    (tmp_path / "job").unlink()
+    log.write(t=3.0, step=3, step_s=1.0, **step)  # the folder is back: written again, the first problem kept
+    log.close()
+    assert [json.loads(x)["step"] for x in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()] == [3]
+    assert log.problem.startswith("its step 2 metrics")
+
+
 def test_metrics_jsonl_and_tensorboard(tmp_path):
     from rlix.exec.data.recipe import EvalScore, ScoredStep
     from rlix.exec.data.rewards import FunctionScores

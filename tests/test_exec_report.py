@@ -6,7 +6,10 @@ No Ray: the run's records are frozen dataclasses, built here from plain values.
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -249,3 +252,24 @@ def test_a_runs_bounds_are_those_of_its_recorded_trace_streaming_and_co_tenants_
     assert (metrics.lower_bound_work_s, metrics.lower_bound_critical_path_s) == pytest.approx((work, path))
     alone = max(lower_bounds([shape], 4)[1] for shape in trace.job_shapes())
     assert path > alone  # each job's stages stop the other's chain
+
+
+def test_a_run_whose_folder_broke_during_it_keeps_its_outputs_elsewhere_and_says_where(tmp_path, capsys):
+    """Before: the folder replaced by a file mid-run made rlix-run end in a traceback, every run output lost."""
+    from rlix.exec.front.cli import report
+
+    cfg, results, _ = _recorded()
+    (tmp_path / "run").write_text("")  # the run's folder went away, a file in its place
+    out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path / "run")
+    elsewhere = Path(out.files["metrics"]).parent
+    assert elsewhere != tmp_path / "run" and set(out.files) == {"timeline", "metrics", "trace", "plot"}
+    assert all(Path(f).parent == elsewhere and Path(f).is_file() for f in out.files.values())
+    assert out.moved == f"{tmp_path / 'run'} could not be written (FileExistsError: File exists); the outputs are in {elsewhere}"
+    results = {pid: dataclasses.replace(r, warnings=("its step 2 metrics could not be written",)) for pid, r in results.items()}
+    report(dataclasses.replace(out, results=results), None)
+    assert capsys.readouterr().err.splitlines() == [
+        "rlix-run: job full: warning: its step 2 metrics could not be written",
+        "rlix-run: job lora: warning: its step 2 metrics could not be written",
+        f"rlix-run: warning: {out.moved}",
+    ]
+    shutil.rmtree(elsewhere)

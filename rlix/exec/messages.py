@@ -331,4 +331,5 @@ class JobResult:
     trainer_ranks: int = 0  # data-parallel trainer processes (one per actor_train GPU); 0 = never started
     events: tuple[ActivityChange, ...] = ()  # not yet drained by a progress poll
     bad_input: bool = False  # failed on the user's input (a reward function), not on rlix: exit status 2
+    warnings: tuple[str, ...] = ()  # what went wrong beside the training, one line each (said on stderr at the run's end)
     stopped: Stopped | None = None  # cancelled through the scheduler: who asked (exit status 3, or 4 for a stopped scheduler)

@@ -145,6 +145,11 @@ def report(outputs, json_path: str | None) -> None:
     for line in outputs.lines:
         print(f"  {line.summary()}")
     print("outputs: " + " ".join(f"{k}={v}" for k, v in outputs.files.items()))
+    for pid, result in sorted(outputs.results.items()):
+        for warning in result.warnings:
+            print(f"rlix-run: job {pid}: warning: {warning}", file=sys.stderr)
+    if outputs.moved:
+        print(f"rlix-run: warning: {outputs.moved}", file=sys.stderr)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(m.to_json(), f, indent=1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,23 @@ class RunOutputs:
     results: dict[str, JobResult]
     files: dict[str, str]
     lines: tuple = ()  # per job, by name: its closing JobLine (rlix.exec.front.joblines), as the live view last showed it
+    moved: str = ""  # the run's folder could not be written at the end: why, and where the outputs went instead
+
+
+def _write_run_files(folder: Path, cfg: RunConfig, rec, results, names, end: float, metrics_text: str) -> dict[str, str]:
+    """timeline.json, trace.json, metrics.json (``metrics_text``) and timeline.png in ``folder`` (made if
+    missing); returns their paths by kind."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"timeline": folder / "timeline.json", "metrics": folder / "metrics.json"}
+    files["timeline"].write_text(json.dumps(timeline_json(rec, results)))
+    trace = trace_model(cfg, results, names)
+    if trace is not None:  # written by the trace format itself: what rlix-sim reads back
+        files["trace"] = folder / "trace.json"
+        dump_trace(trace, files["trace"])
+    files["metrics"].write_text(metrics_text)
+    if (plot := timeline_png(rec, end, cfg.policy, sorted(results), folder / "timeline.png")) is not None:
+        files["plot"] = plot
+    return {k: str(v) for k, v in files.items()}
 
 
 def usage_from_events(
@@ -330,13 +348,6 @@ def build_outputs(
     unfinished = sorted(pid for pid, r in results.items() if r.status is not JobStatus.FINISHED)
     job_wall = sum(max(r.finish_s - r.arrival_s, 1e-9) for r in results.values())
     overhead = sum(r.control_overhead_s for r in results.values()) / max(job_wall, 1e-9)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"timeline": out_dir / "timeline.json", "metrics": out_dir / "metrics.json"}
-    files["timeline"].write_text(json.dumps(timeline_json(rec, results)))
-    trace = trace_model(cfg, results, names)
-    if trace is not None:  # written by the trace format itself: what rlix-sim reads back
-        files["trace"] = out_dir / "trace.json"
-        dump_trace(trace, files["trace"])
     extra = {
         # a job that did not run all its steps (stopped, cancelled, failed or killed): the figures cover what ran
         "partial": stopped_at is not None or bool(unfinished),
@@ -352,8 +363,13 @@ def build_outputs(
         "scheduler_errors": list(stats.errors),
         "jobs": {pid: _job_json(r) for pid, r in sorted(results.items())},
     }
-    files["metrics"].write_text(json.dumps({**metrics.to_json(), "executor": extra}, indent=1) + "\n")
-    if (plot := timeline_png(rec, end, cfg.policy, sorted(results), out_dir / "timeline.png")) is not None:
-        files["plot"] = plot
-    paths = {k: str(v) for k, v in files.items()}
-    return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files=paths)
+
+    text = json.dumps({**metrics.to_json(), "executor": extra}, indent=1) + "\n"
+    moved = ""
+    try:
+        paths = _write_run_files(out_dir, cfg, rec, results, names, end, text)
+    except OSError as exc:  # the folder went away or filled up during the run: the outputs are kept elsewhere
+        elsewhere = Path(tempfile.mkdtemp(prefix="rlix-outputs-"))
+        paths = _write_run_files(elsewhere, cfg, rec, results, names, end, text)
+        moved = f"{out_dir} could not be written ({type(exc).__name__}: {exc.strerror or exc}); the outputs are in {elsewhere}"
+    return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files=paths, moved=moved)

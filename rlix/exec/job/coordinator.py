@@ -242,7 +242,8 @@ class PipelineCoordinator:
             if self.steplog is not None:
                 self.steplog.close()
         result = job_result(self.rec, self.runner, self.status, error, bad_input, self.arrival_s, self.now())
-        return replace(result, stopped=stopped)
+        unlogged = (self.steplog.problem,) if self.steplog is not None and self.steplog.problem else ()
+        return replace(result, stopped=stopped, warnings=unlogged)
 
     def _runner(self) -> StepRunner:
         hooks = Hooks(

@@ -104,7 +104,10 @@ def read_lines(path: Path) -> list[dict]:
 
 
 class StepLog:
-    """A job's metrics.jsonl (+ TensorBoard events when importable); opened in the process that writes."""
+    """A job's metrics.jsonl (+ TensorBoard events when importable); opened in the process that writes.
+
+    A line that cannot be written (the folder gone, the disk full) fails no training: the first such
+    failure is kept in ``problem`` (the job reports it at its end) and the next step's line tries again."""
 
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
@@ -112,6 +115,7 @@ class StepLog:
         self._last_gpu_s: dict[str, float] = {}
         self._file = None
         self._tb = None
+        self.problem = ""  # the first line that could not be written, and why
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None, "_tb": None}  # handles are opened where the log is used
@@ -166,11 +170,17 @@ class StepLog:
         )
         if stream:
             line = {"adapter": stream, **line}
-        self._open()
-        self._file.write(json.dumps(line) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            self._scalars(stream, step, line)
+        try:
+            self._open()
+            self._file.write(json.dumps(line) + "\n")
+            self._file.flush()
+            if self._tb is not None:
+                self._scalars(stream, step, line)
+        except OSError as exc:
+            self.problem = self.problem or (
+                f"its step {step} metrics could not be written to {self.dir} ({type(exc).__name__}: {exc.strerror or exc})"
+            )
+            self.close()  # opened again for the next line
         return line
 
     def _open(self) -> None:
@@ -203,9 +213,10 @@ class StepLog:
         self._tb.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        file, tb, self._file, self._tb = self._file, self._tb, None, None
+        for handle in (file, tb):
+            if handle is not None:
+                try:
+                    handle.close()
+                except OSError:  # what it could not write is in ``problem`` already
+                    pass

@@ -189,9 +189,11 @@ def test_a_reward_function_that_does_not_return_on_the_dry_run_is_named_and_left
         with pytest.raises(ConfigError) as info:
             prepare_recipes(cfg, {"j": str(model_dir)})
         assert time.monotonic() - t0 < 30
+        stuck = (ROOT / "tests" / "data" / "trl_rewards.py").read_text().splitlines().index("    threading.Event().wait()") + 1
         assert str(info.value).startswith(
             f"jobs[0].rewards[1].function: job 'j': reward function {ROOT}/tests/data/trl_rewards.py:hangs did not return "
-            f"within {seconds} s (limits.reward_timeout_s), on a dry run over the first 4 prompts"
+            f"within {seconds} s (limits.reward_timeout_s) at {ROOT}/tests/data/trl_rewards.py:{stuck}, on a dry run over "
+            "the first 4 prompts"
         )
 
 

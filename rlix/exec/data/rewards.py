@@ -25,6 +25,7 @@ import importlib.util
 import inspect
 import math
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -184,9 +185,10 @@ class RewardSet:
         self.refs = refs
         self._fns: list[Callable] | None = None
         self.calling = -1  # the function being imported or called now (its index; -1: none)
+        self.caller = 0  # the thread calling it (what a call that does not return is stuck in)
 
     def __getstate__(self) -> dict:
-        return {"refs": self.refs, "_fns": None, "calling": -1}  # functions are imported again where the set is unpickled
+        return {"refs": self.refs, "_fns": None, "calling": -1, "caller": 0}  # functions are imported again where unpickled
 
     def _functions(self) -> list[Callable]:
         if self._fns is None:
@@ -207,7 +209,7 @@ class RewardSet:
         n = len(completions)
         per_fn = []
         for k, (ref, fn) in enumerate(zip(self.refs, self._functions())):
-            self.calling = k
+            self.calling, self.caller = k, threading.get_ident()
             try:
                 out = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
             except (Exception, SystemExit) as exc:  # sys.exit() in a reward ends no run: it is the function's error
@@ -226,16 +228,26 @@ class RewardSet:
         return RewardBatch(totals=totals, functions=tuple(per_fn))
 
     def unfinished(self, seconds: float) -> RewardError:
-        """The error for a scoring still running after ``seconds``: it names the function it is in, if any."""
+        """The error for a scoring still running after ``seconds``: it names the function it is in, if any,
+        and the ``file:line`` of the user's code it is at."""
         k = self.calling
-        who = f"reward function {self.refs[k].function}" if k >= 0 else "the reward functions"
-        return RewardError(f"{who} did not return within {seconds:g} s (limits.reward_timeout_s)", index=k)
+        if k < 0 or self._fns is None:
+            return RewardError(f"the reward functions did not return within {seconds:g} s (limits.reward_timeout_s)", index=k)
+        frame = sys._current_frames().get(self.caller)
+        at = f" at {_user_line(self._fns[k], traceback.extract_stack(frame))}" if frame is not None else ""
+        message = f"reward function {self.refs[k].function} did not return within {seconds:g} s (limits.reward_timeout_s){at}"
+        return RewardError(message, index=k)
 
 
 def _raised_at(fn: Callable, exc: BaseException) -> str:
-    """``file:line`` where the user's code raised: the innermost frame in the directory of ``fn``'s file
-    (its own file or a helper beside it), else the innermost frame of all."""
+    """``file:line`` where the user's code raised (:func:`_user_line`)."""
     frames = traceback.extract_tb(exc.__traceback__)[1:] or traceback.extract_tb(exc.__traceback__)  # [0]: the call here
+    return _user_line(fn, frames)
+
+
+def _user_line(fn: Callable, frames: list[traceback.FrameSummary]) -> str:
+    """``file:line`` of the user's code among ``frames`` (outermost first): the innermost frame in the directory
+    of ``fn``'s file (its own file or a helper beside it), else the innermost frame of all."""
     try:
         home = Path(inspect.getsourcefile(inspect.unwrap(fn)) or "").resolve().parent
     except (TypeError, OSError):

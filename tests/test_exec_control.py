@@ -292,6 +292,52 @@ def test_a_cancelled_job_whose_endpoint_owns_no_process_keeps_its_gpus_until_it_
     assert after == {}
 
 
+@pytest.mark.parametrize("owns, ends", [(True, "killed"), (False, "leaves"), (False, "dies")])
+def test_a_job_dropped_for_a_missed_shrink_keeps_those_gpus_until_it_has_left_when_nothing_can_stop_it(owns, ends):
+    """Before: a TRL job (a callback inbox owns none of its processes) dropped for a missed shrink had every
+    GPU handed on at once, while its rollout workers and trainer still ran there. Now it is told (its calls
+    are refused) and the GPUs wait for its leave. A job whose endpoint owns its processes is killed, and
+    its GPUs go on at once, as before."""
+    from rlix import protocol
+    from rlix.protocol import PipelineGone
+
+    async def scenario():
+        calls: list = []
+        sched = _actor(4)
+        await sched.start()
+        t = _Coordinator("t", calls)
+
+        async def refuse(gpus, reason):
+            raise RuntimeError("its process did not answer")
+
+        t.shrink = Remote(refuse)
+        await sched.register(spec("t", (0, 1), (0, 1, 2, 3), tp=2), t, owns=owns)
+        await sched.register(spec("b", (2, 3), (2, 3), tp=2), _Coordinator("b", calls))
+        await sched.request("t", Stage.INIT)
+        await sched.release("t", Stage.INIT, ReportDemand(pipeline_id="t", pending=16, batch_size=16))
+        await _settle()
+        assert ("t", "expand", (2, 3)) in calls
+        b_load = asyncio.ensure_future(sched.request("b", Stage.INIT))  # t's worker on 2-3 must go: its shrink fails
+        await asyncio.sleep(0.2)
+        waited = not b_load.done()
+        with pytest.raises(PipelineGone):
+            await sched.alive("t")  # t hears it was dropped at its next call
+        if ends == "leaves":
+            await sched.unregister("t", protocol.Outcome.FAILED, "dropped", caller=t)  # it stopped, and leaves
+        elif ends == "dies":
+            await sched._unreachable("t", dead=True)  # as the liveness watch finds its endpoint gone
+        granted = await asyncio.wait_for(b_load, 5)
+        jobs = {r.name: r.state for r in (await sched.status()).jobs}
+        await sched.stop()
+        return waited, granted, jobs, list(sched.errors)
+
+    waited, granted, jobs, errors = asyncio.run(scenario())
+    assert granted.gpus == (2, 3) and jobs["t"] == "failed"
+    assert waited is not owns  # killed, its GPUs go on at once; not, they wait for its leave
+    if not owns:
+        assert "pipeline 't' unreachable; it keeps its GPUs until it leaves" in errors
+
+
 # ------------------------------------------------------------------ rollout control
 
 

@@ -4,6 +4,7 @@ eval scoring, the per-step metrics file and full-finetune checkpoints."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -267,6 +268,28 @@ def test_a_step_line_that_cannot_be_written_fails_no_training_and_the_next_one_t
     log.close()
     assert [json.loads(x)["step"] for x in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()] == [3]
     assert log.problem.startswith("its step 2 metrics")
+
+
+def test_a_line_cut_short_or_a_folder_removed_loses_no_later_line(tmp_path):
+    """A line the disk cut short left the next one appended to it, both unreadable; a removed folder kept
+    the open file writing into nothing."""
+    from rlix.exec.data.recipe import ScoredStep
+    from rlix.exec.job.steplog import StepLog, read_lines
+    from rlix.exec.train.grpo import TrainStats
+
+    stats = TrainStats(loss=0.5, kl=0.01, clip_fraction=0.0, tokens=9, seconds=1.0)
+    step = {"stream": "", "scored": ScoredStep(samples=(), rewards=(1.0,)), "train": stats, "tokens": [2], "staleness": 0}
+    log = StepLog(tmp_path / "job")
+    log.write(t=1.0, step=1, step_s=1.0, **step)
+    log.close()
+    with open(tmp_path / "job" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "reward_me')  # the disk filled mid-line
+    log.write(t=2.0, step=3, step_s=1.0, **step)
+    assert [line["step"] for line in read_lines(tmp_path / "job" / "metrics.jsonl")] == [1, 3]
+    shutil.rmtree(tmp_path / "job")  # removed while the job runs: later lines go to the folder made again
+    log.write(t=3.0, step=4, step_s=1.0, **step)
+    log.close()
+    assert [line["step"] for line in read_lines(tmp_path / "job" / "metrics.jsonl")] == [4] and log.problem == ""
 
 
 def test_metrics_jsonl_and_tensorboard(tmp_path):

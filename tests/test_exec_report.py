@@ -264,7 +264,8 @@ def test_a_run_whose_folder_broke_during_it_keeps_its_outputs_elsewhere_and_says
     elsewhere = Path(out.files["metrics"]).parent
     assert elsewhere != tmp_path / "run" and set(out.files) == {"timeline", "metrics", "trace", "plot"}
     assert all(Path(f).parent == elsewhere and Path(f).is_file() for f in out.files.values())
-    assert out.moved == f"{tmp_path / 'run'} could not be written (FileExistsError: File exists); the outputs are in {elsewhere}"
+    why = "could not be written (FileExistsError: File exists)"
+    assert out.moved == f"{tmp_path / 'run'} {why}; the run's outputs are in {elsewhere}"
     results = {pid: dataclasses.replace(r, warnings=("its step 2 metrics could not be written",)) for pid, r in results.items()}
     report(dataclasses.replace(out, results=results), None)
     assert capsys.readouterr().err.splitlines() == [
@@ -273,3 +274,18 @@ def test_a_run_whose_folder_broke_during_it_keeps_its_outputs_elsewhere_and_says
         f"rlix-run: warning: {out.moved}",
     ]
     shutil.rmtree(elsewhere)
+
+
+def test_a_run_file_that_fails_midway_leaves_no_part_behind_and_no_folder_at_all_still_ends_in_one_line(tmp_path, monkeypatch):
+    import tempfile
+
+    cfg, results, _ = _recorded()
+    (tmp_path / "run" / "metrics.json").mkdir(parents=True)  # written after timeline.json and trace.json: it fails
+    out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["metrics.json"]  # no half of a run to take for one
+    shutil.rmtree(Path(out.files["metrics"]).parent)
+    (tmp_path / "tmp").write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # no temporary folder either
+    out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path / "run")
+    assert out.files == {} and out.moved.startswith(f"{tmp_path / 'run'} could not be written (IsADirectoryError: ")
+    assert ", nor a temporary folder (NotADirectoryError: " in out.moved

@@ -22,6 +22,11 @@ _DIED = re.compile(
 )
 
 
+def os_error(exc: OSError) -> str:
+    """``Type: reason`` of a failed file operation (the OS's words, without the path the caller names)."""
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+
 def plain(text: str) -> str:
     """``text`` without terminal colour codes."""
     return _ANSI.sub("", text)

@@ -151,8 +151,13 @@ def report(outputs, json_path: str | None) -> None:
     if outputs.moved:
         print(f"rlix-run: warning: {outputs.moved}", file=sys.stderr)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(m.to_json(), f, indent=1)
+        try:
+            with open(json_path, "w") as f:
+                json.dump(m.to_json(), f, indent=1)
+        except OSError as exc:
+            from rlix.exec.error_text import os_error
+
+            print(f"rlix-run: warning: --json {json_path} could not be written ({os_error(exc)})", file=sys.stderr)
 
 
 class Interrupts:

@@ -22,6 +22,7 @@ from pathlib import Path
 from rlix.config import ClusterModel, JobModel, SchedulerModel
 from rlix.core import Stage
 from rlix.exec.config import JobConfig, RunConfig
+from rlix.exec.error_text import os_error
 from rlix.exec.messages import JobResult
 from rlix.exec.records import ActivityChange, JobStatus, SwitchKind, TrajRecord
 from rlix.job import JobShape, StepShape, lower_bounds
@@ -39,6 +40,9 @@ class RunOutputs:
     files: dict[str, str]
     lines: tuple = ()  # per job, by name: its closing JobLine (rlix.exec.front.joblines), as the live view last showed it
     moved: str = ""  # the run's folder could not be written at the end: why, and where the outputs went instead
+
+
+RUN_FILES = ("timeline.json", "trace.json", "metrics.json", "timeline.png")  # what _write_run_files writes
 
 
 def _write_run_files(folder: Path, cfg: RunConfig, rec, results, names, end: float, metrics_text: str) -> dict[str, str]:
@@ -264,6 +268,7 @@ def _job_json(r: JobResult) -> dict:
         "trainer_ranks": r.trainer_ranks,
         "switch_s": {k.value: round(sum(s.seconds for s in r.switches if s.kind is k), 4) for k in SwitchKind},
         "weight_loads": _weight_loads(r.switches),
+        "warnings": list(r.warnings),
     }
 
 
@@ -369,7 +374,16 @@ def build_outputs(
     try:
         paths = _write_run_files(out_dir, cfg, rec, results, names, end, text)
     except OSError as exc:  # the folder went away or filled up during the run: the outputs are kept elsewhere
-        elsewhere = Path(tempfile.mkdtemp(prefix="rlix-outputs-"))
-        paths = _write_run_files(elsewhere, cfg, rec, results, names, end, text)
-        moved = f"{out_dir} could not be written ({type(exc).__name__}: {exc.strerror or exc}); the outputs are in {elsewhere}"
+        for name in RUN_FILES:  # what this run wrote there before it failed: not to be taken for a whole run's
+            try:
+                (out_dir / name).unlink(missing_ok=True)
+            except OSError:
+                pass
+        try:
+            elsewhere = Path(tempfile.mkdtemp(prefix="rlix-outputs-"))
+            paths = _write_run_files(elsewhere, cfg, rec, results, names, end, text)
+            moved = f"{out_dir} could not be written ({os_error(exc)}); the run's outputs are in {elsewhere}"
+        except OSError as again:
+            paths = {}
+            moved = f"{out_dir} could not be written ({os_error(exc)}), nor a temporary folder ({os_error(again)})"
     return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files=paths, moved=moved)

@@ -36,8 +36,20 @@ class RunLog:
                 self.write(f"{line.summary()}{gpus}")
 
     def write(self, text: str) -> None:
-        for line in text.splitlines():
-            self.file.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+        """Append ``text``'s lines; where they cannot be written (its folder gone, the disk full) the log stops
+        quietly: the run goes on, and says what became of its outputs at its end."""
+        if self.file is None:
+            return
+        try:
+            for line in text.splitlines():
+                self.file.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+        except OSError:
+            self.close()
 
     def close(self) -> None:
-        self.file.close()
+        file, self.file = self.file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:  # its last lines could not be written: nothing more to do
+                pass

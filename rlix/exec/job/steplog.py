@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from rlix.exec.error_text import os_error
 from rlix.exec.records import StepRecord, TrajRecord
 from rlix.lengths import spearman
 from rlix.metrics import Activity
@@ -103,6 +105,15 @@ def read_lines(path: Path) -> list[dict]:
     return out
 
 
+def _ends_mid_line(path: Path) -> bool:
+    """Whether a file's last line has no end (written only in part)."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
 class StepLog:
     """A job's metrics.jsonl (+ TensorBoard events when importable); opened in the process that writes.
 
@@ -171,17 +182,26 @@ class StepLog:
         if stream:
             line = {"adapter": stream, **line}
         try:
+            if not self._still_there():
+                self.close()  # its folder was moved or removed: opened again where it is asked for
             self._open()
             self._file.write(json.dumps(line) + "\n")
             self._file.flush()
             if self._tb is not None:
                 self._scalars(stream, step, line)
         except OSError as exc:
-            self.problem = self.problem or (
-                f"its step {step} metrics could not be written to {self.dir} ({type(exc).__name__}: {exc.strerror or exc})"
-            )
+            self.problem = self.problem or f"its step {step} metrics could not be written to {self.dir} ({os_error(exc)})"
             self.close()  # opened again for the next line
         return line
+
+    def _still_there(self) -> bool:
+        """Whether the open metrics.jsonl is still the file at its path (True when none is open)."""
+        if self._file is None:
+            return True
+        try:
+            return os.stat(self.dir / "metrics.jsonl").st_ino == os.fstat(self._file.fileno()).st_ino
+        except OSError:
+            return False
 
     def _open(self) -> None:
         if self._file is not None:
@@ -190,6 +210,8 @@ class StepLog:
         path = self.dir / "metrics.jsonl"
         carried = read_lines(path)
         self._file = open(path, "a", encoding="utf-8")  # a resumed job continues the lines its checkpoint holds
+        if _ends_mid_line(path):  # a line cut short (the disk filled): the next one starts on a line of its own
+            self._file.write("\n")
         try:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:

@@ -566,8 +566,13 @@ class SchedulerActor:
     async def _shrink(self, shrink: Shrink) -> None:
         pid = shrink.worker.pipeline_id
         self.counts["shrinks"] += 1
-        if not await self.endpoints.shrink(pid, shrink.worker.gpus, shrink.reason.value):
-            self.order.spawn(self._unreachable(pid))  # its GPUs are freed by unregistering it
+        endpoint = self.endpoints.of.get(pid)
+        if await self.endpoints.shrink(pid, shrink.worker.gpus, shrink.reason.value):
+            return
+        self.order.spawn(self._unreachable(pid))  # its GPUs are freed by unregistering it
+        if pid in self.endpoints.unkillable:  # nothing can stop its process: these GPUs wait until it has left
+            while pid in self.core.pipelines() and self.endpoints.of.get(pid) is endpoint:
+                await asyncio.sleep(LIVENESS_S / 4)
 
     async def _grant(self, grant: Grant) -> None:
         self.books.jobs.granted(grant.pipeline_id, self.now())
@@ -586,7 +591,10 @@ class SchedulerActor:
             await answer
         except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
             self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
-            await self._drop(pipeline_id, Outcome.FAILED, f"an expand failed: {type(exc).__name__}")
+            if pipeline_id in self.endpoints.unkillable:
+                self._dropped_alive(pipeline_id, f"an expand failed: {type(exc).__name__}")
+            else:
+                await self._drop(pipeline_id, Outcome.FAILED, f"an expand failed: {type(exc).__name__}")
 
     def _account(self) -> None:
         """Book what the ledger holds now (after every plan, so the usage changes when the GPUs do)."""
@@ -617,7 +625,7 @@ class SchedulerActor:
                         jobs.end(name, Outcome.FAILED, f"its submitter {submitter} is gone", self.now())
                 for pid in await self.endpoints.silent():
                     jobs.end(pid, Outcome.FAILED, "its process is gone", self.now())
-                    self.order.spawn(self._unreachable(pid))
+                    self.order.spawn(self._unreachable(pid, dead=True))
                 if self.roster.restarted_and_done(self.now()):  # once: the jobs that did not come back ended
                     jobs.unjoined(set(self.core.pipelines()), self.now())
                 now = self.now()
@@ -628,9 +636,13 @@ class SchedulerActor:
             except Exception as exc:  # noqa: BLE001 -- recorded; the next round checks again
                 self._bug(exc)
 
-    async def _unreachable(self, pipeline_id: str) -> None:
-        """A coordinator missed a shrink: it is killed (with the processes it owns) and its pipeline
-        unregistered, and the others are planned again."""
+    async def _unreachable(self, pipeline_id: str, *, dead: bool = False) -> None:
+        """A coordinator missed a shrink, or its process is gone (``dead``): it is killed (with the processes
+        it owns) and its pipeline unregistered, and the others are planned again. One whose endpoint owns none
+        of its processes and that may still run cannot be stopped so: :meth:`_dropped_alive`."""
+        if pipeline_id in self.endpoints.unkillable and not dead:
+            self._dropped_alive(pipeline_id, "unreachable")
+            return
         self.endpoints.kill(pipeline_id)
         async with self.lock:
             self._forget(pipeline_id)
@@ -641,6 +653,16 @@ class SchedulerActor:
                 self.core.submit(Unregister(pipeline_id=pipeline_id), self.now())
             self._plan()
             self._account()
+
+    def _dropped_alive(self, pipeline_id: str, why: str) -> None:
+        """Drop a pipeline the scheduler cannot stop (its endpoint owns none of its processes, a TRL job's): it
+        ends failed and its calls are refused, so it stops, but it keeps its GPUs until it leaves or its
+        process dies (the liveness watch), so none is given to another job while it may still work there."""
+        if pipeline_id not in self.core.pipelines() or pipeline_id in self.gone:
+            return
+        self.gone.add(pipeline_id)
+        self.books.jobs.end(pipeline_id, Outcome.FAILED, why, self.now())
+        self.errors.append(f"pipeline '{pipeline_id}' {why}; it keeps its GPUs until it leaves")
 
     async def _drop(self, pipeline_id: str, status: Outcome, error: str) -> None:
         """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is

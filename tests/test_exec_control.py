@@ -335,7 +335,52 @@ def test_a_job_dropped_for_a_missed_shrink_keeps_those_gpus_until_it_has_left_wh
     assert granted.gpus == (2, 3) and jobs["t"] == "failed"
     assert waited is not owns  # killed, its GPUs go on at once; not, they wait for its leave
     if not owns:
-        assert "pipeline 't' unreachable; it keeps its GPUs until it leaves" in errors
+        assert "pipeline 't' unreachable; it keeps its GPUs until it leaves (rlix cancel --force frees them)" in errors
+
+
+def test_a_dropped_job_that_has_not_left_gets_nothing_more_and_a_forced_cancel_frees_what_it_holds():
+    """t (nothing can stop its process) misses a shrink while its training waits for b's: its request is
+    withdrawn and fails, b's release gives it nothing, and `rlix cancel --force` frees what it held."""
+    from rlix.protocol import Stopped
+
+    async def scenario():
+        calls: list = []
+        sched = _actor(4)
+        await sched.start()
+        t = _Coordinator("t", calls)
+        shrink = t.shrink
+
+        async def refuse_23(gpus, reason):
+            if tuple(gpus) == (2, 3):
+                raise RuntimeError("its process did not answer")
+            await shrink.remote(gpus, reason)
+
+        t.shrink = Remote(refuse_23)
+        await sched.register(spec("t", (0, 1), (0, 1, 2, 3), tp=2), t, owns=False)
+        await sched.register(spec("b", (0, 1), (0, 1), tp=2), _Coordinator("b", calls))
+        await sched.register(spec("c", (2, 3), (2, 3), tp=2), _Coordinator("c", calls))
+        await sched.request("t", Stage.INIT)
+        await sched.release("t", Stage.INIT, ReportDemand(pipeline_id="t", pending=16, batch_size=16))
+        await _settle()
+        await sched.request("b", Stage.INIT)  # t's worker on 0-1 lets go
+        await sched.request("b", Stage.ACTOR_TRAIN, after=Stage.INIT)
+        t_train = asyncio.ensure_future(sched.request("t", Stage.ACTOR_TRAIN))  # waits for b's training
+        c_load = asyncio.ensure_future(sched.request("c", Stage.INIT))  # t's worker on 2-3 does not let go
+        await asyncio.sleep(0.2)
+        refused = await asyncio.gather(t_train, return_exceptions=True)
+        await sched.release("b", Stage.ACTOR_TRAIN)
+        await _settle()
+        after_release = await sched.holdings()
+        held = c_load.done()
+        reply = await sched.cancel("t", Stopped(by="ops@h"), force=True)
+        granted = await asyncio.wait_for(c_load, 5)
+        await sched.stop()
+        return refused, after_release, held, reply.message, granted
+
+    refused, after_release, held, message, granted = asyncio.run(scenario())
+    assert [type(r).__name__ for r in refused] == ["SchedulingError"]  # withdrawn: never granted to it
+    assert "t" not in after_release and not held  # nothing new for t; c still waits for the GPUs t may use
+    assert message == "job t#1 (failed) gave its GPUs back" and granted.gpus == (2, 3)
 
 
 # ------------------------------------------------------------------ rollout control

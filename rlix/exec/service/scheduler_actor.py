@@ -467,6 +467,9 @@ class SchedulerActor:
         record = self.books.jobs.find(job)
         if record is None:
             return CancelReply(found=False, message=f"no job '{job}' on this cluster; see rlix status")
+        if record.ended and force and record.name in self.gone and record.name in self.core.pipelines():
+            await self._drop(record.name, Outcome.FAILED, record.error)  # dropped, not gone: its GPUs go back now
+            return CancelReply(found=True, message=f"job {record.id} ({record.phase.value}) gave its GPUs back")
         if record.ended:
             return CancelReply(found=True, message=f"job {record.id} already {record.phase.value}")
         owner, asker = record.user.partition("@")[0], why.by.partition("@")[0]
@@ -490,7 +493,7 @@ class SchedulerActor:
     async def kill_all(self) -> list[str]:
         """Kill every pipeline still registered and give its GPUs back (a forced stop whose cancels
         were not obeyed in time); returns their names."""
-        names = sorted(self.core.pipelines())
+        names = sorted(self.core.pipelines(), key=lambda name: (name not in self.gone, name))  # holds first
         for name in names:
             await self._drop(name, Outcome.CANCELLED, "killed: the scheduler was stopped")
         for name in self.books.jobs.open_jobs():
@@ -592,7 +595,7 @@ class SchedulerActor:
         except Exception as exc:  # noqa: BLE001 -- the pipeline died: unregistering it frees its GPUs
             self.errors.append(f"expand on '{pipeline_id}' failed: {type(exc).__name__}")
             if pipeline_id in self.endpoints.unkillable:
-                self._dropped_alive(pipeline_id, f"an expand failed: {type(exc).__name__}")
+                await self._dropped_alive(pipeline_id, f"an expand failed: {type(exc).__name__}")
             else:
                 await self._drop(pipeline_id, Outcome.FAILED, f"an expand failed: {type(exc).__name__}")
 
@@ -641,7 +644,7 @@ class SchedulerActor:
         it owns) and its pipeline unregistered, and the others are planned again. One whose endpoint owns none
         of its processes and that may still run cannot be stopped so: :meth:`_dropped_alive`."""
         if pipeline_id in self.endpoints.unkillable and not dead:
-            self._dropped_alive(pipeline_id, "unreachable")
+            await self._dropped_alive(pipeline_id, "unreachable")
             return
         self.endpoints.kill(pipeline_id)
         async with self.lock:
@@ -654,15 +657,20 @@ class SchedulerActor:
             self._plan()
             self._account()
 
-    def _dropped_alive(self, pipeline_id: str, why: str) -> None:
+    async def _dropped_alive(self, pipeline_id: str, why: str) -> None:
         """Drop a pipeline the scheduler cannot stop (its endpoint owns none of its processes, a TRL job's): it
         ends failed and its calls are refused, so it stops, but it keeps its GPUs until it leaves or its
-        process dies (the liveness watch), so none is given to another job while it may still work there."""
+        process dies (the liveness watch), so none is given to another job while it may still work there.
+        It gets nothing more meanwhile: its waiting stage requests are withdrawn and its demand is none."""
         if pipeline_id not in self.core.pipelines() or pipeline_id in self.gone:
             return
         self.gone.add(pipeline_id)
         self.books.jobs.end(pipeline_id, Outcome.FAILED, why, self.now())
-        self.errors.append(f"pipeline '{pipeline_id}' {why}; it keeps its GPUs until it leaves")
+        self.errors.append(f"pipeline '{pipeline_id}' {why}; it keeps its GPUs until it leaves (rlix cancel --force frees them)")
+        waiting = sorted((stage for pid, stage in self.requests.waiting if pid == pipeline_id), key=lambda s: s.value)
+        self.requests.fail(pipeline_id)
+        withdrawn = [ReleaseStage(pipeline_id=pipeline_id, stage=stage) for stage in waiting]
+        await self._event(*withdrawn, ReportDemand(pipeline_id=pipeline_id, pending=0))
 
     async def _drop(self, pipeline_id: str, status: Outcome, error: str) -> None:
         """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is

@@ -287,5 +287,6 @@ def test_a_run_file_that_fails_midway_leaves_no_part_behind_and_no_folder_at_all
     (tmp_path / "tmp").write_text("")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # no temporary folder either
     out = build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path / "run")
-    assert out.files == {} and out.moved.startswith(f"{tmp_path / 'run'} could not be written (IsADirectoryError: ")
+    assert out.files == {"timeline": str(tmp_path / "run" / "timeline.json"), "trace": str(tmp_path / "run" / "trace.json")}
+    assert out.moved.startswith(f"{tmp_path / 'run'} could not be written whole (IsADirectoryError: ")  # what it has stays
     assert ", nor a temporary folder (NotADirectoryError: " in out.moved

@@ -42,21 +42,21 @@ class RunOutputs:
     moved: str = ""  # the run's folder could not be written at the end: why, and where the outputs went instead
 
 
-RUN_FILES = ("timeline.json", "trace.json", "metrics.json", "timeline.png")  # what _write_run_files writes
+RUN_FILES = {"timeline": "timeline.json", "trace": "trace.json", "metrics": "metrics.json", "plot": "timeline.png"}  # by kind
 
 
 def _write_run_files(folder: Path, cfg: RunConfig, rec, results, names, end: float, metrics_text: str) -> dict[str, str]:
     """timeline.json, trace.json, metrics.json (``metrics_text``) and timeline.png in ``folder`` (made if
     missing); returns their paths by kind."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"timeline": folder / "timeline.json", "metrics": folder / "metrics.json"}
+    files = {"timeline": folder / RUN_FILES["timeline"], "metrics": folder / RUN_FILES["metrics"]}
     files["timeline"].write_text(json.dumps(timeline_json(rec, results)))
     trace = trace_model(cfg, results, names)
     if trace is not None:  # written by the trace format itself: what rlix-sim reads back
-        files["trace"] = folder / "trace.json"
+        files["trace"] = folder / RUN_FILES["trace"]
         dump_trace(trace, files["trace"])
     files["metrics"].write_text(metrics_text)
-    if (plot := timeline_png(rec, end, cfg.policy, sorted(results), folder / "timeline.png")) is not None:
+    if (plot := timeline_png(rec, end, cfg.policy, sorted(results), folder / RUN_FILES["plot"])) is not None:
         files["plot"] = plot
     return {k: str(v) for k, v in files.items()}
 
@@ -374,16 +374,17 @@ def build_outputs(
     try:
         paths = _write_run_files(out_dir, cfg, rec, results, names, end, text)
     except OSError as exc:  # the folder went away or filled up during the run: the outputs are kept elsewhere
-        for name in RUN_FILES:  # what this run wrote there before it failed: not to be taken for a whole run's
-            try:
-                (out_dir / name).unlink(missing_ok=True)
-            except OSError:
-                pass
         try:
             elsewhere = Path(tempfile.mkdtemp(prefix="rlix-outputs-"))
             paths = _write_run_files(elsewhere, cfg, rec, results, names, end, text)
+        except OSError as again:  # what was written in out_dir stays: it is all there is
+            paths = {k: str(out_dir / name) for k, name in RUN_FILES.items() if (out_dir / name).is_file()}
+            moved = f"{out_dir} could not be written whole ({os_error(exc)}), nor a temporary folder ({os_error(again)})"
+        else:
+            for name in RUN_FILES.values():  # what this run wrote there before it failed: not to be taken for a run's
+                try:
+                    (out_dir / name).unlink(missing_ok=True)
+                except OSError:
+                    pass
             moved = f"{out_dir} could not be written ({os_error(exc)}); the run's outputs are in {elsewhere}"
-        except OSError as again:
-            paths = {}
-            moved = f"{out_dir} could not be written ({os_error(exc)}), nor a temporary folder ({os_error(again)})"
     return RunOutputs(metrics=metrics, wall_s=end, control_overhead_fraction=overhead, results=results, files=paths, moved=moved)

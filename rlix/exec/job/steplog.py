@@ -105,6 +105,10 @@ def read_lines(path: Path) -> list[dict]:
     return out
 
 
+def _why(exc: Exception) -> str:
+    return os_error(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+
+
 def _ends_mid_line(path: Path) -> bool:
     """Whether a file's last line has no end (written only in part)."""
     with open(path, "rb") as f:
@@ -189,8 +193,8 @@ class StepLog:
             self._file.flush()
             if self._tb is not None:
                 self._scalars(stream, step, line)
-        except OSError as exc:
-            self.problem = self.problem or f"its step {step} metrics could not be written to {self.dir} ({os_error(exc)})"
+        except Exception as exc:  # noqa: BLE001 -- OSError, or TensorBoard's own (tf.errors) where TensorFlow is installed
+            self.problem = self.problem or f"its step {step} metrics could not be written to {self.dir} ({_why(exc)})"
             self.close()  # opened again for the next line
         return line
 
@@ -240,5 +244,5 @@ class StepLog:
             if handle is not None:
                 try:
                     handle.close()
-                except OSError:  # what it could not write is in ``problem`` already
-                    pass
+                except Exception as exc:  # noqa: BLE001 -- some file systems say a write failed only at its close
+                    self.problem = self.problem or f"its last metrics could not be written to {self.dir} ({_why(exc)})"

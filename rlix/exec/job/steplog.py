@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlix.exec.error_text import os_error
+from rlix.exec.error_text import one_line, os_error
 from rlix.exec.records import StepRecord, TrajRecord
 from rlix.lengths import spearman
 from rlix.metrics import Activity
@@ -106,7 +106,7 @@ def read_lines(path: Path) -> list[dict]:
 
 
 def _why(exc: Exception) -> str:
-    return os_error(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+    return os_error(exc) if isinstance(exc, OSError) else one_line(exc)
 
 
 def _ends_mid_line(path: Path) -> bool:

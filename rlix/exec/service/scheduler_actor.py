@@ -667,9 +667,8 @@ class SchedulerActor:
         self.gone.add(pipeline_id)
         self.books.jobs.end(pipeline_id, Outcome.FAILED, why, self.now())
         self.errors.append(f"pipeline '{pipeline_id}' {why}; it keeps its GPUs until it leaves (rlix cancel --force frees them)")
-        waiting = sorted((stage for pid, stage in self.requests.waiting if pid == pipeline_id), key=lambda s: s.value)
+        withdrawn = [ReleaseStage(pipeline_id=pipeline_id, stage=stage) for stage in self.requests.stages_of(pipeline_id)]
         self.requests.fail(pipeline_id)
-        withdrawn = [ReleaseStage(pipeline_id=pipeline_id, stage=stage) for stage in waiting]
         await self._event(*withdrawn, ReportDemand(pipeline_id=pipeline_id, pending=0))
 
     async def _drop(self, pipeline_id: str, status: Outcome, error: str) -> None:

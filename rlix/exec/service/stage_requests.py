@@ -27,6 +27,10 @@ class StageRequests:
         entry = self.waiting.get(key)
         return None if entry is None else entry[0]
 
+    def stages_of(self, pipeline_id: str) -> list[Stage]:
+        """The stages ``pipeline_id`` waits for, in a fixed order."""
+        return sorted((stage for pid, stage in self.waiting if pid == pipeline_id), key=lambda s: s.value)
+
     def open(self, key: Key, now: float) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self.waiting[key] = (fut, now)

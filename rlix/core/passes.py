@@ -15,7 +15,7 @@ from collections.abc import Callable
 from rlix.core.homes import gang_order, guarantees, guest_stage_fits, held_for_owners
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
-from rlix.core.queues import queues_of, refusal
+from rlix.core.queues import admitted_in, first_come, queues_of, refusal
 from rlix.core.rebalance import rebalance, reclaim_homes
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
 from rlix.core.state import GangRequest, View, homeless, worker_loads
@@ -70,11 +70,12 @@ def gang_pass(
     queued: dict[str, set[int]] = {}  # homes of jobs refused admission this round, by the tenant they hold them from
     closed: set[str] = set()  # queues a job of which was not admitted this round: later jobs wait behind it
     owner = draft.owner
-    for req in gang_order(view) if owners_first else view.pending:
-        gpus, init, spec = req.gpus, req.stage is Stage.INIT, view.pipelines[req.pipeline_id].spec
+    for req in first_come(view, gang_order(view)) if owners_first else view.pending:
+        gpus, init, entry = req.gpus, req.stage is Stage.INIT, view.pipelines[req.pipeline_id]
+        spec, admission = entry.spec, not entry.admitted and req.pipeline_id not in admitted_in(draft)
         queue_home = spec.home_gpus if init and admits is not None else ()
         line = queued.setdefault(spec.tenant if queue_within_tenant else "", set())
-        lines = {q.name for q in queues_of(view, spec)} if init and view.config.queues else set()
+        lines = {q.name for q in queues_of(view, spec)} if admission and view.config.queues else set()
         waits = bool(
             (lines and (not lines.isdisjoint(closed) or refusal(view, draft, spec) is not None))
             # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
@@ -128,9 +129,14 @@ def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
 
 
 def awaiting_admission(view: View, draft: Draft) -> set[str]:
-    """Jobs whose INIT is still pending after this draft's grants: their model is not loaded, so they roll nothing out yet."""
+    """Jobs whose INIT is still pending after this draft's grants (their model is not loaded), and jobs a
+    queue limits that no stage has admitted yet: they roll nothing out yet."""
     granted = _admitted_now(draft)
-    return {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
+    waiting = {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
+    if view.config.queues:
+        queued = {e.spec.pipeline_id for e in view.active() if not e.admitted and queues_of(view, e.spec)}
+        waiting |= queued - admitted_in(draft)
+    return waiting
 
 
 def _admitted_now(draft: Draft) -> set[str]:

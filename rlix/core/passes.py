@@ -16,7 +16,7 @@ from rlix.core.homes import gang_order, guarantees, guest_stage_fits, held_for_o
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
 from rlix.core.queues import admitted_in, first_come, queues_of, refusal
-from rlix.core.rebalance import rebalance, reclaim_homes
+from rlix.core.rebalance import muster, rebalance, reclaim_homes
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
 from rlix.core.state import GangRequest, View, homeless, worker_loads
 from rlix.core.types import GangHolder, RolloutWorker, ShrinkReason, Stage
@@ -32,6 +32,7 @@ __all__ = [
     "guarantees",
     "held_for_owners",
     "home_is_free",
+    "muster",
     "place_on_idle",
     "proportional_shares",
     "rebalance",

@@ -123,6 +123,45 @@ def test_no_cotenants_stage_waits_behind_another_jobs_stages_twice_in_a_row():
     assert grants(plan) == [("a", Stage.ACTOR_TRAIN)]
 
 
+def test_a_cotenant_with_a_home_of_its_own_does_not_wait_behind_another_jobs_stages_twice_in_a_row():
+    """Before: the stages of jobs that named a home did not age, so where their gang mappings overlap, a
+    stage of low priority (reference log-probs) waited while two other jobs' higher ones took turns."""
+    sched = Scheduler(NODE8, "rlix", EQUAL)
+    homes = {"a": (0, 1), "b": (2, 3), "c": (4, 5)}
+    register(sched, *(spec(p, range(8), range(8), home=h, reference=range(8)) for p, h in homes.items()))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.OLD_LOGPROBS)])
+    sched.step(
+        1, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS), RequestStage(pipeline_id="c", stage=Stage.OLD_LOGPROBS)]
+    )
+    order = []
+    for t, (pid, done, then) in enumerate(
+        (
+            ("a", Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN),
+            ("a", Stage.ACTOR_TRAIN, Stage.OLD_LOGPROBS),
+            ("c", Stage.OLD_LOGPROBS, Stage.ACTOR_TRAIN),
+        )
+    ):
+        plan = sched.step(30 * (t + 1), [ReleaseStage(pipeline_id=pid, stage=done), RequestStage(pipeline_id=pid, stage=then)])
+        order += grants(plan)
+    assert order == [("a", Stage.ACTOR_TRAIN), ("c", Stage.OLD_LOGPROBS), ("b", Stage.REF_LOGPROBS)]  # b's waited twice
+
+
+def test_a_stage_waits_behind_another_jobs_stages_once_though_that_job_asked_for_two():
+    """Before: a job's second pending stage kept the age it had before its first was granted, so it tied
+    with the stage that had just waited behind the first, and went before it by stage priority."""
+    sched = Scheduler(NODE8, "rlix", EQUAL)
+    register(sched, spec("a", range(4, 8), range(8)), spec("b", range(8), range(8), reference=range(4, 8)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id="a", stage=Stage.INIT)])
+    asked = [RequestStage(pipeline_id="b", stage=Stage.INIT)]
+    asked += [RequestStage(pipeline_id="a", stage=s) for s in (Stage.ACTOR_TRAIN, Stage.OLD_LOGPROBS)]
+    assert grants(sched.step(2, asked)) == [("b", Stage.INIT)]  # a's two stages wait behind it
+    sched.step(3, [RequestStage(pipeline_id="b", stage=Stage.REF_LOGPROBS)])
+    assert grants(sched.step(4, [ReleaseStage(pipeline_id="b", stage=Stage.INIT)])) == [("a", Stage.ACTOR_TRAIN)]
+    plan = sched.step(5, [ReleaseStage(pipeline_id="a", stage=Stage.ACTOR_TRAIN)])
+    assert grants(plan) == [("b", Stage.REF_LOGPROBS)]  # it waited behind a's training: a's other stage waits now
+
+
 def test_stage_priority_orders_cotenants_stages_that_waited_alike():
     sched = cotenants("a", "b")
     sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
@@ -333,3 +372,36 @@ def test_a_cotenant_owed_under_floor_share_of_a_worker_takes_turns_instead_of_ho
 def test_an_urgency_cap_below_1_or_a_floor_share_outside_0_1_is_refused(knob, value):
     with pytest.raises(SchedulingError, match=knob):
         Scheduler(NODE8, "rlix", SchedulerConfig(**{knob: value}))
+
+
+def test_a_job_that_never_asks_for_its_model_load_takes_no_place_in_a_full_queue():
+    """Before: a job that rolled out (or trained) without asking for its model load skipped its queue: the
+    queue was checked only for a model load, and the expand that followed counted as its admission."""
+    one = SchedulerConfig(queues=(QueueSpec(name="node", gpus=tuple(range(8)), max_jobs=1),))
+    sched = queued(one, spec("a", range(4), range(8)), spec("b", range(4, 8), range(8)))
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(1, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), demand("a", 2)])
+    plan = sched.step(2, [demand("b", 100)])
+    assert [e.worker.pipeline_id for e in plan.expands] == [] and sched.admitted_at("b") is None
+    assert sched.step(3, [RequestStage(pipeline_id="b", stage=Stage.ACTOR_TRAIN)]).grants == ()
+    assert sched.admission_refusal("b") == "queue 'node' holds 1 of its 1 jobs"
+    plan = sched.step(4, [Unregister(pipeline_id="a")])
+    assert grants(plan) == [("b", Stage.ACTOR_TRAIN)]  # its first stage is its admission
+
+
+def test_a_queue_is_first_come_first_served_when_the_job_that_asked_first_is_a_guest():
+    """Before: under rlix a guest's model load was ordered after every owner's request, so a later
+    job of the same queue took the last place while the guest waited for its owner."""
+    two = SchedulerConfig(queues=(QueueSpec(name="node", gpus=tuple(range(8)), max_jobs=2),))
+    sched = queued(
+        two,
+        spec("a", range(4), range(8), home=range(4)),
+        spec("b", range(4), range(8), home=range(4)),
+        spec("c", range(4, 8), range(8), home=range(4, 8)),
+    )
+    sched.step(0, [RequestStage(pipeline_id="a", stage=Stage.INIT)])
+    sched.step(10, [ReleaseStage(pipeline_id="a", stage=Stage.INIT), demand("a", 4)])
+    sched.step(20, [RequestStage(pipeline_id="b", stage=Stage.INIT)])  # a guest on a's home: it waits for a
+    plan = sched.step(30, [RequestStage(pipeline_id="c", stage=Stage.INIT)])
+    assert ("c", Stage.INIT) not in grants(plan)  # room in the queue, but b asked first
+    assert sched.admission_refusal("b") is None

@@ -251,6 +251,21 @@ def test_batches_are_credited_one_by_one_when_the_job_declares_it():
     assert weighed(19, 8, 22) == 15  # then the credit holds again
 
 
+def test_a_finished_count_that_falls_is_read_as_the_highest_one_reported():
+    """Before: a job near the end of its batch that reported ``finished=0`` with more trajectories queued
+    had its whole credit back (the remaining work was the credit's end less the finished count it said)."""
+    a = PipelineEntry.joining(spec("a", range(4), range(8), open_limit=16, batch_credit=True), order=0, rollout_bundles=())
+
+    def weighed(pending: int, running: int, finished: int) -> int:
+        a.record_demand(demand("a", pending, {0: running} if running else None, finished=finished), 0.0)
+        return checked_counts(a.spec, a.demand, running, a.credit_end)[0]
+
+    assert weighed(16, 0, 0) == 16
+    assert weighed(0, 2, 14) == 2
+    assert weighed(14, 2, 0) == 2  # finished trajectories do not come back
+    assert a.demand.finished == 14
+
+
 def test_batch_credit_is_declared_with_an_open_limit_only():
     sched = Scheduler(NODE8, "rlix")
     with pytest.raises(SchedulingError, match="batch_credit=True: must be a bool, and True only with an open_limit"):

@@ -144,3 +144,30 @@ def test_a_wide_job_among_more_narrow_starving_jobs_than_gpus_waits_a_few_turns(
     # (900 s) whatever the jobs finish, it would wait that long.
     got = wide_wait_among_turns(gpn, tp, narrow, arrival, trajectory_s)
     assert got is not None and got <= 4 * trajectory_s, got
+
+
+def test_a_wide_job_among_narrow_jobs_of_two_widths_is_not_shut_out_by_turns_that_start_one_after_another():
+    """Before: a four-GPU job among eight one- and two-GPU jobs, all starving by turns, waited 1,375 s
+    for a worker where turns lasted 20-60 s: a turn that started in one bundle as another ended left
+    a turn in every bundle. Now the bundle nearest to free is kept for it once it has waited twice
+    ``min_residency_s``, and it waits for the turns already there (135 s here)."""
+    jobs = {"wide": (4, 1, 20), "a0": (1, 4, 20), "a1": (1, 1, 60), "a2": (1, 1, 60), "a3": (1, 4, 60)}
+    jobs |= {"a4": (1, 1, 20), "b0": (2, 1, 60), "b1": (2, 4, 40), "b2": (2, 4, 40)}
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=8), "rlix")  # every knob at its default (residency 30 s)
+    register(sched, *[spec(p, range(8), range(8), tp=tp, slots=slots) for p, (tp, slots, _) in jobs.items()])
+    finished, since, started, longest = dict.fromkeys(jobs, 0), None, {}, 0
+    for t in range(5, 2500, 5):
+        events = []
+        for p, (_, slots, trajectory_s) in jobs.items():
+            held = [w.gpus[0] for w in sched.workers(p)]
+            for g in held:
+                if t - started.setdefault((p, g), t) >= trajectory_s:
+                    finished[p], started[(p, g)] = finished[p] + 1, t
+            started = {k: v for k, v in started.items() if k[0] != p or k[1] in held}
+            events.append(demand(p, 100, dict.fromkeys(held, slots), batch=1000, trajectory_s=trajectory_s, finished=finished[p]))
+        sched.step(float(t), events)
+        check_ledger(sched.ledger)
+        since = None if sched.workers("wide") else (t if since is None else since)
+        longest = max(longest, 0 if since is None else t - since)
+    assert longest <= 2 * 30 + 2 * 60, longest  # the residency twice, then the turns in its bundle (60 s at most each)
+    assert finished["wide"] >= min(finished[p] for p in jobs if p != "wide") - 4

@@ -165,3 +165,19 @@ def test_home_guarantees_hold_within_each_tenants_part():
     for t in range(1, 4):
         sched.step(t, [demand(p, 400, loads={w.gpus[0]: 4 for w in sched.workers(p)}) for p in homes])
     assert held(sched, "a1") == held(sched, "a2") == 4 and held(sched, "b1") == held(sched, "b2") == 2
+
+
+def test_a_tenants_gang_stages_together_stay_under_its_limit():
+    """Before: the limit was checked only at each job's model load, so three jobs admitted one after
+    another could then train at once on three times the GPUs their tenant may hold."""
+    sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a", guarantee_gpus=2, borrow_limit_gpus=0)))
+    register(sched, *(job(p, "a", train=train) for p, train in (("a1", (0, 1)), ("a2", (2, 3)), ("a3", (4, 5)))))
+    t = 0
+    for pid in ("a1", "a2", "a3"):
+        sched.step(t + 1, [RequestStage(pipeline_id=pid, stage=Stage.INIT)])
+        sched.step(t + 2, [ReleaseStage(pipeline_id=pid, stage=Stage.INIT)])
+        t += 2
+    plan = sched.step(t + 1, [RequestStage(pipeline_id=p, stage=Stage.ACTOR_TRAIN) for p in ("a1", "a2", "a3")])
+    assert [g.pipeline_id for g in plan.grants] == ["a1"]
+    plan = sched.step(t + 2, [ReleaseStage(pipeline_id="a1", stage=Stage.ACTOR_TRAIN)])
+    assert [g.pipeline_id for g in plan.grants] == ["a2"]

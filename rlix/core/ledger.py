@@ -116,6 +116,15 @@ class Draft:
         # GPUs no rollout worker may be placed on or moved to in this plan (free or held by their owner's
         # idle worker): see rlix.core.homes.held_for_owners. Gang stages are not bound by it.
         self.held_back: frozenset[int] = frozenset()
+        # A bundle kept for the job starving longest, so its workers can be assembled there: no other job's
+        # rollout worker is placed on or moved to it in this plan (rlix.core.rebalance.muster).
+        self.mustered: tuple[str, frozenset[int]] | None = None
+
+    def kept_from(self, pipeline_id: str) -> frozenset[int]:
+        """GPUs no rollout worker of ``pipeline_id`` may be placed on or moved to in this plan."""
+        if self.mustered is None or self.mustered[0] == pipeline_id:
+            return self.held_back
+        return self.held_back | self.mustered[1]
 
     def free_gpus(self) -> list[int]:
         """Free GPU ids, ascending (re-sorted only after the draft changed)."""

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from rlix.core.homes import gang_order, guarantees, guest_stage_fits, held_for_owners
 from rlix.core.ledger import Draft
 from rlix.core.placement import fill_idle, place_on_idle
-from rlix.core.queues import queues_of, refusal
-from rlix.core.rebalance import rebalance, reclaim_homes
+from rlix.core.queues import admitted_in, first_come, queues_of, refusal
+from rlix.core.rebalance import muster, rebalance, reclaim_homes
 from rlix.core.shares import RolloutNeed, proportional_shares, rollout_needs
 from rlix.core.state import GangRequest, View, homeless, worker_loads
 from rlix.core.types import GangHolder, RolloutWorker, ShrinkReason, Stage
@@ -32,6 +32,7 @@ __all__ = [
     "guarantees",
     "held_for_owners",
     "home_is_free",
+    "muster",
     "place_on_idle",
     "proportional_shares",
     "rebalance",
@@ -50,6 +51,7 @@ def gang_pass(
     *,
     stop_own_rollout: bool,
     admits: Admission = None,
+    within_limit: Admission = None,
     owners_first: bool = False,
     queue_within_tenant: bool = False,
 ) -> None:
@@ -63,23 +65,26 @@ def gang_pass(
     taking turns on a dedicated partition). A job's INIT (its admission)
     also needs its queues (:mod:`rlix.core.queues`) and ``admits``; a job they refuse keeps its home from later jobs in
     the queue (admission stays first come, first served; with ``queue_within_tenant``, later jobs of
-    its own tenant only) but not from the stages of jobs already running. With ``owners_first`` a guest's requests
+    its own tenant only) but not from the stages of jobs already running. Any other stage needs ``within_limit``
+    (a tenant's borrowing limit), and waits without reserving its GPUs. With ``owners_first`` a guest's requests
     go after the owners' of the same job priority (:func:`rlix.core.homes.gang_order`).
     """
     reserved: set[int] = set()
     queued: dict[str, set[int]] = {}  # homes of jobs refused admission this round, by the tenant they hold them from
     closed: set[str] = set()  # queues a job of which was not admitted this round: later jobs wait behind it
     owner = draft.owner
-    for req in gang_order(view) if owners_first else view.pending:
-        gpus, init, spec = req.gpus, req.stage is Stage.INIT, view.pipelines[req.pipeline_id].spec
+    for req in first_come(view, gang_order(view)) if owners_first else view.pending:
+        gpus, init, entry = req.gpus, req.stage is Stage.INIT, view.pipelines[req.pipeline_id]
+        spec, admission = entry.spec, not entry.admitted and req.pipeline_id not in admitted_in(draft)
         queue_home = spec.home_gpus if init and admits is not None else ()
         line = queued.setdefault(spec.tenant if queue_within_tenant else "", set())
-        lines = {q.name for q in queues_of(view, spec)} if init and view.config.queues else set()
+        lines = {q.name for q in queues_of(view, spec)} if admission and view.config.queues else set()
         waits = bool(
             (lines and (not lines.isdisjoint(closed) or refusal(view, draft, spec) is not None))
             # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
             or (owners_first and not guest_stage_fits(view, draft, req))
             or (queue_home and (line.intersection(queue_home) or not admits(view, draft, req)))
+            or (not init and within_limit is not None and not within_limit(view, draft, req))
         )
         if not waits and any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
             reserved.update(gpus)
@@ -128,9 +133,14 @@ def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
 
 
 def awaiting_admission(view: View, draft: Draft) -> set[str]:
-    """Jobs whose INIT is still pending after this draft's grants: their model is not loaded, so they roll nothing out yet."""
+    """Jobs whose INIT is still pending after this draft's grants (their model is not loaded), and jobs a
+    queue limits that no stage has admitted yet: they roll nothing out yet."""
     granted = _admitted_now(draft)
-    return {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
+    waiting = {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
+    if view.config.queues:
+        queued = {e.spec.pipeline_id for e in view.active() if not e.admitted and queues_of(view, e.spec)}
+        waiting |= queued - admitted_in(draft)
+    return waiting
 
 
 def _admitted_now(draft: Draft) -> set[str]:

@@ -77,7 +77,7 @@ def _hand_out(draft: Draft, needs: list[RolloutNeed], shares: dict[str, float], 
 def _own_free_gpus(draft: Draft, n: RolloutNeed) -> list[int]:
     """Free GPUs inside ``n``'s candidate bundles (scanning the smaller side), none held back for their owner."""
     bundle_of = n.entry.bundle_of
-    owner, held = draft.owner, draft.held_back
+    owner, held = draft.owner, draft.kept_from(n.pipeline_id)
     if len(bundle_of) < draft.free_count:
         return [g for g in bundle_of if owner[g] is None and g not in held]
     return [g for g in draft.free_gpus() if g in bundle_of and g not in held]
@@ -100,7 +100,7 @@ def _leave(draft: Draft, n: RolloutNeed, crowd: dict[int, int]) -> None:
 
 def _best_free_bundle(draft: Draft, n: RolloutNeed, crowd: dict[int, int]) -> Gpus | None:
     """The wholly free candidate bundle of ``n`` fewest others could use, no GPU of it held back for its owner."""
-    owner, held = draft.owner, draft.held_back
+    owner, held = draft.owner, draft.kept_from(n.pipeline_id)
     bundle_of = n.entry.bundle_of
     rank = n.entry.bundle_rank
     best = None

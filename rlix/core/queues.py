@@ -6,7 +6,8 @@ queue's GPUs may hold at most ``max_jobs`` admitted jobs, and at most
 ``max_resident_gb`` of resident model memory, at once (Kueue's quota).
 Within a queue, among jobs of equal priority, admission is first come, first
 served: a job refused keeps every later job of that queue waiting too (a job
-of higher priority goes before them).
+of higher priority goes before them). A job's first stage granted is its
+admission, whichever it is, and a job not admitted rolls nothing out.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import math
 
 from rlix.core.errors import SchedulingError
 from rlix.core.ledger import Draft
-from rlix.core.state import View
-from rlix.core.types import ClusterSpec, PipelineSpec, QueueSpec, SchedulerConfig, Stage
+from rlix.core.state import GangRequest, View
+from rlix.core.types import ClusterSpec, PipelineSpec, QueueSpec, SchedulerConfig
 
 
 def _limited_gpus(spec: PipelineSpec) -> set[int]:
@@ -40,8 +41,7 @@ def refusal(view: View, draft: Draft, spec: PipelineSpec) -> str | None:
     queues = queues_of(view, spec)
     if not queues:
         return None
-    admitted = {e.spec.pipeline_id for e in view.active() if e.admitted}
-    admitted |= {g.pipeline_id for g in draft.grants if g.stage is Stage.INIT}
+    admitted = {e.spec.pipeline_id for e in view.active() if e.admitted} | admitted_in(draft)
     admitted.discard(spec.pipeline_id)
     for q in queues:
         members = [view.pipelines[pid].spec for pid in sorted(admitted) if q in queues_of(view, view.pipelines[pid].spec)]
@@ -54,6 +54,32 @@ def refusal(view: View, draft: Draft, spec: PipelineSpec) -> str | None:
                 f"the job needs {spec.resident_gb:.1f} GB"
             )
     return None
+
+
+def admitted_in(draft: Draft) -> set[str]:
+    """Jobs this draft grants a stage: a job's first stage is its admission (its model load, as a rule)."""
+    return {g.pipeline_id for g in draft.grants}
+
+
+def first_come(view: View, order: list[GangRequest]) -> list[GangRequest]:
+    """``order`` with the admissions that queues limit (requests of jobs not admitted yet) put first
+    come, first served among themselves, each in a place one of them had: another ordering of the
+    gang stages (owners' before guests') must not let a later job take a queue's last place."""
+    if not view.config.queues:
+        return order
+    places = [i for i, r in enumerate(order) if _queued_admission(view, r)]
+    if len(places) < 2:
+        return order
+    arrival = {id(r): i for i, r in enumerate(view.pending)}
+    out = list(order)
+    for place, req in zip(places, sorted((order[i] for i in places), key=lambda r: arrival[id(r)]), strict=True):
+        out[place] = req
+    return out
+
+
+def _queued_admission(view: View, req: GangRequest) -> bool:
+    entry = view.pipelines[req.pipeline_id]
+    return not entry.admitted and bool(queues_of(view, entry.spec))
 
 
 def check_queues(cluster: ClusterSpec, config: SchedulerConfig) -> None:

@@ -15,7 +15,8 @@ wide bundle split between several holders is still assembled, and jobs that
 cannot all hold a worker at once take turns, longest waiting first: the worker
 a starving job got is not taken by this pass while busy until the job has
 finished a trajectory more (or ``turn_limit_s``), so turns progress even where
-preemption throws running work away (gang stages and home owners still take
+preemption throws running work away, and once the job starving longest has waited
+twice ``min_residency_s`` one of its bundles is kept for it (:func:`muster`) (gang stages and home owners still take
 GPUs back as they always do); busy workers of a nearly finished (protected)
 batch are not taken for shares, unless the receiver has no worker at all
 (protection never keeps a pipeline with demand below its floor), but its
@@ -206,6 +207,8 @@ def reclaim_homes(view: View, draft: Draft, needs: list[RolloutNeed], guaranteed
             holders = {owner[g] for g in bundle} - {None}
             if any(isinstance(h, GangHolder) or h.pipeline_id == pid or h in draft.expanded for h in holders):
                 continue
+            if draft.mustered is not None and draft.mustered[0] != pid and draft.mustered[1].intersection(bundle):
+                continue  # kept for the job starving longest
             victims = sorted(holders, key=lambda w: w.sort_key)
             if any(_last_wanted(draft, by_pid.get(v.pipeline_id)) for v in victims):
                 continue
@@ -223,6 +226,44 @@ def reclaim_homes(view: View, draft: Draft, needs: list[RolloutNeed], guaranteed
                 if v not in draft.shrunk:
                     draft.shrink(v, ShrinkReason.REBALANCE)
             draft.expand(pid, bundle)
+
+
+def muster(view: View, draft: Draft, needs: list[RolloutNeed]) -> None:
+    """Keep a bundle for the job starving longest, once it has waited twice ``min_residency_s`` with no worker.
+
+    Its first worker may come from any donor, but not from a worker that is another starving job's turn
+    (:meth:`DonorRules.may_take`). Where its bundles are wider than the others' workers, turns that start
+    one after another can leave a turn in every bundle for as long as jobs starve (a four-GPU job among
+    one- and two-GPU ones waited 1,375 s where turns lasted 20-60 s). So the bundle of its that is
+    nearest to free (no gang stage, fewest turns, fewest running trajectories, then its preference and
+    first GPU) is kept from every other job's rollout: no worker of theirs is placed there or moves
+    there, and no home is reclaimed there, until it has its worker (as each turn there ends).
+    """
+    wait = 2.0 * view.config.min_residency_s
+    hungry = [
+        n
+        for n in needs
+        if n.starving and n.need > 0 and draft.worker_count(n.pipeline_id) == 0 and view.now - n.entry.wanting_since >= wait
+    ]
+    if not hungry:
+        return
+    n = min(hungry, key=lambda m: (starving_key(m), m.pipeline_id))
+    by_pid = {m.pipeline_id: m for m in needs}
+
+    def nearest_free(bundle: Gpus) -> tuple:
+        holders = {draft.owner[g] for g in bundle} - {None}
+        turns = running = 0
+        for h in holders:
+            d = by_pid.get(h.pipeline_id) if isinstance(h, RolloutWorker) else None
+            load = d.loads.get(h.gpus[0], 0) if d is not None else 0
+            running += load
+            turns += bool(load) and d is not None and d.entry.in_turn(h.gpus[0], view.now, view.config)
+        gang = any(isinstance(h, GangHolder) for h in holders)
+        return (gang, turns, running, n.entry.bundle_rank[bundle], bundle[0])
+
+    bundles = sorted(set(n.entry.bundle_of.values()))
+    if bundles:
+        draft.mustered = (n.pipeline_id, frozenset(min(bundles, key=nearest_free)))
 
 
 def _last_wanted(draft: Draft, n: RolloutNeed | None) -> bool:
@@ -313,7 +354,7 @@ def _cheapest_takeover(
     worth = rules.worth_a_switch(n)
     groups: dict[tuple[int, int], list[tuple[Gpus, list[RolloutWorker]]]] = {}
     for bundle in _candidate_bundles(n, pool):
-        victims = _holders(draft, bundle)
+        victims = _holders(draft, bundle, n.pipeline_id)
         if victims is None or (victims and not worth):
             continue
         groups.setdefault((_aborted(victims, rules), len(victims)), []).append((bundle, victims))
@@ -355,11 +396,12 @@ def _donor_rank(
     return (sum(gaps), sum(unfinished), preference[bundle])
 
 
-def _holders(draft: Draft, bundle: Gpus) -> list[RolloutWorker] | None:
+def _holders(draft: Draft, bundle: Gpus, receiver: str) -> list[RolloutWorker] | None:
     """The rollout workers holding part of ``bundle``, by first GPU in it; None if a gang stage holds
-    any, or one is held back for its owner (:func:`rlix.core.homes.held_for_owners`)."""
+    any, or one is kept from ``receiver`` (held back for its owner, :func:`rlix.core.homes.held_for_owners`,
+    or mustered for another job, :func:`muster`)."""
     victims: list[RolloutWorker] = []
-    owner, held = draft.owner, draft.held_back
+    owner, held = draft.owner, draft.kept_from(receiver)
     for g in bundle:
         if g in held:
             return None

@@ -300,9 +300,9 @@ class Scheduler:
         self.ledger.apply(plan)
         for req in granted:
             req.state = RequestState.GRANTED
-        if plan.grants:  # co-tenants' stages age (a job with a home of its own has its guarantee instead)
+        if plan.grants:  # stages age where other jobs' stages overlap them (a home guarantees rollout, not turns)
             for req in view.pending:
-                if req.state is RequestState.PENDING and not view.pipelines[req.pipeline_id].spec.home:
+                if req.state is RequestState.PENDING:
                     req.note_passed(plan.grants)
         note_plan(view, self.ledger, plan, now)
         view.departed.clear()
@@ -336,10 +336,10 @@ class Scheduler:
         return [e.spec.pipeline_id for e in self._view.active()]
 
     def admission_refusal(self, pipeline_id: str) -> str | None:
-        """Why the pipeline's pending model load waits for its queues now (one line), or None: no
-        queue holds it back (it may still wait for GPUs)."""
+        """Why the pipeline's admission (its model load, or whichever stage it asks for first) waits for its
+        queues now (one line), or None: no queue holds it back (it may still wait for GPUs)."""
         entry = self._view.pipelines.get(pipeline_id)
-        if entry is None or entry.admitted or (pipeline_id, Stage.INIT) not in self._requests:
+        if entry is None or entry.admitted or not any(pid == pipeline_id for pid, _ in self._requests):
             return None
         return refusal(self._view, Draft(self.ledger, self._view.now), entry.spec)
 

@@ -7,7 +7,7 @@ through :class:`View` and write only to a :class:`rlix.core.ledger.Draft`.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlix.core.ledger import Ledger
 from rlix.core.lifecycle import PipelineState, RequestState
@@ -105,6 +105,7 @@ class PipelineEntry:
     # and whether it released a gang stage since that count was set (a new batch may open then).
     credit_end: int | None = None
     released: bool = False
+    finished: int = 0  # the highest finished count it has reported: finished trajectories do not come back
     path_max: float = 0.0  # the longest chain of steps ahead it has reported (path_s): its time alone, at the least
     gang_times: GangTimes = field(default_factory=GangTimes)  # how long its gang stages and rollouts take
 
@@ -234,7 +235,12 @@ class PipelineEntry:
     def record_demand(self, report: ReportDemand, now: float, placed: ReportDemand | None = None) -> None:
         """Keep ``report`` (already checked) as the pipeline's demand, received at ``now``; ``placed``: the same
         with only the loads on workers the job holds, which the split weighs (the batch credit counts every
-        running trajectory, a worker's shrunk as the report was sent included, up to ``open_limit``)."""
+        running trajectory, a worker's shrunk as the report was sent included, up to ``open_limit``). A
+        finished count below one reported before is read as that one (a lower count would widen its credit)."""
+        if report.finished < self.finished:
+            report = replace(report, finished=self.finished)
+            placed = placed and replace(placed, finished=self.finished)
+        self.finished = report.finished
         self.demand = placed or report
         self.reported_at = now
         self.path_max = max(self.path_max, report.path_s)
@@ -294,10 +300,14 @@ class GangRequest:
         return (-self.job_priority, -self.passed, self.stage.priority, self.seq)
 
     def note_passed(self, grants: Iterable[Grant]) -> None:
-        """Count a plan that granted another job's stage overlapping this request's GPUs while it waited.
-        A model load is admission, which stays first come, first served: it does not age."""
+        """Count a plan that granted another job's stage overlapping this request's GPUs while it waited; one
+        that granted its own job a stage there starts the count again (its job had its turn on them). A
+        model load is admission, which stays first come, first served: it does not age."""
         mine = set(self.gpus)
-        if self.stage is not Stage.INIT and any(g.pipeline_id != self.pipeline_id and mine.intersection(g.gpus) for g in grants):
+        there = [g.pipeline_id for g in grants if mine.intersection(g.gpus)]
+        if self.pipeline_id in there:
+            self.passed = 0
+        if self.stage is not Stage.INIT and any(pid != self.pipeline_id for pid in there):
             self.passed += 1
 
 

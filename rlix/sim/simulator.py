@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import simpy
 
-from rlix.core import Event, Plan, Policy, Scheduler, check_ledger
+from rlix.core import Event, Plan, Policy, Scheduler, check_ledger, make_policy
 from rlix.job import WorkerPhase, lower_bounds, worker_booking
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.sim.engine import book_worker
@@ -230,6 +230,21 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def policy_misfit(trace: Trace, policies: list[str]) -> str | None:
+    """Why a job of ``trace`` could not roll out under one of ``policies`` (found before any replay: the
+    simulator would fail at its arrival), or None. Under ``static`` and ``partial_overlap`` a job rolls out
+    only on the ``actor_infer`` bundles inside its home."""
+    for name in policies:
+        policy = make_policy(name)
+        for i, p in enumerate(trace.pipelines):
+            if not policy.rollout_bundles(trace.spec(p)):
+                return (
+                    f"pipelines[{i}] ('{p.id}'): no actor_infer bundle lies inside its home GPUs, so it cannot roll out "
+                    f"under {name}; widen its home or move its actor_infer mapping into it, or leave {name} out (--policy)"
+                )
+    return None
 
 
 def replay(trace: Trace, policy: str | Policy, **kwargs) -> RunMetrics:

@@ -4,41 +4,65 @@ Tune on families, never one file. Not a test: figures.
 
     python benchmarks/slowdown_family.py ROOT two_jobs,queued_cluster s,0,1,2,3,4,5 [KNOB=VALUE ...]
 
-``s`` is the shipped trace, a number its ``Trace.reseeded`` redraw.
+ROOT is the checkout whose ``rlix`` and ``traces/`` are measured. ``s`` is the shipped trace, a
+number its ``Trace.reseeded`` redraw.
 """
 
+from __future__ import annotations
+
+import argparse
 import sys
 import time
+from pathlib import Path
 
-root = sys.argv[1]
-sys.path.insert(0, root)
-from rlix.sim.simulator import replay
-from rlix.trace import load_trace
 
-names = sys.argv[2].split(",")
-seeds = [None if s == "s" else int(s) for s in sys.argv[3].split(",")]
-knobs = dict(kv.split("=") for kv in sys.argv[4:])
-for name in names:
-    base = load_trace(f"{root}/traces/{name}.json")
-    for seed in seeds:
-        t0 = time.time()
-        t = base if seed is None else base.reseeded(seed)
-        t = t.with_scheduler(knobs) if knobs else t
-        r, s = replay(t, "rlix"), replay(t, "static")
-        ratios = {p: r.pipelines[p].jct_s / s.pipelines[p].jct_s for p in r.pipelines}
-        w = max(sorted(ratios), key=ratios.get)
-        row = dict(
-            trace=name,
-            seed=seed,
-            worst=w,
-            ratio=ratios[w],
-            mk_rs=r.makespan_s / s.makespan_s,
-            mk_lb=r.makespan_s / r.makespan_lower_bound_s,
-            thr=s.makespan_s / r.makespan_s,
-            t=time.time() - t0,
-        )
-        print(
-            f"{name:<20} seed={str(seed):<4} worst {w:<16} {ratios[w]:.3f}  mk r/s {row['mk_rs']:.3f}  "
-            f"r/LB {row['mk_lb']:.3f}  thr {row['thr']:.2f}x  ({row['t']:.0f}s)",
-            flush=True,
-        )
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="slowdown_family", description=__doc__.splitlines()[0])
+    parser.add_argument("root", help="the checkout to measure (its rlix and traces/)")
+    parser.add_argument("traces", help="shipped trace names, comma-separated, e.g. two_jobs,queued_cluster")
+    parser.add_argument("seeds", help="s (the shipped draw) and redraw seeds, comma-separated, e.g. s,0,1,2")
+    parser.add_argument("knobs", nargs="*", metavar="KNOB=VALUE", help="scheduler knobs over each trace's own")
+    args = parser.parse_args(argv)
+    if not (Path(args.root) / "rlix").is_dir():
+        parser.error(f"ROOT {args.root}: no rlix package there; give a checkout of the project")
+    try:
+        args.seeds = [None if s == "s" else int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"SEEDS {args.seeds}: write s or whole numbers, comma-separated, e.g. s,0,1,2")
+    if bad := [kv for kv in args.knobs if "=" not in kv]:
+        parser.error(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")
+    args.knobs = dict(kv.split("=", 1) for kv in args.knobs)
+    return args
+
+
+def main(argv: list[str]) -> None:
+    args = parse(argv)
+    sys.path.insert(0, args.root)
+    from rlix.sim.simulator import replay
+    from rlix.trace import TraceError, load_trace
+
+    try:  # every trace and the knobs are checked before the first replay
+        bases = {name: load_trace(f"{args.root}/traces/{name}.json") for name in args.traces.split(",")}
+        for base in bases.values():
+            base.with_scheduler(args.knobs)
+    except TraceError as exc:
+        print(f"slowdown_family: {exc}", file=sys.stderr)
+        sys.exit(2)
+    for name, base in bases.items():
+        for seed in args.seeds:
+            t0 = time.time()
+            t = base if seed is None else base.reseeded(seed)
+            t = t.with_scheduler(args.knobs) if args.knobs else t
+            r, s = replay(t, "rlix"), replay(t, "static")
+            ratios = {p: r.pipelines[p].jct_s / s.pipelines[p].jct_s for p in r.pipelines}
+            w = max(sorted(ratios), key=ratios.get)
+            print(
+                f"{name:<20} seed={str(seed):<4} worst {w:<16} {ratios[w]:.3f}  mk r/s {r.makespan_s / s.makespan_s:.3f}  "
+                f"r/LB {r.makespan_s / r.makespan_lower_bound_s:.3f}  thr {s.makespan_s / r.makespan_s:.2f}x  "
+                f"({time.time() - t0:.0f}s)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

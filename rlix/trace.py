@@ -538,11 +538,14 @@ def expand_stream(stream: StreamModel) -> list[Step]:
     return out
 
 
-def _as_block(value: str) -> object:
+def _as_block(value: object) -> object:
     """A knob's value as given: a list or a mapping where it is written as one in YAML (``[...]``,
     ``{...}``), else the text itself (the field's own type reads it: ``1e3`` is a number, ``true`` a yes,
-    ``a: 2`` a tenant)."""
-    if not value.strip().startswith(("[", "{")):
+    ``a: 2`` a tenant), ``null`` none (a knob's unset default). A value that is not text (a number, a
+    bool, a list from Python) is taken as it is."""
+    if isinstance(value, str) and value.strip() in ("null", "None"):
+        return None
+    if not isinstance(value, str) or not value.strip().startswith(("[", "{")):
         return value
     try:
         block = yaml.safe_load(value)
@@ -639,8 +642,8 @@ class Trace:
                     step.pop("prompts", None)
         return Trace(TraceModel.model_validate(raw), self.source)
 
-    def with_scheduler(self, settings: dict[str, str]) -> Trace:
-        """The same trace with some scheduler knobs replaced (``{"backlog_weight": "2"}``; a list or a
+    def with_scheduler(self, settings: dict[str, object]) -> Trace:
+        """The same trace with some scheduler knobs replaced (``{"backlog_weight": "2"}`` or ``2``; a list or a
         mapping written as YAML, ``{"queues": "[{name: q, gpus: 0-7, max_jobs: 1}]"}``, is read as one)."""
         raw = self.model.scheduler.model_dump()
         raw.update({name: _as_block(value) for name, value in settings.items()})

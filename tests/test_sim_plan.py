@@ -251,6 +251,7 @@ def test_sweep_without_ray_says_so_in_one_line(monkeypatch, capsys, tmp_path):
         (["--knob", "small_first=0", "--seeds", "a,b"], "--seeds a,b: write whole numbers separated by commas"),
         (["--knob", "small_first=0", "--policy", "fifo"], "--policy fifo: unknown policy"),
         (["--knob", "small_first=0", "--out", "README.md"], "--out README.md: is a file; give a folder"),
+        (["--knob", "tenants=a:1,b:2"], "--knob tenants: a sweep varies knobs that are numbers or true/false"),
         ([], "the following arguments are required: --knob"),
     ],
 )
@@ -269,6 +270,33 @@ def test_a_grid_of_knobs_that_depend_on_each_other_is_checked_as_its_cells_are()
         ["traces/two_jobs.json"], [Knob(name="heartbeat_s", values=("700",)), Knob(name="report_ttl_s", values=("1000", "2000"))]
     )
     assert list(texts) == ["traces/two_jobs.json"]
+
+
+def test_a_job_that_cannot_roll_out_under_a_policy_is_refused_before_any_replay(tmp_path, capsys):
+    """Before: ``validate`` said ok, then the replay failed with a traceback under ``static`` as the job arrived."""
+    trace = tmp_path / "t.json"
+    roles = {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}}
+    job = {"id": "a", "home": [1], "roles": roles, "steps": [{"trajectories": [1]}]}
+    trace.write_text(
+        json.dumps({"format": "rlix-trace", "version": 1, "cluster": {"nodes": 1, "gpus_per_node": 2}, "pipelines": [job]})
+    )
+    line = error_in_process(capsys, "replay", str(trace), "--quiet")
+    assert "pipelines[0] ('a'): no actor_infer bundle lies inside its home GPUs, so it cannot roll out under static" in line
+    assert main(["replay", str(trace), "--policy", "rlix", "--quiet", "--no-alone"]) == 0
+    assert main(["validate", str(trace)]) == 0
+    assert "note: pipelines[0] ('a'): no actor_infer bundle" in capsys.readouterr().out
+
+
+def test_an_output_that_cannot_be_written_after_the_replay_is_one_line_exit_2(capsys):
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    line = error_in_process(capsys, "replay", "traces/single.json", "--json", "/dev/full", "--quiet", "--no-alone")
+    assert "--json /dev/full: not written (No space left on device); run again with another path" in line
+
+
+def test_sweep_rows_of_two_traces_of_one_name_are_told_apart_by_their_files():
+    labels = sweep_plot.trace_labels({"a/t.json": "t", "b/t.json": "t", "u.json": "u"})
+    assert labels == {"a/t.json": "a/t.json", "b/t.json": "b/t.json", "u.json": "u"}
 
 
 def test_sweep_missing_trace_is_one_line_exit_2(capsys):
@@ -355,3 +383,13 @@ def test_sweep_joins_a_running_cluster_with_address(tmp_path):
     finally:
         head.stdin.close()
         head.wait(timeout=120)
+
+
+def test_knobs_set_from_python_take_numbers_and_bools_as_well_as_text():
+    """Before: ``with_scheduler({"small_first": 1})`` failed with AttributeError ('int' has no 'strip')."""
+    trace = load_trace(ROOT / "traces/two_jobs.json")
+    knobs = trace.with_scheduler({"small_first": 1, "weight_by_duration": True}).model.scheduler
+    assert (knobs.small_first, knobs.weight_by_duration) == (1.0, True)
+    assert trace.with_scheduler({"small_first": "1"}).model == trace.with_scheduler({"small_first": 1}).model
+    beat = trace.with_scheduler({"heartbeat_s": "60"})
+    assert beat.with_scheduler({"heartbeat_s": "null"}).model.scheduler.heartbeat_s is None  # back to its default

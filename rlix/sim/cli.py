@@ -14,9 +14,11 @@ User errors print one line on stderr and exit 2; there is no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -160,6 +162,25 @@ def _checked_policies(args) -> list[str]:
     return policies
 
 
+@contextlib.contextmanager
+def _writing(flag: str, path: str | Path) -> Iterator[None]:
+    """Writing an output the checks before the run passed: a failure still gets one line (a full disk)."""
+    try:
+        yield
+    except OSError as e:
+        why = e.strerror or e
+        raise UserError(f"{flag} {path}: not written ({why}); run again with another path (a replay repeats exactly)") from None
+
+
+def _fitting(trace: Trace, policies: list[str]) -> Trace:
+    """``trace``, once every job of it can roll out under each of ``policies``."""
+    from rlix.sim.simulator import policy_misfit
+
+    if (problem := policy_misfit(trace, policies)) is not None:
+        raise UserError(problem)
+    return trace
+
+
 def _check_plot(plot: str, others: dict[str, str | None]) -> None:
     from rlix.plot import figure_path, figure_problem
 
@@ -179,7 +200,7 @@ def _replay(args, console: Console, err: Console) -> int:
     from rlix.sim.simulator import Simulation
 
     policies = _checked_policies(args)
-    trace = _as_asked(load_trace(args.trace), args)
+    trace = _fitting(_as_asked(load_trace(args.trace), args), policies)
     name = trace.model.name or Path(args.trace).stem
     total = trace.total_trajectories()
     show = not args.quiet
@@ -208,13 +229,15 @@ def _replay(args, console: Console, err: Console) -> int:
     if show:
         print_table(console, f"{name} - metrics per policy", runs, alone)
     if args.json:
-        write_json(results_json(name, args.trace, trace.cluster.num_gpus, runs, alone), args.json)
+        with _writing("--json", args.json):
+            write_json(results_json(name, args.trace, trace.cluster.num_gpus, runs, alone), args.json)
         if show:
             console.print(f"wrote {args.json}")
     if args.plot:
         from rlix.plot import plot_runs
 
-        written = plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
+        with _writing("--plot", args.plot):
+            written = plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
         if show:
             console.print(f"wrote {written}")
     return 0
@@ -249,7 +272,7 @@ def _whatif(args, console: Console, err: Console) -> int:
         raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a number from 0 to {limit}")
     base = load_trace(args.trace)
     job = load_job(args.add, args.at)
-    with_job = _as_asked(add_job(base, job, args.add), args)
+    with_job = _fitting(_as_asked(add_job(base, job, args.add), args), policies)
     base = _as_asked(base, args)
     name = base.model.name or Path(args.trace).stem
     show = not args.quiet
@@ -268,7 +291,8 @@ def _whatif(args, console: Console, err: Console) -> int:
     if show:
         print_whatif(console, results)
     if args.json:
-        write_json(whatif_json(name, args.trace, args.add, results), args.json)
+        with _writing("--json", args.json):
+            write_json(whatif_json(name, args.trace, args.add, results), args.json)
         if show:
             console.print(f"wrote {args.json}")
     return 0
@@ -309,7 +333,8 @@ def _sweep(args, console: Console, err: Console) -> int:
         rows = sweep.run_on_ray(cells, texts, args.address, done)
     from rlix.sim.sweep_plot import write_outputs
 
-    paths = write_outputs(out, knobs, seeds, policies, rows)
+    with _writing("--out", args.out):
+        paths = write_outputs(out, knobs, seeds, policies, rows)
     if show:
         print_summary(console, rows, knobs)
         console.print(f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {', '.join(map(str, paths))}")
@@ -348,7 +373,8 @@ def _generate(args, console: Console, err: Console) -> int:
     model = scenarios.build(args.scenario, args.seed)
     out = Path(args.output or f"traces/{args.scenario}.json")
     check_output("--output", out)
-    dump_trace(model, out)
+    with _writing("--out", out):
+        dump_trace(model, out)
     trace = Trace(model, str(out))
     console.print(
         f"wrote {out}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, {trace.cluster.num_gpus} "
@@ -364,6 +390,11 @@ def _validate(args, console: Console, err: Console) -> int:
     console.print(
         f"{args.trace}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories"
     )
+    from rlix.sim.simulator import policy_misfit
+
+    for policy in POLICIES:  # valid, yet a policy a replay runs by default may not place every job
+        if (problem := policy_misfit(trace, [policy])) is not None:
+            console.print(f"  note: {problem}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 
 import simpy
 
-from rlix.core import Event, Plan, Policy, Scheduler, check_ledger
+from rlix.core import Event, Plan, Policy, Scheduler, check_ledger, make_policy
 from rlix.job import WorkerPhase, lower_bounds, worker_booking
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.sim.engine import book_worker
@@ -109,9 +111,10 @@ class Simulation:
 
     def _ticker(self):
         env = self.env
+        interval = self.plan_interval_s
         last_beat = 0.0
         while not self._all_done.triggered:
-            yield env.timeout(self.plan_interval_s)
+            yield env.timeout(interval)
             if env.now - last_beat >= self.heartbeat_s:
                 last_beat = env.now
                 self.demand_dirty.update(pid for pid, p in self.pipelines.items() if p.engine.open_n and not p.done)
@@ -120,6 +123,15 @@ class Simulation:
             if self.progress is not None:
                 done = sum(p.engine.book.completed for p in self.pipelines.values())
                 self.progress(env.now, done, self.total_trajectories)
+            if env.peek() - env.now > 2 * interval and self._quiet():
+                skip = idle_ticks(env.now, interval, env.peek(), last_beat, self.heartbeat_s)
+                if skip is not None:  # the ticks before the next happening do nothing: pass them at once
+                    until, last_beat = skip
+                    yield env.timeout(until - env.now)
+
+    def _quiet(self) -> bool:
+        """Would a tick do nothing now: no demand to report, no job with trajectories open (no heartbeat)?"""
+        return not self.demand_dirty and not any(p.engine.open_n and not p.done for p in self.pipelines.values())
 
     # ------------------------------------------------------------ plans
 
@@ -230,6 +242,47 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def idle_ticks(now: float, interval: float, until: float, last_beat: float, heartbeat: float) -> tuple[float, float] | None:
+    """The control loop's ticks from ``now`` (a tick) up to before ``until`` (the next happening), where
+    none does anything: (the last of them, the last heartbeat's time as of it), or None if fewer than two.
+
+    Exactly as ticking one by one would give them (``now + interval``, again and again, in floats):
+    computed only where every such sum is exact (the times and the interval dyadic, with few enough
+    bits: the default 5 s from 0 always are), else None and the loop ticks on. The heartbeat falls on
+    the first tick at least ``heartbeat`` after the last, so its ticks recur every
+    ``ceil(heartbeat / interval)``. So a trace with a late arrival replays in the time of its work,
+    not of its clock (an arrival at 1e7 s took 6 s of idle ticks per replay).
+    """
+    if not math.isfinite(until):
+        return None
+    t0, step, end, beat = Fraction(now), Fraction(interval), Fraction(until), Fraction(last_beat)
+    last = math.ceil((end - t0) / step) - 1  # the last tick index k with now + k x interval < until
+    scale = max(t0.denominator, step.denominator, beat.denominator)  # powers of two: their lcm is the largest
+    if last < 2 or (t0 + last * step) * scale >= 2**53:
+        return None
+    first = max(1, math.ceil((beat + Fraction(heartbeat) - t0) / step))  # the next heartbeat's tick
+    if first <= last:
+        stride = math.ceil(Fraction(heartbeat) / step)
+        beat = t0 + (first + (last - first) // stride * stride) * step
+    tick = float(t0 + last * step)
+    return (tick, float(beat)) if now + (tick - now) == tick else None
+
+
+def policy_misfit(trace: Trace, policies: list[str]) -> str | None:
+    """Why a job of ``trace`` could not roll out under one of ``policies`` (found before any replay: the
+    simulator would fail at its arrival), or None. Under ``static`` and ``partial_overlap`` a job rolls out
+    only on the ``actor_infer`` bundles inside its home."""
+    for name in policies:
+        policy = make_policy(name)
+        for i, p in enumerate(trace.pipelines):
+            if not policy.rollout_bundles(trace.spec(p)):
+                return (
+                    f"pipelines[{i}] ('{p.id}'): no actor_infer bundle lies inside its home GPUs, so it cannot roll out "
+                    f"under {name}; widen its home or move its actor_infer mapping into it, or leave {name} out (--policy)"
+                )
+    return None
 
 
 def replay(trace: Trace, policy: str | Policy, **kwargs) -> RunMetrics:

@@ -203,6 +203,10 @@ def load_texts(sources: Sequence[str], knobs: Sequence[Knob]) -> dict[str, str]:
             except TraceError as e:
                 raise SweepError(f"--knob {' '.join(f'{n}={v}' for n, v in combo)}: {source}: {e}") from None
             for name, given in combo:  # two spellings of one value (0 and 0.0, true and yes) replay one cell twice
+                if not isinstance(getattr(scheduler, name), int | float | bool | None):
+                    raise SweepError(
+                        f"--knob {name}: a sweep varies knobs that are numbers or true/false; set {name} in the trace"
+                    )
                 same = read.setdefault((name, repr(getattr(scheduler, name))), given)
                 if same != given:
                     raise SweepError(f"--knob {name}: {same} and {given} are the same value; list each value once")

@@ -28,9 +28,16 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def trace_labels(names: dict[str, str]) -> dict[str, str]:
+    """Each trace file's label, from its trace's name (file -> name): the name, or the file where two
+    files hold traces of one name."""
+    shared = {n for n in names.values() if list(names.values()).count(n) > 1}
+    return {source: source if name in shared else name for source, name in names.items()}
+
+
 def plot_sweep(rows: list[SweepRow], knobs: Sequence[Knob], policies: Sequence[str], path: str | Path) -> None:
     sources = list(dict.fromkeys(r.source for r in rows))
-    names = {r.source: r.trace for r in rows}
+    names = trace_labels({r.source: r.trace for r in rows})
     colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(sources)}
     ncols, nrows = len(policies), len(knobs)
     fig, axes = plt.subplots(
@@ -59,7 +66,7 @@ def plot_sweep(rows: list[SweepRow], knobs: Sequence[Knob], policies: Sequence[s
             ax.grid(axis="y", alpha=0.3)
         axes[k][0].set_ylabel("makespan / lower bound")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.suptitle("makespan / lower bound per knob value (points: each replay; line: their mean; dashed: the bound)", fontsize=10)
+    fig.suptitle("makespan / lower bound per knob value\n(points: each replay; line: their mean; dashed: the bound)", fontsize=10)
     fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(labels)), frameon=False)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -70,13 +77,14 @@ def print_summary(console: Console, rows: list[SweepRow], knobs: Sequence[Knob])
     groups: dict[tuple, list[SweepRow]] = {}
     for r in rows:  # rows are sorted, seeds last: a group's rows are consecutive
         groups.setdefault((r.source, r.policy, r.sort_key[KNOB_AXIS:-2]), []).append(r)
+    labels = trace_labels({r.source: r.trace for r in rows})
     table = Table(title="sweep: mean over seeds", title_justify="left")
     for header in ("trace", "policy", *(k.name for k in knobs), "replays", "makespan/bound", "gpu_util", "worst jct (s)"):
         table.add_column(header, justify="left" if header in ("trace", "policy") else "right")
     for group in groups.values():
         first = group[0]
         table.add_row(
-            first.trace,
+            labels[first.source],
             first.policy,
             *(str(v) for _, v in first.knobs),
             str(len(group)),

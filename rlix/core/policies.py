@@ -45,10 +45,6 @@ class Policy(abc.ABC):
         """What the gang pass asks before a job's model load (None: nothing, once its GPUs are free)."""
         return self.admits
 
-    def stage_limit(self, view: View) -> passes.Admission:
-        """What the gang pass asks before a running job's other gang stages (None: nothing, once its GPUs are free)."""
-        return None
-
     def gang_stages(self, view: View, draft: Draft, *, stop_own_rollout: bool = False) -> None:
         """The gang pass as this policy orders and admits stages (its plan's, and the scheduler's safe plan's)."""
         passes.gang_pass(
@@ -56,7 +52,6 @@ class Policy(abc.ABC):
             draft,
             stop_own_rollout=stop_own_rollout,
             admits=self.admission(view),
-            within_limit=self.stage_limit(view),
             owners_first=self.owners_first,
             queue_within_tenant=self.queue_within_tenant,
         )
@@ -124,10 +119,6 @@ class RlixPolicy(Policy):
     def admission(self, view: View) -> passes.Admission:
         # Asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
         return self.admits if view.config.tenants else None
-
-    def stage_limit(self, view: View) -> passes.Admission:
-        # A tenant's borrowing limit holds for its gang stages together, not only at its jobs' admission.
-        return tenants.admits_under_limit if view.config.tenants else None
 
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)

@@ -130,13 +130,16 @@ def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
 
 
 def awaiting_admission(view: View, draft: Draft) -> set[str]:
-    """Jobs whose INIT is still pending after this draft's grants (their model is not loaded), and jobs a
-    queue limits that no stage has admitted yet: they roll nothing out yet."""
+    """Jobs whose INIT is still pending after this draft's grants (their model is not loaded), and jobs not
+    admitted yet that a full queue refuses: they roll nothing out yet (a first worker admits a job too)."""
     granted = _admitted_now(draft)
     waiting = {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
     if view.config.queues:
-        queued = {e.spec.pipeline_id for e in view.active() if not e.admitted and queues_of(view, e.spec)}
-        waiting |= queued - admitted_in(draft)
+        admitted = admitted_in(draft)
+        for e in view.active():
+            pid = e.spec.pipeline_id
+            if not e.admitted and pid not in admitted and refusal(view, draft, e.spec) is not None:
+                waiting.add(pid)
     return waiting
 
 

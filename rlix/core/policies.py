@@ -133,10 +133,10 @@ class RlixPolicy(Policy):
         cotenants = homeless(view) if floor_share else frozenset()
         shares = tenants.tenant_shares(needs, capacity, parts, guaranteed, floor_share=floor_share, cotenants=cotenants)
         tenants.trim_to_limits(view, draft, needs, shares)
-        passes.muster(view, draft, needs)
+        caps = tenants.worker_caps(view, needs, shares)
+        passes.muster(view, draft, needs, caps)
         passes.place_on_idle(draft, needs, shares)
         passes.reclaim_homes(view, draft, needs, guaranteed)
-        caps = tenants.worker_caps(view, needs, shares)
         passes.rebalance(view, draft, needs, shares, caps)
         passes.fill_idle(draft, needs, shares, caps=caps)
 

@@ -389,6 +389,13 @@ def test_a_job_that_never_asks_for_its_model_load_takes_no_place_in_a_full_queue
     assert grants(plan) == [("b", Stage.ACTOR_TRAIN)]  # its first stage is its admission
 
 
+def test_a_job_that_only_rolls_out_is_admitted_by_its_first_worker_where_its_queue_has_room():
+    two = SchedulerConfig(queues=(QueueSpec(name="node", gpus=tuple(range(8)), max_jobs=2),))
+    sched = queued(two, spec("a", range(4), range(8)))
+    sched.step(0, [demand("a", 40)])
+    assert owners(sched)["a"] == list(range(8)) and sched.admitted_at("a") == 0
+
+
 def test_a_queue_is_first_come_first_served_when_the_job_that_asked_first_is_a_guest():
     """Before: under rlix a guest's model load was ordered after every owner's request, so a later
     job of the same queue took the last place while the guest waited for its owner."""

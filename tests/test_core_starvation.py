@@ -11,11 +11,22 @@ donor not finishing a protected batch.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from helpers import demand, owners, register, spec
 
-from rlix.core import ClusterSpec, Scheduler, SchedulerConfig, SchedulingError, check_ledger
+from rlix.core import (
+    ClusterSpec,
+    ReleaseStage,
+    RequestStage,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingError,
+    Stage,
+    TenantSpec,
+    check_ledger,
+)
 
 
 def first_worker_at(sched: Scheduler, narrow: dict[str, int], wide: str, wide_demand: int, until: int) -> int | None:
@@ -171,3 +182,26 @@ def test_a_wide_job_among_narrow_jobs_of_two_widths_is_not_shut_out_by_turns_tha
         longest = max(longest, 0 if since is None else t - since)
     assert longest <= 2 * 30 + 2 * 60, longest  # the residency twice, then the turns in its bundle (60 s at most each)
     assert finished["wide"] >= min(finished[p] for p in jobs if p != "wide") - 4
+
+
+def test_no_bundle_is_kept_for_a_starving_job_its_tenant_holds_to_no_worker():
+    """Found in review of the kept bundle: one kept for a job its tenant's limit allows no worker (its
+    tenant's training holds the limit) stayed idle for good, out of another tenant's reach."""
+    config = SchedulerConfig(tenants=(TenantSpec(name="a", guarantee_gpus=2, borrow_limit_gpus=0), TenantSpec(name="b")))
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=8), "rlix", config)
+    register(
+        sched,
+        *(replace(spec(p, (0, 1), range(8), tp=2, slots=4), tenant="a") for p in ("a1", "a2")),
+        replace(spec("b1", (7,), range(8), slots=4), tenant="b"),
+    )
+    for t, pid in ((0, "a1"), (2, "a2")):
+        sched.step(float(t), [RequestStage(pipeline_id=pid, stage=Stage.INIT)])
+        sched.step(t + 1.0, [ReleaseStage(pipeline_id=pid, stage=Stage.INIT)])
+    sched.step(4.0, [RequestStage(pipeline_id="a1", stage=Stage.ACTOR_TRAIN)])  # tenant a's 2 GPUs, for good
+    for t in range(5, 600, 5):
+        events = [demand("a2", 400, dict.fromkeys((w.gpus[0] for w in sched.workers("a2")), 4), trajectory_s=1000)]
+        if t >= 200:
+            events.append(demand("b1", 400, dict.fromkeys((w.gpus[0] for w in sched.workers("b1")), 4), trajectory_s=1000))
+        sched.step(float(t), events)
+        check_ledger(sched.ledger)
+    assert owners(sched) == {"a1": [], "a2": [], "b1": [2, 3, 4, 5, 6, 7]}

@@ -167,17 +167,17 @@ def test_home_guarantees_hold_within_each_tenants_part():
     assert held(sched, "a1") == held(sched, "a2") == 4 and held(sched, "b1") == held(sched, "b2") == 2
 
 
-def test_a_tenants_gang_stages_together_stay_under_its_limit():
-    """Before: the limit was checked only at each job's model load, so three jobs admitted one after
-    another could then train at once on three times the GPUs their tenant may hold."""
+def test_a_tenants_limit_is_checked_at_admission_and_its_admitted_jobs_stages_do_not_wait_for_it():
+    """As Kueue's quota: each model load fits beside the gang stages the tenant holds then; once admitted,
+    its jobs' stages run (three jobs admitted one after another train at once on 6 GPUs, over a limit of 2:
+    made to wait for it, a stage of theirs could wait for ever behind the others' turns)."""
     sched = Scheduler(NODE12, "rlix", tenants(TenantSpec(name="a", guarantee_gpus=2, borrow_limit_gpus=0)))
     register(sched, *(job(p, "a", train=train) for p, train in (("a1", (0, 1)), ("a2", (2, 3)), ("a3", (4, 5)))))
-    t = 0
-    for pid in ("a1", "a2", "a3"):
-        sched.step(t + 1, [RequestStage(pipeline_id=pid, stage=Stage.INIT)])
-        sched.step(t + 2, [ReleaseStage(pipeline_id=pid, stage=Stage.INIT)])
-        t += 2
-    plan = sched.step(t + 1, [RequestStage(pipeline_id=p, stage=Stage.ACTOR_TRAIN) for p in ("a1", "a2", "a3")])
-    assert [g.pipeline_id for g in plan.grants] == ["a1"]
-    plan = sched.step(t + 2, [ReleaseStage(pipeline_id="a1", stage=Stage.ACTOR_TRAIN)])
-    assert [g.pipeline_id for g in plan.grants] == ["a2"]
+    plan = sched.step(0, [RequestStage(pipeline_id=p, stage=Stage.INIT) for p in ("a1", "a2", "a3")])
+    assert [g.pipeline_id for g in plan.grants] == ["a1"]  # a2's load would hold 4 > 2
+    for t, (done, next_load) in enumerate((("a1", "a2"), ("a2", "a3")), start=1):
+        plan = sched.step(t, [ReleaseStage(pipeline_id=done, stage=Stage.INIT)])
+        assert [g.pipeline_id for g in plan.grants] == [next_load]  # one load at a time, each fitting then
+    sched.step(3, [ReleaseStage(pipeline_id="a3", stage=Stage.INIT)])
+    plan = sched.step(4, [RequestStage(pipeline_id=p, stage=Stage.ACTOR_TRAIN) for p in ("a1", "a2", "a3")])
+    assert [g.pipeline_id for g in plan.grants] == ["a1", "a2", "a3"]

@@ -291,7 +291,7 @@ def test_an_output_that_cannot_be_written_after_the_replay_is_one_line_exit_2(ca
     if not Path("/dev/full").exists():
         pytest.skip("needs /dev/full")
     line = error_in_process(capsys, "replay", "traces/single.json", "--json", "/dev/full", "--quiet", "--no-alone")
-    assert "--json /dev/full: not written (No space left on device); run again with another path" in line
+    assert "--json /dev/full: not written (No space left on device); run it again with another path" in line
 
 
 def test_sweep_rows_of_two_traces_of_one_name_are_told_apart_by_their_files():

@@ -51,7 +51,6 @@ def gang_pass(
     *,
     stop_own_rollout: bool,
     admits: Admission = None,
-    within_limit: Admission = None,
     owners_first: bool = False,
     queue_within_tenant: bool = False,
 ) -> None:
@@ -65,8 +64,7 @@ def gang_pass(
     taking turns on a dedicated partition). A job's INIT (its admission)
     also needs its queues (:mod:`rlix.core.queues`) and ``admits``; a job they refuse keeps its home from later jobs in
     the queue (admission stays first come, first served; with ``queue_within_tenant``, later jobs of
-    its own tenant only) but not from the stages of jobs already running. Any other stage needs ``within_limit``
-    (a tenant's borrowing limit), and waits without reserving its GPUs. With ``owners_first`` a guest's requests
+    its own tenant only) but not from the stages of jobs already running. With ``owners_first`` a guest's requests
     go after the owners' of the same job priority (:func:`rlix.core.homes.gang_order`).
     """
     reserved: set[int] = set()
@@ -84,7 +82,6 @@ def gang_pass(
             # a guest's stage that would cost the owner of its GPUs waits (no reservation: it asks again)
             or (owners_first and not guest_stage_fits(view, draft, req))
             or (queue_home and (line.intersection(queue_home) or not admits(view, draft, req)))
-            or (not init and within_limit is not None and not within_limit(view, draft, req))
         )
         if not waits and any(g in reserved or isinstance(owner[g], GangHolder) for g in gpus):
             reserved.update(gpus)
@@ -133,13 +130,16 @@ def home_is_free(view: View, draft: Draft, pipeline_id: str) -> bool:
 
 
 def awaiting_admission(view: View, draft: Draft) -> set[str]:
-    """Jobs whose INIT is still pending after this draft's grants (their model is not loaded), and jobs a
-    queue limits that no stage has admitted yet: they roll nothing out yet."""
+    """Jobs whose INIT is still pending after this draft's grants (their model is not loaded), and jobs not
+    admitted yet that a full queue refuses: they roll nothing out yet (a first worker admits a job too)."""
     granted = _admitted_now(draft)
     waiting = {r.pipeline_id for r in view.pending if r.stage is Stage.INIT and r.pipeline_id not in granted}
     if view.config.queues:
-        queued = {e.spec.pipeline_id for e in view.active() if not e.admitted and queues_of(view, e.spec)}
-        waiting |= queued - admitted_in(draft)
+        admitted = admitted_in(draft)
+        for e in view.active():
+            pid = e.spec.pipeline_id
+            if not e.admitted and pid not in admitted and refusal(view, draft, e.spec) is not None:
+                waiting.add(pid)
     return waiting
 
 

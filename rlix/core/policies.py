@@ -45,10 +45,6 @@ class Policy(abc.ABC):
         """What the gang pass asks before a job's model load (None: nothing, once its GPUs are free)."""
         return self.admits
 
-    def stage_limit(self, view: View) -> passes.Admission:
-        """What the gang pass asks before a running job's other gang stages (None: nothing, once its GPUs are free)."""
-        return None
-
     def gang_stages(self, view: View, draft: Draft, *, stop_own_rollout: bool = False) -> None:
         """The gang pass as this policy orders and admits stages (its plan's, and the scheduler's safe plan's)."""
         passes.gang_pass(
@@ -56,7 +52,6 @@ class Policy(abc.ABC):
             draft,
             stop_own_rollout=stop_own_rollout,
             admits=self.admission(view),
-            within_limit=self.stage_limit(view),
             owners_first=self.owners_first,
             queue_within_tenant=self.queue_within_tenant,
         )
@@ -125,10 +120,6 @@ class RlixPolicy(Policy):
         # Asked only where tenants can refuse it: otherwise every job is admitted once its GPUs are free.
         return self.admits if view.config.tenants else None
 
-    def stage_limit(self, view: View) -> passes.Admission:
-        # A tenant's borrowing limit holds for its gang stages together, not only at its jobs' admission.
-        return tenants.admits_under_limit if view.config.tenants else None
-
     def plan(self, view: View, draft: Draft) -> None:
         passes.shrink_departed(view, draft)
         self.gang_stages(view, draft)
@@ -142,10 +133,10 @@ class RlixPolicy(Policy):
         cotenants = homeless(view) if floor_share else frozenset()
         shares = tenants.tenant_shares(needs, capacity, parts, guaranteed, floor_share=floor_share, cotenants=cotenants)
         tenants.trim_to_limits(view, draft, needs, shares)
-        passes.muster(view, draft, needs)
+        caps = tenants.worker_caps(view, needs, shares)
+        passes.muster(view, draft, needs, caps)
         passes.place_on_idle(draft, needs, shares)
         passes.reclaim_homes(view, draft, needs, guaranteed)
-        caps = tenants.worker_caps(view, needs, shares)
         passes.rebalance(view, draft, needs, shares, caps)
         passes.fill_idle(draft, needs, shares, caps=caps)
 

@@ -207,8 +207,6 @@ def reclaim_homes(view: View, draft: Draft, needs: list[RolloutNeed], guaranteed
             holders = {owner[g] for g in bundle} - {None}
             if any(isinstance(h, GangHolder) or h.pipeline_id == pid or h in draft.expanded for h in holders):
                 continue
-            if draft.mustered is not None and draft.mustered[0] != pid and draft.mustered[1].intersection(bundle):
-                continue  # kept for the job starving longest
             victims = sorted(holders, key=lambda w: w.sort_key)
             if any(_last_wanted(draft, by_pid.get(v.pipeline_id)) for v in victims):
                 continue
@@ -228,40 +226,52 @@ def reclaim_homes(view: View, draft: Draft, needs: list[RolloutNeed], guaranteed
             draft.expand(pid, bundle)
 
 
-def muster(view: View, draft: Draft, needs: list[RolloutNeed]) -> None:
+def muster(view: View, draft: Draft, needs: list[RolloutNeed], caps: dict[str, int]) -> None:
     """Keep a bundle for the job starving longest, once it has waited twice ``min_residency_s`` with no worker.
 
     Its first worker may come from any donor, but not from a worker that is another starving job's turn
     (:meth:`DonorRules.may_take`). Where its bundles are wider than the others' workers, turns that start
     one after another can leave a turn in every bundle for as long as jobs starve (a four-GPU job among
     one- and two-GPU ones waited 1,375 s where turns lasted 20-60 s). So the bundle of its that is
-    nearest to free (no gang stage, fewest turns, fewest running trajectories, then its preference and
-    first GPU) is kept from every other job's rollout: no worker of theirs is placed there or moves
-    there, and no home is reclaimed there, until it has its worker (as each turn there ends).
+    nearest to free (fewest workers it may not take now: turns, a nearly finished batch's last worker;
+    then fewest running trajectories, its preference and first GPU) is kept from every other job's
+    rollout: no worker of theirs is placed there or moves there, until it has its worker (as each turn
+    there ends). Only a job that may hold a worker (``caps``: its tenant's limit), and only on a bundle no
+    gang stage holds and no other job owns as its home (an owner keeps its home, :func:`reclaim_homes`).
     """
     wait = 2.0 * view.config.min_residency_s
     hungry = [
         n
         for n in needs
-        if n.starving and n.need > 0 and draft.worker_count(n.pipeline_id) == 0 and view.now - n.entry.wanting_since >= wait
+        if n.starving
+        and n.need > 0
+        and caps.get(n.pipeline_id, 1) > 0
+        and draft.worker_count(n.pipeline_id) == 0
+        and view.now - n.entry.wanting_since >= wait
     ]
     if not hungry:
         return
     n = min(hungry, key=lambda m: (starving_key(m), m.pipeline_id))
     by_pid = {m.pipeline_id: m for m in needs}
+    homes = {g for pid, bundles in owned_bundles(view).items() if pid != n.pipeline_id for b in bundles for g in b}
+
+    def stuck(h: RolloutWorker) -> bool:
+        d = by_pid.get(h.pipeline_id)
+        if d is None or not d.loads.get(h.gpus[0], 0):
+            return False
+        return d.entry.in_turn(h.gpus[0], view.now, view.config) or (d.protected and draft.worker_count(d.pipeline_id) <= 1)
 
     def nearest_free(bundle: Gpus) -> tuple:
-        holders = {draft.owner[g] for g in bundle} - {None}
-        turns = running = 0
-        for h in holders:
-            d = by_pid.get(h.pipeline_id) if isinstance(h, RolloutWorker) else None
-            load = d.loads.get(h.gpus[0], 0) if d is not None else 0
-            running += load
-            turns += bool(load) and d is not None and d.entry.in_turn(h.gpus[0], view.now, view.config)
-        gang = any(isinstance(h, GangHolder) for h in holders)
-        return (gang, turns, running, n.entry.bundle_rank[bundle], bundle[0])
+        holders = sorted({draft.owner[g] for g in bundle} - {None}, key=lambda w: w.sort_key)
+        running = sum(by_pid[h.pipeline_id].loads.get(h.gpus[0], 0) for h in holders if h.pipeline_id in by_pid)
+        return (sum(map(stuck, holders)), running, n.entry.bundle_rank[bundle], bundle[0])
 
-    bundles = sorted(set(n.entry.bundle_of.values()))
+    owner = draft.owner
+    bundles = [
+        b
+        for b in sorted(set(n.entry.bundle_of.values()))
+        if homes.isdisjoint(b) and not any(isinstance(owner[g], GangHolder) for g in b)
+    ]
     if bundles:
         draft.mustered = (n.pipeline_id, frozenset(min(bundles, key=nearest_free)))
 

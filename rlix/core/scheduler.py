@@ -336,10 +336,10 @@ class Scheduler:
         return [e.spec.pipeline_id for e in self._view.active()]
 
     def admission_refusal(self, pipeline_id: str) -> str | None:
-        """Why the pipeline's admission (its model load, or whichever stage it asks for first) waits for its
-        queues now (one line), or None: no queue holds it back (it may still wait for GPUs)."""
+        """Why the pipeline's admission (its model load, or whichever stage or worker it is given first) waits
+        for its queues now (one line), or None: no queue holds it back (it may still wait for GPUs)."""
         entry = self._view.pipelines.get(pipeline_id)
-        if entry is None or entry.admitted or not any(pid == pipeline_id for pid, _ in self._requests):
+        if entry is None or entry.admitted:
             return None
         return refusal(self._view, Draft(self.ledger, self._view.now), entry.spec)
 

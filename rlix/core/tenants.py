@@ -182,8 +182,7 @@ def _fit_floors(bounds: list[tuple[float, float, float]], total: float, held: li
 
 
 def admits_under_limit(view: View, draft: Draft, req: GangRequest) -> bool:
-    """A job's gang stage (its model load, or a later one) starts only while its tenant's gang stages, with
-    it, fit under the tenant's limit."""
+    """A job's model load starts only while its tenant's gang stages, with it, fit under the tenant's limit."""
     tenant = view.config.tenant(view.pipelines[req.pipeline_id].spec.tenant)
     if tenant.borrow_limit_gpus is None:
         return True

@@ -349,7 +349,9 @@ class Plan:
 class TenantSpec:
     """A tenant's share of the cluster (the Kueue model): its jobs' GPUs, together, are split
     with the other tenants' by ``weight``; it gets at least ``guarantee_gpus`` whenever its jobs
-    can use them, and never more than ``guarantee_gpus + borrow_limit_gpus`` (None: no limit)."""
+    can use them, and never more than ``guarantee_gpus + borrow_limit_gpus`` (None: no limit) for its
+    rollout or at a job's admission (its model load must fit beside the gang stages the tenant holds
+    then; the later gang stages of jobs already admitted do not wait for the limit)."""
 
     name: str
     weight: float = 1.0

@@ -169,7 +169,9 @@ def _writing(flag: str, path: str | Path) -> Iterator[None]:
         yield
     except OSError as e:
         why = e.strerror or e
-        raise UserError(f"{flag} {path}: not written ({why}); run again with another path (a replay repeats exactly)") from None
+        raise UserError(
+            f"{flag} {path}: not written ({why}); run it again with another path (it gives the same results)"
+        ) from None
 
 
 def _fitting(trace: Trace, policies: list[str]) -> Trace:
@@ -373,7 +375,7 @@ def _generate(args, console: Console, err: Console) -> int:
     model = scenarios.build(args.scenario, args.seed)
     out = Path(args.output or f"traces/{args.scenario}.json")
     check_output("--output", out)
-    with _writing("--out", out):
+    with _writing("--output", out):
         dump_trace(model, out)
     trace = Trace(model, str(out))
     console.print(

@@ -539,15 +539,22 @@ def test_a_cancel_that_lands_mid_rollout_leaves_the_scheduler_as_a_cancel_not_a_
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), args=SimpleNamespace(output_dir="out"))
     with pytest.raises(SystemExit) as exit_:
         job._stop_now(trainer)  # no pool yet: leaving does not fail on it either
-    assert exit_.value.code == 3 and told == [(Outcome.CANCELLED, "")]
+    assert exit_.value.code == 3 and told == [(Outcome.CANCELLED, "cancelled by ann@h")]
 
 
 def test_a_rollout_after_training_ended_is_refused_in_one_line():
     """Before: trainer.evaluate() after train() started a second Ray and failed on 'NoneType' has no 'release'."""
     pytest.importorskip("transformers")
+    from rlix.integrations.ranks import Ranks
     from rlix.integrations.trl import JobSettings, JobState, RlixGRPO
 
     job = RlixGRPO(JobSettings(name="j"))
-    assert job.life.become(JobState.RUNNING) and job.life.become(JobState.FINISHED)
-    with pytest.raises(RuntimeError, match=re.escape("rlix job 'j': a rollout outside trainer.train()")):
-        job.rollout(["a prompt"], trainer=None)
+    assert job.life.become(JobState.RUNNING)
+    job.end(step=3, output_dir="out")  # training ended (every rank ends; here one)
+    for rank in (0, 1):  # every rank refuses, rank 1 too, which never had a client: none waits in a gather
+        job.ranks = Ranks(2, rank)
+        with pytest.raises(RuntimeError, match=re.escape("rlix job 'j': a rollout outside trainer.train()")):
+            job.rollout(["a prompt"], trainer=None)
+    running = RlixGRPO(JobSettings(name="k"))
+    running.ranks = Ranks(2, 1)
+    assert running.life.become(JobState.RUNNING) and not running.left  # a running rank 1 has no client, and plays

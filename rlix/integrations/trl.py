@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import enum
+import numbers
 import random
 import shutil
 import sys
@@ -200,8 +201,9 @@ def rlix_grpo(
     if engine not in ENGINES:
         raise ValueError(f"rlix_grpo: engine={engine!r}; use one of {', '.join(ENGINES)}")
     slots = ENGINE_SLOTS[engine] if slots_per_worker is None else slots_per_worker
-    for arg, value in (("slots_per_worker", slots), ("gpus", gpus)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    counts = {"slots_per_worker": slots} | ({"gpus": gpus} if address is None else {})  # gpus: a private cluster's
+    for arg, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"rlix_grpo: {arg}={value!r}; give a whole number >= 1")
     settings = JobSettings(
         name=name,
@@ -321,6 +323,7 @@ class RlixGRPO:
         self.closing: asyncio.Task | None = None  # the pool's close begun as the scheduler dropped the job
         self.saved_at = -1  # the global step of the last checkpoint TRL saved
         self.ranks = Ranks()  # the training processes; rank 0 speaks for the job
+        self.left = False  # it left the scheduler (every rank): training ended
 
     # ------------------------------------------------------------ joining and leaving
 
@@ -389,6 +392,7 @@ class RlixGRPO:
         dropped by the scheduler, it exits with 1, saying why."""
         if self.status is JobState.PENDING:
             return
+        self.left = True
         if self.client is not None:
             self._leave(error)
         standing = self._shared(error)
@@ -419,7 +423,7 @@ class RlixGRPO:
         atexit.unregister(self._leave_at_exit)
         self.life.become(JobState.FAILED if error else JobState.FINISHED)
         try:
-            self.client.unregister(Outcome(self.status.value), self.life.error or error)
+            self.client.unregister(Outcome(self.status.value), self.life.standing(error).why)  # who cancelled, or why it failed
         except Exception:  # noqa: BLE001 -- already forgotten (killed), or the scheduler is gone
             pass
         finally:
@@ -484,7 +488,7 @@ class RlixGRPO:
         """TRL's ``rollout_func``: one completion per prompt (TRL repeats each prompt ``num_generations`` times).
         Every rank's model and optimizer state go to the host; rank 0 plays every rank's prompts on the
         job's rollout workers, then shares the completions, and each rank takes its own."""
-        if self.status is JobState.PENDING or self.client is None:
+        if self.status is JobState.PENDING or self.left:  # every rank alike: none waits for the others
             raise RuntimeError(
                 f"rlix job '{self.s.name}': a rollout outside trainer.train() (rlix joins when training begins and "
                 "leaves when it ends: trainer.evaluate() runs inside training, with eval_strategy)"

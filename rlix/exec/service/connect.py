@@ -100,7 +100,7 @@ def start_private(cluster: ClusterSpec, policy: str, knobs) -> RayTransport:
     nothing under ``~/.rlix``; it ends with the cluster."""
     from rlix.exec.service.scheduler_actor import SchedulerActor
 
-    handle = SchedulerActor.remote(
+    handle = SchedulerActor.options(max_restarts=-1).remote(  # restarted, as the service is: its job rejoins
         cluster, policy, knobs.core(), time.time(), knobs.plan_interval_s, SHRINK_CALL_S, gpu_names=GPU_NAMES
     )
     return _started(handle)

@@ -21,6 +21,8 @@ NAMESPACE = "rlix"  # the Ray namespace it lives in
 SCHEDULER_CALL_S = 30.0  # deadline of a blocking call to the scheduler (s)
 
 HINT = "start one with 'ray start --head --num-gpus N', or leave --address out to start a local one"
+# For a tool that only reaches a cluster (rlix status, cancel, ...; a TRL job or outside pipeline given an address).
+REACH_HINT = "start one with 'ray start --head --num-gpus N', then the scheduler with 'rlix scheduler start'"
 
 
 class ClusterError(RuntimeError):
@@ -46,9 +48,15 @@ class RayTransport:
         return handle.remote(request, PROTOCOL_VERSION)
 
     async def call(self, request: Request, timeout_s: float | None = None):
-        """The reply to ``request`` (no deadline with ``timeout_s`` None: a gang request waits for GPUs)."""
+        """The reply to ``request`` (no deadline with ``timeout_s`` None: a gang request waits for GPUs). An
+        error the scheduler answered with is raised as itself, as :meth:`call_sync` raises it."""
+        from ray.exceptions import RayTaskError
+
         ref = self.send(request)
-        return await (ref if timeout_s is None else asyncio.wait_for(ref, timeout_s))
+        try:
+            return await (ref if timeout_s is None else asyncio.wait_for(ref, timeout_s))
+        except RayTaskError as exc:
+            raise _answered(exc) from None
 
     def call_sync(self, request: Request, timeout_s: float | None = SCHEDULER_CALL_S):
         """The reply to ``request``, blocking (a Ray ``GetTimeoutError`` after ``timeout_s``). An error the
@@ -59,10 +67,13 @@ class RayTransport:
         try:
             return ray.get(self.send(request), timeout=timeout_s)
         except RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise
+            raise _answered(exc) from None
+
+
+def _answered(exc: BaseException) -> BaseException:
+    """The error a scheduler's call answered with, without Ray's wrapping (its traceback from the actor)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else exc
 
 
 def page_file(gcs_port: int) -> Path:
@@ -170,34 +181,36 @@ def _is_local(ip) -> bool:
     return True
 
 
-def answers(address: str, where: str) -> None:
+def answers(address: str, where: str, hint: str = HINT) -> None:
     """Raise one line (:class:`ClusterError`) unless something listens at ``address`` (``auto``: not checked
-    here); ``where`` names the setting it came from. Cheap: a run checks it before anything else."""
+    here); ``where`` names the setting it came from, ``hint`` what to do. Cheap: a run checks it before anything else."""
     if address == "auto":
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
     except (OSError, ValueError, OverflowError):  # OverflowError: a port past any C long
-        raise ClusterError(f"{where} {address}: no Ray cluster answers there; {HINT}") from None
+        raise ClusterError(f"{where} {address}: no Ray cluster answers there; {hint}") from None
 
 
 def join(address: str, gpus_needed: int, where: str, *, quiet: bool = False) -> None:
     """Connect to an existing Ray cluster, failing fast with one line if it is not there.
 
     ``where`` names the setting the address came from (``--address`` or ``ray.address``);
-    ``quiet``: without Ray's notices on connecting (the ``rlix`` tools).
+    ``quiet``: without Ray's notices on connecting, for a caller that only reaches a cluster (the ``rlix``
+    tools, a client): its hint does not offer a local cluster.
     """
     import logging
 
     import ray
 
-    answers(address, where)
+    hint = REACH_HINT if quiet else HINT
+    answers(address, where, hint)
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING if quiet else logging.INFO)
     except ConnectionError:
         raise ClusterError(
-            f"{where} {address}: no Ray cluster accepted the connection; {HINT} "
+            f"{where} {address}: no Ray cluster accepted the connection; {hint} "
             "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its token, e.g. in ~/.ray/auth_token)"
         ) from None
     have = int(ray.cluster_resources().get("GPU", 0))

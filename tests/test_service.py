@@ -233,7 +233,7 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
     went = [p for p, _ in first["phases"]]
     assert went[:3] == ["submitted", "queued", "loading"] and went[-1] == "cancelled", went
     res = cluster.rlix("cancel", "nobody")
-    assert res.returncode == 1 and "no job 'nobody' on this cluster" in res.stderr
+    assert res.returncode == 2 and "no job 'nobody' on this cluster" in res.stderr
     # the name runs again: a job of its own, with its own id and GPU-seconds (nothing of the first carries over)
     again = write_config(tmp_path / "again.yaml", [job("eta", "2-3", steps=2)], out=tmp_path / "out_long")
     assert finished(cluster.submit(again)) == 0, again.with_suffix(".err").read_text()[-2000:]

@@ -511,3 +511,50 @@ def test_a_model_saved_for_the_rollout_workers_is_removed_as_the_job_leaves(tmp_
     job.life.become(JobState.RUNNING)
     job._leave("")
     assert not Path(path).exists()
+
+
+@pytest.mark.parametrize("setting", [{"slots_per_worker": 0}, {"gpus": 0}, {"slots_per_worker": 1.5}])
+def test_worker_counts_rlix_cannot_use_are_refused_in_one_line_naming_the_argument(setting):
+    """Before: slots_per_worker=0 failed only once Ray and the scheduler had started, naming an internal class."""
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import rlix_grpo
+
+    ((arg, value),) = setting.items()
+    with pytest.raises(ValueError, match=re.escape(f"rlix_grpo: {arg}={value!r}; give a whole number >= 1")):
+        rlix_grpo("job", **setting)
+
+
+def test_a_cancel_that_lands_mid_rollout_leaves_the_scheduler_as_a_cancel_not_a_drop():
+    """Before: the scheduler recorded 'the rlix scheduler dropped the job mid-rollout' for a user's cancel."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("transformers")
+    from rlix.integrations.trl import JobSettings, JobState, RlixGRPO
+    from rlix.protocol import Outcome, Stopped
+
+    told = []
+    job = RlixGRPO(JobSettings(name="j", address="ray://elsewhere:10001"))
+    job.client = SimpleNamespace(unregister=lambda outcome, error: told.append((outcome, error)), close=lambda: None)
+    assert job.life.become(JobState.RUNNING) and job.life.become(JobState.CANCELLED, cancelled_by=Stopped(by="ann@h"))
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), args=SimpleNamespace(output_dir="out"))
+    with pytest.raises(SystemExit) as exit_:
+        job._stop_now(trainer)  # no pool yet: leaving does not fail on it either
+    assert exit_.value.code == 3 and told == [(Outcome.CANCELLED, "cancelled by ann@h")]
+
+
+def test_a_rollout_after_training_ended_is_refused_in_one_line():
+    """Before: trainer.evaluate() after train() started a second Ray and failed on 'NoneType' has no 'release'."""
+    pytest.importorskip("transformers")
+    from rlix.integrations.ranks import Ranks
+    from rlix.integrations.trl import JobSettings, JobState, RlixGRPO
+
+    job = RlixGRPO(JobSettings(name="j"))
+    assert job.life.become(JobState.RUNNING)
+    job.end(step=3, output_dir="out")  # training ended (every rank ends; here one)
+    for rank in (0, 1):  # every rank refuses, rank 1 too, which never had a client: none waits in a gather
+        job.ranks = Ranks(2, rank)
+        with pytest.raises(RuntimeError, match=re.escape("rlix job 'j': a rollout outside trainer.train()")):
+            job.rollout(["a prompt"], trainer=None)
+    running = RlixGRPO(JobSettings(name="k"))
+    running.ranks = Ranks(2, 1)
+    assert running.life.become(JobState.RUNNING) and not running.left  # a running rank 1 has no client, and plays

@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import enum
+import numbers
 import random
 import shutil
 import sys
@@ -200,6 +201,10 @@ def rlix_grpo(
     if engine not in ENGINES:
         raise ValueError(f"rlix_grpo: engine={engine!r}; use one of {', '.join(ENGINES)}")
     slots = ENGINE_SLOTS[engine] if slots_per_worker is None else slots_per_worker
+    counts = {"slots_per_worker": slots} | ({"gpus": gpus} if address is None else {})  # gpus: a private cluster's
+    for arg, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"rlix_grpo: {arg}={value!r}; give a whole number >= 1")
     settings = JobSettings(
         name=name,
         address=address,
@@ -318,6 +323,7 @@ class RlixGRPO:
         self.closing: asyncio.Task | None = None  # the pool's close begun as the scheduler dropped the job
         self.saved_at = -1  # the global step of the last checkpoint TRL saved
         self.ranks = Ranks()  # the training processes; rank 0 speaks for the job
+        self.left = False  # it left the scheduler (every rank): training ended
 
     # ------------------------------------------------------------ joining and leaving
 
@@ -386,6 +392,7 @@ class RlixGRPO:
         dropped by the scheduler, it exits with 1, saying why."""
         if self.status is JobState.PENDING:
             return
+        self.left = True
         if self.client is not None:
             self._leave(error)
         standing = self._shared(error)
@@ -416,11 +423,12 @@ class RlixGRPO:
         atexit.unregister(self._leave_at_exit)
         self.life.become(JobState.FAILED if error else JobState.FINISHED)
         try:
-            self.client.unregister(Outcome(self.status.value), self.life.error or error)
+            self.client.unregister(Outcome(self.status.value), self.life.standing(error).why)  # who cancelled, or why it failed
         except Exception:  # noqa: BLE001 -- already forgotten (killed), or the scheduler is gone
             pass
         finally:
-            self.client.run(self._close_pool(), interruptible=False)
+            if self.pool is not None:  # None: it failed before its rollout workers' pool was made
+                self.client.run(self._close_pool(), interruptible=False)
             self.client.close()
             self.client = None
             self.engines.drop_copy()
@@ -445,11 +453,11 @@ class RlixGRPO:
         if self.s.address is not None:
             return connect(self.s.address, where="address")
         from rlix.exec.config import SchedulerKnobs
-        from rlix.exec.service.connect import start
+        from rlix.exec.service.connect import start_private
         from rlix.ray_runtime import init_local_ray
 
         init_local_ray(num_gpus=self.s.gpus, log_to_driver=False, include_dashboard=False)
-        return start(ClusterSpec(nodes=1, gpus_per_node=self.s.gpus), "rlix", SchedulerKnobs())
+        return start_private(ClusterSpec(nodes=1, gpus_per_node=self.s.gpus), "rlix", SchedulerKnobs())
 
     def _spec(self) -> PipelineSpec:
         tp = self.engines.gpus_per_worker
@@ -480,8 +488,11 @@ class RlixGRPO:
         """TRL's ``rollout_func``: one completion per prompt (TRL repeats each prompt ``num_generations`` times).
         Every rank's model and optimizer state go to the host; rank 0 plays every rank's prompts on the
         job's rollout workers, then shares the completions, and each rank takes its own."""
-        if self.status is JobState.PENDING:
-            raise RuntimeError(f"rlix job '{self.s.name}': a rollout outside trainer.train() (rlix joins when training begins)")
+        if self.status is JobState.PENDING or self.left:  # every rank alike: none waits for the others
+            raise RuntimeError(
+                f"rlix job '{self.s.name}': a rollout outside trainer.train() (rlix joins when training begins and "
+                "leaves when it ends: trainer.evaluate() runs inside training, with eval_strategy)"
+            )
         prompt_ids = [list(p) for p in trainer._tokenize_prompts(prompts)[0]]  # exactly as TRL tokenizes
         _move(trainer, "cpu")
         parts = self.ranks.gather(prompt_ids)  # also: every rank's GPUs are free before the stage is given back
@@ -526,10 +537,12 @@ class RlixGRPO:
     def _stop_now(self, trainer) -> NoReturn:
         """A checkpoint of the step the rollout began at (TRL's own), then leave (the process exits)."""
         step = trainer.state.global_step
-        if self.status is JobState.CANCELLED and step > 0:
+        cancelled = self.status is JobState.CANCELLED
+        if cancelled and step > 0:
             trainer._save_checkpoint(trainer.model, trial=None)
             self.saved_at = step
-        self.end("the rlix scheduler dropped the job mid-rollout", step=step, output_dir=trainer.args.output_dir)
+        dropped = "" if cancelled else "the rlix scheduler dropped the job mid-rollout"  # a cancel is told as a cancel
+        self.end(dropped, step=step, output_dir=trainer.args.output_dir)
         raise SystemExit(1)  # not reached: end() exits for a cancelled or dropped job
 
     # ------------------------------------------------------------ progress

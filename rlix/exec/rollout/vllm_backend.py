@@ -46,6 +46,7 @@ import itertools
 import json
 import os
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -171,7 +172,7 @@ class VllmRolloutBackend(RolloutBackend):
         self._lora_ids = itertools.count(1)
         self._lock = threading.Condition()
         self._engine: EngineThread | None = None  # built on the first wake
-        self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
+        self._adapter_dir: Path | None = None  # adapter versions written for vLLM: made at the first, gone at close
         self._device = "cpu"  # set by prepare
         self._staging = None  # PinnedStaging on one GPU, reused across syncs
 
@@ -275,6 +276,8 @@ class VllmRolloutBackend(RolloutBackend):
             return
         # A new id per version (vLLM caches adapters by id). The old version is not removed: requests
         # still running keep it, and vLLM's LRU cache evicts it once idle (max_loras leaves room for two).
+        if self._adapter_dir is None:
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
         request = _lora_request(snapshot, self.lora, self.model_path, self._adapter_dir, next(self._lora_ids))
         self._adapters[snapshot.name] = (snapshot.version, request)
 
@@ -321,6 +324,9 @@ class VllmRolloutBackend(RolloutBackend):
         engine, self._engine = self._engine, None
         if engine is not None:
             _shut_down(engine)
+        folder, self._adapter_dir = self._adapter_dir, None
+        if folder is not None:  # the engine that read its adapters is gone
+            shutil.rmtree(folder, ignore_errors=True)
 
     @property
     def weight_version(self) -> int:

@@ -449,7 +449,7 @@ def _cancel(service, args) -> int:
     reply = service.call_sync(protocol.Cancel(job=args.job, by=protocol.asker(), force=args.force))
     done = reply.found and not reply.refused
     print(reply.message if done else f"rlix: {reply.message}", file=sys.stdout if done else sys.stderr)
-    return 0 if done else 1
+    return 0 if done else 2  # no such job, or another user's without --force: a mistake in the command, as elsewhere
 
 
 def _timeline(service, args) -> int:

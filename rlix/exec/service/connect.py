@@ -67,8 +67,6 @@ def start(
 
     ``knobs``: a :class:`rlix.exec.config.SchedulerKnobs` (the config's scheduler block).
     """
-    import ray
-
     from rlix.exec.service.scheduler_actor import SchedulerActor
 
     handle = SchedulerActor.options(
@@ -93,6 +91,25 @@ def start(
         pages=True,
         keep_ended_s=keep_ended_s,
     )
+    return _started(handle)
+
+
+def start_private(cluster: ClusterSpec, policy: str, knobs) -> RayTransport:
+    """A scheduler for one script's own Ray cluster (a TRL job run without an address): it reserves the
+    cluster's GPUs as the service does, but is not named, keeps no history, serves no pages and writes
+    nothing under ``~/.rlix``; it ends with the cluster."""
+    from rlix.exec.service.scheduler_actor import SchedulerActor
+
+    handle = SchedulerActor.options(max_restarts=-1).remote(  # restarted, as the service is: its job rejoins
+        cluster, policy, knobs.core(), time.time(), knobs.plan_interval_s, SHRINK_CALL_S, gpu_names=GPU_NAMES
+    )
+    return _started(handle)
+
+
+def _started(handle) -> RayTransport:
+    """The transport to a scheduler actor once it has started (reserved its GPUs); none is left half started."""
+    import ray
+
     service = RayTransport(handle)
     try:
         service.call_sync(protocol.Start(), SCHEDULER_CALL_S + RESERVE_WAIT_S)

@@ -181,3 +181,20 @@ def test_a_tenants_limit_is_checked_at_admission_and_its_admitted_jobs_stages_do
     sched.step(3, [ReleaseStage(pipeline_id="a3", stage=Stage.INIT)])
     plan = sched.step(4, [RequestStage(pipeline_id=p, stage=Stage.ACTOR_TRAIN) for p in ("a1", "a2", "a3")])
     assert [g.pipeline_id for g in plan.grants] == ["a1", "a2", "a3"]
+
+
+def test_a_worker_the_split_hands_between_two_jobs_of_a_tenant_at_its_limit_moves_once_resident():
+    """Found in review: with room for one worker under its limit, two jobs' floors took turns at every plan
+    and the worker moved every 5 s, whatever min_residency_s said. It moves once it has resided (30 s)."""
+    config = SchedulerConfig(tenants=(TenantSpec(name="a", guarantee_gpus=2, borrow_limit_gpus=0), TenantSpec(name="b")))
+    sched = Scheduler(ClusterSpec(nodes=1, gpus_per_node=8), "rlix", config)
+    register(sched, *(replace(spec(p, (0,), range(8), tp=2, slots=4), tenant="a") for p in ("a1", "a2")))
+    moves = []
+    for t in range(0, 200, 5):
+        events = [
+            demand(p, 400, dict.fromkeys((w.gpus[0] for w in sched.workers(p)), 4), trajectory_s=1000) for p in ("a1", "a2")
+        ]
+        plan = sched.step(float(t), events)
+        assert sum(len(w.gpus) for p in ("a1", "a2") for w in sched.workers(p)) <= 2  # the limit holds throughout
+        moves += [(t, e.worker.pipeline_id) for e in plan.expands]
+    assert moves == [(0, "a1"), (30, "a2"), (60, "a1"), (90, "a2"), (120, "a1"), (150, "a2"), (180, "a1")]

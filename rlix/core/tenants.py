@@ -141,7 +141,12 @@ def trim_to_limits(view: View, draft: Draft, needs: list[RolloutNeed], shares: d
     """A tenant that would hold more GPUs than its limit once its jobs below their shares get them (its
     gang stages grew beside rollout workers it already held) gives rollout workers back until it fits:
     from its job furthest above its share (whole workers, as :func:`worker_caps`), least busy worker
-    first. A job is never cut below its share, so no later pass of the plan places the worker back."""
+    first. A job is never cut below its share, so no later pass of the plan places the worker back.
+
+    Where the tenant is within its limit now and the room is only for a job below its share, a worker
+    moves as it would between jobs (:mod:`rlix.core.rebalance`): only once it has held its GPUs
+    ``min_residency_s``; until then the jobs below their shares keep what they hold (their shares are
+    cut to it), so a worker the split hands back and forth does not move at every plan."""
     gangs = tenant_gang_gpus(view, draft)
     loads = {n.pipeline_id: n.loads for n in needs}
     for tenant in sorted(view.config.tenants, key=lambda t: t.name):
@@ -153,6 +158,11 @@ def trim_to_limits(view: View, draft: Draft, needs: list[RolloutNeed], shares: d
         tp = {pid: view.pipelines[pid].spec.role(Role.ACTOR_INFER).gpus_per_worker for pid in jobs}
         ahead = sum(max(draft.worker_count(pid), whole(shares.get(pid, 0.0))) * tp[pid] for pid in jobs)
         excess = gangs.get(tenant.name, 0) + ahead - tenant.limit_gpus
+        held = gangs.get(tenant.name, 0) + sum(len(w.gpus) for w in workers)
+        if excess > 0 and held <= tenant.limit_gpus and not _all_resident(view, draft, workers, shares):
+            for pid in jobs:  # within its limit now: no room is made before its workers have resided
+                shares[pid] = min(shares.get(pid, 0.0), float(draft.worker_count(pid)))
+            continue
         while excess > 0:
             above = [w for w in workers if draft.worker_count(w.pipeline_id) > whole(shares.get(w.pipeline_id, 0.0))]
             if not above:
@@ -168,6 +178,15 @@ def trim_to_limits(view: View, draft: Draft, needs: list[RolloutNeed], shares: d
             draft.shrink(victim, ShrinkReason.REBALANCE)
             workers.remove(victim)
             excess -= len(victim.gpus)
+
+
+def _all_resident(view: View, draft: Draft, workers: list, shares: dict[str, float]) -> bool:
+    """Have the workers of jobs above their shares (those room would be made from) held their GPUs
+    ``min_residency_s``?"""
+    since = view.now - view.config.min_residency_s
+    placed = draft.ledger.placed_at
+    above = [w for w in workers if draft.worker_count(w.pipeline_id) > whole(shares.get(w.pipeline_id, 0.0))]
+    return all(placed.get(w.gpus[0], since) <= since for w in above)
 
 
 def _fit_floors(bounds: list[tuple[float, float, float]], total: float, held: list[int]) -> list[tuple[float, float, float]]:

@@ -15,9 +15,9 @@ wide bundle split between several holders is still assembled, and jobs that
 cannot all hold a worker at once take turns, longest waiting first: the worker
 a starving job got is not taken by this pass while busy until the job has
 finished a trajectory more (or ``turn_limit_s``), so turns progress even where
-preemption throws running work away, and once the job starving longest has waited
-twice ``min_residency_s`` one of its bundles is kept for it (:func:`muster`) (gang stages and home owners still take
-GPUs back as they always do); busy workers of a nearly finished (protected)
+preemption throws running work away (gang stages and home owners still take
+GPUs back as they always do), and once the job starving longest has waited twice
+``min_residency_s`` one of its bundles is kept for it (:func:`muster`); busy workers of a nearly finished (protected)
 batch are not taken for shares, unless the receiver has no worker at all
 (protection never keeps a pipeline with demand below its floor), but its
 stragglers may be packed onto fewer of its workers; a worker is moved only after

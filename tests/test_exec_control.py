@@ -383,6 +383,62 @@ def test_a_dropped_job_that_has_not_left_gets_nothing_more_and_a_forced_cancel_f
     assert message == "job t#1 (failed) gave its GPUs back" and granted.gpus == (2, 3)
 
 
+def test_a_job_dropped_before_a_restart_rejoins_with_its_gpus_and_is_told_again():
+    """Before: a job dropped while it still ran (nothing can stop its process) rejoined a restarted scheduler
+    as a new job, running on and asking for more. Now it gets back only what it holds, its job stays
+    ended, its calls are refused, and its GPUs go on once it leaves."""
+    from rlix import protocol
+    from rlix.core import Rejoin
+    from rlix.protocol import PipelineGone
+
+    async def scenario():
+        calls: list = []
+        first = _actor(4)
+        await first.start()
+        t = _Coordinator("t", calls)
+        await first.register(spec("t", (0, 1), (0, 1, 2, 3), tp=2), t, owns=False)
+        await first.request("t", Stage.INIT)
+        await first.release("t", Stage.INIT, ReportDemand(pipeline_id="t", pending=16, batch_size=16))
+        await _settle()
+        await first._dropped_alive("t", "unreachable")
+        await first.stop()
+        dropped = set(first.roster.dropped)
+
+        again = _actor(4)  # the restarted life, with what the previous one kept
+        again.roster.before, again.roster.dropped_before = dict(first.roster.pipelines), dropped
+        await again.start()
+        await again.register(spec("b", (2, 3), (2, 3), tp=2), _Coordinator("b", calls))
+        back = Rejoin(
+            spec=spec("t", (0, 1), (0, 1, 2, 3), tp=2),
+            workers=((0, 1), (2, 3)),
+            demand=ReportDemand(pipeline_id="t", pending=16, batch_size=16),
+        )
+        with pytest.raises(PipelineGone, match="before its restart"):
+            await again.rejoin(back, t, owns=False)
+        rejoined = await again.holdings()
+
+        async def refuse(gpus, reason):
+            raise RuntimeError("its process did not answer")
+
+        t.shrink = Remote(refuse)
+        b_load = asyncio.ensure_future(again.request("b", Stage.INIT))  # t's worker on 2-3 must go: it does not answer
+        await asyncio.sleep(0.2)
+        waited = not b_load.done()
+        with pytest.raises(PipelineGone):
+            await again.alive("t")
+        listed = {r.name for r in (await again.status()).jobs}
+        await again.unregister("t", protocol.Outcome.FAILED, "dropped", caller=t)  # it stopped, and leaves
+        granted = await asyncio.wait_for(b_load, 5)
+        await again.stop()
+        return dropped, rejoined, waited, listed, granted, again.roster.dropped
+
+    dropped, rejoined, waited, listed, granted, dropped_after = asyncio.run(scenario())
+    assert dropped == {"t"}
+    assert rejoined == {"t": (0, 1, 2, 3)} and waited  # its GPUs stay its own while it may work there
+    assert "t" not in listed  # not a new job
+    assert granted.gpus == (2, 3) and dropped_after == set()
+
+
 # ------------------------------------------------------------------ rollout control
 
 

@@ -255,6 +255,27 @@ def test_a_restarted_scheduler_plans_once_every_pipeline_it_had_is_back_or_gone_
     assert late.waiting(29.9) and not late.waiting(30.0)
 
 
+def test_a_restarted_scheduler_reads_back_which_pipelines_it_had_dropped_while_they_ran(monkeypatch):
+    """What a life keeps in Ray's key-value store (faked here: the store is the process boundary) tells the
+    next life which of its pipelines were dropped; one that left since is no longer dropped."""
+    from rlix.exec.service import roster
+
+    store: dict[str, str] = {}
+    monkeypatch.setattr(roster, "keep", lambda key, value: store.__setitem__(key, json.dumps(value)))
+    monkeypatch.setattr(roster, "kept", lambda key: json.loads(store[key]) if key in store else None)
+    first = Roster(restarted=False, persist=True, now=0.0, max_wait_s=30.0)
+    for pid in ("a", "b", "c"):
+        first.joined(pid)
+    first.drop("a")
+    first.drop("b")
+    first.left("b")
+    again = Roster(restarted=True, persist=True, now=100.0, max_wait_s=30.0)
+    assert again.before == {"a": None, "c": None} and again.expected == {"a", "c"}
+    assert again.was_dropped("a") and not again.was_dropped("b") and not again.was_dropped("c")
+    fresh = Roster(restarted=False, persist=True, now=0.0, max_wait_s=30.0)  # a first life reads nothing back
+    assert fresh.before == {} and not fresh.was_dropped("a")
+
+
 def test_the_status_table_shows_tenants_where_jobs_name_them():
     from rich.console import Console
 

@@ -8,7 +8,10 @@ and plans nothing until every one of them has rejoined with what it holds,
 or left, or ``max_wait_s`` has passed: the GPUs of a pipeline not heard from
 yet are not known to be free. A rejoining pipeline keeps its admission time,
 so the order in which jobs sharing a home were admitted survives the restart.
-Outside a Ray actor (a test building the
+A pipeline the service dropped while it still ran (one it cannot stop, which
+keeps its GPUs until it leaves) is kept as dropped, so that after a restart
+it rejoins with what it holds and is told again that it was dropped, rather
+than running on as a new job. Outside a Ray actor (a test building the
 scheduler in-process) nothing is written and nothing is awaited.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 
 KV_KEY = "rlix-scheduler/pipelines"
+KV_DROPPED = "rlix-scheduler/dropped"
 KV_NAMESPACE = "rlix"
 
 
@@ -24,15 +28,27 @@ class Roster:
     """The registered pipelines, kept where a restarted scheduler finds them."""
 
     def __init__(
-        self, *, restarted: bool, persist: bool, now: float, max_wait_s: float, before: dict[str, float | None] | None = None
+        self,
+        *,
+        restarted: bool,
+        persist: bool,
+        now: float,
+        max_wait_s: float,
+        before: dict[str, float | None] | None = None,
+        dropped_before: set[str] | None = None,
     ) -> None:
-        """``before``: the previous life's pipelines and when each was admitted (None: read back where
-        restarted and persisted, else none)."""
+        """``before``: the previous life's pipelines and when each was admitted; ``dropped_before``: those of
+        them it had dropped (None: read back where restarted and persisted, else none)."""
         self.persist = persist
         self.pipelines: dict[str, float | None] = {}  # registered pipelines -> when admitted (None: not yet)
+        self.dropped: set[str] = set()  # registered pipelines dropped while they still run
+        load = restarted and persist
         if before is None:
-            before = self._load() if restarted and persist else {}
+            before = dict(kept(KV_KEY) or {}) if load else {}
+        if dropped_before is None:
+            dropped_before = set(kept(KV_DROPPED) or ()) if load else set()
         self.before = before
+        self.dropped_before = dropped_before
         self.expected: set[str] = set(self.before)  # still to rejoin
         self.until = now + max_wait_s if restarted else float("-inf")
         self._swept = False  # the jobs that did not rejoin have been ended
@@ -57,6 +73,16 @@ class Roster:
         """When the previous life admitted a rejoining pipeline (None: it had not, or it is new)."""
         return self.before.get(pipeline_id)
 
+    def was_dropped(self, pipeline_id: str) -> bool:
+        """Whether the previous life had dropped the pipeline while it still ran."""
+        return pipeline_id in self.dropped_before
+
+    def drop(self, pipeline_id: str) -> None:
+        """The pipeline is dropped but still registered: it keeps what it holds until it leaves."""
+        self.dropped.add(pipeline_id)
+        if self.persist:
+            keep(KV_DROPPED, sorted(self.dropped))
+
     def joined(self, pipeline_id: str, admitted_at: float | None = None) -> None:
         self.expected.discard(pipeline_id)
         self.pipelines[pipeline_id] = admitted_at
@@ -72,13 +98,14 @@ class Roster:
         self.expected.discard(pipeline_id)
         self.pipelines.pop(pipeline_id, None)
         self._save()
+        if pipeline_id in self.dropped:
+            self.dropped.discard(pipeline_id)
+            if self.persist:
+                keep(KV_DROPPED, sorted(self.dropped))
 
     def _save(self) -> None:
         if self.persist:
             keep(KV_KEY, self.pipelines)
-
-    def _load(self) -> dict[str, float | None]:
-        return dict(kept(KV_KEY) or {})
 
 
 def keep(key: str, value) -> None:

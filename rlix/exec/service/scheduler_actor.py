@@ -331,6 +331,8 @@ class SchedulerActor:
             raise PipelineGone(f"pipeline '{pid}' is registered by another process now; stop this one")
         if event.admitted_at is None:  # when the previous life admitted it, as it kept it
             event = dataclasses.replace(event, admitted_at=self.roster.admitted_before(pid))
+        if self.roster.was_dropped(pid):
+            await self._rejoined_dropped(event, endpoint, owns)  # raises PipelineGone: it was dropped
         await self._event(event)
         self.books.jobs.rejoined(pid, user, event.admitted, self.now())
         self._joined(event.spec, endpoint, owns)
@@ -665,11 +667,24 @@ class SchedulerActor:
         if pipeline_id not in self.core.pipelines() or pipeline_id in self.gone:
             return
         self.gone.add(pipeline_id)
+        self.roster.drop(pipeline_id)
         self.books.jobs.end(pipeline_id, Outcome.FAILED, why, self.now())
         self.errors.append(f"pipeline '{pipeline_id}' {why}; it keeps its GPUs until it leaves (rlix cancel --force frees them)")
         withdrawn = [ReleaseStage(pipeline_id=pipeline_id, stage=stage) for stage in self.requests.stages_of(pipeline_id)]
         self.requests.fail(pipeline_id)
         await self._event(*withdrawn, ReportDemand(pipeline_id=pipeline_id, pending=0))
+
+    async def _rejoined_dropped(self, event: Rejoin, endpoint, owns: bool) -> None:
+        """A pipeline the previous life dropped while it still ran rejoins: it gets its holdings back, so none
+        is given to another job while it may still work there, and nothing more; its job stays ended, and
+        it is told again (:class:`PipelineGone`)."""
+        pid = event.spec.pipeline_id
+        await self._event(dataclasses.replace(event, demand=None))
+        self._joined(event.spec, endpoint, owns)
+        self.gone.add(pid)
+        self.roster.drop(pid)
+        self.errors.append(f"pipeline '{pid}' was dropped before the restart; it keeps its GPUs until it leaves")
+        raise PipelineGone(f"pipeline '{pid}' was unregistered by the scheduler before its restart; stop it")
 
     async def _drop(self, pipeline_id: str, status: Outcome, error: str) -> None:
         """Unregister a pipeline that no longer obeys: its endpoint (and the processes it owns) is

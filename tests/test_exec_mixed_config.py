@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,21 @@ def test_torch_path_never_imports_vllm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_lora_workers_adapter_folder_left_by_a_killed_process_is_removed_by_the_next(tmp_path):
+    """Before: a LoRA rollout worker ended with ray.kill never ran its close, and its folder of adapter
+    versions stayed in /tmp for good. A worker's folder is named by its process; the next worker on the
+    host removes those whose process is gone, and leaves a live one's alone."""
+    from rlix.exec.rollout.vllm_backend import ADAPTER_PREFIX, adapter_folder
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{ADAPTER_PREFIX}{int(gone.stdout)}-abc"
+    (dead / "a-v3").mkdir(parents=True)
+    live = tmp_path / f"{ADAPTER_PREFIX}{os.getppid()}-def"
+    live.mkdir()
+    other = tmp_path / f"{ADAPTER_PREFIX}notapid"
+    other.mkdir()
+    made = adapter_folder(tmp_path)
+    assert made.is_dir() and made.name.startswith(f"{ADAPTER_PREFIX}{os.getpid()}-")
+    assert not dead.exists() and live.is_dir() and other.is_dir()

@@ -90,6 +90,31 @@ def hf_base_weights(tensors: dict) -> dict:
     return dict(hf_base_pairs(tensors.items()))
 
 
+ADAPTER_PREFIX = "rlix-lora-"  # then the worker's process id: rlix-lora-<pid>-<random>
+
+
+def adapter_folder(root: Path | None = None) -> Path:
+    """A fresh folder in ``root`` (the temporary directory) for one rollout worker's adapter versions, named
+    by its process. Folders of workers whose process is gone (killed, so their ``close`` never ran) are
+    removed first."""
+    root = Path(root or tempfile.gettempdir())
+    for old in root.glob(f"{ADAPTER_PREFIX}*"):
+        pid = old.name.removeprefix(ADAPTER_PREFIX).partition("-")[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{ADAPTER_PREFIX}{os.getpid()}-", dir=root))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def write_peft_adapter(snapshot: AdapterSnapshot, spec: LoraSpec, base_path: str, out_dir: Path) -> Path:
     """Save one adapter version as a peft adapter directory (the format vLLM loads)."""
     from safetensors.torch import save_file
@@ -277,7 +302,7 @@ class VllmRolloutBackend(RolloutBackend):
         # A new id per version (vLLM caches adapters by id). The old version is not removed: requests
         # still running keep it, and vLLM's LRU cache evicts it once idle (max_loras leaves room for two).
         if self._adapter_dir is None:
-            self._adapter_dir = Path(tempfile.mkdtemp(prefix="rlix-lora-"))
+            self._adapter_dir = adapter_folder()
         request = _lora_request(snapshot, self.lora, self.model_path, self._adapter_dir, next(self._lora_ids))
         self._adapters[snapshot.name] = (snapshot.version, request)
 

@@ -28,6 +28,7 @@ from rlix.job import JobModelError, check_stage_roles, pipeline_spec
 
 MAX_SECONDS = 1e9  # about 32 years: beyond it a float clock no longer moves by a trajectory's seconds
 MAX_GPUS = 100_000  # a cluster larger than any built; past it a replay's bookkeeping outgrows the memory
+MAX_SLOTS = 100_000  # trajectories one rollout worker runs at once: far past any engine's batch
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -55,16 +56,24 @@ def parse_gpus(value: object) -> object:
     if isinstance(value, str):
         out: list[int] = []
         for part in value.split(","):
-            lo, _, hi = part.strip().partition("-")
+            lo, dash, hi = part.strip().partition("-")
             try:
-                ids = range(int(lo), int(hi or lo) + 1)
+                ids = range(int(lo), int(hi if dash else lo) + 1)
             except ValueError:
                 raise ValueError(f"'{value}' is not a GPU list; write e.g. [0, 1] or \"0-7\"") from None
+            if not ids:
+                raise ValueError(f"'{part.strip()}' in '{value}' runs backwards; write the lower GPU first, e.g. \"0-7\"")
             if len(out) + len(ids) > MAX_GPUS:  # before the list is made: "0-100000000" would fill the memory
                 raise ValueError(f"'{value}' names more than {MAX_GPUS:,} GPUs; no cluster has them")
             out.extend(ids)
         return out
     return value
+
+
+def gpu_list_schema(schema: dict) -> None:
+    """The JSON Schema of a field :func:`parse_gpus` reads: a list of GPU ids, or a range string."""
+    as_list = {k: schema.pop(k) for k in ("type", "items", "minItems") if k in schema}
+    schema["anyOf"] = [as_list, {"type": "string", "pattern": r"^ *[0-9]+( *- *[0-9]+)?( *, *[0-9]+( *- *[0-9]+)?)* *$"}]
 
 
 class ClusterModel(StrictModel):
@@ -84,7 +93,11 @@ class ClusterModel(StrictModel):
 
 
 class RoleModel(StrictModel):
-    gpus: list[int] = Field(min_length=1, description="GPU ids this role may use: a list or a range string like '0-7'")
+    gpus: list[int] = Field(
+        min_length=1,
+        description="GPU ids this role may use: a list or a range string like '0-7'",
+        json_schema_extra=gpu_list_schema,
+    )
     gpus_per_worker: int = Field(default=1, ge=1, description="tensor-parallel size: GPUs per worker bundle")
 
     _split_gpus = field_validator("gpus", mode="before")(parse_gpus)
@@ -95,9 +108,9 @@ class TenantModel(StrictModel):
 
     name: str = Field(min_length=1, description="the tenant's name, as jobs give it")
     weight: float = Field(default=1.0, gt=0, description="its share against the other tenants' when all want more")
-    guarantee_gpus: int = Field(default=0, ge=0, description="GPUs it gets whenever its jobs can use them")
+    guarantee_gpus: int = Field(default=0, ge=0, le=MAX_GPUS, description="GPUs it gets whenever its jobs can use them")
     borrow_limit_gpus: int | None = Field(
-        default=None, ge=0, description="GPUs it may hold beyond its guarantee (default: no limit)"
+        default=None, ge=0, le=MAX_GPUS, description="GPUs it may hold beyond its guarantee (default: no limit)"
     )
 
     def spec(self) -> TenantSpec:
@@ -109,7 +122,9 @@ class QueueModel(StrictModel):
     run at once, and wait for admission only where a queue says so."""
 
     name: str = Field(min_length=1, description="the queue's name, as status and errors give it")
-    gpus: list[int] = Field(min_length=1, description="the GPUs it limits: a list or a range string like '0-7'")
+    gpus: list[int] = Field(
+        min_length=1, description="the GPUs it limits: a list or a range string like '0-7'", json_schema_extra=gpu_list_schema
+    )
     max_jobs: int = Field(default=0, ge=0, description="most jobs touching these GPUs admitted at once (0: no limit)")
     max_resident_gb: float = Field(
         default=0.0, ge=0, description="most resident model memory (the jobs' resident_gb) admitted at once (0: no limit)"
@@ -328,6 +343,7 @@ class JobModel(StrictModel):
     roles: dict[RoleName, RoleModel] = Field(description="GPU mapping of each role; actor_train and actor_infer are required")
     home: list[int] = Field(
         default_factory=list,
+        json_schema_extra=gpu_list_schema,
         description="GPUs guaranteed to the job: it gets them back the moment it has work for them, and the baselines "
         "confine it there (default: none guaranteed where other jobs map the same GPUs, which makes them co-tenants; "
         "the baselines use the training GPUs, or every GPU the job maps when no rollout bundle lies inside those)",
@@ -336,9 +352,12 @@ class JobModel(StrictModel):
         default=0.0, ge=0, description="host memory its model holds while admitted (the CPU weight cache), for queue limits"
     )
     staleness: int = Field(default=0, ge=0, description="steps rollout may run ahead of training (0 = on-policy)")
-    slots_per_worker: int = Field(default=SLOTS_PER_WORKER, ge=1, description="trajectories one rollout worker runs at once")
+    slots_per_worker: int = Field(
+        default=SLOTS_PER_WORKER, ge=1, le=MAX_SLOTS, description="trajectories one rollout worker runs at once"
+    )
     priority: int = Field(
         default=0,
+        strict=True,  # a whole number: true is not 1
         ge=-10,
         le=10,
         description="job priority, higher wins: its gang stages go first and its rollout share weighs "
@@ -381,6 +400,20 @@ class JobModel(StrictModel):
                 raise ValueError(f"roles.{role} is missing; every job maps actor_train and actor_infer")
         if self.partial_rollout and self.rollout_mode != "streaming":
             raise ValueError("partial_rollout needs rollout_mode 'streaming'")
+        return self
+
+    @model_validator(mode="after")
+    def _home_within_mappings(self) -> JobModel:
+        """A home guarantees GPUs the job uses: each at most once, and each in one of its roles' mappings."""
+        if len(set(self.home)) != len(self.home):
+            twice = next(g for g in self.home if self.home.count(g) > 1)
+            raise ValueError(f"home: GPU {twice} is listed twice; list each GPU once")
+        mapped = {g for role in self.roles.values() for g in role.gpus}
+        if outside := sorted(set(self.home) - mapped):
+            raise ValueError(
+                f"home: GPU {outside[0]} is in none of the job's role mappings; a home guarantees GPUs the job "
+                "uses, so name GPUs its roles map (or widen a role's gpus)"
+            )
         return self
 
     def spec(self, pipeline_id: str, *, resumable: bool) -> PipelineSpec:

@@ -25,6 +25,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from rlix.config import (
+    MAX_GPUS,
     MAX_SECONDS,
     ClusterModel,
     JobModel,
@@ -112,7 +113,7 @@ class StepModel(StrictModel):
         "(generation first and last: [gen, tool, gen, ...])",
     )
     stages: dict[StageName, Seconds] = Field(default_factory=dict, description="seconds of each non-rollout stage")
-    prompts: list[Annotated[int, Field(ge=0)]] | None = Field(
+    prompts: list[Annotated[int, Field(ge=0, lt=2**63)]] | None = Field(
         default=None,
         description="per trajectory, the id of its prompt in the job's dataset (the step's trajectories sharing one "
         "form its group); a prompt seen again in a later step is the same prompt in another epoch",
@@ -168,6 +169,7 @@ class StageCostModel(StrictModel):
     reference_gpus: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_GPUS,
         description="GPUs the given stage seconds were measured on; a stage whose mapping has g GPUs takes "
         "(reference_gpus / g) ** gpu_exponent of them (default: no GPU scaling)",
     )

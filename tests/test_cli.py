@@ -90,6 +90,12 @@ def test_shipped_traces_match_the_committed_schema():
     assert schema == json.loads(json.dumps(json_schema(), sort_keys=True)), "regenerate: python -m rlix.trace --schema"
     for path in sorted(TRACES.glob("*.json")):
         jsonschema.validate(json.loads(path.read_text()), schema)
+    ranged = json.loads((TRACES / "two_jobs.json").read_text())  # GPUs as range strings, as the models read them
+    ranged["pipelines"][0]["roles"]["actor_train"]["gpus"], ranged["pipelines"][0]["home"] = "0-7", "0-3, 5"
+    jsonschema.validate(ranged, schema)
+    ranged["pipelines"][0]["home"] = "0-x"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(ranged, schema)
 
 
 def _broken(tmp_path: Path, mutate) -> str:
@@ -147,6 +153,40 @@ BAD_TRACES = {
     "a draw past any clock": (  # the replay never ended
         lambda r: r["pipelines"][0]["generate"].update(duration={"median_s": 1e-9, "p99_s": 1e9}),
         "step 0 draws 5.28817e+14 s, past 1e+09 s",
+    ),
+    # accepted as something else than was meant
+    "an open-ended gpu range": (lambda r: r["pipelines"][0]["roles"]["actor_train"].update(gpus="0-"), "is not a GPU list"),
+    "a backwards gpu range": (
+        lambda r: r["pipelines"][0]["roles"]["actor_train"].update(gpus="7-0"),
+        "'7-0' in '7-0' runs backwards",
+    ),
+    "a home gpu listed twice": (lambda r: r["pipelines"][0].update(home=[0, 0]), "home: GPU 0 is listed twice"),
+    "a home gpu the job never uses": (  # it made the job the owner of a GPU it cannot use, and others its guests
+        lambda r: r["pipelines"][0]["roles"]["actor_infer"].update(gpus="0-7") or r["pipelines"][0].update(home=[9]),
+        "home: GPU 9 is in none of the job's role mappings",
+    ),
+    "a priority that is not a number": (lambda r: r["pipelines"][0].update(priority=True), "priority: Input should be a valid"),
+    # a traceback (OverflowError) on a number the schema allowed
+    "a prompt id past 64 bits": (
+        lambda r: (
+            r["pipelines"][0].pop("generate")
+            and r["pipelines"][0].update(
+                steps=[{"trajectories": [1.0, 2.0], "prompts": [2**64, 1], "stages": {"actor_train": 1}}]
+            )
+        ),
+        "steps[0].prompts[0]: Input should be less than 9223372036854775808",
+    ),
+    "slots past any engine": (
+        lambda r: r["pipelines"][0].update(slots_per_worker=2**1024),
+        "slots_per_worker: Input should be less",
+    ),
+    "a stage cost's reference past any cluster": (
+        lambda r: r["pipelines"][0].update(stage_cost={"reference_gpus": 10**400}),
+        "stage_cost.reference_gpus: Input should be less than or equal to 100000",
+    ),
+    "a tenant's limit past any cluster": (
+        lambda r: r["scheduler"].update(tenants=[{"name": "a", "borrow_limit_gpus": 10**400}]),
+        "borrow_limit_gpus: Input should be less than or equal to 100000",
     ),
     # validated, then a traceback as the replay's scheduler registered it
     "a model load larger than its tenant may hold": (

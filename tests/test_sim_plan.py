@@ -275,8 +275,8 @@ def test_a_grid_of_knobs_that_depend_on_each_other_is_checked_as_its_cells_are()
 def test_a_job_that_cannot_roll_out_under_a_policy_is_refused_before_any_replay(tmp_path, capsys):
     """Before: ``validate`` said ok, then the replay failed with a traceback under ``static`` as the job arrived."""
     trace = tmp_path / "t.json"
-    roles = {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}}
-    job = {"id": "a", "home": [1], "roles": roles, "steps": [{"trajectories": [1]}]}
+    roles = {"actor_train": {"gpus": [0, 1]}, "actor_infer": {"gpus": [0, 1], "gpus_per_worker": 2}}
+    job = {"id": "a", "home": [1], "roles": roles, "steps": [{"trajectories": [1]}]}  # its one bundle is 0-1
     trace.write_text(
         json.dumps({"format": "rlix-trace", "version": 1, "cluster": {"nodes": 1, "gpus_per_node": 2}, "pipelines": [job]})
     )

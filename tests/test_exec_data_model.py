@@ -384,3 +384,20 @@ def test_cli_refuses_a_job_whose_prompts_are_all_too_long(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("rlix-run: config error: jobs[0].data.path: job 'long': "), proc.stderr
     assert "longer than the model's limit of 256 tokens" in lines[0]
     assert not (tmp_path / "out").exists()  # refused before any actor started or any output was written
+
+
+def test_a_checkpoint_that_names_no_pad_token_trains_padding_with_its_end_of_sequence_id(tmp_path, model_dir):
+    """Before: a checkpoint whose config.json has no pad_token_id (Llama 3, Qwen2.5) failed its first
+    training step with "int() argument must be ... not 'NoneType'"."""
+    from rlix.exec.train.grpo import GrpoConfig, GrpoLearner, Sample
+
+    nopad = Path(shutil.copytree(model_dir, tmp_path / "nopad"))
+    config = json.loads((nopad / "config.json").read_text())
+    del config["pad_token_id"]
+    eos = config["eos_token_id"]
+    (nopad / "config.json").write_text(json.dumps(config))
+    learner = GrpoLearner(str(nopad), "cpu", GrpoConfig(lr=1e-2))
+    assert learner.model.config.pad_token_id is None and learner.pad_id == eos
+    samples = [Sample(prompt_ids=(1, 4), completion_ids=(6, 2, 7), advantage=1.0, old_logprobs=(-1.0,) * 3)]
+    samples.append(Sample(prompt_ids=(1, 4, 5), completion_ids=(6,), advantage=-1.0, old_logprobs=(-1.0,)))
+    learner.train(samples)  # ragged: the batch pads

@@ -108,6 +108,17 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32"):
     return model.to(device)
 
 
+def pad_token_id(config) -> int:
+    """The token id a batch pads with: the checkpoint's ``pad_token_id``, else its end-of-sequence id (many
+    checkpoints, Llama 3 and Qwen2.5 among them, name no pad token; a padded position is masked, so any
+    id the vocabulary has will do), else 0."""
+    for pad in (config.pad_token_id, config.eos_token_id):
+        pad = pad[0] if isinstance(pad, list | tuple) and pad else pad
+        if isinstance(pad, int):
+            return pad
+    return 0
+
+
 def load_tokenizer(path: str | Path):
     """A checkpoint's tokenizer as ``AutoTokenizer`` loads it; the code-made one exactly as saved.
 

@@ -45,7 +45,7 @@ class GrpoLearner:
     ) -> None:
         import torch
 
-        from rlix.exec.data.model import load_model
+        from rlix.exec.data.model import load_model, pad_token_id
 
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
@@ -54,7 +54,7 @@ class GrpoLearner:
         self.ref = self._prepare(load_model(model_path, device, dtype).eval(), train=False) if cfg.kl_coef > 0 else None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.version = 0
-        self.pad_id = int(self.model.config.pad_token_id)
+        self.pad_id = pad_token_id(self.model.config)
         self.residency.add(LearnerPart.POLICY, self.model)
         if self.ref is not None:
             self.residency.add(LearnerPart.REFERENCE, self.ref)

@@ -82,13 +82,13 @@ class LoraLearner(GrpoLearner):
     ) -> None:
         import torch
 
-        from rlix.exec.data.model import load_model
+        from rlix.exec.data.model import load_model, pad_token_id
 
         self.spec = spec
         self._setup(device, emulation, ranks, options)
         self.ref = None
         self.model = self._prepare(wrap_with_adapters(load_model(model_path, device, dtype), spec).eval(), train=True)
-        self.pad_id = int(self.model.config.pad_token_id)
+        self.pad_id = pad_token_id(self.model.config)
         self.residency.add(LearnerPart.POLICY, self.model)
         self.adapters: dict[str, _AdapterState] = {}
         named = dict(self.model.named_parameters())

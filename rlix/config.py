@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import json
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, NoReturn
@@ -584,7 +585,13 @@ def _unwritable(path: Path, folder: bool) -> str | None:
         existing = next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
         if not existing.is_dir():
             return f"{existing} is a file; give a folder path under a folder"
-        return None if os.access(existing, os.W_OK) else f"{existing} is not writable; pick another folder"
+        if not os.access(existing, os.W_OK):
+            return f"{existing} is not writable; pick another folder"
+        # Made, and a file written there: access() says yes to root wherever the mode bits allow,
+        # even where nothing can be made (/proc, /sys).
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            return None
     parent = path.resolve().parent
     if parent.is_file():
         return f"{parent} is a file, not a folder; pick another path"

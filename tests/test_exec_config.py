@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,32 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "jobs[0].slots_per_worker" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _cli(tmp_path, raw: dict, *args: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a private run
+    cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(path), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize(
+    "edit, args, expected",
+    [
+        # before: the run started Ray, then every job failed with the core's SchedulingError, exit 1
+        (lambda c: c["jobs"][0].update(tenant="research"), (), "jobs[0].tenant: 'research' is not declared"),
+        # before: access() said yes to root, and the run ended in a traceback making the folder
+        (lambda c: None, ("--out", "/proc/rlix-out"), "--out /proc/rlix-out: "),
+    ],
+)
+def test_a_private_run_refuses_before_ray_starts(tmp_path, edit, args, expected):
+    raw = _base()
+    edit(raw)
+    proc = _cli(tmp_path, raw, *args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
 
 

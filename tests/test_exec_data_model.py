@@ -152,6 +152,7 @@ def _raise_line(name: str) -> int:
         ("parses_json", "raised JSONDecodeError: Expecting value: line 1 column 1 (char 0) at {file}:{line}"),
         ("too_few", "returned 1 values for 8 completions"),
         ("not_numbers", "returned 'high', not a number"),
+        ("numeric_strings", "returned '1.0', not a number"),  # before: read as 1.0, where TRL refuses it
     ],
 )
 def test_reward_functions_are_tried_on_a_few_prompts_before_any_actor(tmp_path, model_dir, name, words):

@@ -55,6 +55,10 @@ def not_numbers(completions, **kwargs):
     return ["high"] * len(completions)
 
 
+def numeric_strings(completions, **kwargs):
+    return ["1.0"] * len(completions)
+
+
 def positional_only(x):
     return [0.0]
 

@@ -275,6 +275,8 @@ def _values(ref: RewardRef, out: object, n: int) -> tuple[float | None, ...]:
             clean.append(None)
             continue
         try:
+            if isinstance(v, str | bytes):  # float() reads "1.0"; TRL refuses it
+                raise TypeError
             x = float(v)
         except (TypeError, ValueError):
             raise RewardError(f"reward function {ref.function} returned {v!r}, not a number; return floats (or None)") from None

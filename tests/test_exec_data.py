@@ -341,6 +341,10 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_before_any_actor(tmp_path):
     ckpt = _mkdir(tmp_path / "ckpt")
     _touch(ckpt / "config.json", "{}")
     raw = _data_cfg(tmp_path, model={"path": str(ckpt)})
+    # before: a checkpoint with no weights failed at model load, after Ray started, with a traceback
+    with pytest.raises(ConfigError, match="has no weights .*; save them beside config.json: model.save_pretrained"):
+        parse_config(raw)
+    _touch(ckpt / "model.safetensors.index.json", "{}")  # sharded weights: the index names the shards
     with pytest.raises(ConfigError, match="has no tokenizer .*; save the model's tokenizer beside it"):
         parse_config(raw)
     _touch(ckpt / "tokenizer_config.json", "{}")

@@ -56,6 +56,7 @@ def test_data_and_model_paths_are_made_absolute(tmp_path, monkeypatch):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "m" / "tokenizer.json").write_text("{}")
+    (tmp_path / "m" / "model.safetensors").write_text("")
     (tmp_path / "d.jsonl").write_text('{"prompt": "1+1"}\n')
     (tmp_path / "r.py").write_text("def one(completions, **kw):\n    return [1.0] * len(completions)\n")
     monkeypatch.chdir(tmp_path)

@@ -118,6 +118,13 @@ class SizeConfig(StrictModel):
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # any one: AutoTokenizer loads
+# Weights as transformers' from_pretrained finds them: one file, or an index of shards.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def _check_model_config(path: Path) -> None:
@@ -142,6 +149,11 @@ class ModelConfig(StrictModel):
             raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
         if self.path is not None:
             _check_model_config(Path(self.path) / "config.json")
+            if not any((Path(self.path) / name).is_file() for name in WEIGHT_FILES):
+                raise ValueError(
+                    f"'{self.path}' has no weights ({', '.join(WEIGHT_FILES)}); save them beside config.json: "
+                    "model.save_pretrained(path)"
+                )
             if not any((Path(self.path) / name).is_file() for name in TOKENIZER_FILES):
                 raise ValueError(
                     f"'{self.path}' has no tokenizer ({', '.join(TOKENIZER_FILES)}); save the model's tokenizer beside "
@@ -230,7 +242,9 @@ class FaultConfig(StrictModel):
     exactly what a real failure looks like.
     """
 
-    crash_at_step: int | None = Field(default=None, ge=0, description="raise inside the job when this step starts")
+    crash_at_step: int | None = Field(
+        default=None, ge=1, description="raise inside the job before it trains this step (step N: the Nth, counted from 1)"
+    )
     hang_wake_gpu: int | None = Field(
         default=None, ge=0, description="the rollout worker whose bundle starts at this GPU never finishes its first wake"
     )

@@ -108,7 +108,7 @@ class Parts:
     start_trainer: Callable[[], TrainerLink]  # the trainer gang on the job's training GPUs, starting
     loaded: Callable[[], None]  # the model load ended: start reporting demand
     steplog: StepLog | None = None
-    crash_at_step: int | None = None  # fault drill: the job fails before training this step
+    crash_at_step: int | None = None  # fault drill: the job fails as this step's rollout is scored (step N: the Nth, from 1)
     reward_timeout_s: float = 3600.0  # how long one batch's scoring may take (config limits.reward_timeout_s)
 
 
@@ -264,8 +264,8 @@ class StepRunner:
         return self.machine.rolled(stream, step, self.now(), oldest_version=batch.tally.oldest)
 
     def score(self, e: Score) -> None:
-        if self.p.crash_at_step == e.step:
-            raise FaultInjected(f"fault.crash_at_step={e.step}")
+        if self.p.crash_at_step == e.step + 1:  # step N is the Nth trained step (the machine counts from 0)
+            raise FaultInjected(f"fault.crash_at_step={e.step + 1}")
         batch, recipe = self.batches[(e.stream, e.step)], self.recipes[e.stream]
 
         async def score() -> None:

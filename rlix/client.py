@@ -238,7 +238,11 @@ class Client:
             except PipelineUnknown:  # a restarted scheduler it has not rejoined yet: it rejoins, then leaves
                 if not self._joined:  # refused (the name another job's) or never sent: it has nothing to end
                     return
-                await self._rejoin()
+                try:
+                    await self._rejoin()
+                except PipelineGone:  # told it was dropped: it still holds its GPUs if the scheduler took them back
+                    if not await self.sched.call(protocol.Knows(pipeline_id=self.pipeline_id), self.timeout_s):
+                        raise
                 await self.sched.call(gone, self.timeout_s)
         finally:
             if self._callbacks is not None:  # its workers are shrunk (or the scheduler is gone): nothing calls it any more

@@ -358,7 +358,6 @@ class JobModel(StrictModel):
     )
     priority: int = Field(
         default=0,
-        strict=True,  # a whole number: true is not 1
         ge=-10,
         le=10,
         description="job priority, higher wins: its gang stages go first and its rollout share weighs "
@@ -393,6 +392,13 @@ class JobModel(StrictModel):
     )
 
     _split_home = field_validator("home", mode="before")(parse_gpus)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _not_a_bool(cls, v: object) -> object:
+        if isinstance(v, bool):  # pydantic would read true as 1
+            raise ValueError(f"{str(v).lower()} is not a priority; write a whole number from -10 to 10")
+        return v
 
     @model_validator(mode="after")
     def _required_roles(self) -> JobModel:

@@ -165,7 +165,10 @@ BAD_TRACES = {
         lambda r: r["pipelines"][0]["roles"]["actor_infer"].update(gpus="0-7") or r["pipelines"][0].update(home=[9]),
         "home: GPU 9 is in none of the job's role mappings",
     ),
-    "a priority that is not a number": (lambda r: r["pipelines"][0].update(priority=True), "priority: Input should be a valid"),
+    "a priority that is not a number": (
+        lambda r: r["pipelines"][0].update(priority=True),
+        "priority: true is not a priority; write a whole number",
+    ),
     # a traceback (OverflowError) on a number the schema allowed
     "a prompt id past 64 bits": (
         lambda r: (

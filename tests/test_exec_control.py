@@ -383,13 +383,14 @@ def test_a_dropped_job_that_has_not_left_gets_nothing_more_and_a_forced_cancel_f
     assert message == "job t#1 (failed) gave its GPUs back" and granted.gpus == (2, 3)
 
 
-def test_a_job_dropped_before_a_restart_rejoins_with_its_gpus_and_is_told_again():
+@pytest.mark.parametrize("leaves", [True, False])
+def test_a_job_dropped_before_a_restart_rejoins_with_its_gpus_and_is_told_again(leaves):
     """Before: a job dropped while it still ran (nothing can stop its process) rejoined a restarted scheduler
     as a new job, running on and asking for more. Now it gets back only what it holds, its job stays
     ended, its calls are refused, and its GPUs go on once it leaves."""
     from rlix import protocol
     from rlix.core import Rejoin
-    from rlix.protocol import PipelineGone
+    from rlix.protocol import PipelineGone, Stopped
 
     async def scenario():
         calls: list = []
@@ -427,7 +428,11 @@ def test_a_job_dropped_before_a_restart_rejoins_with_its_gpus_and_is_told_again(
         with pytest.raises(PipelineGone):
             await again.alive("t")
         listed = {r.name for r in (await again.status()).jobs}
-        await again.unregister("t", protocol.Outcome.FAILED, "dropped", caller=t)  # it stopped, and leaves
+        if leaves:
+            await again.unregister("t", protocol.Outcome.FAILED, "dropped", caller=t)  # it stopped, and leaves
+        else:  # the restarted service has no record of its job, ended before: the forced cancel still frees it
+            reply = await again.cancel("t", Stopped(by="ops@h"), force=True)
+            assert reply.message == "job t (failed) gave its GPUs back"
         granted = await asyncio.wait_for(b_load, 5)
         await again.stop()
         return dropped, rejoined, waited, listed, granted, again.roster.dropped

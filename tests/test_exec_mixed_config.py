@@ -87,17 +87,21 @@ def test_torch_path_never_imports_vllm():
 
 def test_a_lora_workers_adapter_folder_left_by_a_killed_process_is_removed_by_the_next(tmp_path):
     """Before: a LoRA rollout worker ended with ray.kill never ran its close, and its folder of adapter
-    versions stayed in /tmp for good. A worker's folder is named by its process; the next worker on the
-    host removes those whose process is gone, and leaves a live one's alone."""
+    versions stayed in /tmp for good. A worker holds a lock on its folder while its process lives; the
+    next worker on the host removes the folders whose lock nobody holds, and leaves the others alone."""
     from rlix.exec.rollout.vllm_backend import ADAPTER_PREFIX, adapter_folder
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = tmp_path / f"{ADAPTER_PREFIX}{int(gone.stdout)}-abc"
-    (dead / "a-v3").mkdir(parents=True)
-    live = tmp_path / f"{ADAPTER_PREFIX}{os.getppid()}-def"
-    live.mkdir()
-    other = tmp_path / f"{ADAPTER_PREFIX}notapid"
-    other.mkdir()
-    made = adapter_folder(tmp_path)
-    assert made.is_dir() and made.name.startswith(f"{ADAPTER_PREFIX}{os.getpid()}-")
-    assert not dead.exists() and live.is_dir() and other.is_dir()
+    make = (
+        "from pathlib import Path; from rlix.exec.rollout.vllm_backend import adapter_folder; "
+        f"print(adapter_folder(Path('{tmp_path}'))[0])"
+    )
+    gone = Path(subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, check=True).stdout.strip())
+    (gone / "a-v3").mkdir()
+    live, fd = adapter_folder(tmp_path)  # held by this process
+    odd = [tmp_path / f"{ADAPTER_PREFIX}{name}" for name in ("99999999999999999999-x", "\u00b2-x", "no-lock")]
+    for folder in odd:
+        folder.mkdir()
+    again = Path(subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, check=True).stdout.strip())
+    os.close(fd)
+    assert not gone.exists() and live.is_dir() and all(f.is_dir() for f in odd)
+    assert again.name.startswith(ADAPTER_PREFIX) and again != live

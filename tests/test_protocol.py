@@ -311,6 +311,38 @@ def test_a_pipeline_that_leaves_a_restarted_scheduler_before_rejoining_it_ends_a
     asyncio.run(scenario())
 
 
+def test_a_job_dropped_before_a_restart_still_leaves_through_the_restarted_scheduler():
+    """Before: its leave rejoined first, heard that it had been dropped, and raised before it was sent, so
+    the job kept its name and GPUs until its process died."""
+    from boundary import Handle, InProcessTransport
+
+    from rlix.client import Client
+    from rlix.exec.service.roster import Roster
+
+    async def scenario():
+        first = _actor(2)
+        await first.start()
+        transport = InProcessTransport(first)
+        client = Client(transport, "job", keepalive_s=3600)
+        await client.register(spec("job", (0,), (0, 1)), Handle(_Endpoint()), owns=False)
+        await client.request(Stage.INIT)
+        await first._dropped_alive("job", "unreachable")
+        await first.stop()
+        again = _actor(2)
+        before = dict(first.roster.pipelines)
+        again.roster = Roster(
+            restarted=True, persist=False, now=again.now(), max_wait_s=30.0, before=before, dropped_before={"job"}
+        )
+        await again.start()
+        transport.actor = again
+        await client.unregister("failed", "dropped")
+        left = await again.holdings(), await again.knows("job")
+        await again.stop()
+        return left
+
+    assert asyncio.run(scenario()) == ({}, False)
+
+
 @pytest.mark.exec
 def test_one_endpoints_odd_liveness_answer_never_stops_the_checks_of_the_others(monkeypatch):
     """Job a's endpoint fails its liveness check in a way no actor should: recorded, a kept; job b's

@@ -274,6 +274,14 @@ def test_a_restarted_scheduler_reads_back_which_pipelines_it_had_dropped_while_t
     assert again.was_dropped("a") and not again.was_dropped("b") and not again.was_dropped("c")
     fresh = Roster(restarted=False, persist=True, now=0.0, max_wait_s=30.0)  # a first life reads nothing back
     assert fresh.before == {} and not fresh.was_dropped("a")
+    # A second restart still waits for a pipeline the first did not hear from, and knows it was dropped;
+    # a new job that took the name of one that never came back is not.
+    again.joined("c")
+    third = Roster(restarted=True, persist=True, now=200.0, max_wait_s=30.0)
+    assert third.expected == {"a", "c"} and third.was_dropped("a")
+    third.joined("a")  # a new registration under the name, not a rejoin
+    fourth = Roster(restarted=True, persist=True, now=300.0, max_wait_s=30.0)
+    assert fourth.expected == {"a", "c"} and not fourth.was_dropped("a")
 
 
 def test_the_status_table_shows_tenants_where_jobs_name_them():

@@ -41,6 +41,7 @@ engine, and hands back finished outputs.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import itertools
 import json
@@ -90,29 +91,38 @@ def hf_base_weights(tensors: dict) -> dict:
     return dict(hf_base_pairs(tensors.items()))
 
 
-ADAPTER_PREFIX = "rlix-lora-"  # then the worker's process id: rlix-lora-<pid>-<random>
+ADAPTER_PREFIX = "rlix-lora-"
+OWNER_LOCK = "owner.lock"  # held (flock) by the worker that made the folder, for as long as its process lives
 
 
-def adapter_folder(root: Path | None = None) -> Path:
-    """A fresh folder in ``root`` (the temporary directory) for one rollout worker's adapter versions, named
-    by its process. Folders of workers whose process is gone (killed, so their ``close`` never ran) are
-    removed first."""
+def adapter_folder(root: Path | None = None) -> tuple[Path, int]:
+    """A fresh folder in ``root`` (the temporary directory) for one rollout worker's adapter versions, and
+    the descriptor of the lock on it that this process holds until it removes the folder (or dies: the
+    kernel lets the lock go). Folders whose lock nobody holds (their worker was killed, so its ``close``
+    never ran) are removed first. A lock, not a process id: it is right across PID namespaces too."""
     root = Path(root or tempfile.gettempdir())
     for old in root.glob(f"{ADAPTER_PREFIX}*"):
-        pid = old.name.removeprefix(ADAPTER_PREFIX).partition("-")[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{ADAPTER_PREFIX}{os.getpid()}-", dir=root))
+        _remove_if_orphaned(old)
+    making = Path(tempfile.mkdtemp(prefix=f".{ADAPTER_PREFIX}", dir=root))  # out of the others' sight until locked
+    fd = os.open(making / OWNER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    folder = making.with_name(making.name.removeprefix("."))
+    making.rename(folder)
+    return folder, fd
 
 
-def _process_alive(pid: int) -> bool:
+def _remove_if_orphaned(folder: Path) -> None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+        fd = os.open(folder / OWNER_LOCK, os.O_RDWR)
+    except OSError:
+        return  # no lock of ours in it (or another user's): not this function's to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return  # its worker lives
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(fd)
 
 
 def write_peft_adapter(snapshot: AdapterSnapshot, spec: LoraSpec, base_path: str, out_dir: Path) -> Path:
@@ -198,6 +208,7 @@ class VllmRolloutBackend(RolloutBackend):
         self._lock = threading.Condition()
         self._engine: EngineThread | None = None  # built on the first wake
         self._adapter_dir: Path | None = None  # adapter versions written for vLLM: made at the first, gone at close
+        self._adapter_lock = -1  # the descriptor of the lock held on it (adapter_folder)
         self._device = "cpu"  # set by prepare
         self._staging = None  # PinnedStaging on one GPU, reused across syncs
 
@@ -302,7 +313,7 @@ class VllmRolloutBackend(RolloutBackend):
         # A new id per version (vLLM caches adapters by id). The old version is not removed: requests
         # still running keep it, and vLLM's LRU cache evicts it once idle (max_loras leaves room for two).
         if self._adapter_dir is None:
-            self._adapter_dir = adapter_folder()
+            self._adapter_dir, self._adapter_lock = adapter_folder()
         request = _lora_request(snapshot, self.lora, self.model_path, self._adapter_dir, next(self._lora_ids))
         self._adapters[snapshot.name] = (snapshot.version, request)
 
@@ -352,6 +363,7 @@ class VllmRolloutBackend(RolloutBackend):
         folder, self._adapter_dir = self._adapter_dir, None
         if folder is not None:  # the engine that read its adapters is gone
             shutil.rmtree(folder, ignore_errors=True)
+            os.close(self._adapter_lock)
 
     @property
     def weight_version(self) -> int:

@@ -80,8 +80,7 @@ class Roster:
     def drop(self, pipeline_id: str) -> None:
         """The pipeline is dropped but still registered: it keeps what it holds until it leaves."""
         self.dropped.add(pipeline_id)
-        if self.persist:
-            keep(KV_DROPPED, sorted(self.dropped))
+        self._save()
 
     def joined(self, pipeline_id: str, admitted_at: float | None = None) -> None:
         self.expected.discard(pipeline_id)
@@ -97,15 +96,18 @@ class Roster:
     def left(self, pipeline_id: str) -> None:
         self.expected.discard(pipeline_id)
         self.pipelines.pop(pipeline_id, None)
+        self.dropped.discard(pipeline_id)
         self._save()
-        if pipeline_id in self.dropped:
-            self.dropped.discard(pipeline_id)
-            if self.persist:
-                keep(KV_DROPPED, sorted(self.dropped))
 
     def _save(self) -> None:
-        if self.persist:
-            keep(KV_KEY, self.pipelines)
+        """Write this life's pipelines, and those of the previous life still expected back (a second
+        restart must wait for them too), with which of them are dropped."""
+        if not self.persist:
+            return
+        pipelines = {pid: self.before[pid] for pid in self.expected if pid in self.before} | self.pipelines
+        dropped = (self.dropped | (self.dropped_before & self.expected)) & pipelines.keys()
+        keep(KV_KEY, pipelines)
+        keep(KV_DROPPED, sorted(dropped))
 
 
 def keep(key: str, value) -> None:

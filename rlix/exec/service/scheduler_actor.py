@@ -467,6 +467,9 @@ class SchedulerActor:
         has not left within ``CANCEL_GRACE_S``); one not started never starts. ``why``: who asked, told to
         the job (its submitter prints it); another user's job only with ``force``."""
         record = self.books.jobs.find(job)
+        if record is None and force and job in self.gone and job in self.core.pipelines():  # dropped before a restart
+            await self._drop(job, Outcome.FAILED, "dropped")
+            return CancelReply(found=True, message=f"job {job} (failed) gave its GPUs back")
         if record is None:
             return CancelReply(found=False, message=f"no job '{job}' on this cluster; see rlix status")
         if record.ended and force and record.name in self.gone and record.name in self.core.pipelines():

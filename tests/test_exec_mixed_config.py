@@ -105,3 +105,22 @@ def test_a_lora_workers_adapter_folder_left_by_a_killed_process_is_removed_by_th
     os.close(fd)
     assert not gone.exists() and live.is_dir() and all(f.is_dir() for f in odd)
     assert again.name.startswith(ADAPTER_PREFIX) and again != live
+
+
+@pytest.mark.exec
+def test_a_lora_target_no_module_has_is_refused_before_any_actor(tmp_path):
+    """Before: a misspelled target module failed the job in its trainer after Ray started and the model
+    loaded (peft's NoMatchingPeftModuleError), exit 1."""
+    from rlix.exec.front.api import check_lora_targets
+
+    raw = _mixed()
+    lora = next(i for i, j in enumerate(raw["jobs"]) if j.get("kind") == "multi_lora")
+    cfg = parse_config(raw)
+    models = {j.name: str(j.model.directory(tmp_path)) for j in cfg.jobs}
+    check_lora_targets(cfg, models)  # the example's own targets are there
+    raw["jobs"][lora]["lora"] = {"target_modules": ["q_proj", "q_prj"]}
+    with pytest.raises(ConfigError) as info:
+        check_lora_targets(parse_config(raw), models)
+    msg = str(info.value)
+    assert msg.startswith(f"jobs[{lora}].lora.target_modules: job '{raw['jobs'][lora]['name']}': 'q_prj' names no module")
+    assert "e.g. down_proj, gate_proj, k_proj, o_proj, q_proj" in msg and "\n" not in msg

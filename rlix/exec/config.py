@@ -303,7 +303,7 @@ class LoraShape(StrictModel):
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         min_length=1,
-        description="module names that get adapters",
+        description="module names that get adapters (each names some module of the model, checked before any actor)",
     )
 
     def value(self) -> LoraSpec:

@@ -133,5 +133,23 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def module_names(path: str | Path) -> list[str]:
+    """The module names of a checkpoint's model, built from its config.json on the meta device (no weights
+    read, no memory taken)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    quiet_transformers()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+    return [name for name, _ in model.named_modules()]
+
+
+def missing_targets(targets: list[str] | tuple[str, ...], names: list[str]) -> list[str]:
+    """The LoRA ``targets`` no module of ``names`` is: peft matches a module whose name is the target or
+    ends in ``.`` and the target."""
+    return [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+
+
 def param_count(model) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -145,6 +145,7 @@ class Session:
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
+        check_lora_targets(config, self.models)
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
         self.submission = Submission.join(config, address, where, source) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
@@ -412,6 +413,23 @@ def freed_at_kills(events: list[ActivityChange]) -> list[ActivityChange]:
             holder[g] = e.pipeline_id
         out.append(e)
     return out
+
+
+def check_lora_targets(config: RunConfig, models: dict[str, str]) -> None:
+    """:class:`ConfigError` where a multi-LoRA job's ``lora.target_modules`` names no module of its model
+    (found before any actor, not by the trainer after its model load)."""
+    from rlix.exec.data.model import missing_targets, module_names
+
+    for i, job in enumerate(config.jobs):
+        if job.kind != "multi_lora":
+            continue
+        names = module_names(models[job.name])
+        if missing := missing_targets(job.lora.target_modules, names):
+            linear = sorted({n.rpartition(".")[2] for n in names if n.rpartition(".")[2].endswith("proj")})
+            raise ConfigError(
+                f"jobs[{i}].lora.target_modules: job '{job.name}': '{missing[0]}' names no module of its model; "
+                f"name its layers, e.g. {', '.join(linear[:8]) or 'the names of model.named_modules()'}"
+            )
 
 
 def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:

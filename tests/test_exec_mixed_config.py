@@ -124,3 +124,17 @@ def test_a_lora_target_no_module_has_is_refused_before_any_actor(tmp_path):
     msg = str(info.value)
     assert msg.startswith(f"jobs[{lora}].lora.target_modules: job '{raw['jobs'][lora]['name']}': 'q_prj' names no module")
     assert "e.g. down_proj, gate_proj, k_proj, o_proj, q_proj" in msg and "\n" not in msg
+
+
+@pytest.mark.exec
+def test_completions_longer_than_the_model_takes_are_refused_before_any_actor(tmp_path):
+    """Before: a task job with max_new_tokens past its model's positions trained on, generating past them."""
+    from rlix.exec.front.api import check_completion_room
+
+    raw = _mixed()
+    cfg = parse_config(raw)
+    models = {j.name: str(j.model.directory(tmp_path)) for j in cfg.jobs}
+    check_completion_room(cfg, models)
+    raw["jobs"][0]["max_new_tokens"] = 400
+    with pytest.raises(ConfigError, match=r"^jobs\[0\].max_new_tokens: job '\w+': 400 tokens leave no room .* 256 positions"):
+        check_completion_room(parse_config(raw), models)

@@ -146,6 +146,7 @@ class Session:
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
         check_lora_targets(config, self.models)
+        check_completion_room(config, self.models)
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
         self.submission = Submission.join(config, address, where, source) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
@@ -429,6 +430,20 @@ def check_lora_targets(config: RunConfig, models: dict[str, str]) -> None:
             raise ConfigError(
                 f"jobs[{i}].lora.target_modules: job '{job.name}': '{missing[0]}' names no module of its model; "
                 f"name its layers, e.g. {', '.join(linear[:8]) or 'the names of model.named_modules()'}"
+            )
+
+
+def check_completion_room(config: RunConfig, models: dict[str, str]) -> None:
+    """:class:`ConfigError` where a job's ``max_new_tokens`` leaves no room for a prompt in its model's
+    positions (a data job's prompts are measured against the limit as they are tokenized)."""
+    from rlix.exec.data.sources import model_limit
+
+    for i, job in enumerate(config.jobs):
+        limit = model_limit(models[job.name])
+        if job.max_new_tokens >= limit:
+            raise ConfigError(
+                f"jobs[{i}].max_new_tokens: job '{job.name}': {job.max_new_tokens} tokens leave no room for a prompt in "
+                f"its model's {limit} positions; give fewer"
             )
 
 

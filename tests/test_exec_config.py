@@ -162,12 +162,19 @@ def _cli(tmp_path, raw: dict, *args: str) -> subprocess.CompletedProcess:
         (lambda c: c["jobs"][0].update(tenant="research"), (), "jobs[0].tenant: 'research' is not declared"),
         # before: access() said yes to root, and the run ended in a traceback making the folder
         (lambda c: None, ("--out", "/proc/rlix-out"), "--out /proc/rlix-out: "),
+        # before: each job's resident memory, known once its model is, was checked against the queue only
+        # as it registered, after Ray started: every job failed, exit 1
+        (
+            lambda c: c["scheduler"].update(queues=[{"name": "q", "gpus": "0-3", "max_resident_gb": 1e-5}]),
+            ("--out", "{tmp}/out"),
+            "more than queue 'q' ever admits",
+        ),
     ],
 )
 def test_a_private_run_refuses_before_ray_starts(tmp_path, edit, args, expected):
     raw = _base()
     edit(raw)
-    proc = _cli(tmp_path, raw, *args)
+    proc = _cli(tmp_path, raw, *(a.format(tmp=tmp_path) for a in args))
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr

@@ -145,6 +145,7 @@ class Session:
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
+            check_topology(config)  # again, with each job's resident memory now known: a queue that never admits it
         check_lora_targets(config, self.models)
         check_completion_room(config, self.models)
         self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts

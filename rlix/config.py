@@ -593,11 +593,11 @@ def _unwritable(path: Path, folder: bool) -> str | None:
             return f"{existing} is a file; give a folder path under a folder"
         if not os.access(existing, os.W_OK):
             return f"{existing} is not writable; pick another folder"
-        # Made, and a file written there: access() says yes to root wherever the mode bits allow,
-        # even where nothing can be made (/proc, /sys).
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            return None
+        try:  # access() says yes to root wherever the mode bits allow, even where nothing can be made (/proc, /sys)
+            os.rmdir(tempfile.mkdtemp(dir=existing))
+        except OSError as exc:
+            return f"nothing can be made in {existing} ({exc.strerror}); pick another folder"
+        return None
     parent = path.resolve().parent
     if parent.is_file():
         return f"{parent} is a file, not a folder; pick another path"

@@ -344,6 +344,11 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_before_any_actor(tmp_path):
     # before: a checkpoint with no weights failed at model load, after Ray started, with a traceback
     with pytest.raises(ConfigError, match="has no weights .*; save them beside config.json: model.save_pretrained"):
         parse_config(raw)
+    _touch(ckpt / "consolidated.safetensors", "")
+    _touch(ckpt / "config.json", '{"transformers_weights": "consolidated.safetensors"}')  # a file config.json names
+    with pytest.raises(ConfigError, match="has no tokenizer"):
+        parse_config(raw)
+    _touch(ckpt / "config.json", "{}")
     _touch(ckpt / "model.safetensors.index.json", "{}")  # sharded weights: the index names the shards
     with pytest.raises(ConfigError, match="has no tokenizer .*; save the model's tokenizer beside it"):
         parse_config(raw)

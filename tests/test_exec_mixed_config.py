@@ -119,10 +119,13 @@ def test_a_lora_target_no_module_has_is_refused_before_any_actor(tmp_path):
     models = {j.name: str(j.model.directory(tmp_path)) for j in cfg.jobs}
     check_lora_targets(cfg, models)  # the example's own targets are there
     raw["jobs"][lora]["lora"] = {"target_modules": ["q_proj", "q_prj"]}
+    check_lora_targets(parse_config(raw), models)  # as peft: one that matches is enough
+    raw["jobs"][lora]["lora"] = {"target_modules": ["q_prj", "v_prj"]}
     with pytest.raises(ConfigError) as info:
         check_lora_targets(parse_config(raw), models)
     msg = str(info.value)
-    assert msg.startswith(f"jobs[{lora}].lora.target_modules: job '{raw['jobs'][lora]['name']}': 'q_prj' names no module")
+    name = raw["jobs"][lora]["name"]
+    assert msg.startswith(f"jobs[{lora}].lora.target_modules: job '{name}': none of q_prj, v_prj names a module of its model")
     assert "e.g. down_proj, gate_proj, k_proj, o_proj, q_proj" in msg and "\n" not in msg
 
 

@@ -118,7 +118,8 @@ class SizeConfig(StrictModel):
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # any one: AutoTokenizer loads
-# Weights as transformers' from_pretrained finds them: one file, or an index of shards.
+# Weights as transformers' from_pretrained finds them: one file, or an index of shards (or the file config.json
+# names in transformers_weights).
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -149,7 +150,9 @@ class ModelConfig(StrictModel):
             raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
         if self.path is not None:
             _check_model_config(Path(self.path) / "config.json")
-            if not any((Path(self.path) / name).is_file() for name in WEIGHT_FILES):
+            named = json.loads((Path(self.path) / "config.json").read_text()).get("transformers_weights")
+            weights = (*WEIGHT_FILES, named) if isinstance(named, str) else WEIGHT_FILES
+            if not any((Path(self.path) / name).is_file() for name in weights):
                 raise ValueError(
                     f"'{self.path}' has no weights ({', '.join(WEIGHT_FILES)}); save them beside config.json: "
                     "model.save_pretrained(path)"

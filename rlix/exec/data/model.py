@@ -141,7 +141,7 @@ def module_names(path: str | Path) -> list[str]:
 
     quiet_transformers()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path), trust_remote_code=False))
     return [name for name, _ in model.named_modules()]
 
 

@@ -141,6 +141,8 @@ class Session:
         address = joins_shared(address, config) if self._own_ray else None
         if address:  # a cluster that is not there is said at once, before any model is built
             answers(address, where)
+        elif problem := config.scheduler.tenant_error([j.tenant for j in config.jobs], "jobs"):
+            raise ConfigError(problem)  # a private run's scheduler is the config's own: its tenants are all there are
         self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
             check_topology(config)
@@ -418,8 +420,8 @@ def freed_at_kills(events: list[ActivityChange]) -> list[ActivityChange]:
 
 
 def check_lora_targets(config: RunConfig, models: dict[str, str]) -> None:
-    """:class:`ConfigError` where a multi-LoRA job's ``lora.target_modules`` names no module of its model
-    (found before any actor, not by the trainer after its model load)."""
+    """:class:`ConfigError` where none of a multi-LoRA job's ``lora.target_modules`` names a module of its
+    model, as peft refuses them (found before any actor, not by the trainer after its model load)."""
     from rlix.exec.data.model import missing_targets, module_names
 
     for i, job in enumerate(config.jobs):
@@ -429,11 +431,12 @@ def check_lora_targets(config: RunConfig, models: dict[str, str]) -> None:
             names = module_names(models[job.name])
         except Exception:  # noqa: BLE001 -- a model transformers cannot build from its config alone: its trainer says why
             continue
-        if missing := missing_targets(job.lora.target_modules, names):
+        targets = job.lora.target_modules
+        if len(missing_targets(targets, names)) == len(targets):  # peft's own refusal: not one of them matches
             linear = sorted({n.rpartition(".")[2] for n in names if n.rpartition(".")[2].endswith("proj")})
             raise ConfigError(
-                f"jobs[{i}].lora.target_modules: job '{job.name}': '{missing[0]}' names no module of its model; "
-                f"name its layers, e.g. {', '.join(linear[:8]) or 'the names of model.named_modules()'}"
+                f"jobs[{i}].lora.target_modules: job '{job.name}': none of {', '.join(targets)} names a module of its "
+                f"model; name its layers, e.g. {', '.join(linear[:8]) or 'the names of model.named_modules()'}"
             )
 
 

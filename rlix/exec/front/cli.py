@@ -67,11 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     source = args.source or api.config_source(args.config)
     if args.detach:
         return detached(cfg, args, source)
-    # A private run's scheduler is the config's own: a tenant it does not declare is declared nowhere.
-    private = joins_shared(args.address, cfg) is None
-    if private and (problem := cfg.scheduler.tenant_error([j.tenant for j in cfg.jobs], "jobs")):
-        print(f"rlix-run: config error: {problem}", file=sys.stderr)
-        return 2
     problem = unwritable_outputs(args, cfg)
     if problem is not None:
         print(f"rlix-run: error: {problem}", file=sys.stderr)

@@ -227,6 +227,12 @@ BAD = [
     ),
     ("empty", lambda d: {"data": {"path": str(_touch(d / "e.jsonl", "\n"))}}, "jobs[0].data.path", "empty"),
     (
+        "every prompt empty",  # before: it trained on, every reward 0
+        lambda d: {"data": {"path": str(_touch(d / "blank.jsonl", '{"q": ""}\n{"q": "  "}\n')), "prompt_field": "q"}},
+        "jobs[0].data.prompt_field",
+        "has an empty 'q'; set prompt_field to the column that holds the prompts",
+    ),
+    (
         "missing prompt field",
         lambda d: {"data": {"path": str(d / "train.jsonl"), "prompt_field": "question"}},
         "jobs[0].data.prompt_field",

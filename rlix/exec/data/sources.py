@@ -212,6 +212,11 @@ def check_rows(rows: Rows, prompt_field: str, field: str = "prompt_field") -> tu
                 f"row {i + 1} of {rows.source}: '{prompt_field}' holds {type(v).__name__}, not text or a list of chat "
                 "messages; fix the row",
             )
+    if rows.rows and all(isinstance(row[prompt_field], str) and not row[prompt_field].strip() for row in rows.rows):
+        raise DataError(
+            field,
+            f"every row of {rows.source} has an empty '{prompt_field}'; set prompt_field to the column that holds the prompts",
+        )
     others = tuple(c for c in rows.columns if c != prompt_field)
     for c in others:
         if c in TRL_ARGS:

@@ -684,9 +684,7 @@ class SchedulerActor:
         pid = event.spec.pipeline_id
         await self._event(dataclasses.replace(event, demand=None))
         self._joined(event.spec, endpoint, owns)
-        self.gone.add(pid)
-        self.roster.drop(pid)
-        self.errors.append(f"pipeline '{pid}' was dropped before the restart; it keeps its GPUs until it leaves")
+        await self._dropped_alive(pid, "was dropped before the restart")
         raise PipelineGone(f"pipeline '{pid}' was unregistered by the scheduler before its restart; stop it")
 
     async def _drop(self, pipeline_id: str, status: Outcome, error: str) -> None:

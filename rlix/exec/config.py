@@ -128,14 +128,15 @@ WEIGHT_FILES = (
 )
 
 
-def _check_model_config(path: Path) -> None:
-    """A checkpoint's config.json must be a JSON object (transformers reads nothing else)."""
+def _check_model_config(path: Path) -> dict:
+    """A checkpoint's config.json, which must be a JSON object (transformers reads nothing else)."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: not JSON, or a number of too many digits
         raise ValueError(f"{path} is not a readable JSON file ({type(exc).__name__}); save the checkpoint again") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path} is not a JSON object; save the checkpoint again")
+    return raw
 
 
 class ModelConfig(StrictModel):
@@ -149,8 +150,7 @@ class ModelConfig(StrictModel):
         if self.path is not None and not (Path(self.path) / "config.json").is_file():
             raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
         if self.path is not None:
-            _check_model_config(Path(self.path) / "config.json")
-            named = json.loads((Path(self.path) / "config.json").read_text()).get("transformers_weights")
+            named = _check_model_config(Path(self.path) / "config.json").get("transformers_weights")
             weights = (*WEIGHT_FILES, named) if isinstance(named, str) else WEIGHT_FILES
             if not any((Path(self.path) / name).is_file() for name in weights):
                 raise ValueError(

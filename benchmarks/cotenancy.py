@@ -22,7 +22,7 @@ makespan as under ``rlix`` to the microsecond.
 
     python benchmarks/cotenancy.py [--seeds 0,1,2,3] [KNOB=VALUE ...]
 
-Tune on seeds 0-3; seeds 4-7 are the held-out ones (``--seeds 4,5,6,7``).
+Tune on seeds 0-3; seeds 4-7 are the held-out ones (``--seeds 4-7``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from rlix.metrics import RunMetrics
 from rlix.sim.alone import alone_runs, slowdowns
 from rlix.sim.scenarios import cotenancy_family
 from rlix.sim.simulator import replay
-from rlix.sim.sweep import parse_seeds
+from rlix.sim.sweep import SweepError, parse_seeds
 from rlix.trace import Trace, TraceError, TraceModel, load_trace
 
 STATIC_TARGET = 0.65
@@ -89,7 +89,10 @@ def _from_arrival(run: RunMetrics, arrival_s: float) -> float:
 def main(argv: list[str]) -> None:
     seeds = [0, 1, 2, 3]
     if argv[:1] == ["--seeds"] and len(argv) > 1:
-        seeds, argv = [int(s) for s in parse_seeds(argv[1])], argv[2:]
+        try:
+            seeds, argv = [int(s) for s in parse_seeds(argv[1])], argv[2:]
+        except SweepError as exc:
+            _fail(str(exc))
     bad = [kv for kv in argv if "=" not in kv]
     if bad:
         _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")

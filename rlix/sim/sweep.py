@@ -153,18 +153,30 @@ def parse_knob(text: str) -> Knob:
     return Knob(name=name, values=parts)
 
 
+MAX_SEEDS = 10_000  # more replays than any sweep runs; "0-100000000" would fill the memory first
+
+
 def parse_seeds(text: str | None) -> tuple[int | None, ...]:
+    """``--seeds``: whole numbers and inclusive ranges separated by commas (``0,1,2``, ``0-7``, ``0-3,8``)."""
     if text is None:
         return (None,)
-    try:
-        seeds = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        raise SweepError(f"--seeds {text}: write whole numbers separated by commas, e.g. --seeds 0,1,2") from None
-    if any(s < 0 for s in seeds):
-        raise SweepError(f"--seeds {text}: seeds are whole numbers >= 0; drop the minus sign")
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo and dash:
+            raise SweepError(f"--seeds {text}: seeds are whole numbers >= 0; drop the minus sign")
+        try:
+            span = range(int(lo), int(hi if dash else lo) + 1)
+        except ValueError:
+            raise SweepError(f"--seeds {text}: write whole numbers or ranges separated by commas, e.g. --seeds 0,1,2 or 0-7") from None
+        if not span:
+            raise SweepError(f"--seeds {text}: '{part.strip()}' runs backwards; write the lower seed first, e.g. 0-7")
+        if len(seeds) + len(span) > MAX_SEEDS:
+            raise SweepError(f"--seeds {text}: more than {MAX_SEEDS:,} seeds; sweep fewer")
+        seeds.extend(span)
     if len(set(seeds)) != len(seeds):
         raise SweepError(f"--seeds {text}: a seed is given twice; list each seed once")
-    return seeds
+    return tuple(seeds)
 
 
 def grid(sources: Sequence[str], knobs: Sequence[Knob], seeds: Sequence[int | None], policies: Sequence[str]) -> list[Cell]:

@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--knob", action="append", required=True, metavar="NAME=V1,V2,...", help="a scheduler knob and its values (repeatable)"
     )
     sw.add_argument(
-        "--seeds", default=None, metavar="S1,S2,...", help="redraw generated streams with each seed, e.g. 0,1,2 or 0-7 (default: the traces' own)"
+        "--seeds",
+        default=None,
+        metavar="S1,S2,...",
+        help="redraw generated streams with each seed, e.g. 0,1,2 or 0-7 (default: the traces' own)",
     )
     sw.add_argument(
         "--policy", action="append", metavar="NAME", help=f"policy to run (repeatable; default: all of {', '.join(POLICIES)})"

@@ -168,7 +168,9 @@ def parse_seeds(text: str | None) -> tuple[int | None, ...]:
         try:
             span = range(int(lo), int(hi if dash else lo) + 1)
         except ValueError:
-            raise SweepError(f"--seeds {text}: write whole numbers or ranges separated by commas, e.g. --seeds 0,1,2 or 0-7") from None
+            raise SweepError(
+                f"--seeds {text}: write whole numbers or ranges separated by commas, e.g. --seeds 0,1,2 or 0-7"
+            ) from None
         if not span:
             raise SweepError(f"--seeds {text}: '{part.strip()}' runs backwards; write the lower seed first, e.g. 0-7")
         if len(seeds) + len(span) > MAX_SEEDS:

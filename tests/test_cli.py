@@ -381,3 +381,22 @@ def test_malformed_json_names_line_and_column(tmp_path):
     bad.write_text('{"cluster": {"nodes": 1,, }')
     res = run_cli("validate", str(bad))
     assert res.returncode == 2 and "not valid JSON (line 1, column" in res.stderr
+
+
+def test_names_that_look_like_rich_markup_are_printed_as_written(tmp_path, capsys):
+    """A trace name or job id with brackets is the user's text: printed literally, never read as markup
+    (``job[/]`` crashed the table, after the replay and before the JSON was written)."""
+    doc = json.loads((TRACES / "single.json").read_text())
+    doc["name"], doc["pipelines"][0]["id"] = "exp [dapo] v2", "job[/]"
+    trace, out = tmp_path / "t.json", tmp_path / "r.json"
+    trace.write_text(json.dumps(doc))
+    assert main(["replay", str(trace), "--policy", "rlix", "--no-alone", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "exp [dapo] v2" in printed and "job[/]" in printed, printed
+    assert list(json.loads(out.read_text())["policies"]["rlix"]["pipelines"]) == ["job[/]"]
+    job = json.loads((ROOT / "examples" / "whatif_job.json").read_text())
+    job["id"] = "new[/b]"
+    added = tmp_path / "job.json"
+    added.write_text(json.dumps(job))
+    assert main(["whatif", str(TRACES / "two_jobs.json"), "--add", str(added), "--policy", "rlix"]) == 0
+    assert "+ new[/b] (new" in capsys.readouterr().out

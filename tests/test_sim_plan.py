@@ -253,6 +253,7 @@ def test_sweep_without_ray_says_so_in_one_line(monkeypatch, capsys, tmp_path):
         (["--knob", "small_first=0", "--seeds", "-1"], "--seeds -1: seeds are whole numbers >= 0; drop the minus sign"),
         (["--knob", "small_first=0", "--seeds", "0-3,2"], "--seeds 0-3,2: a seed is given twice"),
         (["--knob", "small_first=0", "--seeds", "0-100000000"], "--seeds 0-100000000: more than 10,000 seeds"),
+        (["--knob", "small_first=0", "--seeds", "0-99999999999999999999999"], "more than 10,000 seeds"),
         (["--knob", "small_first=0", "--policy", "fifo"], "--policy fifo: unknown policy"),
         (["--knob", "small_first=0", "--out", "README.md"], "--out README.md: is a file; give a folder"),
         (["--knob", "tenants=a:1,b:2"], "--knob tenants: a sweep varies knobs that are numbers or true/false"),

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlix.config import overwrites, ray_address, unwritable
@@ -212,7 +213,7 @@ def _replay(args, console: Console, err: Console) -> int:
     if show:
         c = trace.cluster
         console.print(
-            f"[bold]{name}[/]: {c.num_gpus} GPUs ({c.nodes}x{c.gpus_per_node}), {len(trace.pipelines)} pipelines, "
+            f"[bold]{escape(name)}[/]: {c.num_gpus} GPUs ({c.nodes}x{c.gpus_per_node}), {len(trace.pipelines)} pipelines, "
             f"{total:,} trajectories; policies: {', '.join(policies)}"
         )
     runs: dict[str, RunMetrics] = {}
@@ -232,19 +233,19 @@ def _replay(args, console: Console, err: Console) -> int:
             err.print(f"  {policy}: replayed in {time.perf_counter() - started:.1f} s wall, {runs[policy].plans:,} plans")
     alone = _alone(trace, policies, err, show) if args.alone else None
     if show:
-        print_table(console, f"{name} - metrics per policy", runs, alone)
+        print_table(console, f"{escape(name)} - metrics per policy", runs, alone)
     if args.json:
         with _writing("--json", args.json):
             write_json(results_json(name, args.trace, trace.cluster.num_gpus, runs, alone), args.json)
         if show:
-            console.print(f"wrote {args.json}")
+            console.print(f"wrote {escape(str(args.json))}")
     if args.plot:
         from rlix.plot import plot_runs
 
         with _writing("--plot", args.plot):
             written = plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
         if show:
-            console.print(f"wrote {written}")
+            console.print(f"wrote {escape(str(written))}")
     return 0
 
 
@@ -283,7 +284,7 @@ def _whatif(args, console: Console, err: Console) -> int:
     show = not args.quiet
     if show:
         ids = ", ".join(job.job_ids())
-        console.print(f"[bold]{name}[/] + {ids}: {base.cluster.num_gpus} GPUs; policies: {', '.join(policies)}")
+        console.print(f"[bold]{escape(name)}[/] + {escape(ids)}: {base.cluster.num_gpus} GPUs; policies: {', '.join(policies)}")
     with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True, disable=not show) as bar:
         task = bar.add_task("", total=None)
         results = whatif(
@@ -299,7 +300,7 @@ def _whatif(args, console: Console, err: Console) -> int:
         with _writing("--json", args.json):
             write_json(whatif_json(name, args.trace, args.add, results), args.json)
         if show:
-            console.print(f"wrote {args.json}")
+            console.print(f"wrote {escape(str(args.json))}")
     return 0
 
 
@@ -342,7 +343,8 @@ def _sweep(args, console: Console, err: Console) -> int:
         paths = write_outputs(out, knobs, seeds, policies, rows)
     if show:
         print_summary(console, rows, knobs)
-        console.print(f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {', '.join(map(str, paths))}")
+        wrote = escape(", ".join(map(str, paths)))
+        console.print(f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {wrote}")
     return 0
 
 
@@ -382,8 +384,8 @@ def _generate(args, console: Console, err: Console) -> int:
         dump_trace(model, out)
     trace = Trace(model, str(out))
     console.print(
-        f"wrote {out}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, {trace.cluster.num_gpus} "
-        "GPUs"
+        f"wrote {escape(str(out))}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, "
+        f"{trace.cluster.num_gpus} GPUs"
     )
     return 0
 
@@ -393,7 +395,8 @@ def _validate(args, console: Console, err: Console) -> int:
     trace.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here, not at the replay
     c = trace.cluster
     console.print(
-        f"{args.trace}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories"
+        f"{escape(args.trace)}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, "
+        f"{trace.total_trajectories():,} trajectories"
     )
     from rlix.sim.simulator import policy_misfit
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rlix.metrics import RunMetrics
@@ -85,7 +86,7 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics], alone
         for name in runs:
             table.add_column(name, justify="right")
         for pid in next(iter(runs.values())).pipelines:
-            table.add_row(pid, *(f"{slowdowns[name][pid]:.2f}x" if pid in slowdowns[name] else "-" for name in runs))
+            table.add_row(escape(pid), *(f"{slowdowns[name][pid]:.2f}x" if pid in slowdowns[name] else "-" for name in runs))
         table.add_row(
             "worst / mean",
             *(f"{max(s.values()) / (sum(s.values()) / len(s)):.2f}x" if s else "-" for s in slowdowns.values()),
@@ -106,7 +107,7 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics], alone
         for name in first.tenants:
             cells = [run.tenants[name] for run in runs.values()]
             tenants.add_row(
-                name,
+                escape(name),
                 *(
                     f"{t.jobs}: {t.gpu_seconds_used:,.0f} / {t.gpu_seconds_lent:,.0f} / {t.gpu_seconds_borrowed:,.0f}"
                     for t in cells
@@ -122,5 +123,5 @@ def _per_pipeline(console: Console, title: str, runs: dict[str, RunMetrics], cel
     for name in runs:
         jobs.add_column(name, justify="right")
     for pid in next(iter(runs.values())).pipelines:
-        jobs.add_row(pid, *(cell(run.pipelines[pid]) for run in runs.values()))
+        jobs.add_row(escape(pid), *(cell(run.pipelines[pid]) for run in runs.values()))
     console.print(jobs)

@@ -166,16 +166,16 @@ def parse_seeds(text: str | None) -> tuple[int | None, ...]:
         if not lo and dash:
             raise SweepError(f"--seeds {text}: seeds are whole numbers >= 0; drop the minus sign")
         try:
-            span = range(int(lo), int(hi if dash else lo) + 1)
+            first, last = int(lo), int(hi if dash else lo)
         except ValueError:
             raise SweepError(
                 f"--seeds {text}: write whole numbers or ranges separated by commas, e.g. --seeds 0,1,2 or 0-7"
             ) from None
-        if not span:
+        if last < first:
             raise SweepError(f"--seeds {text}: '{part.strip()}' runs backwards; write the lower seed first, e.g. 0-7")
-        if len(seeds) + len(span) > MAX_SEEDS:
+        if len(seeds) + last - first + 1 > MAX_SEEDS:  # counted before the range is made: no int too large for it
             raise SweepError(f"--seeds {text}: more than {MAX_SEEDS:,} seeds; sweep fewer")
-        seeds.extend(span)
+        seeds.extend(range(first, last + 1))
     if len(set(seeds)) != len(seeds):
         raise SweepError(f"--seeds {text}: a seed is given twice; list each seed once")
     return tuple(seeds)

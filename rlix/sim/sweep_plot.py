@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rlix.sim.report import write_json
@@ -84,9 +85,9 @@ def print_summary(console: Console, rows: list[SweepRow], knobs: Sequence[Knob])
     for group in groups.values():
         first = group[0]
         table.add_row(
-            labels[first.source],
+            escape(labels[first.source]),
             first.policy,
-            *(str(v) for _, v in first.knobs),
+            *(escape(str(v)) for _, v in first.knobs),
             str(len(group)),
             f"{_mean([r.makespan_over_bound for r in group]):.3f}",
             f"{_mean([r.gpu_utilization for r in group]):.3f}",

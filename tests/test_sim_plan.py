@@ -398,3 +398,30 @@ def test_knobs_set_from_python_take_numbers_and_bools_as_well_as_text():
     assert trace.with_scheduler({"small_first": "1"}).model == trace.with_scheduler({"small_first": 1}).model
     beat = trace.with_scheduler({"heartbeat_s": "60"})
     assert beat.with_scheduler({"heartbeat_s": "null"}).model.scheduler.heartbeat_s is None  # back to its default
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("misfit", "no actor_infer bundle lies inside its home GPUs, so it cannot roll out under static"),
+        ("far draw", "rlix-sim: error: --seeds 3: "),
+        ("named twice", "TRACE: a trace is named twice"),
+    ],
+)
+def test_sweep_checks_what_a_replay_checks_before_ray_starts(case, expected, tmp_path, capsys, monkeypatch):
+    """A job no policy of the grid can place, or a draw past any clock under one of the seeds, is refused
+    before Ray starts (it failed in every cell, on Ray), and one file named by two paths is named twice."""
+    monkeypatch.setattr(sweep, "run_on_ray", None)  # reaching Ray would fail the test with a TypeError
+    doc = json.loads((TRACES / "single.json").read_text())
+    p = doc["pipelines"][0]
+    if case == "misfit":
+        p["roles"]["actor_infer"]["gpus_per_worker"], p["home"] = 2, [0]
+    elif case == "far draw":
+        p["generate"]["duration"] = {"dist": "lognormal", "median_s": 1e8, "p99_s": 1e9}
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(doc))
+    out = tmp_path / "sweep"
+    args = [str(trace), f"{tmp_path}/../{tmp_path.name}/t.json"] if case == "named twice" else [str(trace)]
+    line = error_in_process(capsys, "sweep", *args, "--knob", "small_first=0,3", "--seeds", "3", "--out", str(out))
+    assert expected in line and (case != "far draw" or "past 1e+09 s" in line), line
+    assert not out.exists()  # refused before anything was written

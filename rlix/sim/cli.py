@@ -323,7 +323,7 @@ def _sweep(args, console: Console, err: Console) -> int:
     if len({k.name for k in knobs}) != len(knobs):
         raise UserError("--knob: a knob is named twice; give each knob once with all its values")
     seeds = sweep.parse_seeds(args.seeds)
-    texts = sweep.load_texts(args.traces, knobs)
+    texts = sweep.load_texts(args.traces, knobs, seeds, policies)
     check_output("--out", args.out, folder=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from rlix.config import read_document
 from rlix.metrics import RunMetrics
 from rlix.ray_runtime import worker_pythonpath
-from rlix.sim.simulator import replay
+from rlix.sim.simulator import policy_misfit, replay
 from rlix.trace import Trace, TraceError, parse_trace
 
 SWEEP_FORMAT = "rlix-sweep"
@@ -202,14 +202,26 @@ def grid(sources: Sequence[str], knobs: Sequence[Knob], seeds: Sequence[int | No
     return cells
 
 
-def load_texts(sources: Sequence[str], knobs: Sequence[Knob]) -> dict[str, str]:
-    """Each trace file's text, once every trace is valid with every combination of knob values (checked before Ray starts)."""
-    if len(set(sources)) != len(sources):
+def load_texts(
+    sources: Sequence[str], knobs: Sequence[Knob], seeds: Sequence[int | None] = (None,), policies: Sequence[str] = ()
+) -> dict[str, str]:
+    """Each trace file's text, once every trace is valid with every combination of knob values, draws its
+    streams under every seed and places every job under every policy (checked before Ray starts, as a
+    replay checks them before it runs)."""
+    if len({Path(s).resolve() for s in sources}) != len(sources):
         raise SweepError("TRACE: a trace is named twice; name each once")
     texts = {}
     for source in sources:
         raw = read_document(source, "json", TraceError, "a trace JSON (see traces/)")
         trace = parse_trace(raw, source=source)
+        for seed in seeds:
+            drawn = trace if seed is None else trace.reseeded(seed)
+            try:
+                drawn.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here, not on Ray
+            except TraceError as e:
+                raise SweepError(str(e) if seed is None else f"--seeds {seed}: {e}") from None
+        if (misfit := policy_misfit(trace, list(policies))) is not None:
+            raise SweepError(f"{source}: {misfit}")
         read: dict[tuple[str, str], str] = {}  # (knob, value as read) -> the first value given that reads so
         for combo in itertools.product(*([(k.name, v) for v in k.values] for k in knobs)):
             try:

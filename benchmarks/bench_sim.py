@@ -9,24 +9,31 @@ seconds, trajectories replayed per wall second, and plans made. Not a test.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from pathlib import Path
 
-from rlix.sim.simulator import replay
-from rlix.trace import load_trace
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's rlix, whatever is installed
+
+from bench_args import Parser, fail  # noqa: E402
+
+from rlix.core import POLICIES  # noqa: E402
+from rlix.sim.simulator import replay  # noqa: E402
+from rlix.trace import TraceError, load_trace  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="bench_sim", description=__doc__.splitlines()[0])
     parser.add_argument("trace", nargs="?", default=str(ROOT / "traces" / "large.json"))
-    parser.add_argument("--policy", action="append", help="default: rlix")
+    parser.add_argument("--policy", action="append", choices=POLICIES, help="default: rlix")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    trace = load_trace(args.trace)
-    total = trace.total_trajectories()  # expands the generated streams
+    try:
+        trace = load_trace(args.trace)
+        total = trace.total_trajectories()  # expands the generated streams
+    except TraceError as exc:
+        fail("bench_sim", str(exc))
     load_s = time.perf_counter() - t0
     print(
         f"{Path(args.trace).name}: {trace.cluster.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {total:,} trajectories "

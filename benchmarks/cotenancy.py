@@ -31,9 +31,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix, whatever is installed
+
+from bench_args import fail, knob_values
 
 from rlix.metrics import RunMetrics
 from rlix.sim.alone import alone_runs, slowdowns
@@ -87,16 +90,8 @@ def _from_arrival(run: RunMetrics, arrival_s: float) -> float:
 
 
 def main(argv: list[str]) -> None:
-    seeds = [0, 1, 2, 3]
-    if argv[:1] == ["--seeds"] and len(argv) > 1:
-        try:
-            seeds, argv = [int(s) for s in parse_seeds(argv[1])], argv[2:]
-        except SweepError as exc:
-            _fail(str(exc))
-    bad = [kv for kv in argv if "=" not in kv]
-    if bad:
-        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")
-    knobs = dict(kv.split("=", 1) for kv in argv)
+    seeds, argv = _seeds(argv)
+    knobs = knob_values("cotenancy", argv)
     drawn = families(seeds)
     try:
         drawn = {name: [t.with_scheduler(knobs) for t in traces] for name, traces in drawn.items()}
@@ -134,9 +129,30 @@ def main(argv: list[str]) -> None:
     )
 
 
-def _fail(message: str) -> None:
-    print(f"cotenancy: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def _seeds(argv: list[str]) -> tuple[list[int], list[str]]:
+    """``--seeds S`` (or ``--seeds=S``) anywhere among the arguments, and the arguments left; seeds 0-3 if none."""
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.split("\n\n")[-2].strip())  # the usage line
+        raise SystemExit(0)
+    given = [i for i, a in enumerate(argv) if a == "--seeds" or a.startswith("--seeds=")]
+    if not given:
+        return [0, 1, 2, 3], argv
+    if len(given) > 1:
+        _fail("--seeds: given twice; give it once")
+    i = given[0]
+    text, rest = (argv[i + 1], argv[:i] + argv[i + 2 :]) if argv[i] == "--seeds" and i + 1 < len(argv) else (None, None)
+    if argv[i].startswith("--seeds="):
+        text, rest = argv[i].removeprefix("--seeds="), argv[:i] + argv[i + 1 :]
+    if text is None:
+        _fail("--seeds: give the seeds, e.g. --seeds 4-7")
+    try:
+        return [int(s) for s in parse_seeds(text)], rest
+    except SweepError as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str) -> NoReturn:
+    fail("cotenancy", message)
 
 
 if __name__ == "__main__":

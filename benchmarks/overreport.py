@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
+from bench_args import Parser, fail  # noqa: E402
+
 from rlix.sim.simulator import Simulation  # noqa: E402
-from rlix.trace import Trace, load_trace  # noqa: E402
+from rlix.trace import Trace, TraceError, load_trace  # noqa: E402
 
 TARGET = 0.02
 
@@ -44,18 +47,42 @@ def jcts(trace: Trace, liar: str | None = None, factor: float = 2.0) -> dict[str
     return {pid: m.jct_s for pid, m in sim.run().pipelines.items()}
 
 
+def _factor(text: str) -> float:
+    """``--factor``: a finite number >= 1 (below 1 a job under-reports, and at 0 it reports no work: it never ends)."""
+    try:
+        factor = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number; give e.g. 2") from None
+    if not (math.isfinite(factor) and factor >= 1):
+        raise argparse.ArgumentTypeError(f"{text}: give a finite number >= 1 (a liar reports more than it has)")
+    return factor
+
+
+def _seeds(text: str) -> list[str]:
+    """``--seeds``: ``s`` (as shipped) and whole numbers >= 0, comma-separated."""
+    seeds = [s.strip() for s in text.split(",")]
+    if not all(s == "s" or (s.isdecimal() and s.isascii()) for s in seeds) or len(set(seeds)) != len(seeds):
+        fail("overreport", f"--seeds {text}: write s and whole numbers >= 0, comma-separated, each once, e.g. s,0,1")
+    return seeds
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="overreport", description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", default=[str(ROOT / "traces" / n) for n in ("two_jobs.json", "queued_cluster.json")])
     parser.add_argument("--seeds", default="s", help="comma-separated: s (as shipped) or redraw seeds")
-    parser.add_argument("--factor", type=float, default=2.0)
+    parser.add_argument("--factor", type=_factor, default=2.0, help="how many times its queue a liar reports (>= 1)")
     args = parser.parse_args()
+    seeds = _seeds(args.seeds)
+    try:
+        bases = {path: load_trace(path) for path in args.traces}
+        traces = {(path, s): base if s == "s" else base.reseeded(int(s)) for path, base in bases.items() for s in seeds}
+    except TraceError as exc:
+        fail("overreport", str(exc))
     worst_gain = worst_change = 0.0
     print(f"{'trace':<16} {'seed':>4} {'liar':<16} {'liar gain':>9} {'others worst':>12}")
     for path in args.traces:
-        base = load_trace(path)
-        for seed in args.seeds.split(","):
-            trace = base if seed == "s" else base.reseeded(int(seed))
+        for seed in seeds:
+            trace = traces[(path, seed)]
             honest = jcts(trace)
             for liar in sorted(honest):
                 lied = jcts(trace, liar, args.factor)

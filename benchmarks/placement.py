@@ -15,13 +15,14 @@ Seeds 0-5 were looked at first; 6-13 are the held-out ones (``--seeds 6,7,8,9,10
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
+
+from bench_args import Parser
 
 from rlix.sim.simulator import Simulation
 from rlix.sim.sweep import SweepError, parse_seeds
@@ -46,8 +47,13 @@ def measure(trace: Trace) -> tuple[float, int]:
     return m.makespan_s / m.makespan_lower_bound_s, sum(p.engine.book.requeued for p in sim.pipelines.values())
 
 
+def _change(put_back: int, shipped_back: int) -> str:
+    """The change in trajectories put back against the shipped placement ("-" where that put none back)."""
+    return f"{put_back / shipped_back - 1:+.1%}" if shipped_back else ("-" if not put_back else f"+{put_back}")
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="placement", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=str(ROOT / "traces" / "mixed_agentic.json"))
     ap.add_argument("--seeds", default="0,1,2,3,4,5", help="redraws of the trace, comma-separated")
     args = ap.parse_args()
@@ -71,7 +77,7 @@ def main() -> int:
             ratios = [r for r, _ in runs[placement]]
             worse = sum(r > s * 1.01 for (r, _), (s, _) in zip(runs[placement], shipped))
             put_back = sum(n for _, n in runs[placement])
-            change, worse_txt = ("", "") if placement == "lowest_gpu" else (f"{put_back / shipped_back - 1:+.1%}", str(worse))
+            change, worse_txt = ("", "") if placement == "lowest_gpu" else (_change(put_back, shipped_back), str(worse))
             print(
                 f"{mode:<9} {placement:<13} {statistics.fmean(ratios):>7.4f} {max(ratios):>7.4f} {put_back:>9,} "
                 f"{change:>7} {worse_txt:>9}",

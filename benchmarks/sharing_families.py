@@ -19,10 +19,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's rlix, whatever is installed
 
+from bench_args import fail, knob_values  # noqa: E402
 from test_sim_fairness import random_trace  # noqa: E402  (the family the property test draws)
 
 from rlix.sim.simulator import replay  # noqa: E402
@@ -47,19 +49,16 @@ def measure(trace: Trace) -> tuple[float, float, float]:
 
 
 def main(argv: list[str]) -> None:
-    bad = [kv for kv in argv if "=" not in kv]
-    if bad:
-        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. home_guarantee=false")
-    knobs = dict(kv.split("=", 1) for kv in argv)
+    knobs = knob_values("sharing_families", argv)
     drawn = families()
-    try:
-        drawn["two_jobs 0-9"][0].with_scheduler(knobs)  # a bad knob fails here, before any replay
+    try:  # every trace takes the knobs (a queue's GPUs must be its cluster's), checked before any replay
+        drawn = {name: [t.with_scheduler(knobs) if knobs else t for t in traces] for name, traces in drawn.items()}
     except TraceError as exc:
         _fail(str(exc))
     print(f"knobs: {knobs or 'as each trace sets them'}")
     for name, traces in drawn.items():
         t0 = time.perf_counter()
-        rows = [measure(t.with_scheduler(knobs) if knobs else t) for t in traces]
+        rows = [measure(t) for t in traces]
         worst, bound, static = ([r[i] for r in rows] for i in range(3))
         over = sum(w > 1.02 for w in worst)
         print(
@@ -70,9 +69,8 @@ def main(argv: list[str]) -> None:
         )
 
 
-def _fail(message: str) -> None:
-    print(f"sharing_families: {message}", file=sys.stderr)
-    sys.exit(2)
+def _fail(message: str) -> NoReturn:
+    fail("sharing_families", message)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,24 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
+from bench_args import fail
+
 from rlix.sim.simulator import replay
-from rlix.trace import load_trace
+from rlix.trace import TraceError, load_trace
 
 
 def main() -> None:
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print("python benchmarks/slowdown.py [traces/x.json ...]")
+        return
     paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "traces").glob("*.json"))
+    try:
+        traces = {path: load_trace(path) for path in paths}  # every one read before any replay
+    except TraceError as exc:
+        fail("slowdown", str(exc))
     print(f"{'trace':<16} {'worst job':<16} {'slowdown':>8} {'rlix jct':>9} {'static jct':>10} {'mean jct rlix/static':>21}")
     for path in paths:
-        trace = load_trace(path)
+        trace = traces[path]
         rlix, static = replay(trace, "rlix"), replay(trace, "static")
         ratios = {pid: rlix.pipelines[pid].jct_s / static.pipelines[pid].jct_s for pid in rlix.pipelines}
         worst = max(sorted(ratios), key=lambda pid: ratios[pid])

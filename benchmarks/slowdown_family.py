@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from bench_args import Parser, knob_values
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="slowdown_family", description=__doc__.splitlines()[0])
+    parser = Parser(prog="slowdown_family", description=__doc__.splitlines()[0])
     parser.add_argument("root", help="the checkout to measure (its rlix and traces/)")
     parser.add_argument("traces", help="shipped trace names, comma-separated, e.g. two_jobs,queued_cluster")
     parser.add_argument("seeds", help="s (the shipped draw) and redraw seeds, comma-separated, e.g. s,0,1,2")
@@ -29,9 +31,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.seeds = [None if s == "s" else int(s) for s in args.seeds.split(",")]
     except ValueError:
         parser.error(f"SEEDS {args.seeds}: write s or whole numbers, comma-separated, e.g. s,0,1,2")
-    if bad := [kv for kv in args.knobs if "=" not in kv]:
-        parser.error(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")
-    args.knobs = dict(kv.split("=", 1) for kv in args.knobs)
+    if any(s is not None and s < 0 for s in args.seeds):
+        parser.error("SEEDS: seeds are whole numbers >= 0; drop the minus sign")
+    args.knobs = knob_values("slowdown_family", args.knobs)
     return args
 
 

@@ -21,14 +21,16 @@ the trace's own.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
+
+from bench_args import Parser, fail, knob_values
 
 from rlix.sim.simulator import replay
 from rlix.sim.sweep import SweepError, parse_seeds
@@ -70,21 +72,18 @@ def with_prompts(trace: Trace, group: float, epoch: float) -> Trace:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="straggler_order", description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(ROOT / "traces" / "mixed_agentic.json"))
     parser.add_argument("--seeds", default="0,1,2,3,4,5", help="redraws (Trace.reseeded), comma-separated")
     parser.add_argument("--prompts", metavar="GROUP,EPOCH", help="give every generated stream prompt ids, these correlations")
     parser.add_argument("knobs", nargs="*", metavar="KNOB=VALUE", help="scheduler knobs for every replay")
     args = parser.parse_args()
-    bad = [kv for kv in args.knobs if "=" not in kv]
-    if bad:
-        _fail(f"'{bad[0]}' is not KNOB=VALUE; write e.g. small_first=0")
-    knobs = dict(kv.split("=", 1) for kv in args.knobs)
+    knobs = knob_values("straggler_order", args.knobs)
     try:
         seeds = parse_seeds(args.seeds)
         base = load_trace(args.trace)
         base = base.with_scheduler(knobs) if knobs else base  # a bad knob fails here, before any replay
-        if args.prompts:
+        if args.prompts is not None:
             group, epoch = (float(x) for x in args.prompts.split(","))
             base = with_prompts(base, group, epoch)
     except (SweepError, TraceError) as exc:
@@ -103,9 +102,8 @@ def main() -> None:
         print(f"{order:>15} {max(ratios):6.3f}  " + " ".join(f"{x:7.3f}" for x in ratios) + rank, flush=True)
 
 
-def _fail(message: str) -> None:
-    print(f"straggler_order: {message}", file=sys.stderr)
-    sys.exit(2)
+def _fail(message: str) -> NoReturn:
+    fail("straggler_order", message)
 
 
 if __name__ == "__main__":

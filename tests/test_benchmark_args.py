@@ -1,0 +1,55 @@
+"""The benchmark scripts refuse bad arguments as the project's tools do: one line, exit 2, before any replay."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        ("cotenancy.py", ["--seeds", "4-x"], "cotenancy: --seeds 4-x: write whole numbers or ranges separated by commas"),
+        ("cotenancy.py", ["--seeds", "7-4"], "cotenancy: --seeds 7-4: '7-4' runs backwards"),
+        ("cotenancy.py", ["small_first=1", "--seeds=0-99999999999999999999"], "cotenancy: --seeds 0-99999999999999999999: more"),
+        ("cotenancy.py", ["small_first"], "cotenancy: 'small_first' is not KNOB=VALUE"),
+        ("cotenancy.py", ["small_first=0", "small_first=3"], "cotenancy: small_first: given twice (0 and 3)"),
+        ("straggler_order.py", ["--seeds", "0", "small_first=0", "small_first=3"], "straggler_order: small_first: given twice"),
+        ("sharing_families.py", ["queues=[{name: q, gpus: 0-15, max_jobs: 1}]"], "gpus must be GPUs of the cluster (0..7)"),
+        ("slowdown_family.py", [".", "two_jobs", "-1"], "slowdown_family: SEEDS: seeds are whole numbers >= 0"),
+        ("placement.py", ["--bogus"], "placement: unrecognized arguments: --bogus"),
+        ("overreport.py", ["nonexist.json"], "overreport: nonexist.json: no such file"),
+        ("overreport.py", ["--seeds", "-1"], "overreport: --seeds -1: write s and whole numbers >= 0"),
+        ("overreport.py", ["--factor", "0"], "overreport: argument --factor: 0: give a finite number >= 1"),
+        ("slowdown.py", ["nonexist.json"], "slowdown: nonexist.json: no such file"),
+        ("bench_sim.py", ["nonexist.json"], "bench_sim: nonexist.json: no such file"),
+        ("bench_sim.py", ["traces/single.json", "--policy", "nope"], "bench_sim: argument --policy: invalid choice: 'nope'"),
+    ],
+)
+def test_a_bad_argument_is_one_line_and_exit_2_before_any_replay(script: str, args: list[str], expected: str):
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], done.stderr
+    assert not done.stdout
+
+
+def test_placement_prints_a_trace_where_nothing_is_put_back():
+    """``single.json`` puts no trajectory back under either placement: the change column reads '-', not a crash."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "placement.py"), "--trace", "traces/single.json", "--seeds", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=BENCHMARKS.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("continue", "requeue"))]
+    assert len(rows) == 4 and [r[5] for r in rows if r[1] == "longest_held"] == ["-", "-"], done.stdout

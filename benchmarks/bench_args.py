@@ -20,7 +20,7 @@ class Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (no usage block), exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        fail(self.prog, f"{message} (see '{self.prog} --help')")
+        fail(self.prog, f"{message} (see 'python benchmarks/{self.prog}.py --help')")
 
 
 def knob_values(prog: str, items: Iterable[str]) -> dict[str, str]:
@@ -34,3 +34,17 @@ def knob_values(prog: str, items: Iterable[str]) -> dict[str, str]:
             fail(prog, f"{name}: given twice ({knobs[name]} and {value}); give each knob once")
         knobs[name] = value
     return knobs
+
+
+def replayable(prog: str, trace, policies: Iterable[str]) -> None:
+    """Refuse ``trace`` (an :class:`rlix.trace.Trace`) in one line unless its streams draw and every job can
+    roll out under each of ``policies``: what ``rlix-sim replay`` checks before it runs, checked before any replay."""
+    from rlix.sim.simulator import policy_misfit
+    from rlix.trace import TraceError
+
+    try:
+        trace.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here
+    except TraceError as exc:
+        fail(prog, str(exc))
+    if (misfit := policy_misfit(trace, list(policies))) is not None:
+        fail(prog, f"{trace.source}: {misfit}")

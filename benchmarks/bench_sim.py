@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix, whatever is installed
 
-from bench_args import Parser, fail  # noqa: E402
+from bench_args import Parser, fail, replayable  # noqa: E402
 
 from rlix.core import POLICIES  # noqa: E402
 from rlix.sim.simulator import replay  # noqa: E402
@@ -34,6 +34,7 @@ def main() -> None:
         total = trace.total_trajectories()  # expands the generated streams
     except TraceError as exc:
         fail("bench_sim", str(exc))
+    replayable("bench_sim", trace, args.policy or ["rlix"])
     load_s = time.perf_counter() - t0
     print(
         f"{Path(args.trace).name}: {trace.cluster.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {total:,} trajectories "

@@ -23,12 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
-from bench_args import Parser, fail  # noqa: E402
+from bench_args import Parser, fail, replayable  # noqa: E402
 
 from rlix.sim.simulator import Simulation  # noqa: E402
 from rlix.trace import Trace, TraceError, load_trace  # noqa: E402
 
 TARGET = 0.02
+MAX_FACTOR = 1000.0  # past it a job's report overflows the counts it scales
 
 
 def jcts(trace: Trace, liar: str | None = None, factor: float = 2.0) -> dict[str, float]:
@@ -53,8 +54,8 @@ def _factor(text: str) -> float:
         factor = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number; give e.g. 2") from None
-    if not (math.isfinite(factor) and factor >= 1):
-        raise argparse.ArgumentTypeError(f"{text}: give a finite number >= 1 (a liar reports more than it has)")
+    if not (math.isfinite(factor) and 1 <= factor <= MAX_FACTOR):
+        raise argparse.ArgumentTypeError(f"{text}: give a number from 1 to {MAX_FACTOR:g} (a liar reports more than it has)")
     return factor
 
 
@@ -78,6 +79,8 @@ def main() -> None:
         traces = {(path, s): base if s == "s" else base.reseeded(int(s)) for path, base in bases.items() for s in seeds}
     except TraceError as exc:
         fail("overreport", str(exc))
+    for trace in traces.values():
+        replayable("overreport", trace, ["rlix"])
     worst_gain = worst_change = 0.0
     print(f"{'trace':<16} {'seed':>4} {'liar':<16} {'liar gain':>9} {'others worst':>12}")
     for path in args.traces:

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
-from bench_args import Parser
+from bench_args import Parser, replayable
 
 from rlix.sim.simulator import Simulation
 from rlix.sim.sweep import SweepError, parse_seeds
@@ -63,6 +63,8 @@ def main() -> int:
     except (TraceError, SweepError) as exc:
         print(f"placement: {exc}", file=sys.stderr)
         return 2
+    for seed in seeds:
+        replayable("placement", base.reseeded(seed), ["rlix"])
     print(f"{Path(args.trace).stem}, seeds {args.seeds}: makespan over the lower bound under rlix")
     print(f"{'preempt':<9} {'placement':<13} {'mean':>7} {'max':>7} {'put back':>9} {'change':>7} {'worse >1%':>9}")
     for mode in MODES:

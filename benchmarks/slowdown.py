@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
-from bench_args import fail
+from bench_args import fail, replayable
 
 from rlix.sim.simulator import replay
 from rlix.trace import TraceError, load_trace
@@ -31,6 +31,8 @@ def main() -> None:
         traces = {path: load_trace(path) for path in paths}  # every one read before any replay
     except TraceError as exc:
         fail("slowdown", str(exc))
+    for trace in traces.values():
+        replayable("slowdown", trace, ["rlix", "static"])
     print(f"{'trace':<16} {'worst job':<16} {'slowdown':>8} {'rlix jct':>9} {'static jct':>10} {'mean jct rlix/static':>21}")
     for path in paths:
         trace = traces[path]

@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix
 
-from bench_args import Parser, fail, knob_values
+from bench_args import Parser, fail, knob_values, replayable
 
 from rlix.sim.simulator import replay
 from rlix.sim.sweep import SweepError, parse_seeds
@@ -90,6 +90,8 @@ def main() -> None:
         _fail(str(exc))
     except ValueError:
         _fail(f"--prompts: '{args.prompts}' is not GROUP,EPOCH; write e.g. 0.9,0.85")
+    for seed in seeds:
+        replayable("straggler_order", base.reseeded(seed), ["rlix"])
     print(f"{Path(args.trace).name}, policy rlix, knobs {knobs or 'as shipped'}: makespan / lower bound")
     print(f"{'order':>15} {'max':>6}  " + " ".join(f"{'seed ' + str(s):>7}" for s in seeds))
     for order in ORDERS:

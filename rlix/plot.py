@@ -28,6 +28,11 @@ SWITCH_RGB = np.array([0.55, 0.55, 0.55])
 FREE_RGB = np.array([1.0, 1.0, 1.0])
 
 
+def literal(text: str) -> str:
+    """``text`` (a job id, a trace name: the user's) as matplotlib draws it, never as mathtext between ``$``s."""
+    return text.replace("$", r"\$")
+
+
 def palette(pipelines: list[str]) -> dict[str, np.ndarray]:
     """A colour per pipeline, never grey (grey means switching)."""
     cmap = plt.get_cmap("tab20")
@@ -120,10 +125,11 @@ def runs_figure(runs: dict[str, tuple[UsageRecorder, float]], pipelines: list[st
         util = _draw_run(ax, ux, usage, makespan, pipelines, (unit, per, right))
         ax.set_title(f"{policy}: {span} {_span(makespan, unit, per)}, GPUs working {util:.2f}", loc="left", fontsize=10)
     colours = palette(pipelines)
-    handles = [Patch(color=colours[pid], label=pid) for pid in pipelines[:20]]
+    handles = [Patch(color=colours[pid], label=literal(pid)) for pid in pipelines[:20]]
     handles += [Patch(color=SWITCH_RGB, label="switching"), Patch(facecolor="white", edgecolor="grey", label="free")]
     fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=2)
-    fig.suptitle(f"{title}  (rollout lighter, training/log-probs full colour, held-idle pale)", fontsize=11, x=0.01, ha="left")
+    legend = "rollout lighter, training/log-probs full colour, held-idle pale"
+    fig.suptitle(f"{literal(title)}  ({legend})", fontsize=11, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 0.85, 0.97))
     return fig
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,16 +24,31 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
         ("straggler_order.py", ["--seeds", "0", "small_first=0", "small_first=3"], "straggler_order: small_first: given twice"),
         ("sharing_families.py", ["queues=[{name: q, gpus: 0-15, max_jobs: 1}]"], "gpus must be GPUs of the cluster (0..7)"),
         ("slowdown_family.py", [".", "two_jobs", "-1"], "slowdown_family: SEEDS: seeds are whole numbers >= 0"),
-        ("placement.py", ["--bogus"], "placement: unrecognized arguments: --bogus"),
+        ("placement.py", ["--bogus"], "placement: unrecognized arguments: --bogus (see 'python benchmarks/placement.py --help')"),
         ("overreport.py", ["nonexist.json"], "overreport: nonexist.json: no such file"),
         ("overreport.py", ["--seeds", "-1"], "overreport: --seeds -1: write s and whole numbers >= 0"),
-        ("overreport.py", ["--factor", "0"], "overreport: argument --factor: 0: give a finite number >= 1"),
+        ("overreport.py", ["--factor", "0"], "overreport: argument --factor: 0: give a number from 1 to 1000"),
+        ("overreport.py", ["--factor", "1e308"], "overreport: argument --factor: 1e308: give a number from 1 to 1000"),
+        ("overreport.py", ["{far}"], "step 0 draws"),
+        ("placement.py", ["--trace", "{far}", "--seeds", "0"], "past 1e+09 s"),
+        ("straggler_order.py", ["--trace", "{far}", "--seeds", "0"], "past 1e+09 s"),
+        ("slowdown.py", ["{misfit}"], "cannot roll out under static"),
+        ("bench_sim.py", ["{misfit}", "--policy", "static"], "cannot roll out under static"),
         ("slowdown.py", ["nonexist.json"], "slowdown: nonexist.json: no such file"),
         ("bench_sim.py", ["nonexist.json"], "bench_sim: nonexist.json: no such file"),
         ("bench_sim.py", ["traces/single.json", "--policy", "nope"], "bench_sim: argument --policy: invalid choice: 'nope'"),
     ],
 )
-def test_a_bad_argument_is_one_line_and_exit_2_before_any_replay(script: str, args: list[str], expected: str):
+def test_a_bad_argument_is_one_line_and_exit_2_before_any_replay(script: str, args: list[str], expected: str, tmp_path):
+    """``{misfit}``: a job that cannot roll out under ``static``; ``{far}``: a draw past any clock."""
+    doc = json.loads((BENCHMARKS.parent / "traces" / "single.json").read_text())
+    misfit, far = copy.deepcopy(doc), copy.deepcopy(doc)
+    misfit["pipelines"][0]["roles"]["actor_infer"]["gpus_per_worker"], misfit["pipelines"][0]["home"] = 2, [0]
+    far["pipelines"][0]["generate"]["duration"] = {"dist": "lognormal", "median_s": 1e8, "p99_s": 1e9}
+    paths = {"misfit": tmp_path / "misfit.json", "far": tmp_path / "far.json"}
+    paths["misfit"].write_text(json.dumps(misfit))
+    paths["far"].write_text(json.dumps(far))
+    args = [str(paths[a[1:-1]]) if a in ("{misfit}", "{far}") else a for a in args]
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent
     )

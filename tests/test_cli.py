@@ -387,16 +387,28 @@ def test_names_that_look_like_rich_markup_are_printed_as_written(tmp_path, capsy
     """A trace name or job id with brackets is the user's text: printed literally, never read as markup
     (``job[/]`` crashed the table, after the replay and before the JSON was written)."""
     doc = json.loads((TRACES / "single.json").read_text())
-    doc["name"], doc["pipelines"][0]["id"] = "exp [dapo] v2", "job[/]"
-    trace, out = tmp_path / "t.json", tmp_path / "r.json"
+    doc["name"], doc["pipelines"][0]["id"] = "exp [dapo] v2\\", "job[/]\\"  # a backslash last is text too
+    trace, out = tmp_path / "t.json", tmp_path / "r[b].json"
     trace.write_text(json.dumps(doc))
     assert main(["replay", str(trace), "--policy", "rlix", "--no-alone", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "exp [dapo] v2" in printed and "job[/]" in printed, printed
-    assert list(json.loads(out.read_text())["policies"]["rlix"]["pipelines"]) == ["job[/]"]
+    assert "exp [dapo] v2\\ - metrics" in printed and "job[/]\\ " in printed, printed
+    assert f"wrote {out}" in printed.replace("\n", ""), printed
+    assert "\\\\" not in printed, printed
+    assert list(json.loads(out.read_text())["policies"]["rlix"]["pipelines"]) == ["job[/]\\"]
     job = json.loads((ROOT / "examples" / "whatif_job.json").read_text())
     job["id"] = "new[/b]"
     added = tmp_path / "job.json"
     added.write_text(json.dumps(job))
     assert main(["whatif", str(TRACES / "two_jobs.json"), "--add", str(added), "--policy", "rlix"]) == 0
-    assert "+ new[/b] (new" in capsys.readouterr().out
+    assert "+ new[/b]" in capsys.readouterr().out
+
+
+def test_a_job_id_with_dollar_signs_is_drawn_as_text_not_mathtext(tmp_path):
+    """matplotlib reads ``$...$`` as mathtext: ``a$^$b`` crashed the figure after the replays."""
+    doc = json.loads((TRACES / "single.json").read_text())
+    doc["name"], doc["pipelines"][0]["id"] = "t$x^$", "a$^$b"
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    trace.write_text(json.dumps(doc))
+    assert main(["replay", str(trace), "--policy", "rlix", "--no-alone", "--quiet", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from rlix.config import overwrites, ray_address, unwritable
 from rlix.core import POLICIES
@@ -213,8 +213,11 @@ def _replay(args, console: Console, err: Console) -> int:
     if show:
         c = trace.cluster
         console.print(
-            f"[bold]{escape(name)}[/]: {c.num_gpus} GPUs ({c.nodes}x{c.gpus_per_node}), {len(trace.pipelines)} pipelines, "
-            f"{total:,} trajectories; policies: {', '.join(policies)}"
+            Text.assemble(
+                (name, "bold"),
+                f": {c.num_gpus} GPUs ({c.nodes}x{c.gpus_per_node}), {len(trace.pipelines)} pipelines, "
+                f"{total:,} trajectories; policies: {', '.join(policies)}",
+            )
         )
     runs: dict[str, RunMetrics] = {}
     usages = {}
@@ -233,19 +236,19 @@ def _replay(args, console: Console, err: Console) -> int:
             err.print(f"  {policy}: replayed in {time.perf_counter() - started:.1f} s wall, {runs[policy].plans:,} plans")
     alone = _alone(trace, policies, err, show) if args.alone else None
     if show:
-        print_table(console, f"{escape(name)} - metrics per policy", runs, alone)
+        print_table(console, Text(f"{name} - metrics per policy"), runs, alone)
     if args.json:
         with _writing("--json", args.json):
             write_json(results_json(name, args.trace, trace.cluster.num_gpus, runs, alone), args.json)
         if show:
-            console.print(f"wrote {escape(str(args.json))}")
+            console.print(f"wrote {args.json}", markup=False, highlight=False)
     if args.plot:
         from rlix.plot import plot_runs
 
         with _writing("--plot", args.plot):
             written = plot_runs(usages, [p.id for p in trace.pipelines], args.plot, name)
         if show:
-            console.print(f"wrote {escape(str(written))}")
+            console.print(f"wrote {written}", markup=False, highlight=False)
     return 0
 
 
@@ -284,7 +287,7 @@ def _whatif(args, console: Console, err: Console) -> int:
     show = not args.quiet
     if show:
         ids = ", ".join(job.job_ids())
-        console.print(f"[bold]{escape(name)}[/] + {escape(ids)}: {base.cluster.num_gpus} GPUs; policies: {', '.join(policies)}")
+        console.print(Text.assemble((name, "bold"), f" + {ids}: {base.cluster.num_gpus} GPUs; policies: {', '.join(policies)}"))
     with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True, disable=not show) as bar:
         task = bar.add_task("", total=None)
         results = whatif(
@@ -300,7 +303,7 @@ def _whatif(args, console: Console, err: Console) -> int:
         with _writing("--json", args.json):
             write_json(whatif_json(name, args.trace, args.add, results), args.json)
         if show:
-            console.print(f"wrote {escape(str(args.json))}")
+            console.print(f"wrote {args.json}", markup=False, highlight=False)
     return 0
 
 
@@ -343,8 +346,9 @@ def _sweep(args, console: Console, err: Console) -> int:
         paths = write_outputs(out, knobs, seeds, policies, rows)
     if show:
         print_summary(console, rows, knobs)
-        wrote = escape(", ".join(map(str, paths)))
-        console.print(f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {wrote}")
+        wrote = ", ".join(map(str, paths))
+        line = f"{len(rows)} replays in {time.perf_counter() - started:.1f} s wall; wrote {wrote}"
+        console.print(line, markup=False, highlight=False)
     return 0
 
 
@@ -354,7 +358,7 @@ def _bar(err: Console, show: bool) -> Progress:
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
-        TextColumn("{task.fields[sim]}"),
+        TextColumn("{task.fields[sim]}", markup=False),  # a trace's name is the user's text
         TimeElapsedColumn(),
         console=err,
         transient=True,
@@ -384,8 +388,10 @@ def _generate(args, console: Console, err: Console) -> int:
         dump_trace(model, out)
     trace = Trace(model, str(out))
     console.print(
-        f"wrote {escape(str(out))}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, "
-        f"{trace.cluster.num_gpus} GPUs"
+        f"wrote {out}: {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories, "
+        f"{trace.cluster.num_gpus} GPUs",
+        markup=False,
+        highlight=False,
     )
     return 0
 
@@ -395,8 +401,9 @@ def _validate(args, console: Console, err: Console) -> int:
     trace.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here, not at the replay
     c = trace.cluster
     console.print(
-        f"{escape(args.trace)}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, "
-        f"{trace.total_trajectories():,} trajectories"
+        f"{args.trace}: ok — {c.num_gpus} GPUs, {len(trace.pipelines)} pipelines, {trace.total_trajectories():,} trajectories",
+        markup=False,
+        highlight=False,
     )
     from rlix.sim.simulator import policy_misfit
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rlix.metrics import RunMetrics
 from rlix.sim.alone import slowdowns as slowdowns_of
@@ -60,7 +60,7 @@ def _value(run: RunMetrics, key: str):
     return getattr(run, key)
 
 
-def print_table(console: Console, title: str, runs: dict[str, RunMetrics], alone: Alone | None = None) -> None:
+def print_table(console: Console, title: str | Text, runs: dict[str, RunMetrics], alone: Alone | None = None) -> None:
     table = Table(title=title, title_justify="left")
     table.add_column("metric")
     for name in runs:
@@ -86,7 +86,7 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics], alone
         for name in runs:
             table.add_column(name, justify="right")
         for pid in next(iter(runs.values())).pipelines:
-            table.add_row(escape(pid), *(f"{slowdowns[name][pid]:.2f}x" if pid in slowdowns[name] else "-" for name in runs))
+            table.add_row(Text(pid), *(f"{slowdowns[name][pid]:.2f}x" if pid in slowdowns[name] else "-" for name in runs))
         table.add_row(
             "worst / mean",
             *(f"{max(s.values()) / (sum(s.values()) / len(s)):.2f}x" if s else "-" for s in slowdowns.values()),
@@ -107,7 +107,7 @@ def print_table(console: Console, title: str, runs: dict[str, RunMetrics], alone
         for name in first.tenants:
             cells = [run.tenants[name] for run in runs.values()]
             tenants.add_row(
-                escape(name),
+                Text(name),
                 *(
                     f"{t.jobs}: {t.gpu_seconds_used:,.0f} / {t.gpu_seconds_lent:,.0f} / {t.gpu_seconds_borrowed:,.0f}"
                     for t in cells
@@ -123,5 +123,5 @@ def _per_pipeline(console: Console, title: str, runs: dict[str, RunMetrics], cel
     for name in runs:
         jobs.add_column(name, justify="right")
     for pid in next(iter(runs.values())).pipelines:
-        jobs.add_row(escape(pid), *(cell(run.pipelines[pid]) for run in runs.values()))
+        jobs.add_row(Text(pid), *(cell(run.pipelines[pid]) for run in runs.values()))
     console.print(jobs)

@@ -16,9 +16,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from rlix.plot import literal
 from rlix.sim.report import write_json
 from rlix.sim.sweep import Knob, SweepRow, sweep_csv, sweep_json
 
@@ -57,7 +58,11 @@ def plot_sweep(rows: list[SweepRow], knobs: Sequence[Knob], policies: Sequence[s
                 for x in xs:
                     ax.scatter([x + offset] * len(by_value[x]), by_value[x], s=16, color=colours[source], alpha=0.55, lw=0)
                 ax.plot(
-                    [x + offset for x in xs], [_mean(by_value[x]) for x in xs], color=colours[source], lw=1.8, label=names[source]
+                    [x + offset for x in xs],
+                    [_mean(by_value[x]) for x in xs],
+                    color=colours[source],
+                    lw=1.8,
+                    label=literal(names[source]),
                 )
             ax.axhline(1.0, color="0.5", lw=0.8, ls="--")
             ax.set_xticks(range(len(knob.values)), knob.values)
@@ -85,9 +90,9 @@ def print_summary(console: Console, rows: list[SweepRow], knobs: Sequence[Knob])
     for group in groups.values():
         first = group[0]
         table.add_row(
-            escape(labels[first.source]),
+            Text(labels[first.source]),
             first.policy,
-            *(escape(str(v)) for _, v in first.knobs),
+            *(Text(str(v)) for _, v in first.knobs),
             str(len(group)),
             f"{_mean([r.makespan_over_bound for r in group]):.3f}",
             f"{_mean([r.gpu_utilization for r in group]):.3f}",

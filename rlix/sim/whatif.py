@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rlix.config import one_line, read_document
 from rlix.metrics import RunMetrics
@@ -167,9 +167,9 @@ def print_whatif(console: Console, results: tuple[PolicyWhatIf, ...]) -> None:
         for header in ("pipeline", "before", "after", "change (s)", "change"):
             table.add_column(header, justify="left" if header == "pipeline" else "right")
         for j in r.new_jobs:
-            table.add_row(f"+ {escape(j.name)} (new, arrives {j.arrival_s:,.0f} s)", "-", f"{j.jct_s:,.0f}", "-", "-")
+            table.add_row(Text(f"+ {j.name} (new, arrives {j.arrival_s:,.0f} s)"), "-", f"{j.jct_s:,.0f}", "-", "-")
         for c in r.existing:
-            table.add_row(escape(c.name), f"{c.before_s:,.0f}", f"{c.after_s:,.0f}", f"{c.change_s:+,.0f}", _pct(c))
+            table.add_row(Text(c.name), f"{c.before_s:,.0f}", f"{c.after_s:,.0f}", f"{c.change_s:+,.0f}", _pct(c))
         table.add_section()
         m = r.makespan
         table.add_row("makespan", f"{m.before_s:,.0f}", f"{m.after_s:,.0f}", f"{m.change_s:+,.0f}", _pct(m))

@@ -39,12 +39,7 @@ def knob_values(prog: str, items: Iterable[str]) -> dict[str, str]:
 def replayable(prog: str, trace, policies: Iterable[str]) -> None:
     """Refuse ``trace`` (an :class:`rlix.trace.Trace`) in one line unless its streams draw and every job can
     roll out under each of ``policies``: what ``rlix-sim replay`` checks before it runs, checked before any replay."""
-    from rlix.sim.simulator import policy_misfit
-    from rlix.trace import TraceError
+    from rlix.sim.simulator import replay_refusal
 
-    try:
-        trace.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here
-    except TraceError as exc:
-        fail(prog, str(exc))
-    if (misfit := policy_misfit(trace, list(policies))) is not None:
-        fail(prog, f"{trace.source}: {misfit}")
+    if (refusal := replay_refusal(trace, list(policies))) is not None:
+        fail(prog, refusal)

@@ -25,7 +25,7 @@ from rlix.job import WorkerPhase, lower_bounds, worker_booking
 from rlix.metrics import Activity, PipelineTally, RunMetrics, UsageRecorder, summarize
 from rlix.sim.engine import book_worker
 from rlix.sim.pipeline import Host, SimPipeline
-from rlix.trace import Trace
+from rlix.trace import Trace, TraceError
 
 Progress = Callable[[float, int, int], None]  # (sim seconds, trajectories done, trajectories total)
 
@@ -268,6 +268,17 @@ def idle_ticks(now: float, interval: float, until: float, last_beat: float, hear
         beat = t0 + (first + (last - first) // stride * stride) * step
     tick = float(t0 + last * step)
     return (tick, float(beat)) if now + (tick - now) == tick else None
+
+
+def replay_refusal(trace: Trace, policies: list[str]) -> str | None:
+    """Why ``trace`` cannot be replayed under ``policies`` (found before any replay), naming its file, or None:
+    a stream whose draw passes any clock, or a job a policy cannot place (:func:`policy_misfit`)."""
+    try:
+        trace.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here, not mid-replay
+    except TraceError as exc:
+        return str(exc)  # it names the trace's file
+    misfit = policy_misfit(trace, policies)
+    return misfit and f"{trace.source}: {misfit}"
 
 
 def policy_misfit(trace: Trace, policies: list[str]) -> str | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from rlix.config import read_document
 from rlix.metrics import RunMetrics
 from rlix.ray_runtime import worker_pythonpath
-from rlix.sim.simulator import policy_misfit, replay
+from rlix.sim.simulator import replay, replay_refusal
 from rlix.trace import Trace, TraceError, parse_trace
 
 SWEEP_FORMAT = "rlix-sweep"
@@ -216,12 +216,8 @@ def load_texts(
         trace = parse_trace(raw, source=source)
         for seed in seeds:
             drawn = trace if seed is None else trace.reseeded(seed)
-            try:
-                drawn.streams  # noqa: B018 -- drawn now: a draw past any clock is refused here, not on Ray
-            except TraceError as e:
-                raise SweepError(str(e) if seed is None else f"--seeds {seed}: {e}") from None
-        if (misfit := policy_misfit(trace, list(policies))) is not None:
-            raise SweepError(f"{source}: {misfit}")
+            if (refusal := replay_refusal(drawn, list(policies))) is not None:
+                raise SweepError(refusal if seed is None else f"--seeds {seed}: {refusal}")
         read: dict[tuple[str, str], str] = {}  # (knob, value as read) -> the first value given that reads so
         for combo in itertools.product(*([(k.name, v) for v in k.values] for k in knobs)):
             try:

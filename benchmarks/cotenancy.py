@@ -36,7 +36,7 @@ from typing import NoReturn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rlix, whatever is installed
 
-from bench_args import fail, knob_values
+from bench_args import Parser, fail, knob_values
 
 from rlix.metrics import RunMetrics
 from rlix.sim.alone import alone_runs, slowdowns
@@ -90,8 +90,15 @@ def _from_arrival(run: RunMetrics, arrival_s: float) -> float:
 
 
 def main(argv: list[str]) -> None:
-    seeds, argv = _seeds(argv)
-    knobs = knob_values("cotenancy", argv)
+    parser = Parser(prog="cotenancy", description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-3", help="seeds of every family, e.g. 0-3 (tuning) or 4-7 (held out)")
+    parser.add_argument("knobs", nargs="*", metavar="KNOB=VALUE", help="scheduler knobs for every replay")
+    args = parser.parse_intermixed_args(argv)
+    knobs = knob_values("cotenancy", args.knobs)
+    try:
+        seeds = [int(s) for s in parse_seeds(args.seeds)]
+    except SweepError as exc:
+        _fail(str(exc))
     drawn = families(seeds)
     try:
         drawn = {name: [t.with_scheduler(knobs) for t in traces] for name, traces in drawn.items()}
@@ -127,28 +134,6 @@ def main(argv: list[str]) -> None:
         "alone: each job replayed alone, its makespan over its own bound from its arrival (mean over the jobs, max):\n"
         "what the bound leaves out that a job pays with the cluster to itself (switching, trajectories in the order drawn)"
     )
-
-
-def _seeds(argv: list[str]) -> tuple[list[int], list[str]]:
-    """``--seeds S`` (or ``--seeds=S``) anywhere among the arguments, and the arguments left; seeds 0-3 if none."""
-    if "-h" in argv or "--help" in argv:
-        print(__doc__.split("\n\n")[-2].strip())  # the usage line
-        raise SystemExit(0)
-    given = [i for i, a in enumerate(argv) if a == "--seeds" or a.startswith("--seeds=")]
-    if not given:
-        return [0, 1, 2, 3], argv
-    if len(given) > 1:
-        _fail("--seeds: given twice; give it once")
-    i = given[0]
-    text, rest = (argv[i + 1], argv[:i] + argv[i + 2 :]) if argv[i] == "--seeds" and i + 1 < len(argv) else (None, None)
-    if argv[i].startswith("--seeds="):
-        text, rest = argv[i].removeprefix("--seeds="), argv[:i] + argv[i + 1 :]
-    if text is None:
-        _fail("--seeds: give the seeds, e.g. --seeds 4-7")
-    try:
-        return [int(s) for s in parse_seeds(text)], rest
-    except SweepError as exc:
-        _fail(str(exc))
 
 
 def _fail(message: str) -> NoReturn:

@@ -165,12 +165,10 @@ def parse_seeds(text: str | None) -> tuple[int | None, ...]:
         lo, dash, hi = part.strip().partition("-")
         if not lo and dash:
             raise SweepError(f"--seeds {text}: seeds are whole numbers >= 0; drop the minus sign")
-        try:
-            first, last = int(lo), int(hi if dash else lo)
-        except ValueError:
-            raise SweepError(
-                f"--seeds {text}: write whole numbers or ranges separated by commas, e.g. --seeds 0,1,2 or 0-7"
-            ) from None
+        bounds = (lo.strip(), hi.strip() if dash else lo.strip())
+        if not all(b.isascii() and b.isdigit() for b in bounds):  # int() would also take 1_000, +3 and other digits
+            raise SweepError(f"--seeds {text}: write whole numbers or ranges separated by commas, e.g. --seeds 0,1,2 or 0-7")
+        first, last = map(int, bounds)
         if last < first:
             raise SweepError(f"--seeds {text}: '{part.strip()}' runs backwards; write the lower seed first, e.g. 0-7")
         if len(seeds) + last - first + 1 > MAX_SEEDS:  # counted before the range is made: no int too large for it

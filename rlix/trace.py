@@ -624,6 +624,11 @@ class Trace:
                     "lower its duration's p99_s (or max_s) or its stage_cost"
                 )
 
+    @property
+    def drawn(self) -> bool:
+        """Is any of its streams drawn from a seed (a ``generate`` block)? Only those a seed redraws."""
+        return any(s.generate is not None for p in self.model.pipelines for s in p.streams())
+
     def reseeded(self, seed: int) -> Trace:
         """The same trace with every ``generate`` block drawn from ``seed`` instead."""
         raw = self.model.model_dump(exclude_none=True)

@@ -428,3 +428,19 @@ def test_sweep_checks_what_a_replay_checks_before_ray_starts(case, expected, tmp
     line = error_in_process(capsys, "sweep", *args, "--knob", "small_first=0,3", "--seeds", "3", "--out", str(out))
     assert expected in line and (case != "far draw" or "past 1e+09 s" in line), line
     assert not out.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("command", [["replay", "--seed", "3"], ["whatif", "--add", "examples/whatif_job.json", "--seed", "3"]])
+def test_a_seed_on_a_trace_of_written_out_steps_is_refused(tmp_path, capsys, command):
+    """Before: the seed was taken and changed nothing, and the output read as a redraw."""
+    trace = tmp_path / "t.json"
+    roles = {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}}
+    job = {"id": "a", "roles": roles, "steps": [{"trajectories": [1]}]}
+    trace.write_text(
+        json.dumps({"format": "rlix-trace", "version": 1, "cluster": {"nodes": 1, "gpus_per_node": 16}, "pipelines": [job]})
+    )
+    line = error_in_process(capsys, command[0], str(trace), *command[1:], "--quiet")
+    assert f"--seed 3: {trace} writes every step out, so no seed redraws it; drop --seed" in line
+    line = error_in_process(capsys, "sweep", str(trace), "--knob", "small_first=0,1", "--seeds", "0-1")
+    assert f"--seeds: {trace} writes every step out, so no seed redraws it" in line
+    assert main(["replay", str(trace), "--quiet", "--no-alone"]) == 0

@@ -266,6 +266,8 @@ def _alone(trace: Trace, policies: list[str], err: Console, show: bool) -> dict[
 def _as_asked(trace: Trace, args) -> Trace:
     """``trace`` with the command's ``--seed`` and ``--set`` applied."""
     if args.seed is not None:
+        if not trace.drawn:
+            raise UserError(f"--seed {args.seed}: {trace.source} writes every step out, so no seed redraws it; drop --seed")
         trace = trace.reseeded(args.seed)
     if args.set:
         trace = trace.with_scheduler(_knobs(args.set))

@@ -212,6 +212,8 @@ def load_texts(
     for source in sources:
         raw = read_document(source, "json", TraceError, "a trace JSON (see traces/)")
         trace = parse_trace(raw, source=source)
+        if any(s is not None for s in seeds) and not trace.drawn:
+            raise SweepError(f"--seeds: {source} writes every step out, so no seed redraws it; drop --seeds or this trace")
         for seed in seeds:
             drawn = trace if seed is None else trace.reseeded(seed)
             if (refusal := replay_refusal(drawn, list(policies))) is not None:

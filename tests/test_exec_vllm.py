@@ -143,6 +143,37 @@ def logprob_gap(b, model, temperature=1.0, seeds=(1, 2, 3), **sampling):
     return gap
 
 
+# A fresh process: Linux grants the AMX permission to a whole process, for good, so only a new one shows it missing.
+ONE_REQUEST_IN_BF16 = """
+import sys
+from rlix.exec.data.model import load_model
+from rlix.exec.messages import GenRequest, VllmOptions
+from rlix.exec.rollout.vllm_backend import VllmRolloutBackend
+from rlix.weightsync.buckets import publish_of
+
+opts = VllmOptions(max_model_len=128, kv_cache_gib=0.25)  # bfloat16, the default
+b = VllmRolloutBackend(options=opts)
+b.prepare(sys.argv[1], "cpu")
+b.wake(publish_of(load_model(sys.argv[1]), 0, opts.dtype))
+r = b.generate(GenRequest(traj_id=0, prompt_ids=(1, 5, 6), max_new_tokens=4, temperature=1.0, seed=7))
+b.close()
+print("tokens", len(r.token_ids))
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cuda" or " amx_tile" not in Path("/proc/cpuinfo").read_text(), reason="needs a CPU with AMX")
+def test_a_cpu_engine_whose_first_step_is_one_request_lives(model_dir):
+    """vLLM's CPU attention runs AMX instructions in bfloat16 without asking Linux for them first: a rollout
+    worker whose first step held one request died of SIGILL (one with more lived: a large matrix multiply
+    had asked), and the job lost 30 s per restart. The backend now asks as it builds the engine."""
+    import subprocess
+    import sys
+
+    script = [sys.executable, "-c", ONE_REQUEST_IN_BF16, str(model_dir)]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "tokens 4" in done.stdout, (done.returncode, done.stderr[-3000:])
+
+
 # ------------------------------------------------------------------ full model
 
 
@@ -448,6 +479,7 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
     assert out.metrics.trajectories_lost == 0
     for pid, r in out.results.items():
         assert r.status is JobStatus.FINISHED, (pid, r.error)
+        assert r.workers_lost == 0, pid  # no engine died (one did, of SIGILL, before it asked for AMX)
         assert all(0.0 <= s.mean_reward <= 1.0 for s in r.steps)
         kinds = {s.kind for s in r.switches}
         assert SwitchKind.SLEEP in kinds and SwitchKind.WAKE in kinds  # one GPU: every gang stage shrinks rollout

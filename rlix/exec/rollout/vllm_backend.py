@@ -238,6 +238,7 @@ class VllmRolloutBackend(RolloutBackend):
 
         if current_platform.is_cpu():
             refuse_cpu_head_size(cfg)
+            allow_amx_tiles()
             with self._lock:
                 self._build()
                 self._awake = True
@@ -589,6 +590,25 @@ def refuse_cpu_head_size(cfg: dict) -> None:
             f"the model's attention head size is {head} (hidden_size / num_attention_heads); vLLM's CPU engine supports "
             f"{', '.join(map(str, sizes))}: use a model with one of those, or the torch engine"
         )
+
+
+def allow_amx_tiles() -> bool:
+    """Ask Linux for this process's AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``);
+    whether it was granted (False on a CPU without AMX, or off x86-64 Linux).
+
+    vLLM's CPU attention runs AMX instructions for bfloat16 on a CPU that has them, but never asks for the
+    permission Linux requires first; the first one then kills the process with SIGILL. Whether something
+    else in the process (a large oneDNN matrix multiply) had asked by then depended on the first batch's
+    size, so a worker whose first step held one request died, and one with more lived.
+    """
+    import ctypes
+    import platform
+    import sys
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18  # <asm/unistd_64.h>, <asm/prctl.h>
+    return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
 
 
 CPU_KV_CACHE_GIB = 0.5  # KV cache per engine on a CPU host unless kv_cache_gib says (GiB): several engines share host memory

@@ -253,6 +253,7 @@ def test_sweep_without_ray_says_so_in_one_line(monkeypatch, capsys, tmp_path):
         (["--knob", "small_first=0", "--seeds", "1_000"], "--seeds 1_000: write whole numbers or ranges"),
         (["--knob", "small_first=0", "--seeds", "+3"], "--seeds +3: write whole numbers or ranges"),
         (["--knob", "small_first=0", "--seeds", "0-\u0663"], "write whole numbers or ranges"),
+        (["--knob", "small_first=0", "--seeds", "1" * 5000], "write whole numbers or ranges"),
         (["--knob", "small_first=0", "--seeds", "-1"], "--seeds -1: seeds are whole numbers >= 0; drop the minus sign"),
         (["--knob", "small_first=0", "--seeds", "0-3,2"], "--seeds 0-3,2: a seed is given twice"),
         (["--knob", "small_first=0", "--seeds", "0-100000000"], "--seeds 0-100000000: more than 10,000 seeds"),
@@ -430,17 +431,23 @@ def test_sweep_checks_what_a_replay_checks_before_ray_starts(case, expected, tmp
     assert not out.exists()  # refused before anything was written
 
 
-@pytest.mark.parametrize("command", [["replay", "--seed", "3"], ["whatif", "--add", "examples/whatif_job.json", "--seed", "3"]])
-def test_a_seed_on_a_trace_of_written_out_steps_is_refused(tmp_path, capsys, command):
-    """Before: the seed was taken and changed nothing, and the output read as a redraw."""
-    trace = tmp_path / "t.json"
+def test_a_seed_on_a_trace_of_written_out_steps_is_refused(tmp_path, capsys):
+    """Before: the seed was taken and changed nothing, and the output read as a redraw. A what-if whose added
+    job is drawn takes a seed on such a trace: the seed redraws the job."""
+    trace, written_job = tmp_path / "t.json", tmp_path / "job.json"
     roles = {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}}
     job = {"id": "a", "roles": roles, "steps": [{"trajectories": [1]}]}
     trace.write_text(
         json.dumps({"format": "rlix-trace", "version": 1, "cluster": {"nodes": 1, "gpus_per_node": 16}, "pipelines": [job]})
     )
-    line = error_in_process(capsys, command[0], str(trace), *command[1:], "--quiet")
+    written_job.write_text(json.dumps({**job, "id": "b"}))
+    line = error_in_process(capsys, "replay", str(trace), "--seed", "3", "--quiet")
     assert f"--seed 3: {trace} writes every step out, so no seed redraws it; drop --seed" in line
+    line = error_in_process(capsys, "whatif", str(trace), "--add", str(written_job), "--seed", "3", "--quiet")
+    assert f"--seed 3: {trace} and {written_job} write every step out, so no seed redraws them; drop --seed" in line
     line = error_in_process(capsys, "sweep", str(trace), "--knob", "small_first=0,1", "--seeds", "0-1")
     assert f"--seeds: {trace} writes every step out, so no seed redraws it" in line
     assert main(["replay", str(trace), "--quiet", "--no-alone"]) == 0
+    drawn = ["whatif", str(trace), "--add", "examples/whatif_job.json", "--policy", "rlix", "--quiet"]
+    assert main([*drawn, "--seed", "3"]) == 0
+    capsys.readouterr()

@@ -263,12 +263,13 @@ def _alone(trace: Trace, policies: list[str], err: Console, show: bool) -> dict[
     return out
 
 
-def _as_asked(trace: Trace, args) -> Trace:
-    """``trace`` with the command's ``--seed`` and ``--set`` applied."""
-    if args.seed is not None:
-        if not trace.drawn:
-            raise UserError(f"--seed {args.seed}: {trace.source} writes every step out, so no seed redraws it; drop --seed")
+def _as_asked(trace: Trace, args, *, refuse_undrawn: bool = True) -> Trace:
+    """``trace`` with the command's ``--seed`` and ``--set`` applied; a seed on a trace it cannot redraw is
+    refused unless ``refuse_undrawn`` is False (what-if's base, whose added job the seed may redraw)."""
+    if args.seed is not None and trace.drawn:
         trace = trace.reseeded(args.seed)
+    elif args.seed is not None and refuse_undrawn:
+        raise UserError(f"--seed {args.seed}: {trace.source} writes every step out, so no seed redraws it; drop --seed")
     if args.set:
         trace = trace.with_scheduler(_knobs(args.set))
     return trace
@@ -283,8 +284,12 @@ def _whatif(args, console: Console, err: Console) -> int:
         raise UserError(f"--at {args.at:g}: an arrival is seconds from the trace's start; give a number from 0 to {limit}")
     base = load_trace(args.trace)
     job = load_job(args.add, args.at)
-    with_job = _fitting(_as_asked(add_job(base, job, args.add), args), policies)
-    base = _as_asked(base, args)
+    with_job = add_job(base, job, args.add)
+    if args.seed is not None and not with_job.drawn:
+        both = f"{args.trace} and {args.add}"
+        raise UserError(f"--seed {args.seed}: {both} write every step out, so no seed redraws them; drop --seed")
+    with_job = _fitting(_as_asked(with_job, args), policies)
+    base = _as_asked(base, args, refuse_undrawn=False)  # the seed may redraw the added job alone
     name = base.model.name or Path(args.trace).stem
     show = not args.quiet
     if show:

@@ -166,7 +166,8 @@ def parse_seeds(text: str | None) -> tuple[int | None, ...]:
         if not lo and dash:
             raise SweepError(f"--seeds {text}: seeds are whole numbers >= 0; drop the minus sign")
         bounds = (lo.strip(), hi.strip() if dash else lo.strip())
-        if not all(b.isascii() and b.isdigit() for b in bounds):  # int() would also take 1_000, +3 and other digits
+        # int() would also take 1_000, +3 and other scripts' digits, and refuses past 4,300 digits
+        if not all(b.isascii() and b.isdigit() and len(b) <= 30 for b in bounds):
             raise SweepError(f"--seeds {text}: write whole numbers or ranges separated by commas, e.g. --seeds 0,1,2 or 0-7")
         first, last = map(int, bounds)
         if last < first:

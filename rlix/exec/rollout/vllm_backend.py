@@ -608,7 +608,10 @@ def allow_amx_tiles() -> bool:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return False
     sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18  # <asm/unistd_64.h>, <asm/prctl.h>
-    return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
+    except (OSError, AttributeError):  # no C library to call through (a static build): the engine is built as before
+        return False
 
 
 CPU_KV_CACHE_GIB = 0.5  # KV cache per engine on a CPU host unless kv_cache_gib says (GiB): several engines share host memory

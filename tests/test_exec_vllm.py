@@ -32,9 +32,6 @@ from rlix.exec.train.lora import LoraLearner, LoraSpec
 from rlix.weightsync.buckets import publish_of
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# An engine in the test's own process and no Ray: on a CPU host it runs beside the Ray tests (tests/conftest.py);
-# on a GPU it runs with the tests that use the GPU, one at a time, as they share its memory.
-IN_PROCESS = pytest.mark.in_process if DEVICE == "cpu" else pytest.mark.gpu
 SIZE = ModelSize(arch="qwen2", hidden_size=256, num_layers=2, num_heads=4, intermediate_size=512, seed=0)
 # float32 so the engine computes what the torch backend computes; a small fixed KV cache (GiB).
 OPTS = VllmOptions(gpu_memory_utilization=0.2, sleep_level=2, max_model_len=256, dtype="float32", kv_cache_gib=0.25)
@@ -165,7 +162,6 @@ print("tokens", len(r.token_ids))
 """
 
 
-@IN_PROCESS
 @pytest.mark.skipif(DEVICE == "cuda" or not torch.cpu._is_amx_tile_supported(), reason="needs a CPU with AMX")
 def test_a_cpu_engine_whose_first_step_is_one_request_lives(model_dir):
     """vLLM's CPU attention runs AMX instructions in bfloat16 without asking Linux for them first: a rollout
@@ -180,7 +176,6 @@ def test_a_cpu_engine_whose_first_step_is_one_request_lives(model_dir):
 
 
 # ------------------------------------------------------------------ full model
-@IN_PROCESS
 def test_generation_and_logprobs_agree_with_the_torch_backend(model_dir, engines):
     b = fresh(engines(), model_dir)
     torch_b = TorchRolloutBackend()
@@ -197,7 +192,6 @@ def test_generation_and_logprobs_agree_with_the_torch_backend(model_dir, engines
     assert logprob_gap(b, model, 0.9, **settings) <= LOGPROB_TOL
 
 
-@IN_PROCESS
 def test_the_engine_is_built_at_start_up_where_it_holds_no_device_memory(model_dir, engines):
     """On a CPU host prepare builds the engine and parks it: the first wake is a wake (the trainer's
     weights loaded), not a build. On a GPU the build needs the device: it is the first wake's."""
@@ -213,7 +207,6 @@ def test_the_engine_is_built_at_start_up_where_it_holds_no_device_memory(model_d
     assert b.generate(_req(n=8)).token_ids
 
 
-@IN_PROCESS
 def test_sleep_and_wake_sync_the_trainers_weights(model_dir, engines):
     b = fresh(engines(), model_dir)
     before = b.generate(_req(temperature=1e-5))
@@ -237,7 +230,6 @@ def test_sleep_and_wake_sync_the_trainers_weights(model_dir, engines):
     assert b.generate(_req(temperature=1e-5)).token_ids == before.token_ids
 
 
-@IN_PROCESS
 def test_a_wake_that_kept_its_weights_loads_none_and_says_so(model_dir, engines):
     """Sleep level 1 keeps the weights: waking with the version it holds loads nothing (no weight load is
     reported for it); a newer version is loaded, and counted."""
@@ -268,7 +260,6 @@ def _long_request(b) -> tuple[GenRequest, float]:
     return best[1], best[2]
 
 
-@IN_PROCESS
 def test_abort_returns_partial_tokens_and_continuation_finishes(model_dir, engines):
     b = fresh(engines(), model_dir)
     req, full_s = _long_request(b)
@@ -327,7 +318,6 @@ print("sleep: ok")
 """
 
 
-@IN_PROCESS
 def test_an_engine_that_breaks_fails_its_waiting_request_and_every_later_call(model_dir):
     # In a process of its own: taking an engine core down tears down vLLM's process-wide state.
     import subprocess
@@ -344,7 +334,6 @@ def test_an_engine_that_breaks_fails_its_waiting_request_and_every_later_call(mo
     )
 
 
-@IN_PROCESS
 def test_sleep_while_requests_keep_arriving_leaves_none_waiting(model_dir, engines):
     """Every request sent around a sleep returns (done, aborted, or refused as asleep): none is left in a parked engine."""
     b = fresh(engines(), model_dir)
@@ -375,7 +364,6 @@ def test_sleep_while_requests_keep_arriving_leaves_none_waiting(model_dir, engin
 
 
 # ------------------------------------------------------------------ LoRA
-@IN_PROCESS
 def test_lora_adapters_served_per_request_and_updated_alone(model_dir, engines):
     learner = LoraLearner(str(model_dir), "cpu", SPEC, {n: GrpoConfig(seed=s) for n, s in SPEC.adapters})
     adapters = tuple(learner.adapter_snapshot(n) for n in SPEC.names)
@@ -501,7 +489,6 @@ def test_two_jobs_share_workers_through_vllm_under_ray(tmp_path):
     assert Path(out.files["trace"]).is_file()
 
 
-@IN_PROCESS
 def test_the_cpu_vllm_example_validates():
     """examples/cpu_vllm.yaml: both jobs on vLLM, one of them on a tensor-parallel (2-GPU) rollout worker."""
     from rlix.exec.config import load_config
@@ -511,7 +498,6 @@ def test_the_cpu_vllm_example_validates():
     assert cfg.jobs[0].roles["actor_infer"].gpus_per_worker == 2
 
 
-@IN_PROCESS
 def test_a_head_size_the_cpu_engine_lacks_is_refused_in_one_line():
     """vLLM's CPU attention crashes its process on a head size it lacks (16 here): refused at start-up instead."""
     from rlix.exec.rollout.vllm_backend import refuse_cpu_head_size

@@ -599,7 +599,10 @@ def allow_amx_tiles() -> bool:
     vLLM's CPU attention runs AMX instructions for bfloat16 on a CPU that has them, but never asks for the
     permission Linux requires first; the first one then kills the process with SIGILL. Whether something
     else in the process (a large oneDNN matrix multiply) had asked by then depended on the first batch's
-    size, so a worker whose first step held one request died, and one with more lived.
+    size, so a worker whose first step held one request died, and one with more lived. This asks in the
+    worker's own process, where a single-rank engine runs. A tensor-parallel engine's ranks are processes vLLM
+    spawns, which this does not reach; a bfloat16 two-rank engine whose first step held one request lived in
+    3 of 3 tries without it (2026-12-07, vLLM 0.32 CPU build).
     """
     import ctypes
     import platform

@@ -3,6 +3,7 @@ against the summary lines, and Ctrl-C. In-process (Ray only for its error classe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -176,6 +177,9 @@ def test_the_last_row_of_a_job_is_its_summary_line_not_the_poll_before_it():
     line = job_line(session.pipelines["small"], 63.0)
     assert row[:4] == ("small", "finished", "6/6", "0.256 -> 0.389")
     assert line.summary() == "small: finished steps=6/6 reward 0.256 -> 0.389 jct_s=63.0"
+    crashed = dataclasses.replace(result, workers_lost=2)  # each replaced, so the job finished: the line says it
+    line = job_line(_Pipe("small", _Job(), progress=lagging, result=crashed), 63.0)
+    assert line.summary() == "small: finished steps=6/6 reward 0.256 -> 0.389 jct_s=63.0 workers_lost=2"
 
 
 def test_multi_lora_rewards_are_each_adapters_own():

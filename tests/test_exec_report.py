@@ -226,6 +226,19 @@ def test_metrics_say_what_each_job_used_lent_and_borrowed(tmp_path):
     assert got == {"full": (9.0, 6.0, 0.0), "lora": (11.0, 0.0, 6.0)}  # whole seconds: exact
 
 
+def test_metrics_count_each_jobs_rollout_workers_that_died(tmp_path):
+    """A worker process that dies is replaced and its trajectories continue, so a run can finish with every
+    job's rewards as expected while its engines crash: metrics.json says how many died, per job."""
+    import dataclasses
+    import json
+
+    cfg, results, _ = _recorded()
+    results["lora"] = dataclasses.replace(results["lora"], workers_lost=3)
+    build_outputs(cfg, results, NAMES, [], STATS, 9.0, tmp_path)
+    jobs = json.loads((tmp_path / "metrics.json").read_text())["executor"]["jobs"]
+    assert {pid: j["workers_lost"] for pid, j in jobs.items()} == {"full": 0, "lora": 3}
+
+
 def test_a_runs_bounds_are_those_of_its_recorded_trace_streaming_and_co_tenants_included(tmp_path):
     """The executor bounds a run from its measured shapes; a replay of its trace bounds the same run from
     the trace's. They agree, for a streaming job beside a co-tenant whose stages span its GPUs too."""

@@ -25,6 +25,7 @@ class JobLine:
     jct_s: float | None = None  # arrival to end, once ended
     error: str = ""
     resumed_at: int = 0  # the step its checkpoint held (0: started afresh)
+    workers_lost: int = 0  # rollout worker processes that died or were killed (each replaced), once ended
 
     def status_text(self) -> str:
         return self.state if self.since_s is None else f"{self.state} {self.since_s:.0f}s"
@@ -33,8 +34,10 @@ class JobLine:
         return reward_text(self.rewards)
 
     def summary(self) -> str:
-        """The closing line: how it ended, steps, reward first -> last (each adapter's own), job time, error."""
+        """The closing line: how it ended, steps, reward first -> last (each adapter's own), job time, rollout
+        workers that died (if any), error."""
         jct = f" jct_s={self.jct_s:.1f}" if self.jct_s is not None else ""
+        jct += f" workers_lost={self.workers_lost}" if self.workers_lost else ""
         error = f" {self.error}" if self.error else ""
         resumed = f" (resumed at step {self.resumed_at})" if self.resumed_at else ""
         return f"{self.name}: {self.state} steps={self.step}/{self.steps}{resumed} reward {self.reward_text()}{jct}{error}"
@@ -71,6 +74,7 @@ def job_line(p, now: float) -> JobLine:
             requeued=res.requeued,
             jct_s=res.finish_s - res.arrival_s,
             error=res.error,
+            workers_lost=res.workers_lost,
         )
     base = dict(name=p.pipeline_id, steps=planned, step=0, rewards=(), gpus_held=0, requeued=0)
     if p.coordinator is None:

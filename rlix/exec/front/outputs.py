@@ -263,6 +263,7 @@ def _job_json(r: JobResult) -> dict:
         "adapters": {name: _reward_json([s for s in r.steps if s.stream == name]) for name in adapters},
         "requeued": r.requeued,
         "lost": r.lost,
+        "workers_lost": r.workers_lost,
         "control_overhead_s": r.control_overhead_s,
         "gpu_wait_s": r.gpu_wait_s,
         "trainer_ranks": r.trainer_ranks,

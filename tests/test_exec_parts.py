@@ -333,6 +333,17 @@ def test_recorder_measures_switch_cost_and_counts_lost_trajectories():
     assert [e.pipeline_id for e in res.events] == ["p", ""] and res.events[1].stage == ""
 
 
+def test_a_jobs_progress_carries_its_workers_lost_so_a_killed_job_still_reports_them():
+    """A killed coordinator returns no result: the driver builds one from the last progress poll, which
+    now carries the lost workers and the requeued trajectories as the result would."""
+    r = Recorder("p")
+    r.counters.workers_lost, r.counters.requeued = 2, 5
+    progress = r.progress(JobStatus.RUNNING, steps=3, gpus_held=1)
+    assert (progress.workers_lost, progress.requeued) == (2, 5)
+    res = r.result(JobStatus.FINISHED, error="", arrival_s=0, init_s=0, finish_s=4, planned=3)
+    assert (res.workers_lost, res.requeued) == (2, 5)
+
+
 # ------------------------------------------------------------------ scheduler and trainer links
 
 

@@ -297,6 +297,7 @@ class JobProgress:
     rewards: tuple[RewardSpan, ...]  # per stream, first and last mean reward of this run so far
     gpus_held: int
     requeued: int
+    workers_lost: int = 0  # as JobResult.workers_lost, so far
     phase: str = ""  # what a running job waits for ("loading model", "waiting for GPUs (actor_train)"); "" = working
     phase_since_s: float = 0.0  # when that phase began (seconds since the run started)
     events: tuple[ActivityChange, ...] = ()  # drained since the previous poll
@@ -324,7 +325,8 @@ class JobResult:
     orphaned: int = 0  # of the requeued, those whose worker died under them (continued elsewhere)
     lost: int = 0
     preemptions: int = 0  # shrinks that interrupted running trajectories (as in the simulator)
-    workers_lost: int = 0  # rollout worker processes that died or were killed (missed a deadline)
+    workers_lost: int = 0  # rollout workers lost: died, failed to start, or killed after a call failed or missed its
+    # deadline; and wakes refused for want of device memory (the process kept, asleep)
     control_overhead_s: float = 0.0  # blocking control-plane time beyond waiting for GPUs
     control_calls: int = 0
     gpu_wait_s: float = 0.0  # time gang requests waited for GPUs in the scheduler

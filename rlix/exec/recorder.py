@@ -24,7 +24,7 @@ class Counters:
     requeued: int = 0  # trajectories put back in the queue (abort or dead worker)
     orphaned: int = 0  # of those, put back because their worker died
     preemptions: int = 0  # shrinks that interrupted running trajectories (as in the simulator)
-    workers_lost: int = 0  # worker processes that died or were killed (not woken in time)
+    workers_lost: int = 0  # as JobResult.workers_lost (rlix/exec/messages.py)
     control_s: float = 0.0  # blocking control-plane seconds beyond waiting for GPUs
     control_calls: int = 0
     gpu_wait_s: float = 0.0  # seconds gang requests waited in the scheduler for GPUs
@@ -102,6 +102,7 @@ class Recorder:
             rewards=reward_spans(self.steps),
             gpus_held=gpus_held,
             requeued=self.counters.requeued,
+            workers_lost=self.counters.workers_lost,
             phase=phase,
             phase_since_s=phase_since_s,
             events=self.drain(),

@@ -93,8 +93,15 @@ class _Pipeline:
             t = self.killed_at if killed else session.now()
             error = "" if killed else describe(exc, session.out_dir / self.pipeline_id)
             status = JobStatus.KILLED if killed else JobStatus.FAILED
+            last = self.progress  # its counts as of its last progress poll: the coordinator's own are gone
             self.result = JobResult(
-                pipeline_id=self.pipeline_id, status=status, error=error, arrival_s=self.job.arrival_s, finish_s=t
+                pipeline_id=self.pipeline_id,
+                status=status,
+                error=error,
+                arrival_s=self.job.arrival_s,
+                finish_s=t,
+                requeued=last.requeued if last is not None else 0,
+                workers_lost=last.workers_lost if last is not None else 0,
             )
             if self.progress is not None:  # it held GPUs: they are free from the moment it was killed
                 session.events.append(

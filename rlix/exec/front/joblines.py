@@ -25,7 +25,7 @@ class JobLine:
     jct_s: float | None = None  # arrival to end, once ended
     error: str = ""
     resumed_at: int = 0  # the step its checkpoint held (0: started afresh)
-    workers_lost: int = 0  # rollout worker processes that died or were killed (each replaced), once ended
+    workers_lost: int = 0  # rollout workers lost (JobResult.workers_lost), once ended
 
     def status_text(self) -> str:
         return self.state if self.since_s is None else f"{self.state} {self.since_s:.0f}s"
@@ -35,7 +35,7 @@ class JobLine:
 
     def summary(self) -> str:
         """The closing line: how it ended, steps, reward first -> last (each adapter's own), job time, rollout
-        workers that died (if any), error."""
+        workers lost (if any), error."""
         jct = f" jct_s={self.jct_s:.1f}" if self.jct_s is not None else ""
         jct += f" workers_lost={self.workers_lost}" if self.workers_lost else ""
         error = f" {self.error}" if self.error else ""

@@ -7,6 +7,7 @@ when called; then a rerun of ``arith`` with more steps resumes from its checkpoi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,13 @@ THREE_GPUS = {
 }
 
 
-def _config(out: Path, ck: Path, *, arith_steps: int, with_others: bool):
+def _config(out: Path, ck: Path, *, arith_steps: int, with_others: bool, done: Path | None = None):
+    """``done``: a checkpoint directory holding all 8 steps of a copy of ``arith`` (named ``done``)."""
     cfg = narrowed(EXAMPLE, 3, THREE_GPUS, pace=0.5)
     arith = cfg.jobs[0].model_copy(update={"steps": arith_steps, "checkpoint_dir": str(ck)})
     jobs = [arith]
+    if done is not None:
+        jobs.append(arith.model_copy(update={"name": "done", "steps": 8, "checkpoint_dir": str(done), "home": []}))
     if with_others:
         copy = cfg.jobs[1].model_copy(update={"steps": 4})
         bad = type(arith).model_validate(
@@ -56,7 +60,8 @@ def run(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("data")
     first = api.run(_config(d / "out", d / "ck", arith_steps=8, with_others=True))
-    resumed = api.run(_config(d / "out", d / "ck", arith_steps=10, with_others=False))
+    shutil.copytree(d / "ck", d / "done")
+    resumed = api.run(_config(d / "out", d / "ck", arith_steps=10, with_others=False, done=d / "done"))
     return d, first, resumed
 
 
@@ -116,3 +121,14 @@ def test_rerun_resumes_from_the_last_checkpoint(run):
     assert r.status is JobStatus.FINISHED, r.error
     assert [s.step for s in r.steps] == [8, 9]
     assert sorted(p.name for p in (d / "ck").iterdir()) == ["step_000008", "step_000010"]
+
+
+def test_a_job_whose_checkpoint_holds_all_its_steps_starts_nothing_beside_one_that_trains(run):
+    """Before: its trainer started, claimed its GPU for a model load and found nothing to train."""
+    _, _, resumed = run
+    done = resumed.results["done"]
+    assert done.status is JobStatus.FINISHED and done.error == ""
+    assert (done.steps, done.steps_before, done.trainer_ranks, done.switches) == ((), 8, 0, ())
+    assert resumed.metrics.pipelines["done"].gpu_seconds_used == 0.0  # no GPU held, not even for a model load
+    line = next(x for x in resumed.lines if x.name == "done")
+    assert line.summary().startswith("done: finished steps=8/8 (resumed at step 8)")

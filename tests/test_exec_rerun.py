@@ -224,3 +224,45 @@ def test_a_step_line_reports_how_well_the_predicted_lengths_ranked_its_responses
     log.close()
     # Ranked right, then backwards (the one with no prediction left out each time), then no prediction at all.
     assert [x["length_rank_correlation"] for x in read_lines(tmp_path / "small" / "metrics.jsonl")] == [1.0, -1.0, None]
+
+
+def test_a_rerun_with_nothing_left_to_train_starts_nothing_and_reports_every_job_finished(tmp_path, capsys):
+    """Before: every job's trainer started (a gang claim of its GPUs, a model load) only to find its
+    checkpoints at the last step; the run started Ray and a scheduler for none of it."""
+    import ray
+
+    from rlix.exec.front import api
+    from rlix.exec.train.lora import write_checkpoint
+
+    cfg = _config(tmp_path)
+    cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "out"), "console": False})})
+    _full_checkpoint(tmp_path / "ck" / "full", 6)
+    for adapter in ("copy", "rev"):
+        write_checkpoint({"version": 8, "tensors": {}, "opt": {}}, adapter, tmp_path / "ck" / "lora")
+    _write_lines(tmp_path / "out" / "full", [{"step": s, "reward_mean": 0.1 * s} for s in range(1, 7)])
+    ray_up = []
+    outputs = api.run(cfg, on_progress=lambda session: ray_up.append(ray.is_initialized()))
+    assert ray_up and not any(ray_up)  # no Ray started for the run
+    err = capsys.readouterr().err
+    assert "job full resumes from its checkpoint at step 6 of 6: nothing left to train" in err
+    assert "rev at step 8 of 8: nothing left to train" in err
+    assert "rlix-run: every job's checkpoints hold all its steps: nothing to train" in err
+    assert [line.summary().split(" reward")[0] for line in outputs.lines] == [
+        "full: finished steps=6/6 (resumed at step 6)",
+        "lora: finished steps=16/16 (resumed at step 16)",
+    ]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())["executor"]
+    assert metrics["partial"] is False and metrics["unfinished_jobs"] == []
+    jobs = {pid: (job["steps"], job["steps_before"], job["trainer_ranks"]) for pid, job in metrics["jobs"].items()}
+    assert jobs == {"full": (0, 6, 0), "lora": (0, 16, 0)}  # nothing trained, no trainer started
+    assert _steps(tmp_path / "out" / "full" / "metrics.jsonl") == [("", s) for s in range(1, 7)]  # carried
+
+
+def test_nothing_left_counts_every_stream_of_a_job(tmp_path):
+    from rlix.exec.front.rerun import nothing_left
+
+    full, lora = _config(tmp_path).jobs
+    assert not nothing_left(full, {}) and not nothing_left(full, {"": 5}) and nothing_left(full, {"": 6})
+    assert nothing_left(full, {"": 9})  # a checkpoint past the steps asked: nothing left either
+    assert not nothing_left(lora, {"rev": 8}) and not nothing_left(lora, {"copy": 8, "rev": 7})
+    assert nothing_left(lora, {"copy": 8, "rev": 8})

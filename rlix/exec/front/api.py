@@ -31,7 +31,7 @@ from rlix.exec.control.gpu_reservation import release
 from rlix.exec.error_text import describe
 from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
-from rlix.exec.front.rerun import prepare_rerun
+from rlix.exec.front.rerun import nothing_left, prepare_rerun
 from rlix.exec.front.runlog import RunLog
 from rlix.exec.front.submission import Submission, joins_shared
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
@@ -186,7 +186,16 @@ class Session:
         from rlix.exec.service.scheduler_actor import SchedulerActor
 
         runs = self.out_dir.parent if self.submission is not None else None  # where earlier runs through it wrote
-        prepare_rerun(config, self.out_dir, runs)  # says which jobs resume (stderr); gives every job fresh logs
+        self.resumes = prepare_rerun(config, self.out_dir, runs)  # says which jobs resume (stderr); fresh logs
+        self.pipelines: dict[str, _Pipeline] = {}
+        self.events: list[ActivityChange] = []
+        self._seq = 0
+        self.stopped_at: float | None = None  # when stop() was called
+        self.scheduler: RayTransport | None = None
+        if self.submission is None and all(nothing_left(j, self.resumes[j.name]) for j in config.jobs):
+            self.t0 = time.time()  # every job's checkpoints hold all its steps: no Ray, no scheduler, nothing to run
+            print("rlix-run: every job's checkpoints hold all its steps: nothing to train", file=sys.stderr)
+            return
         devices = None  # the GPUs' ids, when this run's own Ray has them all (else each bundle is asked)
         if self._own_ray and not address:
             start_local_ray(config, self.cluster.num_gpus)
@@ -205,10 +214,6 @@ class Session:
             )
             self.scheduler = RayTransport(actor)
             self.scheduler.call_sync(protocol.Start())
-        self.pipelines: dict[str, _Pipeline] = {}
-        self.events: list[ActivityChange] = []
-        self._seq = 0
-        self.stopped_at: float | None = None  # when stop() was called
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -223,10 +228,23 @@ class Session:
         return pid
 
     def admit(self, pipeline_id: str) -> None:
-        """Start the pipeline's coordinator; it registers with the scheduler and runs its steps."""
+        """Start the pipeline's coordinator; it registers with the scheduler and runs its steps. A job whose
+        checkpoints hold all its steps starts nothing and claims no GPU: it has finished, trained by earlier runs."""
         from rlix.exec.job.coordinator import PipelineCoordinator
 
         p = self.pipelines[pipeline_id]
+        resumes = self.resumes.get(p.job.name, {})
+        if nothing_left(p.job, resumes):
+            now, trained = self.now(), sum(resumes.values())
+            p.result = JobResult(
+                pipeline_id=pipeline_id,
+                status=JobStatus.FINISHED,
+                arrival_s=now,
+                finish_s=now,
+                steps_before=trained,
+                steps_planned=trained,
+            )
+            return
         p.coordinator = PipelineCoordinator.options(name=None).remote(
             pipeline_id=pipeline_id,
             job=p.job,
@@ -252,6 +270,8 @@ class Session:
         if p.coordinator is not None:
             p.poll(self.events)
             ray.kill(p.coordinator)  # its worker actors die with it (Ray owner fate-sharing)
+        if self.scheduler is None:  # nothing was started (nothing to train)
+            return
         gone = protocol.Unregister(pipeline_id=pipeline_id)
         self.scheduler.call_sync(gone, SCHEDULER_CALL_S + SHRINK_CALL_S)  # returns once its workers are shrunk
 
@@ -353,6 +373,8 @@ class Session:
             self.submission.leave()
             ray.shutdown()
             return
+        if self.scheduler is None:  # nothing was started (nothing to train)
+            return
         try:
             self.scheduler.call_sync(protocol.Stop(), 5)
             ray.kill(self.scheduler.actor)
@@ -381,10 +403,12 @@ def session_outputs(session: Session):
 
     pipelines = session.pipelines
     end = max(max((p.result.finish_s for p in pipelines.values()), default=0.0), 1e-3)
+    stats = SchedulerStats(plans=0, plan_s=0.0)  # no scheduler (nothing to train), or one stopped: no counts
     try:
-        stats = session.scheduler.call_sync(protocol.Stats())
-    except ray.exceptions.RayActorError:  # a shared scheduler stopped (rlix scheduler stop --force): no counts
-        stats = SchedulerStats(plans=0, plan_s=0.0)
+        if session.scheduler is not None:
+            stats = session.scheduler.call_sync(protocol.Stats())
+    except ray.exceptions.RayActorError:  # a shared scheduler stopped (rlix scheduler stop --force)
+        pass
     if session.submission is not None:  # the shared scheduler's clock started before this run
         unmet = ((session.submission.to_run_clock(t, session.t0), w) for t, w in stats.unmet)
         stats = replace(stats, unmet=tuple((max(t, 0.0), w) for t, w in unmet))

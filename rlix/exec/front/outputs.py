@@ -257,8 +257,9 @@ def _job_json(r: JobResult) -> dict:
     return {
         "status": r.status.value,
         "error": r.error,
-        "steps": len(r.steps),
-        "steps_planned": r.steps_planned,
+        "steps": len(r.steps),  # trained by this run
+        "steps_before": r.steps_before,  # held by its checkpoints when it started (trained by earlier runs)
+        "steps_planned": r.steps_planned,  # steps_before included
         **(_reward_json(r.steps) if not adapters else {}),
         "adapters": {name: _reward_json([s for s in r.steps if s.stream == name]) for name in adapters},
         "requeued": r.requeued,

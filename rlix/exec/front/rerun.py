@@ -46,20 +46,27 @@ def resume_steps(job: JobConfig) -> dict[str, int]:
     return {"": step_of(newest)} if newest is not None and step_of(newest) > 0 else {}
 
 
+def nothing_left(job: JobConfig, resumes: dict[str, int]) -> bool:
+    """Every stream of ``job`` has a checkpoint at (or past) its last step: the run trains none of it,
+    so the job starts no process and claims no GPU."""
+    if job.kind == "multi_lora":
+        return bool(job.adapters) and all(resumes.get(a.name, 0) >= a.steps for a in job.adapters)
+    return resumes.get("", 0) >= job.steps
+
+
 def resume_line(job: JobConfig, resumes: dict[str, int]) -> str:
     """The console's line for a resuming job."""
+    left = ": nothing left to train" if nothing_left(job, resumes) else ""
     if job.kind != "multi_lora":
         from rlix.exec.train.checkpoint import latest
 
-        step = resumes[""]
-        left = ": nothing left to train" if step >= job.steps else ""
         where = latest(job.checkpoint_dir)
-        return f"rlix-run: job {job.name} resumes from its checkpoint at step {step} of {job.steps}{left} ({where})"
+        return f"rlix-run: job {job.name} resumes from its checkpoint at step {resumes['']} of {job.steps}{left} ({where})"
     each = ", ".join(
         f"{a.name} at step {resumes[a.name]} of {a.steps}" if a.name in resumes else f"{a.name} from the start"
         for a in job.adapters
     )
-    return f"rlix-run: job {job.name} resumes from its checkpoints: {each} ({job.checkpoint_dir})"
+    return f"rlix-run: job {job.name} resumes from its checkpoints: {each}{left} ({job.checkpoint_dir})"
 
 
 # What a run writes in its output directory, and in each job's: only these are set aside (a user's own

@@ -276,7 +276,8 @@ class Session:
         self.scheduler.call_sync(gone, SCHEDULER_CALL_S + SHRINK_CALL_S)  # returns once its workers are shrunk
 
     def holdings(self) -> dict[str, tuple[int, ...]]:
-        return self.scheduler.call_sync(protocol.Holdings())
+        """The GPUs each pipeline holds now ({} in a run with nothing to train: no scheduler started)."""
+        return self.scheduler.call_sync(protocol.Holdings()) if self.scheduler is not None else {}
 
     # ------------------------------------------------------------ running
 

@@ -2,8 +2,9 @@
 
 One run per policy, two steps a job. Under ``static`` the second job waits for the first (the GPUs are one
 partition); under ``rlix`` they run at once, and each learns exactly what it learns alone. The example is
-narrowed to 2 GPUs at twice the decode pace: 6 model processes a run rather than 10 (each costs seconds of
-imports on a CPU host), the same rollout capacity, and the same shape: both jobs on every GPU.
+narrowed to 2 GPUs at four times the decode pace: 6 model processes a run rather than 10 (each costs seconds of
+imports on a CPU host), twice the example's rollout capacity (its runs wait less on the emulated devices), and the
+same shape: both jobs on every GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def runs(tmp_path_factory):
     from rlix.exec.front import api
 
     both = {"steps": 2, "roles": roles(0, 2)}
-    cfg = narrowed(EXAMPLE, 2, {"first": both, "second": both}, pace=0.5)
+    cfg = narrowed(EXAMPLE, 2, {"first": both, "second": both}, pace=0.25)
     return {p: api.run(cfg.model_copy(update={"policy": p}), out_dir=str(tmp_path_factory.mktemp(p))) for p in ("rlix", "static")}
 
 

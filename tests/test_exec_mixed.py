@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import LastRows, assert_last_rows_are_the_summary, assert_trace_replays
+from helpers import LastRows, assert_last_rows_are_the_summary, assert_trace_replays, narrowed
 
 from rlix.exec.config import load_config
 from rlix.exec.records import JobStatus, SwitchKind
@@ -26,7 +26,7 @@ def run(tmp_path_factory):
     from rlix.exec.front import api
 
     d = tmp_path_factory.mktemp("mixed")
-    cfg = load_config(EXAMPLE)
+    cfg = narrowed(EXAMPLE, 4, {}, pace=0.5)  # the example at twice its decode pace: less waiting on emulated devices
     jobs = [j.model_copy(update={"checkpoint_dir": str(d / "ck")}) if j.kind == "multi_lora" else j for j in cfg.jobs]
     last = LastRows()
     outputs = api.run(cfg.model_copy(update={"jobs": jobs}), out_dir=str(d / "out"), on_progress=last)

@@ -17,10 +17,34 @@ def fail(prog: str, message: str) -> NoReturn:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (no usage block), exit 2."""
+    """argparse with its errors on one line (no usage block), exit 2; an option that takes one value
+    refuses to be given twice (plain argparse keeps the last, silently)."""
 
     def error(self, message: str) -> NoReturn:
         fail(self.prog, f"{message} (see 'python benchmarks/{self.prog}.py --help')")
+
+    def add_argument(self, *names, **kwargs):
+        if names and names[0].startswith("-") and kwargs.get("action", "store") == "store" and "nargs" not in kwargs:
+            kwargs["action"] = _Once
+        return super().add_argument(*names, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        vars(namespace).pop(_Once.SEEN, None)  # the arguments only (a script may write them out)
+        return namespace, rest
+
+
+class _Once(argparse.Action):
+    """``store``, refusing a second value for the same option."""
+
+    SEEN = "_given"  # the namespace's record of the options given so far, while it is parsed
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = vars(namespace).setdefault(self.SEEN, {})
+        if self.dest in seen:
+            parser.error(f"{option_string}: given twice ({seen[self.dest]} and {values}); give it once")
+        seen[self.dest] = values
+        setattr(namespace, self.dest, values)
 
 
 def knob_values(prog: str, items: Iterable[str]) -> dict[str, str]:

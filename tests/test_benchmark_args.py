@@ -21,6 +21,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
         ("cotenancy.py", ["small_first=1", "--seeds=0-99999999999999999999"], "cotenancy: --seeds 0-99999999999999999999: more"),
         ("cotenancy.py", ["small_first"], "cotenancy: 'small_first' is not KNOB=VALUE"),
         ("cotenancy.py", ["small_first=0", "small_first=3"], "cotenancy: small_first: given twice (0 and 3)"),
+        ("cotenancy.py", ["--seeds", "0-3", "x=1", "--seeds=4"], "cotenancy: --seeds: given twice (0-3 and 4); give it once"),
+        ("placement.py", ["--seeds", "0", "--trace", "a", "--trace", "b"], "placement: --trace: given twice (a and b)"),
         ("straggler_order.py", ["--seeds", "0", "small_first=0", "small_first=3"], "straggler_order: small_first: given twice"),
         ("sharing_families.py", ["queues=[{name: q, gpus: 0-15, max_jobs: 1}]"], "gpus must be GPUs of the cluster (0..7)"),
         ("slowdown_family.py", [".", "two_jobs", "-1"], "slowdown_family: SEEDS: seeds are whole numbers >= 0"),

@@ -235,7 +235,9 @@ def test_a_rerun_with_nothing_left_to_train_starts_nothing_and_reports_every_job
     from rlix.exec.train.lora import write_checkpoint
 
     cfg = _config(tmp_path)
-    cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"dir": str(tmp_path / "out"), "console": False})})
+    late = cfg.jobs[1].model_copy(update={"arrival_s": 600.0})  # nothing to train: it need not wait for its arrival
+    out = cfg.output.model_copy(update={"dir": str(tmp_path / "out"), "console": False})
+    cfg = cfg.model_copy(update={"output": out, "jobs": [cfg.jobs[0], late]})
     _full_checkpoint(tmp_path / "ck" / "full", 6)
     for adapter in ("copy", "rev"):
         write_checkpoint({"version": 8, "tensors": {}, "opt": {}}, adapter, tmp_path / "ck" / "lora")
@@ -255,6 +257,8 @@ def test_a_rerun_with_nothing_left_to_train_starts_nothing_and_reports_every_job
     assert metrics["partial"] is False and metrics["unfinished_jobs"] == []
     jobs = {pid: (job["steps"], job["steps_before"], job["trainer_ranks"]) for pid, job in metrics["jobs"].items()}
     assert jobs == {"full": (0, 6, 0), "lora": (0, 16, 0)}  # nothing trained, no trainer started
+    assert outputs.metrics.pipelines == {} and outputs.metrics.tasks_per_hour == 0.0  # the run ran no job
+    assert max(r.finish_s for r in outputs.results.values()) < 60
     assert _steps(tmp_path / "out" / "full" / "metrics.jsonl") == [("", s) for s in range(1, 7)]  # carried
 
 

@@ -263,7 +263,7 @@ def test_clashes_cancel_and_a_stop_refused_while_jobs_run(cluster, tmp_path):
 
 
 def test_a_detached_run_goes_on_without_its_terminal_and_rlix_logs_follows_it(cluster, tmp_path):
-    away = write_config(tmp_path / "away.yaml", [job("lam", "2-3", steps=3)])
+    away = write_config(tmp_path / "away.yaml", [{**job("lam", "2-3", steps=3), "checkpoint_dir": str(tmp_path / "ck")}])
     cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(away), "--address", cluster.address, "--detach"]
     t = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env, timeout=180, cwd=tmp_path)
@@ -280,6 +280,14 @@ def test_a_detached_run_goes_on_without_its_terminal_and_rlix_logs_follows_it(cl
     assert json.loads((tmp_path / "out_away" / job_id / "metrics.json").read_text())["executor"]["shared"]
     missing = cluster.rlix("logs", "nobody")
     assert missing.returncode == 2 and "no job 'nobody'" in missing.stderr and "Traceback" not in missing.stderr
+    # Run again: its checkpoint holds all 3 steps, so it starts nothing, and the scheduler records it finished
+    # (before: its trainer claimed GPUs for a model load and found nothing to train).
+    again = cluster.submit(away)
+    assert again.wait(timeout=120) == 0, (tmp_path / "away.err").read_text()[-2000:]
+    assert "lam: finished steps=3/3 (resumed at step 3)" in (tmp_path / "away.out").read_text()
+    rerun_id = re.search(r"lam as (lam#\d+)", (tmp_path / "away.err").read_text()).group(1)
+    (row,) = wait_for_history(cluster, {rerun_id})
+    assert row["state"] == "finished" and rerun_id != job_id
 
 
 def test_timeline_and_an_address_with_no_cluster(cluster, tmp_path):

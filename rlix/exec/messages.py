@@ -319,6 +319,7 @@ class JobResult:
     steps: tuple[StepRecord, ...] = ()
     steps_before: int = 0  # steps an earlier run trained (the job resumed from its checkpoint)
     steps_planned: int = 0  # steps the job will have trained at its end (steps_before included)
+    trained_already: bool = False  # its checkpoints held all its steps: it started nothing (left out of the run's metrics)
     trajectories: tuple[TrajRecord, ...] = ()
     switches: tuple[SwitchRecord, ...] = ()
     requeued: int = 0

@@ -31,7 +31,7 @@ from rlix.exec.control.gpu_reservation import release
 from rlix.exec.error_text import describe
 from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
-from rlix.exec.front.rerun import nothing_left, prepare_rerun
+from rlix.exec.front.rerun import nothing_left, prepare_rerun, resume_steps
 from rlix.exec.front.runlog import RunLog
 from rlix.exec.front.submission import Submission, joins_shared
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
@@ -150,14 +150,18 @@ class Session:
             answers(address, where)
         elif problem := config.scheduler.tenant_error([j.tenant for j in config.jobs], "jobs"):
             raise ConfigError(problem)  # a private run's scheduler is the config's own: its tenants are all there are
-        self.models = {j.name: str(j.model.directory(self.out_dir.parent / "_models")) for j in config.jobs}
+        # Jobs whose checkpoints hold all their steps train nothing: no model, data or memory of theirs is checked.
+        self.resumes = {j.name: resume_steps(j) for j in config.jobs}
+        done = frozenset(j.name for j in config.jobs if nothing_left(j, self.resumes[j.name]))
+        models = self.out_dir.parent / "_models"
+        self.models = {j.name: str(j.model.directory(models)) for j in config.jobs if j.name not in done}
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
             check_topology(config)
-            self.config = config = with_host_memory(config, self.models, available_gb())  # co-tenants share the host
+            self.config = config = with_host_memory(config, self.models, available_gb(), done)  # co-tenants share the host
             check_topology(config)  # again, with each job's resident memory now known: a queue that never admits it
-        check_lora_targets(config, self.models)
-        check_completion_room(config, self.models)
-        self.recipes = prepare_recipes(config, self.models)  # data jobs: read and tokenized before any actor starts
+        check_lora_targets(config, self.models, done)
+        check_completion_room(config, self.models, done)
+        self.recipes = prepare_recipes(config, self.models, done)  # data jobs: read and tokenized before any actor starts
         self.submission = Submission.join(config, address, where, source) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
@@ -186,13 +190,13 @@ class Session:
         from rlix.exec.service.scheduler_actor import SchedulerActor
 
         runs = self.out_dir.parent if self.submission is not None else None  # where earlier runs through it wrote
-        self.resumes = prepare_rerun(config, self.out_dir, runs)  # says which jobs resume (stderr); fresh logs
+        prepare_rerun(config, self.out_dir, runs)  # says which jobs resume (stderr); gives every job fresh logs
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
         self._seq = 0
         self.stopped_at: float | None = None  # when stop() was called
         self.scheduler: RayTransport | None = None
-        if self.submission is None and all(nothing_left(j, self.resumes[j.name]) for j in config.jobs):
+        if self.submission is None and all(self.trained_already(j) for j in config.jobs):
             self.t0 = time.time()  # every job's checkpoints hold all its steps: no Ray, no scheduler, nothing to run
             print("rlix-run: every job's checkpoints hold all its steps: nothing to train", file=sys.stderr)
             return
@@ -227,15 +231,16 @@ class Session:
         self.pipelines[pid] = _Pipeline(pipeline_id=pid, job=job)
         return pid
 
-    def admit(self, pipeline_id: str) -> None:
-        """Start the pipeline's coordinator; it registers with the scheduler and runs its steps. A job whose
-        checkpoints hold all its steps starts nothing and claims no GPU: it has finished, trained by earlier runs."""
-        from rlix.exec.job.coordinator import PipelineCoordinator
+    def trained_already(self, job: JobConfig) -> bool:
+        """Its checkpoints hold all its steps (earlier runs trained them): it has nothing left to train."""
+        return nothing_left(job, self.resumes.get(job.name, {}))
 
+    def admit(self, pipeline_id: str) -> None:
+        """Start the pipeline's coordinator; it registers with the scheduler and runs its steps. A job
+        :meth:`trained_already` starts nothing and claims no GPU: it has finished (a shared scheduler is told so)."""
         p = self.pipelines[pipeline_id]
-        resumes = self.resumes.get(p.job.name, {})
-        if nothing_left(p.job, resumes):
-            now, trained = self.now(), sum(resumes.values())
+        if self.trained_already(p.job):
+            now, trained = self.now(), sum(self.resumes[p.job.name].values())
             p.result = JobResult(
                 pipeline_id=pipeline_id,
                 status=JobStatus.FINISHED,
@@ -243,8 +248,13 @@ class Session:
                 finish_s=now,
                 steps_before=trained,
                 steps_planned=trained,
+                trained_already=True,
             )
+            if self.submission is not None:  # its claim ends finished, not cancelled when the run leaves
+                self.scheduler.call_sync(protocol.Unregister(pipeline_id=pipeline_id, status=protocol.Outcome.FINISHED))
             return
+        from rlix.exec.job.coordinator import PipelineCoordinator
+
         p.coordinator = PipelineCoordinator.options(name=None).remote(
             pipeline_id=pipeline_id,
             job=p.job,
@@ -322,7 +332,8 @@ class Session:
             for pid, why in self.submission.take_cancelled():
                 self._cancel(pid, now, why)
         for p in self.pipelines.values():
-            if p.coordinator is None and p.result is None and p.killed_at is None and now >= p.job.arrival_s:
+            due = now >= p.job.arrival_s or self.trained_already(p.job)  # nothing to train: it ends at once
+            if p.coordinator is None and p.result is None and p.killed_at is None and due:
                 self.admit(p.pipeline_id)
         for pid, t in list(kill_at.items()):
             if now >= t:
@@ -451,13 +462,14 @@ def freed_at_kills(events: list[ActivityChange]) -> list[ActivityChange]:
     return out
 
 
-def check_lora_targets(config: RunConfig, models: dict[str, str]) -> None:
+def check_lora_targets(config: RunConfig, models: dict[str, str], skip: frozenset[str] = frozenset()) -> None:
     """:class:`ConfigError` where none of a multi-LoRA job's ``lora.target_modules`` names a module of its
-    model, as peft refuses them (found before any actor, not by the trainer after its model load)."""
+    model, as peft refuses them (found before any actor, not by the trainer after its model load). ``skip``:
+    jobs left unchecked (by name: those with nothing left to train)."""
     from rlix.exec.data.model import missing_targets, module_names
 
     for i, job in enumerate(config.jobs):
-        if job.kind != "multi_lora":
+        if job.kind != "multi_lora" or job.name in skip:
             continue
         try:
             names = module_names(models[job.name])
@@ -472,12 +484,15 @@ def check_lora_targets(config: RunConfig, models: dict[str, str]) -> None:
             )
 
 
-def check_completion_room(config: RunConfig, models: dict[str, str]) -> None:
+def check_completion_room(config: RunConfig, models: dict[str, str], skip: frozenset[str] = frozenset()) -> None:
     """:class:`ConfigError` where a job's ``max_new_tokens`` leaves no room for a prompt in its model's
-    positions (a data job's prompts are measured against the limit as they are tokenized)."""
+    positions (a data job's prompts are measured against the limit as they are tokenized). ``skip``: as
+    :func:`check_lora_targets`'s."""
     from rlix.exec.data.sources import model_limit
 
     for i, job in enumerate(config.jobs):
+        if job.name in skip:
+            continue
         limit = model_limit(models[job.name])
         if job.max_new_tokens >= limit:
             raise ConfigError(
@@ -486,9 +501,9 @@ def check_completion_room(config: RunConfig, models: dict[str, str]) -> None:
             )
 
 
-def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
-    """The recipe of every data job (its prompts tokenized with the checkpoint's tokenizer, its reward
-    functions tried on a few of them); :class:`ConfigError` if one cannot train.
+def prepare_recipes(config: RunConfig, models: dict[str, str], skip: frozenset[str] = frozenset()) -> dict:
+    """The recipe of every data job not in ``skip`` (its prompts tokenized with the checkpoint's tokenizer, its
+    reward functions tried on a few of them); :class:`ConfigError` if one cannot train.
 
     Prints, per job, how many prompts were left out for being longer than the model's limit, and how
     many have characters the tokenizer cannot represent.
@@ -501,7 +516,7 @@ def prepare_recipes(config: RunConfig, models: dict[str, str]) -> dict:
 
     out = {}
     for i, job in enumerate(config.jobs):
-        if job.data is None:
+        if job.data is None or job.name in skip:
             continue
         try:
             out[job.name] = recipe = Recipe.from_data(job, models[job.name])

@@ -58,12 +58,16 @@ def available_gb() -> float:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GB
 
 
-def with_host_memory(config: RunConfig, models: dict[str, str], free_gb: float) -> RunConfig:
+def with_host_memory(config: RunConfig, models: dict[str, str], free_gb: float, skip: frozenset[str] = frozenset()) -> RunConfig:
     """``config`` with each job's ``resident_gb`` (where it gives none) and, unless it declares a memory
     limit of its own, a queue admitting jobs only while their resident memory fits in ``free_gb``.
-    A job larger than ``free_gb`` alone raises :class:`ConfigError` (one line, the bytes named)."""
+    A job larger than ``free_gb`` alone raises :class:`ConfigError` (one line, the bytes named).
+    Jobs in ``skip`` (by name: those with nothing left to train, never admitted) are left as they are."""
     jobs = []
     for i, job in enumerate(config.jobs):
+        if job.name in skip:
+            jobs.append(job)
+            continue
         need = job.resident_gb or resident_gb(job, models[job.name])
         if need > free_gb:
             raise ConfigError(

@@ -312,7 +312,9 @@ def _tally(res: JobResult, tenant: str) -> PipelineTally:
 def run_metrics(
     cfg: RunConfig, results: dict[str, JobResult], names: dict[str, str], events: list[ActivityChange], stats, end: float
 ) -> tuple[UsageRecorder, RunMetrics]:
-    """The run's recorded activity and its metrics, in the simulator's vocabulary."""
+    """The run's recorded activity and its metrics, in the simulator's vocabulary (of the jobs it ran: one
+    whose checkpoints held all its steps did nothing here)."""
+    results = {pid: res for pid, res in results.items() if not res.trained_already}
     num_gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     rec = usage_from_events(num_gpus, events, stats.unmet, end, _homes(cfg, results, names))
     work, crit = lower_bounds([_shape(cfg, pid, res, names) for pid, res in sorted(results.items())], num_gpus)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from helpers import assert_config_error_names
 
 from rlix.exec.data.rewards import RewardError, RewardRef, RewardSet
 from rlix.exec.data.sources import DatasetPrompts, PreparedPrompts, PromptItem, check_rows, read_rows
+from rlix.exec.deadline import on_daemon_thread
 
 pytestmark = pytest.mark.exec  # reads data with the datasets package (exec extra); no Ray, no torch
 
@@ -28,6 +31,28 @@ def _score(rs: RewardSet, completions, **columns):
     prompts = columns.pop("prompts", ["12="] * len(completions))
     ids = columns.pop("completion_ids", [[5] * len(c) for c in completions])
     return rs.score(completions=completions, prompts=prompts, completion_ids=ids, columns=columns)
+
+
+def test_a_function_holding_the_interpreter_lock_stops_nothing_of_its_caller_and_is_named_at_its_deadline():
+    """Before: the functions ran in the job's coordinator, so one stuck in C with the interpreter lock held
+    stopped every thread there: the job's deadline could not fire (the call returned when the C code did),
+    nor could the job answer the scheduler, which ended it as unreachable with no word of why."""
+    rs = _set(("holds_the_lock", 1.0))
+    ticks, stop = [], threading.Event()
+    ticker = threading.Thread(target=lambda: [ticks.append(1) for _ in iter(lambda: stop.wait(0.05), True)], daemon=True)
+    ticker.start()
+    scoring = on_daemon_thread(lambda: _score(rs, ["x"]), "rlix-score")
+    with pytest.raises(concurrent.futures.TimeoutError):
+        scoring.result(timeout=3.0)
+    error = rs.unfinished(3.0)
+    stop.set()
+    stuck = (ROOT / TRL).read_text().splitlines().index('    re.match(r"(a+)+$", "a" * 29 + "!")') + 1
+    assert str(error) == (
+        f"reward function {TRL}:holds_the_lock did not return within 3 s (limits.reward_timeout_s) at {ROOT / TRL}:{stuck}"
+    )
+    assert len(ticks) >= 20  # this process's threads ran all along
+    with pytest.raises(RewardError, match="reward functions' process"):  # its process was ended
+        scoring.result(timeout=10)
 
 
 # ------------------------------------------------------------------ TRL reward forms

@@ -94,3 +94,11 @@ def hangs(completions, **kwargs):
     import threading
 
     threading.Event().wait()
+
+
+def holds_the_lock(completions, **kwargs):
+    """Seconds in C with the interpreter lock held (a regular expression backtracking over its input)."""
+    import re
+
+    re.match(r"(a+)+$", "a" * 29 + "!")
+    return [0.0 for _ in completions]

@@ -287,7 +287,7 @@ class Recipe:
         """Call every reward function once on the first ``rows`` prompts, each with two dummy completions
         (empty, and the prompt's own text): a function that raises, returns the wrong values or does not
         return within ``timeout_s`` (default ``DRY_TIMEOUT_S``) raises :class:`RewardError` now, before any
-        actor starts, instead of after the models load. One that hangs is left on a daemon thread."""
+        actor starts, instead of after the models load. One that hangs has its process killed."""
         items = [it for it in self.source.items[:rows] for _ in range(2)]
         texts = [("", _text(it.prompt))[k % 2] for k, it in enumerate(items)]
         skip = 1 if self.codec.bos_id is not None else 0
@@ -298,6 +298,8 @@ class Recipe:
             trial.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
             raise self.unfinished(seconds) from None
+        finally:
+            self.rewards.close()  # the job's coordinator starts its own
 
     def unfinished(self, seconds: float) -> RewardError:
         """The error for a scoring still running after ``seconds``: it names the function it is in."""

@@ -13,8 +13,10 @@ loaded (:func:`check_reward`) and called on a few dataset rows with dummy
 completions before any actor starts; at run time a function that raises or
 returns the wrong number of values raises :class:`RewardError`, one line
 naming it and where it raised, which fails only that job (its traceback kept
-in the job's directory, :meth:`RewardError.kept_in`). No torch here: rewards run in the job's light
-coordinator.
+in the job's directory, :meth:`RewardError.kept_in`). The functions run in a process of their own
+(:mod:`rlix.exec.data.reward_process`), so one stuck with the interpreter lock held stops nothing of
+the job's; one past ``limits.reward_timeout_s`` fails the job naming the line it is stuck at. No torch
+here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import importlib.util
 import inspect
 import math
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -184,32 +185,59 @@ class RewardSet:
             raise ValueError("a job needs at least one reward function")
         self.refs = refs
         self._fns: list[Callable] | None = None
+        self._homes: list[str] = []  # each function's directory (where its user's code lies)
         self.calling = -1  # the function being imported or called now (its index; -1: none)
-        self.caller = 0  # the thread calling it (what a call that does not return is stuck in)
+        self.on_call: Callable[[int, list[str]], None] | None = None  # told of each call before it (the child's note)
+        self._process = None  # the child process :meth:`score` calls them in (made at the first batch)
 
-    def __getstate__(self) -> dict:
-        return {"refs": self.refs, "_fns": None, "calling": -1, "caller": 0}  # functions are imported again where unpickled
+    def __getstate__(self) -> dict:  # functions are imported again where unpickled, and called in a child of its own
+        return {"refs": self.refs, "_fns": None, "_homes": [], "calling": -1, "on_call": None, "_process": None}
 
     def _functions(self) -> list[Callable]:
         if self._fns is None:
             fns = []
             for k, ref in enumerate(self.refs):
-                self.calling = k
+                self._calling(k)
                 try:
                     fns.append(resolve(ref))
                 except ValueError as exc:
                     raise RewardError(f"reward function {ref.function}: {exc}", index=k) from None
+            self._homes = [str(_home(fn) or "") for fn in fns]
             self._fns = fns
         return self._fns
+
+    def _calling(self, k: int) -> None:
+        self.calling = k
+        if self.on_call is not None:
+            self.on_call(k, self._homes)
 
     def score(
         self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]
     ) -> RewardBatch:
-        """Call every function once on the batch; raise :class:`RewardError` naming a function that fails."""
+        """Call every function once on the batch, in the reward set's own process
+        (:mod:`rlix.exec.data.reward_process`); raise :class:`RewardError` naming a function that fails."""
+        from rlix.exec.data.reward_process import RewardProcess
+
+        if self._process is None:
+            self._process = RewardProcess(self.refs)
+        kwargs = dict(completions=completions, prompts=prompts, completion_ids=completion_ids, columns=columns)
+        answer = self._process.call(kwargs)
+        if answer[0] == "ok":
+            return answer[1]
+        _, message, index, details = answer
+        raise RewardError(message, index=index, details=details)
+
+    def close(self) -> None:
+        """End the child process (a later :meth:`score` starts another)."""
+        if self._process is not None:
+            self._process.close()
+
+    def call(self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]) -> RewardBatch:
+        """Call every function once on the batch in this process (the child's part of :meth:`score`)."""
         n = len(completions)
         per_fn = []
         for k, (ref, fn) in enumerate(zip(self.refs, self._functions())):
-            self.calling, self.caller = k, threading.get_ident()
+            self._calling(k)
             try:
                 out = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
             except (Exception, SystemExit) as exc:  # sys.exit() in a reward ends no run: it is the function's error
@@ -223,19 +251,21 @@ class RewardSet:
             except RewardError as exc:
                 raise RewardError(str(exc), index=k) from None
             per_fn.append(FunctionScores(name=ref.function, weight=ref.weight, values=values))
-        self.calling = -1
+        self._calling(-1)
         totals = tuple(sum(f.weight * (f.values[i] or 0.0) for f in per_fn) for i in range(n))
         return RewardBatch(totals=totals, functions=tuple(per_fn))
 
     def unfinished(self, seconds: float) -> RewardError:
         """The error for a scoring still running after ``seconds``: it names the function it is in, if any,
-        and the ``file:line`` of the user's code it is at."""
-        k = self.calling
-        if k < 0 or self._fns is None:
+        and the ``file:line`` of the user's code it is at. Its process is ended."""
+        k, frames, homes = self._process.stuck_at() if self._process is not None else (-1, [], [])
+        if k < 0:
             return RewardError(f"the reward functions did not return within {seconds:g} s (limits.reward_timeout_s)", index=k)
-        frame = sys._current_frames().get(self.caller)
-        at = f" at {_user_line(self._fns[k], traceback.extract_stack(frame))}" if frame is not None else ""
-        message = f"reward function {self.refs[k].function} did not return within {seconds:g} s (limits.reward_timeout_s){at}"
+        home = homes[k] if k < len(homes) else ""
+        mine = [(file, line) for file, line in frames if home and str(Path(file).resolve().parent) == home]
+        at = (mine or frames)[:1]
+        where = f" at {at[0][0]}:{at[0][1]}" if at else ""
+        message = f"reward function {self.refs[k].function} did not return within {seconds:g} s (limits.reward_timeout_s){where}"
         return RewardError(message, index=k)
 
 
@@ -245,13 +275,19 @@ def _raised_at(fn: Callable, exc: BaseException) -> str:
     return _user_line(fn, frames)
 
 
-def _user_line(fn: Callable, frames: list[traceback.FrameSummary]) -> str:
-    """``file:line`` of the user's code among ``frames`` (outermost first): the innermost frame in the directory
-    of ``fn``'s file (its own file or a helper beside it), else the innermost frame of all."""
+def _home(fn: Callable) -> Path | None:
+    """The directory of ``fn``'s file: its user's code (its own file or a helper beside it); None if not known."""
     try:
-        home = Path(inspect.getsourcefile(inspect.unwrap(fn)) or "").resolve().parent
+        source = inspect.getsourcefile(inspect.unwrap(fn))
     except (TypeError, OSError):
-        home = None
+        return None
+    return Path(source).resolve().parent if source else None
+
+
+def _user_line(fn: Callable, frames: list[traceback.FrameSummary]) -> str:
+    """``file:line`` of the user's code among ``frames`` (outermost first): the innermost frame in
+    :func:`_home` of ``fn``, else the innermost frame of all."""
+    home = _home(fn)
     mine = [f for f in frames if home is not None and Path(f.filename).resolve().parent == home]
     at = (mine or frames)[-1]
     return f"{at.filename}:{at.lineno}"

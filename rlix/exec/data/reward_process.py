@@ -18,12 +18,14 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 # faulthandler's frame lines: ``  File "path", line N in name`` (innermost first).
@@ -37,8 +39,9 @@ class RewardProcess:
     def __init__(self, refs: tuple) -> None:
         self.refs = refs
         self._proc: subprocess.Popen | None = None
-        self._files: tempfile.TemporaryDirectory | None = None
+        self._dir: Path | None = None  # the child's two files: its stacks when asked, the function it is calling
         self._lock = threading.Lock()  # one batch at a time (a pipe carries one conversation)
+        self._shut: weakref.finalize | None = None
 
     def call(self, kwargs: dict) -> tuple:
         """Score one batch: ``("ok", RewardBatch)`` or ``("error", message, index, details)`` of a RewardError."""
@@ -58,10 +61,10 @@ class RewardProcess:
         """For a call past its deadline: the index of the function running (-1: none yet), the child's
         frames (file, line; innermost first) from the reward set's call inward, and each function's
         directory. The child is killed: its call will never be waited for again."""
-        proc, files = self._proc, self._files
-        if proc is None or files is None:
+        proc, directory = self._proc, self._dir
+        if proc is None or directory is None:
             return -1, [], []
-        dump = Path(files.name) / "stacks"
+        dump = directory / "stacks"
         try:
             os.kill(proc.pid, signal.SIGUSR1)
             deadline = time.monotonic() + DUMP_WAIT_S
@@ -70,31 +73,41 @@ class RewardProcess:
         except OSError:
             pass
         frames = _frames(_read(dump))
-        calling = _read(Path(files.name) / "calling").splitlines()
+        calling = _read(directory / "calling").splitlines()
         self.close()
         index = int(calling[0]) if calling and calling[0].lstrip("-").isdigit() else -1
         return index, frames, calling[1:]
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
+        """Kill the child (a later :meth:`call` starts another)."""
+        proc, self._proc, self._dir = self._proc, None, None
         if proc is not None:
             proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                pipe.close()
-        if self._files is not None:
-            self._files.cleanup()
-            self._files = None
+            self._shut()
 
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
             self.close()
-            self._files = tempfile.TemporaryDirectory(prefix="rlix-rewards-")
-            cmd = [sys.executable, "-m", "rlix.exec.data.reward_process", self._files.name]
+            self._dir = Path(tempfile.mkdtemp(prefix="rlix-rewards-"))
+            cmd = [sys.executable, "-m", "rlix.exec.data.reward_process", str(self._dir)]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this process imports
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            self._shut = weakref.finalize(self, _shut, self._proc, self._dir)  # dropped unclosed: its child is ended too
             pickle.dump(self.refs, self._proc.stdin)
         return self._proc
+
+
+def _shut(proc: subprocess.Popen, directory: Path) -> None:
+    """End a child: it exits once its input ends (killed if it does not within a second), is reaped, and
+    its files go."""
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _read(path: Path) -> str:

@@ -181,11 +181,11 @@ def test_a_reward_function_that_does_not_return_on_the_dry_run_is_named_and_left
     from rlix.exec.config import ConfigError, RunConfig
     from rlix.exec.front.api import prepare_recipes
 
-    monkeypatch.setattr(recipe_module, "DRY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(recipe_module, "DRY_TIMEOUT_S", 2.0)  # the functions' process starts within it
     job = _job(tmp_path)
     hangs = job.rewards[0].model_copy(update={"function": f"{ROOT}/tests/data/trl_rewards.py:hangs"})
     both = job.model_dump() | {"rewards": [job.rewards[0].model_dump(), hangs.model_dump()]}
-    for limits, seconds in (({}, "0.5"), ({"reward_timeout_s": 0.3}, "0.3")):  # the job's own deadline, where it gives one
+    for limits, seconds in (({}, "2"), ({"reward_timeout_s": 1.5}, "1.5")):  # the job's own deadline, where it gives one
         cfg = RunConfig.model_validate({"cluster": {"nodes": 1, "gpus_per_node": 1}, "jobs": [both | {"limits": limits}]})
         t0 = time.monotonic()
         with pytest.raises(ConfigError) as info:

@@ -4,17 +4,20 @@ A reward function is the user's code, and code stuck in C with the interpreter l
 expression backtracking over a degenerate completion) stops every thread of its process. In the
 job's coordinator that would stop the job's deadline too, and its answers to the scheduler: the
 scheduler, hearing nothing, ends the job as unreachable and nobody learns why. So the functions run
-in a child process, started at the first batch and kept for the job's life (a function's module-level
-state lives as long as the job, as it would in TRL). The caller waits with its deadline; past it,
-:meth:`RewardProcess.stuck_at` reads the child's stacks (``faulthandler``, which needs no lock) to
-name the line it is stuck at, and the child is killed.
+in a child process, started at the first batch and kept for the reward set's life (a function's
+module-level state lives as long as the job's stream, as it would in TRL). The caller waits with its
+deadline; past it, :meth:`RewardProcess.stuck_at` reads the child's stacks (``faulthandler``, which
+needs no lock) to name the line it is stuck at, and the child is killed with whatever it started.
 
-The child speaks pickles on its stdin and on a copy of its stdout; the functions' own prints go to
-its stderr (the job's log).
+The child speaks pickles on copies of its stdin and stdout; its own stdin reads nothing and its
+stdout is its stderr, so the functions' prints (unbuffered) and the programs they start cannot
+touch the conversation. On Linux the child dies with the thread that started it
+(``PR_SET_PDEATHSIG``): :meth:`RewardProcess.start` it from a thread that lives as long as the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -30,7 +33,8 @@ from pathlib import Path
 
 # faulthandler's frame lines: ``  File "path", line N in name`` (innermost first).
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>\S+)')
-DUMP_WAIT_S = 2.0  # how long the child's stacks may take to appear once asked for
+DUMP_WAIT_S = 2.0  # how long the child's stacks may take to be written once asked for
+_CHILD = "import sys; sys.path[:] = {path!r}; from rlix.exec.data.reward_process import _serve; _serve({dir!r})"
 
 
 class RewardProcess:
@@ -43,19 +47,41 @@ class RewardProcess:
         self._lock = threading.Lock()  # one batch at a time (a pipe carries one conversation)
         self._shut: weakref.finalize | None = None
 
+    def start(self) -> None:
+        """Start the child now, if it is not running (:meth:`call` starts it otherwise)."""
+        with self._lock:
+            self._started()
+
     def call(self, kwargs: dict) -> tuple:
         """Score one batch: ``("ok", RewardBatch)`` or ``("error", message, index, details)`` of a RewardError."""
+        try:
+            batch = pickle.dumps(kwargs)
+        except Exception as exc:  # noqa: BLE001 -- a column the dataset gave that cannot be sent
+            return ("error", f"the batch cannot be sent to the reward functions: {type(exc).__name__}: {exc}", -1, "")
         with self._lock:
             proc = self._started()
             try:
-                pickle.dump(kwargs, proc.stdin)
+                proc.stdin.write(batch)
                 proc.stdin.flush()
                 return pickle.load(proc.stdout)
-            except (EOFError, BrokenPipeError, pickle.UnpicklingError, OSError, ValueError):  # its pipe closed under it
-                code = proc.poll()
-                self._proc = None
-                how = f"exited with status {code}" if code is not None else "stopped answering"
-                return ("error", f"the reward functions' process {how} (its output is in the job's log)", -1, "")
+            except (EOFError, OSError, ValueError, pickle.UnpicklingError):  # it died, or was killed past its deadline
+                return self._died(proc)
+
+    def _died(self, proc: subprocess.Popen) -> tuple:
+        """The answer for a child that ended mid-call (its pipes are closed here, by the reading thread)."""
+        try:
+            code = proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        index, _ = self._calling()
+        if proc is self._proc:
+            self.close(kill=True)
+        proc.stdout.close()  # this thread was its only reader
+        if code is not None and code < 0:
+            how = f"was killed by {signal.Signals(-code).name}" + (" (out of memory?)" if code == -signal.SIGKILL else "")
+        else:
+            how = f"exited with status {code}" if code is not None else "stopped answering"
+        return ("error", f"the reward functions' process {how}; its output is in the coordinator's stderr", index, "")
 
     def stuck_at(self) -> tuple[int, list[tuple[str, int]], list[str]]:
         """For a call past its deadline: the index of the function running (-1: none yet), the child's
@@ -64,49 +90,92 @@ class RewardProcess:
         proc, directory = self._proc, self._dir
         if proc is None or directory is None:
             return -1, [], []
-        dump = directory / "stacks"
-        try:
-            os.kill(proc.pid, signal.SIGUSR1)
+        dump, frames, size = directory / "stacks", [], -1
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGUSR1)
             deadline = time.monotonic() + DUMP_WAIT_S
-            while "most recent call first" not in _read(dump) and time.monotonic() < deadline:
-                time.sleep(0.02)
-        except OSError:
-            pass
-        frames = _frames(_read(dump))
-        calling = _read(directory / "calling").splitlines()
-        self.close()
-        index = int(calling[0]) if calling and calling[0].lstrip("-").isdigit() else -1
-        return index, frames, calling[1:]
+            while time.monotonic() < deadline:  # written in many small pieces: read it once it stops growing
+                time.sleep(0.05)
+                text = _read(dump)
+                if "most recent call first" in text and len(text) == size:
+                    break
+                size = len(text)
+            frames = _frames(_read(dump))
+        index, homes = self._calling()
+        self.close(kill=True)
+        return index, frames, homes
 
-    def close(self) -> None:
-        """Kill the child (a later :meth:`call` starts another)."""
-        proc, self._proc, self._dir = self._proc, None, None
-        if proc is not None:
-            proc.kill()
-            self._shut()
+    def close(self, *, kill: bool = False) -> None:
+        """End the child (a later :meth:`call` starts another): it exits once its input ends, or at once
+        with whatever it started (``kill``, or if it has not within a second)."""
+        proc, self._proc = self._proc, None
+        self._dir = None
+        if proc is not None and kill:
+            _kill(proc)
+        if self._shut is not None and (shut := self._shut.detach()) is not None:
+            _shut(*shut[2], output=False)  # a thread may still read its answers: that thread closes their pipe
+        if proc is not None and self._lock.acquire(blocking=False):  # no thread reads its answers: close their pipe
+            try:
+                proc.stdout.close()
+            finally:
+                self._lock.release()
+
+    def _calling(self) -> tuple[int, list[str]]:
+        """The function the child called last (-1: none, or between calls) and each function's directory."""
+        lines = _read(self._dir / "calling").splitlines() if self._dir is not None else []
+        index = int(lines[0]) if lines and lines[0].lstrip("-").isdigit() else -1
+        return index, lines[1:]
 
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            self.close()
+            self.close(kill=True)
             self._dir = Path(tempfile.mkdtemp(prefix="rlix-rewards-"))
-            cmd = [sys.executable, "-m", "rlix.exec.data.reward_process", str(self._dir)]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this process imports
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-            self._shut = weakref.finalize(self, _shut, self._proc, self._dir)  # dropped unclosed: its child is ended too
+            # The parent's import path exactly (python -I: no cwd first, no PYTHON* variables), so a
+            # reference resolves there as it does here.
+            cmd = [sys.executable, "-I", "-c", _CHILD.format(path=list(sys.path), dir=str(self._dir))]
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,  # its own group: killed with whatever it started
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 -- one prctl call, no locks taken
+            )
+            self._shut = weakref.finalize(self, _shut, self._proc, self._dir)  # dropped unclosed: ended too
             pickle.dump(self.refs, self._proc.stdin)
+            self._proc.stdin.flush()
         return self._proc
 
 
-def _shut(proc: subprocess.Popen, directory: Path) -> None:
-    """End a child: it exits once its input ends (killed if it does not within a second), is reaped, and
-    its files go."""
-    proc.stdin.close()
+def _die_with_parent() -> None:
+    """In the child, before it runs: the kernel kills it when the thread that started it ends (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the child's whole group (what its functions started dies with it)."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        proc.kill()
+
+
+def _shut(proc: subprocess.Popen, directory: Path, output: bool = True) -> None:
+    """End a child: it exits once its input ends (killed if it has not within a second), is reaped, and
+    its files go; ``output``: its answers' pipe is closed too (nothing can be reading it)."""
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
     try:
         proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        _kill(proc)
         proc.wait()
-    proc.stdout.close()
+    if output:
+        proc.stdout.close()
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -120,44 +189,53 @@ def _read(path: Path) -> str:
 def _frames(dump: str) -> list[tuple[str, int]]:
     """The frames of the thread that called the reward functions, innermost first, down to the reward
     set's own call (excluded): what faulthandler wrote, read back."""
+    from rlix.exec.data import rewards
+
+    here = Path(rewards.__file__).resolve()
     for block in dump.split("\n\n"):
         frames = [(m["file"], int(m["line"]), m["name"]) for m in map(_FRAME.match, block.splitlines()) if m]
-        inner = [i for i, (file, _, name) in enumerate(frames) if name == "call" and file.endswith("rewards.py")]
-        if inner:
-            return [(file, line) for file, line, _ in frames[: inner[0]]]
+        calls = [i for i, (file, _, name) in enumerate(frames) if name == "call" and _same(file, here)]
+        if calls:
+            return [(file, line) for file, line, _ in frames[: calls[-1]]]
     return []
 
 
-def _serve(files: Path) -> None:
+def _same(file: str, path: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(file).resolve() == path
+    return False
+
+
+def _serve(directory: str) -> None:
     """The child: read the refs, then batches, until the parent closes the pipe."""
     import faulthandler
+    import traceback
 
     from rlix.exec.data.rewards import RewardError, RewardSet
 
-    out = os.fdopen(os.dup(1), "wb")  # the answers' pipe; fd 1 becomes stderr, for the functions' prints
-    os.dup2(2, 1)
+    files = Path(directory)
+    inp, out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")  # the conversation's own pipes
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # a function (or a program it starts) reading stdin reads nothing
+    os.dup2(2, 1)  # and its prints go to stderr
     stacks = open(files / "stacks", "w", encoding="utf-8")  # noqa: SIM115 -- faulthandler writes here until exit
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    inp = sys.stdin.buffer
-    rewards = RewardSet(pickle.load(inp))
     calling = files / "calling"
-
-    def note(k: int, homes: list[str]) -> None:
-        calling.write_text("\n".join([str(k), *homes]) + "\n", encoding="utf-8")
-
-    rewards.on_call = note
-    while True:
-        try:
-            kwargs = pickle.load(inp)
-        except EOFError:
-            return
-        try:
-            answer: tuple = ("ok", rewards.call(**kwargs))
-        except RewardError as exc:
-            answer = ("error", str(exc), exc.index, exc.details)
-        pickle.dump(answer, out)
-        out.flush()
-
-
-if __name__ == "__main__":
-    _serve(Path(sys.argv[1]))
+    rewards = RewardSet(pickle.load(inp))
+    rewards.on_call = lambda k, homes: calling.write_text("\n".join([str(k), *homes]) + "\n", encoding="utf-8")
+    try:
+        while True:
+            try:
+                kwargs = pickle.load(inp)
+            except EOFError:
+                return
+            try:
+                answer: tuple = ("ok", rewards.call(**kwargs))
+            except RewardError as exc:
+                answer = ("error", str(exc), exc.index, exc.details)
+            except BaseException as exc:  # noqa: BLE001 -- anything else its functions raised: said, not a dead child
+                details = "".join(traceback.format_exception(exc))
+                answer = ("error", f"the reward functions raised {type(exc).__name__}", rewards.calling, details)
+            pickle.dump(answer, out)
+            out.flush()
+    finally:
+        shutil.rmtree(files, ignore_errors=True)

@@ -216,21 +216,29 @@ class RewardSet:
     ) -> RewardBatch:
         """Call every function once on the batch, in the reward set's own process
         (:mod:`rlix.exec.data.reward_process`); raise :class:`RewardError` naming a function that fails."""
-        from rlix.exec.data.reward_process import RewardProcess
-
-        if self._process is None:
-            self._process = RewardProcess(self.refs)
         kwargs = dict(completions=completions, prompts=prompts, completion_ids=completion_ids, columns=columns)
-        answer = self._process.call(kwargs)
+        answer = self._child().call(kwargs)
         if answer[0] == "ok":
             return answer[1]
         _, message, index, details = answer
         raise RewardError(message, index=index, details=details)
 
+    def start(self) -> None:
+        """Start the child process now. Started from a thread that lives as long as the job, it dies with
+        that thread even if its parent is killed; :meth:`score` starts it otherwise."""
+        self._child().start()
+
     def close(self) -> None:
         """End the child process (a later :meth:`score` starts another)."""
         if self._process is not None:
             self._process.close()
+
+    def _child(self):
+        from rlix.exec.data.reward_process import RewardProcess
+
+        if self._process is None:
+            self._process = RewardProcess(self.refs)
+        return self._process
 
     def call(self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]) -> RewardBatch:
         """Call every function once on the batch in this process (the child's part of :meth:`score`)."""

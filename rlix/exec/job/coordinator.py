@@ -191,6 +191,8 @@ class PipelineCoordinator:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.gpu_map, self.emulation, self.t0 = cluster, gpu_map, emulation, t0
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
+        for r in self.recipes:  # from this long-lived thread: the reward processes die with the coordinator
+            r.rewards.start()
         self.machine = StepMachine(job.pipeline_spec(pipeline_id), plan_of(job, self.streams, self.recipes))
         self.spec = self.machine.spec  # as registered: with its open_limit
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)
@@ -330,6 +332,8 @@ class PipelineCoordinator:
         # Our processes go first, and are gone, before unregister lets the scheduler give our GPUs
         # to anyone else: a new holder never races a dying engine or trainer for device memory.
         await end_processes(self._ended_processes(), PROCESS_EXIT_S, self.procs)
+        for r in self.recipes:
+            r.rewards.close()
         try:
             await self.link.client.unregister(ended, error)
         except Exception:  # noqa: BLE001 -- the scheduler frees our GPUs on its own if it cannot reach us

@@ -97,6 +97,8 @@ def _coordinator(log: list, workers: list, ranks: list, status: JobStatus):
     c.rollout = type("Rollout", (), {"end": lambda self: workers, "starts": lambda self: []})()
     c.pool = type("Pool", (), {"held_gpus": lambda self: ()})()
     c.procs, c.pid = _procs(log), "job"
+    rewards = type("Rewards", (), {"close": lambda self: log.append("gone rewards")})()  # its reward functions' process
+    c.recipes = [type("Recipe", (), {"rewards": rewards})()]
     c.rec = type("Rec", (), {"counters": None})()
     c.job = type("Job", (), {"limits": type("Limits", (), {"call_timeout_s": 5.0})()})()
     return c
@@ -119,7 +121,7 @@ def test_a_finished_jobs_processes_are_gone_before_it_unregisters():
     c = _coordinator(log, workers, ranks, JobStatus.FINISHED)
     _teardown(c)
     assert log[-1] == "unregister finished"
-    assert {e for e in log[:-1] if e.startswith("gone")} == {f"gone {p.name}" for p in workers + ranks}
+    assert {e for e in log[:-1] if e.startswith("gone")} == {f"gone {p.name}" for p in workers + ranks} | {"gone rewards"}
 
 
 def test_a_job_stopped_while_it_registers_leaves_once_the_scheduler_has_answered():
@@ -135,7 +137,7 @@ def test_a_job_stopped_while_it_registers_leaves_once_the_scheduler_has_answered
         await c._teardown("")
 
     _teardown(c, scenario)
-    assert log == ["registered", "note", "unregister cancelled"]
+    assert log == ["registered", "note", "gone rewards", "unregister cancelled"]
 
 
 @pytest.mark.parametrize("slots", [1, 64, 128, 512])

@@ -34,14 +34,16 @@ from pathlib import Path
 # faulthandler's frame lines: ``  File "path", line N in name`` (innermost first).
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>\S+)')
 DUMP_WAIT_S = 2.0  # how long the child's stacks may take to be written once asked for
-_CHILD = "import sys; sys.path[:] = {path!r}; from rlix.exec.data.reward_process import _serve; _serve({dir!r})"
+_CHILD = "import sys; sys.path[:] = {path!r}; from {module} import {fn}; {fn}({dir!r})"
 
 
 class RewardProcess:
-    """The child process of one reward set: :meth:`call` scores a batch there."""
+    """The child process of one reward set: :meth:`call` scores a batch there. ``serve``: the child's
+    loop, ``module:function`` (called with the child's directory); ``caller``: the file of the reward
+    set's ``call``, the frame the user's code is called from."""
 
-    def __init__(self, refs: tuple) -> None:
-        self.refs = refs
+    def __init__(self, refs: tuple, serve: str, caller: Path) -> None:
+        self.refs, self.serve, self.caller = refs, serve, caller
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None  # the child's two files: its stacks when asked, the function it is calling
         self._lock = threading.Lock()  # one batch at a time (a pipe carries one conversation)
@@ -100,7 +102,7 @@ class RewardProcess:
                 if "most recent call first" in text and len(text) == size:
                     break
                 size = len(text)
-            frames = _frames(_read(dump))
+            frames = _frames(_read(dump), self.caller)
         index, homes = self._calling()
         self.close(kill=True)
         return index, frames, homes
@@ -132,7 +134,9 @@ class RewardProcess:
             self._dir = Path(tempfile.mkdtemp(prefix="rlix-rewards-"))
             # The parent's import path exactly (python -I: no cwd first, no PYTHON* variables), so a
             # reference resolves there as it does here.
-            cmd = [sys.executable, "-I", "-c", _CHILD.format(path=list(sys.path), dir=str(self._dir))]
+            module, fn = self.serve.split(":")
+            child = _CHILD.format(path=list(sys.path), module=module, fn=fn, dir=str(self._dir))
+            cmd = [sys.executable, "-I", "-c", child]
             self._proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.PIPE,
@@ -186,15 +190,12 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _frames(dump: str) -> list[tuple[str, int]]:
+def _frames(dump: str, caller: Path) -> list[tuple[str, int]]:
     """The frames of the thread that called the reward functions, innermost first, down to the reward
-    set's own call (excluded): what faulthandler wrote, read back."""
-    from rlix.exec.data import rewards
-
-    here = Path(rewards.__file__).resolve()
+    set's own ``call`` in ``caller`` (excluded): what faulthandler wrote, read back."""
     for block in dump.split("\n\n"):
         frames = [(m["file"], int(m["line"]), m["name"]) for m in map(_FRAME.match, block.splitlines()) if m]
-        calls = [i for i, (file, _, name) in enumerate(frames) if name == "call" and _same(file, here)]
+        calls = [i for i, (file, _, name) in enumerate(frames) if name == "call" and _same(file, caller)]
         if calls:
             return [(file, line) for file, line, _ in frames[: calls[-1]]]
     return []
@@ -204,38 +205,3 @@ def _same(file: str, path: Path) -> bool:
     with contextlib.suppress(OSError):
         return Path(file).resolve() == path
     return False
-
-
-def _serve(directory: str) -> None:
-    """The child: read the refs, then batches, until the parent closes the pipe."""
-    import faulthandler
-    import traceback
-
-    from rlix.exec.data.rewards import RewardError, RewardSet
-
-    files = Path(directory)
-    inp, out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")  # the conversation's own pipes
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # a function (or a program it starts) reading stdin reads nothing
-    os.dup2(2, 1)  # and its prints go to stderr
-    stacks = open(files / "stacks", "w", encoding="utf-8")  # noqa: SIM115 -- faulthandler writes here until exit
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    calling = files / "calling"
-    rewards = RewardSet(pickle.load(inp))
-    rewards.on_call = lambda k, homes: calling.write_text("\n".join([str(k), *homes]) + "\n", encoding="utf-8")
-    try:
-        while True:
-            try:
-                kwargs = pickle.load(inp)
-            except EOFError:
-                return
-            try:
-                answer: tuple = ("ok", rewards.call(**kwargs))
-            except RewardError as exc:
-                answer = ("error", str(exc), exc.index, exc.details)
-            except BaseException as exc:  # noqa: BLE001 -- anything else its functions raised: said, not a dead child
-                details = "".join(traceback.format_exception(exc))
-                answer = ("error", f"the reward functions raised {type(exc).__name__}", rewards.calling, details)
-            pickle.dump(answer, out)
-            out.flush()
-    finally:
-        shutil.rmtree(files, ignore_errors=True)

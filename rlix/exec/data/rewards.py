@@ -237,7 +237,7 @@ class RewardSet:
         from rlix.exec.data.reward_process import RewardProcess
 
         if self._process is None:
-            self._process = RewardProcess(self.refs)
+            self._process = RewardProcess(self.refs, f"{__name__}:serve", Path(__file__).resolve())
         return self._process
 
     def call(self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]) -> RewardBatch:
@@ -341,3 +341,40 @@ def group_advantages(rewards: list[float], groups: list[int]) -> list[float]:
         std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
         stats[g] = (mean, std)
     return [(r - stats[g][0]) / (stats[g][1] + 1e-4) for r, g in zip(rewards, groups)]
+
+
+def serve(directory: str) -> None:
+    """The reward set's child process (:mod:`rlix.exec.data.reward_process`): read the refs, then batches,
+    until the parent closes the pipe."""
+    import faulthandler
+    import os
+    import pickle
+    import shutil
+    import signal
+
+    files = Path(directory)
+    inp, out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")  # the conversation's own pipes
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # a function (or a program it starts) reading stdin reads nothing
+    os.dup2(2, 1)  # and its prints go to stderr
+    stacks = open(files / "stacks", "w", encoding="utf-8")  # noqa: SIM115 -- faulthandler writes here until exit
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    calling = files / "calling"
+    rewards = RewardSet(pickle.load(inp))
+    rewards.on_call = lambda k, homes: calling.write_text("\n".join([str(k), *homes]) + "\n", encoding="utf-8")
+    try:
+        while True:
+            try:
+                kwargs = pickle.load(inp)
+            except EOFError:
+                return
+            try:
+                answer: tuple = ("ok", rewards.call(**kwargs))
+            except RewardError as exc:
+                answer = ("error", str(exc), exc.index, exc.details)
+            except BaseException as exc:  # noqa: BLE001 -- anything else its functions raised: said, not a dead child
+                details = "".join(traceback.format_exception(exc))
+                answer = ("error", f"the reward functions raised {type(exc).__name__}", rewards.calling, details)
+            pickle.dump(answer, out)
+            out.flush()
+    finally:
+        shutil.rmtree(files, ignore_errors=True)

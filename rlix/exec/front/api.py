@@ -152,7 +152,7 @@ class Session:
             raise ConfigError(problem)  # a private run's scheduler is the config's own: its tenants are all there are
         # Jobs whose checkpoints hold all their steps train nothing: no model, data or memory of theirs is checked.
         self.resumes = {j.name: resume_steps(j) for j in config.jobs}
-        done = frozenset(j.name for j in config.jobs if nothing_left(j, self.resumes[j.name]))
+        done = frozenset(j.name for j in config.jobs if self.trained_already(j))
         models = self.out_dir.parent / "_models"
         self.models = {j.name: str(j.model.directory(models)) for j in config.jobs if j.name not in done}
         if not address:  # a private scheduler on the config's cluster (the default one if it has no cluster block)
@@ -190,7 +190,7 @@ class Session:
         from rlix.exec.service.scheduler_actor import SchedulerActor
 
         runs = self.out_dir.parent if self.submission is not None else None  # where earlier runs through it wrote
-        prepare_rerun(config, self.out_dir, runs)  # says which jobs resume (stderr); gives every job fresh logs
+        prepare_rerun(config, self.out_dir, runs, self.resumes)  # says which jobs resume (stderr); fresh logs
         self.pipelines: dict[str, _Pipeline] = {}
         self.events: list[ActivityChange] = []
         self._seq = 0

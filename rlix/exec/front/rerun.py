@@ -114,20 +114,23 @@ def _held(line: dict, resumes: dict[str, int]) -> bool:
     return line["step"] <= resumes.get(line.get("adapter", ""), 0)
 
 
-def prepare_rerun(config: RunConfig, out_dir: str | Path, runs: Path | None = None) -> dict[str, dict[str, int]]:
+def prepare_rerun(
+    config: RunConfig, out_dir: str | Path, runs: Path | None = None, resumes: dict[str, dict[str, int]] | None = None
+) -> dict[str, dict[str, int]]:
     """Before any actor starts: say which jobs resume from which step, and give the run (its
     ``metrics.json``, timeline, trace and log) and every job's directory under ``out_dir`` fresh
     files, an earlier run's moved to ``previous-<n>/``. ``runs``: the directory holding ``out_dir``
     and earlier runs' (a run through the scheduler, whose directory is its own): a resuming job's
-    lines come from its newest run there. Returns each job's resume steps."""
+    lines come from its newest run there. ``resumes``: each job's :func:`resume_steps`, where the caller
+    has read them already. Returns each job's resume steps."""
     out_dir = Path(out_dir)
     set_aside(out_dir, {}, RUN_OUTPUTS)  # an earlier run's outputs are kept, never overwritten
     out = {}
     for job in config.jobs:
-        out[job.name] = resumes = resume_steps(job)
-        if resumes:
-            print(resume_line(job, resumes), file=sys.stderr)
-        if set_aside(out_dir / job.name, resumes) is None and resumes and runs is not None:
+        out[job.name] = steps = resumes[job.name] if resumes is not None else resume_steps(job)
+        if steps:
+            print(resume_line(job, steps), file=sys.stderr)
+        if set_aside(out_dir / job.name, steps) is None and steps and runs is not None:
             if (earlier := newest_earlier(runs, job.name, out_dir)) is not None:
-                carry(earlier, out_dir / job.name, resumes)
+                carry(earlier, out_dir / job.name, steps)
     return out

@@ -55,6 +55,22 @@ def test_a_function_holding_the_interpreter_lock_stops_nothing_of_its_caller_and
         scoring.result(timeout=10)
 
 
+def test_what_the_functions_print_goes_to_the_log_and_a_process_that_dies_names_it(tmp_path):
+    log = tmp_path / "job" / "rewards.log"  # its folder made when the process starts
+    rs = _set(("prints", 1.0))
+    rs.start(log)
+    try:
+        _score(rs, ["a", "b"])
+        _score(rs, ["c"])
+    finally:
+        rs.close()
+    dying = _set(("dies", 1.0))
+    dying.start(log)  # a second process appends
+    with pytest.raises(RewardError, match=f"exited with status 7; its output is in {log}$"):
+        _score(dying, ["x"])
+    assert log.read_text().splitlines() == ["scoring 2 completions", "scoring 1 completions", "going"]
+
+
 # ------------------------------------------------------------------ TRL reward forms
 
 

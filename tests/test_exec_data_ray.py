@@ -82,8 +82,10 @@ def test_raising_reward_fails_only_its_job_with_one_line(run):
     assert "RewardError" in broken.error and "fails_at_run.py:flaky" in broken.error and "KeyError" in broken.error
     assert "\n" not in broken.error
     kept = d / "out" / "broken" / "reward_error.txt"
-    assert broken.error.endswith(f"fails_at_run.py:7; traceback in {kept}"), broken.error
+    assert broken.error.endswith(f"fails_at_run.py:8; traceback in {kept}"), broken.error
     assert "Traceback (most recent call last):" in kept.read_text()
+    printed = (d / "out" / "broken" / "rewards.log").read_text().splitlines()  # the dry run's went to stderr
+    assert printed and all(line.startswith("flaky: ") for line in printed), printed
     assert broken.bad_input and not first.results["copy"].bad_input
     assert len(first.results["copy"].steps) == 4
 
@@ -93,6 +95,7 @@ def test_metrics_file_per_step_with_eval_and_data_report(run):
     lines = [json.loads(x) for x in (d / "out" / "arith" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, 11))  # 8 steps, then 2 more after the resume
     earlier = [json.loads(x) for x in (d / "out" / "arith" / "previous-1" / "metrics.jsonl").read_text().splitlines()]
+    assert (d / "out" / "arith" / "rewards.log").is_file() and (d / "out" / "arith" / "previous-1" / "rewards.log").is_file()
     assert lines[:8] == earlier  # the first run's log, kept aside; the rerun's starts with the steps its checkpoint holds
     for key in (
         "reward_mean",

@@ -55,6 +55,8 @@ def test_every_job_finishes_and_every_adapter_learns(run):
     lora = next(j for j in cfg.jobs if j.kind == "multi_lora")
     for pid, r in run.results.items():
         assert r.status is JobStatus.FINISHED, (pid, r.error)
+    job_dir = Path(run.files["trace"]).parent / lora.name
+    assert sorted(p.name for p in job_dir.glob("rewards*.log")) == [f"rewards-{a.name}.log" for a in lora.adapters]
     steps = run.results[lora.name].steps
     for a in lora.adapters:
         rewards = [s.mean_reward for s in steps if s.stream == a.name]

@@ -109,9 +109,13 @@ def test_a_job_that_starts_afresh_moves_its_old_logs_aside_and_keeps_them(tmp_pa
     job = tmp_path / "out" / "small"
     _write_lines(job, [{"step": s, "reward_mean": 0.1} for s in (1, 2, 3)])
     (job / "events.out.tfevents.1.host").write_bytes(b"old events")
+    (job / "rewards.log").write_text("printed\n")
+    (job / "rewards-fr.log").write_text("an adapter's\n")
     (job / "ck").mkdir()  # a directory (a checkpoint kept there) stays put
     assert set_aside(job, {}) == job / "previous-1"
-    assert sorted(p.name for p in job.iterdir()) == ["ck", "previous-1"]  # fresh: no metrics.jsonl, no events
+    assert sorted(p.name for p in job.iterdir()) == ["ck", "previous-1"]  # fresh: no metrics.jsonl, no events, no logs
+    assert (job / "previous-1" / "rewards.log").read_text() == "printed\n"
+    assert (job / "previous-1" / "rewards-fr.log").is_file()
     assert _steps(job / "previous-1" / "metrics.jsonl") == [("", 1), ("", 2), ("", 3)]
     assert (job / "previous-1" / "events.out.tfevents.1.host").read_bytes() == b"old events"
     _write_lines(job, [{"step": 1}])

@@ -1,5 +1,6 @@
 """Reward functions in the forms TRL's GRPOTrainer documents (used by the tests as written)."""
 
+import os
 import re
 import sys
 
@@ -102,3 +103,13 @@ def holds_the_lock(completions, **kwargs):
 
     re.match(r"(a+)+$", "a" * 29 + "!")
     return [0.0 for _ in completions]
+
+
+def prints(completions, **kwargs):
+    print(f"scoring {len(completions)} completions")
+    return [0.0] * len(completions)
+
+
+def dies(completions, **kwargs):
+    print("going", file=sys.stderr)
+    os._exit(7)

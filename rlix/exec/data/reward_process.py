@@ -11,7 +11,8 @@ needs no lock) to name the line it is stuck at, and the child is killed with wha
 
 The child speaks pickles on copies of its stdin and stdout; its own stdin reads nothing and its
 stdout is its stderr, so the functions' prints (unbuffered) and the programs they start cannot
-touch the conversation. On Linux the child dies with the thread that started it
+touch the conversation. Its stderr is the reward set's log (the job's ``rewards.log``, appended to
+by every child the set starts), or the parent's where there is none. On Linux the child dies with the thread that started it
 (``PR_SET_PDEATHSIG``): :meth:`RewardProcess.start` it from a thread that lives as long as the job.
 """
 
@@ -40,10 +41,11 @@ _CHILD = "import sys; sys.path[:] = {path!r}; from {module} import {fn}; {fn}({d
 class RewardProcess:
     """The child process of one reward set: :meth:`call` scores a batch there. ``serve``: the child's
     loop, ``module:function`` (called with the child's directory); ``caller``: the file of the reward
-    set's ``call``, the frame the user's code is called from."""
+    set's ``call``, the frame the user's code is called from; ``log``: the file its output is appended to
+    (None: the parent's stderr)."""
 
-    def __init__(self, refs: tuple, serve: str, caller: Path) -> None:
-        self.refs, self.serve, self.caller = refs, serve, caller
+    def __init__(self, refs: tuple, serve: str, caller: Path, log: Path | None = None) -> None:
+        self.refs, self.serve, self.caller, self.log = refs, serve, caller, log
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None  # the child's two files: its stacks when asked, the function it is calling
         self._lock = threading.Lock()  # one batch at a time (a pipe carries one conversation)
@@ -83,7 +85,8 @@ class RewardProcess:
             how = f"was killed by {signal.Signals(-code).name}" + (" (out of memory?)" if code == -signal.SIGKILL else "")
         else:
             how = f"exited with status {code}" if code is not None else "stopped answering"
-        return ("error", f"the reward functions' process {how}; its output is in the coordinator's stderr", index, "")
+        where = self.log if self.log is not None else "the coordinator's stderr"
+        return ("error", f"the reward functions' process {how}; its output is in {where}", index, "")
 
     def stuck_at(self) -> tuple[int, list[tuple[str, int]], list[str]]:
         """For a call past its deadline: the index of the function running (-1: none yet), the child's
@@ -137,18 +140,37 @@ class RewardProcess:
             module, fn = self.serve.split(":")
             child = _CHILD.format(path=list(sys.path), module=module, fn=fn, dir=str(self._dir))
             cmd = [sys.executable, "-I", "-c", child]
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,  # its own group: killed with whatever it started
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 -- one prctl call, no locks taken
-            )
+            log = self._open_log()
+            try:
+                self._proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    start_new_session=True,  # its own group: killed with whatever it started
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 -- one prctl call, no locks taken
+                )
+            finally:
+                if log is not None:
+                    log.close()  # the child holds its own copy
             self._shut = weakref.finalize(self, _shut, self._proc, self._dir)  # dropped unclosed: ended too
             pickle.dump(self.refs, self._proc.stdin)
             self._proc.stdin.flush()
         return self._proc
+
+    def _open_log(self):
+        """The log, opened to append (None: the parent's stderr, also where one cannot be opened: a log
+        that cannot be written fails no job; the line saying so goes where the output will)."""
+        if self.log is None:
+            return None
+        try:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            return open(self.log, "ab")  # noqa: SIM115 -- handed to the child, closed once it has it
+        except OSError as exc:
+            print(f"rlix: cannot write {self.log} ({exc.strerror}): the reward functions' output goes to stderr", file=sys.stderr)
+            self.log = None
+            return None
 
 
 def _die_with_parent() -> None:

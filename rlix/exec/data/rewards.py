@@ -223,21 +223,22 @@ class RewardSet:
         _, message, index, details = answer
         raise RewardError(message, index=index, details=details)
 
-    def start(self) -> None:
-        """Start the child process now. Started from a thread that lives as long as the job, it dies with
-        that thread even if its parent is killed; :meth:`score` starts it otherwise."""
-        self._child().start()
+    def start(self, log: Path | None = None) -> None:
+        """Start the child process now, its output appended to ``log`` (None: this process's stderr).
+        Started from a thread that lives as long as the job, it dies with that thread even if its parent
+        is killed; :meth:`score` starts it otherwise (its output then goes to stderr)."""
+        self._child(log).start()
 
     def close(self) -> None:
         """End the child process (a later :meth:`score` starts another)."""
         if self._process is not None:
             self._process.close()
 
-    def _child(self):
+    def _child(self, log: Path | None = None):
         from rlix.exec.data.reward_process import RewardProcess
 
         if self._process is None:
-            self._process = RewardProcess(self.refs, f"{__name__}:serve", Path(__file__).resolve())
+            self._process = RewardProcess(self.refs, f"{__name__}:serve", Path(__file__).resolve(), log)
         return self._process
 
     def call(self, *, completions: list, prompts: list, completion_ids: list[list[int]], columns: dict[str, list]) -> RewardBatch:

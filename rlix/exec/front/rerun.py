@@ -72,7 +72,7 @@ def resume_line(job: JobConfig, resumes: dict[str, int]) -> str:
 # What a run writes in its output directory, and in each job's: only these are set aside (a user's own
 # files there, a config or a reward file, stay where they are).
 RUN_OUTPUTS = ("metrics.json", "timeline.json", "timeline.png", "trace.json", "rlix-run.log", "error.txt")
-JOB_OUTPUTS = ("metrics.jsonl", "data.json", "events.out.tfevents.*", "error.txt", "reward_error.txt")
+JOB_OUTPUTS = ("metrics.jsonl", "data.json", "events.out.tfevents.*", "error.txt", "reward_error.txt", "rewards*.log")
 
 
 def set_aside(directory: Path, resumes: dict[str, int], outputs: tuple[str, ...] = JOB_OUTPUTS) -> Path | None:

@@ -191,8 +191,8 @@ class PipelineCoordinator:
         self.pid, self.job, self.model_dir = pipeline_id, job, model_dir
         self.cluster, self.gpu_map, self.emulation, self.t0 = cluster, gpu_map, emulation, t0
         self.streams, self.recipes = job_streams(job, model_dir, recipe)
-        for r in self.recipes:  # from this long-lived thread: the reward processes die with the coordinator
-            r.rewards.start()
+        for stream, r in zip(self.streams, self.recipes):  # from this long-lived thread: they die with the coordinator
+            r.rewards.start(steplog.reward_log(stream.name) if steplog is not None else None)
         self.machine = StepMachine(job.pipeline_spec(pipeline_id), plan_of(job, self.streams, self.recipes))
         self.spec = self.machine.spec  # as registered: with its open_limit
         self.steplog = steplog  # per-step metrics.jsonl (None: not written)

@@ -9,7 +9,8 @@ of the batch (steps between the policy that generated the oldest token and
 the one trained). With ``tensorboard`` installed the same scalars go to
 event files in that directory (written with tensorboard's own writer: no
 torch, no TensorFlow). A ``data.json`` beside it says what preparing the
-job's data found. Lines are flushed as written, so a crash keeps every
+job's data found, and ``rewards.log`` what its reward functions print (:meth:`StepLog.reward_log`).
+Lines are flushed as written, so a crash keeps every
 finished step. A rerun finds the directory prepared by
 :mod:`rlix.exec.front.rerun`: fresh, or, for a job resuming from a checkpoint,
 a metrics.jsonl holding the lines of the steps the checkpoint holds (copied
@@ -137,6 +138,10 @@ class StepLog:
 
     def observe(self, t: float, gpus: tuple[int, ...], activity: Activity) -> None:
         self.clock.observe(t, gpus, activity)
+
+    def reward_log(self, stream: str = "") -> Path:
+        """Where a stream's reward functions' output goes: ``rewards.log`` (an adapter's: ``rewards-<adapter>.log``)."""
+        return self.dir / (f"rewards-{stream}.log" if stream else "rewards.log")
 
     def write_data_report(self, report: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

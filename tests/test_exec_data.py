@@ -62,6 +62,7 @@ def test_what_the_functions_print_goes_to_the_log_and_a_process_that_dies_names_
     try:
         _score(rs, ["a", "b"])
         _score(rs, ["c"])
+        assert log.read_text().splitlines() == ["scoring 2 completions", "scoring 1 completions"]  # as printed
     finally:
         rs.close()
     dying = _set(("dies", 1.0))

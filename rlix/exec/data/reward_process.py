@@ -10,7 +10,7 @@ deadline; past it, :meth:`RewardProcess.stuck_at` reads the child's stacks (``fa
 needs no lock) to name the line it is stuck at, and the child is killed with whatever it started.
 
 The child speaks pickles on copies of its stdin and stdout; its own stdin reads nothing and its
-stdout is its stderr, so the functions' prints (unbuffered) and the programs they start cannot
+stdout is its stderr, so the functions' prints (unbuffered: ``-u``) and the programs they start cannot
 touch the conversation. Its stderr is the reward set's log (the job's ``rewards.log``, appended to
 by every child the set starts), or the parent's where there is none. On Linux the child dies with the thread that started it
 (``PR_SET_PDEATHSIG``): :meth:`RewardProcess.start` it from a thread that lives as long as the job.
@@ -139,7 +139,7 @@ class RewardProcess:
             # reference resolves there as it does here.
             module, fn = self.serve.split(":")
             child = _CHILD.format(path=list(sys.path), module=module, fn=fn, dir=str(self._dir))
-            cmd = [sys.executable, "-I", "-c", child]
+            cmd = [sys.executable, "-I", "-u", "-c", child]  # -u: -I ignores PYTHONUNBUFFERED
             log = self._open_log()
             try:
                 self._proc = subprocess.Popen(
@@ -147,7 +147,7 @@ class RewardProcess:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    env=os.environ,
                     start_new_session=True,  # its own group: killed with whatever it started
                     preexec_fn=_die_with_parent,  # noqa: PLW1509 -- one prctl call, no locks taken
                 )

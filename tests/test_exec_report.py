@@ -203,6 +203,17 @@ def test_a_run_writes_its_gpu_by_time_chart_beside_its_metrics(tmp_path):
     assert png.read_bytes() == (tmp_path / "sim.png").read_bytes()
 
 
+def test_a_stop_that_came_once_every_job_had_finished_leaves_the_figures_whole(tmp_path):
+    """Before: Ctrl-C after the last job finished (while the outputs were written) marked them partial,
+    with no job unfinished."""
+    import json
+
+    cfg, results, _ = _recorded()
+    build_outputs(cfg, results, NAMES, EVENTS, STATS, 9.0, tmp_path, stopped_at=8.5)
+    executor = json.loads((tmp_path / "metrics.json").read_text())["executor"]
+    assert executor["partial"] is False and executor["unfinished_jobs"] == [] and executor["stopped_at_s"] == 8.5
+
+
 def test_without_matplotlib_a_run_writes_its_other_outputs(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "rlix.plot", None)  # as if matplotlib were not installed: the import fails
     cfg, results, _ = _recorded()

@@ -616,6 +616,29 @@ def test_logs_follow_waits_for_the_last_line_of_a_job_already_ended(tmp_path, ca
     assert capsys.readouterr().out.splitlines() == ["12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2"]
 
 
+def test_ctrl_c_stops_logs_follow_quietly_with_130(tmp_path, capsys, monkeypatch):
+    """Before: Ctrl-C, the way to stop following, ended in a KeyboardInterrupt traceback and exit 1."""
+    from rlix.exec.service import cli
+
+    path = tmp_path / "rlix-run.log"
+    path.write_text("12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2\n")
+    waits = []
+
+    class Running(_SaysEnded):
+        def call_sync(self, request):
+            if waits:  # the second status read, after a second's wait: the user pressed Ctrl-C
+                raise KeyboardInterrupt
+            waits.append(request)
+            return super().call_sync(request)
+
+    service = Running(f"{socket.gethostname()}:{path}")
+    service.row.state = "running"
+    monkeypatch.setattr(cli, "_connect", lambda args: service)
+    assert cli.main(["logs", "lam#1", "--follow"]) == 130
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2"] and out.err == ""
+
+
 # ------------------------------------------------------------------ the cluster a client joins
 
 

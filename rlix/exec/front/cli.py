@@ -85,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlix-run: config error: {exc}", file=sys.stderr)
         return 2
     report(outputs, args.json)
-    if interrupts.count:
+    if interrupts.count and cut_short(outputs.results):
         print(f"rlix-run: stopped by Ctrl-C; the outputs above cover the {outputs.wall_s:.0f} s run (partial)", file=sys.stderr)
         return 130
+    if interrupts.count:  # it came after the last job finished: nothing was cut
+        print("rlix-run: Ctrl-C came once every job had finished; the outputs above are whole", file=sys.stderr)
     return exit_status(outputs.results)
 
 
@@ -184,6 +186,13 @@ class Interrupts:
             return
         print("rlix-run: stopped at once; outputs not written", file=sys.stderr)
         os._exit(130)
+
+
+def cut_short(results: dict) -> bool:
+    """Did a job end before its last step (stopped, cancelled, failed or killed)?"""
+    from rlix.exec.records import JobStatus
+
+    return any(r.status is not JobStatus.FINISHED for r in results.values())
 
 
 def exit_status(results: dict) -> int:

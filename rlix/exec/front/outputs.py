@@ -349,8 +349,9 @@ def build_outputs(
     """The run's metrics (the simulator's vocabulary, from the recorded activity), timeline.json,
     trace.json (replayable by rlix-sim), metrics.json with the executor's own figures and timeline.png.
 
-    ``stopped_at``: the run was stopped then (Ctrl-C). metrics.json says its figures are partial when it
-    was stopped or any job did not finish (cancelled, failed or killed), and names those jobs.
+    ``stopped_at``: the run was stopped then (Ctrl-C). metrics.json says its figures are partial when any
+    job did not finish (stopped, cancelled, failed or killed), and names those jobs; a stop that came once
+    every job had finished cut nothing.
     ``started_at``: the run's start (Unix seconds; every time in the outputs counts from it).
     ``shared``: the jobs ran under the cluster's shared scheduler, beside other submissions' jobs."""
     rec, metrics = run_metrics(cfg, results, names, events, stats, end)
@@ -359,7 +360,7 @@ def build_outputs(
     overhead = sum(r.control_overhead_s for r in results.values()) / max(job_wall, 1e-9)
     extra = {
         # a job that did not run all its steps (stopped, cancelled, failed or killed): the figures cover what ran
-        "partial": stopped_at is not None or bool(unfinished),
+        "partial": bool(unfinished),
         "unfinished_jobs": unfinished,
         "stopped_at_s": stopped_at,
         "started_at_unix_s": started_at,

@@ -137,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(code)
         return code
+    except KeyboardInterrupt:  # Ctrl-C: how a user stops `logs --follow` (and anything slow), quietly
+        if argv is None:
+            sys.stdout.flush()
+            os._exit(130)  # without Ray's slow teardown
+        return 130
     except UserError as exc:
         print(f"rlix: {exc}", file=sys.stderr)
         return 2

@@ -278,6 +278,12 @@ def test_a_detached_run_goes_on_without_its_terminal_and_rlix_logs_follows_it(cl
     (row,) = wait_for_history(cluster, {job_id})
     assert row["state"] == "finished" and row["config"].endswith(f":{away}")
     assert json.loads((tmp_path / "out_away" / job_id / "metrics.json").read_text())["executor"]["shared"]
+    (console,) = (tmp_path / "out_away").glob("detached-*.out")  # its last line: the run's exit status
+    deadline = time.time() + 60
+    while "rlix-run: exited" not in console.read_text():  # written as the run's process ends
+        assert time.time() < deadline, console.read_text()[-2000:]
+        time.sleep(0.5)
+    assert console.read_text().splitlines()[-1] == "rlix-run: exited with status 0"
     missing = cluster.rlix("logs", "nobody")
     assert missing.returncode == 2 and "no job 'nobody'" in missing.stderr and "Traceback" not in missing.stderr
     # Run again: its checkpoint holds all 3 steps, so it starts nothing, and the scheduler records it finished

@@ -639,6 +639,17 @@ def test_ctrl_c_stops_logs_follow_quietly_with_130(tmp_path, capsys, monkeypatch
     assert out.out.splitlines() == ["12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2"] and out.err == ""
 
 
+def test_a_detached_runs_last_line_says_how_it_ended():
+    from rlix.exec.front.detach import ending
+
+    assert [ending(c) for c in (0, 3, -9, -200)] == [
+        "exited with status 0",
+        "exited with status 3",
+        "killed by SIGKILL",
+        "killed by signal 200",
+    ]
+
+
 # ------------------------------------------------------------------ the cluster a client joins
 
 

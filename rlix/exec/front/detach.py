@@ -9,13 +9,14 @@ outputs go, and returns. The run goes on with the terminal closed; its
 outputs and its log (``rlix-run.log``: ``rlix logs JOB``) are on the head
 node, in the directory it prints (``<output.dir>/<id>``, named by its first
 job's id), its config and console output beside it
-(``<output.dir>/detached-<tag>.yaml`` and ``.out``). The actor ends once its
-run has.
+(``<output.dir>/detached-<tag>.yaml`` and ``.out``, whose last line says how the run
+ended: ``rlix-run: exited with status N``). The actor ends once its run has.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -63,9 +64,21 @@ class DetachedRun:
         return "\n".join(self.console_path.read_text(errors="replace").splitlines()[-lines:])
 
     def _end_with_run(self) -> None:
-        self.proc.wait()
+        code = self.proc.wait()
+        with open(self.console_path, "a") as f:  # its last line: how it ended, kept after this actor is gone
+            f.write(f"rlix-run: {ending(code)}\n")
         time.sleep(30)  # its submitter may still ask how it ended
         os._exit(0)
+
+
+def ending(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def driver_env(worker: dict[str, str]) -> dict[str, str]:

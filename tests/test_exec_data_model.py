@@ -351,6 +351,57 @@ def test_full_finetune_checkpoint_round_trip(tmp_path, model_dir):
         assert torch.allclose(a, b)
 
 
+def test_a_checkpoint_of_another_model_size_is_refused_before_any_actor(tmp_path, model_dir):
+    """Before: the trainer's load failed after Ray and the actors had started, on one line reading only
+    "CheckpointException: CheckpointException ranks:dict_keys([0])", exit 1."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from rlix.exec.data.model import ModelSize, build_model
+    from rlix.exec.train import checkpoint
+    from rlix.exec.train.grpo import GrpoConfig, GrpoLearner, Sample
+
+    learner = GrpoLearner(str(model_dir), "cpu", GrpoConfig())  # hidden_size 32
+    learner.train([Sample(prompt_ids=(1, 4, 5), completion_ids=(6, 2), advantage=1.0, old_logprobs=(-1.0, -1.0))])
+    checkpoint.save(learner, tmp_path / "ck", model_dir)
+    size = {"arch": "qwen2", "hidden_size": 64, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    raw = {
+        "cluster": {"nodes": 1, "gpus_per_node": 1},
+        "output": {"dir": str(tmp_path / "out")},
+        "jobs": [
+            {
+                "name": "grown",
+                "model": {"size": size},
+                "checkpoint_dir": str(tmp_path / "ck"),
+                "task": {"name": "copy"},
+                "steps": 2,
+                "roles": {"actor_train": {"gpus": [0]}, "actor_infer": {"gpus": [0]}},
+            }
+        ],
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(tmp_path / "c.yaml"), "--no-console"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [x for x in proc.stderr.strip().splitlines() if "resumes from its checkpoint" not in x]
+    assert line == (
+        f"rlix-run: config error: jobs[0].checkpoint_dir: job 'grown': its checkpoint {tmp_path / 'ck' / 'step_000001'} "
+        "holds another model than jobs[0].model (model.embed_tokens.weight is [100, 32] there, [100, 64] in the model); "
+        "give a new "
+        "checkpoint_dir, or the model it was trained from"
+    )
+    # and a trainer that loads it all the same says what the load raised
+    grown = GrpoLearner(str(build_model(ModelSize(**size), tmp_path / "grown")), "cpu", GrpoConfig())
+    with pytest.raises(RuntimeError) as raised:
+        checkpoint.restore(grown, tmp_path / "ck")
+    assert str(raised.value) == (
+        f"checkpoint {tmp_path / 'ck' / 'step_000001'}: rank 0 could not load it: ValueError: Size mismatch between "
+        "saved torch.Size([100, 32]) and current: torch.Size([100, 64]) for model.model.embed_tokens.weight"
+    )
+
+
 def test_cli_refuses_a_job_whose_prompts_are_all_too_long(tmp_path):
     import subprocess
     import sys

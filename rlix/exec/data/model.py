@@ -133,16 +133,19 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def module_names(path: str | Path) -> list[str]:
-    """The module names of a checkpoint's model, built from its config.json on the meta device (no weights
-    read, no memory taken)."""
+def meta_model(path: str | Path):
+    """A checkpoint's model built from its config.json on the meta device (no weights read, no memory taken)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     quiet_transformers()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path), trust_remote_code=False))
-    return [name for name, _ in model.named_modules()]
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path), trust_remote_code=False))
+
+
+def module_names(path: str | Path) -> list[str]:
+    """The module names of a checkpoint's model (:func:`meta_model`)."""
+    return [name for name, _ in meta_model(path).named_modules()]
 
 
 def missing_targets(targets: list[str] | tuple[str, ...], names: list[str]) -> list[str]:

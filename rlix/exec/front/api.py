@@ -31,7 +31,7 @@ from rlix.exec.control.gpu_reservation import release
 from rlix.exec.error_text import describe
 from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
-from rlix.exec.front.rerun import nothing_left, prepare_rerun, resume_steps
+from rlix.exec.front.rerun import check_resume_shapes, nothing_left, prepare_rerun, resume_steps
 from rlix.exec.front.runlog import RunLog
 from rlix.exec.front.submission import Submission, joins_shared
 from rlix.exec.messages import LOAD_WAIT, JobProgress, JobResult
@@ -159,6 +159,7 @@ class Session:
             check_topology(config)
             self.config = config = with_host_memory(config, self.models, available_gb(), done)  # co-tenants share the host
             check_topology(config)  # again, with each job's resident memory now known: a queue that never admits it
+        check_resume_shapes(config, self.models, self.resumes)
         check_lora_targets(config, self.models, done)
         check_completion_room(config, self.models, done)
         self.recipes = prepare_recipes(config, self.models, done)  # data jobs: read and tokenized before any actor starts

@@ -26,7 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from rlix.exec.config import JobConfig, RunConfig
+from rlix.exec.config import ConfigError, JobConfig, RunConfig
 from rlix.exec.job.steplog import read_lines
 
 
@@ -52,6 +52,22 @@ def nothing_left(job: JobConfig, resumes: dict[str, int]) -> bool:
     if job.kind == "multi_lora":
         return bool(job.adapters) and all(resumes.get(a.name, 0) >= a.steps for a in job.adapters)
     return resumes.get("", 0) >= job.steps
+
+
+def check_resume_shapes(config: RunConfig, models: dict[str, str], resumes: dict[str, dict[str, int]]) -> None:
+    """:class:`ConfigError` where a full finetune resumes from a checkpoint whose weights do not fit its
+    model (another size in the config since): found before any actor, not by the trainer's load."""
+    from rlix.exec.train.checkpoint import latest, shape_clash
+
+    for i, job in enumerate(config.jobs):
+        if job.kind == "multi_lora" or "" not in resumes.get(job.name, {}) or job.name not in models:
+            continue
+        found = latest(job.checkpoint_dir)
+        if found is not None and (clash := shape_clash(found, models[job.name])):
+            raise ConfigError(
+                f"jobs[{i}].checkpoint_dir: job '{job.name}': its checkpoint {found} holds another model than "
+                f"jobs[{i}].model ({clash}); give a new checkpoint_dir, or the model it was trained from"
+            )
 
 
 def resume_line(job: JobConfig, resumes: dict[str, int]) -> str:

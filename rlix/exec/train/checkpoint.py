@@ -96,6 +96,27 @@ def _save_hf(learner, tmp: Path, source_model: str | Path | None) -> None:
             shutil.copy2(src, tmp / name)
 
 
+def shape_clash(found: Path, model_dir: str | Path) -> str:
+    """Why the weights the checkpoint ``found`` holds (its DCP metadata: no tensor read) cannot load into
+    the model of ``model_dir`` (its config, on the meta device): the first weight whose shape differs, or
+    that none of them is the model's; "" where they fit, or the checkpoint is not a DCP one."""
+    if not (found / DCP_DIR / ".metadata").is_file():
+        return ""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from rlix.exec.data.model import meta_model
+
+    entries = FileSystemReader(str(found / DCP_DIR)).read_metadata().state_dict_metadata
+    saved = {k.removeprefix("model."): tuple(m.size) for k, m in entries.items() if k.startswith("model.") and hasattr(m, "size")}
+    now = {name: tuple(p.shape) for name, p in meta_model(model_dir).named_parameters()}
+    if saved and not saved.keys() & now.keys():
+        return f"none of its {len(saved)} weights is one of the model's"
+    for name in sorted(saved.keys() & now.keys()):
+        if saved[name] != now[name]:
+            return f"{name} is {list(saved[name])} there, {list(now[name])} in the model"
+    return ""
+
+
 def restore(learner, directory: str | Path) -> int:
     """Load the newest checkpoint under ``directory`` into ``learner`` (every rank calls it); returns its
     step (0 if none)."""
@@ -109,7 +130,11 @@ def restore(learner, directory: str | Path) -> int:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = _trainer_state(learner)  # the shapes and shards to read into
-        dcp.load(state, checkpoint_id=str(found / DCP_DIR), no_dist=learner.ranks.world == 1)
+        try:
+            dcp.load(state, checkpoint_id=str(found / DCP_DIR), no_dist=learner.ranks.world == 1)
+        except dcp.CheckpointException as exc:  # a BaseException naming only the ranks: say what they raised
+            rank, (raised, _) = min(exc.failures.items())
+            raise RuntimeError(f"checkpoint {found}: rank {rank} could not load it: {type(raised).__name__}: {raised}") from exc
         set_state_dict(learner.model, learner.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:
         _restore_whole(learner, found)

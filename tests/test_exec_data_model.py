@@ -199,6 +199,58 @@ def test_a_reward_function_that_does_not_return_on_the_dry_run_is_named_and_left
         )
 
 
+def test_a_ctrl_c_during_the_dry_run_stops_it_at_once(tmp_path, model_dir):
+    """Before: the first Ctrl-C waited for the dry run to end (up to the job's reward deadline, an hour by
+    default), then exited 2 with the function's error rather than 130."""
+    from rlix.exec.config import RunConfig
+    from rlix.exec.deadline import Interrupted
+    from rlix.exec.front.api import prepare_recipes
+
+    job = _job(tmp_path)
+    hangs = job.rewards[0].model_copy(update={"function": f"{ROOT}/tests/data/trl_rewards.py:hangs"})
+    limits = {"reward_timeout_s": 3600}
+    cfg = RunConfig.model_validate(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 1},
+            "jobs": [job.model_dump() | {"rewards": [hangs.model_dump()], "limits": limits}],
+        }
+    )
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted):
+        prepare_recipes(cfg, {"j": str(model_dir)}, stop=lambda: time.monotonic() - t0 > 1.0)
+    assert time.monotonic() - t0 < 5  # its process killed once its input closed (it hangs: within a second)
+    with pytest.raises(Interrupted):  # a Ctrl-C before: no job's data is read
+        prepare_recipes(cfg, {"j": "/nowhere"}, stop=lambda: True)
+
+
+def test_rlix_run_stopped_by_ctrl_c_in_its_dry_run_exits_130_at_once(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    job = _job(tmp_path).model_dump(mode="json", exclude_none=True)
+    job["model"] = {"size": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}}
+    job["rewards"] = [{"function": f"{ROOT}/tests/data/trl_rewards.py:says_then_hangs"}]
+    raw = {"cluster": {"nodes": 1, "gpus_per_node": 1}, "output": {"dir": str(tmp_path / "out")}, "jobs": [job]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, "-m", "rlix.exec.front.cli", str(tmp_path / "c.yaml"), "--no-console"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    said = []
+    for line in proc.stderr:  # the dry run's prints come to rlix-run's stderr
+        said.append(line)
+        if "scoring, for ever" in line:
+            break
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, "".join(said) + rest
+    assert time.monotonic() - t0 < 10
+    assert rest.strip().splitlines()[-1] == "rlix-run: stopped by Ctrl-C before any job started; nothing written"
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_dry_run_gives_each_function_empty_and_echoed_completions(tmp_path, model_dir):
     from rlix.exec.data.recipe import Recipe
 

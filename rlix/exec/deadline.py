@@ -10,11 +10,32 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 
 
 class WorkerTimeout(RuntimeError):
     """A call to another process missed its deadline."""
+
+
+class Interrupted(Exception):
+    """The person running the job asked to stop (Ctrl-C) while it was waited for."""
+
+
+def wait_result(fut: concurrent.futures.Future, timeout_s: float, stop: Callable[[], bool] | None = None, every_s: float = 0.2):
+    """``fut.result()`` within ``timeout_s`` (:class:`concurrent.futures.TimeoutError` past it), or
+    :class:`Interrupted` as soon as ``stop()`` says so (asked every ``every_s``)."""
+    if stop is None:
+        return fut.result(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if stop():
+            raise Interrupted
+        try:
+            return fut.result(timeout=max(min(every_s, deadline - time.monotonic()), 0.0))
+        except concurrent.futures.TimeoutError:
+            if time.monotonic() >= deadline:
+                raise
 
 
 async def call(ref, timeout_s: float, what: str):

@@ -97,6 +97,14 @@ def hangs(completions, **kwargs):
     threading.Event().wait()
 
 
+def says_then_hangs(completions, **kwargs):
+    """Says it was called, then never returns."""
+    import threading
+
+    print("scoring, for ever")
+    threading.Event().wait()
+
+
 def holds_the_lock(completions, **kwargs):
     """Seconds in C with the interpreter lock held (a regular expression backtracking over its input)."""
     import re

@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from rlix.exec.data.sources import (
     read_rows,
 )
 from rlix.exec.data.tasks import Task, make_task
-from rlix.exec.deadline import on_daemon_thread
+from rlix.exec.deadline import on_daemon_thread, wait_result
 from rlix.exec.messages import GenRequest, GenResult, Sample
 
 
@@ -283,11 +284,12 @@ class Recipe:
             ev = EvalScore(prompts=len(evals), mean_reward=sum(eb.totals) / len(eb.totals), functions=eb.functions)
         return ScoredStep(samples=samples, rewards=batch.totals, functions=batch.functions, eval=ev)
 
-    def dry_check(self, rows: int = DRY_ROWS, timeout_s: float | None = None) -> None:
+    def dry_check(self, rows: int = DRY_ROWS, timeout_s: float | None = None, stop: Callable[[], bool] | None = None) -> None:
         """Call every reward function once on the first ``rows`` prompts, each with two dummy completions
         (empty, and the prompt's own text): a function that raises, returns the wrong values or does not
         return within ``timeout_s`` (default ``DRY_TIMEOUT_S``) raises :class:`RewardError` now, before any
-        actor starts, instead of after the models load. One that hangs has its process killed."""
+        actor starts, instead of after the models load. One that hangs has its process killed, as one still
+        running when ``stop()`` says so (:class:`~rlix.exec.deadline.Interrupted`)."""
         items = [it for it in self.source.items[:rows] for _ in range(2)]
         texts = [("", _text(it.prompt))[k % 2] for k, it in enumerate(items)]
         skip = 1 if self.codec.bos_id is not None else 0
@@ -295,11 +297,11 @@ class Recipe:
         seconds = DRY_TIMEOUT_S if timeout_s is None else timeout_s
         trial = on_daemon_thread(lambda: self._call(items, texts, ids), "rlix-reward-dry-run")
         try:
-            trial.result(timeout=seconds)
+            wait_result(trial, seconds, stop)
         except concurrent.futures.TimeoutError:
             raise self.unfinished(seconds) from None
         finally:
-            self.rewards.close()  # the job's coordinator starts its own
+            self.rewards.close()  # the job's coordinator starts its own (and one still scoring is killed)
 
     def unfinished(self, seconds: float) -> RewardError:
         """The error for a scoring still running after ``seconds``: it names the function it is in."""

@@ -22,12 +22,14 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlix import protocol
 from rlix.exec.config import ConfigError, JobConfig, RunConfig, absolute_paths, check_topology, load_config
 from rlix.exec.control.gpu_reservation import release
+from rlix.exec.deadline import Interrupted
 from rlix.exec.error_text import describe
 from rlix.exec.front.host_memory import available_gb, with_host_memory
 from rlix.exec.front.joblines import job_line
@@ -40,7 +42,7 @@ from rlix.exec.service.connect import SHRINK_CALL_S
 from rlix.exec.service.logs import NAME as RUN_LOG
 from rlix.protocol import GpuMap, SchedulerStats, Stopped
 from rlix.ray_runtime import init_local_ray, worker_pythonpath
-from rlix.transport import SCHEDULER_CALL_S, ClusterError, RayTransport, answers  # noqa: F401 -- rlix-run catches api.ClusterError
+from rlix.transport import SCHEDULER_CALL_S, ClusterError, RayTransport, answers  # noqa: F401 -- rlix-run catches api.ClusterError, api.Interrupted
 
 # Seconds a stopped job has to end its run before its coordinator is killed.
 STOP_GRACE_S = 8.0
@@ -135,8 +137,11 @@ class Session:
         policy: str | None = None,
         out_dir: str | None = None,
         source: str = "",
+        stop: Callable[[], bool] | None = None,
     ) -> None:
-        """``source``: the config's file, if it came from one (a shared scheduler's history names it)."""
+        """``source``: the config's file, if it came from one (a shared scheduler's history names it);
+        ``stop``: asked while the data jobs are prepared (a Ctrl-C then raises
+        :class:`~rlix.exec.deadline.Interrupted`: no job has started)."""
         import ray
 
         if policy is not None:
@@ -162,7 +167,8 @@ class Session:
         check_resume_shapes(config, self.models, self.resumes)
         check_lora_targets(config, self.models, done)
         check_completion_room(config, self.models, done)
-        self.recipes = prepare_recipes(config, self.models, done)  # data jobs: read and tokenized before any actor starts
+        # data jobs: read and tokenized before any actor starts (Interrupted by a Ctrl-C meanwhile)
+        self.recipes = prepare_recipes(config, self.models, done, stop)
         self.submission = Submission.join(config, address, where, source) if address else None
         if self.submission is not None:  # the shared scheduler's cluster (checked against the config's)
             self.config = config = self.submission.config
@@ -502,9 +508,12 @@ def check_completion_room(config: RunConfig, models: dict[str, str], skip: froze
             )
 
 
-def prepare_recipes(config: RunConfig, models: dict[str, str], skip: frozenset[str] = frozenset()) -> dict:
+def prepare_recipes(
+    config: RunConfig, models: dict[str, str], skip: frozenset[str] = frozenset(), stop: Callable[[], bool] | None = None
+) -> dict:
     """The recipe of every data job not in ``skip`` (its prompts tokenized with the checkpoint's tokenizer, its
-    reward functions tried on a few of them); :class:`ConfigError` if one cannot train.
+    reward functions tried on a few of them); :class:`ConfigError` if one cannot train;
+    :class:`~rlix.exec.deadline.Interrupted` once ``stop()`` says so.
 
     Prints, per job, how many prompts were left out for being longer than the model's limit, and how
     many have characters the tokenizer cannot represent.
@@ -519,6 +528,8 @@ def prepare_recipes(config: RunConfig, models: dict[str, str], skip: frozenset[s
     for i, job in enumerate(config.jobs):
         if job.data is None or job.name in skip:
             continue
+        if stop is not None and stop():
+            raise Interrupted
         try:
             out[job.name] = recipe = Recipe.from_data(job, models[job.name])
         except DataError as exc:
@@ -526,7 +537,7 @@ def prepare_recipes(config: RunConfig, models: dict[str, str], skip: frozenset[s
         # The dry run's deadline: DRY_TIMEOUT_S, or the job's own reward deadline where its config sets one.
         given = job.limits.reward_timeout_s if "reward_timeout_s" in job.limits.model_fields_set else None
         try:
-            recipe.dry_check(timeout_s=given)
+            recipe.dry_check(timeout_s=given, stop=stop)
         except RewardError as exc:
             field = f"rewards[{exc.index}].function" if exc.index >= 0 else "rewards"
             raise ConfigError(
@@ -586,13 +597,15 @@ def init(
     policy: str | None = None,
     out_dir: str | None = None,
     source: str = "",
+    stop: Callable[[], bool] | None = None,
 ) -> Session:
     """Validate ``config`` (a path or a RunConfig) and start the control plane. ``source``: where the config
-    came from (default: the path given, on this host), for a shared scheduler's history."""
+    came from (default: the path given, on this host), for a shared scheduler's history; ``stop``: as
+    :class:`Session`'s."""
     if not isinstance(config, RunConfig):
         source = source or config_source(config)
         config = load_config(config)
-    return Session(config, address=address, policy=policy, out_dir=out_dir, source=source)
+    return Session(config, address=address, policy=policy, out_dir=out_dir, source=source, stop=stop)
 
 
 def config_source(path: str | Path) -> str:
@@ -605,7 +618,7 @@ def run(config: RunConfig | str | Path, **kwargs):
     on_progress = kwargs.pop("on_progress", None)
     kill_at = kwargs.pop("kill_at", None)
     stop = kwargs.pop("stop", None)
-    session = init(config, **kwargs)
+    session = init(config, stop=stop, **kwargs)
     try:
         return session.run(on_progress=on_progress, kill_at=kill_at, stop=stop)
     finally:

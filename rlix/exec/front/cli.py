@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # data that reads but cannot train (found when tokenized, before any actor)
         print(f"rlix-run: config error: {exc}", file=sys.stderr)
         return 2
+    except api.Interrupted:  # Ctrl-C while the data jobs were prepared: nothing had started
+        print("rlix-run: stopped by Ctrl-C before any job started; nothing written", file=sys.stderr)
+        return 130
     report(outputs, args.json)
     if interrupts.count and cut_short(outputs.results):
         print(f"rlix-run: stopped by Ctrl-C; the outputs above cover the {outputs.wall_s:.0f} s run (partial)", file=sys.stderr)

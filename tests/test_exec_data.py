@@ -33,7 +33,7 @@ def _score(rs: RewardSet, completions, **columns):
     return rs.score(completions=completions, prompts=prompts, completion_ids=ids, columns=columns)
 
 
-def test_a_function_holding_the_interpreter_lock_stops_nothing_of_its_caller_and_is_named_at_its_deadline():
+def test_a_function_holding_the_interpreter_lock_stops_nothing_of_its_caller_and_is_named_at_its_deadline(tmp_path):
     """Before: the functions ran in the job's coordinator, so one stuck in C with the interpreter lock held
     stopped every thread there: the job's deadline could not fire (the call returned when the C code did),
     nor could the job answer the scheduler, which ended it as unreachable with no word of why."""
@@ -51,6 +51,9 @@ def test_a_function_holding_the_interpreter_lock_stops_nothing_of_its_caller_and
         f"reward function {TRL}:holds_the_lock did not return within 3 s (limits.reward_timeout_s) at {ROOT / TRL}:{stuck}"
     )
     assert len(ticks) >= 20  # this process's threads ran all along
+    assert f'  File "{ROOT / TRL}", line {stuck}\n    re.match(r"(a+)+$", "a" * 29 + "!")\n' in error.details
+    kept = error.kept_in(tmp_path)  # the job's reward_error.txt: where it was stuck, as a traceback reads
+    assert kept == f"{error}; traceback in {tmp_path / 'reward_error.txt'}"
     with pytest.raises(RewardError, match="reward functions' process"):  # its process was ended
         scoring.result(timeout=10)
 

@@ -275,7 +275,21 @@ class RewardSet:
         at = (mine or frames)[:1]
         where = f" at {at[0][0]}:{at[0][1]}" if at else ""
         message = f"reward function {self.refs[k].function} did not return within {seconds:g} s (limits.reward_timeout_s){where}"
-        return RewardError(message, index=k)
+        return RewardError(message, index=k, details=_stack_text(frames))
+
+
+def _stack_text(frames: list[tuple[str, int]]) -> str:
+    """Where the functions' process was at the deadline (``frames`` innermost first), as a traceback reads."""
+    import linecache
+
+    if not frames:
+        return ""
+    lines = ["The reward functions' process at its deadline, then killed (most recent call last):"]
+    for file, line in reversed(frames):
+        lines.append(f'  File "{file}", line {line}')
+        if code := linecache.getline(file, line).strip():
+            lines.append(f"    {code}")
+    return "\n".join(lines) + "\n"
 
 
 def _raised_at(fn: Callable, exc: BaseException) -> str:

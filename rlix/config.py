@@ -616,6 +616,8 @@ _HINTS = {
     "less_than": "; use a smaller value",
     "less_than_equal": "; use a smaller value",
     "int_parsing": "; write a whole number",
+    "int_type": "; write a whole number",
+    "float_type": "; write a number",
     "float_parsing": "; write a number",
     "finite_number": "; write a finite number",
     "literal_error": "; use one of the listed values",
@@ -635,8 +637,31 @@ def one_line(exc: ValidationError) -> str:
     if not loc:  # a cross-field check: its message names the field itself
         return msg + more
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) or got is None or err["type"] == "missing" else f" (got {got!r})"
-    return f"{loc}: {msg}{shown}{_HINTS.get(err['type'], '')}{_misspelt(err, errors)}{more}"
+    whole = isinstance(got, (dict, list)) and err["type"] not in _SCALARS  # a block where one value goes is shown
+    shown = "" if whole or got is None or err["type"] == "missing" else f" (got {_short(repr(got))})"
+    return f"{loc}: {msg}{shown}{_hint(err)}{_misspelt(err, errors)}{more}"
+
+
+_SCALARS = ("string_type", "int_type", "float_type", "bool_type")
+
+# What a field's pattern allows, in words (the patterns the schemas use).
+_PATTERNS = {
+    "^[A-Za-z0-9_.-]+$": "use only letters, digits, '_', '.' and '-'",
+    "^[A-Za-z0-9_]+$": "use only letters, digits and '_'",
+}
+
+
+def _hint(err: dict) -> str:
+    """The fix for one validation error, where its kind says one."""
+    if err["type"] == "string_pattern_mismatch":
+        return f"; {_PATTERNS.get(str(err.get('ctx', {}).get('pattern')), 'see the field in the reference')}"
+    if err["type"] == "string_type":
+        return "; write one text value"
+    return _HINTS.get(err["type"], "")
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _path(loc: tuple) -> str:

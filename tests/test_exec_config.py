@@ -112,10 +112,30 @@ def test_a_config_joining_a_running_scheduler_is_not_held_to_the_settings_it_kee
             lambda c: c.update(jobs={"name": "a"}),
             "jobs: Input should be a valid list; write a list ([a, b], or in YAML one '- item' line each)",
         ),
+        (
+            lambda c: c["jobs"][0].update(name="a/b"),
+            "jobs[0].name: String should match pattern '^[A-Za-z0-9_.-]+$' (got 'a/b'); use only letters, digits, '_', '.' "
+            "and '-'",
+        ),
+        (lambda c: c.update(policy=["rlix"]), "policy: Input should be a valid string (got ['rlix']); write one text value"),
+        (
+            lambda c: c["jobs"][0].update(steps=[1, 2]),
+            "jobs[0].steps: Input should be a valid integer (got [1, 2]); write a whole number",
+        ),
+        (
+            lambda c: c["jobs"][0].update(model={"path": "./nomodel"}),
+            "jobs[0].model: './nomodel' does not exist; point path at a local HF checkpoint directory",
+        ),
+        (
+            lambda c: c["jobs"][0]["roles"]["actor_train"].update(gpus=[0, 0]),
+            "jobs[0].roles: pipeline 'small': role actor_train: GPU ids must be sorted and unique, got [0, 0]; list each GPU "
+            "once, in order (or a range: 0-3)",
+        ),
     ],
 )
 def test_a_config_error_says_what_to_write(edit, line):
-    """Before: "jobs: Field required" beside a misspelt 'job', and pydantic's "instance of ModelConfig"."""
+    """Before: "jobs: Field required" beside a misspelt 'job', and pydantic's "instance of ModelConfig"; a name's
+    pattern, a list where one value goes, and a model folder that does not exist ("has no config.json") named no fix."""
     raw = _base()
     edit(raw)
     assert_config_error_names(raw, line)

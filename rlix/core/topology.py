@@ -53,7 +53,10 @@ def _validate_role(cluster: ClusterSpec, where: str, role: str, gpus: tuple[int,
     if not gpus:
         raise SchedulingError(f"{field}: no GPUs mapped; list at least one bundle of {tp} GPU(s)")
     if list(gpus) != sorted(set(gpus)):
-        raise SchedulingError(f"{field}: GPU ids must be sorted and unique, got {list(gpus)[:8]}...")
+        shown = f"{list(gpus)}" if len(gpus) <= 8 else f"{list(gpus)[:8]}..."
+        raise SchedulingError(
+            f"{field}: GPU ids must be sorted and unique, got {shown}; list each GPU once, in order (or a range: 0-3)"
+        )
     if gpus[0] < 0 or gpus[-1] >= cluster.num_gpus:
         raise SchedulingError(f"{field}: GPU ids must lie in 0..{cluster.num_gpus - 1}, got {gpus[0]}..{gpus[-1]}")
     if len(gpus) % tp:

@@ -147,6 +147,9 @@ class ModelConfig(StrictModel):
     def _one(self) -> ModelConfig:
         if (self.path is None) == (self.size is None):
             raise ValueError("give exactly one of 'path' (a local checkpoint) or 'size' (build random weights)")
+        if self.path is not None and not Path(self.path).is_dir():
+            what = "is a file" if Path(self.path).exists() else "does not exist"
+            raise ValueError(f"'{self.path}' {what}; point path at a local HF checkpoint directory")
         if self.path is not None and not (Path(self.path) / "config.json").is_file():
             raise ValueError(f"'{self.path}' has no config.json; point path at a local HF checkpoint directory")
         if self.path is not None:

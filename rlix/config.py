@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -654,9 +655,14 @@ _PATTERNS = {
 def _hint(err: dict) -> str:
     """The fix for one validation error, where its kind says one."""
     if err["type"] == "string_pattern_mismatch":
-        return f"; {_PATTERNS.get(str(err.get('ctx', {}).get('pattern')), 'see the field in the reference')}"
+        pattern = str(err.get("ctx", {}).get("pattern"))
+        allowed = re.fullmatch(r"\^(\[[^]]+\])\+\$", pattern)  # one class of characters, repeated
+        bad = next((c for c in str(err.get("input", "")) if allowed and not re.fullmatch(allowed[1], c)), "")
+        return (f"; {bad!r} is not allowed" if bad else "") + f"; {_PATTERNS.get(pattern, 'see the field in the reference')}"
     if err["type"] == "string_type":
         return "; write one text value"
+    if err["type"] == "bool_type":
+        return "; write true or false"
     return _HINTS.get(err["type"], "")
 
 

@@ -114,10 +114,14 @@ def test_a_config_joining_a_running_scheduler_is_not_held_to_the_settings_it_kee
         ),
         (
             lambda c: c["jobs"][0].update(name="a/b"),
-            "jobs[0].name: String should match pattern '^[A-Za-z0-9_.-]+$' (got 'a/b'); use only letters, digits, '_', '.' "
-            "and '-'",
+            "jobs[0].name: String should match pattern '^[A-Za-z0-9_.-]+$' (got 'a/b'); '/' is not allowed; use only "
+            "letters, digits, '_', '.' and '-'",
         ),
         (lambda c: c.update(policy=["rlix"]), "policy: Input should be a valid string (got ['rlix']); write one text value"),
+        (
+            lambda c: c["output"].update(console=[True]),
+            "output.console: Input should be a valid boolean (got [True]); write true or false",
+        ),
         (
             lambda c: c["jobs"][0].update(steps=[1, 2]),
             "jobs[0].steps: Input should be a valid integer (got [1, 2]); write a whole number",

@@ -218,7 +218,7 @@ def test_a_ctrl_c_during_the_dry_run_stops_it_at_once(tmp_path, model_dir):
     t0 = time.monotonic()
     with pytest.raises(Interrupted):
         prepare_recipes(cfg, {"j": str(model_dir)}, stop=lambda: time.monotonic() - t0 > 1.0)
-    assert time.monotonic() - t0 < 5  # its process killed once its input closed (it hangs: within a second)
+    assert time.monotonic() - t0 < 30  # not the hour of its deadline: its process is killed (within a second of asking)
     with pytest.raises(Interrupted):  # a Ctrl-C before: no job's data is read
         prepare_recipes(cfg, {"j": "/nowhere"}, stop=lambda: True)
 
@@ -440,7 +440,7 @@ def test_a_checkpoint_of_another_model_size_is_refused_before_any_actor(tmp_path
     (line,) = [x for x in proc.stderr.strip().splitlines() if "resumes from its checkpoint" not in x]
     assert line == (
         f"rlix-run: config error: jobs[0].checkpoint_dir: job 'grown': its checkpoint {tmp_path / 'ck' / 'step_000001'} "
-        "holds another model than jobs[0].model (model.embed_tokens.weight is [100, 32] there, [100, 64] in the model); "
+        "holds another model than jobs[0].model (lm_head.weight is [100, 32] there, [100, 64] in the model); "
         "give a new "
         "checkpoint_dir, or the model it was trained from"
     )
@@ -452,6 +452,15 @@ def test_a_checkpoint_of_another_model_size_is_refused_before_any_actor(tmp_path
         f"checkpoint {tmp_path / 'ck' / 'step_000001'}: rank 0 could not load it: ValueError: Size mismatch between "
         "saved torch.Size([100, 32]) and current: torch.Size([100, 64]) for model.model.embed_tokens.weight"
     )
+    # a layer more or fewer: every shared weight has its shape, and the names differ
+    deeper = build_model(ModelSize(**{**size, "hidden_size": 32, "num_layers": 2}), tmp_path / "deeper")
+    found = checkpoint.latest(tmp_path / "ck")
+    assert (
+        checkpoint.shape_clash(found, deeper) == "model.layers.1.input_layernorm.weight is in the model, not there, nor 11 more"
+    )
+    assert checkpoint.shape_clash(found, model_dir) == ""  # the model it was trained from
+    (found / "dcp" / ".metadata").write_bytes(b"not a pickle")  # unreadable: the trainer's load will say why
+    assert checkpoint.shape_clash(found, deeper) == ""
 
 
 def test_cli_refuses_a_job_whose_prompts_are_all_too_long(tmp_path):

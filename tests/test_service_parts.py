@@ -637,6 +637,9 @@ def test_ctrl_c_stops_logs_follow_quietly_with_130(tmp_path, capsys, monkeypatch
     assert cli.main(["logs", "lam#1", "--follow"]) == 130
     out = capsys.readouterr()
     assert out.out.splitlines() == ["12:00:00 lam: running steps=2/3 reward 0.2 -> 0.2 gpus=2"] and out.err == ""
+    # a command that changes something says it was cut short, and where to look
+    assert cli.main(["cancel", "lam#1"]) == 130
+    assert capsys.readouterr().err == "rlix: cancel interrupted; see rlix status for where things stand\n"
 
 
 def test_a_detached_runs_last_line_says_how_it_ended():

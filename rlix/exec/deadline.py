@@ -34,7 +34,7 @@ def wait_result(fut: concurrent.futures.Future, timeout_s: float, stop: Callable
         try:
             return fut.result(timeout=max(min(every_s, deadline - time.monotonic()), 0.0))
         except concurrent.futures.TimeoutError:
-            if time.monotonic() >= deadline:
+            if fut.done() or time.monotonic() >= deadline:  # done: what it raised was a TimeoutError of its own
                 raise
 
 

@@ -85,7 +85,7 @@ class RewardProcess:
             how = f"was killed by {signal.Signals(-code).name}" + (" (out of memory?)" if code == -signal.SIGKILL else "")
         else:
             how = f"exited with status {code}" if code is not None else "stopped answering"
-        where = self.log if self.log is not None else "the coordinator's stderr"
+        where = self.log if self.log is not None else "stderr"  # a dry run's: rlix-run's own
         return ("error", f"the reward functions' process {how}; its output is in {where}", index, "")
 
     def stuck_at(self) -> tuple[int, list[tuple[str, int]], list[str]]:

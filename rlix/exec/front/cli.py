@@ -10,7 +10,7 @@ Exit status, what happened to the run's jobs:
   on stderr naming it, after the other jobs finished);
 - 3 a job was cancelled (``rlix cancel``; who asked is on stderr);
 - 4 the shared scheduler was stopped under a job (``rlix scheduler stop --force``);
-- 130 interrupted (Ctrl-C): the outputs so far are written.
+- 130 interrupted (Ctrl-C): the outputs so far are written (nothing, where no job had started).
 """
 
 from __future__ import annotations
@@ -185,17 +185,17 @@ class Interrupts:
     def _on_sigint(self, signum, frame) -> None:
         self.count += 1
         if self.count == 1:
-            print("\nrlix-run: stopping every job and writing the outputs; Ctrl-C again to exit at once", file=sys.stderr)
+            print("\nrlix-run: stopping every job and writing what they did; Ctrl-C again to exit at once", file=sys.stderr)
             return
         print("rlix-run: stopped at once; outputs not written", file=sys.stderr)
         os._exit(130)
 
 
 def cut_short(results: dict) -> bool:
-    """Did a job end before its last step (stopped, cancelled, failed or killed)?"""
+    """Did the stop cut a job short (it ends cancelled)? A job that had failed before it keeps its own exit status."""
     from rlix.exec.records import JobStatus
 
-    return any(r.status is not JobStatus.FINISHED for r in results.values())
+    return any(r.status is JobStatus.CANCELLED for r in results.values())
 
 
 def exit_status(results: dict) -> int:

@@ -15,6 +15,7 @@ ended: ``rlix-run: exited with status N``). The actor ends once its run has.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,7 +66,7 @@ class DetachedRun:
 
     def _end_with_run(self) -> None:
         code = self.proc.wait()
-        with open(self.console_path, "a") as f:  # its last line: how it ended, kept after this actor is gone
+        with contextlib.suppress(OSError), open(self.console_path, "a") as f:  # its last line: how it ended
             f.write(f"rlix-run: {ending(code)}\n")
         time.sleep(30)  # its submitter may still ask how it ended
         os._exit(0)

@@ -137,9 +137,12 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(code)
         return code
-    except KeyboardInterrupt:  # Ctrl-C: how a user stops `logs --follow` (and anything slow), quietly
+    except KeyboardInterrupt:  # Ctrl-C: how a user stops `logs --follow`; quietly where it only read
+        if args.command not in READ_ONLY:
+            print(f"rlix: {args.command} interrupted; see rlix status for where things stand", file=sys.stderr)
         if argv is None:
             sys.stdout.flush()
+            sys.stderr.flush()
             os._exit(130)  # without Ray's slow teardown
         return 130
     except UserError as exc:

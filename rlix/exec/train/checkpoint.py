@@ -98,20 +98,26 @@ def _save_hf(learner, tmp: Path, source_model: str | Path | None) -> None:
 
 def shape_clash(found: Path, model_dir: str | Path) -> str:
     """Why the weights the checkpoint ``found`` holds (its DCP metadata: no tensor read) cannot load into
-    the model of ``model_dir`` (its config, on the meta device): the first weight whose shape differs, or
-    that none of them is the model's; "" where they fit, or the checkpoint is not a DCP one."""
+    the model of ``model_dir`` (its config, on the meta device): the first weight one has and the other
+    lacks (layers added or removed), or whose shape differs; "" where they fit, where the checkpoint is
+    not a DCP one, or where its metadata cannot be read (the load then says why)."""
     if not (found / DCP_DIR / ".metadata").is_file():
         return ""
     from torch.distributed.checkpoint import FileSystemReader
 
     from rlix.exec.data.model import meta_model
 
-    entries = FileSystemReader(str(found / DCP_DIR)).read_metadata().state_dict_metadata
+    try:
+        entries = FileSystemReader(str(found / DCP_DIR)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 -- another torch's, or damaged: the trainer's load names it
+        return ""
     saved = {k.removeprefix("model."): tuple(m.size) for k, m in entries.items() if k.startswith("model.") and hasattr(m, "size")}
-    now = {name: tuple(p.shape) for name, p in meta_model(model_dir).named_parameters()}
-    if saved and not saved.keys() & now.keys():
-        return f"none of its {len(saved)} weights is one of the model's"
-    for name in sorted(saved.keys() & now.keys()):
+    now = {name: tuple(t.shape) for name, t in meta_model(model_dir).state_dict().items()}  # tied weights under each name
+    if missing := sorted(now.keys() - saved.keys()):
+        return f"{missing[0]} is in the model, not there" + (f", nor {len(missing) - 1} more" if len(missing) > 1 else "")
+    if extra := sorted(saved.keys() - now.keys()):
+        return f"{extra[0]} is there, not in the model" + (f", nor {len(extra) - 1} more" if len(extra) > 1 else "")
+    for name in sorted(now):
         if saved[name] != now[name]:
             return f"{name} is {list(saved[name])} there, {list(now[name])} in the model"
     return ""

@@ -41,9 +41,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def ray_address(text: str) -> str:
-    """An ``--address``: 'auto' or host:port, never empty (which would quietly mean 'not given')."""
+    """An ``--address``: 'auto' or host:port (``ray://`` too), never empty (which would quietly mean 'not given')."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; give host:port or 'auto', or leave --address out")
+    if text != "auto" and not re.fullmatch(r"(ray://)?[^\s/]+:\d{1,5}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an address; give host:port (the head's, as ray start printed it) or 'auto'"
+        )
     return text
 
 

@@ -234,7 +234,11 @@ def test_bad_trace_is_one_line_exit_2_no_traceback(case, tmp_path):
         (["sweep", "traces/single.json", "--knob", "small_first=1", "--address", ""], "--address: is empty"),
         (
             ["sweep", "traces/single.json", "--knob", "small_first=1", "--address", "localhost:99999999999999999999"],
-            "no Ray cluster answers there",  # an OverflowError from the socket, before
+            "is not an address",  # an OverflowError from the socket, before
+        ),
+        (
+            ["sweep", "traces/single.json", "--knob", "small_first=1", "--address", "localhost:99999"],
+            "no Ray cluster answers there",
         ),
         (["replay"], "required"),
         (["replay", "traces/single.json", "--set", "backlog_weight"], "write KNOB=VALUE"),

@@ -451,6 +451,7 @@ def test_keep_ended_takes_an_age():
         (["status", "--watch", "inf"], "rlix status: error: argument --watch: inf is not a number of seconds"),
         (["logs"], "rlix logs: error: the following arguments are required: job (see 'rlix logs --help')"),
         (["status", "--address", ""], "rlix status: error: argument --address: is empty"),
+        (["status", "--address", "not an address"], "rlix status: error: argument --address: 'not an address' is not an"),
         (["scheduler", "start", "--nodes", "0", "--gpus", "4"], "rlix scheduler start: error: argument --nodes: 0 is not"),
         (["scheduler", "start", "--nodes", "1", "--gpus", "4", "--set", "tenants=a:1:99"], "rlix: --set tenants: their"),
         (["scheduler", "start", "--nodes", "1000", "--gpus", "1000"], "rlix: --nodes x --gpus: cluster: 1000 nodes x 1000 GPUs"),

@@ -75,6 +75,18 @@ def test_what_the_functions_print_goes_to_the_log_and_a_process_that_dies_names_
     assert log.read_text().splitlines() == ["scoring 2 completions", "scoring 1 completions", "going"]
 
 
+def test_an_ended_reward_process_answers_its_waiting_call_and_starts_no_other():
+    rs = _set(("hangs", 1.0))
+    scoring = on_daemon_thread(lambda: _score(rs, ["x"]), "rlix-score")
+    with pytest.raises(concurrent.futures.TimeoutError):
+        scoring.result(timeout=1.0)  # it hangs
+    rs.end()
+    with pytest.raises(RewardError, match="reward functions' process"):
+        scoring.result(timeout=10)
+    with pytest.raises(RewardError, match="^the reward functions' process was ended$"):
+        _score(rs, ["y"])  # none starts again
+
+
 # ------------------------------------------------------------------ TRL reward forms
 
 

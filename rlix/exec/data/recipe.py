@@ -33,7 +33,7 @@ from rlix.exec.data.sources import (
     read_rows,
 )
 from rlix.exec.data.tasks import Task, make_task
-from rlix.exec.deadline import on_daemon_thread, wait_result
+from rlix.exec.deadline import Interrupted, on_daemon_thread, wait_result
 from rlix.exec.messages import GenRequest, GenResult, Sample
 
 
@@ -300,6 +300,9 @@ class Recipe:
             wait_result(trial, seconds, stop)
         except concurrent.futures.TimeoutError:
             raise self.unfinished(seconds) from None
+        except Interrupted:
+            self.rewards.end()  # even one the trial is starting this moment
+            raise
         finally:
             self.rewards.close()  # the job's coordinator starts its own (and one still scoring is killed)
 

@@ -36,6 +36,7 @@ from pathlib import Path
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>\S+)')
 DUMP_WAIT_S = 2.0  # how long the child's stacks may take to be written once asked for
 _CHILD = "import sys; sys.path[:] = {path!r}; from {module} import {fn}; {fn}({dir!r})"
+ENDED = ("error", "the reward functions' process was ended", -1, "")  # the answer once :meth:`RewardProcess.end` ran
 
 
 class RewardProcess:
@@ -50,6 +51,7 @@ class RewardProcess:
         self._dir: Path | None = None  # the child's two files: its stacks when asked, the function it is calling
         self._lock = threading.Lock()  # one batch at a time (a pipe carries one conversation)
         self._shut: weakref.finalize | None = None
+        self._ended = False  # :meth:`end` was called: no child starts again
 
     def start(self) -> None:
         """Start the child now, if it is not running (:meth:`call` starts it otherwise)."""
@@ -63,7 +65,11 @@ class RewardProcess:
         except Exception as exc:  # noqa: BLE001 -- a column the dataset gave that cannot be sent
             return ("error", f"the batch cannot be sent to the reward functions: {type(exc).__name__}: {exc}", -1, "")
         with self._lock:
+            if self._ended:
+                return ENDED
             proc = self._started()
+            if self._ended:  # ended while it started (end() takes no lock): it must not outlive that
+                _kill(proc)
             try:
                 proc.stdin.write(batch)
                 proc.stdin.flush()
@@ -109,6 +115,12 @@ class RewardProcess:
         index, homes = self._calling()
         self.close(kill=True)
         return index, frames, homes
+
+    def end(self) -> None:
+        """End the child at once, for good: a call waiting on it answers an error, and none starts another
+        (set first, then the child read: a call starting one meanwhile sees the one or the other)."""
+        self._ended = True
+        self.close(kill=True)
 
     def close(self, *, kill: bool = False) -> None:
         """End the child (a later :meth:`call` starts another): it exits once its input ends, or at once

@@ -234,6 +234,10 @@ class RewardSet:
         if self._process is not None:
             self._process.close()
 
+    def end(self) -> None:
+        """End the child process at once and for good (a scoring still running answers an error)."""
+        self._child().end()
+
     def _child(self, log: Path | None = None):
         from rlix.exec.data.reward_process import RewardProcess
 

@@ -644,7 +644,7 @@ def test_ctrl_c_stops_logs_follow_quietly_with_130(tmp_path, capsys, monkeypatch
 
 
 def test_a_detached_runs_last_line_says_how_it_ended():
-    from rlix.exec.front.detach import ending
+    from rlix.exec.error_text import ending
 
     assert [ending(c) for c in (0, 3, -9, -200)] == [
         "exited with status 0",

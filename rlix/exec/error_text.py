@@ -10,6 +10,7 @@ code or rlix raised, as ``Type: message`` with no colour codes;
 from __future__ import annotations
 
 import re
+import signal
 import traceback
 from pathlib import Path
 
@@ -20,6 +21,16 @@ _RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit
 _DIED = re.compile(
     r"^\s*class_name: (?P<cls>\S+)(?:.*?^\s*pid: (?P<pid>\d+))?(?:.*?Worker exit type: (?P<exit>\w+))?", re.S | re.M
 )
+
+
+def ending(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 def os_error(exc: OSError) -> str:

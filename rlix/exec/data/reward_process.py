@@ -32,6 +32,8 @@ import time
 import weakref
 from pathlib import Path
 
+from rlix.exec.error_text import ending
+
 # faulthandler's frame lines: ``  File "path", line N in name`` (innermost first).
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>\S+)')
 DUMP_WAIT_S = 2.0  # how long the child's stacks may take to be written once asked for
@@ -87,10 +89,10 @@ class RewardProcess:
         if proc is self._proc:
             self.close(kill=True)
         proc.stdout.close()  # this thread was its only reader
-        if code is not None and code < 0:
-            how = f"was killed by {signal.Signals(-code).name}" + (" (out of memory?)" if code == -signal.SIGKILL else "")
+        if code is None:
+            how = "stopped answering"
         else:
-            how = f"exited with status {code}" if code is not None else "stopped answering"
+            how = ("was " if code < 0 else "") + ending(code) + (" (out of memory?)" if code == -signal.SIGKILL else "")
         where = self.log if self.log is not None else "stderr"  # a dry run's: rlix-run's own
         return ("error", f"the reward functions' process {how}; its output is in {where}", index, "")
 

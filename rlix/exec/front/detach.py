@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from rlix.exec.config import RunConfig, absolute_paths
+from rlix.exec.error_text import ending
 from rlix.exec.front.submission import TAG_ENV
 from rlix.exec.service.connect import HEAD_NODE
 from rlix.transport import NAMESPACE
@@ -70,16 +70,6 @@ class DetachedRun:
             f.write(f"rlix-run: {ending(code)}\n")
         time.sleep(30)  # its submitter may still ask how it ended
         os._exit(0)
-
-
-def ending(code: int) -> str:
-    """How a process ended, from its exit status (negative: the signal that killed it)."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 def driver_env(worker: dict[str, str]) -> dict[str, str]:
